@@ -1,0 +1,141 @@
+//! Validation of a call's arguments against the tool's resolved `args` JSON Schema.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+/// A compiled `args` schema. Cheap to clone.
+#[derive(Clone)]
+pub struct ArgsValidator {
+    inner: Arc<jsonschema::Validator>,
+}
+
+/// One way in which the arguments break the schema.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Violation {
+    /// JSON Pointer into the arguments (`/` for the whole object).
+    pub path: String,
+    pub message: String,
+}
+
+/// The arguments do not satisfy the schema; nothing was run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ArgsError {
+    pub violations: Vec<Violation>,
+}
+
+impl fmt::Display for ArgsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("invalid arguments")?;
+        for (i, v) in self.violations.iter().enumerate() {
+            let sep = if i == 0 { ": " } else { "; " };
+            write!(f, "{sep}at {}: {}", v.path, v.message)?;
+        }
+        Ok(())
+    }
+}
+
+impl ArgsValidator {
+    /// Compiles a schema, checking it against its meta-schema; the error says why it is invalid.
+    pub fn compile(schema: &Value) -> Result<Self, String> {
+        if !schema.is_object() && !schema.is_boolean() {
+            return Err("a JSON Schema must be an object or a boolean".into());
+        }
+        jsonschema::validator_for(schema)
+            .map(|v| Self { inner: Arc::new(v) })
+            .map_err(|e| {
+                let at = e.instance_path().as_str();
+                if at.is_empty() { e.to_string() } else { format!("at {at}: {e}") }
+            })
+    }
+
+    /// Validates one call's arguments. They must be a JSON object whatever the schema says.
+    pub fn validate(&self, args: &Value) -> Result<(), ArgsError> {
+        if !args.is_object() {
+            return Err(ArgsError {
+                violations: vec![Violation {
+                    path: "/".into(),
+                    message: format!("arguments must be a JSON object, got {}", json_type(args)),
+                }],
+            });
+        }
+        let violations: Vec<Violation> = self
+            .inner
+            .iter_errors(args)
+            .map(|e| {
+                let path = e.instance_path().as_str();
+                Violation { path: if path.is_empty() { "/".into() } else { path.to_string() }, message: e.to_string() }
+            })
+            .collect();
+        if violations.is_empty() { Ok(()) } else { Err(ArgsError { violations }) }
+    }
+}
+
+impl fmt::Debug for ArgsValidator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ArgsValidator")
+    }
+}
+
+/// The JSON type name of a value, for messages.
+pub(crate) fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn schema() -> ArgsValidator {
+        ArgsValidator::compile(&json!({
+            "type": "object",
+            "required": ["path"],
+            "properties": {
+                "path": {"type": "string"},
+                "level": {"enum": ["info", "warn", "error"]},
+                "filters": {"type": "array", "items": {"type": "object", "properties": {"n": {"type": "integer"}}}}
+            },
+            "additionalProperties": false
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn accepts_valid_arguments() {
+        schema().validate(&json!({"path": "/x", "level": "warn", "filters": [{"n": 1}]})).unwrap();
+    }
+
+    #[test]
+    fn names_the_failing_path() {
+        let cases = [
+            (json!({}), "/", "path"),
+            (json!({"path": 3}), "/path", "string"),
+            (json!({"path": "a", "level": "loud"}), "/level", "loud"),
+            (json!({"path": "a", "filters": [{"n": 1}, {"n": "two"}]}), "/filters/1/n", "integer"),
+            (json!({"path": "a", "extra": true}), "/", "extra"),
+            (json!([1, 2]), "/", "object"),
+            (json!("text"), "/", "object"),
+        ];
+        for (args, path, needle) in cases {
+            let err = schema().validate(&args).unwrap_err();
+            assert_eq!(err.violations[0].path, path, "{args}: {err}");
+            assert!(err.to_string().contains(needle), "{args}: {err}");
+        }
+    }
+
+    #[test]
+    fn rejects_invalid_schemas() {
+        for bad in [json!({"type": "nonsense"}), json!({"required": "path"}), json!(7), json!({"minLength": -1})] {
+            assert!(ArgsValidator::compile(&bad).is_err(), "{bad} should be rejected");
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! The `.meta` tool contract: parsing, linting, host facts, variant and command resolution, argument validation.
+//!
+//! Everything here is pure or touches the file system only through [`FileProbe`], so the
+//! coordinator, the agent, the CLI and the tests share one implementation and can evaluate
+//! a tool as any host without a network.
+
+mod args;
+mod command;
+mod diag;
+mod host;
+mod model;
+mod parse;
+mod resolve;
+
+pub use args::{ArgsError, ArgsValidator, Violation};
+pub use command::{CommandError, CommandSource, resolve_command};
+pub use diag::{Code, Diagnostic, Severity};
+pub use host::{FileProbe, Host, RealFs, go_arch, go_os};
+pub use model::{Condition, MatchKey, Meta, Tier, ToolDef, Variant};
+pub use parse::{Parsed, is_valid_name, parse};
+pub use resolve::{Resolution, ResolvedTool};
+
+/// File extension of tool definitions (`N.meta` declares the tool `N`).
+pub const META_EXTENSION: &str = "meta";

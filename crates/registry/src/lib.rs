@@ -1,0 +1,10 @@
+//! The tool registry: scans a colon-separated tools path, watches it, and publishes revisioned catalogs.
+//!
+//! A [`Catalog`] is an immutable snapshot; every effective change (a tool added, removed, or its
+//! `.meta` or co-located executable changed) produces a new one with the next revision.
+
+mod scan;
+mod watch;
+
+pub use scan::{Catalog, Executable, Scanner, Tool, split_tools_path};
+pub use watch::{Registry, WatchOptions};

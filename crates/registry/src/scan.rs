@@ -1,0 +1,226 @@
+//! One pass over the tools path: which `.meta` files exist, which parse, which name wins.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use sha2::{Digest, Sha256};
+use toolsrv_meta::{Code, Diagnostic, Meta, Severity, parse};
+
+/// An immutable snapshot of the registry.
+#[derive(Debug, Clone, Default)]
+pub struct Catalog {
+    /// Bumped on every effective change; never goes back.
+    pub revision: u64,
+    /// The tools served, by name.
+    pub tools: BTreeMap<String, Tool>,
+    /// Every problem found: rejected files, warnings, shadowed tools, unreadable directories.
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl Catalog {
+    /// Same tools with the same content (revision and diagnostics aside).
+    pub fn same_tools(&self, other: &Catalog) -> bool {
+        self.tools.len() == other.tools.len()
+            && self.tools.iter().zip(&other.tools).all(|((a, ta), (b, tb))| a == b && ta.same_content(tb))
+    }
+
+    pub fn has_errors(&self) -> bool {
+        self.diagnostics.iter().any(|d| d.severity == Severity::Error)
+    }
+}
+
+/// One served tool.
+#[derive(Debug, Clone)]
+pub struct Tool {
+    pub meta: Arc<Meta>,
+    /// Hex SHA-256 of the `.meta` bytes.
+    pub digest: String,
+    /// The executable beside the `.meta`, if there is one.
+    pub executable: Option<Executable>,
+}
+
+impl Tool {
+    fn same_content(&self, other: &Tool) -> bool {
+        self.digest == other.digest
+            && self.executable.as_ref().map(|e| &e.sha256) == other.executable.as_ref().map(|e| &e.sha256)
+    }
+}
+
+/// A co-located executable, content-addressed so it can be shipped and cached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Executable {
+    pub path: PathBuf,
+    /// Hex SHA-256 of the file's content.
+    pub sha256: String,
+    pub size: u64,
+}
+
+/// Splits a colon-separated tools path, dropping empty entries.
+pub fn split_tools_path(path: &str) -> Vec<PathBuf> {
+    path.split(':').filter(|p| !p.is_empty()).map(PathBuf::from).collect()
+}
+
+/// Scans a tools path, reusing what it parsed before for files whose bytes did not change.
+#[derive(Debug, Default)]
+pub struct Scanner {
+    dirs: Vec<PathBuf>,
+    /// Parse results by `.meta` path, keyed on the bytes' digest.
+    metas: HashMap<PathBuf, Cached>,
+    /// Executable digests by path, keyed on size and modification time.
+    executables: HashMap<PathBuf, (u64, Option<SystemTime>, String)>,
+}
+
+#[derive(Debug)]
+struct Cached {
+    digest: String,
+    meta: Option<Arc<Meta>>,
+    diagnostics: Vec<Diagnostic>,
+}
+
+impl Scanner {
+    pub fn new(dirs: Vec<PathBuf>) -> Self {
+        Self { dirs, ..Self::default() }
+    }
+
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+
+    /// Reads every directory of the tools path. The result has revision 0; the caller numbers it.
+    pub fn scan(&mut self) -> Catalog {
+        let mut catalog = Catalog::default();
+        let mut seen_metas = HashMap::with_capacity(self.metas.len());
+        let mut seen_exes = HashMap::new();
+        let mut claimed: HashMap<String, PathBuf> = HashMap::new();
+        for dir in self.dirs.clone() {
+            let files = match list_meta_files(&dir) {
+                Ok(files) => files,
+                Err(e) => {
+                    catalog.diagnostics.push(Diagnostic {
+                        file: dir.clone(),
+                        field: None,
+                        severity: Severity::Warning,
+                        code: Code::Io,
+                        message: format!("cannot read tools directory: {e}"),
+                    });
+                    continue;
+                }
+            };
+            for (name, path) in files {
+                if let Some(winner) = claimed.get(&name) {
+                    catalog.diagnostics.push(Diagnostic {
+                        file: path.clone(),
+                        field: None,
+                        severity: Severity::Warning,
+                        code: Code::Shadowed,
+                        message: format!("tool `{name}` is shadowed by {}, which comes first on the tools path", winner.display()),
+                    });
+                    continue;
+                }
+                claimed.insert(name.clone(), path.clone());
+                let Some(cached) = self.load(&name, &path) else { continue };
+                catalog.diagnostics.extend(cached.diagnostics.iter().cloned());
+                let (meta, digest) = (cached.meta.clone(), cached.digest.clone());
+                seen_metas.insert(path, ());
+                if let Some(meta) = meta {
+                    let executable = self.executable(&dir.join(&name));
+                    if let Some(exe) = &executable {
+                        seen_exes.insert(exe.path.clone(), ());
+                    }
+                    catalog.tools.insert(name, Tool { meta, digest, executable });
+                }
+            }
+        }
+        self.metas.retain(|p, _| seen_metas.contains_key(p));
+        self.executables.retain(|p, _| seen_exes.contains_key(p));
+        catalog
+    }
+
+    /// Reads and parses one file unless its bytes are unchanged since the last scan.
+    fn load(&mut self, name: &str, path: &Path) -> Option<&Cached> {
+        let bytes = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                let diag = Diagnostic {
+                    file: path.to_path_buf(),
+                    field: None,
+                    severity: Severity::Error,
+                    code: Code::Io,
+                    message: format!("cannot read: {e}"),
+                };
+                let cached = Cached { digest: String::new(), meta: None, diagnostics: vec![diag] };
+                self.metas.insert(path.to_path_buf(), cached);
+                return self.metas.get(path);
+            }
+        };
+        let digest = hex_sha256(&bytes);
+        let fresh = self.metas.get(path).is_some_and(|c| c.digest == digest);
+        if !fresh {
+            let parsed = parse(name, path, &bytes);
+            let cached = Cached { digest, meta: parsed.meta.map(Arc::new), diagnostics: parsed.diagnostics };
+            self.metas.insert(path.to_path_buf(), cached);
+        }
+        self.metas.get(path)
+    }
+
+    /// The executable beside a `.meta`, hashing it only when its size or mtime changed.
+    fn executable(&mut self, path: &Path) -> Option<Executable> {
+        use std::os::unix::fs::PermissionsExt;
+        let md = std::fs::metadata(path).ok()?;
+        if !md.is_file() || md.permissions().mode() & 0o111 == 0 {
+            return None;
+        }
+        let (size, mtime) = (md.len(), md.modified().ok());
+        let sha256 = match self.executables.get(path) {
+            Some((s, m, digest)) if *s == size && *m == mtime && mtime.is_some() => digest.clone(),
+            _ => {
+                let digest = hash_file(path).ok()?;
+                self.executables.insert(path.to_path_buf(), (size, mtime, digest.clone()));
+                digest
+            }
+        };
+        Some(Executable { path: path.to_path_buf(), sha256, size })
+    }
+}
+
+/// `(name, path)` of the `.meta` files in `dir`, sorted by name; dot-files are skipped.
+fn list_meta_files(dir: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let file_name = entry.file_name();
+        let Some(file_name) = file_name.to_str() else { continue };
+        let Some(name) = file_name.strip_suffix(".meta") else { continue };
+        if file_name.starts_with('.') {
+            continue;
+        }
+        // Follow symlinks: a linked .meta is a tool, a directory named x.meta is not.
+        if std::fs::metadata(entry.path()).is_ok_and(|m| m.is_file()) {
+            out.push((name.to_string(), entry.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn hex_sha256(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+fn hash_file(path: &Path) -> std::io::Result<String> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher)?;
+    Ok(hex(&hasher.finalize()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}

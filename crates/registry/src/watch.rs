@@ -1,0 +1,153 @@
+//! The live registry: an initial scan, then rescans on file-system events and on a timer.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::scan::{Catalog, Scanner};
+
+/// How the registry follows changes.
+#[derive(Debug, Clone)]
+pub struct WatchOptions {
+    /// Quiet time after the last file-system event before rescanning, so an editor's
+    /// burst of writes gives one rescan.
+    pub debounce: Duration,
+    /// Rescan this often even without events (file systems where events are lost, such as
+    /// some network mounts or a ConfigMap's symlink swap).
+    pub rescan_every: Duration,
+}
+
+impl Default for WatchOptions {
+    fn default() -> Self {
+        Self { debounce: Duration::from_millis(150), rescan_every: Duration::from_secs(30) }
+    }
+}
+
+/// A revisioned catalog that follows its tools path.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    scanner: Mutex<Scanner>,
+    tx: watch::Sender<Arc<Catalog>>,
+}
+
+impl Registry {
+    /// Scans `dirs` once; the first catalog has revision 1.
+    pub fn open(dirs: Vec<PathBuf>) -> Self {
+        let mut scanner = Scanner::new(dirs);
+        let mut catalog = scanner.scan();
+        catalog.revision = 1;
+        let (tx, _) = watch::channel(Arc::new(catalog));
+        Self { inner: Arc::new(Inner { scanner: Mutex::new(scanner), tx }) }
+    }
+
+    /// The current catalog.
+    pub fn catalog(&self) -> Arc<Catalog> {
+        self.inner.tx.borrow().clone()
+    }
+
+    /// A receiver that sees every new catalog.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Catalog>> {
+        self.inner.tx.subscribe()
+    }
+
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        self.lock().dirs().to_vec()
+    }
+
+    /// Rescans now (blocking I/O). Returns the new revision when the tools changed.
+    pub fn rescan(&self) -> Option<u64> {
+        let mut scanner = self.lock();
+        let mut next = scanner.scan();
+        let current = self.catalog();
+        if next.same_tools(&current) {
+            if next.diagnostics != current.diagnostics {
+                next.revision = current.revision;
+                self.inner.tx.send_replace(Arc::new(next));
+            }
+            return None;
+        }
+        next.revision = current.revision + 1;
+        let revision = next.revision;
+        tracing::info!(revision, tools = next.tools.len(), "tool registry changed");
+        self.inner.tx.send_replace(Arc::new(next));
+        Some(revision)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Scanner> {
+        // A panic while scanning leaves the scanner's cache consistent enough to rescan from.
+        self.inner.scanner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Follows the tools path until `shutdown`: file-system events (debounced) and a periodic rescan.
+    pub async fn watch(self, options: WatchOptions, shutdown: CancellationToken) {
+        let changed = Arc::new(Notify::new());
+        let mut watcher = {
+            let changed = changed.clone();
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                if event.is_ok_and(|e| !e.kind.is_access()) {
+                    changed.notify_one();
+                }
+            })
+        };
+        if let Err(e) = &watcher {
+            tracing::warn!(error = %e, "file watching unavailable; relying on periodic rescans");
+        }
+        let mut watched: Vec<PathBuf> = Vec::new();
+        let first = tokio::time::Instant::now() + options.rescan_every;
+        let mut tick = tokio::time::interval_at(first, options.rescan_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            if let Ok(w) = &mut watcher {
+                self.rewatch(w, &mut watched);
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+                () = changed.notified() => {
+                    // Debounce: wait until events stop for `debounce`.
+                    loop {
+                        tokio::select! {
+                            () = shutdown.cancelled() => return,
+                            () = changed.notified() => continue,
+                            () = tokio::time::sleep(options.debounce) => break,
+                        }
+                    }
+                }
+            }
+            let registry = self.clone();
+            if let Err(e) = tokio::task::spawn_blocking(move || registry.rescan()).await {
+                tracing::error!(error = %e, "registry rescan failed");
+            }
+        }
+    }
+
+    /// Watches directories of the tools path that exist now and were not watched yet.
+    fn rewatch(&self, watcher: &mut notify::RecommendedWatcher, watched: &mut Vec<PathBuf>) {
+        // A directory that was removed loses its watch; forget it so it is watched again if it returns.
+        watched.retain(|dir| {
+            let alive = dir.is_dir();
+            if !alive {
+                let _ = watcher.unwatch(dir);
+            }
+            alive
+        });
+        for dir in self.dirs() {
+            if watched.contains(&dir) || !dir.is_dir() {
+                continue;
+            }
+            match watcher.watch(&dir, RecursiveMode::NonRecursive) {
+                Ok(()) => watched.push(dir),
+                Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "cannot watch tools directory"),
+            }
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! Registry behaviour on real directories: scanning, shadowing, broken files, rescans and watching.
+
+use std::path::Path;
+use std::time::Duration;
+
+use toolsrv_meta::{Code, Severity};
+use toolsrv_registry::{Registry, WatchOptions, split_tools_path};
+
+fn write(dir: &Path, name: &str, body: &str) {
+    std::fs::write(dir.join(name), body).unwrap();
+}
+
+fn tool(desc: &str) -> String {
+    format!(r#"{{"description": "{desc}", "cmd": "echo {desc}"}}"#)
+}
+
+#[test]
+fn splits_the_tools_path() {
+    assert_eq!(split_tools_path("/a::/b:"), vec![Path::new("/a").to_path_buf(), Path::new("/b").to_path_buf()]);
+}
+
+#[test]
+fn first_directory_wins_and_the_shadowed_file_is_reported() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write(a.path(), "dup.meta", &tool("from-a"));
+    write(b.path(), "dup.meta", &tool("from-b"));
+    write(b.path(), "only_b.meta", &tool("b"));
+    let reg = Registry::open(vec![a.path().into(), b.path().into()]);
+    let cat = reg.catalog();
+    assert_eq!(cat.revision, 1);
+    assert_eq!(cat.tools["dup"].meta.def.description.as_deref(), Some("from-a"));
+    assert!(cat.tools.contains_key("only_b"));
+    let shadowed: Vec<_> = cat.diagnostics.iter().filter(|d| d.code == Code::Shadowed).collect();
+    assert_eq!(shadowed.len(), 1);
+    assert_eq!(shadowed[0].file, b.path().join("dup.meta"));
+    assert!(shadowed[0].message.contains(&a.path().join("dup.meta").display().to_string()));
+}
+
+#[test]
+fn a_broken_file_is_reported_and_the_others_still_load() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "good.meta", &tool("good"));
+    write(dir.path(), "broken.meta", "{ not json");
+    write(dir.path(), "typed.meta", r#"{"description": 5}"#);
+    write(dir.path(), "notes.txt", "not a tool");
+    write(dir.path(), ".hidden.meta", "{ swap file");
+    std::fs::create_dir(dir.path().join("adir.meta")).unwrap();
+    let reg = Registry::open(vec![dir.path().into(), dir.path().join("missing")]);
+    let cat = reg.catalog();
+    assert_eq!(cat.tools.keys().collect::<Vec<_>>(), ["good"]);
+    let errors: Vec<_> = cat.diagnostics.iter().filter(|d| d.severity == Severity::Error).collect();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(errors.iter().any(|d| d.file.ends_with("broken.meta") && d.code == Code::NotJson));
+    assert!(errors.iter().any(|d| d.file.ends_with("typed.meta") && d.field.as_deref() == Some("description")));
+    assert!(cat.diagnostics.iter().any(|d| d.code == Code::Io && d.file.ends_with("missing")));
+}
+
+#[test]
+fn rescans_bump_the_revision_only_on_effective_changes() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "a.meta", &tool("a"));
+    let reg = Registry::open(vec![dir.path().into()]);
+    assert_eq!(reg.rescan(), None, "nothing changed");
+
+    write(dir.path(), "b.meta", &tool("b"));
+    assert_eq!(reg.rescan(), Some(2), "added");
+    write(dir.path(), "b.meta", &tool("b2"));
+    assert_eq!(reg.rescan(), Some(3), "changed");
+    assert_eq!(reg.catalog().tools["b"].meta.def.description.as_deref(), Some("b2"));
+    write(dir.path(), "b.meta", &tool("b2"));
+    assert_eq!(reg.rescan(), None, "rewritten with the same bytes");
+
+    write(dir.path(), "b", "#!/bin/sh\necho one\n");
+    std::fs::set_permissions(dir.path().join("b"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(reg.rescan(), Some(4), "co-located executable appeared");
+    let first = reg.catalog().tools["b"].executable.clone().unwrap();
+    write(dir.path(), "b", "#!/bin/sh\necho two, longer\n");
+    assert_eq!(reg.rescan(), Some(5), "co-located executable changed");
+    assert_ne!(reg.catalog().tools["b"].executable.as_ref().unwrap().sha256, first.sha256);
+
+    write(dir.path(), "a.meta", "{ broken");
+    assert_eq!(reg.rescan(), Some(6), "a broken file drops its tool");
+    assert!(reg.catalog().has_errors());
+    std::fs::remove_file(dir.path().join("a.meta")).unwrap();
+    assert_eq!(reg.rescan(), None, "removing an already-rejected file changes no tool");
+    assert!(!reg.catalog().has_errors(), "its diagnostics go with it");
+    std::fs::remove_file(dir.path().join("b.meta")).unwrap();
+    assert_eq!(reg.rescan(), Some(7), "deleted");
+    assert!(reg.catalog().tools.is_empty());
+}
+
+/// Waits (bounded) until the registry publishes a catalog that satisfies `pred`.
+async fn wait_for(
+    rx: &mut tokio::sync::watch::Receiver<std::sync::Arc<toolsrv_registry::Catalog>>,
+    what: &str,
+    pred: impl Fn(&toolsrv_registry::Catalog) -> bool,
+) -> u64 {
+    let waited = tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|c| pred(c))).await;
+    match waited {
+        Ok(Ok(cat)) => cat.revision,
+        _ => panic!("timed out waiting for: {what}"),
+    }
+}
+
+#[tokio::test]
+async fn file_events_trigger_debounced_rescans() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "a.meta", &tool("a"));
+    let reg = Registry::open(vec![dir.path().into()]);
+    let mut rx = reg.subscribe();
+    let stop = tokio_util::sync::CancellationToken::new();
+    // A long periodic interval: only file events can explain a prompt rescan.
+    let options = WatchOptions { debounce: Duration::from_millis(50), rescan_every: Duration::from_secs(3600) };
+    let task = tokio::spawn(reg.clone().watch(options, stop.clone()));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    write(dir.path(), "b.meta", &tool("b"));
+    let r_added = wait_for(&mut rx, "b added", |c| c.tools.contains_key("b")).await;
+    assert!(r_added > 1);
+    write(dir.path(), "b.meta", &tool("b-changed"));
+    let r_changed = wait_for(&mut rx, "b changed", |c| {
+        c.tools.get("b").is_some_and(|t| t.meta.def.description.as_deref() == Some("b-changed"))
+    })
+    .await;
+    assert!(r_changed > r_added);
+    std::fs::remove_file(dir.path().join("b.meta")).unwrap();
+    let r_deleted = wait_for(&mut rx, "b deleted", |c| !c.tools.contains_key("b")).await;
+    assert!(r_deleted > r_changed);
+
+    // A burst of writes settles into few revisions, ending on the last content.
+    for i in 0..20 {
+        write(dir.path(), "c.meta", &tool(&format!("c{i}")));
+    }
+    let r_burst = wait_for(&mut rx, "burst settled", |c| {
+        c.tools.get("c").is_some_and(|t| t.meta.def.description.as_deref() == Some("c19"))
+    })
+    .await;
+    assert!(r_burst - r_deleted < 20, "debounce should coalesce a burst, got {} revisions", r_burst - r_deleted);
+
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn the_periodic_rescan_catches_what_events_miss() {
+    let root = tempfile::tempdir().unwrap();
+    let late = root.path().join("late");
+    // The directory does not exist yet, so there is nothing to watch: only the timer finds it.
+    let reg = Registry::open(vec![late.clone()]);
+    let mut rx = reg.subscribe();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let options = WatchOptions { debounce: Duration::from_millis(20), rescan_every: Duration::from_millis(200) };
+    let task = tokio::spawn(reg.clone().watch(options, stop.clone()));
+    std::fs::create_dir(&late).unwrap();
+    write(&late, "x.meta", &tool("x"));
+    wait_for(&mut rx, "x found by the periodic rescan", |c| c.tools.contains_key("x")).await;
+    // Now the directory is watched too: a new file shows up.
+    write(&late, "y.meta", &tool("y"));
+    wait_for(&mut rx, "y found", |c| c.tools.contains_key("y")).await;
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+}
