@@ -46,7 +46,11 @@ impl ArgsValidator {
             .map(|v| Self { inner: Arc::new(v) })
             .map_err(|e| {
                 let at = e.instance_path().as_str();
-                if at.is_empty() { e.to_string() } else { format!("at {at}: {e}") }
+                if at.is_empty() {
+                    e.to_string()
+                } else {
+                    format!("at {at}: {e}")
+                }
             })
     }
 
@@ -65,10 +69,21 @@ impl ArgsValidator {
             .iter_errors(args)
             .map(|e| {
                 let path = e.instance_path().as_str();
-                Violation { path: if path.is_empty() { "/".into() } else { path.to_string() }, message: e.to_string() }
+                Violation {
+                    path: if path.is_empty() {
+                        "/".into()
+                    } else {
+                        path.to_string()
+                    },
+                    message: e.to_string(),
+                }
             })
             .collect();
-        if violations.is_empty() { Ok(()) } else { Err(ArgsError { violations }) }
+        if violations.is_empty() {
+            Ok(())
+        } else {
+            Err(ArgsError { violations })
+        }
     }
 }
 
@@ -111,7 +126,9 @@ mod tests {
 
     #[test]
     fn accepts_valid_arguments() {
-        schema().validate(&json!({"path": "/x", "level": "warn", "filters": [{"n": 1}]})).unwrap();
+        schema()
+            .validate(&json!({"path": "/x", "level": "warn", "filters": [{"n": 1}]}))
+            .unwrap();
     }
 
     #[test]
@@ -120,7 +137,11 @@ mod tests {
             (json!({}), "/", "path"),
             (json!({"path": 3}), "/path", "string"),
             (json!({"path": "a", "level": "loud"}), "/level", "loud"),
-            (json!({"path": "a", "filters": [{"n": 1}, {"n": "two"}]}), "/filters/1/n", "integer"),
+            (
+                json!({"path": "a", "filters": [{"n": 1}, {"n": "two"}]}),
+                "/filters/1/n",
+                "integer",
+            ),
             (json!({"path": "a", "extra": true}), "/", "extra"),
             (json!([1, 2]), "/", "object"),
             (json!("text"), "/", "object"),
@@ -134,8 +155,16 @@ mod tests {
 
     #[test]
     fn rejects_invalid_schemas() {
-        for bad in [json!({"type": "nonsense"}), json!({"required": "path"}), json!(7), json!({"minLength": -1})] {
-            assert!(ArgsValidator::compile(&bad).is_err(), "{bad} should be rejected");
+        for bad in [
+            json!({"type": "nonsense"}),
+            json!({"required": "path"}),
+            json!(7),
+            json!({"minLength": -1}),
+        ] {
+            assert!(
+                ArgsValidator::compile(&bad).is_err(),
+                "{bad} should be rejected"
+            );
         }
     }
 }

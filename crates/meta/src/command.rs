@@ -27,7 +27,12 @@ pub struct CommandError {
 }
 
 /// Resolves the command of tool `name` whose `.meta` is in `meta_dir` and whose resolved `cmd` is `cmd`.
-pub fn resolve_command(meta_dir: &Path, name: &str, cmd: Option<&str>, host: &Host) -> Result<CommandSource, CommandError> {
+pub fn resolve_command(
+    meta_dir: &Path,
+    name: &str,
+    cmd: Option<&str>,
+    host: &Host,
+) -> Result<CommandSource, CommandError> {
     let beside = meta_dir.join(name);
     if host.fs.is_executable(&beside) {
         return Ok(CommandSource::CoLocated(beside));
@@ -37,5 +42,8 @@ pub fn resolve_command(meta_dir: &Path, name: &str, cmd: Option<&str>, host: &Ho
     }
     host.find_executable(name)
         .map(CommandSource::OnPath)
-        .ok_or_else(|| CommandError { name: name.to_string(), meta_dir: meta_dir.to_path_buf() })
+        .ok_or_else(|| CommandError {
+            name: name.to_string(),
+            meta_dir: meta_dir.to_path_buf(),
+        })
 }

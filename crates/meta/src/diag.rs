@@ -51,12 +51,34 @@ pub struct Diagnostic {
 }
 
 impl Diagnostic {
-    pub(crate) fn error(file: &std::path::Path, field: Option<String>, code: Code, message: impl Into<String>) -> Self {
-        Self { file: file.to_path_buf(), field, severity: Severity::Error, code, message: message.into() }
+    pub(crate) fn error(
+        file: &std::path::Path,
+        field: Option<String>,
+        code: Code,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            file: file.to_path_buf(),
+            field,
+            severity: Severity::Error,
+            code,
+            message: message.into(),
+        }
     }
 
-    pub(crate) fn warning(file: &std::path::Path, field: Option<String>, code: Code, message: impl Into<String>) -> Self {
-        Self { file: file.to_path_buf(), field, severity: Severity::Warning, code, message: message.into() }
+    pub(crate) fn warning(
+        file: &std::path::Path,
+        field: Option<String>,
+        code: Code,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            file: file.to_path_buf(),
+            field,
+            severity: Severity::Warning,
+            code,
+            message: message.into(),
+        }
     }
 
     /// Severity as the linter sees it: problems that silently change behaviour are errors there.

@@ -24,7 +24,9 @@ impl FileProbe for RealFs {
 
     fn is_executable(&self, path: &Path) -> bool {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::metadata(path).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+        std::fs::metadata(path)
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
     }
 }
 
@@ -42,7 +44,11 @@ pub struct Host {
 
 impl fmt::Debug for Host {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Host").field("os", &self.os).field("arch", &self.arch).field("env", &self.env.len()).finish()
+        f.debug_struct("Host")
+            .field("os", &self.os)
+            .field("arch", &self.arch)
+            .field("env", &self.env.len())
+            .finish()
     }
 }
 
@@ -64,7 +70,13 @@ impl Host {
 
     /// Directories of `PATH`, in order; empty entries are skipped rather than meaning the cwd.
     pub fn path_dirs(&self) -> impl Iterator<Item = &Path> {
-        self.env.get("PATH").map(String::as_str).unwrap_or("").split(':').filter(|d| !d.is_empty()).map(Path::new)
+        self.env
+            .get("PATH")
+            .map(String::as_str)
+            .unwrap_or("")
+            .split(':')
+            .filter(|d| !d.is_empty())
+            .map(Path::new)
     }
 
     /// Finds an executable: a bare name through `PATH`, an absolute path as is.
@@ -76,7 +88,9 @@ impl Host {
         if name.is_empty() || name.contains('/') {
             return None;
         }
-        self.path_dirs().map(|d| d.join(name)).find(|p| self.fs.is_executable(p))
+        self.path_dirs()
+            .map(|d| d.join(name))
+            .find(|p| self.fs.is_executable(p))
     }
 
     /// The variable is set and non-empty.
@@ -153,7 +167,8 @@ mod tests {
         std::fs::write(&plain, "text").unwrap();
         std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::create_dir(dir.path().join("adir")).unwrap();
-        let host = Host::with_env([("PATH".to_string(), format!("::{}", dir.path().display()))].into());
+        let host =
+            Host::with_env([("PATH".to_string(), format!("::{}", dir.path().display()))].into());
         assert_eq!(host.find_executable("runme"), Some(exe.clone()));
         assert_eq!(host.find_executable("readme"), None);
         assert_eq!(host.find_executable("adir"), None);

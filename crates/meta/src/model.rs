@@ -56,14 +56,20 @@ impl ToolDef {
     /// Field-by-field inheritance: what `self` sets wins, the rest comes from `base`.
     pub fn over(&self, base: &ToolDef) -> ToolDef {
         ToolDef {
-            description: self.description.clone().or_else(|| base.description.clone()),
+            description: self
+                .description
+                .clone()
+                .or_else(|| base.description.clone()),
             prompt: self.prompt.clone().or_else(|| base.prompt.clone()),
             keywords: self.keywords.clone().or_else(|| base.keywords.clone()),
             args: self.args.clone().or_else(|| base.args.clone()),
             tier: self.tier.or(base.tier),
             cmd: self.cmd.clone().or_else(|| base.cmd.clone()),
             scope: self.scope.clone().or_else(|| base.scope.clone()),
-            output_format: self.output_format.clone().or_else(|| base.output_format.clone()),
+            output_format: self
+                .output_format
+                .clone()
+                .or_else(|| base.output_format.clone()),
             resets_counter: self.resets_counter.or(base.resets_counter),
         }
     }
@@ -87,8 +93,14 @@ pub enum MatchKey {
 }
 
 impl MatchKey {
-    pub const ALL: [MatchKey; 6] =
-        [MatchKey::Os, MatchKey::Arch, MatchKey::Binary, MatchKey::File, MatchKey::Env, MatchKey::Nenv];
+    pub const ALL: [MatchKey; 6] = [
+        MatchKey::Os,
+        MatchKey::Arch,
+        MatchKey::Binary,
+        MatchKey::File,
+        MatchKey::Env,
+        MatchKey::Nenv,
+    ];
 
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|k| k.as_str() == s)

@@ -17,26 +17,48 @@ pub struct Parsed {
 
 /// GOOS values Go knows; others are accepted but warned about.
 const GO_OS: &[&str] = &[
-    "aix", "android", "darwin", "dragonfly", "freebsd", "illumos", "ios", "js", "linux", "netbsd", "openbsd", "plan9",
-    "solaris", "wasip1", "windows",
+    "aix",
+    "android",
+    "darwin",
+    "dragonfly",
+    "freebsd",
+    "illumos",
+    "ios",
+    "js",
+    "linux",
+    "netbsd",
+    "openbsd",
+    "plan9",
+    "solaris",
+    "wasip1",
+    "windows",
 ];
 /// GOARCH values Go knows; others are accepted but warned about.
 const GO_ARCH: &[&str] = &[
-    "386", "amd64", "arm", "arm64", "loong64", "mips", "mipsle", "mips64", "mips64le", "ppc64", "ppc64le", "riscv64",
-    "s390x", "wasm",
+    "386", "amd64", "arm", "arm64", "loong64", "mips", "mipsle", "mips64", "mips64le", "ppc64",
+    "ppc64le", "riscv64", "s390x", "wasm",
 ];
 
 /// Tool names are `[A-Za-z0-9_.-]+`.
 pub fn is_valid_name(name: &str) -> bool {
-    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
 /// Parses the `.meta` file at `path` (whose bytes are `bytes`) declaring the tool `name`.
 pub fn parse(name: &str, path: &Path, bytes: &[u8]) -> Parsed {
-    let mut p = Parser { path, diags: Vec::new() };
+    let mut p = Parser {
+        path,
+        diags: Vec::new(),
+    };
     let meta = p.document(name, bytes);
     let failed = p.diags.iter().any(|d| d.severity == Severity::Error);
-    Parsed { meta: if failed { None } else { meta }, diagnostics: p.diags }
+    Parsed {
+        meta: if failed { None } else { meta },
+        diagnostics: p.diags,
+    }
 }
 
 struct Parser<'a> {
@@ -46,16 +68,22 @@ struct Parser<'a> {
 
 impl Parser<'_> {
     fn error(&mut self, field: Option<String>, code: Code, msg: impl Into<String>) {
-        self.diags.push(Diagnostic::error(self.path, field, code, msg));
+        self.diags
+            .push(Diagnostic::error(self.path, field, code, msg));
     }
 
     fn warn(&mut self, field: Option<String>, code: Code, msg: impl Into<String>) {
-        self.diags.push(Diagnostic::warning(self.path, field, code, msg));
+        self.diags
+            .push(Diagnostic::warning(self.path, field, code, msg));
     }
 
     fn document(&mut self, name: &str, bytes: &[u8]) -> Option<Meta> {
         if !is_valid_name(name) {
-            self.error(None, Code::BadName, format!("tool name `{name}` is not made of [A-Za-z0-9_.-]"));
+            self.error(
+                None,
+                Code::BadName,
+                format!("tool name `{name}` is not made of [A-Za-z0-9_.-]"),
+            );
         }
         let value: Value = match serde_json::from_slice(bytes) {
             Ok(v) => v,
@@ -65,31 +93,69 @@ impl Parser<'_> {
             }
         };
         let Value::Object(mut obj) = value else {
-            self.error(None, Code::NotObject, format!("a .meta document must be a JSON object, got {}", json_type(&value)));
+            self.error(
+                None,
+                Code::NotObject,
+                format!(
+                    "a .meta document must be a JSON object, got {}",
+                    json_type(&value)
+                ),
+            );
             return None;
         };
         let variants = obj.remove("variants");
         let (def, unknown) = self.def(obj, "", false);
         for key in unknown.keys() {
-            self.warn(Some(key.clone()), Code::UnknownField, "unknown field, kept and ignored");
+            self.warn(
+                Some(key.clone()),
+                Code::UnknownField,
+                "unknown field, kept and ignored",
+            );
         }
         let variants = variants.map(|v| self.variants(v)).unwrap_or_default();
-        if def.description.as_deref().is_none_or(str::is_empty) && variants.iter().all(|v| v.def.description.is_none()) {
-            self.warn(Some("description".into()), Code::Suspicious, "missing: models will not know what the tool does");
+        if def.description.as_deref().is_none_or(str::is_empty)
+            && variants.iter().all(|v| v.def.description.is_none())
+        {
+            self.warn(
+                Some("description".into()),
+                Code::Suspicious,
+                "missing: models will not know what the tool does",
+            );
         }
-        Some(Meta { name: name.to_string(), path: self.path.to_path_buf(), def, variants, unknown })
+        Some(Meta {
+            name: name.to_string(),
+            path: self.path.to_path_buf(),
+            def,
+            variants,
+            unknown,
+        })
     }
 
     /// Reads the overridable fields out of `obj`; returns what is left over.
-    fn def(&mut self, mut obj: Map<String, Value>, prefix: &str, in_variant: bool) -> (ToolDef, Map<String, Value>) {
+    fn def(
+        &mut self,
+        mut obj: Map<String, Value>,
+        prefix: &str,
+        in_variant: bool,
+    ) -> (ToolDef, Map<String, Value>) {
         let at = |f: &str| format!("{prefix}{f}");
         let mut def = ToolDef {
-            description: obj.remove("description").and_then(|v| self.string(v, at("description"))),
-            prompt: obj.remove("prompt").and_then(|v| self.string(v, at("prompt"))),
-            keywords: obj.remove("keywords").and_then(|v| self.strings(v, at("keywords"))),
+            description: obj
+                .remove("description")
+                .and_then(|v| self.string(v, at("description"))),
+            prompt: obj
+                .remove("prompt")
+                .and_then(|v| self.string(v, at("prompt"))),
+            keywords: obj
+                .remove("keywords")
+                .and_then(|v| self.strings(v, at("keywords"))),
             cmd: obj.remove("cmd").and_then(|v| self.string(v, at("cmd"))),
-            scope: obj.remove("scope").and_then(|v| self.string(v, at("scope"))),
-            output_format: obj.remove("outputFormat").and_then(|v| self.string(v, at("outputFormat"))),
+            scope: obj
+                .remove("scope")
+                .and_then(|v| self.string(v, at("scope"))),
+            output_format: obj
+                .remove("outputFormat")
+                .and_then(|v| self.string(v, at("outputFormat"))),
             ..ToolDef::default()
         };
         if def.cmd.as_deref().is_some_and(|c| c.trim().is_empty()) {
@@ -104,9 +170,11 @@ impl Parser<'_> {
         if let Some(v) = obj.remove("tier") {
             match v.as_str().map(|s| (s, Tier::parse(s))) {
                 Some((_, Some(t))) => def.tier = Some(t),
-                Some((s, None)) => {
-                    self.error(Some(at("tier")), Code::BadTier, format!("`{s}` is not a tier: use hot, warm or cold"))
-                }
+                Some((s, None)) => self.error(
+                    Some(at("tier")),
+                    Code::BadTier,
+                    format!("`{s}` is not a tier: use hot, warm or cold"),
+                ),
                 None => self.wrong_type(at("tier"), "string", &v),
             }
         }
@@ -114,17 +182,27 @@ impl Parser<'_> {
             match ArgsValidator::compile(&schema) {
                 Ok(validator) => {
                     if schema.get("type").is_some_and(|t| t != "object") {
-                        self.warn(Some(at("args.type")), Code::Suspicious, "arguments are always a JSON object");
+                        self.warn(
+                            Some(at("args.type")),
+                            Code::Suspicious,
+                            "arguments are always a JSON object",
+                        );
                     }
                     def.args = Some((schema, validator));
                 }
-                Err(reason) => {
-                    self.error(Some(at("args")), Code::InvalidSchema, format!("not a valid JSON Schema: {reason}"))
-                }
+                Err(reason) => self.error(
+                    Some(at("args")),
+                    Code::InvalidSchema,
+                    format!("not a valid JSON Schema: {reason}"),
+                ),
             }
         }
         if in_variant && obj.remove("variants").is_some() {
-            self.error(Some(at("variants")), Code::WrongType, "variants cannot be nested inside a variant");
+            self.error(
+                Some(at("variants")),
+                Code::WrongType,
+                "variants cannot be nested inside a variant",
+            );
         }
         (def, obj)
     }
@@ -149,7 +227,11 @@ impl Parser<'_> {
             }
             let (def, unknown) = self.def(obj, &prefix, true);
             for key in unknown.keys() {
-                self.warn(Some(format!("{prefix}{key}")), Code::UnknownField, "unknown field, kept and ignored");
+                self.warn(
+                    Some(format!("{prefix}{key}")),
+                    Code::UnknownField,
+                    "unknown field, kept and ignored",
+                );
             }
             variant.def = def;
             out.push(variant);
@@ -162,7 +244,11 @@ impl Parser<'_> {
             let field = format!("{prefix}match.{key}");
             let Some(mk) = MatchKey::parse(&key) else {
                 let known = MatchKey::ALL.map(MatchKey::as_str).join(", ");
-                self.warn(Some(field), Code::UnknownMatchKey, format!("unknown match key, so this variant never matches (known: {known})"));
+                self.warn(
+                    Some(field),
+                    Code::UnknownMatchKey,
+                    format!("unknown match key, so this variant never matches (known: {known})"),
+                );
                 variant.unknown_keys.push(key);
                 continue;
             };
@@ -177,7 +263,11 @@ impl Parser<'_> {
                         }
                     }
                     if values.is_empty() {
-                        self.warn(Some(field.clone()), Code::Suspicious, "empty list: this condition never holds");
+                        self.warn(
+                            Some(field.clone()),
+                            Code::Suspicious,
+                            "empty list: this condition never holds",
+                        );
                     }
                     values
                 }
@@ -189,7 +279,10 @@ impl Parser<'_> {
             for v in &values {
                 self.check_value(mk, v, &field);
             }
-            variant.conditions.push(Condition { key: mk, any_of: values });
+            variant.conditions.push(Condition {
+                key: mk,
+                any_of: values,
+            });
         }
     }
 
@@ -204,18 +297,38 @@ impl Parser<'_> {
         let field = Some(field.to_string());
         match key {
             MatchKey::Os if !GO_OS.contains(&value) => {
-                let more = hint(value).map(|h| format!("; did you mean `{h}`?")).unwrap_or_default();
-                self.warn(field, Code::Suspicious, format!("`{value}` is not a Go GOOS value{more}"));
+                let more = hint(value)
+                    .map(|h| format!("; did you mean `{h}`?"))
+                    .unwrap_or_default();
+                self.warn(
+                    field,
+                    Code::Suspicious,
+                    format!("`{value}` is not a Go GOOS value{more}"),
+                );
             }
             MatchKey::Arch if !GO_ARCH.contains(&value) => {
-                let more = hint(value).map(|h| format!("; did you mean `{h}`?")).unwrap_or_default();
-                self.warn(field, Code::Suspicious, format!("`{value}` is not a Go GOARCH value{more}"));
+                let more = hint(value)
+                    .map(|h| format!("; did you mean `{h}`?"))
+                    .unwrap_or_default();
+                self.warn(
+                    field,
+                    Code::Suspicious,
+                    format!("`{value}` is not a Go GOARCH value{more}"),
+                );
             }
             MatchKey::Binary if value.contains('/') && !value.starts_with('/') => {
-                self.warn(field, Code::Suspicious, format!("`{value}` is neither a bare name nor an absolute path"));
+                self.warn(
+                    field,
+                    Code::Suspicious,
+                    format!("`{value}` is neither a bare name nor an absolute path"),
+                );
             }
             MatchKey::Env | MatchKey::Nenv if value.is_empty() || value.contains('=') => {
-                self.warn(field, Code::Suspicious, format!("`{value}` is not a variable name"));
+                self.warn(
+                    field,
+                    Code::Suspicious,
+                    format!("`{value}` is not a variable name"),
+                );
             }
             _ => {}
         }
@@ -247,6 +360,10 @@ impl Parser<'_> {
     }
 
     fn wrong_type(&mut self, field: String, expected: &str, got: &Value) {
-        self.error(Some(field), Code::WrongType, format!("expected {expected}, got {}", json_type(got)));
+        self.error(
+            Some(field),
+            Code::WrongType,
+            format!("expected {expected}, got {}", json_type(got)),
+        );
     }
 }

@@ -8,10 +8,15 @@ use crate::host::Host;
 use crate::model::{Condition, MatchKey, Meta, Tier, ToolDef};
 
 /// What a host sees of one tool.
+// Most tools resolve visible, so boxing the large variant would only add an allocation per tool.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Resolution {
     /// The tool is offered; `variant` is the index of the variant that decided, if any.
-    Visible { variant: Option<usize>, tool: ResolvedTool },
+    Visible {
+        variant: Option<usize>,
+        tool: ResolvedTool,
+    },
     /// The tool has variants and none matches this host.
     Hidden { reason: String },
 }
@@ -57,7 +62,10 @@ impl ResolvedTool {
     /// The text a request is ranked against: description, prompt and keywords.
     pub fn ranking_text(&self) -> String {
         let mut text = String::new();
-        for part in [self.description.as_deref(), self.prompt.as_deref()].into_iter().flatten() {
+        for part in [self.description.as_deref(), self.prompt.as_deref()]
+            .into_iter()
+            .flatten()
+        {
             text.push_str(part);
             text.push('\n');
         }
@@ -70,7 +78,10 @@ impl Meta {
     /// Evaluates the variants against `host`: the first whose conditions all hold decides.
     pub fn resolve(&self, host: &Host) -> Resolution {
         if self.variants.is_empty() {
-            return Resolution::Visible { variant: None, tool: self.finish(&self.def) };
+            return Resolution::Visible {
+                variant: None,
+                tool: self.finish(&self.def),
+            };
         }
         let mut misses = Vec::with_capacity(self.variants.len());
         for (i, variant) in self.variants.iter().enumerate() {
@@ -79,11 +90,18 @@ impl Meta {
                 None => variant.conditions.iter().find_map(|c| miss(c, host)),
             };
             match miss {
-                None => return Resolution::Visible { variant: Some(i), tool: self.finish(&variant.def.over(&self.def)) },
+                None => {
+                    return Resolution::Visible {
+                        variant: Some(i),
+                        tool: self.finish(&variant.def.over(&self.def)),
+                    };
+                }
                 Some(why) => misses.push(format!("variant {i}: {why}")),
             }
         }
-        Resolution::Hidden { reason: format!("no variant matches this host ({})", misses.join("; ")) }
+        Resolution::Hidden {
+            reason: format!("no variant matches this host ({})", misses.join("; ")),
+        }
     }
 
     fn finish(&self, def: &ToolDef) -> ResolvedTool {
@@ -133,7 +151,12 @@ fn miss(c: &Condition, host: &Host) -> Option<String> {
     if c.any_of.iter().any(holds) {
         return None;
     }
-    let wanted = c.any_of.iter().map(|v| format!("`{v}`")).collect::<Vec<_>>().join(" or ");
+    let wanted = c
+        .any_of
+        .iter()
+        .map(|v| format!("`{v}`"))
+        .collect::<Vec<_>>()
+        .join(" or ");
     Some(match c.key {
         MatchKey::Os => format!("os is `{}`, not {wanted}", host.os),
         MatchKey::Arch => format!("arch is `{}`, not {wanted}", host.arch),

@@ -1,12 +1,20 @@
 //! Parsing and linting `.meta` documents: every kind of broken file and its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
 use std::path::Path;
 
 use toolsrv_meta::{Code, Severity, parse};
 
-fn problems(doc: &str) -> (bool, Vec<(Severity, Code, Option<String>, String)>) {
+/// One problem: severity, code, field and the whole message.
+type Problem = (Severity, Code, Option<String>, String);
+
+fn problems(doc: &str) -> (bool, Vec<Problem>) {
     let parsed = parse("t", Path::new("/tools/t.meta"), doc.as_bytes());
-    let list = parsed.diagnostics.iter().map(|d| (d.severity, d.code, d.field.clone(), d.to_string())).collect();
+    let list = parsed
+        .diagnostics
+        .iter()
+        .map(|d| (d.severity, d.code, d.field.clone(), d.to_string()))
+        .collect();
     (parsed.meta.is_some(), list)
 }
 
@@ -14,8 +22,11 @@ fn problems(doc: &str) -> (bool, Vec<(Severity, Code, Option<String>, String)>) 
 fn rejected(doc: &str, code: Code, field: Option<&str>, needle: &str) {
     let (ok, list) = problems(doc);
     assert!(!ok, "{doc} should be rejected");
-    let hit = list.iter().find(|(s, c, f, _)| *s == Severity::Error && *c == code && f.as_deref() == field);
-    let (_, _, _, msg) = hit.unwrap_or_else(|| panic!("{doc}: no {code:?} error on {field:?} in {list:?}"));
+    let hit = list
+        .iter()
+        .find(|(s, c, f, _)| *s == Severity::Error && *c == code && f.as_deref() == field);
+    let (_, _, _, msg) =
+        hit.unwrap_or_else(|| panic!("{doc}: no {code:?} error on {field:?} in {list:?}"));
     assert!(msg.starts_with("/tools/t.meta: error: "), "{msg}");
     assert!(msg.contains(needle), "{msg} should mention {needle}");
 }
@@ -43,20 +54,72 @@ fn not_json() {
 #[test]
 fn wrong_field_types_name_the_field() {
     let cases = [
-        (r#"{"description": 1}"#, "description", "expected string, got number"),
-        (r#"{"prompt": ["a"]}"#, "prompt", "expected string, got array"),
-        (r#"{"keywords": "logs"}"#, "keywords", "expected array of strings, got string"),
-        (r#"{"keywords": ["ok", 3]}"#, "keywords[1]", "expected string, got number"),
-        (r#"{"cmd": {"run": "x"}}"#, "cmd", "expected string, got object"),
-        (r#"{"resetsCounter": "yes"}"#, "resetsCounter", "expected boolean, got string"),
+        (
+            r#"{"description": 1}"#,
+            "description",
+            "expected string, got number",
+        ),
+        (
+            r#"{"prompt": ["a"]}"#,
+            "prompt",
+            "expected string, got array",
+        ),
+        (
+            r#"{"keywords": "logs"}"#,
+            "keywords",
+            "expected array of strings, got string",
+        ),
+        (
+            r#"{"keywords": ["ok", 3]}"#,
+            "keywords[1]",
+            "expected string, got number",
+        ),
+        (
+            r#"{"cmd": {"run": "x"}}"#,
+            "cmd",
+            "expected string, got object",
+        ),
+        (
+            r#"{"resetsCounter": "yes"}"#,
+            "resetsCounter",
+            "expected boolean, got string",
+        ),
         (r#"{"tier": 1}"#, "tier", "expected string, got number"),
-        (r#"{"variants": {}}"#, "variants", "expected array of objects, got object"),
-        (r#"{"variants": [1]}"#, "variants[0]", "expected object, got number"),
-        (r#"{"variants": [{"match": "linux"}]}"#, "variants[0].match", "expected object, got string"),
-        (r#"{"variants": [{"match": {"os": 1}}]}"#, "variants[0].match.os", "expected string or array of strings"),
-        (r#"{"variants": [{}, {"match": {"os": ["linux", 2]}}]}"#, "variants[1].match.os[1]", "expected string"),
-        (r#"{"variants": [{"description": false}]}"#, "variants[0].description", "expected string, got boolean"),
-        (r#"{"variants": [{"variants": []}]}"#, "variants[0].variants", "cannot be nested"),
+        (
+            r#"{"variants": {}}"#,
+            "variants",
+            "expected array of objects, got object",
+        ),
+        (
+            r#"{"variants": [1]}"#,
+            "variants[0]",
+            "expected object, got number",
+        ),
+        (
+            r#"{"variants": [{"match": "linux"}]}"#,
+            "variants[0].match",
+            "expected object, got string",
+        ),
+        (
+            r#"{"variants": [{"match": {"os": 1}}]}"#,
+            "variants[0].match.os",
+            "expected string or array of strings",
+        ),
+        (
+            r#"{"variants": [{}, {"match": {"os": ["linux", 2]}}]}"#,
+            "variants[1].match.os[1]",
+            "expected string",
+        ),
+        (
+            r#"{"variants": [{"description": false}]}"#,
+            "variants[0].description",
+            "expected string, got boolean",
+        ),
+        (
+            r#"{"variants": [{"variants": []}]}"#,
+            "variants[0].variants",
+            "cannot be nested",
+        ),
     ];
     for (doc, field, needle) in cases {
         rejected(doc, Code::WrongType, Some(field), needle);
@@ -65,15 +128,40 @@ fn wrong_field_types_name_the_field() {
 
 #[test]
 fn bad_tier() {
-    rejected(r#"{"tier": "lukewarm"}"#, Code::BadTier, Some("tier"), "use hot, warm or cold");
-    rejected(r#"{"variants": [{"tier": "HOT"}]}"#, Code::BadTier, Some("variants[0].tier"), "`HOT`");
+    rejected(
+        r#"{"tier": "lukewarm"}"#,
+        Code::BadTier,
+        Some("tier"),
+        "use hot, warm or cold",
+    );
+    rejected(
+        r#"{"variants": [{"tier": "HOT"}]}"#,
+        Code::BadTier,
+        Some("variants[0].tier"),
+        "`HOT`",
+    );
 }
 
 #[test]
 fn invalid_schema() {
-    rejected(r#"{"args": {"type": "strng"}}"#, Code::InvalidSchema, Some("args"), "not a valid JSON Schema");
-    rejected(r#"{"args": "object"}"#, Code::InvalidSchema, Some("args"), "must be an object");
-    rejected(r#"{"variants": [{"args": {"required": 5}}]}"#, Code::InvalidSchema, Some("variants[0].args"), "JSON Schema");
+    rejected(
+        r#"{"args": {"type": "strng"}}"#,
+        Code::InvalidSchema,
+        Some("args"),
+        "not a valid JSON Schema",
+    );
+    rejected(
+        r#"{"args": "object"}"#,
+        Code::InvalidSchema,
+        Some("args"),
+        "must be an object",
+    );
+    rejected(
+        r#"{"variants": [{"args": {"required": 5}}]}"#,
+        Code::InvalidSchema,
+        Some("variants[0].args"),
+        "JSON Schema",
+    );
 }
 
 #[test]
@@ -87,42 +175,90 @@ fn bad_tool_name() {
 fn unknown_match_key_is_a_warning_that_lint_makes_an_error() {
     let (ok, _) = problems(r#"{"description": "d", "variants": [{"match": {"kernel": "6"}}]}"#);
     assert!(ok);
-    let parsed = parse("t", Path::new("/tools/t.meta"), br#"{"description": "d", "variants": [{"match": {"kernel": "6"}}]}"#);
+    let parsed = parse(
+        "t",
+        Path::new("/tools/t.meta"),
+        br#"{"description": "d", "variants": [{"match": {"kernel": "6"}}]}"#,
+    );
     let d = &parsed.diagnostics[0];
-    assert_eq!((d.code, d.severity, d.lint_severity()), (Code::UnknownMatchKey, Severity::Warning, Severity::Error));
+    assert_eq!(
+        (d.code, d.severity, d.lint_severity()),
+        (Code::UnknownMatchKey, Severity::Warning, Severity::Error)
+    );
     assert_eq!(d.field.as_deref(), Some("variants[0].match.kernel"));
-    assert!(d.message.contains("known: os, arch, binary, file, env, nenv"), "{}", d.message);
+    assert!(
+        d.message
+            .contains("known: os, arch, binary, file, env, nenv"),
+        "{}",
+        d.message
+    );
 }
 
 #[test]
 fn unknown_fields_are_kept_with_a_warning() {
-    let parsed = parse("t", Path::new("/tools/t.meta"), br#"{"description": "d", "icon": "x", "variants": [{"color": 1}]}"#);
+    let parsed = parse(
+        "t",
+        Path::new("/tools/t.meta"),
+        br#"{"description": "d", "icon": "x", "variants": [{"color": 1}]}"#,
+    );
     let meta = parsed.meta.unwrap();
     assert_eq!(meta.unknown.get("icon"), Some(&serde_json::json!("x")));
-    let fields: Vec<_> = parsed.diagnostics.iter().filter(|d| d.code == Code::UnknownField).map(|d| d.field.clone()).collect();
-    assert_eq!(fields, [Some("icon".to_string()), Some("variants[0].color".to_string())]);
-    assert!(parsed.diagnostics.iter().all(|d| d.severity == Severity::Warning));
+    let fields: Vec<_> = parsed
+        .diagnostics
+        .iter()
+        .filter(|d| d.code == Code::UnknownField)
+        .map(|d| d.field.clone())
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            Some("icon".to_string()),
+            Some("variants[0].color".to_string())
+        ]
+    );
+    assert!(
+        parsed
+            .diagnostics
+            .iter()
+            .all(|d| d.severity == Severity::Warning)
+    );
 }
 
 #[test]
 fn rust_vocabulary_gets_a_hint() {
-    let (ok, list) = problems(r#"{"description": "d", "variants": [{"match": {"os": "macos", "arch": ["x86_64"]}}]}"#);
+    let (ok, list) = problems(
+        r#"{"description": "d", "variants": [{"match": {"os": "macos", "arch": ["x86_64"]}}]}"#,
+    );
     assert!(ok);
     let msgs: Vec<_> = list.iter().map(|(_, _, _, m)| m.as_str()).collect();
-    assert!(msgs.iter().any(|m| m.contains("did you mean `darwin`")), "{msgs:?}");
-    assert!(msgs.iter().any(|m| m.contains("did you mean `amd64`")), "{msgs:?}");
+    assert!(
+        msgs.iter().any(|m| m.contains("did you mean `darwin`")),
+        "{msgs:?}"
+    );
+    assert!(
+        msgs.iter().any(|m| m.contains("did you mean `amd64`")),
+        "{msgs:?}"
+    );
 }
 
 #[test]
 fn every_error_is_reported_not_just_the_first() {
-    let (ok, list) = problems(r#"{"description": 1, "tier": "x", "args": {"type": 3}, "variants": [{"cmd": 2}]}"#);
+    let (ok, list) = problems(
+        r#"{"description": 1, "tier": "x", "args": {"type": 3}, "variants": [{"cmd": 2}]}"#,
+    );
     assert!(!ok);
-    assert_eq!(list.iter().filter(|(s, ..)| *s == Severity::Error).count(), 4, "{list:?}");
+    assert_eq!(
+        list.iter().filter(|(s, ..)| *s == Severity::Error).count(),
+        4,
+        "{list:?}"
+    );
 }
 
 #[test]
 fn missing_description_is_warned() {
     let (ok, list) = problems(r#"{"cmd": "true"}"#);
     assert!(ok);
-    assert!(list.iter().any(|(s, c, f, _)| *s == Severity::Warning && *c == Code::Suspicious && f.as_deref() == Some("description")));
+    assert!(list.iter().any(|(s, c, f, _)| *s == Severity::Warning
+        && *c == Code::Suspicious
+        && f.as_deref() == Some("description")));
 }

@@ -1,11 +1,14 @@
 //! Variant evaluation, table-driven over injected host facts.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::json;
-use toolsrv_meta::{CommandSource, FileProbe, Host, Meta, Resolution, Tier, parse, resolve_command};
+use toolsrv_meta::{
+    CommandSource, FileProbe, Host, Meta, Resolution, Tier, parse, resolve_command,
+};
 
 /// A file system made of two sets of paths.
 #[derive(Default)]
@@ -25,13 +28,22 @@ impl FileProbe for FakeFs {
 
 /// A host described by `os/arch`, environment pairs, executables (absolute) and plain files.
 fn host(os: &str, arch: &str, env: &[(&str, &str)], exes: &[&str], files: &[&str]) -> Host {
-    let mut env: BTreeMap<String, String> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    env.entry("PATH".into()).or_insert_with(|| "/usr/local/bin:/usr/bin:/bin".into());
+    let mut env: BTreeMap<String, String> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    env.entry("PATH".into())
+        .or_insert_with(|| "/usr/local/bin:/usr/bin:/bin".into());
     let fs = FakeFs {
         files: files.iter().map(PathBuf::from).collect(),
         executables: exes.iter().map(PathBuf::from).collect(),
     };
-    Host { os: os.into(), arch: arch.into(), env, fs: Arc::new(fs) }
+    Host {
+        os: os.into(),
+        arch: arch.into(),
+        env,
+        fs: Arc::new(fs),
+    }
 }
 
 fn linux() -> Host {
@@ -40,7 +52,9 @@ fn linux() -> Host {
 
 fn meta(doc: serde_json::Value) -> Meta {
     let parsed = parse("t", Path::new("/tools/t.meta"), doc.to_string().as_bytes());
-    parsed.meta.unwrap_or_else(|| panic!("parse failed: {:?}", parsed.diagnostics))
+    parsed
+        .meta
+        .unwrap_or_else(|| panic!("parse failed: {:?}", parsed.diagnostics))
 }
 
 /// The index of the chosen variant, or the hidden reason.
@@ -56,30 +70,89 @@ fn each_match_key_alone() {
     let cases: Vec<(serde_json::Value, Host, bool)> = vec![
         (json!({"os": "linux"}), linux(), true),
         (json!({"os": "darwin"}), linux(), false),
-        (json!({"os": "darwin"}), host("darwin", "arm64", &[], &[], &[]), true),
+        (
+            json!({"os": "darwin"}),
+            host("darwin", "arm64", &[], &[], &[]),
+            true,
+        ),
         (json!({"arch": "amd64"}), linux(), true),
         (json!({"arch": "arm64"}), linux(), false),
-        (json!({"binary": "journalctl"}), host("linux", "amd64", &[], &["/usr/bin/journalctl"], &[]), true),
+        (
+            json!({"binary": "journalctl"}),
+            host("linux", "amd64", &[], &["/usr/bin/journalctl"], &[]),
+            true,
+        ),
         (json!({"binary": "journalctl"}), linux(), false),
         // Found only on PATH: a PATH that lacks its directory does not see it.
-        (json!({"binary": "tool"}), host("linux", "amd64", &[("PATH", "/bin")], &["/opt/x/tool"], &[]), false),
-        (json!({"binary": "tool"}), host("linux", "amd64", &[("PATH", "/bin:/opt/x")], &["/opt/x/tool"], &[]), true),
+        (
+            json!({"binary": "tool"}),
+            host("linux", "amd64", &[("PATH", "/bin")], &["/opt/x/tool"], &[]),
+            false,
+        ),
+        (
+            json!({"binary": "tool"}),
+            host(
+                "linux",
+                "amd64",
+                &[("PATH", "/bin:/opt/x")],
+                &["/opt/x/tool"],
+                &[],
+            ),
+            true,
+        ),
         // A non-executable file on PATH is not a binary.
-        (json!({"binary": "notes"}), host("linux", "amd64", &[], &[], &["/usr/bin/notes"]), false),
-        (json!({"binary": "/opt/x/tool"}), host("linux", "amd64", &[], &["/opt/x/tool"], &[]), true),
-        (json!({"binary": "/opt/x/tool"}), host("linux", "amd64", &[], &[], &["/opt/x/tool"]), false),
-        (json!({"file": "/var/log/syslog"}), host("linux", "amd64", &[], &[], &["/var/log/syslog"]), true),
+        (
+            json!({"binary": "notes"}),
+            host("linux", "amd64", &[], &[], &["/usr/bin/notes"]),
+            false,
+        ),
+        (
+            json!({"binary": "/opt/x/tool"}),
+            host("linux", "amd64", &[], &["/opt/x/tool"], &[]),
+            true,
+        ),
+        (
+            json!({"binary": "/opt/x/tool"}),
+            host("linux", "amd64", &[], &[], &["/opt/x/tool"]),
+            false,
+        ),
+        (
+            json!({"file": "/var/log/syslog"}),
+            host("linux", "amd64", &[], &[], &["/var/log/syslog"]),
+            true,
+        ),
         (json!({"file": "/var/log/syslog"}), linux(), false),
-        (json!({"env": "DISPLAY"}), host("linux", "amd64", &[("DISPLAY", ":0")], &[], &[]), true),
-        (json!({"env": "DISPLAY"}), host("linux", "amd64", &[("DISPLAY", "")], &[], &[]), false),
+        (
+            json!({"env": "DISPLAY"}),
+            host("linux", "amd64", &[("DISPLAY", ":0")], &[], &[]),
+            true,
+        ),
+        (
+            json!({"env": "DISPLAY"}),
+            host("linux", "amd64", &[("DISPLAY", "")], &[], &[]),
+            false,
+        ),
         (json!({"env": "DISPLAY"}), linux(), false),
         (json!({"nenv": "SSH_CONNECTION"}), linux(), true),
-        (json!({"nenv": "SSH_CONNECTION"}), host("linux", "amd64", &[("SSH_CONNECTION", "")], &[], &[]), true),
-        (json!({"nenv": "SSH_CONNECTION"}), host("linux", "amd64", &[("SSH_CONNECTION", "1 2 3 4")], &[], &[]), false),
+        (
+            json!({"nenv": "SSH_CONNECTION"}),
+            host("linux", "amd64", &[("SSH_CONNECTION", "")], &[], &[]),
+            true,
+        ),
+        (
+            json!({"nenv": "SSH_CONNECTION"}),
+            host("linux", "amd64", &[("SSH_CONNECTION", "1 2 3 4")], &[], &[]),
+            false,
+        ),
     ];
     for (i, (cond, h, want)) in cases.into_iter().enumerate() {
         let m = meta(json!({"description": "d", "variants": [{"match": cond}]}));
-        assert_eq!(pick(&m, &h).is_ok(), want, "case {i}: {cond} on {h:?}: {:?}", pick(&m, &h));
+        assert_eq!(
+            pick(&m, &h).is_ok(),
+            want,
+            "case {i}: {cond} on {h:?}: {:?}",
+            pick(&m, &h)
+        );
     }
 }
 
@@ -90,11 +163,22 @@ fn keys_are_anded_and_arrays_are_ored() {
     let docker = ["/usr/bin/docker"];
     assert!(pick(&m, &host("linux", "amd64", &[], &docker, &[])).is_ok());
     assert!(pick(&m, &host("freebsd", "arm64", &[], &docker, &[])).is_ok());
-    assert!(pick(&m, &host("linux", "amd64", &[], &[], &[])).is_err(), "binary missing");
-    assert!(pick(&m, &host("darwin", "amd64", &[], &docker, &[])).is_err(), "os not in list");
-    assert!(pick(&m, &host("linux", "386", &[], &docker, &[])).is_err(), "arch not in list");
+    assert!(
+        pick(&m, &host("linux", "amd64", &[], &[], &[])).is_err(),
+        "binary missing"
+    );
+    assert!(
+        pick(&m, &host("darwin", "amd64", &[], &docker, &[])).is_err(),
+        "os not in list"
+    );
+    assert!(
+        pick(&m, &host("linux", "386", &[], &docker, &[])).is_err(),
+        "arch not in list"
+    );
     // OR over binaries and files.
-    let m = meta(json!({"variants": [{"match": {"binary": ["podman", "docker"], "file": ["/a", "/b"]}}]}));
+    let m = meta(
+        json!({"variants": [{"match": {"binary": ["podman", "docker"], "file": ["/a", "/b"]}}]}),
+    );
     assert!(pick(&m, &host("linux", "amd64", &[], &["/bin/podman"], &["/b"])).is_ok());
     assert!(pick(&m, &host("linux", "amd64", &[], &["/bin/podman"], &[])).is_err());
 }
@@ -114,7 +198,13 @@ fn first_matching_variant_wins() {
         {"match": {"file": "/var/log/syslog"}, "cmd": "syslog"},
         {"match": {}, "cmd": "fallback"},
     ]}));
-    let both = host("linux", "amd64", &[], &["/bin/journalctl"], &["/var/log/syslog"]);
+    let both = host(
+        "linux",
+        "amd64",
+        &[],
+        &["/bin/journalctl"],
+        &["/var/log/syslog"],
+    );
     let syslog_only = host("linux", "amd64", &[], &[], &["/var/log/syslog"]);
     let cmd = |h: &Host| m.resolve(h).tool().and_then(|t| t.cmd.clone());
     assert_eq!(pick(&m, &both), Ok(Some(0)));
@@ -144,7 +234,10 @@ fn hidden_with_a_reason_naming_every_variant() {
         "variant 4: env `HOME` set",
         "variant 5: arch is `amd64`, not `arm64` or `riscv64`",
     ] {
-        assert!(reason.contains(needle), "{needle:?} missing from {reason:?}");
+        assert!(
+            reason.contains(needle),
+            "{needle:?} missing from {reason:?}"
+        );
     }
 }
 
@@ -158,11 +251,17 @@ fn a_tool_without_variants_is_always_visible() {
 fn unknown_match_key_makes_the_variant_not_match() {
     let doc = json!({"variants": [{"match": {"os": "linux", "kernel": "6.1"}, "cmd": "a"}, {"cmd": "b"}]});
     let parsed = parse("t", Path::new("/tools/t.meta"), doc.to_string().as_bytes());
-    let m = parsed.meta.expect("an unknown match key is a warning, not a rejection");
+    let m = parsed
+        .meta
+        .expect("an unknown match key is a warning, not a rejection");
     let resolved = m.resolve(&linux());
     assert_eq!(resolved.tool().and_then(|t| t.cmd.as_deref()), Some("b"));
     let only = meta(json!({"variants": [{"match": {"kernel": "6.1"}}]}));
-    assert!(pick(&only, &linux()).unwrap_err().contains("unknown match key `kernel`"));
+    assert!(
+        pick(&only, &linux())
+            .unwrap_err()
+            .contains("unknown match key `kernel`")
+    );
 }
 
 #[test]
@@ -176,7 +275,10 @@ fn every_overridable_field_is_inherited_or_overridden() {
         ("description", json!("v-d")),
         ("prompt", json!("v-p")),
         ("keywords", json!(["v-k"])),
-        ("args", json!({"type": "object", "properties": {"v": {"type": "integer"}}})),
+        (
+            "args",
+            json!({"type": "object", "properties": {"v": {"type": "integer"}}}),
+        ),
         ("tier", json!("hot")),
         ("cmd", json!("v-c")),
         ("scope", json!("v-s")),
@@ -189,7 +291,11 @@ fn every_overridable_field_is_inherited_or_overridden() {
         let tool = meta(doc).resolve(&linux()).tool().cloned().unwrap();
         let model = serde_json::to_value(&tool).unwrap();
         for (other, top_value) in top.as_object().unwrap() {
-            let got = if other == "cmd" { json!(tool.cmd) } else { model[other].clone() };
+            let got = if other == "cmd" {
+                json!(tool.cmd)
+            } else {
+                model[other].clone()
+            };
             let want = if other == field { &value } else { top_value };
             assert_eq!(&got, want, "overriding {field}: field {other}");
         }
@@ -202,7 +308,11 @@ fn the_override_also_switches_argument_validation() {
         "args": {"type": "object", "required": ["a"]},
         "variants": [{"match": {"os": "darwin"}, "args": {"type": "object", "required": ["b"]}}, {}],
     }));
-    let mac = m.resolve(&host("darwin", "arm64", &[], &[], &[])).tool().cloned().unwrap();
+    let mac = m
+        .resolve(&host("darwin", "arm64", &[], &[], &[]))
+        .tool()
+        .cloned()
+        .unwrap();
     let lin = m.resolve(&linux()).tool().cloned().unwrap();
     assert!(mac.validator.validate(&json!({"b": 1})).is_ok());
     assert!(mac.validator.validate(&json!({"a": 1})).is_err());
@@ -216,11 +326,26 @@ fn command_resolution_order() {
     let beside = host("linux", "amd64", &[], &["/tools/t", "/usr/bin/t"], &[]);
     let on_path = host("linux", "amd64", &[], &["/usr/bin/t"], &[]);
     let not_executable = host("linux", "amd64", &[], &[], &["/tools/t"]);
-    assert_eq!(resolve_command(dir, "t", Some("echo hi"), &beside), Ok(CommandSource::CoLocated("/tools/t".into())));
-    assert_eq!(resolve_command(dir, "t", Some("echo hi"), &on_path), Ok(CommandSource::Shell("echo hi".into())));
-    assert_eq!(resolve_command(dir, "t", Some("echo hi"), &not_executable), Ok(CommandSource::Shell("echo hi".into())));
-    assert_eq!(resolve_command(dir, "t", None, &on_path), Ok(CommandSource::OnPath("/usr/bin/t".into())));
-    assert_eq!(resolve_command(dir, "t", Some("  "), &on_path), Ok(CommandSource::OnPath("/usr/bin/t".into())));
+    assert_eq!(
+        resolve_command(dir, "t", Some("echo hi"), &beside),
+        Ok(CommandSource::CoLocated("/tools/t".into()))
+    );
+    assert_eq!(
+        resolve_command(dir, "t", Some("echo hi"), &on_path),
+        Ok(CommandSource::Shell("echo hi".into()))
+    );
+    assert_eq!(
+        resolve_command(dir, "t", Some("echo hi"), &not_executable),
+        Ok(CommandSource::Shell("echo hi".into()))
+    );
+    assert_eq!(
+        resolve_command(dir, "t", None, &on_path),
+        Ok(CommandSource::OnPath("/usr/bin/t".into()))
+    );
+    assert_eq!(
+        resolve_command(dir, "t", Some("  "), &on_path),
+        Ok(CommandSource::OnPath("/usr/bin/t".into()))
+    );
     let err = resolve_command(dir, "t", None, &linux()).unwrap_err();
     assert!(err.to_string().contains("/tools/t.meta"), "{err}");
     assert!(err.to_string().contains("no `cmd`"), "{err}");

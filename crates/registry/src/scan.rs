@@ -23,11 +23,17 @@ impl Catalog {
     /// Same tools with the same content (revision and diagnostics aside).
     pub fn same_tools(&self, other: &Catalog) -> bool {
         self.tools.len() == other.tools.len()
-            && self.tools.iter().zip(&other.tools).all(|((a, ta), (b, tb))| a == b && ta.same_content(tb))
+            && self
+                .tools
+                .iter()
+                .zip(&other.tools)
+                .all(|((a, ta), (b, tb))| a == b && ta.same_content(tb))
     }
 
     pub fn has_errors(&self) -> bool {
-        self.diagnostics.iter().any(|d| d.severity == Severity::Error)
+        self.diagnostics
+            .iter()
+            .any(|d| d.severity == Severity::Error)
     }
 }
 
@@ -44,7 +50,8 @@ pub struct Tool {
 impl Tool {
     fn same_content(&self, other: &Tool) -> bool {
         self.digest == other.digest
-            && self.executable.as_ref().map(|e| &e.sha256) == other.executable.as_ref().map(|e| &e.sha256)
+            && self.executable.as_ref().map(|e| &e.sha256)
+                == other.executable.as_ref().map(|e| &e.sha256)
     }
 }
 
@@ -59,7 +66,10 @@ pub struct Executable {
 
 /// Splits a colon-separated tools path, dropping empty entries.
 pub fn split_tools_path(path: &str) -> Vec<PathBuf> {
-    path.split(':').filter(|p| !p.is_empty()).map(PathBuf::from).collect()
+    path.split(':')
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .collect()
 }
 
 /// Scans a tools path, reusing what it parsed before for files whose bytes did not change.
@@ -81,7 +91,10 @@ struct Cached {
 
 impl Scanner {
     pub fn new(dirs: Vec<PathBuf>) -> Self {
-        Self { dirs, ..Self::default() }
+        Self {
+            dirs,
+            ..Self::default()
+        }
     }
 
     pub fn dirs(&self) -> &[PathBuf] {
@@ -115,13 +128,20 @@ impl Scanner {
                         field: None,
                         severity: Severity::Warning,
                         code: Code::Shadowed,
-                        message: format!("tool `{name}` is shadowed by {}, which comes first on the tools path", winner.display()),
+                        message: format!(
+                            "tool `{name}` is shadowed by {}, which comes first on the tools path",
+                            winner.display()
+                        ),
                     });
                     continue;
                 }
                 claimed.insert(name.clone(), path.clone());
-                let Some(cached) = self.load(&name, &path) else { continue };
-                catalog.diagnostics.extend(cached.diagnostics.iter().cloned());
+                let Some(cached) = self.load(&name, &path) else {
+                    continue;
+                };
+                catalog
+                    .diagnostics
+                    .extend(cached.diagnostics.iter().cloned());
                 let (meta, digest) = (cached.meta.clone(), cached.digest.clone());
                 seen_metas.insert(path, ());
                 if let Some(meta) = meta {
@@ -129,7 +149,14 @@ impl Scanner {
                     if let Some(exe) = &executable {
                         seen_exes.insert(exe.path.clone(), ());
                     }
-                    catalog.tools.insert(name, Tool { meta, digest, executable });
+                    catalog.tools.insert(
+                        name,
+                        Tool {
+                            meta,
+                            digest,
+                            executable,
+                        },
+                    );
                 }
             }
         }
@@ -151,7 +178,11 @@ impl Scanner {
                     code: Code::Io,
                     message: format!("cannot read: {e}"),
                 };
-                let cached = Cached { digest: String::new(), meta: None, diagnostics: vec![diag] };
+                let cached = Cached {
+                    digest: String::new(),
+                    meta: None,
+                    diagnostics: vec![diag],
+                };
                 self.metas.insert(path.to_path_buf(), cached);
                 return self.metas.get(path);
             }
@@ -160,7 +191,11 @@ impl Scanner {
         let fresh = self.metas.get(path).is_some_and(|c| c.digest == digest);
         if !fresh {
             let parsed = parse(name, path, &bytes);
-            let cached = Cached { digest, meta: parsed.meta.map(Arc::new), diagnostics: parsed.diagnostics };
+            let cached = Cached {
+                digest,
+                meta: parsed.meta.map(Arc::new),
+                diagnostics: parsed.diagnostics,
+            };
             self.metas.insert(path.to_path_buf(), cached);
         }
         self.metas.get(path)
@@ -178,11 +213,16 @@ impl Scanner {
             Some((s, m, digest)) if *s == size && *m == mtime && mtime.is_some() => digest.clone(),
             _ => {
                 let digest = hash_file(path).ok()?;
-                self.executables.insert(path.to_path_buf(), (size, mtime, digest.clone()));
+                self.executables
+                    .insert(path.to_path_buf(), (size, mtime, digest.clone()));
                 digest
             }
         };
-        Some(Executable { path: path.to_path_buf(), sha256, size })
+        Some(Executable {
+            path: path.to_path_buf(),
+            sha256,
+            size,
+        })
     }
 }
 
@@ -192,8 +232,12 @@ fn list_meta_files(dir: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let file_name = entry.file_name();
-        let Some(file_name) = file_name.to_str() else { continue };
-        let Some(name) = file_name.strip_suffix(".meta") else { continue };
+        let Some(file_name) = file_name.to_str() else {
+            continue;
+        };
+        let Some(name) = file_name.strip_suffix(".meta") else {
+            continue;
+        };
         if file_name.starts_with('.') {
             continue;
         }
@@ -219,8 +263,10 @@ fn hash_file(path: &Path) -> std::io::Result<String> {
 
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }

@@ -23,7 +23,10 @@ pub struct WatchOptions {
 
 impl Default for WatchOptions {
     fn default() -> Self {
-        Self { debounce: Duration::from_millis(150), rescan_every: Duration::from_secs(30) }
+        Self {
+            debounce: Duration::from_millis(150),
+            rescan_every: Duration::from_secs(30),
+        }
     }
 }
 
@@ -46,7 +49,12 @@ impl Registry {
         let mut catalog = scanner.scan();
         catalog.revision = 1;
         let (tx, _) = watch::channel(Arc::new(catalog));
-        Self { inner: Arc::new(Inner { scanner: Mutex::new(scanner), tx }) }
+        Self {
+            inner: Arc::new(Inner {
+                scanner: Mutex::new(scanner),
+                tx,
+            }),
+        }
     }
 
     /// The current catalog.
@@ -84,7 +92,10 @@ impl Registry {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Scanner> {
         // A panic while scanning leaves the scanner's cache consistent enough to rescan from.
-        self.inner.scanner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner
+            .scanner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Follows the tools path until `shutdown`: file-system events (debounced) and a periodic rescan.
@@ -146,7 +157,9 @@ impl Registry {
             }
             match watcher.watch(&dir, RecursiveMode::NonRecursive) {
                 Ok(()) => watched.push(dir),
-                Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "cannot watch tools directory"),
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "cannot watch tools directory")
+                }
             }
         }
     }

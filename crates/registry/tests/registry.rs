@@ -1,4 +1,5 @@
 //! Registry behaviour on real directories: scanning, shadowing, broken files, rescans and watching.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
 use std::path::Path;
 use std::time::Duration;
@@ -16,7 +17,10 @@ fn tool(desc: &str) -> String {
 
 #[test]
 fn splits_the_tools_path() {
-    assert_eq!(split_tools_path("/a::/b:"), vec![Path::new("/a").to_path_buf(), Path::new("/b").to_path_buf()]);
+    assert_eq!(
+        split_tools_path("/a::/b:"),
+        vec![Path::new("/a").to_path_buf(), Path::new("/b").to_path_buf()]
+    );
 }
 
 #[test]
@@ -28,12 +32,23 @@ fn first_directory_wins_and_the_shadowed_file_is_reported() {
     let reg = Registry::open(vec![a.path().into(), b.path().into()]);
     let cat = reg.catalog();
     assert_eq!(cat.revision, 1);
-    assert_eq!(cat.tools["dup"].meta.def.description.as_deref(), Some("from-a"));
+    assert_eq!(
+        cat.tools["dup"].meta.def.description.as_deref(),
+        Some("from-a")
+    );
     assert!(cat.tools.contains_key("only_b"));
-    let shadowed: Vec<_> = cat.diagnostics.iter().filter(|d| d.code == Code::Shadowed).collect();
+    let shadowed: Vec<_> = cat
+        .diagnostics
+        .iter()
+        .filter(|d| d.code == Code::Shadowed)
+        .collect();
     assert_eq!(shadowed.len(), 1);
     assert_eq!(shadowed[0].file, b.path().join("dup.meta"));
-    assert!(shadowed[0].message.contains(&a.path().join("dup.meta").display().to_string()));
+    assert!(
+        shadowed[0]
+            .message
+            .contains(&a.path().join("dup.meta").display().to_string())
+    );
 }
 
 #[test]
@@ -48,11 +63,27 @@ fn a_broken_file_is_reported_and_the_others_still_load() {
     let reg = Registry::open(vec![dir.path().into(), dir.path().join("missing")]);
     let cat = reg.catalog();
     assert_eq!(cat.tools.keys().collect::<Vec<_>>(), ["good"]);
-    let errors: Vec<_> = cat.diagnostics.iter().filter(|d| d.severity == Severity::Error).collect();
+    let errors: Vec<_> = cat
+        .diagnostics
+        .iter()
+        .filter(|d| d.severity == Severity::Error)
+        .collect();
     assert_eq!(errors.len(), 2, "{errors:?}");
-    assert!(errors.iter().any(|d| d.file.ends_with("broken.meta") && d.code == Code::NotJson));
-    assert!(errors.iter().any(|d| d.file.ends_with("typed.meta") && d.field.as_deref() == Some("description")));
-    assert!(cat.diagnostics.iter().any(|d| d.code == Code::Io && d.file.ends_with("missing")));
+    assert!(
+        errors
+            .iter()
+            .any(|d| d.file.ends_with("broken.meta") && d.code == Code::NotJson)
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|d| d.file.ends_with("typed.meta") && d.field.as_deref() == Some("description"))
+    );
+    assert!(
+        cat.diagnostics
+            .iter()
+            .any(|d| d.code == Code::Io && d.file.ends_with("missing"))
+    );
 }
 
 #[test]
@@ -67,7 +98,10 @@ fn rescans_bump_the_revision_only_on_effective_changes() {
     assert_eq!(reg.rescan(), Some(2), "added");
     write(dir.path(), "b.meta", &tool("b2"));
     assert_eq!(reg.rescan(), Some(3), "changed");
-    assert_eq!(reg.catalog().tools["b"].meta.def.description.as_deref(), Some("b2"));
+    assert_eq!(
+        reg.catalog().tools["b"].meta.def.description.as_deref(),
+        Some("b2")
+    );
     write(dir.path(), "b.meta", &tool("b2"));
     assert_eq!(reg.rescan(), None, "rewritten with the same bytes");
 
@@ -77,13 +111,20 @@ fn rescans_bump_the_revision_only_on_effective_changes() {
     let first = reg.catalog().tools["b"].executable.clone().unwrap();
     write(dir.path(), "b", "#!/bin/sh\necho two, longer\n");
     assert_eq!(reg.rescan(), Some(5), "co-located executable changed");
-    assert_ne!(reg.catalog().tools["b"].executable.as_ref().unwrap().sha256, first.sha256);
+    assert_ne!(
+        reg.catalog().tools["b"].executable.as_ref().unwrap().sha256,
+        first.sha256
+    );
 
     write(dir.path(), "a.meta", "{ broken");
     assert_eq!(reg.rescan(), Some(6), "a broken file drops its tool");
     assert!(reg.catalog().has_errors());
     std::fs::remove_file(dir.path().join("a.meta")).unwrap();
-    assert_eq!(reg.rescan(), None, "removing an already-rejected file changes no tool");
+    assert_eq!(
+        reg.rescan(),
+        None,
+        "removing an already-rejected file changes no tool"
+    );
     assert!(!reg.catalog().has_errors(), "its diagnostics go with it");
     std::fs::remove_file(dir.path().join("b.meta")).unwrap();
     assert_eq!(reg.rescan(), Some(7), "deleted");
@@ -111,7 +152,10 @@ async fn file_events_trigger_debounced_rescans() {
     let mut rx = reg.subscribe();
     let stop = tokio_util::sync::CancellationToken::new();
     // A long periodic interval: only file events can explain a prompt rescan.
-    let options = WatchOptions { debounce: Duration::from_millis(50), rescan_every: Duration::from_secs(3600) };
+    let options = WatchOptions {
+        debounce: Duration::from_millis(50),
+        rescan_every: Duration::from_secs(3600),
+    };
     let task = tokio::spawn(reg.clone().watch(options, stop.clone()));
     tokio::time::sleep(Duration::from_millis(200)).await;
 
@@ -120,7 +164,9 @@ async fn file_events_trigger_debounced_rescans() {
     assert!(r_added > 1);
     write(dir.path(), "b.meta", &tool("b-changed"));
     let r_changed = wait_for(&mut rx, "b changed", |c| {
-        c.tools.get("b").is_some_and(|t| t.meta.def.description.as_deref() == Some("b-changed"))
+        c.tools
+            .get("b")
+            .is_some_and(|t| t.meta.def.description.as_deref() == Some("b-changed"))
     })
     .await;
     assert!(r_changed > r_added);
@@ -133,13 +179,22 @@ async fn file_events_trigger_debounced_rescans() {
         write(dir.path(), "c.meta", &tool(&format!("c{i}")));
     }
     let r_burst = wait_for(&mut rx, "burst settled", |c| {
-        c.tools.get("c").is_some_and(|t| t.meta.def.description.as_deref() == Some("c19"))
+        c.tools
+            .get("c")
+            .is_some_and(|t| t.meta.def.description.as_deref() == Some("c19"))
     })
     .await;
-    assert!(r_burst - r_deleted < 20, "debounce should coalesce a burst, got {} revisions", r_burst - r_deleted);
+    assert!(
+        r_burst - r_deleted < 20,
+        "debounce should coalesce a burst, got {} revisions",
+        r_burst - r_deleted
+    );
 
     stop.cancel();
-    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test]
@@ -150,14 +205,23 @@ async fn the_periodic_rescan_catches_what_events_miss() {
     let reg = Registry::open(vec![late.clone()]);
     let mut rx = reg.subscribe();
     let stop = tokio_util::sync::CancellationToken::new();
-    let options = WatchOptions { debounce: Duration::from_millis(20), rescan_every: Duration::from_millis(200) };
+    let options = WatchOptions {
+        debounce: Duration::from_millis(20),
+        rescan_every: Duration::from_millis(200),
+    };
     let task = tokio::spawn(reg.clone().watch(options, stop.clone()));
     std::fs::create_dir(&late).unwrap();
     write(&late, "x.meta", &tool("x"));
-    wait_for(&mut rx, "x found by the periodic rescan", |c| c.tools.contains_key("x")).await;
+    wait_for(&mut rx, "x found by the periodic rescan", |c| {
+        c.tools.contains_key("x")
+    })
+    .await;
     // Now the directory is watched too: a new file shows up.
     write(&late, "y.meta", &tool("y"));
     wait_for(&mut rx, "y found", |c| c.tools.contains_key("y")).await;
     stop.cancel();
-    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
 }

@@ -1,0 +1,22 @@
+//! Exit codes of `toolctl` for failures that happen before or around a tool, kept stable for scripts.
+//!
+//! A tool that ran exits `toolctl` with its own code; one killed by signal N exits with 128+N.
+
+/// Bad command line, or arguments that are not a JSON object.
+pub const USAGE: u8 = 64;
+/// The arguments break the tool's `args` schema.
+pub const INVALID_ARGS: u8 = 65;
+/// The tool exists but is hidden on this host (no variant matches).
+pub const HIDDEN: u8 = 69;
+/// Internal failure, such as a runtime that would not start.
+pub const INTERNAL: u8 = 70;
+/// The tool could not be started (permission denied, bad working directory, ...).
+pub const CANNOT_START: u8 = 126;
+/// Unknown tool, or no command resolves for it.
+pub const NOT_FOUND: u8 = 127;
+/// The call timed out (as `timeout(1)` does).
+pub const TIMED_OUT: u8 = 124;
+/// The call was cancelled (interrupt): 128 + SIGINT.
+pub const CANCELLED: u8 = 130;
+/// `lint` found at least one error.
+pub const LINT_ERRORS: u8 = 1;

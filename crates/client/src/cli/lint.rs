@@ -1,0 +1,132 @@
+//! `toolctl lint`: every problem in every `.meta` file, one per line, with file and field.
+
+use std::path::{Path, PathBuf};
+
+use toolsrv_meta::{Code, Diagnostic, Host, Severity};
+use toolsrv_registry::{Scanner, split_tools_path};
+
+use super::exit;
+
+/// Lints files, directories and tools paths; exits non-zero when any problem is an error.
+pub fn run(paths: &[String], json: bool) -> u8 {
+    let mut diags = Vec::new();
+    for arg in paths {
+        for path in split_tools_path(arg) {
+            diags.extend(lint_path(&path));
+        }
+    }
+    let mut errors = 0;
+    for d in &diags {
+        let severity = d.lint_severity();
+        if severity == Severity::Error {
+            errors += 1;
+        }
+        if json {
+            let mut value = serde_json::to_value(d).unwrap_or_default();
+            value["severity"] = serde_json::json!(severity);
+            println!("{value}");
+        } else {
+            println!(
+                "{}",
+                Diagnostic {
+                    severity,
+                    ..d.clone()
+                }
+            );
+        }
+    }
+    if !json {
+        let warnings = diags.len() - errors;
+        eprintln!("{errors} error(s), {warnings} warning(s)");
+    }
+    if errors > 0 { exit::LINT_ERRORS } else { 0 }
+}
+
+fn lint_path(path: &Path) -> Vec<Diagnostic> {
+    if path.is_file() {
+        return lint_file(path);
+    }
+    let mut scanner = Scanner::new(vec![path.to_path_buf()]);
+    let catalog = scanner.scan();
+    let mut diags = catalog.diagnostics;
+    for (name, tool) in &catalog.tools {
+        diags.extend(command_problems(
+            name,
+            &tool.meta.path,
+            tool.meta.def.cmd.is_some() || has_variant_cmd(&tool.meta),
+        ));
+    }
+    if let Some(d) = diags
+        .iter_mut()
+        .find(|d| d.code == Code::Io && d.file == path)
+    {
+        d.severity = Severity::Error;
+    }
+    diags
+}
+
+fn lint_file(path: &Path) -> Vec<Diagnostic> {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_suffix(".meta"));
+    let Some(name) = name else {
+        return vec![Diagnostic {
+            file: path.to_path_buf(),
+            field: None,
+            severity: Severity::Error,
+            code: Code::BadName,
+            message: "not a .meta file".into(),
+        }];
+    };
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            return vec![Diagnostic {
+                file: path.to_path_buf(),
+                field: None,
+                severity: Severity::Error,
+                code: Code::Io,
+                message: format!("cannot read: {e}"),
+            }];
+        }
+    };
+    let parsed = toolsrv_meta::parse(name, path, &bytes);
+    let mut diags = parsed.diagnostics;
+    if let Some(meta) = parsed.meta {
+        diags.extend(command_problems(
+            name,
+            path,
+            meta.def.cmd.is_some() || has_variant_cmd(&meta),
+        ));
+    }
+    diags
+}
+
+fn has_variant_cmd(meta: &toolsrv_meta::Meta) -> bool {
+    meta.variants.iter().any(|v| v.def.cmd.is_some())
+}
+
+/// Warns about a file beside the `.meta` that is not executable, and a tool that only works if on PATH.
+fn command_problems(name: &str, meta_path: &Path, has_cmd: bool) -> Vec<Diagnostic> {
+    let dir = meta_path.parent().unwrap_or(Path::new("."));
+    let beside: PathBuf = dir.join(name);
+    let host = Host::current();
+    let mut out = Vec::new();
+    let warn = |message: String| Diagnostic {
+        file: meta_path.to_path_buf(),
+        field: None,
+        severity: Severity::Warning,
+        code: Code::Suspicious,
+        message,
+    };
+    if beside.is_file() && !host.fs.is_executable(&beside) {
+        out.push(warn(format!(
+            "{} is not executable, so it is not used: chmod +x it",
+            beside.display()
+        )));
+    } else if !beside.is_file() && !has_cmd {
+        out.push(warn(format!("no executable `{name}` beside it and no `cmd`: the tool runs only where `{name}` is on PATH")));
+    }
+    out
+}

@@ -1,0 +1,288 @@
+//! `toolctl local`: list, describe and call tools of a tools path on this machine.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use toolsrv_exec::{Ending, Event, Exit, Stream};
+use toolsrv_host::{CallError, CallRequest, Limits, ToolView};
+use toolsrv_meta::{Host, Resolution, Severity};
+use toolsrv_registry::{Catalog, Scanner, split_tools_path};
+
+use super::ToolsArgs;
+use super::exit;
+
+/// Scans the tools path once, reporting rejected files on stderr: all of them, or those of tool `only`.
+fn load(tools: &ToolsArgs, only: Option<&str>) -> Result<(Catalog, Host), u8> {
+    let mut host = Host::current();
+    if let Some(facts) = &tools.as_host {
+        apply_as(&mut host, facts).map_err(|e| {
+            eprintln!("toolctl: --as {facts}: {e}");
+            exit::USAGE
+        })?;
+    }
+    let catalog = Scanner::new(split_tools_path(&tools.tools)).scan();
+    let relevant = |d: &&toolsrv_meta::Diagnostic| {
+        only.is_none_or(|name| {
+            d.file
+                .file_name()
+                .is_some_and(|f| f.to_string_lossy() == format!("{name}.meta"))
+        })
+    };
+    for d in catalog
+        .diagnostics
+        .iter()
+        .filter(|d| d.severity == Severity::Error)
+        .filter(relevant)
+    {
+        eprintln!("toolctl: {d}");
+    }
+    Ok((catalog, host))
+}
+
+/// Applies `os=...,arch=...` to `host`.
+fn apply_as(host: &mut Host, facts: &str) -> Result<(), String> {
+    for pair in facts.split(',').filter(|p| !p.is_empty()) {
+        let Some((key, value)) = pair.split_once('=') else {
+            return Err(format!("`{pair}` is not KEY=VALUE"));
+        };
+        match key {
+            "os" => host.os = value.to_string(),
+            "arch" => host.arch = value.to_string(),
+            other => return Err(format!("unknown fact `{other}`: use os and arch")),
+        }
+    }
+    Ok(())
+}
+
+pub fn list(tools: &ToolsArgs, all: bool, json: bool) -> u8 {
+    let (catalog, host) = match load(tools, None) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    let views: Vec<ToolView> = toolsrv_host::view(&catalog, &host)
+        .into_iter()
+        .filter(|v| all || v.resolution.tool().is_some())
+        .collect();
+    let mut out = std::io::stdout().lock();
+    let written = if json {
+        let entries: Vec<_> = views.iter().map(ToolView::list_entry).collect();
+        serde_json::to_writer_pretty(&mut out, &entries)
+            .map_err(std::io::Error::from)
+            .and_then(|()| writeln!(out))
+    } else {
+        write_table(&mut out, &views)
+    };
+    match written {
+        Ok(()) => 0,
+        // A closed pipe (`| head`) is not worth an error message.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
+        Err(e) => {
+            eprintln!("toolctl: cannot write the listing: {e}");
+            exit::INTERNAL
+        }
+    }
+}
+
+fn write_table(out: &mut impl Write, views: &[ToolView]) -> std::io::Result<()> {
+    let width = views.iter().map(|v| v.name().len()).max().unwrap_or(0);
+    for v in views {
+        match &v.resolution {
+            Resolution::Visible { variant, tool } => {
+                let variant = variant
+                    .map(|i| format!(" [variant {i}]"))
+                    .unwrap_or_default();
+                let desc = tool.description.as_deref().unwrap_or("");
+                writeln!(out, "{:width$}  {desc}{variant}", v.name())?;
+            }
+            Resolution::Hidden { reason } => {
+                writeln!(out, "{:width$}  (hidden) {reason}", v.name())?
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn describe(tools: &ToolsArgs, name: &str) -> u8 {
+    let (catalog, host) = match load(tools, Some(name)) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    let Some(entry) = catalog.tools.get(name) else {
+        eprintln!("toolctl: {}", CallError::UnknownTool(name.to_string()));
+        return exit::NOT_FOUND;
+    };
+    match entry.meta.resolve(&host) {
+        Resolution::Visible { tool, .. } => match serde_json::to_string_pretty(&tool) {
+            Ok(text) => {
+                println!("{text}");
+                0
+            }
+            Err(e) => {
+                eprintln!("toolctl: cannot encode `{name}`: {e}");
+                exit::INTERNAL
+            }
+        },
+        Resolution::Hidden { reason } => {
+            eprintln!(
+                "toolctl: {}",
+                CallError::Hidden {
+                    name: name.to_string(),
+                    reason
+                }
+            );
+            exit::HIDDEN
+        }
+    }
+}
+
+/// Options of `toolctl local call`.
+#[derive(Debug)]
+pub struct CallOptions {
+    pub cwd: Option<PathBuf>,
+    pub timeout: f64,
+    pub output_cap: u64,
+    pub print_result: bool,
+}
+
+pub async fn call(tools: &ToolsArgs, name: &str, args: Option<&str>, opts: CallOptions) -> u8 {
+    let args = match read_args(args) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("toolctl: {e}");
+            return exit::USAGE;
+        }
+    };
+    let timeout = match Duration::try_from_secs_f64(opts.timeout) {
+        Ok(t) if !t.is_zero() => t,
+        _ => {
+            eprintln!(
+                "toolctl: --timeout {}: must be a positive number of seconds",
+                opts.timeout
+            );
+            return exit::USAGE;
+        }
+    };
+    let cwd = match opts.cwd.map(Ok).unwrap_or_else(std::env::current_dir) {
+        Ok(cwd) => cwd,
+        Err(e) => {
+            eprintln!("toolctl: cannot determine the working directory: {e}");
+            return exit::USAGE;
+        }
+    };
+    let (catalog, host) = match load(tools, Some(name)) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    let limits = Limits {
+        output_cap: opts.output_cap,
+        max_timeout: timeout.max(Limits::default().max_timeout),
+        ..Limits::default()
+    };
+    let request = CallRequest {
+        tool: name.to_string(),
+        args,
+        cwd,
+        timeout: Some(timeout),
+    };
+    let base_env: Vec<_> = std::env::vars_os().collect();
+    let cancel = CancellationToken::new();
+    let started = toolsrv_host::prepare(&catalog, &host, &request, &limits, &base_env)
+        .and_then(|inv| toolsrv_host::start(name, inv, cancel.clone()));
+    let mut execution = match started {
+        Ok(execution) => execution,
+        Err(e) => {
+            eprintln!("toolctl: {e}");
+            return call_error_code(&e);
+        }
+    };
+    let interrupt = {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                cancel.cancel();
+            }
+        })
+    };
+    let code = stream(&mut execution, name, opts.print_result).await;
+    interrupt.abort();
+    code
+}
+
+/// Copies the call's output to our stdout and stderr as it comes, then maps its outcome to an exit code.
+async fn stream(execution: &mut toolsrv_exec::Execution, name: &str, print_result: bool) -> u8 {
+    let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
+    while let Some(event) = execution.next().await {
+        match event {
+            Event::Output {
+                stream: Stream::Stdout,
+                data,
+            } if !print_result => {
+                // A reader that went away (`| head`) must not stop the tool mid-write with an error here.
+                let _ = stdout.write_all(&data).and_then(|()| stdout.flush());
+            }
+            Event::Output {
+                stream: Stream::Stdout,
+                ..
+            } => {}
+            Event::Output {
+                stream: Stream::Stderr,
+                data,
+            } => {
+                let _ = stderr.write_all(&data);
+            }
+            Event::Finished(outcome) => {
+                if print_result {
+                    println!("{}", outcome.result);
+                }
+                return match (outcome.ending, outcome.exit) {
+                    (Ending::TimedOut, _) => {
+                        eprintln!(
+                            "toolctl: tool `{name}` timed out after {:.1?}",
+                            outcome.duration
+                        );
+                        exit::TIMED_OUT
+                    }
+                    (Ending::Cancelled, _) => {
+                        eprintln!("toolctl: tool `{name}` was cancelled");
+                        exit::CANCELLED
+                    }
+                    (Ending::Exited, Exit::Code(c)) => u8::try_from(c).unwrap_or(1),
+                    (Ending::Exited, Exit::Signal(s)) => {
+                        128u8.saturating_add(u8::try_from(s).unwrap_or(127))
+                    }
+                };
+            }
+        }
+    }
+    eprintln!("toolctl: the call to `{name}` ended without a result");
+    exit::INTERNAL
+}
+
+fn call_error_code(e: &CallError) -> u8 {
+    match e {
+        CallError::UnknownTool(_) | CallError::NoCommand(_) => exit::NOT_FOUND,
+        CallError::Hidden { .. } => exit::HIDDEN,
+        CallError::InvalidArgs { .. } => exit::INVALID_ARGS,
+        CallError::TimeoutTooLong { .. } => exit::USAGE,
+        CallError::Spawn { .. } => exit::CANNOT_START,
+    }
+}
+
+/// The call's arguments: a JSON object from the command line, from stdin (`-`), or `{}`.
+fn read_args(arg: Option<&str>) -> Result<Value, String> {
+    let text = match arg {
+        None => return Ok(Value::Object(Default::default())),
+        Some("-") => std::io::read_to_string(std::io::stdin())
+            .map_err(|e| format!("cannot read arguments from stdin: {e}"))?,
+        Some(text) => text.to_string(),
+    };
+    let value: Value =
+        serde_json::from_str(&text).map_err(|e| format!("arguments are not valid JSON: {e}"))?;
+    if !value.is_object() {
+        return Err("arguments must be a JSON object".into());
+    }
+    Ok(value)
+}

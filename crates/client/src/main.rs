@@ -1,0 +1,29 @@
+//! `toolctl`: the toolsrv command line. `local` and `lint` work on this machine with no network.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TOOLCTL_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = cli::Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("toolctl: cannot start the async runtime: {e}");
+            return ExitCode::from(cli::exit::INTERNAL);
+        }
+    };
+    runtime.block_on(cli::run(args))
+}

@@ -1,0 +1,406 @@
+//! `toolctl local` and `toolctl lint` as a user runs them: a real binary on real tool directories.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+fn toolctl() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_toolctl"));
+    cmd.env_remove("OLLIE_TOOLS_PATH");
+    cmd
+}
+
+/// Runs `toolctl` with a bounded wait.
+fn run(cmd: &mut Command) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("toolctl did not finish within 30 s: {cmd:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn write(dir: &Path, name: &str, body: &str) {
+    std::fs::write(dir.join(name), body).unwrap();
+}
+
+fn executable(dir: &Path, name: &str, body: &str) {
+    write(dir, name, body);
+    std::fs::set_permissions(dir.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// A tools directory with one tool of each kind.
+fn fixture() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write(
+        d,
+        "echo.meta",
+        r#"{"description": "Echo the call", "cmd": "cat; printf '\\n%s\\n%s\\n' \"$OLLIE_TOOLS_PATH\" \"$PWD\"; pwd; echo to-stderr >&2",
+        "args": {"type": "object", "properties": {"n": {"type": "integer"}}, "additionalProperties": false}}"#,
+    );
+    write(
+        d,
+        "structured.meta",
+        r#"{"description": "Structured", "cmd": "echo '{\"content\":[{\"type\":\"text\",\"text\":\"hi\"}],\"extra\":1}'"}"#,
+    );
+    write(
+        d,
+        "fail.meta",
+        r#"{"description": "Fails", "cmd": "echo broken >&2; exit 3"}"#,
+    );
+    write(
+        d,
+        "slow.meta",
+        r#"{"description": "Sleeps", "cmd": "sleep 30"}"#,
+    );
+    write(
+        d,
+        "beside.meta",
+        r#"{"description": "Co-located", "cmd": "echo from-cmd"}"#,
+    );
+    executable(d, "beside", "#!/bin/sh\necho from-executable\n");
+    write(
+        d,
+        "logs.meta",
+        r#"{"description": "Logs", "variants": [
+        {"match": {"os": "darwin"}, "description": "macOS logs", "cmd": "echo mac"},
+        {"match": {"os": "linux"}, "cmd": "echo linux"}]}"#,
+    );
+    write(
+        d,
+        "gpu.meta",
+        r#"{"description": "GPU", "variants": [{"match": {"binary": "definitely-not-installed-gpu-tool"}}]}"#,
+    );
+    write(d, "broken.meta", "{ not json");
+    dir
+}
+
+fn tools_arg(dir: &tempfile::TempDir) -> String {
+    dir.path().display().to_string()
+}
+
+#[test]
+fn list_shows_visible_tools_and_all_adds_hidden_ones_with_reasons() {
+    let dir = fixture();
+    let out = run(toolctl().args(["local", "list", "--tools", &tools_arg(&dir), "--json"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let list: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = list.iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["beside", "echo", "fail", "logs", "slow", "structured"]
+    );
+    let logs = &list[3];
+    assert_eq!(
+        (logs["visible"].clone(), logs["variant"].clone()),
+        (json!(true), json!(1))
+    );
+    assert_eq!(list[1]["variant"], Value::Null);
+    assert!(
+        stderr(&out).contains("broken.meta"),
+        "a rejected file is reported: {}",
+        stderr(&out)
+    );
+
+    let out = run(toolctl().args([
+        "local",
+        "list",
+        "--tools",
+        &tools_arg(&dir),
+        "--all",
+        "--json",
+    ]));
+    let list: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let gpu = list.iter().find(|e| e["name"] == "gpu").unwrap();
+    assert_eq!(gpu["visible"], json!(false));
+    assert!(
+        gpu["reason"]
+            .as_str()
+            .unwrap()
+            .contains("definitely-not-installed-gpu-tool"),
+        "{gpu}"
+    );
+    assert_eq!(gpu["description"], json!("GPU"));
+
+    let out = run(toolctl().args(["local", "list", "--tools", &tools_arg(&dir), "--all"]));
+    assert!(
+        stdout(&out)
+            .lines()
+            .any(|l| l.starts_with("gpu") && l.contains("(hidden)")),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn as_evaluates_another_hosts_os_and_arch() {
+    let dir = fixture();
+    let out = run(toolctl().args([
+        "local",
+        "list",
+        "--tools",
+        &tools_arg(&dir),
+        "--json",
+        "--as",
+        "os=darwin,arch=arm64",
+    ]));
+    let list: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let logs = list.iter().find(|e| e["name"] == "logs").unwrap();
+    assert_eq!(
+        (logs["variant"].clone(), logs["description"].clone()),
+        (json!(0), json!("macOS logs"))
+    );
+    let out = run(toolctl().args([
+        "local",
+        "list",
+        "--tools",
+        &tools_arg(&dir),
+        "--as",
+        "kernel=6",
+    ]));
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    let out = run(toolctl().args([
+        "local",
+        "describe",
+        "--tools",
+        &tools_arg(&dir),
+        "logs",
+        "--as",
+        "os=windows",
+    ]));
+    assert_eq!(out.status.code(), Some(69));
+    assert!(
+        stderr(&out).contains("os is `windows`, not `darwin`"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn describe_prints_the_resolved_model_facing_definition() {
+    let dir = fixture();
+    let out = run(toolctl()
+        .args(["local", "describe", "--tools", &tools_arg(&dir), "echo"])
+        .env("OLLIE_TOOLS_PATH", "/nonexistent"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let def: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(def["name"], "echo");
+    assert_eq!(def["description"], "Echo the call");
+    assert_eq!(def["args"]["properties"]["n"]["type"], "integer");
+    assert!(def.get("cmd").is_none(), "cmd is not model-facing: {def}");
+    // The tools path also comes from OLLIE_TOOLS_PATH.
+    let out = run(toolctl()
+        .args(["local", "describe", "structured"])
+        .env("OLLIE_TOOLS_PATH", tools_arg(&dir)));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()["args"],
+        json!({"type": "object"})
+    );
+}
+
+#[test]
+fn call_passes_arguments_on_stdin_with_env_and_cwd() {
+    let dir = fixture();
+    let cwd = tempfile::tempdir().unwrap();
+    let cwd_path = cwd.path().canonicalize().unwrap();
+    let out = run(toolctl()
+        .args([
+            "local",
+            "call",
+            "--tools",
+            &tools_arg(&dir),
+            "echo",
+            r#"{"n": 7}"#,
+            "--cwd",
+        ])
+        .arg(&cwd_path)
+        .env("OLLIE_TOOLS_PATH", "/should/be/replaced"));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], r#"{"n":7}"#);
+    assert_eq!(lines[1], "", "stdin ends with a newline then EOF");
+    assert_eq!(
+        Path::new(lines[2]),
+        dir.path(),
+        "OLLIE_TOOLS_PATH is the tool's directory"
+    );
+    assert_eq!(Path::new(lines[3]), cwd_path, "PWD is the call's directory");
+    assert_eq!(Path::new(lines[4]), cwd_path, "and so is the cwd");
+    assert_eq!(stderr(&out), "to-stderr\n");
+}
+
+#[test]
+fn call_reads_arguments_from_stdin_with_a_dash() {
+    let dir = fixture();
+    let mut child = toolctl()
+        .args(["local", "call", "--tools", &tools_arg(&dir), "echo", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(br#"{"n": 42}"#)
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).starts_with(r#"{"n":42}"#), "{}", stdout(&out));
+}
+
+#[test]
+fn call_exit_codes() {
+    let dir = fixture();
+    let t = tools_arg(&dir);
+    let cases: &[(&[&str], i32, &str)] = &[
+        (&["fail"], 3, "broken"),
+        (&["nope"], 127, "unknown tool `nope`"),
+        (&["broken"], 127, "not valid JSON"),
+        (&["gpu"], 69, "hidden on this host"),
+        (&["echo", r#"{"n": "seven"}"#], 65, "at /n"),
+        (&["echo", r#"{"m": 1}"#], 65, "at /"),
+        (&["echo", "[1]"], 64, "JSON object"),
+        (&["echo", "{oops"], 64, "not valid JSON"),
+        (&["slow", "--timeout", "0.3"], 124, "timed out"),
+    ];
+    for (args, code, needle) in cases {
+        let out = run(toolctl().args(["local", "call", "--tools", &t]).args(*args));
+        assert_eq!(out.status.code(), Some(*code), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(needle),
+            "{args:?}: {needle:?} not in {}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
+fn call_with_result_prints_structured_or_wrapped_output() {
+    let dir = fixture();
+    let t = tools_arg(&dir);
+    let out = run(toolctl().args(["local", "call", "--tools", &t, "structured", "--result"]));
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        result,
+        json!({"content": [{"type": "text", "text": "hi"}], "extra": 1})
+    );
+    let out = run(toolctl().args(["local", "call", "--tools", &t, "fail", "--result"]));
+    assert_eq!(out.status.code(), Some(3));
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["isError"], json!(true));
+    assert!(
+        result["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("broken"),
+        "{result}"
+    );
+}
+
+#[test]
+fn a_co_located_executable_wins_over_cmd() {
+    let dir = fixture();
+    let out = run(toolctl().args(["local", "call", "--tools", &tools_arg(&dir), "beside"]));
+    assert_eq!(stdout(&out), "from-executable\n");
+}
+
+#[test]
+fn lint_reports_every_problem_with_file_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write(d, "ok.meta", r#"{"description": "fine", "cmd": "true"}"#);
+    write(d, "notjson.meta", "{");
+    write(d, "types.meta", r#"{"description": 3, "keywords": "x"}"#);
+    write(d, "tier.meta", r#"{"description": "d", "tier": "tepid"}"#);
+    write(
+        d,
+        "schema.meta",
+        r#"{"description": "d", "args": {"type": "objekt"}}"#,
+    );
+    write(
+        d,
+        "matchkey.meta",
+        r#"{"description": "d", "cmd": "true", "variants": [{"match": {"distro": "debian"}}]}"#,
+    );
+    write(d, "lonely.meta", r#"{"description": "d"}"#);
+    write(d, "plain.meta", r#"{"description": "d"}"#);
+    write(d, "plain", "#!/bin/sh\n");
+    let out = run(toolctl().arg("lint").arg(d));
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let text = stdout(&out);
+    let expect = [
+        ("notjson.meta: error:", "not valid JSON"),
+        (
+            "types.meta: error: field `description`:",
+            "expected string, got number",
+        ),
+        (
+            "types.meta: error: field `keywords`:",
+            "expected array of strings",
+        ),
+        ("tier.meta: error: field `tier`:", "tepid"),
+        (
+            "schema.meta: error: field `args`:",
+            "not a valid JSON Schema",
+        ),
+        (
+            "matchkey.meta: error: field `variants[0].match.distro`:",
+            "unknown match key",
+        ),
+        ("lonely.meta: warning:", "only where `lonely` is on PATH"),
+        ("plain.meta: warning:", "is not executable"),
+    ];
+    for (prefix, needle) in expect {
+        assert!(
+            text.lines()
+                .any(|l| l.contains(prefix) && l.contains(needle)),
+            "no line with {prefix:?} and {needle:?} in\n{text}"
+        );
+    }
+    assert!(!text.contains("ok.meta"), "{text}");
+
+    let clean = tempfile::tempdir().unwrap();
+    write(
+        clean.path(),
+        "ok.meta",
+        r#"{"description": "fine", "cmd": "true"}"#,
+    );
+    let out = run(toolctl().arg("lint").arg(clean.path()));
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    // A single file works too, and --json gives one object per line.
+    let out = run(toolctl().args(["lint", "--json"]).arg(d.join("tier.meta")));
+    let first: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+    assert_eq!(
+        (first["field"].clone(), first["severity"].clone()),
+        (json!("tier"), json!("error"))
+    );
+    let out = run(toolctl().arg("lint").arg(d.join("missing-dir")));
+    assert_eq!(out.status.code(), Some(1));
+}

@@ -1,0 +1,9 @@
+//! One host's side of the contract: which tools it offers from a catalog, and how a call becomes a process.
+//!
+//! Used by `toolctl local` (this machine, no network) and by the agent (every fleet host).
+
+mod call;
+mod view;
+
+pub use call::{CallError, CallRequest, Limits, prepare, start};
+pub use view::{ListEntry, ToolView, view};
