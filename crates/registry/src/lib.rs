@@ -6,5 +6,5 @@
 mod scan;
 mod watch;
 
-pub use scan::{Catalog, Executable, Scanner, Tool, split_tools_path};
+pub use scan::{Catalog, Executable, Scanner, Tool, hash_file, hex_sha256, split_tools_path};
 pub use watch::{Registry, WatchOptions};

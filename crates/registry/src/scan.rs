@@ -43,6 +43,8 @@ pub struct Tool {
     pub meta: Arc<Meta>,
     /// Hex SHA-256 of the `.meta` bytes.
     pub digest: String,
+    /// The `.meta` document byte for byte, as shipped to agents.
+    pub bytes: Arc<[u8]>,
     /// The executable beside the `.meta`, if there is one.
     pub executable: Option<Executable>,
 }
@@ -85,12 +87,18 @@ pub struct Scanner {
 #[derive(Debug)]
 struct Cached {
     digest: String,
+    bytes: Arc<[u8]>,
     meta: Option<Arc<Meta>>,
     diagnostics: Vec<Diagnostic>,
 }
 
 impl Scanner {
+    /// A scanner over `dirs`, made absolute so that tools see an absolute `OLLIE_TOOLS_PATH`.
     pub fn new(dirs: Vec<PathBuf>) -> Self {
+        let dirs = dirs
+            .into_iter()
+            .map(|d| std::path::absolute(&d).unwrap_or(d))
+            .collect();
         Self {
             dirs,
             ..Self::default()
@@ -142,7 +150,7 @@ impl Scanner {
                 catalog
                     .diagnostics
                     .extend(cached.diagnostics.iter().cloned());
-                let (meta, digest) = (cached.meta.clone(), cached.digest.clone());
+                let (meta, digest, bytes) = (cached.meta.clone(), cached.digest.clone(), cached.bytes.clone());
                 seen_metas.insert(path, ());
                 if let Some(meta) = meta {
                     let executable = self.executable(&dir.join(&name));
@@ -154,6 +162,7 @@ impl Scanner {
                         Tool {
                             meta,
                             digest,
+                            bytes,
                             executable,
                         },
                     );
@@ -180,6 +189,7 @@ impl Scanner {
                 };
                 let cached = Cached {
                     digest: String::new(),
+                    bytes: Arc::from([]),
                     meta: None,
                     diagnostics: vec![diag],
                 };
@@ -193,6 +203,7 @@ impl Scanner {
             let parsed = parse(name, path, &bytes);
             let cached = Cached {
                 digest,
+                bytes: Arc::from(bytes),
                 meta: parsed.meta.map(Arc::new),
                 diagnostics: parsed.diagnostics,
             };
@@ -250,11 +261,13 @@ fn list_meta_files(dir: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
     Ok(out)
 }
 
-fn hex_sha256(bytes: &[u8]) -> String {
+/// Hex SHA-256 of `bytes`.
+pub fn hex_sha256(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
-fn hash_file(path: &Path) -> std::io::Result<String> {
+/// Hex SHA-256 of a file's content, streamed.
+pub fn hash_file(path: &Path) -> std::io::Result<String> {
     let mut file = std::fs::File::open(path)?;
     let mut hasher = Sha256::new();
     std::io::copy(&mut file, &mut hasher)?;

@@ -1,0 +1,132 @@
+//! Client side: tonic channels whose connections go through our own rustls
+//! config (so the server's role is checked), not tonic's TLS.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use rustls::ClientConfig;
+use rustls_pki_types::ServerName;
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tonic::codegen::http::Uri;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::TlsError;
+use crate::error::chain;
+
+/// How long TCP connect plus TLS handshake may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// HTTP/2 ping interval, so a dead coordinator is noticed within seconds.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// How long to wait for a ping's answer.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connects now to `url` (`https://host:port`) and fails if the server
+/// cannot be reached or does not pass `config`'s checks.
+pub async fn connect(url: &str, config: Arc<ClientConfig>) -> Result<Channel, TlsError> {
+    let (endpoint, connector) = prepare(url, config)?;
+    endpoint
+        .connect_with_connector(connector)
+        .await
+        .map_err(|e| TlsError::Connect(format!("cannot connect to {url}: {}", chain(&e))))
+}
+
+/// A channel to `url` that connects on first use and reconnects as needed.
+pub fn lazy_channel(url: &str, config: Arc<ClientConfig>) -> Result<Channel, TlsError> {
+    let (endpoint, connector) = prepare(url, config)?;
+    Ok(endpoint.connect_with_connector_lazy(connector))
+}
+
+fn prepare(url: &str, config: Arc<ClientConfig>) -> Result<(Endpoint, TlsConnector), TlsError> {
+    let bad = |msg: &str| TlsError::InvalidName {
+        what: "URL",
+        value: url.to_string(),
+        msg: msg.to_string(),
+    };
+    let rest = url
+        .strip_prefix("https://")
+        .ok_or_else(|| bad("expected https://host:port"))?;
+    // Plain http for tonic: the TLS is done by our connector.
+    let uri: Uri = format!("http://{rest}")
+        .parse()
+        .map_err(|e| bad(&format!("not a valid URL: {e}")))?;
+    let host = uri
+        .host()
+        .ok_or_else(|| bad("no host: expected https://host:port"))?;
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let port = uri.port_u16().unwrap_or(443);
+    let server_name = ServerName::try_from(host.clone()).map_err(|e| {
+        bad(&format!(
+            "host {host:?} is not a DNS name or IP address: {e}"
+        ))
+    })?;
+    let endpoint = Endpoint::from(uri)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
+        .tcp_nodelay(true);
+    let connector = TlsConnector {
+        config,
+        host,
+        port,
+        server_name,
+    };
+    Ok((endpoint, connector))
+}
+
+/// A tower service that dials TCP and runs the rustls handshake. It always
+/// dials the URL given at construction; tonic passes the same URI anyway.
+#[derive(Debug, Clone)]
+struct TlsConnector {
+    config: Arc<ClientConfig>,
+    host: String,
+    port: u16,
+    server_name: ServerName<'static>,
+}
+
+type ConnectFuture =
+    Pin<Box<dyn Future<Output = Result<TokioIo<TlsStream<TcpStream>>, io::Error>> + Send>>;
+
+impl tower::Service<Uri> for TlsConnector {
+    type Response = TokioIo<TlsStream<TcpStream>>;
+    type Error = io::Error;
+    type Future = ConnectFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _uri: Uri) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let tcp = TcpStream::connect((this.host.as_str(), this.port))
+                .await
+                .map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("TCP connect to {}:{}: {e}", this.host, this.port),
+                    )
+                })?;
+            tcp.set_nodelay(true)?;
+            let tls = tokio_rustls::TlsConnector::from(this.config)
+                .connect(this.server_name, tcp)
+                .await
+                .map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("TLS handshake with {}:{}: {e}", this.host, this.port),
+                    )
+                })?;
+            Ok(TokioIo::new(tls))
+        })
+    }
+}

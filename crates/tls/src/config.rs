@@ -1,0 +1,292 @@
+//! Loading PEM credentials and building the rustls server and client configs.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::server::WebPkiClientVerifier;
+use rustls::sign::CertifiedKey;
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+
+use crate::{Identity, Role, TlsError, identity_of};
+
+/// The ALPN protocol both sides insist on: gRPC runs over HTTP/2 only.
+const ALPN_H2: &[u8] = b"h2";
+
+/// Where one party's credentials live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// PEM file with the CA certificate(s) peers must chain to.
+    pub ca: PathBuf,
+    /// PEM file with our certificate (leaf first, optionally followed by
+    /// intermediates).
+    pub cert: PathBuf,
+    /// PEM file with our private key (PKCS#8, SEC1 or PKCS#1).
+    pub key: PathBuf,
+}
+
+/// The ring provider, always passed explicitly so a second provider
+/// compiled in by some other dependency cannot make config building fail.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Installs ring as the process-wide default rustls provider, for libraries
+/// that build their own configs. Call first thing in `main`; calling it
+/// again, or after someone else installed one, is harmless.
+pub fn install_crypto_provider() {
+    // Err only means a provider is already installed, which is what we want.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Reads every certificate of a PEM file; an error if there is none.
+pub(crate) fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let bytes = std::fs::read(path).map_err(|e| TlsError::io("cannot read", path, e))?;
+    let certs = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::bad_file(path, format!("not a valid PEM certificate file: {e}")))?;
+    if certs.is_empty() {
+        return Err(TlsError::bad_file(
+            path,
+            "no certificate in it: expected a -----BEGIN CERTIFICATE----- block",
+        ));
+    }
+    Ok(certs)
+}
+
+fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let bytes = std::fs::read(path).map_err(|e| TlsError::io("cannot read", path, e))?;
+    PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| match e {
+        rustls_pki_types::pem::Error::NoItemsFound => TlsError::bad_file(
+            path,
+            "no private key in it: expected a -----BEGIN PRIVATE KEY----- block",
+        ),
+        other => TlsError::bad_file(path, format!("not a valid PEM private key: {other}")),
+    })
+}
+
+fn root_store(path: &Path) -> Result<Arc<RootCertStore>, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for cert in read_certs(path)? {
+        roots
+            .add(cert)
+            .map_err(|e| TlsError::bad_file(path, format!("not a usable CA certificate: {e}")))?;
+    }
+    Ok(Arc::new(roots))
+}
+
+/// Our own credentials, checked before rustls sees them so errors name the
+/// file and the problem.
+struct Own {
+    certs: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    identity: Identity,
+}
+
+fn load_own(files: &TlsFiles, provider: &CryptoProvider) -> Result<Own, TlsError> {
+    let certs = read_certs(&files.cert)?;
+    let key = read_key(&files.key)?;
+    CertifiedKey::from_der(certs.clone(), key.clone_key(), provider).map_err(|e| {
+        let msg = match e {
+            rustls::Error::InconsistentKeys(_) => format!(
+                "this key does not match the certificate {}: use the key issued with it",
+                files.cert.display()
+            ),
+            other => format!("unusable private key: {other}"),
+        };
+        TlsError::bad_file(&files.key, msg)
+    })?;
+    // rustls only checks the chain on the peer; checking here turns "peer
+    // says unknown CA" into an error at start-up that names the files.
+    check_signed_by_ca(&certs, &files.cert, &files.ca)?;
+    let identity =
+        identity_of(&certs[0]).map_err(|e| TlsError::bad_file(&files.cert, e.to_string()))?;
+    Ok(Own {
+        certs,
+        key,
+        identity,
+    })
+}
+
+fn parse<'a>(
+    der: &'a [u8],
+    path: &Path,
+) -> Result<x509_parser::certificate::X509Certificate<'a>, TlsError> {
+    x509_parser::parse_x509_certificate(der)
+        .map(|(_, c)| c)
+        .map_err(|e| TlsError::bad_file(path, format!("cannot parse a certificate: {e}")))
+}
+
+/// Checks the leaf is signed by the next certificate of its own file or by
+/// one of the CA certificates.
+fn check_signed_by_ca(
+    certs: &[CertificateDer<'static>],
+    cert_path: &Path,
+    ca_path: &Path,
+) -> Result<(), TlsError> {
+    let cas = read_certs(ca_path)?;
+    let leaf = parse(&certs[0], cert_path)?;
+    let mut issuers = Vec::new();
+    if let Some(next) = certs.get(1) {
+        issuers.push(parse(next, cert_path)?);
+    }
+    for ca in &cas {
+        issuers.push(parse(ca, ca_path)?);
+    }
+    if issuers
+        .iter()
+        .any(|issuer| leaf.verify_signature(Some(issuer.public_key())).is_ok())
+    {
+        Ok(())
+    } else {
+        Err(TlsError::bad_file(
+            cert_path,
+            format!(
+                "certificate {:?} is not signed by the CA in {}: issue it from that CA or point at its CA",
+                leaf.subject().to_string(),
+                ca_path.display()
+            ),
+        ))
+    }
+}
+
+/// The coordinator's server config: a client certificate chained to the CA
+/// is required, ALPN is `h2`, and our own certificate must carry the
+/// coordinator identity.
+pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
+    let provider = provider();
+    let own = load_own(files, &provider)?;
+    if own.identity != Identity::Coordinator {
+        return Err(TlsError::bad_file(
+            &files.cert,
+            format!(
+                "certificate is for {} but a server needs the coordinator identity ({}): use coordinator.pem",
+                own.identity,
+                Identity::Coordinator.uri()
+            ),
+        ));
+    }
+    let roots = root_store(&files.ca)?;
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
+        .build()
+        .map_err(|e| {
+            TlsError::bad_file(&files.ca, format!("cannot build a client verifier: {e}"))
+        })?;
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|source| TlsError::Config {
+            side: "server",
+            source,
+        })?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(own.certs, own.key)
+        .map_err(|source| TlsError::Config {
+            side: "server",
+            source,
+        })?;
+    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// A client config presenting our certificate, verifying the server against
+/// the CA (host name included) and requiring its identity to have role
+/// `expect`.
+pub fn client_config(files: &TlsFiles, expect: Role) -> Result<Arc<ClientConfig>, TlsError> {
+    let provider = provider();
+    let own = load_own(files, &provider)?;
+    let roots = root_store(&files.ca)?;
+    let inner = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+        .build()
+        .map_err(|e| {
+            TlsError::bad_file(&files.ca, format!("cannot build a server verifier: {e}"))
+        })?;
+    let verifier = Arc::new(RoleVerifier { inner, expect });
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|source| TlsError::Config {
+            side: "client",
+            source,
+        })?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_client_auth_cert(own.certs, own.key)
+        .map_err(|source| TlsError::Config {
+            side: "client",
+            source,
+        })?;
+    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The webpki server verifier plus a check of the leaf's role.
+#[derive(Debug)]
+struct RoleVerifier {
+    inner: Arc<WebPkiServerVerifier>,
+    expect: Role,
+}
+
+impl ServerCertVerifier for RoleVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let verified = self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        )?;
+        let role_error = |msg: String| {
+            rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(
+                Arc::new(TlsError::Identity(msg)),
+            )))
+        };
+        match identity_of(end_entity) {
+            Ok(id) if id.role() == self.expect => Ok(verified),
+            Ok(id) => Err(role_error(format!(
+                "server {server_name:?} presented the identity {id}, expected a {}",
+                self.expect
+            ))),
+            Err(e) => Err(role_error(format!("server {server_name:?}: {e}"))),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+
+    fn requires_raw_public_keys(&self) -> bool {
+        self.inner.requires_raw_public_keys()
+    }
+
+    fn root_hint_subjects(&self) -> Option<&[rustls::DistinguishedName]> {
+        self.inner.root_hint_subjects()
+    }
+}

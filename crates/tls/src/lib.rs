@@ -1,0 +1,23 @@
+//! Development PKI, identities from certificates, and rustls plumbing for tonic.
+//!
+//! We do not use tonic's built-in TLS: the server accepts TLS itself
+//! ([`incoming`]) and hands tonic connections that carry the peer's
+//! [`Identity`]; the client dials through its own connector ([`connect`])
+//! whose verifier also checks the server's role. Credentials are reloadable
+//! ([`ServerCreds`]).
+
+mod client;
+mod config;
+mod creds;
+mod error;
+mod identity;
+mod pki;
+mod server;
+
+pub use client::{CONNECT_TIMEOUT, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, connect, lazy_channel};
+pub use config::{TlsFiles, client_config, install_crypto_provider, provider, server_config};
+pub use creds::ServerCreds;
+pub use error::TlsError;
+pub use identity::{Identity, MAX_NAME_LEN, Role, URI_SCHEME, identity_of, validate_name};
+pub use pki::{CA_CERT, CA_KEY, DEFAULT_VALID_DAYS, PkiOptions, file_stem, init, issue};
+pub use server::{HANDSHAKE_TIMEOUT, PeerInfo, TlsConn, TlsIncoming, incoming, peer, peer_of};

@@ -1,0 +1,228 @@
+//! Server side: accept TLS ourselves and hand tonic connections that carry
+//! the peer's identity.
+//!
+//! tonic's `serve_with_incoming` calls [`Connected::connect_info`] on each
+//! connection and inserts the result, as the type [`PeerInfo`] itself, into
+//! every request's extensions; [`peer_of`] reads it back in a handler or
+//! interceptor.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use rustls::ServerConfig;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_stream::Stream;
+use tonic::transport::server::Connected;
+
+use crate::{Identity, identity_of};
+
+/// A handshake that takes longer than this is abandoned, so a peer that
+/// connects and says nothing only costs one small task for a while.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Handshaken connections waiting for tonic to pick them up.
+const QUEUE: usize = 64;
+
+/// Who is on the other end of a connection, as proven by its certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// The identity read from the peer's certificate.
+    pub identity: Identity,
+    /// The peer's address.
+    pub remote: SocketAddr,
+}
+
+/// An accepted, handshaken mTLS connection whose peer has an identity.
+#[derive(Debug)]
+pub struct TlsConn {
+    stream: TlsStream<TcpStream>,
+    peer: PeerInfo,
+}
+
+impl TlsConn {
+    /// Who the peer is.
+    pub fn peer(&self) -> &PeerInfo {
+        &self.peer
+    }
+
+    /// The underlying TLS stream (negotiated protocol, certificates...).
+    pub fn get_ref(&self) -> &TlsStream<TcpStream> {
+        &self.stream
+    }
+}
+
+impl Connected for TlsConn {
+    type ConnectInfo = PeerInfo;
+
+    fn connect_info(&self) -> PeerInfo {
+        self.peer.clone()
+    }
+}
+
+impl AsyncRead for TlsConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TlsConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// The identity tonic stored in a request's extensions, if it came through
+/// [`incoming`].
+pub fn peer(req_extensions: &tonic::Extensions) -> Option<&PeerInfo> {
+    req_extensions.get::<PeerInfo>()
+}
+
+/// The identity of the peer that sent `req`, if it came through [`incoming`].
+pub fn peer_of<T>(req: &tonic::Request<T>) -> Option<&PeerInfo> {
+    peer(req.extensions())
+}
+
+/// The stream of connections [`incoming`] returns. Dropping it stops the
+/// accept loop, closes the listener and abandons pending handshakes.
+#[derive(Debug)]
+pub struct TlsIncoming {
+    rx: mpsc::Receiver<TlsConn>,
+    accept: JoinHandle<()>,
+}
+
+impl Stream for TlsIncoming {
+    type Item = Result<TlsConn, io::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx).map(|conn| conn.map(Ok))
+    }
+}
+
+impl Drop for TlsIncoming {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// Accepts TCP connections on `listener` and yields those whose mTLS
+/// handshake (with the config current in `creds` at accept time) succeeds
+/// and whose client certificate names an identity. Each handshake runs in
+/// its own task with [`HANDSHAKE_TIMEOUT`]; failures are logged and
+/// dropped, never ending the stream. Must be called inside a tokio runtime.
+pub fn incoming(listener: TcpListener, creds: watch::Receiver<Arc<ServerConfig>>) -> TlsIncoming {
+    let (tx, rx) = mpsc::channel(QUEUE);
+    let accept = tokio::spawn(accept_loop(listener, creds, tx));
+    TlsIncoming { rx, accept }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    creds: watch::Receiver<Arc<ServerConfig>>,
+    tx: mpsc::Sender<TlsConn>,
+) {
+    // Owned here so that aborting this task aborts every pending handshake.
+    let mut handshakes = JoinSet::new();
+    loop {
+        tokio::select! {
+            () = tx.closed() => return,
+            Some(_) = handshakes.join_next(), if !handshakes.is_empty() => {}
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, remote)) => {
+                    let acceptor = TlsAcceptor::from(creds.borrow().clone());
+                    handshakes.spawn(handshake(acceptor, tcp, remote, tx.clone()));
+                }
+                Err(e) => {
+                    // Usually out of file descriptors: back off instead of
+                    // spinning, and keep serving the connections we have.
+                    tracing::warn!(error = %e, "cannot accept a TCP connection; retrying in 100 ms");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+        }
+    }
+}
+
+async fn handshake(
+    acceptor: TlsAcceptor,
+    tcp: TcpStream,
+    remote: SocketAddr,
+    tx: mpsc::Sender<TlsConn>,
+) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(%remote, error = %e, "cannot set TCP_NODELAY");
+    }
+    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => {
+            tracing::info!(%remote, error = %e, "TLS handshake failed; connection dropped");
+            return;
+        }
+        Err(_) => {
+            tracing::info!(%remote, timeout = ?HANDSHAKE_TIMEOUT, "TLS handshake timed out; connection dropped");
+            return;
+        }
+    };
+    let identity = match stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+    {
+        Some(leaf) => identity_of(leaf),
+        None => {
+            tracing::info!(%remote, "peer sent no client certificate; connection dropped");
+            return;
+        }
+    };
+    let identity = match identity {
+        Ok(id) => id,
+        Err(e) => {
+            tracing::info!(%remote, error = %e, "peer certificate has no usable identity; connection dropped");
+            return;
+        }
+    };
+    tracing::debug!(%remote, %identity, "mTLS connection accepted");
+    let conn = TlsConn {
+        stream,
+        peer: PeerInfo { identity, remote },
+    };
+    // An error means the server is gone; the connection just closes.
+    let _ = tx.send(conn).await;
+}

@@ -1,0 +1,228 @@
+//! End-to-end mTLS through `incoming` and `connect`: identities reach the
+//! handler, and every kind of wrong peer is refused.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::sync::watch;
+use toolsrv_tls::{Identity, PkiOptions, Role, ServerCreds, TlsFiles, client_config};
+
+use common::{WAIT, alice, check, client_cfg, files, serve};
+
+#[tokio::test]
+async fn client_identity_reaches_the_handler() {
+    let tmp = tempfile::tempdir().unwrap();
+    common::pki(tmp.path());
+    let creds = ServerCreds::new(files(tmp.path(), &Identity::Coordinator)).unwrap();
+    let server = serve(creds.subscribe()).await;
+
+    check(&server.url(), client_cfg(tmp.path(), &alice()))
+        .await
+        .unwrap();
+    // An agent certificate works as a client too; the role is what differs.
+    let agent = Identity::Agent("web-1".into());
+    check(&server.url(), client_cfg(tmp.path(), &agent))
+        .await
+        .unwrap();
+    assert_eq!(*server.seen.lock().unwrap(), vec![alice(), agent]);
+
+    // `localhost` is in the coordinator certificate as well.
+    let url = format!("https://localhost:{}", server.addr.port());
+    check(&url, client_cfg(tmp.path(), &alice())).await.unwrap();
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn lazy_channel_connects_on_first_call() {
+    let tmp = tempfile::tempdir().unwrap();
+    common::pki(tmp.path());
+    let creds = ServerCreds::new(files(tmp.path(), &Identity::Coordinator)).unwrap();
+    let server = serve(creds.subscribe()).await;
+    let channel =
+        toolsrv_tls::lazy_channel(&server.url(), client_cfg(tmp.path(), &alice())).unwrap();
+    let mut client = tonic_health::pb::health_client::HealthClient::new(channel);
+    let call = client.check(tonic_health::pb::HealthCheckRequest {
+        service: String::new(),
+    });
+    tokio::time::timeout(WAIT, call).await.unwrap().unwrap();
+    assert_eq!(*server.seen.lock().unwrap(), vec![alice()]);
+}
+
+#[tokio::test]
+async fn a_silent_connection_does_not_block_others() {
+    let tmp = tempfile::tempdir().unwrap();
+    common::pki(tmp.path());
+    let creds = ServerCreds::new(files(tmp.path(), &Identity::Coordinator)).unwrap();
+    let server = serve(creds.subscribe()).await;
+    // Connects and never sends a ClientHello; another one sends garbage.
+    let _silent = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let mut garbage = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    garbage.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    let quick = tokio::time::timeout(
+        Duration::from_secs(5),
+        check(&server.url(), client_cfg(tmp.path(), &alice())),
+    )
+    .await
+    .expect("a silent peer blocked the accept loop");
+    quick.unwrap();
+}
+
+#[tokio::test]
+async fn client_from_another_ca_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let good = tmp.path().join("good");
+    let evil = tmp.path().join("evil");
+    common::pki(&good);
+    let mut opts = PkiOptions::new(&evil);
+    opts.clients = vec!["alice".into()];
+    toolsrv_tls::init(&opts).unwrap();
+
+    let creds = ServerCreds::new(files(&good, &Identity::Coordinator)).unwrap();
+    let server = serve(creds.subscribe()).await;
+    // Trusts the real server, presents a same-named cert from another CA.
+    let evil_alice = TlsFiles::in_dir(&evil, &alice());
+    let cfg = common::raw_client_config(
+        &good.join("ca.pem"),
+        Some((&evil_alice.cert, &evil_alice.key)),
+    );
+    assert!(check(&server.url(), cfg).await.is_err());
+    // Our own loader refuses that mix up front, naming the file.
+    let mixed = TlsFiles {
+        ca: good.join("ca.pem"),
+        ..evil_alice
+    };
+    let err = client_config(&mixed, Role::Coordinator)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not signed by the CA"), "{err}");
+    assert!(server.seen.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn client_without_certificate_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    common::pki(tmp.path());
+    let creds = ServerCreds::new(files(tmp.path(), &Identity::Coordinator)).unwrap();
+    let server = serve(creds.subscribe()).await;
+    let cfg = common::raw_client_config(&tmp.path().join("ca.pem"), None);
+    assert!(check(&server.url(), cfg).await.is_err());
+    assert!(server.seen.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn client_certificate_without_identity_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    common::pki(dir);
+    // A certificate from the right CA, with clientAuth but no toolsrv URI.
+    let nobody = common::sign_custom(
+        dir,
+        "nobody",
+        vec![rcgen::SanType::DnsName(
+            "nobody.example".try_into().unwrap(),
+        )],
+        vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth],
+    );
+
+    let creds = ServerCreds::new(files(dir, &Identity::Coordinator)).unwrap();
+    let server = serve(creds.subscribe()).await;
+    let cfg = common::raw_client_config(&nobody.ca, Some((&nobody.cert, &nobody.key)));
+    assert!(check(&server.url(), cfg).await.is_err());
+    assert!(server.seen.lock().unwrap().is_empty());
+
+    let err = client_config(&nobody, Role::Coordinator)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no toolsrv:// URI SAN"), "{err}");
+}
+
+#[tokio::test]
+async fn server_with_an_agent_certificate_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    common::pki(dir);
+    // An agent identity in a certificate webpki would accept for a server
+    // at 127.0.0.1 (serverAuth, IP SAN): only the role check can refuse it.
+    let rogue = Identity::Agent("rogue".into());
+    let rogue_files = common::sign_custom(
+        dir,
+        "rogue",
+        vec![
+            common::uri_san(&rogue),
+            rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap()),
+        ],
+        vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ],
+    );
+
+    let err = toolsrv_tls::server_config(&rogue_files)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("agent/rogue") && err.contains("coordinator"),
+        "{err}"
+    );
+    // And so is a plain agent certificate from `pki`.
+    let web1 = files(dir, &Identity::Agent("web-1".into()));
+    assert!(toolsrv_tls::server_config(&web1).is_err());
+
+    let cfg = common::raw_server_config(&rogue_files.ca, &rogue_files.cert, &rogue_files.key);
+    let (_tx, rx) = watch::channel(cfg);
+    let server = serve(rx).await;
+    let err = check(&server.url(), client_cfg(dir, &alice()))
+        .await
+        .unwrap_err();
+    assert!(err.contains("expected a coordinator"), "{err}");
+    assert!(server.seen.lock().unwrap().is_empty());
+
+    // The same server passes when an agent is what we expect.
+    let expect_agent = client_config(&files(dir, &alice()), Role::Agent).unwrap();
+    check(&server.url(), expect_agent).await.unwrap();
+}
+
+#[tokio::test]
+async fn host_name_is_checked() {
+    let tmp = tempfile::tempdir().unwrap();
+    common::pki(tmp.path());
+    let creds = ServerCreds::new(files(tmp.path(), &Identity::Coordinator)).unwrap();
+    // Linux routes all of 127/8 to loopback; 127.0.0.2 is not in the
+    // coordinator certificate.
+    let server = common::serve_on("127.0.0.2:0", creds.subscribe()).await;
+    let err = check(&server.url(), client_cfg(tmp.path(), &alice()))
+        .await
+        .unwrap_err();
+    assert!(err.contains("127.0.0.2"), "{err}");
+    assert!(server.seen.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn urls_must_be_https() {
+    let tmp = tempfile::tempdir().unwrap();
+    common::pki(tmp.path());
+    for url in [
+        "http://127.0.0.1:1",
+        "127.0.0.1:1",
+        "https://",
+        "https://bad host:1",
+    ] {
+        let err = toolsrv_tls::connect(url, client_cfg(tmp.path(), &alice()))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("invalid URL"), "{url}: {err}");
+    }
+    // Nothing listens on port 1: a clear connect error, not a hang.
+    let err = toolsrv_tls::connect("https://127.0.0.1:1", client_cfg(tmp.path(), &alice()))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("cannot connect to https://127.0.0.1:1"),
+        "{err}"
+    );
+}
