@@ -86,6 +86,8 @@ pub struct Scanner {
 
 #[derive(Debug)]
 struct Cached {
+    /// File identity when it was read, if it is safe to trust for skipping the next read.
+    stamp: Option<Stamp>,
     digest: String,
     bytes: Arc<[u8]>,
     meta: Option<Arc<Meta>>,
@@ -176,6 +178,10 @@ impl Scanner {
 
     /// Reads and parses one file unless its bytes are unchanged since the last scan.
     fn load(&mut self, name: &str, path: &Path) -> Option<&Cached> {
+        let stamp = Stamp::of(path);
+        if stamp.is_some() && self.metas.get(path).is_some_and(|c| c.stamp == stamp) {
+            return self.metas.get(path);
+        }
         let bytes = match std::fs::read(path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
@@ -188,6 +194,7 @@ impl Scanner {
                     message: format!("cannot read: {e}"),
                 };
                 let cached = Cached {
+                    stamp: None,
                     digest: String::new(),
                     bytes: Arc::from([]),
                     meta: None,
@@ -198,10 +205,15 @@ impl Scanner {
             }
         };
         let digest = hex_sha256(&bytes);
-        let fresh = self.metas.get(path).is_some_and(|c| c.digest == digest);
-        if !fresh {
+        // Trust the stamp next time only if the file was not modified just now: a write within
+        // the file system's timestamp granularity could otherwise go unnoticed (git's "racy" rule).
+        let stamp = stamp.filter(Stamp::settled);
+        if let Some(cached) = self.metas.get_mut(path).filter(|c| c.digest == digest) {
+            cached.stamp = stamp;
+        } else {
             let parsed = parse(name, path, &bytes);
             let cached = Cached {
+                stamp,
                 digest,
                 bytes: Arc::from(bytes),
                 meta: parsed.meta.map(Arc::new),
@@ -234,6 +246,27 @@ impl Scanner {
             sha256,
             size,
         })
+    }
+}
+
+/// What identifies a file's content cheaply: inode, size and modification time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    ino: u64,
+    len: u64,
+    mtime: SystemTime,
+}
+
+impl Stamp {
+    fn of(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::metadata(path).ok()?;
+        Some(Self { ino: md.ino(), len: md.len(), mtime: md.modified().ok()? })
+    }
+
+    /// Modified long enough ago that a same-size rewrite would have moved the mtime.
+    fn settled(&self) -> bool {
+        self.mtime.elapsed().is_ok_and(|age| age > std::time::Duration::from_secs(2))
     }
 }
 

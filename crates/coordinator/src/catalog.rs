@@ -1,0 +1,119 @@
+//! Turning registry catalogs into the updates shipped to agents: full first, incremental after.
+
+use std::collections::HashMap;
+
+use toolsrv_proto::v1::{BlobRef, CatalogUpdate, ToolDocument};
+use toolsrv_registry::Catalog;
+
+/// Most `.meta` bytes per update message; a larger catalog goes out as several messages.
+const BATCH_BYTES: usize = 2 << 20;
+
+/// What one agent was last sent: tool name to (meta digest, executable digest).
+#[derive(Debug, Default)]
+pub struct Shipped {
+    tools: HashMap<String, (String, Option<String>)>,
+    revision: u64,
+    started: bool,
+}
+
+impl Shipped {
+    /// The messages that bring the agent from what it was sent to `catalog`; empty when nothing changed.
+    pub fn updates(&mut self, catalog: &Catalog) -> Vec<CatalogUpdate> {
+        let full = !self.started;
+        if !full && catalog.revision == self.revision {
+            return Vec::new();
+        }
+        let mut upserts = Vec::new();
+        for (name, tool) in &catalog.tools {
+            let exe = tool.executable.as_ref().map(|e| e.sha256.clone());
+            let key = (tool.digest.clone(), exe);
+            if !full && self.tools.get(name) == Some(&key) {
+                continue;
+            }
+            upserts.push(ToolDocument {
+                name: name.clone(),
+                meta: tool.bytes.to_vec(),
+                meta_sha256: tool.digest.clone(),
+                executable: tool.executable.as_ref().map(|e| BlobRef { sha256: e.sha256.clone(), size: e.size }),
+            });
+            self.tools.insert(name.clone(), key);
+        }
+        let removals: Vec<String> =
+            self.tools.keys().filter(|name| !catalog.tools.contains_key(*name)).cloned().collect();
+        for name in &removals {
+            self.tools.remove(name);
+        }
+        self.started = true;
+        self.revision = catalog.revision;
+        if !full && upserts.is_empty() && removals.is_empty() {
+            return Vec::new();
+        }
+        batch(catalog.revision, full, upserts, removals)
+    }
+}
+
+/// Splits an update into messages of bounded size; only the first may be `full`.
+fn batch(revision: u64, full: bool, upserts: Vec<ToolDocument>, removals: Vec<String>) -> Vec<CatalogUpdate> {
+    let mut out = vec![CatalogUpdate { revision, full, upserts: Vec::new(), removals }];
+    let mut size = 0;
+    for doc in upserts {
+        if size + doc.meta.len() > BATCH_BYTES && size > 0 {
+            out.push(CatalogUpdate { revision, full: false, upserts: Vec::new(), removals: Vec::new() });
+            size = 0;
+        }
+        size += doc.meta.len();
+        if let Some(last) = out.last_mut() {
+            last.upserts.push(doc);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use toolsrv_registry::Registry;
+
+    fn names(u: &CatalogUpdate) -> Vec<&str> {
+        u.upserts.iter().map(|d| d.name.as_str()).collect()
+    }
+
+    #[test]
+    fn full_then_incremental() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |n: &str, d: &str| std::fs::write(dir.path().join(format!("{n}.meta")), format!(r#"{{"description":"{d}"}}"#)).unwrap();
+        write("a", "1");
+        write("b", "1");
+        let reg = Registry::open(vec![dir.path().into()]);
+        let mut shipped = Shipped::default();
+        let first = shipped.updates(&reg.catalog());
+        assert_eq!(first.len(), 1);
+        assert!(first[0].full);
+        assert_eq!(names(&first[0]), ["a", "b"]);
+        assert!(shipped.updates(&reg.catalog()).is_empty(), "nothing changed");
+
+        write("b", "2");
+        write("c", "1");
+        std::fs::remove_file(dir.path().join("a.meta")).unwrap();
+        reg.rescan();
+        let next = shipped.updates(&reg.catalog());
+        assert_eq!(next.len(), 1);
+        assert!(!next[0].full);
+        assert_eq!(names(&next[0]), ["b", "c"]);
+        assert_eq!(next[0].removals, ["a"]);
+        assert_eq!(next[0].revision, reg.catalog().revision);
+    }
+
+    #[test]
+    fn large_catalogs_are_split() {
+        let docs: Vec<ToolDocument> = (0..10)
+            .map(|i| ToolDocument { name: format!("t{i}"), meta: vec![b' '; 600 << 10], ..Default::default() })
+            .collect();
+        let out = batch(7, true, docs, vec!["gone".into()]);
+        assert!(out.len() >= 3, "{} messages", out.len());
+        assert!(out[0].full && out[1..].iter().all(|u| !u.full));
+        assert!(out.iter().all(|u| u.revision == 7));
+        assert_eq!(out.iter().map(|u| u.upserts.len()).sum::<usize>(), 10);
+        assert!(out.iter().all(|u| u.upserts.iter().map(|d| d.meta.len()).sum::<usize>() <= BATCH_BYTES));
+    }
+}

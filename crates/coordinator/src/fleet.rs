@@ -1,0 +1,185 @@
+//! The fleet: every host seen since start, its facts, its latest view and its live link.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokio::sync::broadcast;
+use toolsrv_proto::v1::{CatalogEvent, CatalogEventKind, HostFacts, HostInfo, HostState, HostView, ToolStatus};
+
+use crate::link::Link;
+use crate::selector::{self, Selector};
+
+/// What the coordinator knows of one host.
+#[derive(Debug, Clone)]
+pub struct HostEntry {
+    pub id: String,
+    pub facts: HostFacts,
+    pub agent_version: String,
+    pub max_concurrent_calls: u32,
+    pub connected_unix_ms: u64,
+    /// The host's latest view, tools sorted by name.
+    pub view: Option<Arc<HostView>>,
+    /// The live connection; `None` while offline.
+    pub link: Option<Arc<Link>>,
+    pub last_seen: Arc<AtomicU64>,
+}
+
+impl HostEntry {
+    pub fn online(&self) -> bool {
+        self.link.as_ref().is_some_and(|l| !l.closed.is_cancelled())
+    }
+
+    /// The host's status of one tool, if its view has it.
+    pub fn tool(&self, name: &str) -> Option<&ToolStatus> {
+        let view = self.view.as_ref()?;
+        view.tools.binary_search_by(|t| t.name.as_str().cmp(name)).ok().map(|i| &view.tools[i])
+    }
+
+    pub fn info(&self) -> HostInfo {
+        HostInfo {
+            host_id: self.id.clone(),
+            state: if self.online() { HostState::Online } else { HostState::Offline } as i32,
+            facts: Some(self.facts.clone()),
+            agent_version: self.agent_version.clone(),
+            connected_unix_ms: self.connected_unix_ms,
+            last_seen_unix_ms: self.last_seen.load(Ordering::Relaxed),
+            view_revision: self.view.as_ref().map_or(0, |v| v.catalog_revision),
+            visible_tools: self.view.as_ref().map_or(0, |v| v.tools.iter().filter(|t| t.visible).count() as u32),
+            calls_in_flight: self.link.as_ref().map_or(0, |l| l.calls_in_flight() as u32),
+            max_concurrent_calls: self.max_concurrent_calls,
+        }
+    }
+
+    pub fn selector_facts(&self) -> selector::HostFacts<'_> {
+        selector::HostFacts {
+            id: &self.id,
+            os: &self.facts.os,
+            arch: &self.facts.arch,
+            hostname: &self.facts.hostname,
+            kernel: &self.facts.kernel,
+            labels: &self.facts.labels,
+        }
+    }
+}
+
+/// All hosts, and the change feed clients watch.
+#[derive(Debug)]
+pub struct Fleet {
+    hosts: RwLock<BTreeMap<String, HostEntry>>,
+    events: broadcast::Sender<CatalogEvent>,
+    generation: AtomicU64,
+    /// The registry revision, mirrored here so events can carry it.
+    revision: AtomicU64,
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Fleet {
+    pub fn new(revision: u64) -> Self {
+        let (events, _) = broadcast::channel(1024);
+        Self {
+            hosts: RwLock::new(BTreeMap::new()),
+            events,
+            generation: AtomicU64::new(1),
+            revision: AtomicU64::new(revision),
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, HostEntry>> {
+        // Entries are replaced whole under the lock, so a poisoned map is still consistent.
+        self.hosts.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, HostEntry>> {
+        self.hosts.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn next_generation(&self) -> u64 {
+        self.generation.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<CatalogEvent> {
+        self.events.subscribe()
+    }
+
+    pub fn revision(&self) -> u64 {
+        self.revision.load(Ordering::Relaxed)
+    }
+
+    pub fn emit(&self, kind: CatalogEventKind, host: &str, view_revision: u64) {
+        let event = CatalogEvent { kind: kind as i32, revision: self.revision(), host: host.to_string(), view_revision };
+        // No receivers is fine.
+        let _ = self.events.send(event);
+    }
+
+    pub fn registry_changed(&self, revision: u64) {
+        self.revision.store(revision, Ordering::Relaxed);
+        self.emit(CatalogEventKind::Registry, "", 0);
+    }
+
+    /// Registers a new connection for a host, replacing (and closing) any previous one.
+    pub fn attach(&self, mut entry: HostEntry) {
+        let id = entry.id.clone();
+        let old = {
+            let mut hosts = self.write();
+            // Keep the last view until the new connection reports its own.
+            let previous = hosts.remove(&id);
+            if let Some(prev) = &previous {
+                entry.view = prev.view.clone();
+            }
+            hosts.insert(id.clone(), entry);
+            previous.and_then(|p| p.link)
+        };
+        if let Some(old) = old {
+            old.close("replaced by a new connection from the same host");
+        }
+        self.emit(CatalogEventKind::HostOnline, &id, 0);
+    }
+
+    /// Marks a host offline if `generation` is still its current connection.
+    pub fn detach(&self, id: &str, generation: u64) {
+        let detached = {
+            let mut hosts = self.write();
+            match hosts.get_mut(id) {
+                Some(entry) if entry.link.as_ref().is_some_and(|l| l.generation == generation) => entry.link.take(),
+                _ => None,
+            }
+        };
+        if detached.is_some() {
+            self.emit(CatalogEventKind::HostOffline, id, 0);
+        }
+    }
+
+    /// Stores a host's new view (tools sorted by name) if `generation` is its current connection.
+    pub fn set_view(&self, id: &str, generation: u64, mut view: HostView) {
+        view.tools.sort_by(|a, b| a.name.cmp(&b.name));
+        let revision = view.catalog_revision;
+        {
+            let mut hosts = self.write();
+            match hosts.get_mut(id) {
+                Some(entry) if entry.link.as_ref().is_some_and(|l| l.generation == generation) => {
+                    entry.view = Some(Arc::new(view));
+                }
+                _ => return,
+            }
+        }
+        self.emit(CatalogEventKind::HostView, id, revision);
+    }
+
+    pub fn get(&self, id: &str) -> Option<HostEntry> {
+        self.read().get(id).cloned()
+    }
+
+    pub fn hosts(&self) -> Vec<HostEntry> {
+        self.read().values().cloned().collect()
+    }
+
+    /// Host ids a selector picks, sorted.
+    pub fn select(&self, selector: &Selector) -> Vec<HostEntry> {
+        self.read().values().filter(|h| selector.matches(&h.selector_facts())).cloned().collect()
+    }
+}

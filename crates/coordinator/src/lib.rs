@@ -1,0 +1,203 @@
+//! The coordinator: holds the tool registry, ships it to agents, keeps every host's view,
+//! and routes client calls and fan-outs to agents over their links.
+//!
+//! Architecture invariant: identity comes from the TLS peer certificate ([`toolsrv_tls::PeerInfo`]),
+//! never from message content; the agent link refuses client certificates and the client API
+//! refuses agent certificates.
+//!
+//! Architecture invariant: memory per call is bounded. An agent sends output only against credit
+//! the coordinator grants as the caller consumes it, so a slow caller slows the tool, not the fleet.
+
+mod agent_link;
+mod api;
+mod audit;
+mod calls;
+mod catalog;
+mod fleet;
+mod link;
+pub mod policy;
+pub mod selector;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use toolsrv_proto::v1::agent_link_server::AgentLinkServer;
+use toolsrv_proto::v1::tools_server::ToolsServer;
+use toolsrv_registry::{Registry, WatchOptions};
+use toolsrv_tls::{ServerCreds, TlsFiles};
+
+pub use agent_link::AgentLinkService;
+pub use api::ToolsService;
+pub use policy::Policy;
+
+/// Largest gRPC message accepted or sent (catalog updates are split well below this).
+const MAX_MESSAGE: usize = 16 << 20;
+
+/// How a coordinator runs.
+#[derive(Debug, Clone)]
+pub struct CoordinatorConfig {
+    /// The tools path.
+    pub tools: Vec<PathBuf>,
+    pub tls: TlsFiles,
+    /// How often each side of an agent link sends a keepalive.
+    pub keepalive: Duration,
+    /// An agent silent for this long is lost; its in-flight calls end as LOST.
+    pub lost_after: Duration,
+    /// Output bytes a call may have in flight between agent and caller.
+    pub credit_window: u64,
+    pub policy: Option<PathBuf>,
+    /// JSON-lines audit file; `None` logs audit records under the `audit` target.
+    pub audit_log: Option<PathBuf>,
+    pub watch: WatchOptions,
+}
+
+impl CoordinatorConfig {
+    pub fn new(tools: Vec<PathBuf>, tls: TlsFiles) -> Self {
+        Self {
+            tools,
+            tls,
+            keepalive: Duration::from_secs(1),
+            lost_after: Duration::from_secs(3),
+            credit_window: 1 << 20,
+            policy: None,
+            audit_log: None,
+            watch: WatchOptions::default(),
+        }
+    }
+}
+
+/// Errors that stop a coordinator from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinatorError {
+    #[error(transparent)]
+    Tls(#[from] toolsrv_tls::TlsError),
+    #[error("{0}")]
+    Config(String),
+    #[error("gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// Shared state of a running coordinator.
+#[derive(Debug)]
+pub(crate) struct State {
+    pub config: CoordinatorConfig,
+    pub registry: Registry,
+    pub fleet: fleet::Fleet,
+    pub policy: Policy,
+    pub audit: audit::Audit,
+    pub shutdown: CancellationToken,
+    /// Every task the services spawn, so shutdown can wait for them.
+    pub tasks: TaskTracker,
+}
+
+/// Serves the agent link and the client API on `listener` (mTLS) and, when given, gRPC health on
+/// `health` (plain text, for Kubernetes probes) until `shutdown` is cancelled.
+pub async fn serve(
+    config: CoordinatorConfig,
+    listener: TcpListener,
+    health: Option<TcpListener>,
+    shutdown: CancellationToken,
+) -> Result<(), CoordinatorError> {
+    let creds = ServerCreds::new(config.tls.clone())?;
+    let policy = match &config.policy {
+        Some(path) => Policy::load(path).map_err(CoordinatorError::Config)?,
+        None => Policy::default(),
+    };
+    let audit = audit::Audit::open(config.audit_log.as_deref()).map_err(CoordinatorError::Config)?;
+    let registry = Registry::open(config.tools.clone());
+    for d in &registry.catalog().diagnostics {
+        tracing::warn!("{d}");
+    }
+    let fleet = fleet::Fleet::new(registry.catalog().revision);
+    let tasks = TaskTracker::new();
+    let state = Arc::new(State {
+        config: config.clone(),
+        registry: registry.clone(),
+        fleet,
+        policy,
+        audit,
+        shutdown: shutdown.clone(),
+        tasks: tasks.clone(),
+    });
+    tasks.spawn(registry.clone().watch(config.watch.clone(), shutdown.clone()));
+    tasks.spawn(follow_registry(state.clone()));
+    let reload = creds.spawn_reload_on_change(Duration::from_secs(30), shutdown.clone());
+
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    reporter.set_serving::<ToolsServer<ToolsService>>().await;
+    reporter.set_serving::<AgentLinkServer<AgentLinkService>>().await;
+    let reflection = |builder: tonic_reflection::server::Builder<'static>| {
+        builder.register_encoded_file_descriptor_set(toolsrv_proto::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection(tonic_reflection::server::Builder::configure())
+        .build_v1()
+        .map_err(|e| CoordinatorError::Config(format!("reflection: {e}")))?;
+    let reflection_v1alpha = reflection(tonic_reflection::server::Builder::configure())
+        .build_v1alpha()
+        .map_err(|e| CoordinatorError::Config(format!("reflection: {e}")))?;
+
+    if let Some(health) = health {
+        let health_service = health_service.clone();
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(health);
+            let served = tonic::transport::Server::builder()
+                .add_service(health_service)
+                .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+                .await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "health server failed");
+            }
+        });
+    }
+
+    let agent_link = AgentLinkServer::new(AgentLinkService { state: state.clone() })
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE);
+    let tools = ToolsServer::new(ToolsService { state: state.clone() })
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE);
+    let incoming = toolsrv_tls::incoming(listener, creds.subscribe());
+    let served = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(5)))
+        .tcp_nodelay(true)
+        .add_service(agent_link)
+        .add_service(tools)
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
+        .await;
+    shutdown.cancel();
+    reload.abort();
+    tasks.close();
+    // Sessions say goodbye to their agents; give them a moment, but never hang shutdown.
+    let _ = tokio::time::timeout(Duration::from_secs(5), tasks.wait()).await;
+    served.map_err(CoordinatorError::from)
+}
+
+/// Mirrors registry revisions into the fleet's change feed.
+async fn follow_registry(state: Arc<State>) {
+    let mut catalogs = state.registry.subscribe();
+    let mut last = catalogs.borrow().revision;
+    loop {
+        tokio::select! {
+            () = state.shutdown.cancelled() => return,
+            changed = catalogs.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let revision = catalogs.borrow_and_update().revision;
+                if revision != last {
+                    last = revision;
+                    state.fleet.registry_changed(revision);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! Host selectors: `all`, host ids and globs, labels and facts.
+//!
+//! Terms are comma-separated. Terms of one kind are alternatives (`web-1,web-2` is either host,
+//! `os=linux,os=darwin` either OS); terms of different kinds must all hold (`web-*,os=linux`),
+//! the same AND-across-keys, OR-within-a-key rule as a variant's `match`.
+
+use std::collections::BTreeMap;
+
+/// A parsed selector such as `web-*,role=db,os=linux`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Selector {
+    /// Host ids or globs; any may match. Empty: any host.
+    hosts: Vec<String>,
+    /// `key=value` terms by key; for each key any value (a glob) may match.
+    pairs: BTreeMap<String, Vec<String>>,
+}
+
+/// What a selector is matched against.
+#[derive(Debug, Clone, Copy)]
+pub struct HostFacts<'a> {
+    pub id: &'a str,
+    pub os: &'a str,
+    pub arch: &'a str,
+    pub hostname: &'a str,
+    pub kernel: &'a str,
+    pub labels: &'a BTreeMap<String, String>,
+}
+
+impl Selector {
+    /// Parses a selector; the error names the offending term.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut selector = Selector::default();
+        for raw in text.split(',') {
+            let term = raw.trim();
+            if term.is_empty() {
+                return Err(format!("selector `{text}` has an empty term"));
+            }
+            match term.split_once('=') {
+                _ if term == "all" || term == "*" => {}
+                Some((k, v)) if !k.is_empty() && !v.is_empty() => {
+                    selector.pairs.entry(k.to_string()).or_default().push(v.to_string())
+                }
+                Some(_) => return Err(format!("selector term `{term}` needs KEY=VALUE")),
+                None if valid_glob(term) => selector.hosts.push(term.to_string()),
+                None => return Err(format!("selector term `{term}` is not a host id or glob ([A-Za-z0-9_.-*?])")),
+            }
+        }
+        Ok(selector)
+    }
+
+    /// Host terms without wildcards: hosts the caller named outright.
+    pub fn exact_hosts(&self) -> impl Iterator<Item = &str> {
+        self.hosts.iter().map(String::as_str).filter(|h| !h.contains(['*', '?']))
+    }
+
+    /// True when the host satisfies the selector.
+    pub fn matches(&self, host: &HostFacts<'_>) -> bool {
+        let id_ok = self.hosts.is_empty() || self.hosts.iter().any(|p| glob(p, host.id));
+        id_ok
+            && self.pairs.iter().all(|(key, patterns)| {
+                let value = match key.as_str() {
+                    "id" | "host" => Some(host.id),
+                    "os" => Some(host.os),
+                    "arch" => Some(host.arch),
+                    "hostname" => Some(host.hostname),
+                    "kernel" => Some(host.kernel),
+                    label => host.labels.get(label).map(String::as_str),
+                };
+                value.is_some_and(|v| patterns.iter().any(|p| glob(p, v)))
+            })
+    }
+}
+
+fn valid_glob(s: &str) -> bool {
+    s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-' | b'*' | b'?'))
+}
+
+/// Shell-style glob with `*` (any run) and `?` (any one character).
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if let Some((sp, st)) = star {
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        let cases = [
+            ("web-*", "web-1", true),
+            ("web-*", "db-1", false),
+            ("*", "", true),
+            ("w?b", "web", true),
+            ("w?b", "wb", false),
+            ("*-1", "web-1", true),
+            ("a*b*c", "aXXbYYc", true),
+            ("a*b*c", "aXXbYY", false),
+            ("exact", "exact", true),
+        ];
+        for (p, t, want) in cases {
+            assert_eq!(glob(p, t), want, "{p} vs {t}");
+        }
+    }
+
+    #[test]
+    fn selectors() {
+        let labels: BTreeMap<String, String> = [("role".to_string(), "db".to_string())].into();
+        let none = BTreeMap::new();
+        let db = HostFacts { id: "db-1", os: "linux", arch: "amd64", hostname: "db1", kernel: "6.1", labels: &labels };
+        let mac = HostFacts { id: "mac-1", os: "darwin", arch: "arm64", hostname: "m", kernel: "23", labels: &none };
+        let cases = [
+            ("all", true, true),
+            ("db-1", true, false),
+            ("db-*", true, false),
+            ("role=db", true, false),
+            ("os=linux", true, false),
+            ("arch=arm64", false, true),
+            ("os=darwin,arch=arm64", false, true),
+            ("os=linux,role=web", false, false),
+            ("mac-*,os=darwin", false, true),
+            ("os=*", true, true),
+            ("role=*", true, false),
+            ("db-1,mac-1", true, true),
+            ("db-1,mac-1,os=darwin", false, true),
+            ("os=linux,os=darwin", true, true),
+        ];
+        for (text, want_db, want_mac) in cases {
+            let s = Selector::parse(text).unwrap();
+            assert_eq!((s.matches(&db), s.matches(&mac)), (want_db, want_mac), "{text}");
+        }
+        for bad in ["", "a,,b", "=x", "role=", "web 1", "a/b"] {
+            assert!(Selector::parse(bad).is_err(), "{bad:?} should not parse");
+        }
+        let s = Selector::parse("web-1,web-*,os=linux").unwrap();
+        assert_eq!(s.exact_hosts().collect::<Vec<_>>(), ["web-1"]);
+    }
+}

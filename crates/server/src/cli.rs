@@ -1,0 +1,273 @@
+//! Command-line flags (each also settable from the environment) and dispatch.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+use toolsrv_agent::AgentConfig;
+use toolsrv_coordinator::CoordinatorConfig;
+use toolsrv_registry::split_tools_path;
+use toolsrv_tls::TlsFiles;
+
+/// The toolsrv server.
+#[derive(Debug, Parser)]
+#[command(name = "toolsrv", version, about = "Remote tool server: coordinator, agent, PKI")]
+pub struct Cli {
+    #[command(flatten)]
+    pub log: LogArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Args)]
+pub struct LogArgs {
+    /// Log filter, e.g. `info` or `toolsrv_coordinator=debug`
+    #[arg(long, global = true, env = "TOOLSRV_LOG", default_value = "info")]
+    log_level: String,
+    /// `text` or `json` (one JSON object per line)
+    #[arg(long, global = true, env = "TOOLSRV_LOG_FORMAT", default_value = "text")]
+    log_format: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the catalog to agents and the client API to clients (mTLS)
+    Coordinator(CoordinatorArgs),
+    /// Connect this host to a coordinator, report its tools and run calls
+    Agent(AgentArgs),
+    /// Development certificates
+    #[command(subcommand)]
+    Pki(PkiCommand),
+    /// A coordinator, a local agent, development certificates and the example tools, in one process
+    Up(crate::up::UpArgs),
+}
+
+/// TLS files, shared by both roles.
+#[derive(Debug, Args, Clone)]
+pub struct TlsArgs {
+    /// CA certificate (PEM) that peers must chain to
+    #[arg(long, env = "TOOLSRV_CA")]
+    pub ca: PathBuf,
+    /// This process's certificate (PEM)
+    #[arg(long, env = "TOOLSRV_CERT")]
+    pub cert: PathBuf,
+    /// This process's private key (PEM)
+    #[arg(long, env = "TOOLSRV_KEY")]
+    pub key: PathBuf,
+}
+
+impl TlsArgs {
+    fn files(&self) -> TlsFiles {
+        TlsFiles { ca: self.ca.clone(), cert: self.cert.clone(), key: self.key.clone() }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct CoordinatorArgs {
+    /// Address of the mTLS gRPC port (agents and clients)
+    #[arg(long, env = "TOOLSRV_LISTEN", default_value = "0.0.0.0:7443")]
+    pub listen: SocketAddr,
+    /// Address of a plain-text gRPC health port for probes; off when unset
+    #[arg(long, env = "TOOLSRV_HEALTH_LISTEN")]
+    pub health_listen: Option<SocketAddr>,
+    /// Colon-separated tool directories; the first wins a name clash
+    #[arg(long, env = "OLLIE_TOOLS_PATH")]
+    pub tools: String,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// Call policy (JSON); everything is allowed without one
+    #[arg(long, env = "TOOLSRV_POLICY")]
+    pub policy: Option<PathBuf>,
+    /// Audit log file (JSON lines); without one, audit records go to the log
+    #[arg(long, env = "TOOLSRV_AUDIT_LOG")]
+    pub audit_log: Option<PathBuf>,
+    /// Keepalive interval on agent links, in milliseconds
+    #[arg(long, env = "TOOLSRV_KEEPALIVE_MS", default_value_t = 1000)]
+    pub keepalive_ms: u64,
+    /// An agent silent this long (milliseconds) is lost and its calls end as LOST
+    #[arg(long, env = "TOOLSRV_LOST_AFTER_MS", default_value_t = 3000)]
+    pub lost_after_ms: u64,
+    /// Rescan the tools path this often (seconds) even without file events
+    #[arg(long, env = "TOOLSRV_RESCAN_SECS", default_value_t = 30)]
+    pub rescan_secs: u64,
+}
+
+impl CoordinatorArgs {
+    pub fn config(&self) -> anyhow::Result<CoordinatorConfig> {
+        if self.lost_after_ms <= self.keepalive_ms {
+            bail!("--lost-after-ms ({}) must be longer than --keepalive-ms ({})", self.lost_after_ms, self.keepalive_ms);
+        }
+        let mut config = CoordinatorConfig::new(split_tools_path(&self.tools), self.tls.files());
+        config.keepalive = Duration::from_millis(self.keepalive_ms.max(1));
+        config.lost_after = Duration::from_millis(self.lost_after_ms);
+        config.policy = self.policy.clone();
+        config.audit_log = self.audit_log.clone();
+        config.watch.rescan_every = Duration::from_secs(self.rescan_secs.max(1));
+        Ok(config)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// The coordinator's URL
+    #[arg(long, env = "TOOLSRV_COORDINATOR")]
+    pub coordinator: String,
+    /// This host's id; must match the agent certificate (`toolsrv://agent/<id>`)
+    #[arg(long, env = "TOOLSRV_HOST_ID")]
+    pub host_id: String,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// Colon-separated host-only tool directories, served besides the coordinator's catalog
+    #[arg(long, env = "TOOLSRV_AGENT_TOOLS")]
+    pub tools: Option<String>,
+    /// A label for host selection, KEY=VALUE; repeatable (env: comma-separated)
+    #[arg(long = "label", env = "TOOLSRV_LABELS", value_delimiter = ',')]
+    pub labels: Vec<String>,
+    /// Blob cache and materialized catalog
+    #[arg(long, env = "TOOLSRV_STATE_DIR", default_value = "/var/lib/toolsrv-agent")]
+    pub state_dir: PathBuf,
+    /// Calls run at once; more wait in a queue
+    #[arg(long, env = "TOOLSRV_MAX_CONCURRENT_CALLS", default_value_t = 16)]
+    pub max_concurrent_calls: u32,
+    /// Timeout of calls that ask for none, in seconds
+    #[arg(long, env = "TOOLSRV_DEFAULT_TIMEOUT_SECS", default_value_t = 60)]
+    pub default_timeout_secs: u64,
+    /// Longest timeout a call may ask for, in seconds
+    #[arg(long, env = "TOOLSRV_MAX_TIMEOUT_SECS", default_value_t = 3600)]
+    pub max_timeout_secs: u64,
+    /// Most bytes of output (stdout and stderr together) per call
+    #[arg(long, env = "TOOLSRV_OUTPUT_CAP", default_value_t = 16 << 20)]
+    pub output_cap: u64,
+    /// Working directory of calls that do not name one
+    #[arg(long, env = "TOOLSRV_WORKDIR")]
+    pub workdir: Option<PathBuf>,
+    /// Re-evaluate variants against the host this often, in seconds
+    #[arg(long, env = "TOOLSRV_RECHECK_SECS", default_value_t = 3)]
+    pub recheck_secs: u64,
+}
+
+impl AgentArgs {
+    pub fn config(&self) -> anyhow::Result<AgentConfig> {
+        let mut config =
+            AgentConfig::new(self.coordinator.clone(), self.host_id.clone(), self.tls.files(), self.state_dir.clone());
+        config.tools = self.tools.as_deref().map(split_tools_path).unwrap_or_default();
+        config.labels = parse_labels(&self.labels)?;
+        config.max_concurrent_calls = self.max_concurrent_calls.max(1);
+        config.limits.default_timeout = Duration::from_secs(self.default_timeout_secs.max(1));
+        config.limits.max_timeout = Duration::from_secs(self.max_timeout_secs.max(self.default_timeout_secs).max(1));
+        config.limits.output_cap = self.output_cap;
+        if let Some(workdir) = &self.workdir {
+            config.workdir = workdir.clone();
+        }
+        config.recheck_every = Duration::from_secs(self.recheck_secs.max(1));
+        Ok(config)
+    }
+}
+
+fn parse_labels(raw: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut labels = BTreeMap::new();
+    for item in raw.iter().filter(|s| !s.is_empty()) {
+        let Some((k, v)) = item.split_once('=') else { bail!("--label {item}: expected KEY=VALUE") };
+        if k.is_empty() {
+            bail!("--label {item}: the key is empty");
+        }
+        labels.insert(k.to_string(), v.to_string());
+    }
+    Ok(labels)
+}
+
+#[derive(Debug, Subcommand)]
+enum PkiCommand {
+    /// Write a CA and certificates for a coordinator, agents and clients (adds to an existing directory)
+    Init {
+        /// Directory to write into (created 0700)
+        dir: PathBuf,
+        /// Agent host ids, comma-separated
+        #[arg(long, value_delimiter = ',')]
+        agents: Vec<String>,
+        /// Client names, comma-separated
+        #[arg(long, value_delimiter = ',')]
+        clients: Vec<String>,
+        /// Extra DNS names or IPs for the coordinator certificate (it always has localhost and 127.0.0.1)
+        #[arg(long, value_delimiter = ',')]
+        coordinator_names: Vec<String>,
+        /// Validity of the issued certificates, in days
+        #[arg(long, default_value_t = toolsrv_tls::DEFAULT_VALID_DAYS)]
+        days: u32,
+    },
+}
+
+pub fn init_logging(args: &LogArgs) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if args.log_format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// A token cancelled by the first SIGTERM or SIGINT; a second signal exits at once.
+pub fn shutdown_on_signals() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+            tracing::error!("cannot install signal handlers");
+            return;
+        };
+        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+        tracing::info!("shutting down (a second signal exits at once)");
+        cancel.cancel();
+        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+        std::process::exit(130);
+    });
+    token
+}
+
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Coordinator(args) => {
+            let config = args.config()?;
+            let listener = bind(args.listen).await?;
+            let health = match args.health_listen {
+                Some(addr) => Some(bind(addr).await?),
+                None => None,
+            };
+            tracing::info!(listen = %args.listen, tools = %args.tools, "coordinator starting");
+            toolsrv_coordinator::serve(config, listener, health, shutdown_on_signals()).await?;
+            Ok(())
+        }
+        Command::Agent(args) => {
+            let config = args.config()?;
+            toolsrv_agent::run(config, shutdown_on_signals()).await?;
+            Ok(())
+        }
+        Command::Pki(PkiCommand::Init { dir, agents, clients, coordinator_names, days }) => {
+            let mut opts = toolsrv_tls::PkiOptions::new(&dir);
+            opts.agents = agents;
+            opts.clients = clients;
+            opts.coordinator_names = coordinator_names;
+            opts.valid_days = days;
+            let written = toolsrv_tls::init(&opts)?;
+            if written.is_empty() {
+                println!("{}: nothing to write, every certificate exists", dir.display());
+            }
+            for path in written {
+                println!("wrote {}", path.display());
+            }
+            Ok(())
+        }
+        Command::Up(args) => crate::up::run(args, shutdown_on_signals()).await,
+    }
+}
+
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))
+}

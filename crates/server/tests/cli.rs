@@ -1,0 +1,60 @@
+//! `toolsrv` as a command: help, flag errors, and the development PKI.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+
+fn toolsrv() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_toolsrv"))
+}
+
+#[test]
+fn help_lists_every_role() {
+    let out = toolsrv().arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for cmd in ["coordinator", "agent", "pki", "up"] {
+        assert!(help.contains(cmd), "{cmd} missing from:\n{help}");
+    }
+}
+
+#[test]
+fn pki_init_writes_a_usable_layout_and_is_additive() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    let out = toolsrv().args(["pki", "init"]).arg(&pki).args(["--agents", "a,b", "--clients", "alice"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for f in ["ca.pem", "coordinator.pem", "coordinator-key.pem", "agent-a.pem", "agent-b-key.pem", "client-alice.pem"] {
+        assert!(pki.join(f).exists(), "{f} missing");
+    }
+    let mode = std::fs::metadata(pki.join("agent-a-key.pem")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let ca = std::fs::read(pki.join("ca.pem")).unwrap();
+    let out = toolsrv().args(["pki", "init"]).arg(&pki).args(["--agents", "c"]).output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(std::fs::read(pki.join("ca.pem")).unwrap(), ca, "the CA is kept");
+    assert!(pki.join("agent-c.pem").exists());
+    let out = toolsrv().args(["pki", "init"]).arg(&pki).args(["--agents", "bad/id"]).output().unwrap();
+    assert!(!out.status.success());
+}
+
+#[test]
+fn bad_flags_are_explained() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.pem");
+    let out = toolsrv()
+        .args(["coordinator", "--listen", "127.0.0.1:0", "--tools"])
+        .arg(dir.path())
+        .arg("--ca")
+        .arg(&missing)
+        .arg("--cert")
+        .arg(&missing)
+        .arg("--key")
+        .arg(&missing)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nope.pem"), "the missing file is named: {err}");
+    let out = toolsrv().args(["agent", "--coordinator", "https://127.0.0.1:1", "--host-id", "x"]).output().unwrap();
+    assert!(!out.status.success(), "missing TLS flags must fail");
+}

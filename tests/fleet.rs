@@ -1,0 +1,319 @@
+//! A real fleet on loopback: a coordinator and agents as separate processes, each agent with its
+//! own PATH, environment and state, driven through `toolctl` as a user would.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use toolsrv_tests::{AgentSpec, Fleet, bin, text, wait_for};
+
+fn script(body: &str) -> String {
+    format!("#!/bin/sh\n{body}\n")
+}
+
+/// The entry of `tool` in a `tools --all --json` listing.
+fn entry<'a>(tools: &'a [Value], tool: &str) -> &'a Value {
+    tools.iter().find(|t| t["name"] == tool).unwrap_or_else(|| panic!("no {tool} in {tools:?}"))
+}
+
+/// Three hosts that differ by PATH and environment.
+fn three_hosts() -> Fleet {
+    let mut fleet = Fleet::new(&["a", "b", "c", "d"]);
+    fleet.tool("hello.meta", r#"{"description": "Say hello", "cmd": "echo hello from $(hostname) && cat"}"#, false);
+    fleet.tool(
+        "logs.meta",
+        r#"{"description": "Read logs", "variants": [
+            {"match": {"binary": "journalctl-fake"}, "description": "journald logs", "cmd": "journalctl-fake"},
+            {"match": {"env": "SYSLOG_FILE"}, "description": "syslog file", "cmd": "echo syslog at $SYSLOG_FILE"}]}"#,
+        false,
+    );
+    fleet.tool("gpu.meta", r#"{"description": "GPU", "variants": [{"match": {"binary": "nvidia-smi"}, "cmd": "nvidia-smi"}]}"#, false);
+    fleet.tool("local_only.meta", r#"{"description": "Not over SSH", "variants": [{"match": {"nenv": "SSH_CONNECTION"}, "cmd": "echo local"}]}"#, false);
+    fleet.start_coordinator(&[]);
+    let a = AgentSpec {
+        binaries: vec![("journalctl-fake".into(), script("echo journald on a"))],
+        labels: vec![("role".into(), "web".into())],
+        ..AgentSpec::default()
+    };
+    let b = AgentSpec {
+        binaries: vec![("nvidia-smi".into(), script("echo GPU 0: fake"))],
+        env: vec![("SYSLOG_FILE".into(), "/var/log/syslog".into())],
+        labels: vec![("role".into(), "db".into())],
+        ..AgentSpec::default()
+    };
+    let c = AgentSpec {
+        env: vec![("SSH_CONNECTION".into(), "10.0.0.1 22 10.0.0.2 22".into())],
+        labels: vec![("role".into(), "web".into())],
+        ..AgentSpec::default()
+    };
+    fleet.start_agent("a", &a);
+    fleet.start_agent("b", &b);
+    fleet.start_agent("c", &c);
+    fleet.wait_online(&["a", "b", "c"], "hello");
+    fleet
+}
+
+#[test]
+fn hosts_see_different_tools_and_variants() {
+    let fleet = three_hosts();
+    let (a, b, c) = (fleet.tools("a").unwrap(), fleet.tools("b").unwrap(), fleet.tools("c").unwrap());
+    assert_eq!(entry(&a, "logs")["variant"], 0);
+    assert_eq!(entry(&a, "logs")["description"], "journald logs");
+    assert_eq!(entry(&b, "logs")["variant"], 1);
+    assert_eq!(entry(&b, "logs")["description"], "syslog file");
+    assert_eq!(entry(&c, "logs")["visible"], false);
+    assert!(entry(&c, "logs")["reason"].as_str().unwrap().contains("journalctl-fake"));
+    assert_eq!(entry(&a, "gpu")["visible"], false);
+    assert_eq!(entry(&b, "gpu")["visible"], true);
+    assert_eq!(entry(&c, "local_only")["visible"], false);
+    assert_eq!(entry(&a, "local_only")["visible"], true);
+
+    // Each host runs its own variant.
+    let out = fleet.toolctl(&["call", "a", "logs"]);
+    assert_eq!(text(&out.stdout), "journald on a\n", "{}", text(&out.stderr));
+    let out = fleet.toolctl(&["call", "b", "logs"]);
+    assert_eq!(text(&out.stdout), "syslog at /var/log/syslog\n");
+    let out = fleet.toolctl(&["call", "c", "logs"]);
+    assert_eq!(out.status.code(), Some(69), "hidden: {}", text(&out.stderr));
+
+    // Describe prints the resolved definition of that host's variant.
+    let out = fleet.toolctl(&["describe", "b", "logs"]);
+    let def: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(def["description"], "syslog file");
+
+    // hosts lists facts and labels.
+    let hosts = fleet.hosts();
+    let b = hosts.iter().find(|h| h["host_id"] == "b").unwrap();
+    assert_eq!(b["state"], "online");
+    assert_eq!(b["labels"]["role"], "db");
+    assert_eq!(b["os"], "linux");
+}
+
+#[test]
+fn calls_stream_output_live_and_pass_arguments() {
+    let fleet = three_hosts();
+    fleet.tool("slowprint.meta", r#"{"description": "Two lines, slowly", "cmd": "echo first; sleep 2; echo second >&2; echo third"}"#, false);
+    fleet.tool(
+        "args.meta",
+        r#"{"description": "Echo args", "cmd": "cat; echo; pwd",
+            "args": {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}}"#,
+        false,
+    );
+    fleet.wait_online(&["a"], "slowprint");
+    fleet.wait_online(&["a"], "args");
+
+    let out = fleet.toolctl(&["call", "a", "args", r#"{"n": 5}"#, "--cwd", "/tmp"]);
+    assert_eq!(text(&out.stdout), "{\"n\":5}\n\n/tmp\n", "{}", text(&out.stderr));
+    let out = fleet.toolctl(&["call", "a", "args", r#"{"n": "five"}"#]);
+    assert_eq!(out.status.code(), Some(65), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("/n"), "the failing path is named: {}", text(&out.stderr));
+
+    let mut child = Command::new(bin("toolctl"))
+        .args(["call", "a", "slowprint"])
+        .env("TOOLSRV_ADDR", fleet.url())
+        .env("TOOLSRV_CA", fleet.pki.path("ca.pem"))
+        .env("TOOLSRV_CERT", fleet.pki.path("client-alice.pem"))
+        .env("TOOLSRV_KEY", fleet.pki.path("client-alice-key.pem"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "first");
+    let first_at = start.elapsed();
+    assert_eq!(lines.next().unwrap().unwrap(), "third");
+    let done_at = start.elapsed();
+    let status = child.wait().unwrap();
+    assert!(status.success());
+    assert!(done_at - first_at > Duration::from_millis(1500), "first line came {first_at:?}, end {done_at:?}: not streamed");
+}
+
+#[test]
+fn fan_out_reports_every_host_even_offline_and_lost() {
+    let mut fleet = three_hosts();
+    fleet.tool("sleepy.meta", r#"{"description": "Sleeps", "cmd": "echo start; sleep 4; echo done"}"#, false);
+    fleet.start_agent("d", &AgentSpec::default());
+    fleet.wait_online(&["a", "b", "c", "d"], "sleepy");
+    // d goes offline.
+    fleet.agents.get_mut("d").unwrap().terminate();
+    wait_for("d offline", Duration::from_secs(15), || {
+        fleet.hosts().iter().any(|h| h["host_id"] == "d" && h["state"] == "offline").then_some(())
+    });
+
+    let mut fanout = Command::new(bin("toolctl"))
+        .args(["fanout", "all", "sleepy", "--json"])
+        .env("TOOLSRV_ADDR", fleet.url())
+        .env("TOOLSRV_CA", fleet.pki.path("ca.pem"))
+        .env("TOOLSRV_CERT", fleet.pki.path("client-alice.pem"))
+        .env("TOOLSRV_KEY", fleet.pki.path("client-alice-key.pem"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let mut events = Vec::new();
+    let mut lines = BufReader::new(fanout.stdout.take().unwrap()).lines();
+    // b vanishes (SIGKILL, no goodbye) once it has started.
+    for line in lines.by_ref() {
+        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        let b_started = event["host"] == "b" && event["type"] == "stdout";
+        events.push(event);
+        if b_started {
+            fleet.agents.get_mut("b").unwrap().kill();
+            break;
+        }
+    }
+    for line in lines {
+        events.push(serde_json::from_str(&line.unwrap()).unwrap());
+    }
+    let status = fanout.wait().unwrap();
+    let elapsed = started.elapsed();
+    assert!(elapsed < Duration::from_secs(20), "fan-out took {elapsed:?}");
+    assert_eq!(status.code(), Some(1), "not every host was ok");
+    let result = |host: &str| {
+        events
+            .iter()
+            .find(|e| e["type"] == "result" && e["host"] == host)
+            .unwrap_or_else(|| panic!("no result for {host} in {events:#?}"))
+    };
+    assert_eq!(result("a")["status"], "ok");
+    assert_eq!(result("c")["status"], "ok");
+    assert_eq!(result("b")["status"], "lost");
+    assert_eq!(result("d")["status"], "offline");
+    let summary = events.iter().find(|e| e["type"] == "summary").expect("a summary");
+    assert_eq!(summary["targeted"], 4);
+    assert_eq!(summary["ok"], 2);
+    assert_eq!(summary["failed"], 2);
+
+    // A selector by label picks the web hosts only; a host named outright but unknown is reported.
+    let out = fleet.toolctl(&["fanout", "role=web", "hello", "--json"]);
+    let results: Vec<Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["type"] == "result")
+        .collect();
+    let hosts: Vec<&str> = results.iter().map(|e| e["host"].as_str().unwrap()).collect();
+    assert_eq!(hosts.len(), 2, "{results:?}");
+    assert!(hosts.contains(&"a") && hosts.contains(&"c"));
+    let out = fleet.toolctl(&["fanout", "a,ghost", "hello", "--json"]);
+    assert!(text(&out.stdout).contains("unknown_host"), "{}", text(&out.stdout));
+}
+
+#[test]
+fn catalog_changes_reach_agents_and_watchers_and_survive_a_coordinator_restart() {
+    let mut fleet = three_hosts();
+    let mut watch = Command::new(bin("toolctl"))
+        .args(["watch", "--json"])
+        .env("TOOLSRV_ADDR", fleet.url())
+        .env("TOOLSRV_CA", fleet.pki.path("ca.pem"))
+        .env("TOOLSRV_CERT", fleet.pki.path("client-alice.pem"))
+        .env("TOOLSRV_KEY", fleet.pki.path("client-alice-key.pem"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = watch.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+
+    // A new tool with a co-located executable: shipped, cached and run on every host.
+    fleet.tool("shipped.meta", r#"{"description": "Ships with an executable"}"#, false);
+    fleet.tool("shipped", "#!/bin/sh\necho \"shipped-ok in $OLLIE_TOOLS_PATH\"\n", true);
+    fleet.wait_online(&["a", "b", "c"], "shipped");
+    for host in ["a", "b", "c"] {
+        let out = fleet.toolctl(&["call", host, "shipped"]);
+        let stdout = text(&out.stdout);
+        assert!(stdout.starts_with("shipped-ok in "), "{host}: {stdout} {}", text(&out.stderr));
+        assert!(stdout.contains(&format!("host-{host}")), "{host} runs its own cached copy: {stdout}");
+    }
+    let registry_event = wait_for("a registry event on the watch", Duration::from_secs(10), || {
+        rx.try_iter().find(|line| line.to_lowercase().contains("registry"))
+    });
+    assert!(registry_event.contains("revision"), "{registry_event}");
+
+    // A changed tool reaches every agent.
+    fleet.tool("hello.meta", r#"{"description": "Say hello, v2", "cmd": "echo v2"}"#, false);
+    for host in ["a", "b", "c"] {
+        wait_for(&format!("{host} to see hello v2"), Duration::from_secs(15), || {
+            fleet.tools(host).filter(|t| entry(t, "hello")["description"] == "Say hello, v2")
+        });
+    }
+
+    // Restart the coordinator: agents come back by themselves with the catalog intact.
+    fleet.coordinator.as_mut().unwrap().kill();
+    fleet.start_coordinator(&[]);
+    fleet.wait_online(&["a", "b", "c"], "shipped");
+    let out = fleet.toolctl(&["call", "c", "hello"]);
+    assert_eq!(text(&out.stdout), "v2\n", "{}", text(&out.stderr));
+    let _ = watch.kill();
+    let _ = watch.wait();
+}
+
+#[test]
+fn host_changes_are_reported_without_a_catalog_change() {
+    let fleet = three_hosts();
+    fleet.tool("late.meta", r#"{"description": "Needs late-tool", "variants": [{"match": {"binary": "late-tool"}, "cmd": "late-tool"}]}"#, false);
+    fleet.wait_online(&["a"], "late");
+    assert_eq!(entry(&fleet.tools("a").unwrap(), "late")["visible"], false);
+    let installed = Instant::now();
+    toolsrv_tests::write_file(&fleet.agent_bin("a").join("late-tool"), &script("echo late"), true);
+    wait_for("late to become visible on a", Duration::from_secs(10), || {
+        fleet.tools("a").filter(|t| entry(t, "late")["visible"] == true)
+    });
+    eprintln!("host change reported after {:?}", installed.elapsed());
+    let out = fleet.toolctl(&["call", "a", "late"]);
+    assert_eq!(text(&out.stdout), "late\n");
+    assert_eq!(entry(&fleet.tools("b").unwrap(), "late")["visible"], false, "b has no late-tool");
+}
+
+#[test]
+fn a_client_cancel_kills_the_process_on_the_agent() {
+    let fleet = three_hosts();
+    fleet.tool("hang.meta", r#"{"description": "Hangs", "cmd": "sh -c 'echo $$ > \"$PWD/hang.pid\"; exec sleep 120' & wait"}"#, false);
+    fleet.wait_online(&["a"], "hang");
+    let pid_file = fleet.work.path().join("host-a/hang.pid");
+    let mut call = Command::new(bin("toolctl"))
+        .args(["call", "a", "hang"])
+        .env("TOOLSRV_ADDR", fleet.url())
+        .env("TOOLSRV_CA", fleet.pki.path("ca.pem"))
+        .env("TOOLSRV_CERT", fleet.pki.path("client-alice.pem"))
+        .env("TOOLSRV_KEY", fleet.pki.path("client-alice-key.pem"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid: i32 = wait_for("the tool to start", Duration::from_secs(15), || {
+        std::fs::read_to_string(&pid_file).ok().and_then(|s| s.trim().parse().ok())
+    });
+    assert!(alive(pid));
+    // The client goes away abruptly: the coordinator notices and the agent kills the process group.
+    call.kill().unwrap();
+    call.wait().unwrap();
+    wait_for("the tool's process to die", Duration::from_secs(10), || (!alive(pid)).then_some(()));
+    let hosts = fleet.hosts();
+    let a = hosts.iter().find(|h| h["host_id"] == "a").unwrap();
+    wait_for("no call in flight on a", Duration::from_secs(10), || {
+        let hosts = fleet.hosts();
+        let a = hosts.iter().find(|h| h["host_id"] == "a").cloned().unwrap();
+        (a["calls_in_flight"] == 0).then_some(())
+    });
+    assert_eq!(a["state"], "online");
+}
+
+/// Alive and not a zombie.
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}

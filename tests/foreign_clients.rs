@@ -1,0 +1,103 @@
+//! Clients nobody here wrote: Python's stock `grpcio`, with stubs generated from `proto/`,
+//! calls the coordinator over mTLS, checks health and lists services through reflection.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use toolsrv_tests::{AgentSpec, Fleet, run_bounded, text};
+
+/// A Python with grpcio, grpcio-tools, grpcio-health-checking and grpcio-reflection:
+/// `$TOOLSRV_TEST_PYTHON`, or a virtualenv under `target/` created on first use.
+fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("TOOLSRV_TEST_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let venv = root.join("target/test-venv");
+    let python = venv.join("bin/python");
+    let ready = |py: &Path| {
+        Command::new(py).args(["-c", "import grpc, grpc_tools, grpc_health, grpc_reflection"]).status().is_ok_and(|s| s.success())
+    };
+    if python.exists() && ready(&python) {
+        return python;
+    }
+    let out = run_bounded(
+        {
+            let mut c = Command::new("python3");
+            c.args(["-m", "venv"]).arg(&venv);
+            c
+        },
+        None,
+        Duration::from_secs(120),
+    );
+    assert!(out.status.success(), "python3 -m venv failed: {}", text(&out.stderr));
+    let out = run_bounded(
+        {
+            let mut c = Command::new(&python);
+            c.args(["-m", "pip", "install", "--quiet", "grpcio", "grpcio-tools", "grpcio-health-checking", "grpcio-reflection"]);
+            c
+        },
+        None,
+        Duration::from_secs(540),
+    );
+    assert!(out.status.success(), "pip install failed: {}", text(&out.stderr));
+    python
+}
+
+#[test]
+fn python_grpcio_lists_hosts_and_calls_a_tool() {
+    let python = python();
+    let proto = Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto");
+    let stubs = tempfile::tempdir().unwrap();
+    let mut gen = Command::new(&python);
+    gen.args(["-m", "grpc_tools.protoc"])
+        .arg(format!("-I{}", proto.display()))
+        .arg(format!("--python_out={}", stubs.path().display()))
+        .arg(format!("--grpc_python_out={}", stubs.path().display()))
+        .args(["toolsrv/v1/common.proto", "toolsrv/v1/agent.proto", "toolsrv/v1/tools.proto"])
+        .current_dir(&proto);
+    let out = run_bounded(gen, None, Duration::from_secs(60));
+    assert!(out.status.success(), "protoc for Python failed: {}", text(&out.stderr));
+
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "greet.meta",
+        r#"{"description": "Greets", "cmd": "name=$(jq -r .name); echo \"hello $name\"; echo note >&2",
+            "args": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}"#,
+        false,
+    );
+    fleet.start_coordinator(&[]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "greet");
+
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/client.py");
+    let mut client = Command::new(&python);
+    client
+        .arg(&script)
+        .arg(format!("127.0.0.1:{}", fleet.port))
+        .arg(fleet.pki.path("ca.pem"))
+        .arg(fleet.pki.path("client-alice.pem"))
+        .arg(fleet.pki.path("client-alice-key.pem"))
+        .args(["a", "greet", r#"{"name": "python"}"#])
+        .env("PYTHONPATH", stubs.path());
+    let out = run_bounded(client, None, Duration::from_secs(90));
+    assert!(out.status.success(), "python client failed: {}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["hosts"][0]["id"], "a");
+    assert_eq!(report["hosts"][0]["online"], true);
+    assert_eq!(report["hosts"][0]["os"], "linux");
+    assert!(report["tools"].as_array().unwrap().iter().any(|t| t == "greet"));
+    assert_eq!(report["stdout"], "hello python\n");
+    assert_eq!(report["stderr"], "note\n");
+    assert_eq!(report["status"], "CALL_STATUS_OK");
+    assert_eq!(report["exit_code"], 0);
+    assert_eq!(report["result"]["content"][0]["text"], "hello python\n");
+    assert_eq!(report["health"], "SERVING");
+    let services: Vec<&str> = report["services"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+    for wanted in ["toolsrv.v1.Tools", "toolsrv.v1.AgentLink", "grpc.health.v1.Health"] {
+        assert!(services.contains(&wanted), "{wanted} missing from {services:?}");
+    }
+}
