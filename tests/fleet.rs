@@ -15,13 +15,20 @@ fn script(body: &str) -> String {
 
 /// The entry of `tool` in a `tools --all --json` listing.
 fn entry<'a>(tools: &'a [Value], tool: &str) -> &'a Value {
-    tools.iter().find(|t| t["name"] == tool).unwrap_or_else(|| panic!("no {tool} in {tools:?}"))
+    tools
+        .iter()
+        .find(|t| t["name"] == tool)
+        .unwrap_or_else(|| panic!("no {tool} in {tools:?}"))
 }
 
 /// Three hosts that differ by PATH and environment.
 fn three_hosts() -> Fleet {
     let mut fleet = Fleet::new(&["a", "b", "c", "d"]);
-    fleet.tool("hello.meta", r#"{"description": "Say hello", "cmd": "echo hello from $(hostname) && cat"}"#, false);
+    fleet.tool(
+        "hello.meta",
+        r#"{"description": "Say hello", "cmd": "echo hello from $(hostname) && cat"}"#,
+        false,
+    );
     fleet.tool(
         "logs.meta",
         r#"{"description": "Read logs", "variants": [
@@ -58,13 +65,22 @@ fn three_hosts() -> Fleet {
 #[test]
 fn hosts_see_different_tools_and_variants() {
     let fleet = three_hosts();
-    let (a, b, c) = (fleet.tools("a").unwrap(), fleet.tools("b").unwrap(), fleet.tools("c").unwrap());
+    let (a, b, c) = (
+        fleet.tools("a").unwrap(),
+        fleet.tools("b").unwrap(),
+        fleet.tools("c").unwrap(),
+    );
     assert_eq!(entry(&a, "logs")["variant"], 0);
     assert_eq!(entry(&a, "logs")["description"], "journald logs");
     assert_eq!(entry(&b, "logs")["variant"], 1);
     assert_eq!(entry(&b, "logs")["description"], "syslog file");
     assert_eq!(entry(&c, "logs")["visible"], false);
-    assert!(entry(&c, "logs")["reason"].as_str().unwrap().contains("journalctl-fake"));
+    assert!(
+        entry(&c, "logs")["reason"]
+            .as_str()
+            .unwrap()
+            .contains("journalctl-fake")
+    );
     assert_eq!(entry(&a, "gpu")["visible"], false);
     assert_eq!(entry(&b, "gpu")["visible"], true);
     assert_eq!(entry(&c, "local_only")["visible"], false);
@@ -72,7 +88,12 @@ fn hosts_see_different_tools_and_variants() {
 
     // Each host runs its own variant.
     let out = fleet.toolctl(&["call", "a", "logs"]);
-    assert_eq!(text(&out.stdout), "journald on a\n", "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "journald on a\n",
+        "{}",
+        text(&out.stderr)
+    );
     let out = fleet.toolctl(&["call", "b", "logs"]);
     assert_eq!(text(&out.stdout), "syslog at /var/log/syslog\n");
     let out = fleet.toolctl(&["call", "c", "logs"]);
@@ -105,10 +126,19 @@ fn calls_stream_output_live_and_pass_arguments() {
     fleet.wait_online(&["a"], "args");
 
     let out = fleet.toolctl(&["call", "a", "args", r#"{"n": 5}"#, "--cwd", "/tmp"]);
-    assert_eq!(text(&out.stdout), "{\"n\":5}\n\n/tmp\n", "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "{\"n\":5}\n\n/tmp\n",
+        "{}",
+        text(&out.stderr)
+    );
     let out = fleet.toolctl(&["call", "a", "args", r#"{"n": "five"}"#]);
     assert_eq!(out.status.code(), Some(65), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("/n"), "the failing path is named: {}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("/n"),
+        "the failing path is named: {}",
+        text(&out.stderr)
+    );
 
     let mut child = Command::new(bin("toolctl"))
         .args(["call", "a", "slowprint"])
@@ -128,19 +158,30 @@ fn calls_stream_output_live_and_pass_arguments() {
     let done_at = start.elapsed();
     let status = child.wait().unwrap();
     assert!(status.success());
-    assert!(done_at - first_at > Duration::from_millis(1500), "first line came {first_at:?}, end {done_at:?}: not streamed");
+    assert!(
+        done_at - first_at > Duration::from_millis(1500),
+        "first line came {first_at:?}, end {done_at:?}: not streamed"
+    );
 }
 
 #[test]
 fn fan_out_reports_every_host_even_offline_and_lost() {
     let mut fleet = three_hosts();
-    fleet.tool("sleepy.meta", r#"{"description": "Sleeps", "cmd": "echo start; sleep 4; echo done"}"#, false);
+    fleet.tool(
+        "sleepy.meta",
+        r#"{"description": "Sleeps", "cmd": "echo start; sleep 4; echo done"}"#,
+        false,
+    );
     fleet.start_agent("d", &AgentSpec::default());
     fleet.wait_online(&["a", "b", "c", "d"], "sleepy");
     // d goes offline.
     fleet.agents.get_mut("d").unwrap().terminate();
     wait_for("d offline", Duration::from_secs(15), || {
-        fleet.hosts().iter().any(|h| h["host_id"] == "d" && h["state"] == "offline").then_some(())
+        fleet
+            .hosts()
+            .iter()
+            .any(|h| h["host_id"] == "d" && h["state"] == "offline")
+            .then_some(())
     });
 
     let mut fanout = Command::new(bin("toolctl"))
@@ -171,7 +212,10 @@ fn fan_out_reports_every_host_even_offline_and_lost() {
     }
     let status = fanout.wait().unwrap();
     let elapsed = started.elapsed();
-    assert!(elapsed < Duration::from_secs(20), "fan-out took {elapsed:?}");
+    assert!(
+        elapsed < Duration::from_secs(20),
+        "fan-out took {elapsed:?}"
+    );
     assert_eq!(status.code(), Some(1), "not every host was ok");
     let result = |host: &str| {
         events
@@ -183,7 +227,10 @@ fn fan_out_reports_every_host_even_offline_and_lost() {
     assert_eq!(result("c")["status"], "ok");
     assert_eq!(result("b")["status"], "lost");
     assert_eq!(result("d")["status"], "offline");
-    let summary = events.iter().find(|e| e["type"] == "summary").expect("a summary");
+    let summary = events
+        .iter()
+        .find(|e| e["type"] == "summary")
+        .expect("a summary");
     assert_eq!(summary["targeted"], 4);
     assert_eq!(summary["ok"], 2);
     assert_eq!(summary["failed"], 2);
@@ -195,11 +242,18 @@ fn fan_out_reports_every_host_even_offline_and_lost() {
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
         .filter(|e| e["type"] == "result")
         .collect();
-    let hosts: Vec<&str> = results.iter().map(|e| e["host"].as_str().unwrap()).collect();
+    let hosts: Vec<&str> = results
+        .iter()
+        .map(|e| e["host"].as_str().unwrap())
+        .collect();
     assert_eq!(hosts.len(), 2, "{results:?}");
     assert!(hosts.contains(&"a") && hosts.contains(&"c"));
     let out = fleet.toolctl(&["fanout", "a,ghost", "hello", "--json"]);
-    assert!(text(&out.stdout).contains("unknown_host"), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("unknown_host"),
+        "{}",
+        text(&out.stdout)
+    );
 }
 
 #[test]
@@ -227,26 +281,56 @@ fn catalog_changes_reach_agents_and_watchers_and_survive_a_coordinator_restart()
     std::thread::sleep(Duration::from_millis(500));
 
     // A new tool with a co-located executable: shipped, cached and run on every host.
-    fleet.tool("shipped.meta", r#"{"description": "Ships with an executable"}"#, false);
-    fleet.tool("shipped", "#!/bin/sh\necho \"shipped-ok in $OLLIE_TOOLS_PATH\"\n", true);
+    fleet.tool(
+        "shipped.meta",
+        r#"{"description": "Ships with an executable"}"#,
+        false,
+    );
+    fleet.tool(
+        "shipped",
+        "#!/bin/sh\necho \"shipped-ok in $OLLIE_TOOLS_PATH\"\n",
+        true,
+    );
     fleet.wait_online(&["a", "b", "c"], "shipped");
     for host in ["a", "b", "c"] {
         let out = fleet.toolctl(&["call", host, "shipped"]);
         let stdout = text(&out.stdout);
-        assert!(stdout.starts_with("shipped-ok in "), "{host}: {stdout} {}", text(&out.stderr));
-        assert!(stdout.contains(&format!("host-{host}")), "{host} runs its own cached copy: {stdout}");
+        assert!(
+            stdout.starts_with("shipped-ok in "),
+            "{host}: {stdout} {}",
+            text(&out.stderr)
+        );
+        assert!(
+            stdout.contains(&format!("host-{host}")),
+            "{host} runs its own cached copy: {stdout}"
+        );
     }
-    let registry_event = wait_for("a registry event on the watch", Duration::from_secs(10), || {
-        rx.try_iter().find(|line| line.to_lowercase().contains("registry"))
-    });
+    let registry_event = wait_for(
+        "a registry event on the watch",
+        Duration::from_secs(10),
+        || {
+            rx.try_iter()
+                .find(|line| line.to_lowercase().contains("registry"))
+        },
+    );
     assert!(registry_event.contains("revision"), "{registry_event}");
 
     // A changed tool reaches every agent.
-    fleet.tool("hello.meta", r#"{"description": "Say hello, v2", "cmd": "echo v2"}"#, false);
+    fleet.tool(
+        "hello.meta",
+        r#"{"description": "Say hello, v2", "cmd": "echo v2"}"#,
+        false,
+    );
     for host in ["a", "b", "c"] {
-        wait_for(&format!("{host} to see hello v2"), Duration::from_secs(15), || {
-            fleet.tools(host).filter(|t| entry(t, "hello")["description"] == "Say hello, v2")
-        });
+        wait_for(
+            &format!("{host} to see hello v2"),
+            Duration::from_secs(15),
+            || {
+                fleet
+                    .tools(host)
+                    .filter(|t| entry(t, "hello")["description"] == "Say hello, v2")
+            },
+        );
     }
 
     // Restart the coordinator: agents come back by themselves with the catalog intact.
@@ -266,14 +350,28 @@ fn host_changes_are_reported_without_a_catalog_change() {
     fleet.wait_online(&["a"], "late");
     assert_eq!(entry(&fleet.tools("a").unwrap(), "late")["visible"], false);
     let installed = Instant::now();
-    toolsrv_tests::write_file(&fleet.agent_bin("a").join("late-tool"), &script("echo late"), true);
-    wait_for("late to become visible on a", Duration::from_secs(10), || {
-        fleet.tools("a").filter(|t| entry(t, "late")["visible"] == true)
-    });
+    toolsrv_tests::write_file(
+        &fleet.agent_bin("a").join("late-tool"),
+        &script("echo late"),
+        true,
+    );
+    wait_for(
+        "late to become visible on a",
+        Duration::from_secs(10),
+        || {
+            fleet
+                .tools("a")
+                .filter(|t| entry(t, "late")["visible"] == true)
+        },
+    );
     eprintln!("host change reported after {:?}", installed.elapsed());
     let out = fleet.toolctl(&["call", "a", "late"]);
     assert_eq!(text(&out.stdout), "late\n");
-    assert_eq!(entry(&fleet.tools("b").unwrap(), "late")["visible"], false, "b has no late-tool");
+    assert_eq!(
+        entry(&fleet.tools("b").unwrap(), "late")["visible"],
+        false,
+        "b has no late-tool"
+    );
 }
 
 #[test]
@@ -293,13 +391,17 @@ fn a_client_cancel_kills_the_process_on_the_agent() {
         .spawn()
         .unwrap();
     let pid: i32 = wait_for("the tool to start", Duration::from_secs(15), || {
-        std::fs::read_to_string(&pid_file).ok().and_then(|s| s.trim().parse().ok())
+        std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
     });
     assert!(alive(pid));
     // The client goes away abruptly: the coordinator notices and the agent kills the process group.
     call.kill().unwrap();
     call.wait().unwrap();
-    wait_for("the tool's process to die", Duration::from_secs(10), || (!alive(pid)).then_some(()));
+    wait_for("the tool's process to die", Duration::from_secs(10), || {
+        (!alive(pid)).then_some(())
+    });
     let hosts = fleet.hosts();
     let a = hosts.iter().find(|h| h["host_id"] == "a").unwrap();
     wait_for("no call in flight on a", Duration::from_secs(10), || {
@@ -313,7 +415,10 @@ fn a_client_cancel_kills_the_process_on_the_agent() {
 /// Alive and not a zombie.
 fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
         Err(_) => false,
     }
 }

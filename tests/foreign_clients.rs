@@ -19,7 +19,13 @@ fn python() -> PathBuf {
     let venv = root.join("target/test-venv");
     let python = venv.join("bin/python");
     let ready = |py: &Path| {
-        Command::new(py).args(["-c", "import grpc, grpc_tools, grpc_health, grpc_reflection"]).status().is_ok_and(|s| s.success())
+        Command::new(py)
+            .args([
+                "-c",
+                "import grpc, grpc_tools, grpc_health, grpc_reflection",
+            ])
+            .status()
+            .is_ok_and(|s| s.success())
     };
     if python.exists() && ready(&python) {
         return python;
@@ -33,17 +39,34 @@ fn python() -> PathBuf {
         None,
         Duration::from_secs(120),
     );
-    assert!(out.status.success(), "python3 -m venv failed: {}", text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "python3 -m venv failed: {}",
+        text(&out.stderr)
+    );
     let out = run_bounded(
         {
             let mut c = Command::new(&python);
-            c.args(["-m", "pip", "install", "--quiet", "grpcio", "grpcio-tools", "grpcio-health-checking", "grpcio-reflection"]);
+            c.args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "grpcio",
+                "grpcio-tools",
+                "grpcio-health-checking",
+                "grpcio-reflection",
+            ]);
             c
         },
         None,
         Duration::from_secs(540),
     );
-    assert!(out.status.success(), "pip install failed: {}", text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "pip install failed: {}",
+        text(&out.stderr)
+    );
     python
 }
 
@@ -52,15 +75,24 @@ fn python_grpcio_lists_hosts_and_calls_a_tool() {
     let python = python();
     let proto = Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto");
     let stubs = tempfile::tempdir().unwrap();
-    let mut gen = Command::new(&python);
-    gen.args(["-m", "grpc_tools.protoc"])
+    let mut protoc = Command::new(&python);
+    protoc
+        .args(["-m", "grpc_tools.protoc"])
         .arg(format!("-I{}", proto.display()))
         .arg(format!("--python_out={}", stubs.path().display()))
         .arg(format!("--grpc_python_out={}", stubs.path().display()))
-        .args(["toolsrv/v1/common.proto", "toolsrv/v1/agent.proto", "toolsrv/v1/tools.proto"])
+        .args([
+            "toolsrv/v1/common.proto",
+            "toolsrv/v1/agent.proto",
+            "toolsrv/v1/tools.proto",
+        ])
         .current_dir(&proto);
-    let out = run_bounded(gen, None, Duration::from_secs(60));
-    assert!(out.status.success(), "protoc for Python failed: {}", text(&out.stderr));
+    let out = run_bounded(protoc, None, Duration::from_secs(60));
+    assert!(
+        out.status.success(),
+        "protoc for Python failed: {}",
+        text(&out.stderr)
+    );
 
     let mut fleet = Fleet::new(&["a"]);
     fleet.tool(
@@ -84,20 +116,42 @@ fn python_grpcio_lists_hosts_and_calls_a_tool() {
         .args(["a", "greet", r#"{"name": "python"}"#])
         .env("PYTHONPATH", stubs.path());
     let out = run_bounded(client, None, Duration::from_secs(90));
-    assert!(out.status.success(), "python client failed: {}", text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "python client failed: {}",
+        text(&out.stderr)
+    );
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["hosts"][0]["id"], "a");
     assert_eq!(report["hosts"][0]["online"], true);
     assert_eq!(report["hosts"][0]["os"], "linux");
-    assert!(report["tools"].as_array().unwrap().iter().any(|t| t == "greet"));
+    assert!(
+        report["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t == "greet")
+    );
     assert_eq!(report["stdout"], "hello python\n");
     assert_eq!(report["stderr"], "note\n");
     assert_eq!(report["status"], "CALL_STATUS_OK");
     assert_eq!(report["exit_code"], 0);
     assert_eq!(report["result"]["content"][0]["text"], "hello python\n");
     assert_eq!(report["health"], "SERVING");
-    let services: Vec<&str> = report["services"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
-    for wanted in ["toolsrv.v1.Tools", "toolsrv.v1.AgentLink", "grpc.health.v1.Health"] {
-        assert!(services.contains(&wanted), "{wanted} missing from {services:?}");
+    let services: Vec<&str> = report["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    for wanted in [
+        "toolsrv.v1.Tools",
+        "toolsrv.v1.AgentLink",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(
+            services.contains(&wanted),
+            "{wanted} missing from {services:?}"
+        );
     }
 }

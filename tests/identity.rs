@@ -11,7 +11,11 @@ use toolsrv_tests::{AgentSpec, Fleet, Pki, bin, run_bounded, text};
 
 fn fleet_with_a() -> Fleet {
     let mut fleet = Fleet::new(&["a", "b"]);
-    fleet.tool("hello.meta", r#"{"description": "Say hello", "cmd": "echo hello"}"#, false);
+    fleet.tool(
+        "hello.meta",
+        r#"{"description": "Say hello", "cmd": "echo hello"}"#,
+        false,
+    );
     fleet.start_coordinator(&[]);
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "hello");
@@ -19,7 +23,11 @@ fn fleet_with_a() -> Fleet {
 }
 
 fn host_ids(fleet: &Fleet) -> Vec<String> {
-    fleet.hosts().iter().map(|h| h["host_id"].as_str().unwrap().to_string()).collect()
+    fleet
+        .hosts()
+        .iter()
+        .map(|h| h["host_id"].as_str().unwrap().to_string())
+        .collect()
 }
 
 /// Runs `toolsrv agent --host-id=ID` with the given TLS flags for 4 s (it retries forever) and
@@ -32,7 +40,10 @@ fn run_agent_briefly(fleet: &Fleet, host_id: &str, tls_args: &[String]) -> std::
         .arg(format!("--coordinator={}", fleet.url()))
         .arg(format!("--host-id={host_id}"))
         .args(tls_args)
-        .arg(format!("--state-dir={}", fleet.work.path().join(format!("brief-{host_id}")).display()))
+        .arg(format!(
+            "--state-dir={}",
+            fleet.work.path().join(format!("brief-{host_id}")).display()
+        ))
         .env("TOOLSRV_LOG", "info");
     run_bounded(cmd, None, Duration::from_secs(20))
 }
@@ -42,10 +53,17 @@ fn an_agent_cannot_claim_another_hosts_id() {
     let fleet = fleet_with_a();
     let out = run_agent_briefly(&fleet, "b", &fleet.pki.tls_args("agent-a"));
     let log = text(&out.stderr);
-    assert!(log.contains("certificate names agent/a"), "the refusal is explained: {log}");
+    assert!(
+        log.contains("certificate names agent/a"),
+        "the refusal is explained: {log}"
+    );
     assert!(!host_ids(&fleet).contains(&"b".to_string()));
     let hosts = fleet.hosts();
-    assert_eq!(hosts.iter().find(|h| h["host_id"] == "a").unwrap()["state"], "online", "a was not displaced");
+    assert_eq!(
+        hosts.iter().find(|h| h["host_id"] == "a").unwrap()["state"],
+        "online",
+        "a was not displaced"
+    );
 }
 
 #[test]
@@ -53,7 +71,10 @@ fn a_client_certificate_cannot_open_the_agent_link() {
     let fleet = fleet_with_a();
     let out = run_agent_briefly(&fleet, "alice", &fleet.pki.tls_args("client-alice"));
     let log = text(&out.stderr);
-    assert!(log.contains("agent certificate"), "the refusal names the problem: {log}");
+    assert!(
+        log.contains("agent certificate"),
+        "the refusal names the problem: {log}"
+    );
     assert!(!host_ids(&fleet).contains(&"alice".to_string()));
 }
 
@@ -61,7 +82,11 @@ fn a_client_certificate_cannot_open_the_agent_link() {
 fn an_agent_certificate_cannot_use_the_client_api_and_foreign_cas_are_refused() {
     let fleet = fleet_with_a();
     let out = fleet.toolctl_as("agent-a", &["hosts"], None);
-    assert!(!out.status.success(), "an agent certificate used the client API: {}", text(&out.stdout));
+    assert!(
+        !out.status.success(),
+        "an agent certificate used the client API: {}",
+        text(&out.stdout)
+    );
 
     // A client and an agent from another CA.
     let other = Pki::new(&["a"], &["mallory"]);
@@ -72,7 +97,11 @@ fn an_agent_certificate_cannot_use_the_client_api_and_foreign_cas_are_refused() 
         .env("TOOLSRV_CERT", other.path("client-mallory.pem"))
         .env("TOOLSRV_KEY", other.path("client-mallory-key.pem"));
     let out = run_bounded(cmd, None, Duration::from_secs(30));
-    assert!(!out.status.success(), "a foreign client got in: {}", text(&out.stdout));
+    assert!(
+        !out.status.success(),
+        "a foreign client got in: {}",
+        text(&out.stdout)
+    );
 
     let foreign = [
         format!("--ca={}", fleet.pki.path("ca.pem").display()),
@@ -82,7 +111,10 @@ fn an_agent_certificate_cannot_use_the_client_api_and_foreign_cas_are_refused() 
     run_agent_briefly(&fleet, "a", &foreign);
     // The real a was never displaced.
     let hosts = fleet.hosts();
-    assert_eq!(hosts.iter().find(|h| h["host_id"] == "a").unwrap()["state"], "online");
+    assert_eq!(
+        hosts.iter().find(|h| h["host_id"] == "a").unwrap()["state"],
+        "online"
+    );
     let out = fleet.toolctl(&["call", "a", "hello"]);
     assert_eq!(text(&out.stdout), "hello\n");
 }
@@ -90,7 +122,11 @@ fn an_agent_certificate_cannot_use_the_client_api_and_foreign_cas_are_refused() 
 #[test]
 fn policy_denies_by_proven_identity_and_every_call_is_audited() {
     let mut fleet = Fleet::new(&["a"]);
-    fleet.tool("hello.meta", r#"{"description": "Say hello", "cmd": "echo hello"}"#, false);
+    fleet.tool(
+        "hello.meta",
+        r#"{"description": "Say hello", "cmd": "echo hello"}"#,
+        false,
+    );
     let policy = fleet.work.path().join("policy.json");
     std::fs::write(
         &policy,
@@ -98,14 +134,24 @@ fn policy_denies_by_proven_identity_and_every_call_is_audited() {
     )
     .unwrap();
     let audit = fleet.work.path().join("audit.jsonl");
-    fleet.start_coordinator(&[&format!("--policy={}", policy.display()), &format!("--audit-log={}", audit.display())]);
-    let spec = AgentSpec { labels: vec![("role".into(), "db".into())], ..AgentSpec::default() };
+    fleet.start_coordinator(&[
+        &format!("--policy={}", policy.display()),
+        &format!("--audit-log={}", audit.display()),
+    ]);
+    let spec = AgentSpec {
+        labels: vec![("role".into(), "db".into())],
+        ..AgentSpec::default()
+    };
     fleet.start_agent("a", &spec);
     fleet.wait_online(&["a"], "hello");
 
     let out = fleet.toolctl_as("client-bob", &["call", "a", "hello"], None);
     assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("denied"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("denied"),
+        "{}",
+        text(&out.stderr)
+    );
     let out = fleet.toolctl(&["call", "a", "hello"]);
     assert_eq!(text(&out.stdout), "hello\n");
 
@@ -115,8 +161,14 @@ fn policy_denies_by_proven_identity_and_every_call_is_audited() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(lines.len(), 2, "{lines:?}");
-    assert_eq!((lines[0]["client"].as_str(), lines[0]["status"].as_str()), (Some("bob"), Some("CALL_STATUS_DENIED")));
-    assert_eq!((lines[1]["client"].as_str(), lines[1]["status"].as_str()), (Some("alice"), Some("CALL_STATUS_OK")));
+    assert_eq!(
+        (lines[0]["client"].as_str(), lines[0]["status"].as_str()),
+        (Some("bob"), Some("CALL_STATUS_DENIED"))
+    );
+    assert_eq!(
+        (lines[1]["client"].as_str(), lines[1]["status"].as_str()),
+        (Some("alice"), Some("CALL_STATUS_OK"))
+    );
     assert_eq!(lines[1]["host"], "a");
     assert!(lines[1]["args_sha256"].as_str().unwrap().len() == 64);
 }

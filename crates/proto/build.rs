@@ -14,7 +14,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 fn generate(protoc: Option<PathBuf>) -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
-    let files = ["toolsrv/v1/common.proto", "toolsrv/v1/agent.proto", "toolsrv/v1/tools.proto"].map(|f| root.join(f));
+    let files = [
+        "toolsrv/v1/common.proto",
+        "toolsrv/v1/agent.proto",
+        "toolsrv/v1/tools.proto",
+    ]
+    .map(|f| root.join(f));
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     let mut config = tonic_prost_build::Config::new();
     // Sorted maps: labels print and compare deterministically.
@@ -24,7 +29,7 @@ fn generate(protoc: Option<PathBuf>) -> Result<(), Box<dyn std::error::Error>> {
     }
     tonic_prost_build::configure()
         .file_descriptor_set_path(out.join("toolsrv_descriptor.bin"))
-        .compile_with_config(config, &files, &[root.clone()])?;
+        .compile_with_config(config, &files, std::slice::from_ref(&root))?;
     for f in &files {
         println!("cargo:rerun-if-changed={}", f.display());
     }

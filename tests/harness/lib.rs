@@ -19,7 +19,11 @@ pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().and_then(Path::parent).unwrap();
     let path = dir.join(name);
-    assert!(path.exists(), "{} is missing: build the workspace binaries first (cargo build --bins)", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace binaries first (cargo build --bins)",
+        path.display()
+    );
     path
 }
 
@@ -30,17 +34,25 @@ pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>
         if let Some(v) = f() {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
 /// A free port on 127.0.0.1 (bound then released; good enough for tests).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A development PKI in a temporary directory.
+#[derive(Debug)]
 pub struct Pki {
     pub dir: tempfile::TempDir,
 }
@@ -55,7 +67,11 @@ impl Pki {
             .arg(format!("--clients={}", clients.join(",")))
             .output()
             .unwrap();
-        assert!(out.status.success(), "pki init failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "pki init failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         Self { dir }
     }
 
@@ -74,6 +90,7 @@ impl Pki {
 }
 
 /// A child process killed (with its whole process group) on drop.
+#[derive(Debug)]
 pub struct Proc {
     pub child: Child,
     pub name: String,
@@ -84,9 +101,18 @@ impl Proc {
     fn spawn(name: &str, mut cmd: Command, log_dir: &Path) -> Self {
         let log = log_dir.join(format!("{name}.log"));
         let file = std::fs::File::create(&log).unwrap();
-        cmd.stdin(Stdio::null()).stdout(file.try_clone().unwrap()).stderr(file).process_group(0);
-        let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
-        Self { child, name: name.to_string(), log }
+        cmd.stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .process_group(0);
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Self {
+            child,
+            name: name.to_string(),
+            log,
+        }
     }
 
     /// The process's output so far, for failure messages.
@@ -100,13 +126,19 @@ impl Proc {
 
     /// SIGKILL to the whole group: the host vanishes without a goodbye.
     pub fn kill(&mut self) {
-        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(self.pid()), nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(self.pid()),
+            nix::sys::signal::Signal::SIGKILL,
+        );
         let _ = self.child.wait();
     }
 
     /// SIGTERM, then a bounded wait for a clean exit.
     pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), nix::sys::signal::Signal::SIGTERM);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid()),
+            nix::sys::signal::Signal::SIGTERM,
+        );
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
@@ -132,6 +164,7 @@ impl Drop for Proc {
 
 /// A fleet under test: one PKI, one coordinator, any number of agents, each with its own
 /// `PATH`, environment, files and state.
+#[derive(Debug)]
 pub struct Fleet {
     pub pki: Pki,
     pub work: tempfile::TempDir,
@@ -142,7 +175,7 @@ pub struct Fleet {
 }
 
 /// How to start one agent.
-#[derive(Default, Clone)]
+#[derive(Debug, Default, Clone)]
 pub struct AgentSpec {
     /// Executables to put on this agent's private `PATH` dir: (name, script).
     pub binaries: Vec<(String, String)>,
@@ -162,7 +195,14 @@ impl Fleet {
         let work = tempfile::tempdir().unwrap();
         let tools = work.path().join("tools");
         std::fs::create_dir_all(&tools).unwrap();
-        Self { pki, work, port: free_port(), tools, coordinator: None, agents: BTreeMap::new() }
+        Self {
+            pki,
+            work,
+            port: free_port(),
+            tools,
+            coordinator: None,
+            agents: BTreeMap::new(),
+        }
     }
 
     pub fn url(&self) -> String {
@@ -207,7 +247,10 @@ impl Fleet {
             .arg(format!("--workdir={}", home.display()))
             .arg("--recheck-secs=1")
             .env_clear()
-            .env("PATH", format!("{}:/usr/local/bin:/usr/bin:/bin", bin_dir.display()))
+            .env(
+                "PATH",
+                format!("{}:/usr/local/bin:/usr/bin:/bin", bin_dir.display()),
+            )
             .env("HOME", &home)
             .env("TOOLSRV_LOG", "info,toolsrv_agent=debug");
         if let Some(n) = spec.max_concurrent {
@@ -254,7 +297,11 @@ impl Fleet {
     /// `toolctl hosts --json`, parsed.
     pub fn hosts(&self) -> Vec<Value> {
         let out = self.toolctl(&["hosts", "--json"]);
-        assert!(out.status.success(), "toolctl hosts failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "toolctl hosts failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
@@ -264,15 +311,22 @@ impl Fleet {
         if !out.status.success() {
             return None;
         }
-        serde_json::from_slice::<Vec<Value>>(&out.stdout).ok().filter(|t| !t.is_empty())
+        serde_json::from_slice::<Vec<Value>>(&out.stdout)
+            .ok()
+            .filter(|t| !t.is_empty())
     }
 
     /// Waits until every named host is online and has reported a view with `tool` in it.
     pub fn wait_online(&self, hosts: &[&str], tool: &str) {
         for host in hosts {
-            wait_for(&format!("host {host} to report {tool}"), Duration::from_secs(30), || {
-                self.tools(host).filter(|t| t.iter().any(|e| e["name"] == tool))
-            });
+            wait_for(
+                &format!("host {host} to report {tool}"),
+                Duration::from_secs(30),
+                || {
+                    self.tools(host)
+                        .filter(|t| t.iter().any(|e| e["name"] == tool))
+                },
+            );
         }
     }
 }
@@ -288,13 +342,22 @@ pub fn write_file(path: &Path, content: &str, executable: bool) {
 /// Runs a command to completion with a bounded wait, feeding `stdin` if given.
 pub fn run_bounded(mut cmd: Command, stdin: Option<&str>, limit: Duration) -> Output {
     use std::io::Write;
-    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .process_group(0);
     let mut child = cmd.spawn().unwrap();
     if let Some(input) = stdin {
-        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
     }
     let pid = child.id() as i32;
     let (tx, rx) = std::sync::mpsc::channel();
@@ -304,7 +367,10 @@ pub fn run_bounded(mut cmd: Command, stdin: Option<&str>, limit: Duration) -> Ou
     match rx.recv_timeout(limit) {
         Ok(out) => out.unwrap(),
         Err(_) => {
-            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
             panic!("{cmd:?} did not finish within {limit:?}");
         }
     }

@@ -8,7 +8,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from toolsrv.v1 import tools_pb2, tools_pb2_grpc
+from toolsrv.v1 import common_pb2, tools_pb2, tools_pb2_grpc
 
 
 def main():
@@ -33,7 +33,7 @@ def main():
         for event in tools.Call(tools_pb2.CallRequest(host=host, tool=tool, args_json=args), timeout=30):
             kind = event.WhichOneof("event")
             if kind == "output":
-                if event.output.stream == 1:
+                if event.output.stream == common_pb2.OUTPUT_STREAM_STDOUT:
                     stdout += event.output.data
                 else:
                     stderr += event.output.data
@@ -41,7 +41,7 @@ def main():
                 result = event.result
         report["stdout"] = stdout.decode()
         report["stderr"] = stderr.decode()
-        report["status"] = tools_pb2.CallStatus.Name(result.status) if result else None
+        report["status"] = common_pb2.CallStatus.Name(result.status) if result else None
         report["exit_code"] = result.exit_code if result else None
         report["result"] = json.loads(result.result_json) if result and result.result_json else None
 

@@ -1,4 +1,5 @@
-//! `toolctl`: the toolsrv command line. `local` and `lint` work on this machine with no network.
+//! `toolctl`: the toolsrv command line. `local` and `lint` work on this machine with no network; the
+//! other commands go through a coordinator.
 
 mod cli;
 
@@ -7,6 +8,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    toolsrv_tls::install_crypto_provider();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TOOLCTL_LOG")

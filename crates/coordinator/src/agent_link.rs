@@ -11,8 +11,8 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 use toolsrv_proto::v1::agent_link_server::AgentLink;
 use toolsrv_proto::v1::{
-    AgentMessage, BlobChunk, CallOutput, CoordinatorMessage, FetchBlobRequest, Goodbye, Hello, Keepalive, Welcome,
-    agent_message, coordinator_message::Msg,
+    AgentMessage, BlobChunk, CallOutput, CoordinatorMessage, FetchBlobRequest, Goodbye, Hello,
+    Keepalive, Welcome, agent_message, coordinator_message::Msg,
 };
 use toolsrv_tls::Identity;
 
@@ -39,7 +39,9 @@ fn agent_identity<T>(req: &Request<T>) -> Result<String, Status> {
         Some(other) => Err(Status::permission_denied(format!(
             "the agent link needs an agent certificate (toolsrv://agent/<host-id>); this one is {other}"
         ))),
-        None => Err(Status::unauthenticated("no verified client certificate on this connection")),
+        None => Err(Status::unauthenticated(
+            "no verified client certificate on this connection",
+        )),
     }
 }
 
@@ -50,14 +52,22 @@ impl AgentLink for AgentLinkService {
     type AttachStream = Outbound;
     type FetchBlobStream = Pin<Box<dyn Stream<Item = Result<BlobChunk, Status>> + Send>>;
 
-    async fn attach(&self, req: Request<Streaming<AgentMessage>>) -> Result<Response<Self::AttachStream>, Status> {
+    async fn attach(
+        &self,
+        req: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<Self::AttachStream>, Status> {
         let id = agent_identity(&req)?;
         let mut inbound = req.into_inner();
         let hello = read_hello(&mut inbound, &id).await?;
         let (tx, rx) = mpsc::channel(256);
         let state = self.state.clone();
         let generation = state.fleet.next_generation();
-        let link = Arc::new(Link::new(id.clone(), generation, tx, state.config.credit_window));
+        let link = Arc::new(Link::new(
+            id.clone(),
+            generation,
+            tx,
+            state.config.credit_window,
+        ));
         tracing::info!(host = %id, version = %hello.agent_version, "agent attached");
         state.fleet.attach(HostEntry {
             id: id.clone(),
@@ -69,7 +79,11 @@ impl AgentLink for AgentLinkService {
             link: Some(link.clone()),
             last_seen: Arc::new(now_ms().into()),
         });
-        let last_seen = state.fleet.get(&id).map(|h| h.last_seen).unwrap_or_default();
+        let last_seen = state
+            .fleet
+            .get(&id)
+            .map(|h| h.last_seen)
+            .unwrap_or_default();
         self.state.tasks.spawn(async move {
             let reason = session(&state, &link, inbound, &last_seen).await;
             tracing::info!(host = %link.host_id, %reason, "agent detached");
@@ -79,7 +93,10 @@ impl AgentLink for AgentLinkService {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx).map(Ok))))
     }
 
-    async fn fetch_blob(&self, req: Request<FetchBlobRequest>) -> Result<Response<Self::FetchBlobStream>, Status> {
+    async fn fetch_blob(
+        &self,
+        req: Request<FetchBlobRequest>,
+    ) -> Result<Response<Self::FetchBlobStream>, Status> {
         agent_identity(&req)?;
         let sha = req.into_inner().sha256;
         let catalog = self.state.registry.catalog();
@@ -89,7 +106,11 @@ impl AgentLink for AgentLinkService {
             .filter_map(|t| t.executable.as_ref())
             .find(|e| e.sha256 == sha)
             .map(|e| e.path.clone())
-            .ok_or_else(|| Status::not_found(format!("no executable with sha256 {sha} in the current catalog")))?;
+            .ok_or_else(|| {
+                Status::not_found(format!(
+                    "no executable with sha256 {sha} in the current catalog"
+                ))
+            })?;
         let mut file = tokio::fs::File::open(&path)
             .await
             .map_err(|e| Status::unavailable(format!("cannot open {}: {e}", path.display())))?;
@@ -100,8 +121,13 @@ impl AgentLink for AgentLinkService {
             loop {
                 let item = match file.read(&mut buf).await {
                     Ok(0) => return,
-                    Ok(n) => Ok(BlobChunk { data: buf[..n].to_vec() }),
-                    Err(e) => Err(Status::data_loss(format!("reading {}: {e}", path.display()))),
+                    Ok(n) => Ok(BlobChunk {
+                        data: buf[..n].to_vec(),
+                    }),
+                    Err(e) => Err(Status::data_loss(format!(
+                        "reading {}: {e}",
+                        path.display()
+                    ))),
                 };
                 let failed = item.is_err();
                 if tx.send(item).await.is_err() || failed {
@@ -118,8 +144,13 @@ async fn read_hello(inbound: &mut Streaming<AgentMessage>, id: &str) -> Result<H
     let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
         .await
         .map_err(|_| Status::deadline_exceeded("no hello within 10 s of attaching"))??;
-    let Some(AgentMessage { msg: Some(agent_message::Msg::Hello(hello)) }) = first else {
-        return Err(Status::invalid_argument("the first message on the agent link must be a hello"));
+    let Some(AgentMessage {
+        msg: Some(agent_message::Msg::Hello(hello)),
+    }) = first
+    else {
+        return Err(Status::invalid_argument(
+            "the first message on the agent link must be a hello",
+        ));
     };
     if hello.host_id != id {
         tracing::warn!(cert = %id, claimed = %hello.host_id, "agent claimed another host id");
@@ -197,8 +228,14 @@ fn handle(state: &State, link: &Link, msg: AgentMessage) -> Option<String> {
     use agent_message::Msg as M;
     match msg.msg {
         Some(M::View(view)) => state.fleet.set_view(&link.host_id, link.generation, view),
-        Some(M::Output(CallOutput { call_id, chunk: Some(chunk) })) => link.deliver(call_id, AgentEvent::Output(chunk)),
-        Some(M::Finished(f)) => link.deliver(f.call_id, AgentEvent::Finished(f.result.unwrap_or_default())),
+        Some(M::Output(CallOutput {
+            call_id,
+            chunk: Some(chunk),
+        })) => link.deliver(call_id, AgentEvent::Output(chunk)),
+        Some(M::Finished(f)) => link.deliver(
+            f.call_id,
+            AgentEvent::Finished(f.result.unwrap_or_default()),
+        ),
         Some(M::Goodbye(g)) => return Some(format!("goodbye: {}", g.reason)),
         Some(M::Hello(_)) => return Some("protocol error: a second hello".into()),
         Some(M::Keepalive(_)) | Some(M::Output(_)) | None => {}

@@ -7,14 +7,15 @@ use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 use tokio::sync::{Semaphore, broadcast, mpsc};
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use toolsrv_proto::v1::tools_server::Tools;
 use toolsrv_proto::v1::{
-    CallEvent, CallRequest, CallStatus, CatalogEvent, CatalogEventKind, DescribeToolRequest, FanOutEvent,
-    FanOutRequest, FanOutSummary, ListHostsRequest, ListHostsResponse, ListToolsRequest, ListToolsResponse,
-    ToolDefinition, WatchCatalogRequest, call_event, fan_out_event,
+    CallEvent, CallRequest, CallStatus, CatalogEvent, CatalogEventKind, DescribeToolRequest,
+    FanOutEvent, FanOutRequest, FanOutSummary, ListHostsRequest, ListHostsResponse,
+    ListToolsRequest, ListToolsResponse, ToolDefinition, WatchCatalogRequest, call_event,
+    fan_out_event,
 };
 use toolsrv_tls::Identity;
 
@@ -38,20 +39,47 @@ fn client_identity<T>(req: &Request<T>) -> Result<String, Status> {
         Some(other) => Err(Status::permission_denied(format!(
             "the client API needs a client certificate (toolsrv://client/<name>); this one is {other}"
         ))),
-        None => Err(Status::unauthenticated("no verified client certificate on this connection")),
+        None => Err(Status::unauthenticated(
+            "no verified client certificate on this connection",
+        )),
     }
 }
 
 /// Checks the arguments are a JSON object and fingerprints them for the audit log.
-fn call_spec(client: String, tool: String, args_json: String, cwd: String, timeout_ms: u64) -> Result<CallSpec, Status> {
-    let args_json = if args_json.trim().is_empty() { "{}".to_string() } else { args_json };
+fn call_spec(
+    client: String,
+    tool: String,
+    args_json: String,
+    cwd: String,
+    timeout_ms: u64,
+) -> Result<CallSpec, Status> {
+    let args_json = if args_json.trim().is_empty() {
+        "{}".to_string()
+    } else {
+        args_json
+    };
     match serde_json::from_str::<serde_json::Value>(&args_json) {
         Ok(v) if v.is_object() => {}
         Ok(_) => return Err(Status::invalid_argument("args_json must be a JSON object")),
-        Err(e) => return Err(Status::invalid_argument(format!("args_json is not valid JSON: {e}"))),
+        Err(e) => {
+            return Err(Status::invalid_argument(format!(
+                "args_json is not valid JSON: {e}"
+            )));
+        }
     }
-    let args_sha256 = Sha256::digest(args_json.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
-    Ok(CallSpec { client, tool, args_json, args_sha256, cwd, timeout_ms, fanout: None })
+    let args_sha256 = Sha256::digest(args_json.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok(CallSpec {
+        client,
+        tool,
+        args_json,
+        args_sha256,
+        cwd,
+        timeout_ms,
+        fanout: None,
+    })
 }
 
 #[tonic::async_trait]
@@ -60,22 +88,40 @@ impl Tools for ToolsService {
     type FanOutStream = BoxStream<FanOutEvent>;
     type WatchCatalogStream = BoxStream<CatalogEvent>;
 
-    async fn list_hosts(&self, req: Request<ListHostsRequest>) -> Result<Response<ListHostsResponse>, Status> {
+    async fn list_hosts(
+        &self,
+        req: Request<ListHostsRequest>,
+    ) -> Result<Response<ListHostsResponse>, Status> {
         client_identity(&req)?;
         let hosts = self.state.fleet.hosts().iter().map(|h| h.info()).collect();
         Ok(Response::new(ListHostsResponse { hosts }))
     }
 
-    async fn list_tools(&self, req: Request<ListToolsRequest>) -> Result<Response<ListToolsResponse>, Status> {
+    async fn list_tools(
+        &self,
+        req: Request<ListToolsRequest>,
+    ) -> Result<Response<ListToolsResponse>, Status> {
         client_identity(&req)?;
         let req = req.into_inner();
         let host = self.host(&req.host)?;
         let view = host.view.clone().unwrap_or_default();
-        let tools = view.tools.iter().filter(|t| req.include_hidden || t.visible).cloned().collect();
-        Ok(Response::new(ListToolsResponse { host: req.host, catalog_revision: view.catalog_revision, tools }))
+        let tools = view
+            .tools
+            .iter()
+            .filter(|t| req.include_hidden || t.visible)
+            .cloned()
+            .collect();
+        Ok(Response::new(ListToolsResponse {
+            host: req.host,
+            catalog_revision: view.catalog_revision,
+            tools,
+        }))
     }
 
-    async fn describe_tool(&self, req: Request<DescribeToolRequest>) -> Result<Response<ToolDefinition>, Status> {
+    async fn describe_tool(
+        &self,
+        req: Request<DescribeToolRequest>,
+    ) -> Result<Response<ToolDefinition>, Status> {
         client_identity(&req)?;
         let req = req.into_inner();
         let host = self.host(&req.host)?;
@@ -85,7 +131,10 @@ impl Tools for ToolsService {
                 "tool `{}` is hidden on host `{}`: {}",
                 req.tool, req.host, t.reason
             ))),
-            None => Err(Status::not_found(format!("host `{}` has no tool `{}`", req.host, req.tool))),
+            None => Err(Status::not_found(format!(
+                "host `{}` has no tool `{}`",
+                req.host, req.tool
+            ))),
         }
     }
 
@@ -115,7 +164,10 @@ impl Tools for ToolsService {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
-    async fn fan_out(&self, req: Request<FanOutRequest>) -> Result<Response<Self::FanOutStream>, Status> {
+    async fn fan_out(
+        &self,
+        req: Request<FanOutRequest>,
+    ) -> Result<Response<Self::FanOutStream>, Status> {
         let client = client_identity(&req)?;
         let req = req.into_inner();
         let selector = Selector::parse(&req.selector).map_err(Status::invalid_argument)?;
@@ -133,7 +185,10 @@ impl Tools for ToolsService {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
-    async fn watch_catalog(&self, req: Request<WatchCatalogRequest>) -> Result<Response<Self::WatchCatalogStream>, Status> {
+    async fn watch_catalog(
+        &self,
+        req: Request<WatchCatalogRequest>,
+    ) -> Result<Response<Self::WatchCatalogStream>, Status> {
         client_identity(&req)?;
         let mut events = self.state.fleet.subscribe();
         let (tx, rx) = mpsc::channel(64);
@@ -169,7 +224,11 @@ impl Tools for ToolsService {
 
 impl ToolsService {
     fn host(&self, id: &str) -> Result<crate::fleet::HostEntry, Status> {
-        let host = self.state.fleet.get(id).ok_or_else(|| Status::not_found(format!("unknown host `{id}`")))?;
+        let host = self
+            .state
+            .fleet
+            .get(id)
+            .ok_or_else(|| Status::not_found(format!("unknown host `{id}`")))?;
         if !host.online() {
             return Err(Status::unavailable(format!("host `{id}` is offline")));
         }
@@ -191,7 +250,12 @@ async fn fan_out(
     tx: mpsc::Sender<Result<FanOutEvent, Status>>,
 ) {
     let started = Instant::now();
-    let mut targets: Vec<String> = state.fleet.select(&selector).into_iter().map(|h| h.id).collect();
+    let mut targets: Vec<String> = state
+        .fleet
+        .select(&selector)
+        .into_iter()
+        .map(|h| h.id)
+        .collect();
     for exact in selector.exact_hosts() {
         if !targets.iter().any(|t| t == exact) && state.fleet.get(exact).is_none() {
             // Named outright but never seen: report it rather than drop it.
@@ -200,19 +264,40 @@ async fn fan_out(
     }
     targets.sort();
     targets.dedup();
-    let permits = Arc::new(Semaphore::new(if concurrency == 0 { Semaphore::MAX_PERMITS } else { concurrency as usize }));
+    let permits = Arc::new(Semaphore::new(if concurrency == 0 {
+        Semaphore::MAX_PERMITS
+    } else {
+        concurrency as usize
+    }));
     let failed = Arc::new(AtomicU32::new(0));
     let ok = Arc::new(AtomicU32::new(0));
     let spec = Arc::new(spec);
     let mut hosts = tokio::task::JoinSet::new();
-    for host in targets.iter().cloned() {
-        let (state, tx, permits, failed, ok, spec) =
-            (state.clone(), tx.clone(), permits.clone(), failed.clone(), ok.clone(), spec.clone());
+    let targeted = targets.len() as u32;
+    for host in targets {
+        let (state, tx, permits, failed, ok, spec) = (
+            state.clone(),
+            tx.clone(),
+            permits.clone(),
+            failed.clone(),
+            ok.clone(),
+            spec.clone(),
+        );
         hosts.spawn(async move {
-            let Ok(_permit) = permits.acquire_owned().await else { return };
+            let Ok(_permit) = permits.acquire_owned().await else {
+                return;
+            };
             let result = if max_errors > 0 && failed.load(Ordering::Relaxed) > max_errors {
-                let result = status(CallStatus::Skipped, format!("not started: more than {max_errors} hosts failed"));
-                let _ = tx.send(Ok(host_event(&host, fan_out_event::Event::Result(result.clone())))).await;
+                let result = status(
+                    CallStatus::Skipped,
+                    format!("not started: more than {max_errors} hosts failed"),
+                );
+                let _ = tx
+                    .send(Ok(host_event(
+                        &host,
+                        fan_out_event::Event::Result(result.clone()),
+                    )))
+                    .await;
                 result
             } else {
                 let emit = |event: Event| {
@@ -227,20 +312,32 @@ async fn fan_out(
                 };
                 calls::run(&state, &host, &spec, emit).await
             };
-            let counter = if result.status == CallStatus::Ok as i32 { &ok } else { &failed };
+            let counter = if result.status == CallStatus::Ok as i32 {
+                &ok
+            } else {
+                &failed
+            };
             counter.fetch_add(1, Ordering::Relaxed);
         });
     }
     while hosts.join_next().await.is_some() {}
     let summary = FanOutSummary {
-        targeted: targets.len() as u32,
+        targeted,
         ok: ok.load(Ordering::Relaxed),
         failed: failed.load(Ordering::Relaxed),
         duration_ms: started.elapsed().as_millis() as u64,
     };
-    let _ = tx.send(Ok(FanOutEvent { host: String::new(), event: Some(fan_out_event::Event::Summary(summary)) })).await;
+    let _ = tx
+        .send(Ok(FanOutEvent {
+            host: String::new(),
+            event: Some(fan_out_event::Event::Summary(summary)),
+        }))
+        .await;
 }
 
 fn host_event(host: &str, event: fan_out_event::Event) -> FanOutEvent {
-    FanOutEvent { host: host.to_string(), event: Some(event) }
+    FanOutEvent {
+        host: host.to_string(),
+        event: Some(event),
+    }
 }

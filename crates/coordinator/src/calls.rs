@@ -36,25 +36,46 @@ const DEFAULT_DEADLINE: Duration = Duration::from_secs(3600);
 /// Checks everything the coordinator knows (host, view, policy) and starts the call on the agent.
 async fn start(state: &State, host_id: &str, spec: &CallSpec) -> Result<CallHandle, CallResult> {
     let Some(host) = state.fleet.get(host_id) else {
-        return Err(status(CallStatus::UnknownHost, format!("no host `{host_id}` has connected to this coordinator")));
+        return Err(status(
+            CallStatus::UnknownHost,
+            format!("no host `{host_id}` has connected to this coordinator"),
+        ));
     };
     let Some(link) = host.link.clone().filter(|_| host.online()) else {
-        return Err(status(CallStatus::Offline, format!("host `{host_id}` is offline")));
+        return Err(status(
+            CallStatus::Offline,
+            format!("host `{host_id}` is offline"),
+        ));
     };
     let catalog = state.registry.catalog();
     match host.tool(&spec.tool) {
         Some(ToolStatus { visible: true, .. }) => {}
         Some(ToolStatus { reason, .. }) => {
-            return Err(status(CallStatus::Hidden, format!("tool `{}` is hidden on host `{host_id}`: {reason}", spec.tool)));
+            return Err(status(
+                CallStatus::Hidden,
+                format!(
+                    "tool `{}` is hidden on host `{host_id}`: {reason}",
+                    spec.tool
+                ),
+            ));
         }
         None if !catalog.tools.contains_key(&spec.tool) => {
-            return Err(status(CallStatus::UnknownTool, format!("unknown tool `{}`", spec.tool)));
+            return Err(status(
+                CallStatus::UnknownTool,
+                format!("unknown tool `{}`", spec.tool),
+            ));
         }
         None => {
-            return Err(status(CallStatus::Hidden, format!("host `{host_id}` has not reported tool `{}` yet", spec.tool)));
+            return Err(status(
+                CallStatus::Hidden,
+                format!("host `{host_id}` has not reported tool `{}` yet", spec.tool),
+            ));
         }
     }
-    if let Err(reason) = state.policy.check(&spec.client, &spec.tool, &host.selector_facts()) {
+    if let Err(reason) = state
+        .policy
+        .check(&spec.client, &spec.tool, &host.selector_facts())
+    {
         return Err(status(CallStatus::Denied, reason));
     }
     let start = StartCall {

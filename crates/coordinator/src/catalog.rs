@@ -34,12 +34,19 @@ impl Shipped {
                 name: name.clone(),
                 meta: tool.bytes.to_vec(),
                 meta_sha256: tool.digest.clone(),
-                executable: tool.executable.as_ref().map(|e| BlobRef { sha256: e.sha256.clone(), size: e.size }),
+                executable: tool.executable.as_ref().map(|e| BlobRef {
+                    sha256: e.sha256.clone(),
+                    size: e.size,
+                }),
             });
             self.tools.insert(name.clone(), key);
         }
-        let removals: Vec<String> =
-            self.tools.keys().filter(|name| !catalog.tools.contains_key(*name)).cloned().collect();
+        let removals: Vec<String> = self
+            .tools
+            .keys()
+            .filter(|name| !catalog.tools.contains_key(*name))
+            .cloned()
+            .collect();
         for name in &removals {
             self.tools.remove(name);
         }
@@ -53,12 +60,27 @@ impl Shipped {
 }
 
 /// Splits an update into messages of bounded size; only the first may be `full`.
-fn batch(revision: u64, full: bool, upserts: Vec<ToolDocument>, removals: Vec<String>) -> Vec<CatalogUpdate> {
-    let mut out = vec![CatalogUpdate { revision, full, upserts: Vec::new(), removals }];
+fn batch(
+    revision: u64,
+    full: bool,
+    upserts: Vec<ToolDocument>,
+    removals: Vec<String>,
+) -> Vec<CatalogUpdate> {
+    let mut out = vec![CatalogUpdate {
+        revision,
+        full,
+        upserts: Vec::new(),
+        removals,
+    }];
     let mut size = 0;
     for doc in upserts {
         if size + doc.meta.len() > BATCH_BYTES && size > 0 {
-            out.push(CatalogUpdate { revision, full: false, upserts: Vec::new(), removals: Vec::new() });
+            out.push(CatalogUpdate {
+                revision,
+                full: false,
+                upserts: Vec::new(),
+                removals: Vec::new(),
+            });
             size = 0;
         }
         size += doc.meta.len();
@@ -81,7 +103,13 @@ mod tests {
     #[test]
     fn full_then_incremental() {
         let dir = tempfile::tempdir().unwrap();
-        let write = |n: &str, d: &str| std::fs::write(dir.path().join(format!("{n}.meta")), format!(r#"{{"description":"{d}"}}"#)).unwrap();
+        let write = |n: &str, d: &str| {
+            std::fs::write(
+                dir.path().join(format!("{n}.meta")),
+                format!(r#"{{"description":"{d}"}}"#),
+            )
+            .unwrap()
+        };
         write("a", "1");
         write("b", "1");
         let reg = Registry::open(vec![dir.path().into()]);
@@ -90,7 +118,10 @@ mod tests {
         assert_eq!(first.len(), 1);
         assert!(first[0].full);
         assert_eq!(names(&first[0]), ["a", "b"]);
-        assert!(shipped.updates(&reg.catalog()).is_empty(), "nothing changed");
+        assert!(
+            shipped.updates(&reg.catalog()).is_empty(),
+            "nothing changed"
+        );
 
         write("b", "2");
         write("c", "1");
@@ -107,13 +138,20 @@ mod tests {
     #[test]
     fn large_catalogs_are_split() {
         let docs: Vec<ToolDocument> = (0..10)
-            .map(|i| ToolDocument { name: format!("t{i}"), meta: vec![b' '; 600 << 10], ..Default::default() })
+            .map(|i| ToolDocument {
+                name: format!("t{i}"),
+                meta: vec![b' '; 600 << 10],
+                ..Default::default()
+            })
             .collect();
         let out = batch(7, true, docs, vec!["gone".into()]);
         assert!(out.len() >= 3, "{} messages", out.len());
         assert!(out[0].full && out[1..].iter().all(|u| !u.full));
         assert!(out.iter().all(|u| u.revision == 7));
         assert_eq!(out.iter().map(|u| u.upserts.len()).sum::<usize>(), 10);
-        assert!(out.iter().all(|u| u.upserts.iter().map(|d| d.meta.len()).sum::<usize>() <= BATCH_BYTES));
+        assert!(
+            out.iter()
+                .all(|u| u.upserts.iter().map(|d| d.meta.len()).sum::<usize>() <= BATCH_BYTES)
+        );
     }
 }

@@ -6,7 +6,9 @@ use std::sync::{Arc, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::broadcast;
-use toolsrv_proto::v1::{CatalogEvent, CatalogEventKind, HostFacts, HostInfo, HostState, HostView, ToolStatus};
+use toolsrv_proto::v1::{
+    CatalogEvent, CatalogEventKind, HostFacts, HostInfo, HostState, HostView, ToolStatus,
+};
 
 use crate::link::Link;
 use crate::selector::{self, Selector};
@@ -34,19 +36,29 @@ impl HostEntry {
     /// The host's status of one tool, if its view has it.
     pub fn tool(&self, name: &str) -> Option<&ToolStatus> {
         let view = self.view.as_ref()?;
-        view.tools.binary_search_by(|t| t.name.as_str().cmp(name)).ok().map(|i| &view.tools[i])
+        view.tools
+            .binary_search_by(|t| t.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &view.tools[i])
     }
 
     pub fn info(&self) -> HostInfo {
         HostInfo {
             host_id: self.id.clone(),
-            state: if self.online() { HostState::Online } else { HostState::Offline } as i32,
+            state: if self.online() {
+                HostState::Online
+            } else {
+                HostState::Offline
+            } as i32,
             facts: Some(self.facts.clone()),
             agent_version: self.agent_version.clone(),
             connected_unix_ms: self.connected_unix_ms,
             last_seen_unix_ms: self.last_seen.load(Ordering::Relaxed),
             view_revision: self.view.as_ref().map_or(0, |v| v.catalog_revision),
-            visible_tools: self.view.as_ref().map_or(0, |v| v.tools.iter().filter(|t| t.visible).count() as u32),
+            visible_tools: self
+                .view
+                .as_ref()
+                .map_or(0, |v| v.tools.iter().filter(|t| t.visible).count() as u32),
             calls_in_flight: self.link.as_ref().map_or(0, |l| l.calls_in_flight() as u32),
             max_concurrent_calls: self.max_concurrent_calls,
         }
@@ -75,7 +87,9 @@ pub struct Fleet {
 }
 
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Fleet {
@@ -111,7 +125,12 @@ impl Fleet {
     }
 
     pub fn emit(&self, kind: CatalogEventKind, host: &str, view_revision: u64) {
-        let event = CatalogEvent { kind: kind as i32, revision: self.revision(), host: host.to_string(), view_revision };
+        let event = CatalogEvent {
+            kind: kind as i32,
+            revision: self.revision(),
+            host: host.to_string(),
+            view_revision,
+        };
         // No receivers is fine.
         let _ = self.events.send(event);
     }
@@ -145,7 +164,14 @@ impl Fleet {
         let detached = {
             let mut hosts = self.write();
             match hosts.get_mut(id) {
-                Some(entry) if entry.link.as_ref().is_some_and(|l| l.generation == generation) => entry.link.take(),
+                Some(entry)
+                    if entry
+                        .link
+                        .as_ref()
+                        .is_some_and(|l| l.generation == generation) =>
+                {
+                    entry.link.take()
+                }
                 _ => None,
             }
         };
@@ -161,7 +187,12 @@ impl Fleet {
         {
             let mut hosts = self.write();
             match hosts.get_mut(id) {
-                Some(entry) if entry.link.as_ref().is_some_and(|l| l.generation == generation) => {
+                Some(entry)
+                    if entry
+                        .link
+                        .as_ref()
+                        .is_some_and(|l| l.generation == generation) =>
+                {
                     entry.view = Some(Arc::new(view));
                 }
                 _ => return,
@@ -180,6 +211,10 @@ impl Fleet {
 
     /// Host ids a selector picks, sorted.
     pub fn select(&self, selector: &Selector) -> Vec<HostEntry> {
-        self.read().values().filter(|h| selector.matches(&h.selector_facts())).cloned().collect()
+        self.read()
+            .values()
+            .filter(|h| selector.matches(&h.selector_facts()))
+            .cloned()
+            .collect()
     }
 }

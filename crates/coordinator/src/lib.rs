@@ -107,7 +107,8 @@ pub async fn serve(
         Some(path) => Policy::load(path).map_err(CoordinatorError::Config)?,
         None => Policy::default(),
     };
-    let audit = audit::Audit::open(config.audit_log.as_deref()).map_err(CoordinatorError::Config)?;
+    let audit =
+        audit::Audit::open(config.audit_log.as_deref()).map_err(CoordinatorError::Config)?;
     let registry = Registry::open(config.tools.clone());
     for d in &registry.catalog().diagnostics {
         tracing::warn!("{d}");
@@ -123,15 +124,27 @@ pub async fn serve(
         shutdown: shutdown.clone(),
         tasks: tasks.clone(),
     });
-    tasks.spawn(registry.clone().watch(config.watch.clone(), shutdown.clone()));
+    tasks.spawn(
+        registry
+            .clone()
+            .watch(config.watch.clone(), shutdown.clone()),
+    );
     tasks.spawn(follow_registry(state.clone()));
     let reload = creds.spawn_reload_on_change(Duration::from_secs(30), shutdown.clone());
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
     reporter.set_serving::<ToolsServer<ToolsService>>().await;
-    reporter.set_serving::<AgentLinkServer<AgentLinkService>>().await;
+    reporter
+        .set_serving::<AgentLinkServer<AgentLinkService>>()
+        .await;
     let reflection = |builder: tonic_reflection::server::Builder<'static>| {
-        builder.register_encoded_file_descriptor_set(toolsrv_proto::FILE_DESCRIPTOR_SET)
+        builder
+            .register_encoded_file_descriptor_set(toolsrv_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(
+                tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+            )
     };
     let reflection_v1 = reflection(tonic_reflection::server::Builder::configure())
         .build_v1()
@@ -155,12 +168,16 @@ pub async fn serve(
         });
     }
 
-    let agent_link = AgentLinkServer::new(AgentLinkService { state: state.clone() })
-        .max_decoding_message_size(MAX_MESSAGE)
-        .max_encoding_message_size(MAX_MESSAGE);
-    let tools = ToolsServer::new(ToolsService { state: state.clone() })
-        .max_decoding_message_size(MAX_MESSAGE)
-        .max_encoding_message_size(MAX_MESSAGE);
+    let agent_link = AgentLinkServer::new(AgentLinkService {
+        state: state.clone(),
+    })
+    .max_decoding_message_size(MAX_MESSAGE)
+    .max_encoding_message_size(MAX_MESSAGE);
+    let tools = ToolsServer::new(ToolsService {
+        state: state.clone(),
+    })
+    .max_decoding_message_size(MAX_MESSAGE)
+    .max_encoding_message_size(MAX_MESSAGE);
     let incoming = toolsrv_tls::incoming(listener, creds.subscribe());
     let served = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))

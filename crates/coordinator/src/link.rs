@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use toolsrv_proto::v1::{
-    CallResult, CallStatus, CancelCall, CoordinatorMessage, Credit, OutputChunk, StartCall, coordinator_message::Msg,
+    CallResult, CallStatus, CancelCall, CoordinatorMessage, Credit, OutputChunk, StartCall,
+    coordinator_message::Msg,
 };
 
 /// Something that happened to a call on the agent.
@@ -33,7 +34,12 @@ pub struct Link {
 }
 
 impl Link {
-    pub fn new(host_id: String, generation: u64, tx: mpsc::Sender<CoordinatorMessage>, window: u64) -> Self {
+    pub fn new(
+        host_id: String,
+        generation: u64,
+        tx: mpsc::Sender<CoordinatorMessage>,
+        window: u64,
+    ) -> Self {
         Self {
             host_id,
             generation,
@@ -47,7 +53,10 @@ impl Link {
 
     /// Queues a message for the agent; false when the connection is gone.
     pub async fn send(&self, msg: Msg) -> bool {
-        self.tx.send(CoordinatorMessage { msg: Some(msg) }).await.is_ok()
+        self.tx
+            .send(CoordinatorMessage { msg: Some(msg) })
+            .await
+            .is_ok()
     }
 
     pub fn calls_in_flight(&self) -> usize {
@@ -60,15 +69,30 @@ impl Link {
     }
 
     /// Starts a call on the agent. The handle yields its events; dropping it early cancels the call.
-    pub async fn start_call(self: &Arc<Self>, mut start: StartCall) -> Result<CallHandle, CallResult> {
+    pub async fn start_call(
+        self: &Arc<Self>,
+        mut start: StartCall,
+    ) -> Result<CallHandle, CallResult> {
         let call_id = self.next_call.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         self.lock().insert(call_id, tx);
         start.call_id = call_id;
         start.initial_credit = self.window;
-        let handle = CallHandle { link: self.clone(), call_id, rx, finished: false, ungranted: 0 };
+        let handle = CallHandle {
+            link: self.clone(),
+            call_id,
+            rx,
+            finished: false,
+            ungranted: 0,
+        };
         if self.closed.is_cancelled() || !self.send(Msg::Start(start)).await {
-            return Err(status(CallStatus::Lost, format!("the link to host {} closed before the call started", self.host_id)));
+            return Err(status(
+                CallStatus::Lost,
+                format!(
+                    "the link to host {} closed before the call started",
+                    self.host_id
+                ),
+            ));
         }
         Ok(handle)
     }
@@ -77,7 +101,11 @@ impl Link {
     pub fn deliver(&self, call_id: u64, event: AgentEvent) {
         let finished = matches!(event, AgentEvent::Finished(_));
         let mut calls = self.lock();
-        let sink = if finished { calls.remove(&call_id) } else { calls.get(&call_id).cloned() };
+        let sink = if finished {
+            calls.remove(&call_id)
+        } else {
+            calls.get(&call_id).cloned()
+        };
         drop(calls);
         if let Some(sink) = sink {
             // The receiver may be gone (the client left); the cancel is already on its way.
@@ -90,7 +118,10 @@ impl Link {
         self.closed.cancel();
         let calls: Vec<_> = self.lock().drain().collect();
         for (_, sink) in calls {
-            let _ = sink.send(AgentEvent::Finished(status(CallStatus::Lost, format!("host {}: {reason}", self.host_id))));
+            let _ = sink.send(AgentEvent::Finished(status(
+                CallStatus::Lost,
+                format!("host {}: {reason}", self.host_id),
+            )));
         }
     }
 }
@@ -115,7 +146,10 @@ impl CallHandle {
         let event = match self.rx.recv().await {
             Some(event) => event,
             // The link dropped our sink without a result: the connection is gone.
-            None => AgentEvent::Finished(status(CallStatus::Lost, format!("the link to host {} closed", self.link.host_id))),
+            None => AgentEvent::Finished(status(
+                CallStatus::Lost,
+                format!("the link to host {} closed", self.link.host_id),
+            )),
         };
         if matches!(event, AgentEvent::Finished(_)) {
             self.finished = true;
@@ -128,7 +162,10 @@ impl CallHandle {
     pub async fn consumed(&mut self, bytes: u64) {
         self.ungranted += bytes;
         if self.ungranted >= self.link.window / 2 && !self.finished {
-            let credit = Credit { call_id: self.call_id, bytes: self.ungranted };
+            let credit = Credit {
+                call_id: self.call_id,
+                bytes: self.ungranted,
+            };
             self.ungranted = 0;
             self.link.send(Msg::Credit(credit)).await;
         }
@@ -142,7 +179,11 @@ impl Drop for CallHandle {
         }
         // The caller went away mid-call: forget the call and tell the agent to kill it.
         self.link.lock().remove(&self.call_id);
-        let cancel = CoordinatorMessage { msg: Some(Msg::Cancel(CancelCall { call_id: self.call_id })) };
+        let cancel = CoordinatorMessage {
+            msg: Some(Msg::Cancel(CancelCall {
+                call_id: self.call_id,
+            })),
+        };
         if let Err(mpsc::error::TrySendError::Full(cancel)) = self.link.tx.try_send(cancel) {
             let tx = self.link.tx.clone();
             tokio::spawn(async move {
@@ -154,5 +195,9 @@ impl Drop for CallHandle {
 
 /// A result that carries only a status and a message.
 pub fn status(status: CallStatus, message: impl Into<String>) -> CallResult {
-    CallResult { status: status as i32, message: message.into(), ..CallResult::default() }
+    CallResult {
+        status: status as i32,
+        message: message.into(),
+        ..CallResult::default()
+    }
 }

@@ -61,41 +61,71 @@ pub struct Policy {
 
 impl Default for Policy {
     fn default() -> Self {
-        Self { default: Effect::Allow, rules: Vec::new() }
+        Self {
+            default: Effect::Allow,
+            rules: Vec::new(),
+        }
     }
 }
 
 impl Policy {
     /// Parses a policy document; errors name the rule and the problem.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let raw: RawPolicy = serde_json::from_str(text).map_err(|e| format!("invalid policy: {e}"))?;
+        let raw: RawPolicy =
+            serde_json::from_str(text).map_err(|e| format!("invalid policy: {e}"))?;
         let mut rules = Vec::with_capacity(raw.rules.len());
         for (i, r) in raw.rules.into_iter().enumerate() {
-            let hosts = r.hosts.as_deref().map(Selector::parse).transpose().map_err(|e| format!("rules[{i}].hosts: {e}"))?;
-            rules.push(Rule { clients: r.clients, tools: r.tools, hosts, effect: r.effect });
+            let hosts = r
+                .hosts
+                .as_deref()
+                .map(Selector::parse)
+                .transpose()
+                .map_err(|e| format!("rules[{i}].hosts: {e}"))?;
+            rules.push(Rule {
+                clients: r.clients,
+                tools: r.tools,
+                hosts,
+                effect: r.effect,
+            });
         }
-        Ok(Self { default: raw.default, rules })
+        Ok(Self {
+            default: raw.default,
+            rules,
+        })
     }
 
     pub fn load(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read policy {}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read policy {}: {e}", path.display()))?;
         Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
     /// Whether `client` may call `tool` on `host`; the error says which rule denied it.
     pub fn check(&self, client: &str, tool: &str, host: &HostFacts<'_>) -> Result<(), String> {
-        let any = |list: &Option<Vec<String>>, value: &str| list.as_ref().is_none_or(|l| l.iter().any(|p| glob(p, value)));
+        let any = |list: &Option<Vec<String>>, value: &str| {
+            list.as_ref()
+                .is_none_or(|l| l.iter().any(|p| glob(p, value)))
+        };
         for (i, rule) in self.rules.iter().enumerate() {
-            if any(&rule.clients, client) && any(&rule.tools, tool) && rule.hosts.as_ref().is_none_or(|s| s.matches(host)) {
+            if any(&rule.clients, client)
+                && any(&rule.tools, tool)
+                && rule.hosts.as_ref().is_none_or(|s| s.matches(host))
+            {
                 return match rule.effect {
                     Effect::Allow => Ok(()),
-                    Effect::Deny => Err(format!("policy rule {i} denies client {client} calling {tool} on {}", host.id)),
+                    Effect::Deny => Err(format!(
+                        "policy rule {i} denies client {client} calling {tool} on {}",
+                        host.id
+                    )),
                 };
             }
         }
         match self.default {
             Effect::Allow => Ok(()),
-            Effect::Deny => Err(format!("no policy rule allows client {client} calling {tool} on {}", host.id)),
+            Effect::Deny => Err(format!(
+                "no policy rule allows client {client} calling {tool} on {}",
+                host.id
+            )),
         }
     }
 }
@@ -116,20 +146,50 @@ mod tests {
         .unwrap();
         let db_labels: BTreeMap<String, String> = [("role".into(), "db".into())].into();
         let none = BTreeMap::new();
-        let db = HostFacts { id: "db-1", os: "linux", arch: "amd64", hostname: "", kernel: "", labels: &db_labels };
-        let web = HostFacts { id: "web-1", os: "linux", arch: "amd64", hostname: "", kernel: "", labels: &none };
-        assert!(p.check("ci-7", "env_info", &db).unwrap_err().contains("rule 0"));
+        let db = HostFacts {
+            id: "db-1",
+            os: "linux",
+            arch: "amd64",
+            hostname: "",
+            kernel: "",
+            labels: &db_labels,
+        };
+        let web = HostFacts {
+            id: "web-1",
+            os: "linux",
+            arch: "amd64",
+            hostname: "",
+            kernel: "",
+            labels: &none,
+        };
+        assert!(
+            p.check("ci-7", "env_info", &db)
+                .unwrap_err()
+                .contains("rule 0")
+        );
         assert!(p.check("ci-7", "env_info", &web).is_ok());
         assert!(p.check("alice", "disk_usage", &db).is_ok());
-        assert!(p.check("alice", "service_status", &web).unwrap_err().contains("no policy rule"));
+        assert!(
+            p.check("alice", "service_status", &web)
+                .unwrap_err()
+                .contains("no policy rule")
+        );
         assert!(p.check("root", "anything", &db).is_ok());
         assert!(Policy::default().check("x", "y", &web).is_ok());
     }
 
     #[test]
     fn bad_policies_are_explained() {
-        assert!(Policy::parse(r#"{"rules": [{"effect": "maybe"}]}"#).unwrap_err().contains("invalid policy"));
-        assert!(Policy::parse(r#"{"rules": [{"effect": "deny", "hosts": "a b"}]}"#).unwrap_err().contains("rules[0].hosts"));
+        assert!(
+            Policy::parse(r#"{"rules": [{"effect": "maybe"}]}"#)
+                .unwrap_err()
+                .contains("invalid policy")
+        );
+        assert!(
+            Policy::parse(r#"{"rules": [{"effect": "deny", "hosts": "a b"}]}"#)
+                .unwrap_err()
+                .contains("rules[0].hosts")
+        );
         assert!(Policy::parse(r#"{"rulez": []}"#).is_err());
     }
 }

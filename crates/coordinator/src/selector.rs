@@ -37,12 +37,18 @@ impl Selector {
             }
             match term.split_once('=') {
                 _ if term == "all" || term == "*" => {}
-                Some((k, v)) if !k.is_empty() && !v.is_empty() => {
-                    selector.pairs.entry(k.to_string()).or_default().push(v.to_string())
-                }
+                Some((k, v)) if !k.is_empty() && !v.is_empty() => selector
+                    .pairs
+                    .entry(k.to_string())
+                    .or_default()
+                    .push(v.to_string()),
                 Some(_) => return Err(format!("selector term `{term}` needs KEY=VALUE")),
                 None if valid_glob(term) => selector.hosts.push(term.to_string()),
-                None => return Err(format!("selector term `{term}` is not a host id or glob ([A-Za-z0-9_.-*?])")),
+                None => {
+                    return Err(format!(
+                        "selector term `{term}` is not a host id or glob ([A-Za-z0-9_.-*?])"
+                    ));
+                }
             }
         }
         Ok(selector)
@@ -50,7 +56,10 @@ impl Selector {
 
     /// Host terms without wildcards: hosts the caller named outright.
     pub fn exact_hosts(&self) -> impl Iterator<Item = &str> {
-        self.hosts.iter().map(String::as_str).filter(|h| !h.contains(['*', '?']))
+        self.hosts
+            .iter()
+            .map(String::as_str)
+            .filter(|h| !h.contains(['*', '?']))
     }
 
     /// True when the host satisfies the selector.
@@ -72,7 +81,8 @@ impl Selector {
 }
 
 fn valid_glob(s: &str) -> bool {
-    s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-' | b'*' | b'?'))
+    s.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-' | b'*' | b'?'))
 }
 
 /// Shell-style glob with `*` (any run) and `?` (any one character).
@@ -124,8 +134,22 @@ mod tests {
     fn selectors() {
         let labels: BTreeMap<String, String> = [("role".to_string(), "db".to_string())].into();
         let none = BTreeMap::new();
-        let db = HostFacts { id: "db-1", os: "linux", arch: "amd64", hostname: "db1", kernel: "6.1", labels: &labels };
-        let mac = HostFacts { id: "mac-1", os: "darwin", arch: "arm64", hostname: "m", kernel: "23", labels: &none };
+        let db = HostFacts {
+            id: "db-1",
+            os: "linux",
+            arch: "amd64",
+            hostname: "db1",
+            kernel: "6.1",
+            labels: &labels,
+        };
+        let mac = HostFacts {
+            id: "mac-1",
+            os: "darwin",
+            arch: "arm64",
+            hostname: "m",
+            kernel: "23",
+            labels: &none,
+        };
         let cases = [
             ("all", true, true),
             ("db-1", true, false),
@@ -144,7 +168,11 @@ mod tests {
         ];
         for (text, want_db, want_mac) in cases {
             let s = Selector::parse(text).unwrap();
-            assert_eq!((s.matches(&db), s.matches(&mac)), (want_db, want_mac), "{text}");
+            assert_eq!(
+                (s.matches(&db), s.matches(&mac)),
+                (want_db, want_mac),
+                "{text}"
+            );
         }
         for bad in ["", "a,,b", "=x", "role=", "web 1", "a/b"] {
             assert!(Selector::parse(bad).is_err(), "{bad:?} should not parse");

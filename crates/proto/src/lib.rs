@@ -1,6 +1,11 @@
 //! Generated code for the toolsrv gRPC protocol (`proto/toolsrv/v1`): the agent link and the client API.
 
-#![allow(missing_docs, missing_debug_implementations, clippy::all, clippy::pedantic)]
+#![allow(
+    missing_docs,
+    missing_debug_implementations,
+    clippy::all,
+    clippy::pedantic
+)]
 
 /// Version 1 of the protocol.
 pub mod v1 {

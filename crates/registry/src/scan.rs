@@ -152,7 +152,11 @@ impl Scanner {
                 catalog
                     .diagnostics
                     .extend(cached.diagnostics.iter().cloned());
-                let (meta, digest, bytes) = (cached.meta.clone(), cached.digest.clone(), cached.bytes.clone());
+                let (meta, digest, bytes) = (
+                    cached.meta.clone(),
+                    cached.digest.clone(),
+                    cached.bytes.clone(),
+                );
                 seen_metas.insert(path, ());
                 if let Some(meta) = meta {
                     let executable = self.executable(&dir.join(&name));
@@ -261,12 +265,18 @@ impl Stamp {
     fn of(path: &Path) -> Option<Self> {
         use std::os::unix::fs::MetadataExt;
         let md = std::fs::metadata(path).ok()?;
-        Some(Self { ino: md.ino(), len: md.len(), mtime: md.modified().ok()? })
+        Some(Self {
+            ino: md.ino(),
+            len: md.len(),
+            mtime: md.modified().ok()?,
+        })
     }
 
     /// Modified long enough ago that a same-size rewrite would have moved the mtime.
     fn settled(&self) -> bool {
-        self.mtime.elapsed().is_ok_and(|age| age > std::time::Duration::from_secs(2))
+        self.mtime
+            .elapsed()
+            .is_ok_and(|age| age > std::time::Duration::from_secs(2))
     }
 }
 

@@ -232,19 +232,35 @@ fn unchanged_settled_files_are_not_reread_but_rewrites_are_seen() {
     let path = dir.path().join("a.meta");
     write(dir.path(), "a.meta", &tool("one"));
     let old = std::time::SystemTime::now() - Duration::from_secs(60);
-    std::fs::File::options().write(true).open(&path).unwrap().set_modified(old).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
     let reg = Registry::open(vec![dir.path().into()]);
     assert_eq!(reg.rescan(), None);
     // Same size, new content: the modification time moves, so the change is seen.
     write(dir.path(), "a.meta", &tool("two"));
     assert_eq!(reg.rescan(), Some(2));
-    assert_eq!(reg.catalog().tools["a"].meta.def.description.as_deref(), Some("two"));
+    assert_eq!(
+        reg.catalog().tools["a"].meta.def.description.as_deref(),
+        Some("two")
+    );
     // Replaced by rename (as editors and ConfigMaps do) with the old size and timestamp:
     // the inode differs, so the change is still seen.
     let meta_path = dir.path().join("a.meta");
     std::fs::write(dir.path().join("a.tmp"), tool("six")).unwrap();
     std::fs::rename(dir.path().join("a.tmp"), &meta_path).unwrap();
-    std::fs::File::options().write(true).open(&meta_path).unwrap().set_modified(old).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&meta_path)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
     assert_eq!(reg.rescan(), Some(3), "a renamed-in file has a new inode");
-    assert_eq!(reg.catalog().tools["a"].meta.def.description.as_deref(), Some("six"));
+    assert_eq!(
+        reg.catalog().tools["a"].meta.def.description.as_deref(),
+        Some("six")
+    );
 }

@@ -15,7 +15,11 @@ use toolsrv_tls::TlsFiles;
 
 /// The toolsrv server.
 #[derive(Debug, Parser)]
-#[command(name = "toolsrv", version, about = "Remote tool server: coordinator, agent, PKI")]
+#[command(
+    name = "toolsrv",
+    version,
+    about = "Remote tool server: coordinator, agent, PKI"
+)]
 pub struct Cli {
     #[command(flatten)]
     pub log: LogArgs,
@@ -29,7 +33,12 @@ pub struct LogArgs {
     #[arg(long, global = true, env = "TOOLSRV_LOG", default_value = "info")]
     log_level: String,
     /// `text` or `json` (one JSON object per line)
-    #[arg(long, global = true, env = "TOOLSRV_LOG_FORMAT", default_value = "text")]
+    #[arg(
+        long,
+        global = true,
+        env = "TOOLSRV_LOG_FORMAT",
+        default_value = "text"
+    )]
     log_format: String,
 }
 
@@ -62,7 +71,11 @@ pub struct TlsArgs {
 
 impl TlsArgs {
     fn files(&self) -> TlsFiles {
-        TlsFiles { ca: self.ca.clone(), cert: self.cert.clone(), key: self.key.clone() }
+        TlsFiles {
+            ca: self.ca.clone(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+        }
     }
 }
 
@@ -99,7 +112,11 @@ pub struct CoordinatorArgs {
 impl CoordinatorArgs {
     pub fn config(&self) -> anyhow::Result<CoordinatorConfig> {
         if self.lost_after_ms <= self.keepalive_ms {
-            bail!("--lost-after-ms ({}) must be longer than --keepalive-ms ({})", self.lost_after_ms, self.keepalive_ms);
+            bail!(
+                "--lost-after-ms ({}) must be longer than --keepalive-ms ({})",
+                self.lost_after_ms,
+                self.keepalive_ms
+            );
         }
         let mut config = CoordinatorConfig::new(split_tools_path(&self.tools), self.tls.files());
         config.keepalive = Duration::from_millis(self.keepalive_ms.max(1));
@@ -128,7 +145,11 @@ pub struct AgentArgs {
     #[arg(long = "label", env = "TOOLSRV_LABELS", value_delimiter = ',')]
     pub labels: Vec<String>,
     /// Blob cache and materialized catalog
-    #[arg(long, env = "TOOLSRV_STATE_DIR", default_value = "/var/lib/toolsrv-agent")]
+    #[arg(
+        long,
+        env = "TOOLSRV_STATE_DIR",
+        default_value = "/var/lib/toolsrv-agent"
+    )]
     pub state_dir: PathBuf,
     /// Calls run at once; more wait in a queue
     #[arg(long, env = "TOOLSRV_MAX_CONCURRENT_CALLS", default_value_t = 16)]
@@ -152,13 +173,22 @@ pub struct AgentArgs {
 
 impl AgentArgs {
     pub fn config(&self) -> anyhow::Result<AgentConfig> {
-        let mut config =
-            AgentConfig::new(self.coordinator.clone(), self.host_id.clone(), self.tls.files(), self.state_dir.clone());
-        config.tools = self.tools.as_deref().map(split_tools_path).unwrap_or_default();
+        let mut config = AgentConfig::new(
+            self.coordinator.clone(),
+            self.host_id.clone(),
+            self.tls.files(),
+            self.state_dir.clone(),
+        );
+        config.tools = self
+            .tools
+            .as_deref()
+            .map(split_tools_path)
+            .unwrap_or_default();
         config.labels = parse_labels(&self.labels)?;
         config.max_concurrent_calls = self.max_concurrent_calls.max(1);
         config.limits.default_timeout = Duration::from_secs(self.default_timeout_secs.max(1));
-        config.limits.max_timeout = Duration::from_secs(self.max_timeout_secs.max(self.default_timeout_secs).max(1));
+        config.limits.max_timeout =
+            Duration::from_secs(self.max_timeout_secs.max(self.default_timeout_secs).max(1));
         config.limits.output_cap = self.output_cap;
         if let Some(workdir) = &self.workdir {
             config.workdir = workdir.clone();
@@ -171,7 +201,9 @@ impl AgentArgs {
 fn parse_labels(raw: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
     let mut labels = BTreeMap::new();
     for item in raw.iter().filter(|s| !s.is_empty()) {
-        let Some((k, v)) = item.split_once('=') else { bail!("--label {item}: expected KEY=VALUE") };
+        let Some((k, v)) = item.split_once('=') else {
+            bail!("--label {item}: expected KEY=VALUE")
+        };
         if k.is_empty() {
             bail!("--label {item}: the key is empty");
         }
@@ -204,7 +236,9 @@ enum PkiCommand {
 pub fn init_logging(args: &LogArgs) {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if args.log_format == "json" {
         builder.json().init();
     } else {
@@ -218,7 +252,10 @@ pub fn shutdown_on_signals() -> CancellationToken {
     let cancel = token.clone();
     tokio::spawn(async move {
         use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
             tracing::error!("cannot install signal handlers");
             return;
         };
@@ -249,7 +286,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             toolsrv_agent::run(config, shutdown_on_signals()).await?;
             Ok(())
         }
-        Command::Pki(PkiCommand::Init { dir, agents, clients, coordinator_names, days }) => {
+        Command::Pki(PkiCommand::Init {
+            dir,
+            agents,
+            clients,
+            coordinator_names,
+            days,
+        }) => {
             let mut opts = toolsrv_tls::PkiOptions::new(&dir);
             opts.agents = agents;
             opts.clients = clients;
@@ -257,7 +300,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             opts.valid_days = days;
             let written = toolsrv_tls::init(&opts)?;
             if written.is_empty() {
-                println!("{}: nothing to write, every certificate exists", dir.display());
+                println!(
+                    "{}: nothing to write, every certificate exists",
+                    dir.display()
+                );
             }
             for path in written {
                 println!("wrote {}", path.display());
@@ -269,5 +315,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 pub async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))
 }

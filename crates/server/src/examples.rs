@@ -38,9 +38,21 @@ mod tests {
                 continue;
             }
             let written = std::fs::read(dir.path().join(entry.file_name())).unwrap();
-            assert_eq!(written, std::fs::read(entry.path()).unwrap(), "{:?}", entry.file_name());
+            assert_eq!(
+                written,
+                std::fs::read(entry.path()).unwrap(),
+                "{:?}",
+                entry.file_name()
+            );
         }
-        assert!(FILES.iter().any(|(name, _, exe)| *name == "port_check" && *exe));
-        assert!(!install(dir.path()).unwrap(), "an existing tools directory is left alone");
+        assert!(
+            FILES
+                .iter()
+                .any(|(name, _, exe)| *name == "port_check" && *exe)
+        );
+        assert!(
+            !install(dir.path()).unwrap(),
+            "an existing tools directory is left alone"
+        );
     }
 }

@@ -12,7 +12,10 @@ fn main() -> ExitCode {
     toolsrv_tls::install_crypto_provider();
     let cli = cli::Cli::parse();
     cli::init_logging(&cli.log);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("toolsrv: cannot start the async runtime: {e}");

@@ -43,12 +43,19 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
     let mut opts = PkiOptions::new(&pki);
     opts.agents = vec![LOCAL_HOST.into()];
     opts.clients = vec![CLIENT.into()];
-    toolsrv_tls::init(&opts).with_context(|| format!("cannot create development certificates in {}", pki.display()))?;
+    toolsrv_tls::init(&opts).with_context(|| {
+        format!(
+            "cannot create development certificates in {}",
+            pki.display()
+        )
+    })?;
     let tools = match &args.tools {
         Some(path) => split_tools_path(path),
         None => {
             let dir = state.join("tools");
-            if crate::examples::install(&dir).with_context(|| format!("cannot write example tools to {}", dir.display()))? {
+            if crate::examples::install(&dir)
+                .with_context(|| format!("cannot write example tools to {}", dir.display()))?
+            {
                 tracing::info!(dir = %dir.display(), "installed the example tools");
             }
             vec![dir]
@@ -57,7 +64,10 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
     let listener = crate::cli::bind(args.listen).await?;
     let addr = listener.local_addr()?;
     let url = format!("https://{addr}");
-    let coordinator = CoordinatorConfig::new(tools.clone(), TlsFiles::in_dir(&pki, &Identity::Coordinator));
+    let coordinator = CoordinatorConfig::new(
+        tools.clone(),
+        TlsFiles::in_dir(&pki, &Identity::Coordinator),
+    );
     let mut agent = AgentConfig::new(
         url.clone(),
         LOCAL_HOST,
@@ -66,7 +76,12 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
     );
     agent.labels.insert("role".into(), "dev".into());
     print_banner(&url, &pki, &tools);
-    let coordinator = tokio::spawn(toolsrv_coordinator::serve(coordinator, listener, None, shutdown.clone()));
+    let coordinator = tokio::spawn(toolsrv_coordinator::serve(
+        coordinator,
+        listener,
+        None,
+        shutdown.clone(),
+    ));
     let agent = tokio::spawn(toolsrv_agent::run(agent, shutdown.clone()));
     let (coordinator, agent) = tokio::join!(coordinator, agent);
     shutdown.cancel();

@@ -21,19 +21,52 @@ fn help_lists_every_role() {
 fn pki_init_writes_a_usable_layout_and_is_additive() {
     let dir = tempfile::tempdir().unwrap();
     let pki = dir.path().join("pki");
-    let out = toolsrv().args(["pki", "init"]).arg(&pki).args(["--agents", "a,b", "--clients", "alice"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    for f in ["ca.pem", "coordinator.pem", "coordinator-key.pem", "agent-a.pem", "agent-b-key.pem", "client-alice.pem"] {
+    let out = toolsrv()
+        .args(["pki", "init"])
+        .arg(&pki)
+        .args(["--agents", "a,b", "--clients", "alice"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for f in [
+        "ca.pem",
+        "coordinator.pem",
+        "coordinator-key.pem",
+        "agent-a.pem",
+        "agent-b-key.pem",
+        "client-alice.pem",
+    ] {
         assert!(pki.join(f).exists(), "{f} missing");
     }
-    let mode = std::fs::metadata(pki.join("agent-a-key.pem")).unwrap().permissions().mode();
+    let mode = std::fs::metadata(pki.join("agent-a-key.pem"))
+        .unwrap()
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o600);
     let ca = std::fs::read(pki.join("ca.pem")).unwrap();
-    let out = toolsrv().args(["pki", "init"]).arg(&pki).args(["--agents", "c"]).output().unwrap();
+    let out = toolsrv()
+        .args(["pki", "init"])
+        .arg(&pki)
+        .args(["--agents", "c"])
+        .output()
+        .unwrap();
     assert!(out.status.success());
-    assert_eq!(std::fs::read(pki.join("ca.pem")).unwrap(), ca, "the CA is kept");
+    assert_eq!(
+        std::fs::read(pki.join("ca.pem")).unwrap(),
+        ca,
+        "the CA is kept"
+    );
     assert!(pki.join("agent-c.pem").exists());
-    let out = toolsrv().args(["pki", "init"]).arg(&pki).args(["--agents", "bad/id"]).output().unwrap();
+    let out = toolsrv()
+        .args(["pki", "init"])
+        .arg(&pki)
+        .args(["--agents", "bad/id"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
 }
 
@@ -55,6 +88,15 @@ fn bad_flags_are_explained() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("nope.pem"), "the missing file is named: {err}");
-    let out = toolsrv().args(["agent", "--coordinator", "https://127.0.0.1:1", "--host-id", "x"]).output().unwrap();
+    let out = toolsrv()
+        .args([
+            "agent",
+            "--coordinator",
+            "https://127.0.0.1:1",
+            "--host-id",
+            "x",
+        ])
+        .output()
+        .unwrap();
     assert!(!out.status.success(), "missing TLS flags must fail");
 }

@@ -1,6 +1,8 @@
 //! Exit codes of `toolctl` for failures that happen before or around a tool, kept stable for scripts.
 //!
 //! A tool that ran exits `toolctl` with its own code; one killed by signal N exits with 128+N.
+//! Remote commands use the same codes for the same outcomes (`call` maps each call status onto
+//! them), plus [`UNAVAILABLE`], [`DENIED`] and [`CONFIG`] for what only a network can cause.
 
 /// Bad command line, or arguments that are not a JSON object.
 pub const USAGE: u8 = 64;
@@ -20,3 +22,11 @@ pub const TIMED_OUT: u8 = 124;
 pub const CANCELLED: u8 = 130;
 /// `lint` found at least one error.
 pub const LINT_ERRORS: u8 = 1;
+/// `fanout`: not every targeted host ended OK, or the selector picked no host.
+pub const FANOUT_FAILED: u8 = 1;
+/// The coordinator cannot be reached, or the host is offline or was lost mid-call (EX_TEMPFAIL: retry later).
+pub const UNAVAILABLE: u8 = 75;
+/// The coordinator refused us: the policy denies the call, or our certificate is not accepted (EX_NOPERM).
+pub const DENIED: u8 = 77;
+/// Our TLS files are missing or unusable (EX_CONFIG).
+pub const CONFIG: u8 = 78;

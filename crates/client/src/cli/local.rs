@@ -272,7 +272,7 @@ fn call_error_code(e: &CallError) -> u8 {
 }
 
 /// The call's arguments: a JSON object from the command line, from stdin (`-`), or `{}`.
-fn read_args(arg: Option<&str>) -> Result<Value, String> {
+pub(super) fn read_args(arg: Option<&str>) -> Result<Value, String> {
     let text = match arg {
         None => return Ok(Value::Object(Default::default())),
         Some("-") => std::io::read_to_string(std::io::stdin())

@@ -3,18 +3,20 @@
 pub mod exit;
 mod lint;
 mod local;
+mod remote;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use remote::ConnArgs;
 
 /// The toolsrv command line.
 #[derive(Debug, Parser)]
 #[command(
     name = "toolctl",
     version,
-    about = "Inspect, lint and call toolsrv tools"
+    about = "Inspect, lint and call toolsrv tools, here or on a fleet through a coordinator"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -32,6 +34,94 @@ enum Command {
         #[arg(required = true)]
         paths: Vec<String>,
         /// Print one JSON object per problem instead of text
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the hosts the coordinator knows, online or not
+    Hosts {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Print a JSON array
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the tools a host offers (`--all` adds hidden ones with the reason)
+    Tools {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Host id
+        host: String,
+        /// Also list tools hidden on the host, with the reason
+        #[arg(long)]
+        all: bool,
+        /// Print a JSON array
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a tool's model-facing definition, as a host resolves it, as JSON
+    Describe {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Host id
+        host: String,
+        /// Tool name
+        tool: String,
+    },
+    /// Run a tool on a host: live stdout and stderr, then exit with the tool's exit code
+    #[command(after_long_help = CALL_EXIT_CODES)]
+    Call {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Host id
+        host: String,
+        /// Tool name
+        tool: String,
+        /// Arguments as a JSON object, or `-` to read them from stdin (default `{}`)
+        args: Option<String>,
+        /// Working directory on the host (default: the agent's)
+        #[arg(long)]
+        cwd: Option<String>,
+        /// Timeout in seconds, fractions allowed (default: the agent's)
+        #[arg(long)]
+        timeout: Option<f64>,
+        /// Print the final tool result (`{"content": [...]}`) as JSON instead of streaming stdout
+        #[arg(long)]
+        result: bool,
+    },
+    /// Run a tool on every host a selector picks: output prefixed by host, then a summary
+    ///
+    /// Exits 0 when every targeted host ended OK, 1 otherwise (or when no host matched).
+    Fanout {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Comma-separated terms, all of which must hold: `all`, a host id or glob (`web-*`),
+        /// a label (`role=db`) or a fact (`os=linux`, `arch=arm64`)
+        selector: String,
+        /// Tool name
+        tool: String,
+        /// Arguments as a JSON object, or `-` to read them from stdin (default `{}`)
+        args: Option<String>,
+        /// Working directory on each host (default: the agents')
+        #[arg(long)]
+        cwd: Option<String>,
+        /// Per-host timeout in seconds, fractions allowed (default: the agents')
+        #[arg(long)]
+        timeout: Option<f64>,
+        /// Most hosts running at once (0: no limit)
+        #[arg(long, default_value_t = 0)]
+        concurrency: u32,
+        /// Start no more hosts once more than this many have failed (0: no limit)
+        #[arg(long, default_value_t = 0)]
+        max_errors: u32,
+        /// Print one JSON object per line per event instead of text
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print catalog and fleet changes as they happen, until Ctrl-C
+    Watch {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Print one JSON object per line
         #[arg(long)]
         json: bool,
     },
@@ -91,6 +181,16 @@ struct ToolsArgs {
     as_host: Option<String>,
 }
 
+/// `toolctl call --help`: how each way a call can end becomes an exit code (see `exit.rs`).
+const CALL_EXIT_CODES: &str = "\
+Exit codes:
+  the tool's own code   the tool ran (128+N when killed by signal N)
+  124  timed_out         65  invalid_args       69  hidden
+  126  failed_to_start   127 unknown_tool or unknown_host
+  75   offline, lost, or the coordinator is unreachable
+  77   denied, or our certificate is refused
+  78   unusable TLS files    64  bad command line    130 interrupted (Ctrl-C cancels the call)";
+
 /// Runs the parsed command and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {
     let code = match cli.command {
@@ -114,6 +214,51 @@ pub async fn run(cli: Cli) -> ExitCode {
             };
             local::call(&tools, &name, args.as_deref(), opts).await
         }
+        Command::Hosts { conn, json } => remote::hosts(&conn, json).await,
+        Command::Tools {
+            conn,
+            host,
+            all,
+            json,
+        } => remote::tools(&conn, &host, all, json).await,
+        Command::Describe { conn, host, tool } => remote::describe(&conn, &host, &tool).await,
+        Command::Call {
+            conn,
+            host,
+            tool,
+            args,
+            cwd,
+            timeout,
+            result,
+        } => {
+            let opts = remote::CallOptions {
+                cwd,
+                timeout,
+                print_result: result,
+            };
+            remote::call(&conn, &host, &tool, args.as_deref(), opts).await
+        }
+        Command::Fanout {
+            conn,
+            selector,
+            tool,
+            args,
+            cwd,
+            timeout,
+            concurrency,
+            max_errors,
+            json,
+        } => {
+            let opts = remote::FanOutOptions {
+                cwd,
+                timeout,
+                concurrency,
+                max_errors,
+                json,
+            };
+            remote::fan_out(&conn, &selector, &tool, args.as_deref(), opts).await
+        }
+        Command::Watch { conn, json } => remote::watch(&conn, json).await,
     };
     ExitCode::from(code)
 }

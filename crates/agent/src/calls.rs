@@ -1,0 +1,260 @@
+//! Running one `StartCall`: wait for a slot, prepare and start the process, stream its output
+//! under the coordinator's flow-control credit, and report exactly one `CallFinished`.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use toolsrv_exec::{Event, Stream};
+use toolsrv_host::{CallRequest, Limits};
+use toolsrv_meta::Host;
+use toolsrv_proto::v1::agent_message::Msg;
+use toolsrv_proto::v1::{
+    AgentMessage, CallFinished, CallOutput, CallResult, CallStatus, OutputChunk, OutputStream,
+    StartCall,
+};
+use toolsrv_registry::Catalog;
+
+use crate::outcome::{finished, not_run, refusal_status};
+
+/// How long past its timeout and kill grace a call may wait for credit before its further output
+/// is dropped, so a coordinator that stops granting credit cannot keep a call from finishing.
+const CREDIT_SLACK: Duration = Duration::from_secs(2);
+
+/// What every call of a session shares.
+#[derive(Debug)]
+pub(crate) struct CallEnv {
+    /// The current catalog, published by the keeper.
+    pub catalog: watch::Receiver<Arc<Catalog>>,
+    pub host: Host,
+    /// The agent's own environment, which tools start from.
+    pub base_env: Vec<(OsString, OsString)>,
+    pub limits: Limits,
+    pub workdir: PathBuf,
+    /// One permit per call allowed to run at once.
+    pub slots: Arc<Semaphore>,
+    pub out: mpsc::Sender<AgentMessage>,
+}
+
+/// Output bytes a call may still send: starts at the call's initial credit, grows with each
+/// `Credit`, and may go negative when a chunk is larger than what was left.
+#[derive(Debug)]
+pub(crate) struct Credit(watch::Sender<i64>);
+
+impl Credit {
+    pub fn new(initial: u64) -> Self {
+        Self(watch::Sender::new(clamp(initial)))
+    }
+
+    pub fn grant(&self, bytes: u64) {
+        self.0.send_modify(|c| *c = c.saturating_add(clamp(bytes)));
+    }
+
+    #[cfg(test)]
+    pub fn available(&self) -> i64 {
+        *self.0.borrow()
+    }
+
+    /// Waits until some credit is left, then spends `n` bytes. False when `cancel` fires or
+    /// `deadline` passes first.
+    pub async fn take(&self, n: usize, cancel: &CancellationToken, deadline: Instant) -> bool {
+        let mut rx = self.0.subscribe();
+        let ready = tokio::select! {
+            // The sender lives in `self`, so waiting cannot fail.
+            ready = rx.wait_for(|c| *c > 0) => ready.is_ok(),
+            () = cancel.cancelled() => false,
+            () = tokio::time::sleep_until(deadline) => false,
+        };
+        if ready {
+            self.0
+                .send_modify(|c| *c = c.saturating_sub(clamp(n as u64)));
+        }
+        ready
+    }
+}
+
+fn clamp(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
+}
+
+/// Runs one call to its end and reports it; returns the call id.
+pub(crate) async fn run_call(
+    env: Arc<CallEnv>,
+    start: StartCall,
+    cancel: CancellationToken,
+    credit: Arc<Credit>,
+) -> u64 {
+    let id = start.call_id;
+    let result = run(&env, &start, &cancel, &credit).await;
+    tracing::debug!(call_id = id, tool = %start.tool, status = ?result.status(), "call finished");
+    let msg = Msg::Finished(CallFinished {
+        call_id: id,
+        result: Some(result),
+    });
+    // A failed send means the link is gone; nobody is left to tell.
+    let _ = env.out.send(AgentMessage { msg: Some(msg) }).await;
+    id
+}
+
+async fn run(
+    env: &CallEnv,
+    start: &StartCall,
+    cancel: &CancellationToken,
+    credit: &Credit,
+) -> CallResult {
+    let permit = tokio::select! {
+        permit = env.slots.clone().acquire_owned() => permit,
+        () = cancel.cancelled() => {
+            return not_run(CallStatus::Cancelled, "call was cancelled while waiting for a free call slot");
+        }
+    };
+    let Ok(_permit) = permit else {
+        return not_run(CallStatus::Cancelled, "agent is shutting down");
+    };
+    if cancel.is_cancelled() {
+        return not_run(
+            CallStatus::Cancelled,
+            "call was cancelled before it started",
+        );
+    }
+    let args = match parse_args(&start.args_json) {
+        Ok(args) => args,
+        Err(e) => {
+            return not_run(
+                CallStatus::InvalidArgs,
+                format!("tool `{}`: args_json is not valid JSON: {e}", start.tool),
+            );
+        }
+    };
+    let req = CallRequest {
+        tool: start.tool.clone(),
+        args,
+        cwd: if start.cwd.is_empty() {
+            env.workdir.clone()
+        } else {
+            PathBuf::from(&start.cwd)
+        },
+        timeout: (start.timeout_ms > 0).then(|| Duration::from_millis(start.timeout_ms)),
+    };
+    let catalog = env.catalog.borrow().clone();
+    let invocation =
+        match toolsrv_host::prepare(&catalog, &env.host, &req, &env.limits, &env.base_env) {
+            Ok(invocation) => invocation,
+            Err(e) => return not_run(refusal_status(&e), e.to_string()),
+        };
+    let timeout = invocation.timeout;
+    let deadline = Instant::now() + timeout + invocation.kill_grace + CREDIT_SLACK;
+    let mut execution = match toolsrv_host::start(&start.tool, invocation, cancel.clone()) {
+        Ok(execution) => execution,
+        Err(e) => return not_run(refusal_status(&e), e.to_string()),
+    };
+    let mut forwarding = true;
+    let mut dropped = false;
+    while let Some(event) = execution.next().await {
+        match event {
+            Event::Output { stream, data } => {
+                if forwarding && credit.take(data.len(), cancel, deadline).await {
+                    let chunk = OutputChunk {
+                        stream: output_stream(stream).into(),
+                        data: data.to_vec(),
+                    };
+                    let msg = Msg::Output(CallOutput {
+                        call_id: start.call_id,
+                        chunk: Some(chunk),
+                    });
+                    if env.out.send(AgentMessage { msg: Some(msg) }).await.is_err() {
+                        // The link is gone: nobody can receive the output.
+                        cancel.cancel();
+                        forwarding = false;
+                    }
+                } else {
+                    // Cancelled, or out of credit past the deadline: keep draining so the
+                    // outcome arrives, but stop forwarding.
+                    forwarding = false;
+                    dropped |= !cancel.is_cancelled();
+                }
+            }
+            Event::Finished(outcome) => {
+                let mut result = finished(&outcome, timeout);
+                result.truncated |= dropped;
+                return result;
+            }
+        }
+    }
+    not_run(
+        CallStatus::ToolError,
+        format!(
+            "tool `{}`: the call ended without reporting an outcome; see the agent's log",
+            start.tool
+        ),
+    )
+}
+
+fn parse_args(json: &str) -> Result<Value, serde_json::Error> {
+    if json.trim().is_empty() {
+        return Ok(Value::Object(serde_json::Map::new()));
+    }
+    serde_json::from_str(json)
+}
+
+fn output_stream(stream: Stream) -> OutputStream {
+    match stream {
+        Stream::Stdout => OutputStream::Stdout,
+        Stream::Stderr => OutputStream::Stderr,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn credit_waits_until_positive_and_may_go_negative() {
+        let credit = Arc::new(Credit::new(10));
+        let cancel = CancellationToken::new();
+        let far = Instant::now() + Duration::from_secs(60);
+        assert!(credit.take(25, &cancel, far).await);
+        assert_eq!(credit.available(), -15);
+        let waiter = {
+            let (credit, cancel) = (credit.clone(), cancel.clone());
+            tokio::spawn(async move { credit.take(5, &cancel, far).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "no credit: the sender must wait");
+        credit.grant(15);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "credit 0 is not enough");
+        credit.grant(1);
+        let took = tokio::time::timeout(Duration::from_secs(5), waiter).await;
+        assert!(matches!(took, Ok(Ok(true))));
+        assert_eq!(credit.available(), -4);
+    }
+
+    #[tokio::test]
+    async fn credit_wait_ends_on_cancel_or_deadline() {
+        let credit = Credit::new(0);
+        let cancel = CancellationToken::new();
+        let soon = Instant::now() + Duration::from_millis(20);
+        assert!(!credit.take(1, &cancel, soon).await);
+        cancel.cancel();
+        let far = Instant::now() + Duration::from_secs(60);
+        assert!(!credit.take(1, &cancel, far).await);
+        assert_eq!(credit.available(), 0);
+    }
+
+    #[test]
+    fn empty_args_are_an_empty_object() {
+        assert_eq!(parse_args("").ok(), Some(serde_json::json!({})));
+        assert_eq!(parse_args("  ").ok(), Some(serde_json::json!({})));
+        assert_eq!(
+            parse_args(r#"{"a":1}"#).ok(),
+            Some(serde_json::json!({"a":1}))
+        );
+        assert!(parse_args("{").is_err());
+    }
+}

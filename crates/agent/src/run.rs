@@ -1,0 +1,98 @@
+//! The agent's entry point: connect, run a session, reconnect with backoff, until shutdown.
+
+use std::future::Future;
+
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use toolsrv_meta::Host;
+use toolsrv_tls::{Role, TlsFiles};
+
+use crate::backoff::full_jitter;
+use crate::blobs::BlobCache;
+use crate::config::AgentConfig;
+use crate::error::AgentError;
+use crate::reconnect::{SessionEnd, SessionOutcome, reconnect_loop};
+use crate::session::{Agent, session};
+use crate::store::CatalogStore;
+
+/// Runs the agent until `shutdown` fires: dials the coordinator over mutual TLS, serves the
+/// agent link, and reconnects after any failure with capped exponential backoff and full jitter.
+///
+/// On shutdown, in-flight calls get `drain_grace` to finish, the rest are cancelled, and the
+/// agent says goodbye. Fails only when the state directory cannot be set up.
+pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> Result<(), AgentError> {
+    toolsrv_tls::install_crypto_provider();
+    let url = config.coordinator.clone();
+    let tls = config.tls.clone();
+    run_with_connector(config, shutdown, move || {
+        connect_tls(url.clone(), tls.clone())
+    })
+    .await
+}
+
+/// Dials `url` with the agent's credentials, requiring the peer to be a coordinator.
+///
+/// The TLS files are read on every attempt, so renewed certificates are picked up on reconnect.
+pub async fn connect_tls(url: String, tls: TlsFiles) -> Result<Channel, AgentError> {
+    let config = toolsrv_tls::client_config(&tls, Role::Coordinator).map_err(|source| {
+        AgentError::Connect {
+            url: url.clone(),
+            source,
+        }
+    })?;
+    toolsrv_tls::connect(&url, config)
+        .await
+        .map_err(|source| AgentError::Connect { url, source })
+}
+
+/// [`run`] with the channel-opening step given: tests pass a plain-TCP connector to an in-process
+/// fake coordinator.
+pub async fn run_with_connector<C, F>(
+    config: AgentConfig,
+    shutdown: CancellationToken,
+    mut connect: C,
+) -> Result<(), AgentError>
+where
+    C: FnMut() -> F,
+    F: Future<Output = Result<Channel, AgentError>>,
+{
+    let store = CatalogStore::new(config.catalog_dir(), BlobCache::new(config.blobs_dir()));
+    store.open()?;
+    let agent = Agent {
+        host: Host::current(),
+        base_env: std::env::vars_os().collect(),
+        store,
+        config,
+    };
+    tracing::info!(
+        host_id = %agent.config.host_id,
+        coordinator = %agent.config.coordinator,
+        "agent starting"
+    );
+    let mut rng = fastrand::Rng::new();
+    let (agent, token) = (&agent, &shutdown);
+    reconnect_loop(
+        agent.config.backoff,
+        token,
+        move || {
+            let connecting = connect();
+            async move {
+                let mut welcomed = false;
+                let result = async {
+                    let channel = tokio::select! {
+                        channel = connecting => channel?,
+                        () = token.cancelled() => return Ok(SessionEnd::Shutdown),
+                    };
+                    session(agent, channel, token, &mut welcomed).await
+                }
+                .await;
+                SessionOutcome { welcomed, result }
+            }
+        },
+        tokio::time::sleep,
+        |ceiling| full_jitter(ceiling, &mut rng),
+    )
+    .await;
+    tracing::info!("agent stopped");
+    Ok(())
+}

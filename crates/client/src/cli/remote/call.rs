@@ -1,0 +1,187 @@
+//! `toolctl call`: run one tool on one host with live output, and exit as the tool did.
+
+use std::io::Write;
+
+use toolsrv_client::{CallRequest, CallResult, CallStatus, CallUpdate, OutputStream, status_name};
+
+use super::{ConnArgs, connect, exit, interrupted, timeout_ms};
+
+/// Options of `toolctl call`.
+#[derive(Debug)]
+pub struct CallOptions {
+    /// Working directory on the host; the agent's default when `None`.
+    pub cwd: Option<String>,
+    /// Timeout in seconds; the agent's default when `None`.
+    pub timeout: Option<f64>,
+    /// Print the final `result_json` instead of streaming stdout.
+    pub print_result: bool,
+}
+
+pub async fn call(
+    conn: &ConnArgs,
+    host: &str,
+    tool: &str,
+    args: Option<&str>,
+    opts: CallOptions,
+) -> u8 {
+    let args = match crate::cli::local::read_args(args) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("toolctl: {e}");
+            return exit::USAGE;
+        }
+    };
+    let timeout_ms = match timeout_ms(opts.timeout) {
+        Ok(ms) => ms,
+        Err(code) => return code,
+    };
+    let remote = match connect(conn).await {
+        Ok(remote) => remote,
+        Err(code) => return code,
+    };
+    let request = CallRequest {
+        host: host.to_string(),
+        tool: tool.to_string(),
+        args_json: args.to_string(),
+        cwd: opts.cwd.unwrap_or_default(),
+        timeout_ms,
+    };
+    let what = || format!("cannot call `{tool}` on host `{host}`");
+    let mut stream = match remote.client.call(request).await {
+        Ok(stream) => stream,
+        Err(e) => return remote.fail(&what(), &e),
+    };
+    let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
+    loop {
+        let update = tokio::select! {
+            update = stream.next() => update,
+            () = interrupted() => {
+                // Dropping the stream resets it, which cancels the call on the host.
+                drop(stream);
+                eprintln!("toolctl: interrupted: cancelled `{tool}` on host `{host}`");
+                return exit::CANCELLED;
+            }
+        };
+        match update {
+            Some(Ok(CallUpdate::Output(chunk))) => {
+                // A reader that went away (`| head`) must not end the call with an error here.
+                if chunk.stream == OutputStream::Stderr as i32 {
+                    let _ = stderr.write_all(&chunk.data);
+                } else if !opts.print_result {
+                    let _ = stdout.write_all(&chunk.data).and_then(|()| stdout.flush());
+                }
+            }
+            Some(Ok(CallUpdate::Result(result))) => {
+                if opts.print_result && !result.result_json.is_empty() {
+                    println!("{}", result.result_json);
+                }
+                if result.status != CallStatus::Ok as i32 {
+                    eprintln!("toolctl: {}", failure_line(host, &result));
+                }
+                return exit_code(&result);
+            }
+            Some(Err(e)) => return remote.fail(&what(), &e),
+            // `CallStream` yields an error before ending without a result.
+            None => {
+                let e = toolsrv_client::ClientError::Protocol(
+                    "the stream ended without a result".into(),
+                );
+                return remote.fail(&what(), &e);
+            }
+        }
+    }
+}
+
+/// `<host>: <status>: <message>`, or without the message when there is none.
+pub fn failure_line(host: &str, result: &CallResult) -> String {
+    let status = status_name(result.status);
+    match result.message.trim() {
+        "" => format!("{host}: {status}"),
+        message => format!("{host}: {status}: {message}"),
+    }
+}
+
+/// The exit code `toolctl call` ends with for a call's result, the same as `toolctl local call`
+/// for the outcomes both can have.
+pub fn exit_code(result: &CallResult) -> u8 {
+    let exited = || match (result.exit_code, result.signal) {
+        (_, Some(signal)) => 128u8.saturating_add(u8::try_from(signal).unwrap_or(127)),
+        // A tool error that exited 0 cannot happen; do not turn it into success.
+        (Some(0), None) | (None, None) => 1,
+        (Some(code), None) => u8::try_from(code).unwrap_or(1),
+    };
+    match CallStatus::try_from(result.status) {
+        Ok(CallStatus::Ok) => 0,
+        Ok(CallStatus::ToolError) => exited(),
+        Ok(CallStatus::TimedOut) => exit::TIMED_OUT,
+        Ok(CallStatus::InvalidArgs) => exit::INVALID_ARGS,
+        Ok(CallStatus::Hidden) => exit::HIDDEN,
+        Ok(CallStatus::UnknownHost | CallStatus::UnknownTool) => exit::NOT_FOUND,
+        Ok(CallStatus::FailedToStart) => exit::CANNOT_START,
+        Ok(CallStatus::Offline | CallStatus::Lost) => exit::UNAVAILABLE,
+        Ok(CallStatus::Denied) => exit::DENIED,
+        Ok(CallStatus::Cancelled) => exit::CANCELLED,
+        // Skipped only happens in fan-outs; a status we do not know is the coordinator's doing.
+        Ok(CallStatus::Skipped) => exit::FANOUT_FAILED,
+        Ok(CallStatus::Unspecified) | Err(_) => exit::INTERNAL,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(status: CallStatus, exit_code: Option<i32>, signal: Option<i32>) -> CallResult {
+        CallResult {
+            status: status as i32,
+            exit_code,
+            signal,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn statuses_map_to_exit_codes() {
+        use CallStatus as S;
+        let cases = [
+            (result(S::Ok, Some(0), None), 0),
+            (result(S::ToolError, Some(3), None), 3),
+            (result(S::ToolError, None, Some(9)), 137),
+            (result(S::ToolError, None, None), 1),
+            (result(S::ToolError, Some(0), None), 1),
+            (result(S::TimedOut, None, Some(9)), 124),
+            (result(S::TimedOut, Some(0), None), 124),
+            (result(S::InvalidArgs, None, None), 65),
+            (result(S::Hidden, None, None), 69),
+            (result(S::UnknownTool, None, None), 127),
+            (result(S::UnknownHost, None, None), 127),
+            (result(S::FailedToStart, None, None), 126),
+            (result(S::Offline, None, None), 75),
+            (result(S::Lost, None, None), 75),
+            (result(S::Denied, None, None), 77),
+            (result(S::Cancelled, None, None), 130),
+            (result(S::Skipped, None, None), 1),
+            (result(S::Unspecified, None, None), 70),
+        ];
+        for (r, code) in cases {
+            assert_eq!(exit_code(&r), code, "{r:?}");
+        }
+        let unknown = CallResult {
+            status: 99,
+            ..Default::default()
+        };
+        assert_eq!(exit_code(&unknown), 70);
+    }
+
+    #[test]
+    fn failure_lines_name_host_and_status() {
+        let mut r = result(CallStatus::Hidden, None, None);
+        r.message = "tool `ls` is hidden on host `web-1`".into();
+        assert_eq!(
+            failure_line("web-1", &r),
+            "web-1: hidden: tool `ls` is hidden on host `web-1`"
+        );
+        r.message.clear();
+        assert_eq!(failure_line("web-1", &r), "web-1: hidden");
+    }
+}

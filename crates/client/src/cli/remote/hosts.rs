@@ -1,0 +1,200 @@
+//! `toolctl hosts`: the fleet as a table or a JSON array.
+
+use std::io::Write;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+use toolsrv_client::{HostInfo, HostState};
+
+use super::{ConnArgs, connect, write_json, write_table, written};
+
+pub async fn hosts(conn: &ConnArgs, json: bool) -> u8 {
+    let remote = match connect(conn).await {
+        Ok(remote) => remote,
+        Err(code) => return code,
+    };
+    let hosts = match remote.client.hosts().await {
+        Ok(hosts) => hosts,
+        Err(e) => return remote.fail("cannot list hosts", &e),
+    };
+    let mut out = std::io::stdout().lock();
+    let result = if json {
+        let hosts: Vec<Value> = hosts.iter().map(host_json).collect();
+        write_json(&mut out, &hosts)
+    } else {
+        write_hosts(&mut out, &hosts, now_ms())
+    };
+    written(result, "the host list")
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn state_name(state: i32) -> &'static str {
+    match HostState::try_from(state) {
+        Ok(HostState::Online) => "online",
+        Ok(HostState::Offline) => "offline",
+        Ok(HostState::Unspecified) | Err(_) => "unknown",
+    }
+}
+
+/// One host as a JSON object; labels keep their sorted order.
+fn host_json(h: &HostInfo) -> Value {
+    let facts = h.facts.clone().unwrap_or_default();
+    json!({
+        "host_id": h.host_id,
+        "state": state_name(h.state),
+        "os": facts.os,
+        "arch": facts.arch,
+        "hostname": facts.hostname,
+        "kernel": facts.kernel,
+        "labels": facts.labels,
+        "agent_version": h.agent_version,
+        "visible_tools": h.visible_tools,
+        "calls_in_flight": h.calls_in_flight,
+        "max_concurrent_calls": h.max_concurrent_calls,
+        "view_revision": h.view_revision,
+        "last_seen_unix_ms": h.last_seen_unix_ms,
+        "connected_unix_ms": h.connected_unix_ms,
+    })
+}
+
+/// How long ago `then_ms` was, for people: `now`, `42s ago`, `5m ago`, `3h ago`, `2d ago`; `-` for never.
+fn ago(now_ms: u64, then_ms: u64) -> String {
+    if then_ms == 0 {
+        return "-".to_string();
+    }
+    let secs = now_ms.saturating_sub(then_ms) / 1000;
+    match secs {
+        0 => "now".to_string(),
+        1..60 => format!("{secs}s ago"),
+        60..3600 => format!("{}m ago", secs / 60),
+        3600..86_400 => format!("{}h ago", secs / 3600),
+        _ => format!("{}d ago", secs / 86_400),
+    }
+}
+
+fn write_hosts(out: &mut impl Write, hosts: &[HostInfo], now_ms: u64) -> std::io::Result<()> {
+    let rows: Vec<Vec<String>> = hosts
+        .iter()
+        .map(|h| {
+            let facts = h.facts.clone().unwrap_or_default();
+            let labels = if facts.labels.is_empty() {
+                "-".to_string()
+            } else {
+                facts
+                    .labels
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            vec![
+                h.host_id.clone(),
+                state_name(h.state).to_string(),
+                format!("{}/{}", facts.os, facts.arch),
+                labels,
+                h.visible_tools.to_string(),
+                format!("{}/{}", h.calls_in_flight, h.max_concurrent_calls),
+                ago(now_ms, h.last_seen_unix_ms),
+            ]
+        })
+        .collect();
+    write_table(
+        out,
+        &[
+            "HOST",
+            "STATE",
+            "OS/ARCH",
+            "LABELS",
+            "TOOLS",
+            "CALLS",
+            "LAST SEEN",
+        ],
+        &rows,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use toolsrv_client::HostFacts;
+
+    use super::*;
+
+    fn host(id: &str, state: HostState, labels: &[(&str, &str)], last_seen: u64) -> HostInfo {
+        HostInfo {
+            host_id: id.into(),
+            state: state as i32,
+            facts: Some(HostFacts {
+                os: "linux".into(),
+                arch: "amd64".into(),
+                hostname: format!("{id}.example"),
+                kernel: "6.1.0".into(),
+                labels: labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<BTreeMap<_, _>>(),
+            }),
+            agent_version: "0.1.0".into(),
+            connected_unix_ms: 1_000,
+            last_seen_unix_ms: last_seen,
+            view_revision: 7,
+            visible_tools: 12,
+            calls_in_flight: 2,
+            max_concurrent_calls: 16,
+        }
+    }
+
+    #[test]
+    fn table_lists_every_host() {
+        let now = 10_000_000;
+        let hosts = [
+            host(
+                "db-1",
+                HostState::Online,
+                &[("role", "db"), ("az", "b")],
+                now - 1_500,
+            ),
+            host("web-10", HostState::Offline, &[], now - 7_200_000),
+        ];
+        let mut out = Vec::new();
+        write_hosts(&mut out, &hosts, now).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HOST    STATE    OS/ARCH      LABELS        TOOLS  CALLS  LAST SEEN\n\
+             db-1    online   linux/amd64  az=b,role=db  12     2/16   1s ago\n\
+             web-10  offline  linux/amd64  -             12     2/16   2h ago\n"
+        );
+    }
+
+    #[test]
+    fn ages_are_coarse() {
+        assert_eq!(ago(5_000, 0), "-");
+        assert_eq!(ago(5_000, 4_500), "now");
+        assert_eq!(ago(100_000, 58_000), "42s ago");
+        assert_eq!(ago(400_000, 100_000), "5m ago");
+        assert_eq!(ago(3 * 86_400_000, 1_000), "2d ago");
+        // A clock behind the coordinator's is not a negative age.
+        assert_eq!(ago(1_000, 9_000), "now");
+    }
+
+    #[test]
+    fn json_has_every_field() {
+        let value = host_json(&host("db-1", HostState::Online, &[("role", "db")], 5));
+        assert_eq!(
+            value,
+            json!({
+                "host_id": "db-1", "state": "online", "os": "linux", "arch": "amd64",
+                "hostname": "db-1.example", "kernel": "6.1.0", "labels": {"role": "db"},
+                "agent_version": "0.1.0", "visible_tools": 12, "calls_in_flight": 2,
+                "max_concurrent_calls": 16, "view_revision": 7, "last_seen_unix_ms": 5,
+                "connected_unix_ms": 1000,
+            })
+        );
+    }
+}

@@ -1,0 +1,262 @@
+//! `toolctl` commands that go through a coordinator: hosts, tools, describe, call, fanout, watch.
+
+mod call;
+mod fanout;
+mod hosts;
+mod tools;
+mod watch;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::Args;
+use toolsrv_client::{Client, ClientError, ConnectOptions, TlsError, TlsFiles};
+
+pub use call::{CallOptions, call};
+pub use fanout::{FanOutOptions, fan_out};
+pub use hosts::hosts;
+pub use tools::{describe, tools};
+pub use watch::watch;
+
+use super::exit;
+
+/// Where the coordinator is and which client certificate to present.
+#[derive(Debug, Args)]
+pub struct ConnArgs {
+    /// The coordinator's URL, `https://host:port` (`host:port` alone means https)
+    #[arg(long, env = "TOOLSRV_ADDR", value_name = "URL")]
+    addr: String,
+    /// CA certificate (PEM) the coordinator's certificate must chain to
+    #[arg(long, env = "TOOLSRV_CA", value_name = "FILE")]
+    ca: PathBuf,
+    /// Client certificate (PEM), issued for `toolsrv://client/<name>`
+    #[arg(long, env = "TOOLSRV_CERT", value_name = "FILE")]
+    cert: PathBuf,
+    /// The client certificate's private key (PEM)
+    #[arg(long, env = "TOOLSRV_KEY", value_name = "FILE")]
+    key: PathBuf,
+}
+
+/// A connected client and the address it reached, for messages.
+#[derive(Debug)]
+struct Remote {
+    client: Client,
+    addr: String,
+}
+
+impl Remote {
+    /// Prints `toolctl: <what> at <addr>: <error>` and returns the exit code for the error.
+    fn fail(&self, what: &str, e: &ClientError) -> u8 {
+        eprintln!("toolctl: {what} at {}: {e}", self.addr);
+        error_code(e)
+    }
+}
+
+/// `host:port` means `https://host:port`; anything else is left for the TLS crate to judge.
+fn normalize_addr(addr: &str) -> String {
+    if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("https://{addr}")
+    }
+}
+
+/// Connects, or prints one line saying which address failed and why, and returns the exit code.
+async fn connect(conn: &ConnArgs) -> Result<Remote, u8> {
+    let addr = normalize_addr(&conn.addr);
+    let opts = ConnectOptions {
+        addr: addr.clone(),
+        tls: TlsFiles {
+            ca: conn.ca.clone(),
+            cert: conn.cert.clone(),
+            key: conn.key.clone(),
+        },
+    };
+    match Client::connect(&opts).await {
+        Ok(client) => Ok(Remote { client, addr }),
+        Err(e) => {
+            match &e {
+                // Already says "cannot connect to <addr>: ...".
+                ClientError::Tls(TlsError::Connect(_)) => eprintln!("toolctl: {e}"),
+                ClientError::Tls(TlsError::Identity(_)) => {
+                    eprintln!("toolctl: cannot connect to {addr}: {e}: check --addr and --ca")
+                }
+                _ => eprintln!("toolctl: cannot connect to {addr}: {e}"),
+            }
+            Err(error_code(&e))
+        }
+    }
+}
+
+/// The exit code for an error that kept a command from getting an answer.
+fn error_code(e: &ClientError) -> u8 {
+    use tonic::Code;
+    match e {
+        ClientError::Tls(TlsError::Connect(_)) => exit::UNAVAILABLE,
+        ClientError::Tls(TlsError::Identity(_)) => exit::DENIED,
+        ClientError::Tls(TlsError::InvalidName { .. }) => exit::USAGE,
+        ClientError::Tls(_) => exit::CONFIG,
+        ClientError::Status { code, .. } => match code {
+            // A coordinator that went away, or a host that is offline.
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
+                exit::UNAVAILABLE
+            }
+            Code::PermissionDenied | Code::Unauthenticated => exit::DENIED,
+            Code::NotFound => exit::NOT_FOUND,
+            // The only precondition the client API checks is "the tool is visible on the host".
+            Code::FailedPrecondition => exit::HIDDEN,
+            Code::InvalidArgument => exit::USAGE,
+            _ => exit::INTERNAL,
+        },
+        ClientError::Protocol(_) => exit::INTERNAL,
+    }
+}
+
+/// Resolves when the user presses Ctrl-C; never when the handler cannot be installed.
+async fn interrupted() {
+    if tokio::signal::ctrl_c().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// The exit code after writing a command's output: a closed pipe (`| head`) is not an error.
+fn written(result: std::io::Result<()>, what: &str) -> u8 {
+    match result {
+        Ok(()) => 0,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
+        Err(e) => {
+            eprintln!("toolctl: cannot write {what}: {e}");
+            exit::INTERNAL
+        }
+    }
+}
+
+/// Writes `value` as pretty JSON and a newline.
+fn write_json(out: &mut impl Write, value: &impl serde::Serialize) -> std::io::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, value).map_err(std::io::Error::from)?;
+    writeln!(out)
+}
+
+/// Writes aligned columns under a header; the last column is not padded.
+fn write_table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) -> std::io::Result<()> {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut text = String::new();
+        for (i, (cell, w)) in cells.zip(&widths).enumerate() {
+            if i + 1 == widths.len() {
+                text.push_str(cell);
+            } else {
+                text.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        text.trim_end().to_string()
+    };
+    writeln!(out, "{}", line(&mut header.iter().copied()))?;
+    for row in rows {
+        writeln!(out, "{}", line(&mut row.iter().map(String::as_str)))?;
+    }
+    Ok(())
+}
+
+/// A duration in milliseconds for people: `850ms`, `1.25s`, `3m05s`.
+fn human_ms(ms: u64) -> String {
+    match ms {
+        0..1_000 => format!("{ms}ms"),
+        1_000..60_000 => format!("{:.2}s", ms as f64 / 1000.0),
+        _ => format!("{}m{:02}s", ms / 60_000, (ms % 60_000) / 1000),
+    }
+}
+
+/// `--timeout` seconds as the request's milliseconds; `None` (agent default) when absent.
+fn timeout_ms(timeout: Option<f64>) -> Result<u64, u8> {
+    let Some(secs) = timeout else { return Ok(0) };
+    match std::time::Duration::try_from_secs_f64(secs) {
+        Ok(t) if !t.is_zero() => Ok(u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1)),
+        _ => {
+            eprintln!("toolctl: --timeout {secs}: must be a positive number of seconds");
+            Err(exit::USAGE)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_default_to_https() {
+        assert_eq!(normalize_addr("127.0.0.1:7443"), "https://127.0.0.1:7443");
+        assert_eq!(normalize_addr("https://h:1"), "https://h:1");
+        assert_eq!(normalize_addr("http://h:1"), "http://h:1");
+    }
+
+    #[test]
+    fn errors_map_to_documented_codes() {
+        let status = |code| ClientError::Status {
+            code,
+            message: String::new(),
+        };
+        let cases = [
+            (
+                ClientError::Tls(TlsError::Connect("x".into())),
+                exit::UNAVAILABLE,
+            ),
+            (
+                ClientError::Tls(TlsError::Identity("x".into())),
+                exit::DENIED,
+            ),
+            (status(tonic::Code::Unavailable), exit::UNAVAILABLE),
+            (status(tonic::Code::PermissionDenied), exit::DENIED),
+            (status(tonic::Code::Unauthenticated), exit::DENIED),
+            (status(tonic::Code::NotFound), exit::NOT_FOUND),
+            (status(tonic::Code::FailedPrecondition), exit::HIDDEN),
+            (status(tonic::Code::InvalidArgument), exit::USAGE),
+            (status(tonic::Code::Internal), exit::INTERNAL),
+            (ClientError::Protocol("x".into()), exit::INTERNAL),
+        ];
+        for (e, code) in cases {
+            assert_eq!(error_code(&e), code, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn tables_align_columns() {
+        let mut out = Vec::new();
+        let rows = vec![
+            vec!["web-1".to_string(), "ok".to_string(), "".to_string()],
+            vec![
+                "database".to_string(),
+                "timed_out".to_string(),
+                "after 5s".to_string(),
+            ],
+        ];
+        write_table(&mut out, &["HOST", "STATUS", "MESSAGE"], &rows).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HOST      STATUS     MESSAGE\n\
+             web-1     ok\n\
+             database  timed_out  after 5s\n"
+        );
+    }
+
+    #[test]
+    fn durations_read_well() {
+        assert_eq!(human_ms(850), "850ms");
+        assert_eq!(human_ms(1250), "1.25s");
+        assert_eq!(human_ms(185_000), "3m05s");
+    }
+
+    #[test]
+    fn timeouts_convert_to_milliseconds() {
+        assert_eq!(timeout_ms(None), Ok(0));
+        assert_eq!(timeout_ms(Some(1.5)), Ok(1500));
+        assert_eq!(timeout_ms(Some(0.0001)), Ok(1));
+        assert_eq!(timeout_ms(Some(0.0)), Err(exit::USAGE));
+        assert_eq!(timeout_ms(Some(-1.0)), Err(exit::USAGE));
+    }
+}

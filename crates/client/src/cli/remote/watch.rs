@@ -1,0 +1,111 @@
+//! `toolctl watch`: catalog and fleet changes as they happen, until Ctrl-C.
+
+use std::io::Write;
+
+use serde_json::{Value, json};
+use toolsrv_client::{CatalogEvent, CatalogEventKind};
+
+use super::{ConnArgs, connect, exit, interrupted};
+
+pub async fn watch(conn: &ConnArgs, json: bool) -> u8 {
+    let remote = match connect(conn).await {
+        Ok(remote) => remote,
+        Err(code) => return code,
+    };
+    let what = "cannot watch the catalog";
+    let mut stream = match remote.client.watch().await {
+        Ok(stream) => stream,
+        Err(e) => return remote.fail(what, &e),
+    };
+    loop {
+        let event = tokio::select! {
+            event = stream.next() => event,
+            // Ctrl-C is how a watch is meant to end: not a failure.
+            () = interrupted() => return 0,
+        };
+        match event {
+            Some(Ok(event)) => {
+                let line = if json {
+                    event_json(&event).to_string()
+                } else {
+                    event_line(&event)
+                };
+                let mut out = std::io::stdout().lock();
+                if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
+                    return super::written(Err(e), "the event");
+                }
+            }
+            Some(Err(e)) => return remote.fail(what, &e),
+            None => {
+                eprintln!(
+                    "toolctl: the coordinator at {} ended the watch: it is probably shutting down",
+                    remote.addr
+                );
+                return exit::UNAVAILABLE;
+            }
+        }
+    }
+}
+
+/// `host_online`, `registry`, ...; `unknown` for kinds this client does not know.
+fn kind_name(kind: i32) -> String {
+    CatalogEventKind::try_from(kind).map_or("unknown".to_string(), |k| {
+        let name = k.as_str_name();
+        name.strip_prefix("CATALOG_EVENT_KIND_")
+            .unwrap_or(name)
+            .to_lowercase()
+    })
+}
+
+fn event_line(e: &CatalogEvent) -> String {
+    let mut line = format!("{:<12}  revision {}", kind_name(e.kind), e.revision);
+    if !e.host.is_empty() {
+        line.push_str(&format!("  host {}", e.host));
+    }
+    if e.kind == CatalogEventKind::HostView as i32 {
+        line.push_str(&format!("  view_revision {}", e.view_revision));
+    }
+    line
+}
+
+fn event_json(e: &CatalogEvent) -> Value {
+    let mut value = json!({"kind": kind_name(e.kind), "revision": e.revision});
+    if !e.host.is_empty() {
+        value["host"] = json!(e.host);
+    }
+    if e.kind == CatalogEventKind::HostView as i32 {
+        value["view_revision"] = json!(e.view_revision);
+    }
+    value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(kind: CatalogEventKind, host: &str) -> CatalogEvent {
+        CatalogEvent {
+            kind: kind as i32,
+            revision: 4,
+            host: host.into(),
+            view_revision: 3,
+        }
+    }
+
+    #[test]
+    fn events_print_kind_revision_and_host() {
+        assert_eq!(
+            event_line(&event(CatalogEventKind::Snapshot, "")),
+            "snapshot      revision 4"
+        );
+        assert_eq!(
+            event_line(&event(CatalogEventKind::HostView, "web-1")),
+            "host_view     revision 4  host web-1  view_revision 3"
+        );
+        assert_eq!(
+            event_json(&event(CatalogEventKind::HostOnline, "web-1")),
+            json!({"kind": "host_online", "revision": 4, "host": "web-1"})
+        );
+        assert_eq!(kind_name(42), "unknown");
+    }
+}

@@ -1,0 +1,246 @@
+//! The async client: one mTLS channel to a coordinator and a typed wrapper per RPC.
+
+use tonic::Streaming;
+use tonic::transport::Channel;
+use toolsrv_proto::v1::tools_client::ToolsClient;
+use toolsrv_proto::v1::{
+    CallEvent, CallRequest, CallResult, CatalogEvent, DescribeToolRequest, FanOutEvent,
+    FanOutRequest, HostInfo, ListHostsRequest, ListToolsRequest, ListToolsResponse, OutputStream,
+    ToolDefinition, WatchCatalogRequest, call_event, fan_out_event,
+};
+use toolsrv_tls::{Role, TlsFiles};
+
+use crate::ClientError;
+
+/// Largest message we accept: a listing of a host with many large schemas exceeds tonic's 4 MiB default.
+pub const MAX_MESSAGE_SIZE: usize = 16 << 20;
+
+/// Where the coordinator is and who we are.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// The coordinator's URL, `https://host:port`.
+    pub addr: String,
+    /// Our client certificate and key, and the CA the coordinator's certificate must chain to.
+    pub tls: TlsFiles,
+}
+
+/// A connection to a coordinator's client API. Cheap to clone; clones share the connection.
+#[derive(Debug, Clone)]
+pub struct Client {
+    inner: ToolsClient<Channel>,
+}
+
+impl Client {
+    /// Loads the credentials and connects now; fails if the coordinator cannot be reached or does not
+    /// present a coordinator certificate from our CA.
+    ///
+    /// With TLS 1.3 a coordinator that refuses *our* certificate is only noticed on the first RPC.
+    pub async fn connect(opts: &ConnectOptions) -> Result<Self, ClientError> {
+        let config = toolsrv_tls::client_config(&opts.tls, Role::Coordinator)?;
+        let channel = toolsrv_tls::connect(&opts.addr, config).await?;
+        Ok(Self::from_channel(channel))
+    }
+
+    /// Wraps a channel built elsewhere, such as [`toolsrv_tls::lazy_channel`].
+    pub fn from_channel(channel: Channel) -> Self {
+        Self {
+            inner: ToolsClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+        }
+    }
+
+    /// Every host that has connected since the coordinator started, sorted by id.
+    pub async fn hosts(&self) -> Result<Vec<HostInfo>, ClientError> {
+        let response = self.inner.clone().list_hosts(ListHostsRequest {}).await?;
+        Ok(response.into_inner().hosts)
+    }
+
+    /// The tools `host` offers (and, with `include_hidden`, those it does not, with the reason).
+    pub async fn tools(
+        &self,
+        host: &str,
+        include_hidden: bool,
+    ) -> Result<ListToolsResponse, ClientError> {
+        let request = ListToolsRequest {
+            host: host.to_string(),
+            include_hidden,
+        };
+        Ok(self.inner.clone().list_tools(request).await?.into_inner())
+    }
+
+    /// One tool's definition as `host` resolves it.
+    pub async fn describe(&self, host: &str, tool: &str) -> Result<ToolDefinition, ClientError> {
+        let request = DescribeToolRequest {
+            host: host.to_string(),
+            tool: tool.to_string(),
+        };
+        Ok(self
+            .inner
+            .clone()
+            .describe_tool(request)
+            .await?
+            .into_inner())
+    }
+
+    /// Starts a call. Read the stream to its result; dropping it early cancels the call on the host.
+    pub async fn call(&self, request: CallRequest) -> Result<CallStream, ClientError> {
+        let stream = self.inner.clone().call(request).await?.into_inner();
+        Ok(CallStream {
+            inner: stream,
+            done: false,
+        })
+    }
+
+    /// Runs a call to its end, collecting its output.
+    pub async fn call_to_end(&self, request: CallRequest) -> Result<CallOutcome, ClientError> {
+        let mut stream = self.call(request).await?;
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        while let Some(update) = stream.next().await {
+            match update? {
+                call_event::Event::Output(chunk) => {
+                    if chunk.stream == OutputStream::Stderr as i32 {
+                        stderr.extend_from_slice(&chunk.data);
+                    } else {
+                        stdout.extend_from_slice(&chunk.data);
+                    }
+                }
+                call_event::Event::Result(result) => {
+                    return Ok(CallOutcome {
+                        stdout,
+                        stderr,
+                        result,
+                    });
+                }
+            }
+        }
+        // `CallStream` reports a missing result as an error before it ends.
+        Err(ClientError::Protocol(
+            "the call stream ended without a result".into(),
+        ))
+    }
+
+    /// Starts a fan-out. Read the stream to its summary; dropping it early cancels the calls not yet done.
+    pub async fn fan_out(&self, request: FanOutRequest) -> Result<FanOutStream, ClientError> {
+        let stream = self.inner.clone().fan_out(request).await?.into_inner();
+        Ok(FanOutStream {
+            inner: stream,
+            done: false,
+        })
+    }
+
+    /// Catalog and fleet changes, starting with a snapshot event; endless until dropped.
+    pub async fn watch(&self) -> Result<WatchStream, ClientError> {
+        let stream = self
+            .inner
+            .clone()
+            .watch_catalog(WatchCatalogRequest {})
+            .await?
+            .into_inner();
+        Ok(WatchStream { inner: stream })
+    }
+}
+
+/// A call's output and result, collected.
+#[derive(Debug, Clone)]
+pub struct CallOutcome {
+    /// Everything the tool wrote to stdout (up to the host's output cap).
+    pub stdout: Vec<u8>,
+    /// Everything the tool wrote to stderr.
+    pub stderr: Vec<u8>,
+    /// How the call ended.
+    pub result: CallResult,
+}
+
+/// The events of one call: output chunks, then exactly one result, then `None`.
+#[derive(Debug)]
+pub struct CallStream {
+    inner: Streaming<CallEvent>,
+    done: bool,
+}
+
+impl CallStream {
+    /// The next event. A stream that ends without a result yields an error instead, so a caller that
+    /// reads until `None` has always seen a result or an error.
+    pub async fn next(&mut self) -> Option<Result<call_event::Event, ClientError>> {
+        if self.done {
+            return None;
+        }
+        let item = match self.inner.message().await {
+            Ok(Some(CallEvent { event: Some(event) })) => {
+                self.done = matches!(event, call_event::Event::Result(_));
+                return Some(Ok(event));
+            }
+            Ok(Some(CallEvent { event: None })) => {
+                ClientError::Protocol("the coordinator sent an empty call event".into())
+            }
+            Ok(None) => ClientError::Protocol(
+                "the call stream ended without a result: the coordinator may have shut down".into(),
+            ),
+            Err(status) => status.into(),
+        };
+        self.done = true;
+        Some(Err(item))
+    }
+}
+
+/// One fan-out event and the host it is about (empty for the summary).
+#[derive(Debug, Clone)]
+pub struct HostEvent {
+    /// The host id; empty for the summary.
+    pub host: String,
+    /// Output, a host's result, or the summary.
+    pub event: fan_out_event::Event,
+}
+
+/// The events of a fan-out: output and results tagged by host, then exactly one summary, then `None`.
+#[derive(Debug)]
+pub struct FanOutStream {
+    inner: Streaming<FanOutEvent>,
+    done: bool,
+}
+
+impl FanOutStream {
+    /// The next event; a stream that ends without a summary yields an error instead.
+    pub async fn next(&mut self) -> Option<Result<HostEvent, ClientError>> {
+        if self.done {
+            return None;
+        }
+        let item = match self.inner.message().await {
+            Ok(Some(FanOutEvent {
+                host,
+                event: Some(event),
+            })) => {
+                self.done = matches!(event, fan_out_event::Event::Summary(_));
+                return Some(Ok(HostEvent { host, event }));
+            }
+            Ok(Some(FanOutEvent { host, event: None })) => ClientError::Protocol(format!(
+                "the coordinator sent an empty fan-out event for host `{host}`"
+            )),
+            Ok(None) => ClientError::Protocol(
+                "the fan-out stream ended without a summary: the coordinator may have shut down"
+                    .into(),
+            ),
+            Err(status) => status.into(),
+        };
+        self.done = true;
+        Some(Err(item))
+    }
+}
+
+/// Catalog events as they happen.
+#[derive(Debug)]
+pub struct WatchStream {
+    inner: Streaming<CatalogEvent>,
+}
+
+impl WatchStream {
+    /// The next event; `None` when the coordinator ended the watch (it is shutting down).
+    pub async fn next(&mut self) -> Option<Result<CatalogEvent, ClientError>> {
+        self.inner
+            .message()
+            .await
+            .map_err(ClientError::from)
+            .transpose()
+    }
+}

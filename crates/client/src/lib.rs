@@ -1,0 +1,36 @@
+//! The toolsrv client library: list hosts and tools, and call tools through a coordinator over mutual TLS.
+//!
+//! ```no_run
+//! # async fn demo(tls: toolsrv_client::TlsFiles) -> Result<(), toolsrv_client::ClientError> {
+//! use toolsrv_client::{CallRequest, Client, ConnectOptions};
+//! toolsrv_tls::install_crypto_provider();
+//! let client = Client::connect(&ConnectOptions { addr: "https://127.0.0.1:7443".into(), tls }).await?;
+//! let outcome = client
+//!     .call_to_end(CallRequest { host: "web-1".into(), tool: "env_info".into(), ..Default::default() })
+//!     .await?;
+//! println!("{}", toolsrv_client::status_name(outcome.result.status));
+//! # Ok(())
+//! # }
+//! ```
+
+mod client;
+mod error;
+mod shape;
+mod status;
+
+pub use client::{
+    CallOutcome, CallStream, Client, ConnectOptions, FanOutStream, HostEvent, MAX_MESSAGE_SIZE,
+    WatchStream,
+};
+pub use error::ClientError;
+pub use shape::{definition_json, list_entry};
+pub use status::{is_ok, status_name};
+
+pub use toolsrv_proto::v1::call_event::Event as CallUpdate;
+pub use toolsrv_proto::v1::fan_out_event::Event as FanOutUpdate;
+pub use toolsrv_proto::v1::{
+    CallEvent, CallRequest, CallResult, CallStatus, CatalogEvent, CatalogEventKind, FanOutEvent,
+    FanOutRequest, FanOutSummary, HostFacts, HostInfo, HostState, ListToolsResponse, OutputChunk,
+    OutputStream, ToolDefinition, ToolStatus,
+};
+pub use toolsrv_tls::{TlsError, TlsFiles};

@@ -1,0 +1,191 @@
+//! The JSON shapes remote listings and definitions share with `toolctl local`, built from protocol messages.
+
+use serde::Serialize;
+use serde_json::Value;
+use toolsrv_host::ListEntry;
+use toolsrv_proto::v1::{ToolDefinition, ToolStatus};
+
+use crate::ClientError;
+
+/// A tool's entry in a listing, the same shape `toolctl local list --json` prints.
+pub fn list_entry(status: &ToolStatus) -> ListEntry<'_> {
+    let description = status
+        .definition
+        .as_ref()
+        .map(|d| d.description.as_str())
+        .filter(|d| !d.is_empty());
+    ListEntry {
+        name: &status.name,
+        visible: status.visible,
+        variant: status.variant.and_then(|v| usize::try_from(v).ok()),
+        reason: (!status.visible).then_some(status.reason.as_str()),
+        description,
+    }
+}
+
+/// Mirrors the `Serialize` of `toolsrv_meta::ResolvedTool` field for field (names, order, omissions),
+/// so `toolctl describe` and `toolctl local describe` print the same text for the same tool.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Described<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    description: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt: Option<&'a str>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    keywords: &'a [String],
+    args: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tier: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scope: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output_format: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resets_counter: Option<bool>,
+}
+
+/// A definition as the model-facing JSON object `toolctl local describe` prints: `args` parsed (and
+/// `{"type":"object"}` when empty, as for a tool that declares none), empty fields left out.
+pub fn definition_json(def: &ToolDefinition) -> Result<Value, ClientError> {
+    let args = if def.args_schema_json.trim().is_empty() {
+        serde_json::json!({"type": "object"})
+    } else {
+        serde_json::from_str(&def.args_schema_json).map_err(|e| {
+            ClientError::Protocol(format!(
+                "the args schema of tool `{}` is not valid JSON: {e}",
+                def.name
+            ))
+        })?
+    };
+    let described = Described {
+        name: &def.name,
+        description: non_empty(&def.description),
+        prompt: non_empty(&def.prompt),
+        keywords: &def.keywords,
+        args,
+        tier: non_empty(&def.tier),
+        scope: non_empty(&def.scope),
+        output_format: non_empty(&def.output_format),
+        resets_counter: def.resets_counter,
+    };
+    serde_json::to_value(described)
+        .map_err(|e| ClientError::Protocol(format!("cannot encode tool `{}`: {e}", def.name)))
+}
+
+/// Proto3 strings cannot be absent: empty stands for unset.
+fn non_empty(s: &str) -> Option<&str> {
+    (!s.is_empty()).then_some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use serde_json::json;
+    use toolsrv_meta::{Host, Resolution};
+
+    use super::*;
+
+    /// What `toolctl local describe` prints and what `toolctl describe` prints for the definition an
+    /// agent sends for the same tool.
+    fn both(meta: &str) -> (String, String) {
+        let parsed = toolsrv_meta::parse("t", Path::new("t.meta"), meta.as_bytes());
+        let meta = parsed
+            .meta
+            .unwrap_or_else(|| panic!("{:?}", parsed.diagnostics));
+        let Resolution::Visible { tool, .. } = meta.resolve(&Host::current()) else {
+            panic!("hidden")
+        };
+        let local = serde_json::to_string_pretty(&tool).unwrap();
+        let remote = definition_json(&toolsrv_agent::definition(&tool)).unwrap();
+        (local, serde_json::to_string_pretty(&remote).unwrap())
+    }
+
+    #[test]
+    fn describe_matches_local_describe() {
+        let cases = [
+            r#"{"cmd": "true"}"#,
+            r#"{"description": "d", "cmd": "true"}"#,
+            r#"{"description": "Disk usage", "prompt": "Use it for df", "keywords": ["disk", "df"],
+                "args": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+                "tier": "warm", "scope": "host", "outputFormat": "text", "resetsCounter": false, "cmd": "df"}"#,
+            r#"{"tier": "hot", "resetsCounter": true, "cmd": "true"}"#,
+        ];
+        for meta in cases {
+            let (local, remote) = both(meta);
+            assert_eq!(local, remote, "for {meta}");
+        }
+    }
+
+    #[test]
+    fn describe_omits_unset_fields_and_parses_args() {
+        let def = ToolDefinition {
+            name: "t".into(),
+            args_schema_json: r#"{"type":"object","required":["x"]}"#.into(),
+            keywords: vec!["k".into()],
+            ..Default::default()
+        };
+        assert_eq!(
+            definition_json(&def).unwrap(),
+            json!({"name": "t", "keywords": ["k"], "args": {"type": "object", "required": ["x"]}})
+        );
+        let empty = ToolDefinition {
+            name: "t".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            definition_json(&empty).unwrap(),
+            json!({"name": "t", "args": {"type": "object"}})
+        );
+        let broken = ToolDefinition {
+            name: "t".into(),
+            args_schema_json: "{".into(),
+            ..Default::default()
+        };
+        assert!(definition_json(&broken).is_err());
+    }
+
+    #[test]
+    fn list_entries_match_the_local_shape() {
+        let visible = ToolStatus {
+            name: "a".into(),
+            visible: true,
+            variant: Some(1),
+            reason: String::new(),
+            definition: Some(ToolDefinition {
+                name: "a".into(),
+                description: "A tool".into(),
+                ..Default::default()
+            }),
+        };
+        let hidden = ToolStatus {
+            name: "b".into(),
+            visible: false,
+            variant: None,
+            reason: "no variant matches this host".into(),
+            definition: None,
+        };
+        let plain = ToolStatus {
+            name: "c".into(),
+            visible: true,
+            definition: Some(ToolDefinition::default()),
+            ..Default::default()
+        };
+        let json = serde_json::to_value([
+            list_entry(&visible),
+            list_entry(&hidden),
+            list_entry(&plain),
+        ])
+        .unwrap();
+        assert_eq!(
+            json,
+            json!([
+                {"name": "a", "visible": true, "variant": 1, "description": "A tool"},
+                {"name": "b", "visible": false, "variant": null, "reason": "no variant matches this host", "description": null},
+                {"name": "c", "visible": true, "variant": null, "description": null},
+            ])
+        );
+    }
+}

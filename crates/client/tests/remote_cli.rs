@@ -1,0 +1,461 @@
+//! Smoke test of the client library and the remote `toolctl` commands against an in-process
+//! coordinator and two agents on an ephemeral loopback port.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use toolsrv_client::{
+    CallRequest, CallStatus, Client, ConnectOptions, FanOutRequest, FanOutUpdate, HostState,
+};
+use toolsrv_tls::{Identity, PkiOptions, TlsFiles};
+
+const HOSTS: [&str; 2] = ["web-1", "web-2"];
+
+/// A coordinator and two agents, stopped on drop.
+struct Fleet {
+    dir: tempfile::TempDir,
+    url: String,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl Fleet {
+    fn pki(&self) -> std::path::PathBuf {
+        self.dir.path().join("pki")
+    }
+
+    fn tools(&self) -> String {
+        self.dir.path().join("tools").display().to_string()
+    }
+
+    fn client_files(&self) -> TlsFiles {
+        TlsFiles::in_dir(&self.pki(), &Identity::Client("alice".into()))
+    }
+
+    /// `toolctl` with the connection in the environment, as a user would set it up.
+    fn toolctl(&self, args: &[&str]) -> tokio::process::Command {
+        let files = self.client_files();
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_toolctl"));
+        cmd.args(args)
+            .env("TOOLSRV_ADDR", &self.url)
+            .env("TOOLSRV_CA", files.ca)
+            .env("TOOLSRV_CERT", files.cert)
+            .env("TOOLSRV_KEY", files.key)
+            .env_remove("OLLIE_TOOLS_PATH")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        cmd
+    }
+
+    async fn run(&self, args: &[&str]) -> Output {
+        run(self.toolctl(args)).await
+    }
+
+    async fn client(&self) -> Client {
+        let opts = ConnectOptions {
+            addr: self.url.clone(),
+            tls: self.client_files(),
+        };
+        Client::connect(&opts).await.unwrap()
+    }
+}
+
+async fn run(mut cmd: tokio::process::Command) -> Output {
+    let child = cmd.spawn().unwrap();
+    tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("toolctl did not finish within 30 s: {cmd:?}"))
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn write(dir: &Path, name: &str, body: &str) {
+    std::fs::write(dir.join(name), body).unwrap();
+}
+
+async fn start() -> Fleet {
+    toolsrv_tls::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    let mut opts = PkiOptions::new(&pki);
+    opts.agents = HOSTS.iter().map(|h| h.to_string()).collect();
+    opts.clients = vec!["alice".into()];
+    toolsrv_tls::init(&opts).unwrap();
+
+    let tools = dir.path().join("tools");
+    std::fs::create_dir(&tools).unwrap();
+    write(
+        &tools,
+        "echo.meta",
+        r#"{"description": "Echo the arguments", "prompt": "Says it back", "keywords": ["echo"], "tier": "hot",
+            "args": {"type": "object", "properties": {"n": {"type": "integer"}}, "additionalProperties": false},
+            "cmd": "cat; printf 'partial'; sleep 0.1; echo ' line'; echo to-stderr >&2"}"#,
+    );
+    write(
+        &tools,
+        "fail.meta",
+        r#"{"description": "Fails", "cmd": "echo broken >&2; exit 3"}"#,
+    );
+    write(
+        &tools,
+        "slow.meta",
+        r#"{"description": "Sleeps", "cmd": "echo started; sleep 30"}"#,
+    );
+    write(
+        &tools,
+        "plan9.meta",
+        r#"{"description": "Plan 9 only", "variants": [{"match": {"os": "plan9"}, "cmd": "true"}]}"#,
+    );
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://{}", listener.local_addr().unwrap());
+    let shutdown = CancellationToken::new();
+    let config = toolsrv_coordinator::CoordinatorConfig::new(
+        vec![tools.clone()],
+        TlsFiles::in_dir(&pki, &Identity::Coordinator),
+    );
+    tokio::spawn(toolsrv_coordinator::serve(
+        config,
+        listener,
+        None,
+        shutdown.clone(),
+    ));
+    for host in HOSTS {
+        let mut config = toolsrv_agent::AgentConfig::new(
+            url.clone(),
+            host,
+            TlsFiles::in_dir(&pki, &Identity::Agent(host.into())),
+            dir.path().join(format!("agent-{host}")),
+        );
+        config.labels.insert("role".into(), "web".into());
+        config.workdir = dir.path().to_path_buf();
+        tokio::spawn(toolsrv_agent::run(config, shutdown.clone()));
+    }
+    let fleet = Fleet { dir, url, shutdown };
+
+    // Both agents connected and reported their views.
+    let client = fleet.client().await;
+    let ready = async {
+        loop {
+            let hosts = client.hosts().await.unwrap();
+            let online = hosts
+                .iter()
+                .filter(|h| h.state == HostState::Online as i32 && h.visible_tools >= 3)
+                .count();
+            if online == HOSTS.len() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), ready)
+        .await
+        .expect("both agents online within 20 s");
+    fleet
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_commands_against_a_real_fleet() {
+    let fleet = start().await;
+
+    // The library: a call to its end.
+    let client = fleet.client().await;
+    let outcome = client
+        .call_to_end(CallRequest {
+            host: "web-1".into(),
+            tool: "echo".into(),
+            args_json: r#"{"n": 1}"#.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        outcome.result.status,
+        CallStatus::Ok as i32,
+        "{:?}",
+        outcome.result
+    );
+    assert_eq!(text(&outcome.stdout), "{\"n\":1}\npartial line\n");
+    assert_eq!(text(&outcome.stderr), "to-stderr\n");
+
+    // The library: a fan-out ends with a summary after a result per host.
+    let mut stream = client
+        .fan_out(FanOutRequest {
+            selector: "role=web".into(),
+            tool: "fail".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut results = Vec::new();
+    let mut summary = None;
+    while let Some(event) = stream.next().await {
+        match event.unwrap().event {
+            FanOutUpdate::Result(r) => results.push(r.status),
+            FanOutUpdate::Summary(s) => summary = Some(s),
+            FanOutUpdate::Output(_) => {}
+        }
+    }
+    assert_eq!(results, [CallStatus::ToolError as i32; 2]);
+    let summary = summary.unwrap();
+    assert_eq!((summary.targeted, summary.ok, summary.failed), (2, 0, 2));
+
+    // hosts --json
+    let out = fleet.run(&["hosts", "--json"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let hosts: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<&str> = hosts
+        .iter()
+        .map(|h| h["host_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, HOSTS);
+    assert_eq!(hosts[0]["state"], "online");
+    assert_eq!(hosts[0]["labels"], json!({"role": "web"}));
+    let out = fleet.run(&["hosts"]).await;
+    assert!(
+        text(&out.stdout).starts_with("HOST "),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // tools --json lists what `local list` lists for the same tools on the same machine.
+    let out = fleet.run(&["tools", "web-1", "--all", "--json"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let remote: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let out = fleet
+        .run(&[
+            "local",
+            "list",
+            "--tools",
+            &fleet.tools(),
+            "--all",
+            "--json",
+        ])
+        .await;
+    let local: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let visible = |list: &[Value]| -> Vec<Value> {
+        list.iter()
+            .filter(|e| e["visible"] == true)
+            .cloned()
+            .collect()
+    };
+    assert_eq!(visible(&remote), visible(&local));
+    let plan9 = remote.iter().find(|e| e["name"] == "plan9").unwrap();
+    assert_eq!(plan9["visible"], false);
+    assert!(
+        plan9["reason"].as_str().unwrap().contains("variant 0"),
+        "{plan9}"
+    );
+
+    // describe prints exactly what `local describe` prints.
+    let out = fleet.run(&["describe", "web-1", "echo"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let local = fleet
+        .run(&["local", "describe", "--tools", &fleet.tools(), "echo"])
+        .await;
+    assert_eq!(text(&out.stdout), text(&local.stdout));
+    let out = fleet.run(&["describe", "web-1", "plan9"]).await;
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    let out = fleet.run(&["describe", "web-1", "nope"]).await;
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+
+    // call: output, exit codes, statuses.
+    let out = fleet.run(&["call", "web-1", "echo", r#"{"n": 2}"#]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "{\"n\":2}\npartial line\n");
+    assert_eq!(text(&out.stderr), "to-stderr\n");
+    let out = fleet.run(&["call", "web-1", "echo", "--result"]).await;
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(result["content"].is_array(), "{result}");
+    let out = fleet.run(&["call", "web-1", "fail"]).await;
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        text(&out.stderr).contains("toolctl: web-1: tool_error"),
+        "{}",
+        text(&out.stderr)
+    );
+    let cases: [(&[&str], i32, &str); 6] = [
+        (
+            &["call", "web-1", "echo", r#"{"n": "x"}"#],
+            65,
+            "invalid_args",
+        ),
+        (&["call", "web-1", "plan9"], 69, "hidden"),
+        (&["call", "web-1", "nope"], 127, "unknown_tool"),
+        (&["call", "nohost", "echo"], 127, "unknown_host"),
+        (
+            &["call", "web-1", "slow", "--timeout", "0.3"],
+            124,
+            "timed_out",
+        ),
+        (&["call", "web-1", "echo", "[1]"], 64, "JSON object"),
+    ];
+    for (args, code, says) in cases {
+        let out = fleet.run(args).await;
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains(says),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+
+    // fanout: prefixed whole lines, a summary table, exit 1 when a host fails.
+    let out = fleet.run(&["fanout", "role=web", "echo"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    for host in HOSTS {
+        assert!(
+            stdout.contains(&format!("{host} | partial line\n")),
+            "{stdout}"
+        );
+        assert!(text(&out.stderr).contains(&format!("{host} | to-stderr\n")));
+    }
+    assert!(stdout.contains("2 hosts: 2 ok, 0 failed"), "{stdout}");
+    let out = fleet.run(&["fanout", "web-*", "fail", "--json"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let events: Vec<Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let summary = events.last().unwrap();
+    assert_eq!(summary["type"], "summary");
+    assert_eq!(summary["failed"], 2);
+    assert_eq!(
+        summary["hosts"]["web-1"],
+        json!({"status": "tool_error", "exit_code": 3})
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e["type"] == "stderr" && e["data"] == "broken\n")
+    );
+    let out = fleet.run(&["fanout", "role=nothing", "echo"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("matches no host"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // watch starts with a snapshot.
+    let mut watch = fleet.toolctl(&["watch", "--json"]).spawn().unwrap();
+    let mut stdout = tokio::io::BufReader::new(watch.stdout.take().unwrap());
+    let mut line = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let first: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(first["kind"], "snapshot", "{line}");
+    watch.kill().await.unwrap();
+
+    // Ctrl-C cancels a running call on the host and exits 130.
+    let mut call = fleet.toolctl(&["call", "web-2", "slow"]).spawn().unwrap();
+    let mut stdout = tokio::io::BufReader::new(call.stdout.take().unwrap());
+    let mut line = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(line, "started\n");
+    let pid = call.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(Duration::from_secs(10), call.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(130));
+    let drained = async {
+        loop {
+            let hosts = client.hosts().await.unwrap();
+            if hosts.iter().all(|h| h.calls_in_flight == 0) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), drained)
+        .await
+        .expect("the cancelled call ends on the host");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_failures_are_one_line_with_a_documented_code() {
+    let fleet = start().await;
+
+    // Nothing listens on port 1.
+    let out = fleet.run(&["hosts", "--addr", "https://127.0.0.1:1"]).await;
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.starts_with("toolctl: cannot connect to https://127.0.0.1:1: "),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+
+    // An agent certificate is not a client certificate.
+    let agent = TlsFiles::in_dir(&fleet.pki(), &Identity::Agent("web-1".into()));
+    let mut cmd = fleet.toolctl(&["hosts"]);
+    cmd.env("TOOLSRV_CERT", &agent.cert)
+        .env("TOOLSRV_KEY", &agent.key);
+    let out = run(cmd).await;
+    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+
+    // A key file that does not exist.
+    let out = fleet.run(&["hosts", "--key", "/nonexistent/key.pem"]).await;
+    assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("/nonexistent/key.pem"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // A certificate from another CA: refused by the coordinator during or after the handshake.
+    let other = fleet.dir.path().join("other");
+    let mut opts = PkiOptions::new(&other);
+    opts.clients = vec!["mallory".into()];
+    toolsrv_tls::init(&opts).unwrap();
+    let mallory = TlsFiles::in_dir(&other, &Identity::Client("mallory".into()));
+    let mut cmd = fleet.toolctl(&["hosts"]);
+    cmd.env("TOOLSRV_CERT", &mallory.cert)
+        .env("TOOLSRV_KEY", &mallory.key)
+        .env("TOOLSRV_CA", &mallory.ca);
+    let out = run(cmd).await;
+    assert!(!out.status.success());
+    assert_eq!(
+        text(&out.stderr).lines().count(),
+        1,
+        "{}",
+        text(&out.stderr)
+    );
+}
