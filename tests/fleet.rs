@@ -422,3 +422,42 @@ fn alive(pid: i32) -> bool {
         Err(_) => false,
     }
 }
+
+#[test]
+fn a_frozen_host_is_detected_as_lost_within_seconds_and_comes_back() {
+    // SIGSTOP freezes the agent without closing its connection: no FIN, no RST, as when a
+    // host drops off the network. Only keepalives can tell.
+    let fleet = three_hosts();
+    fleet.tool("sleepy.meta", r#"{"description": "Sleeps", "cmd": "echo start; sleep 30"}"#, false);
+    fleet.wait_online(&["a"], "sleepy");
+    let mut call = Command::new(bin("toolctl"))
+        .args(["call", "a", "sleepy"])
+        .env("TOOLSRV_ADDR", fleet.url())
+        .env("TOOLSRV_CA", fleet.pki.path("ca.pem"))
+        .env("TOOLSRV_CERT", fleet.pki.path("client-alice.pem"))
+        .env("TOOLSRV_KEY", fleet.pki.path("client-alice-key.pem"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(call.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "start");
+    let agent = nix::unistd::Pid::from_raw(fleet.agents["a"].pid());
+    nix::sys::signal::kill(agent, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let frozen = Instant::now();
+    let out = wait_for("the call to end", Duration::from_secs(15), || call.try_wait().unwrap());
+    let detected = frozen.elapsed();
+    assert!(detected < Duration::from_secs(5), "lost after {detected:?}");
+    assert_eq!(out.code(), Some(75), "lost maps to 75");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut call.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(stderr.contains("lost"), "{stderr}");
+    assert!(fleet.hosts().iter().any(|h| h["host_id"] == "a" && h["state"] == "offline"));
+
+    nix::sys::signal::kill(agent, nix::sys::signal::Signal::SIGCONT).unwrap();
+    wait_for("a back online", Duration::from_secs(30), || {
+        fleet.hosts().iter().any(|h| h["host_id"] == "a" && h["state"] == "online").then_some(())
+    });
+    let out = fleet.toolctl(&["call", "a", "hello"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
