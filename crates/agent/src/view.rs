@@ -9,12 +9,17 @@ use toolsrv_registry::Catalog;
 pub fn tool_statuses(catalog: &Catalog, host: &Host) -> Vec<ToolStatus> {
     toolsrv_host::view(catalog, host)
         .iter()
-        .map(|v| tool_status(v.name(), &v.resolution))
+        .map(|v| tool_status(v.name(), &v.resolution, v.meta.def.description.as_deref()))
         .collect()
 }
 
-/// One tool's status: visible with its definition and variant, or hidden with the reason.
-pub fn tool_status(name: &str, resolution: &Resolution) -> ToolStatus {
+/// One tool's status: visible with its definition and variant, or hidden with the reason and
+/// the top-level description `hidden_description`.
+pub fn tool_status(
+    name: &str,
+    resolution: &Resolution,
+    hidden_description: Option<&str>,
+) -> ToolStatus {
     match resolution {
         Resolution::Visible { variant, tool } => ToolStatus {
             name: name.to_string(),
@@ -22,6 +27,7 @@ pub fn tool_status(name: &str, resolution: &Resolution) -> ToolStatus {
             // A .meta with more than 4 billion variants is not a thing; saturate rather than fail.
             variant: variant.map(|i| u32::try_from(i).unwrap_or(u32::MAX)),
             reason: String::new(),
+            description: tool.description.clone().unwrap_or_default(),
             definition: Some(definition(tool)),
         },
         Resolution::Hidden { reason } => ToolStatus {
@@ -29,6 +35,7 @@ pub fn tool_status(name: &str, resolution: &Resolution) -> ToolStatus {
             visible: false,
             variant: None,
             reason: reason.clone(),
+            description: hidden_description.unwrap_or_default().to_string(),
             definition: None,
         },
     }

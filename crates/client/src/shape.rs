@@ -9,11 +9,7 @@ use crate::ClientError;
 
 /// A tool's entry in a listing, the same shape `toolctl local list --json` prints.
 pub fn list_entry(status: &ToolStatus) -> ListEntry<'_> {
-    let description = status
-        .definition
-        .as_ref()
-        .map(|d| d.description.as_str())
-        .filter(|d| !d.is_empty());
+    let description = Some(status.description.as_str()).filter(|d| !d.is_empty());
     ListEntry {
         name: &status.name,
         visible: status.visible,
@@ -154,6 +150,7 @@ mod tests {
             visible: true,
             variant: Some(1),
             reason: String::new(),
+            description: "A tool".into(),
             definition: Some(ToolDefinition {
                 name: "a".into(),
                 description: "A tool".into(),
@@ -165,6 +162,7 @@ mod tests {
             visible: false,
             variant: None,
             reason: "no variant matches this host".into(),
+            description: "B tool".into(),
             definition: None,
         };
         let plain = ToolStatus {
@@ -183,7 +181,7 @@ mod tests {
             json,
             json!([
                 {"name": "a", "visible": true, "variant": 1, "description": "A tool"},
-                {"name": "b", "visible": false, "variant": null, "reason": "no variant matches this host", "description": null},
+                {"name": "b", "visible": false, "variant": null, "reason": "no variant matches this host", "description": "B tool"},
                 {"name": "c", "visible": true, "variant": null, "description": null},
             ])
         );
