@@ -428,7 +428,11 @@ fn a_frozen_host_is_detected_as_lost_within_seconds_and_comes_back() {
     // SIGSTOP freezes the agent without closing its connection: no FIN, no RST, as when a
     // host drops off the network. Only keepalives can tell.
     let fleet = three_hosts();
-    fleet.tool("sleepy.meta", r#"{"description": "Sleeps", "cmd": "echo start; sleep 30"}"#, false);
+    fleet.tool(
+        "sleepy.meta",
+        r#"{"description": "Sleeps", "cmd": "echo start; sleep 30"}"#,
+        false,
+    );
     fleet.wait_online(&["a"], "sleepy");
     let mut call = Command::new(bin("toolctl"))
         .args(["call", "a", "sleepy"])
@@ -445,19 +449,111 @@ fn a_frozen_host_is_detected_as_lost_within_seconds_and_comes_back() {
     let agent = nix::unistd::Pid::from_raw(fleet.agents["a"].pid());
     nix::sys::signal::kill(agent, nix::sys::signal::Signal::SIGSTOP).unwrap();
     let frozen = Instant::now();
-    let out = wait_for("the call to end", Duration::from_secs(15), || call.try_wait().unwrap());
+    let out = wait_for("the call to end", Duration::from_secs(15), || {
+        call.try_wait().unwrap()
+    });
     let detected = frozen.elapsed();
     assert!(detected < Duration::from_secs(5), "lost after {detected:?}");
     assert_eq!(out.code(), Some(75), "lost maps to 75");
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut call.stderr.take().unwrap(), &mut stderr).unwrap();
     assert!(stderr.contains("lost"), "{stderr}");
-    assert!(fleet.hosts().iter().any(|h| h["host_id"] == "a" && h["state"] == "offline"));
+    assert!(
+        fleet
+            .hosts()
+            .iter()
+            .any(|h| h["host_id"] == "a" && h["state"] == "offline")
+    );
 
     nix::sys::signal::kill(agent, nix::sys::signal::Signal::SIGCONT).unwrap();
     wait_for("a back online", Duration::from_secs(30), || {
-        fleet.hosts().iter().any(|h| h["host_id"] == "a" && h["state"] == "online").then_some(())
+        fleet
+            .hosts()
+            .iter()
+            .any(|h| h["host_id"] == "a" && h["state"] == "online")
+            .then_some(())
     });
     let out = fleet.toolctl(&["call", "a", "hello"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn host_only_tools_and_the_concurrency_limit() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "hello.meta",
+        r#"{"description": "Say hello", "cmd": "echo hello"}"#,
+        false,
+    );
+    fleet.tool(
+        "hold.meta",
+        r#"{"description": "Holds a slot", "cmd": "sleep 2; echo held"}"#,
+        false,
+    );
+    fleet.start_coordinator(&[]);
+    let spec = AgentSpec {
+        local_tools: vec![
+            (
+                "mine.meta".into(),
+                r#"{"description": "Only here"}"#.into(),
+                false,
+            ),
+            (
+                "mine".into(),
+                script("echo from the host-only directory"),
+                true,
+            ),
+            // Same name as a shipped tool: the shipped one wins, the local one is reported shadowed.
+            (
+                "hello.meta".into(),
+                r#"{"description": "Local hello", "cmd": "echo local"}"#.into(),
+                false,
+            ),
+        ],
+        max_concurrent: Some(1),
+        ..AgentSpec::default()
+    };
+    fleet.start_agent("a", &spec);
+    fleet.wait_online(&["a"], "mine");
+    let out = fleet.toolctl(&["call", "a", "mine"]);
+    assert_eq!(
+        text(&out.stdout),
+        "from the host-only directory\n",
+        "{}",
+        text(&out.stderr)
+    );
+    let out = fleet.toolctl(&["call", "a", "hello"]);
+    assert_eq!(
+        text(&out.stdout),
+        "hello\n",
+        "the shipped tool wins a name clash"
+    );
+
+    // With one slot, two 2-second calls run one after the other.
+    let spawn = |fleet: &Fleet| {
+        Command::new(bin("toolctl"))
+            .args(["call", "a", "hold"])
+            .env("TOOLSRV_ADDR", fleet.url())
+            .env("TOOLSRV_CA", fleet.pki.path("ca.pem"))
+            .env("TOOLSRV_CERT", fleet.pki.path("client-alice.pem"))
+            .env("TOOLSRV_KEY", fleet.pki.path("client-alice-key.pem"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let started = Instant::now();
+    let (first, second) = (spawn(&fleet), spawn(&fleet));
+    let (first, second) = (
+        first.wait_with_output().unwrap(),
+        second.wait_with_output().unwrap(),
+    );
+    assert_eq!(
+        (text(&first.stdout), text(&second.stdout)),
+        ("held\n".into(), "held\n".into())
+    );
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(3900),
+        "two calls through one slot took only {elapsed:?}"
+    );
 }
