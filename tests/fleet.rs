@@ -3,11 +3,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, bin, text, wait_for};
+use toolsrv_tests::{AgentSpec, Fleet, text, wait_for};
 
 fn script(body: &str) -> String {
     format!("#!/bin/sh\n{body}\n")
@@ -140,12 +140,8 @@ fn calls_stream_output_live_and_pass_arguments() {
         text(&out.stderr)
     );
 
-    let mut child = Command::new(bin("toolctl"))
-        .args(["call", "a", "slowprint"])
-        .env("TOOLSRV_ADDR", fleet.url())
-        .env("TOOLSRV_CA", fleet.pki.path("ca.pem"))
-        .env("TOOLSRV_CERT", fleet.pki.path("client-alice.pem"))
-        .env("TOOLSRV_KEY", fleet.pki.path("client-alice-key.pem"))
+    let mut child = fleet
+        .toolctl_command("client-alice", &["call", "a", "slowprint"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -184,12 +180,8 @@ fn fan_out_reports_every_host_even_offline_and_lost() {
             .then_some(())
     });
 
-    let mut fanout = Command::new(bin("toolctl"))
-        .args(["fanout", "all", "sleepy", "--json"])
-        .env("TOOLSRV_ADDR", fleet.url())
-        .env("TOOLSRV_CA", fleet.pki.path("ca.pem"))
-        .env("TOOLSRV_CERT", fleet.pki.path("client-alice.pem"))
-        .env("TOOLSRV_KEY", fleet.pki.path("client-alice-key.pem"))
+    let mut fanout = fleet
+        .toolctl_command("client-alice", &["fanout", "all", "sleepy", "--json"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -259,12 +251,8 @@ fn fan_out_reports_every_host_even_offline_and_lost() {
 #[test]
 fn catalog_changes_reach_agents_and_watchers_and_survive_a_coordinator_restart() {
     let mut fleet = three_hosts();
-    let mut watch = Command::new(bin("toolctl"))
-        .args(["watch", "--json"])
-        .env("TOOLSRV_ADDR", fleet.url())
-        .env("TOOLSRV_CA", fleet.pki.path("ca.pem"))
-        .env("TOOLSRV_CERT", fleet.pki.path("client-alice.pem"))
-        .env("TOOLSRV_KEY", fleet.pki.path("client-alice-key.pem"))
+    let mut watch = fleet
+        .toolctl_command("client-alice", &["watch", "--json"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -380,12 +368,8 @@ fn a_client_cancel_kills_the_process_on_the_agent() {
     fleet.tool("hang.meta", r#"{"description": "Hangs", "cmd": "sh -c 'echo $$ > \"$PWD/hang.pid\"; exec sleep 120' & wait"}"#, false);
     fleet.wait_online(&["a"], "hang");
     let pid_file = fleet.work.path().join("host-a/hang.pid");
-    let mut call = Command::new(bin("toolctl"))
-        .args(["call", "a", "hang"])
-        .env("TOOLSRV_ADDR", fleet.url())
-        .env("TOOLSRV_CA", fleet.pki.path("ca.pem"))
-        .env("TOOLSRV_CERT", fleet.pki.path("client-alice.pem"))
-        .env("TOOLSRV_KEY", fleet.pki.path("client-alice-key.pem"))
+    let mut call = fleet
+        .toolctl_command("client-alice", &["call", "a", "hang"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -434,12 +418,8 @@ fn a_frozen_host_is_detected_as_lost_within_seconds_and_comes_back() {
         false,
     );
     fleet.wait_online(&["a"], "sleepy");
-    let mut call = Command::new(bin("toolctl"))
-        .args(["call", "a", "sleepy"])
-        .env("TOOLSRV_ADDR", fleet.url())
-        .env("TOOLSRV_CA", fleet.pki.path("ca.pem"))
-        .env("TOOLSRV_CERT", fleet.pki.path("client-alice.pem"))
-        .env("TOOLSRV_KEY", fleet.pki.path("client-alice-key.pem"))
+    let mut call = fleet
+        .toolctl_command("client-alice", &["call", "a", "sleepy"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -531,12 +511,8 @@ fn host_only_tools_and_the_concurrency_limit() {
 
     // With one slot, two 2-second calls run one after the other.
     let spawn = |fleet: &Fleet| {
-        Command::new(bin("toolctl"))
-            .args(["call", "a", "hold"])
-            .env("TOOLSRV_ADDR", fleet.url())
-            .env("TOOLSRV_CA", fleet.pki.path("ca.pem"))
-            .env("TOOLSRV_CERT", fleet.pki.path("client-alice.pem"))
-            .env("TOOLSRV_KEY", fleet.pki.path("client-alice-key.pem"))
+        fleet
+            .toolctl_command("client-alice", &["call", "a", "hold"])
             .stdout(Stdio::piped())
             .spawn()
             .unwrap()

@@ -285,13 +285,23 @@ impl Fleet {
     }
 
     pub fn toolctl_as(&self, stem: &str, args: &[&str], stdin: Option<&str>) -> Output {
+        run_bounded(
+            self.toolctl_command(stem, args),
+            stdin,
+            Duration::from_secs(60),
+        )
+    }
+
+    /// A `toolctl` command set up to reach this fleet with certificate `stem`, for tests that
+    /// need to watch it run (stream its output, kill it).
+    pub fn toolctl_command(&self, stem: &str, args: &[&str]) -> Command {
         let mut cmd = Command::new(bin("toolctl"));
         cmd.args(args)
             .env("TOOLSRV_ADDR", self.url())
             .env("TOOLSRV_CA", self.pki.path("ca.pem"))
             .env("TOOLSRV_CERT", self.pki.path(&format!("{stem}.pem")))
             .env("TOOLSRV_KEY", self.pki.path(&format!("{stem}-key.pem")));
-        run_bounded(cmd, stdin, Duration::from_secs(60))
+        cmd
     }
 
     /// `toolctl hosts --json`, parsed.

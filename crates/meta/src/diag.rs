@@ -51,34 +51,38 @@ pub struct Diagnostic {
 }
 
 impl Diagnostic {
-    pub(crate) fn error(
+    pub fn new(
         file: &std::path::Path,
         field: Option<String>,
+        severity: Severity,
         code: Code,
         message: impl Into<String>,
     ) -> Self {
         Self {
             file: file.to_path_buf(),
             field,
-            severity: Severity::Error,
+            severity,
             code,
             message: message.into(),
         }
     }
 
-    pub(crate) fn warning(
+    pub fn error(
         file: &std::path::Path,
         field: Option<String>,
         code: Code,
         message: impl Into<String>,
     ) -> Self {
-        Self {
-            file: file.to_path_buf(),
-            field,
-            severity: Severity::Warning,
-            code,
-            message: message.into(),
-        }
+        Self::new(file, field, Severity::Error, code, message)
+    }
+
+    pub fn warning(
+        file: &std::path::Path,
+        field: Option<String>,
+        code: Code,
+        message: impl Into<String>,
+    ) -> Self {
+        Self::new(file, field, Severity::Warning, code, message)
     }
 
     /// Severity as the linter sees it: problems that silently change behaviour are errors there.

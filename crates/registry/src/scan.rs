@@ -121,28 +121,25 @@ impl Scanner {
             let files = match list_meta_files(&dir) {
                 Ok(files) => files,
                 Err(e) => {
-                    catalog.diagnostics.push(Diagnostic {
-                        file: dir.clone(),
-                        field: None,
-                        severity: Severity::Warning,
-                        code: Code::Io,
-                        message: format!("cannot read tools directory: {e}"),
-                    });
+                    let message = format!("cannot read tools directory: {e}");
+                    catalog
+                        .diagnostics
+                        .push(Diagnostic::warning(&dir, None, Code::Io, message));
                     continue;
                 }
             };
             for (name, path) in files {
                 if let Some(winner) = claimed.get(&name) {
-                    catalog.diagnostics.push(Diagnostic {
-                        file: path.clone(),
-                        field: None,
-                        severity: Severity::Warning,
-                        code: Code::Shadowed,
-                        message: format!(
-                            "tool `{name}` is shadowed by {}, which comes first on the tools path",
-                            winner.display()
-                        ),
-                    });
+                    let message = format!(
+                        "tool `{name}` is shadowed by {}, which comes first on the tools path",
+                        winner.display()
+                    );
+                    catalog.diagnostics.push(Diagnostic::warning(
+                        &path,
+                        None,
+                        Code::Shadowed,
+                        message,
+                    ));
                     continue;
                 }
                 claimed.insert(name.clone(), path.clone());
@@ -190,13 +187,7 @@ impl Scanner {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
             Err(e) => {
-                let diag = Diagnostic {
-                    file: path.to_path_buf(),
-                    field: None,
-                    severity: Severity::Error,
-                    code: Code::Io,
-                    message: format!("cannot read: {e}"),
-                };
+                let diag = Diagnostic::error(path, None, Code::Io, format!("cannot read: {e}"));
                 let cached = Cached {
                     stamp: None,
                     digest: String::new(),

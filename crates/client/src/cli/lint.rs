@@ -71,24 +71,22 @@ fn lint_file(path: &Path) -> Vec<Diagnostic> {
         .and_then(|n| n.to_str())
         .and_then(|n| n.strip_suffix(".meta"));
     let Some(name) = name else {
-        return vec![Diagnostic {
-            file: path.to_path_buf(),
-            field: None,
-            severity: Severity::Error,
-            code: Code::BadName,
-            message: "not a .meta file".into(),
-        }];
+        return vec![Diagnostic::error(
+            path,
+            None,
+            Code::BadName,
+            "not a .meta file",
+        )];
     };
     let bytes = match std::fs::read(path) {
         Ok(bytes) => bytes,
         Err(e) => {
-            return vec![Diagnostic {
-                file: path.to_path_buf(),
-                field: None,
-                severity: Severity::Error,
-                code: Code::Io,
-                message: format!("cannot read: {e}"),
-            }];
+            return vec![Diagnostic::error(
+                path,
+                None,
+                Code::Io,
+                format!("cannot read: {e}"),
+            )];
         }
     };
     let parsed = toolsrv_meta::parse(name, path, &bytes);
@@ -113,13 +111,7 @@ fn command_problems(name: &str, meta_path: &Path, has_cmd: bool) -> Vec<Diagnost
     let beside: PathBuf = dir.join(name);
     let host = Host::current();
     let mut out = Vec::new();
-    let warn = |message: String| Diagnostic {
-        file: meta_path.to_path_buf(),
-        field: None,
-        severity: Severity::Warning,
-        code: Code::Suspicious,
-        message,
-    };
+    let warn = |message: String| Diagnostic::warning(meta_path, None, Code::Suspicious, message);
     if beside.is_file() && !host.fs.is_executable(&beside) {
         out.push(warn(format!(
             "{} is not executable, so it is not used: chmod +x it",

@@ -4,7 +4,7 @@ use std::io::Write;
 
 use toolsrv_client::{CallRequest, CallResult, CallStatus, CallUpdate, OutputStream, status_name};
 
-use super::{ConnArgs, connect, exit, interrupted, timeout_ms};
+use super::{ConnArgs, exit, interrupted, prepare_run};
 
 /// Options of `toolctl call`.
 #[derive(Debug)]
@@ -24,25 +24,14 @@ pub async fn call(
     args: Option<&str>,
     opts: CallOptions,
 ) -> u8 {
-    let args = match crate::cli::local::read_args(args) {
-        Ok(args) => args,
-        Err(e) => {
-            eprintln!("toolctl: {e}");
-            return exit::USAGE;
-        }
-    };
-    let timeout_ms = match timeout_ms(opts.timeout) {
-        Ok(ms) => ms,
-        Err(code) => return code,
-    };
-    let remote = match connect(conn).await {
-        Ok(remote) => remote,
+    let (remote, args_json, timeout_ms) = match prepare_run(conn, args, opts.timeout).await {
+        Ok(prepared) => prepared,
         Err(code) => return code,
     };
     let request = CallRequest {
         host: host.to_string(),
         tool: tool.to_string(),
-        args_json: args.to_string(),
+        args_json,
         cwd: opts.cwd.unwrap_or_default(),
         timeout_ms,
     };

@@ -9,7 +9,7 @@ use toolsrv_client::{
     status_name,
 };
 
-use super::{ConnArgs, connect, exit, human_ms, interrupted, timeout_ms, write_table};
+use super::{ConnArgs, exit, human_ms, interrupted, prepare_run, write_table};
 
 /// A line longer than this without a newline is cut and printed in pieces, so one tool that never
 /// ends its line cannot make us hold its whole output.
@@ -32,25 +32,14 @@ pub async fn fan_out(
     args: Option<&str>,
     opts: FanOutOptions,
 ) -> u8 {
-    let args = match crate::cli::local::read_args(args) {
-        Ok(args) => args,
-        Err(e) => {
-            eprintln!("toolctl: {e}");
-            return exit::USAGE;
-        }
-    };
-    let timeout_ms = match timeout_ms(opts.timeout) {
-        Ok(ms) => ms,
-        Err(code) => return code,
-    };
-    let remote = match connect(conn).await {
-        Ok(remote) => remote,
+    let (remote, args_json, timeout_ms) = match prepare_run(conn, args, opts.timeout).await {
+        Ok(prepared) => prepared,
         Err(code) => return code,
     };
     let request = FanOutRequest {
         selector: selector.to_string(),
         tool: tool.to_string(),
-        args_json: args.to_string(),
+        args_json,
         cwd: opts.cwd.unwrap_or_default(),
         timeout_ms,
         concurrency: opts.concurrency,

@@ -172,6 +172,22 @@ fn human_ms(ms: u64) -> String {
     }
 }
 
+/// What `call` and `fanout` share before they send: the arguments as JSON text, the timeout in
+/// milliseconds and a connection; or the exit code after one line saying what was wrong.
+async fn prepare_run(
+    conn: &ConnArgs,
+    args: Option<&str>,
+    timeout: Option<f64>,
+) -> Result<(Remote, String, u64), u8> {
+    let args = crate::cli::local::read_args(args).map_err(|e| {
+        eprintln!("toolctl: {e}");
+        exit::USAGE
+    })?;
+    let timeout_ms = timeout_ms(timeout)?;
+    let remote = connect(conn).await?;
+    Ok((remote, args.to_string(), timeout_ms))
+}
+
 /// `--timeout` seconds as the request's milliseconds; `None` (agent default) when absent.
 fn timeout_ms(timeout: Option<f64>) -> Result<u64, u8> {
     let Some(secs) = timeout else { return Ok(0) };
