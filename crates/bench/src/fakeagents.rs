@@ -9,7 +9,7 @@
 //! [`Responder`] is the protocol core (what to answer to each coordinator message), kept free of
 //! I/O so the smoke test can check it without a network.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -36,11 +36,23 @@ pub const FAKE_OUTPUT: &[u8] = b"ok\n";
 /// The label every fake host carries, for selectors (`fleet=fake`).
 pub const FAKE_LABEL: (&str, &str) = ("fleet", "fake");
 
-/// The protocol state of one fake agent: its host id and the tool names of its catalog.
+/// What the fake agents put into the definitions of their views.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Definitions {
+    /// The top-level fields of each `.meta` (description, prompt, keywords, args, tier), as a
+    /// real agent reports a tool without variants: views as large as a real host's.
+    #[default]
+    FromMeta,
+    /// A one-line description and `{"type":"object"}` only: tiny views.
+    Minimal,
+}
+
+/// The protocol state of one fake agent: its host id and the tools of its catalog.
 #[derive(Debug, Clone)]
 pub struct Responder {
     host_id: String,
-    tools: BTreeSet<String>,
+    tools: BTreeMap<String, ToolDefinition>,
+    definitions: Definitions,
     welcomed: bool,
 }
 
@@ -56,10 +68,11 @@ pub enum Reaction {
 }
 
 impl Responder {
-    pub fn new(host_id: &str) -> Self {
+    pub fn new(host_id: &str, definitions: Definitions) -> Self {
         Self {
             host_id: host_id.to_string(),
-            tools: BTreeSet::new(),
+            tools: BTreeMap::new(),
+            definitions,
             welcomed: false,
         }
     }
@@ -90,8 +103,8 @@ impl Responder {
     }
 
     /// The tools this host currently has in its catalog.
-    pub fn tools(&self) -> &BTreeSet<String> {
-        &self.tools
+    pub fn tools(&self) -> impl Iterator<Item = &str> {
+        self.tools.keys().map(String::as_str)
     }
 
     /// The answer to one coordinator message.
@@ -144,20 +157,17 @@ impl Responder {
             self.tools.remove(name);
         }
         for doc in update.upserts {
-            self.tools.insert(doc.name);
+            let definition = definition(&doc.name, &doc.meta, self.definitions);
+            self.tools.insert(doc.name, definition);
         }
         let tools = self
             .tools
             .iter()
-            .map(|name| ToolStatus {
+            .map(|(name, definition)| ToolStatus {
                 name: name.clone(),
                 visible: true,
-                definition: Some(ToolDefinition {
-                    name: name.clone(),
-                    description: "stand-in host: answers ok".into(),
-                    args_schema_json: r#"{"type":"object"}"#.into(),
-                    ..ToolDefinition::default()
-                }),
+                description: definition.description.clone(),
+                definition: Some(definition.clone()),
                 ..ToolStatus::default()
             })
             .collect();
@@ -165,6 +175,48 @@ impl Responder {
             catalog_revision: update.revision,
             tools,
         }))
+    }
+}
+
+/// A tool's definition as the fake host reports it.
+fn definition(name: &str, meta: &[u8], how: Definitions) -> ToolDefinition {
+    let minimal = ToolDefinition {
+        name: name.to_string(),
+        description: "stand-in host: answers ok".into(),
+        args_schema_json: r#"{"type":"object"}"#.into(),
+        ..ToolDefinition::default()
+    };
+    let Ok(serde_json::Value::Object(meta)) = serde_json::from_slice::<serde_json::Value>(meta)
+    else {
+        return minimal;
+    };
+    if how == Definitions::Minimal {
+        return minimal;
+    }
+    let text = |key: &str| {
+        meta.get(key)
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    ToolDefinition {
+        name: name.to_string(),
+        description: text("description"),
+        prompt: text("prompt"),
+        keywords: meta
+            .get("keywords")
+            .and_then(|k| k.as_array())
+            .map(|k| {
+                k.iter()
+                    .filter_map(|w| w.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        args_schema_json: meta
+            .get("args")
+            .map_or_else(|| minimal.args_schema_json.clone(), |a| a.to_string()),
+        tier: text("tier"),
+        ..ToolDefinition::default()
     }
 }
 
@@ -199,22 +251,24 @@ pub fn fake_id(i: usize) -> String {
     format!("fake-{i:04}")
 }
 
-impl FakeFleet {
-    /// Connects `ids.len()` fake agents to `url` with the agent certificates in `pki` (written by
-    /// `toolsrv pki init --agents ...`), at most `parallel` handshakes at a time; returns once
-    /// every link is connected (not yet welcomed: see [`FakeFleet::wait_ready`]).
-    pub async fn start(
+/// Connected (TLS and HTTP/2 up) but not yet attached fake agents.
+#[derive(Debug)]
+pub struct Connected {
+    links: Vec<(String, tonic::transport::Channel)>,
+}
+
+impl Connected {
+    /// Connects one channel per id to `url` with the agent certificates in `pki` (written by
+    /// `toolsrv pki init --agents ...`), at most `parallel` handshakes at a time.
+    pub async fn connect(
         url: &str,
         pki: &Path,
-        ids: Vec<String>,
+        ids: &[String],
         parallel: usize,
     ) -> Result<Self, BenchError> {
-        let counters = Arc::new(Counters::default());
-        let stop = CancellationToken::new();
-        let mut tasks = JoinSet::new();
         let gate = Arc::new(Semaphore::new(parallel.max(1)));
         let mut connects = JoinSet::new();
-        for id in &ids {
+        for id in ids {
             let files = TlsFiles::in_dir(pki, &Identity::Agent(id.clone()));
             let config = toolsrv_tls::client_config(&files, Role::Coordinator)?;
             let (url, id, gate) = (url.to_string(), id.clone(), gate.clone());
@@ -226,21 +280,49 @@ impl FakeFleet {
                 Ok::<_, String>((id, channel))
             });
         }
+        let mut links = Vec::with_capacity(ids.len());
         while let Some(joined) = connects.join_next().await {
-            let (id, channel) = joined??;
+            links.push(joined??);
+        }
+        Ok(Self { links })
+    }
+
+    /// Opens the agent link on every connection: Hello, and the session from then on.
+    pub fn attach(self, definitions: Definitions) -> FakeFleet {
+        let counters = Arc::new(Counters::default());
+        let stop = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        let mut ids = Vec::with_capacity(self.links.len());
+        for (id, channel) in self.links {
+            ids.push(id.clone());
             let (counters, stop) = (counters.clone(), stop.clone());
             tasks.spawn(async move {
-                let result = run_link(&id, channel, &counters, &stop).await;
+                let result = run_link(&id, channel, definitions, &counters, &stop).await;
                 counters.ended.fetch_add(1, Ordering::Relaxed);
                 result.map_err(|e| format!("{id}: {e}"))
             });
         }
-        Ok(Self {
+        FakeFleet {
             counters,
             stop,
             tasks,
             ids,
-        })
+        }
+    }
+}
+
+impl FakeFleet {
+    /// Connects and attaches `ids.len()` fake agents (see [`Connected::connect`]); returns once
+    /// every link is connected (not yet welcomed: see [`FakeFleet::wait_ready`]).
+    pub async fn start(
+        url: &str,
+        pki: &Path,
+        ids: Vec<String>,
+        parallel: usize,
+    ) -> Result<Self, BenchError> {
+        Ok(Connected::connect(url, pki, &ids, parallel)
+            .await?
+            .attach(Definitions::FromMeta))
     }
 
     /// Waits (at most `limit`) until every link has been welcomed and has sent its view.
@@ -294,10 +376,11 @@ impl FakeFleet {
 async fn run_link(
     id: &str,
     channel: tonic::transport::Channel,
+    definitions: Definitions,
     counters: &Counters,
     stop: &CancellationToken,
 ) -> Result<(), BenchError> {
-    let mut responder = Responder::new(id);
+    let mut responder = Responder::new(id, definitions);
     let (tx, rx) = mpsc::channel(16);
     tx.send(responder.hello()).await?;
     let mut client = AgentLinkClient::new(channel);
