@@ -6,6 +6,27 @@ use toolsrv_exec::{Ending, Exit, Outcome};
 use toolsrv_host::CallError;
 use toolsrv_proto::v1::{CallResult, CallStatus};
 
+/// The largest `result_json` sent on the link. The coordinator refuses messages over 16 MiB and
+/// one oversized message would end the link for every call on it, so a larger result (a large
+/// `--result-cap` of control bytes, each escaped to six) is replaced by a short explanation.
+pub const MAX_RESULT_JSON: usize = 8 << 20;
+
+fn bounded_result(outcome: &Outcome) -> String {
+    let json = outcome.result.to_string();
+    if json.len() <= MAX_RESULT_JSON {
+        return json;
+    }
+    let text = format!(
+        "[toolsrv: the result ({} bytes as JSON) is too large to send; the output was streamed]",
+        json.len()
+    );
+    let mut result = serde_json::json!({"content": [{"type": "text", "text": text}]});
+    if !outcome.success() {
+        result["isError"] = serde_json::Value::Bool(true);
+    }
+    result.to_string()
+}
+
 /// The result of a call that ran.
 ///
 /// `timeout` is the call's effective timeout, for the message of a timed-out call.
@@ -29,7 +50,7 @@ pub fn finished(outcome: &Outcome, timeout: Duration) -> CallResult {
         signal,
         duration_ms: u64::try_from(outcome.duration.as_millis()).unwrap_or(u64::MAX),
         truncated: outcome.truncated,
-        result_json: outcome.result.to_string(),
+        result_json: bounded_result(outcome),
         message,
     }
 }
@@ -158,5 +179,21 @@ mod tests {
         for (err, status) in cases {
             assert_eq!(refusal_status(&err), status, "{err}");
         }
+    }
+
+    #[test]
+    fn oversized_results_are_replaced_not_sent() {
+        let mut big = outcome(Exit::Code(1), Ending::Exited);
+        big.result = json!({"content": [{"type": "text", "text": "\u{0}".repeat(2 << 20)}], "isError": true});
+        let r = finished(&big, Duration::from_secs(5));
+        assert!(r.result_json.len() < 1000, "{}", r.result_json.len());
+        let result: serde_json::Value = serde_json::from_str(&r.result_json).unwrap();
+        assert!(
+            result["content"][0]["text"]
+                .as_str()
+                .unwrap()
+                .contains("too large to send")
+        );
+        assert_eq!(result["isError"], true);
     }
 }

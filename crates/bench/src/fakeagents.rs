@@ -311,6 +311,83 @@ impl Connected {
     }
 }
 
+impl Connected {
+    /// Like [`Connected::attach`], but `batch` links at a time, each batch waiting (at most
+    /// `limit` in all) until its links have reported their views: at most `batch` catalog pushes
+    /// are in flight at once, instead of all of them.
+    pub async fn attach_staggered(
+        self,
+        definitions: Definitions,
+        batch: usize,
+        limit: Duration,
+    ) -> Result<FakeFleet, BenchError> {
+        let started = Instant::now();
+        let mut fleet = FakeFleet {
+            counters: Arc::new(Counters::default()),
+            stop: CancellationToken::new(),
+            tasks: JoinSet::new(),
+            ids: Vec::new(),
+        };
+        let mut links = self.links.into_iter().peekable();
+        while links.peek().is_some() {
+            for (id, channel) in links.by_ref().take(batch.max(1)) {
+                fleet.ids.push(id.clone());
+                let (counters, stop) = (fleet.counters.clone(), fleet.stop.clone());
+                fleet.tasks.spawn(async move {
+                    let result = run_link(&id, channel, definitions, &counters, &stop).await;
+                    counters.ended.fetch_add(1, Ordering::Relaxed);
+                    result.map_err(|e| format!("{id}: {e}"))
+                });
+            }
+            let left = limit.saturating_sub(started.elapsed());
+            fleet.wait_ready(left).await?;
+        }
+        Ok(fleet)
+    }
+}
+
+/// Encoded sizes of what the coordinator sends a new agent for the `.meta` files of `dir` (the
+/// full `CatalogUpdate`, executables not inlined) and of the view a fake agent answers with.
+pub fn message_sizes(dir: &Path, definitions: Definitions) -> Result<(usize, usize), BenchError> {
+    use prost::Message;
+    let mut upserts = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "meta") {
+            let name = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or_default()
+                .to_string();
+            upserts.push(toolsrv_proto::v1::ToolDocument {
+                name,
+                meta: std::fs::read(&path)?,
+                meta_sha256: "0".repeat(64),
+                executable: None,
+            });
+        }
+    }
+    let update = CatalogUpdate {
+        revision: 1,
+        full: true,
+        upserts,
+        removals: Vec::new(),
+    };
+    let catalog = CoordinatorMessage {
+        msg: Some(In::Catalog(update.clone())),
+    }
+    .encoded_len();
+    let mut responder = Responder::new("fake-0000", definitions);
+    responder.welcomed = true;
+    let view = match responder.react(CoordinatorMessage {
+        msg: Some(In::Catalog(update)),
+    }) {
+        Reaction::Send(sent) => sent.iter().map(Message::encoded_len).sum(),
+        _ => 0,
+    };
+    Ok((catalog, view))
+}
+
 impl FakeFleet {
     /// Connects and attaches `ids.len()` fake agents (see [`Connected::connect`]); returns once
     /// every link is connected (not yet welcomed: see [`FakeFleet::wait_ready`]).

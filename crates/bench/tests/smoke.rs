@@ -92,7 +92,7 @@ fn fake_agent_answers_the_protocol() {
         upserts: vec![
             doc(
                 "echo_ok",
-                r#"{"description":"says ok","prompt":"## echo","keywords":["ok"],"args":{"type":"object"}}"#,
+                r##"{"description":"says ok","prompt":"# echo","keywords":["ok"],"args":{"type":"object"}}"##,
             ),
             doc("other", "{}"),
         ],
@@ -111,11 +111,15 @@ fn fake_agent_answers_the_protocol() {
     };
     assert_eq!(view.catalog_revision, 3);
     assert_eq!(view.tools.len(), 2);
-    assert!(view.tools.iter().all(|t| t.visible && t.definition.is_some()));
+    assert!(
+        view.tools
+            .iter()
+            .all(|t| t.visible && t.definition.is_some())
+    );
     let echo = view.tools[0].definition.as_ref().unwrap();
     assert_eq!(
         (echo.description.as_str(), echo.prompt.as_str()),
-        ("says ok", "## echo")
+        ("says ok", "# echo")
     );
 
     let incremental = CatalogUpdate {

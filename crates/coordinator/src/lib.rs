@@ -36,6 +36,9 @@ pub use policy::Policy;
 
 /// Largest gRPC message accepted or sent (catalog updates are split well below this).
 const MAX_MESSAGE: usize = 16 << 20;
+/// Largest message accepted from an agent: a host view lists every tool with its resolved
+/// definition, and one oversized message would end the link.
+const MAX_AGENT_MESSAGE: usize = 64 << 20;
 
 /// How a coordinator runs.
 #[derive(Debug, Clone)]
@@ -171,7 +174,7 @@ pub async fn serve(
     let agent_link = AgentLinkServer::new(AgentLinkService {
         state: state.clone(),
     })
-    .max_decoding_message_size(MAX_MESSAGE)
+    .max_decoding_message_size(MAX_AGENT_MESSAGE)
     .max_encoding_message_size(MAX_MESSAGE);
     let tools = ToolsServer::new(ToolsService {
         state: state.clone(),

@@ -13,6 +13,8 @@ pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 /// The output cap [`Invocation::new`] starts with (1 MiB)
 pub const DEFAULT_OUTPUT_CAP: u64 = 1 << 20;
+/// The result cap [`Invocation::new`] starts with (1 MiB)
+pub const DEFAULT_RESULT_CAP: u64 = 1 << 20;
 
 /// What to run
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +51,9 @@ pub struct Invocation {
     pub timeout: Duration,
     /// The most stdout+stderr bytes (combined) delivered to the caller
     pub output_cap: u64,
+    /// The most bytes of each stream kept for the final result; the streamed output is not
+    /// bounded by this, only the copy held in memory for [`crate::Outcome::result`]
+    pub result_cap: u64,
     /// After SIGTERM on timeout or cancellation, how long to wait before SIGKILL
     pub kill_grace: Duration,
 }
@@ -63,6 +68,7 @@ impl Invocation {
             env: Vec::new(),
             timeout: DEFAULT_TIMEOUT,
             output_cap: DEFAULT_OUTPUT_CAP,
+            result_cap: DEFAULT_RESULT_CAP,
             kill_grace: DEFAULT_KILL_GRACE,
         }
     }
@@ -80,6 +86,7 @@ impl fmt::Debug for Invocation {
             .field("env_names", &env_names)
             .field("timeout", &self.timeout)
             .field("output_cap", &self.output_cap)
+            .field("result_cap", &self.result_cap)
             .field("kill_grace", &self.kill_grace)
             .finish()
     }

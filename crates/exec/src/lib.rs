@@ -26,7 +26,8 @@ mod run;
 pub use error::ExecError;
 pub use event::{Ending, Event, Exit, Outcome, Stream};
 pub use invocation::{
-    DEFAULT_KILL_GRACE, DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT, Invocation, Program, SHELL,
+    DEFAULT_KILL_GRACE, DEFAULT_OUTPUT_CAP, DEFAULT_RESULT_CAP, DEFAULT_TIMEOUT, Invocation,
+    Program, SHELL,
 };
 pub use result::tool_result;
 pub use run::{EventStream, Execution, run_to_end, spawn};

@@ -15,6 +15,8 @@ const CHUNK: usize = 64 * 1024;
 #[derive(Debug)]
 pub(crate) struct Capture {
     cap: u64,
+    /// The most bytes of each stream copied for the result
+    keep: usize,
     state: Mutex<CaptureState>,
 }
 
@@ -22,12 +24,16 @@ pub(crate) struct Capture {
 #[derive(Debug, Default)]
 pub(crate) struct CaptureState {
     /// Bytes of tool output delivered so far (the marker does not count)
-    delivered: u64,
+    pub(crate) delivered: u64,
     pub(crate) truncated: bool,
-    /// What was delivered on stdout, marker included; at most cap + marker long
+    /// The start of what was delivered on stdout, marker included; at most `keep` long
     pub(crate) stdout: Vec<u8>,
-    /// What was delivered on stderr, marker included
+    /// The start of what was delivered on stderr, marker included; at most `keep` long
     pub(crate) stderr: Vec<u8>,
+    /// Bytes delivered on stdout, marker included (what a complete copy would hold)
+    pub(crate) stdout_delivered: u64,
+    /// Bytes delivered on stderr, marker included
+    pub(crate) stderr_delivered: u64,
     pub(crate) stdout_total: u64,
     pub(crate) stderr_total: u64,
 }
@@ -38,9 +44,10 @@ pub(crate) fn truncation_marker(cap: u64) -> Bytes {
 }
 
 impl Capture {
-    pub(crate) fn new(cap: u64) -> Self {
+    pub(crate) fn new(cap: u64, keep: u64) -> Self {
         Self {
             cap,
+            keep: usize::try_from(keep).unwrap_or(usize::MAX),
             state: Mutex::new(CaptureState::default()),
         }
     }
@@ -75,12 +82,15 @@ impl Capture {
             }
             out.push(truncation_marker(self.cap));
         }
-        let copy = match stream {
-            Stream::Stdout => &mut state.stdout,
-            Stream::Stderr => &mut state.stderr,
+        let state = &mut *state;
+        let (copy, delivered) = match stream {
+            Stream::Stdout => (&mut state.stdout, &mut state.stdout_delivered),
+            Stream::Stderr => (&mut state.stderr, &mut state.stderr_delivered),
         };
         for piece in &out {
-            copy.extend_from_slice(piece);
+            *delivered += piece.len() as u64;
+            let room = self.keep.saturating_sub(copy.len());
+            copy.extend_from_slice(&piece[..piece.len().min(room)]);
         }
         out
     }
@@ -93,6 +103,8 @@ impl Capture {
             truncated: state.truncated,
             stdout: std::mem::take(&mut state.stdout),
             stderr: std::mem::take(&mut state.stderr),
+            stdout_delivered: state.stdout_delivered,
+            stderr_delivered: state.stderr_delivered,
             stdout_total: state.stdout_total,
             stderr_total: state.stderr_total,
         }
@@ -148,7 +160,7 @@ mod tests {
 
     #[test]
     fn under_the_cap_everything_passes() {
-        let capture = Capture::new(10);
+        let capture = Capture::new(10, 1 << 20);
         assert_eq!(capture.admit(Stream::Stdout, bytes(4)), vec![bytes(4)]);
         assert_eq!(capture.admit(Stream::Stderr, bytes(6)), vec![bytes(6)]);
         let state = capture.take();
@@ -158,7 +170,7 @@ mod tests {
 
     #[test]
     fn the_crossing_chunk_is_cut_and_marked_once() {
-        let capture = Capture::new(10);
+        let capture = Capture::new(10, 1 << 20);
         assert_eq!(capture.admit(Stream::Stdout, bytes(7)).len(), 1);
         let crossing = capture.admit(Stream::Stderr, bytes(5));
         assert_eq!(crossing, vec![bytes(3), truncation_marker(10)]);
@@ -176,7 +188,7 @@ mod tests {
 
     #[test]
     fn a_zero_cap_sends_only_the_marker() {
-        let capture = Capture::new(0);
+        let capture = Capture::new(0, 1 << 20);
         assert_eq!(
             capture.admit(Stream::Stdout, bytes(1)),
             vec![truncation_marker(0)]
@@ -186,7 +198,7 @@ mod tests {
 
     #[test]
     fn a_chunk_exactly_at_the_cap_is_not_truncated() {
-        let capture = Capture::new(5);
+        let capture = Capture::new(5, 1 << 20);
         assert_eq!(capture.admit(Stream::Stdout, bytes(5)), vec![bytes(5)]);
         assert!(!capture.take().truncated);
         // The next non-empty byte crosses it.

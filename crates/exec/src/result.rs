@@ -6,6 +6,7 @@ use nix::sys::signal::Signal;
 use serde_json::{Map, Value, json};
 
 use crate::event::{Ending, Exit};
+use crate::output::CaptureState;
 
 /// Builds a tool result from the tool's stdout
 ///
@@ -57,17 +58,31 @@ fn text_item(text: String) -> Value {
 /// A failed tool that wrote nothing to stdout is explained by its stderr, and
 /// a call that did not end with an exit code gets a note saying why.
 pub(crate) fn outcome_result(
-    stdout: &[u8],
-    stderr: &[u8],
+    captured: &CaptureState,
     exit: Exit,
     ending: Ending,
     timeout: Duration,
 ) -> Value {
-    if ending == Ending::Exited && exit == Exit::Code(0) {
-        return tool_result(stdout, true, None);
+    let success = ending == Ending::Exited && exit == Exit::Code(0);
+    let use_stdout = success || captured.stdout_delivered > 0;
+    let (text, delivered) = if use_stdout {
+        (captured.stdout.as_slice(), captured.stdout_delivered)
+    } else {
+        (captured.stderr.as_slice(), captured.stderr_delivered)
+    };
+    // Only the start of a large output is kept for the result; say so rather than pass it off
+    // as the whole.
+    let partial = (text.len() as u64) < delivered;
+    let cut = partial.then(|| {
+        format!(
+            "[toolsrv: the result holds the first {} of {delivered} bytes; the rest was streamed]",
+            text.len()
+        )
+    });
+    if success {
+        return tool_result(text, true, cut.as_deref());
     }
-    let text = if stdout.is_empty() { stderr } else { stdout };
-    let note = match (ending, exit) {
+    let why = match (ending, exit) {
         (Ending::TimedOut, _) => Some(format!("tool timed out after {timeout:?}")),
         (Ending::Cancelled, _) => Some("tool was cancelled".to_owned()),
         (Ending::Exited, Exit::Signal(signo)) => Some(match Signal::try_from(signo) {
@@ -78,6 +93,10 @@ pub(crate) fn outcome_result(
             Some(format!("tool exited with code {code}"))
         }
         (Ending::Exited, Exit::Code(_)) => None,
+    };
+    let note = match (cut, why) {
+        (Some(cut), Some(why)) => Some(format!("{cut}\n{why}")),
+        (cut, why) => cut.or(why),
     };
     tool_result(text, false, note.as_deref())
 }
@@ -202,7 +221,14 @@ mod tests {
             ),
         ];
         for (stdout, stderr, exit, ending, text, is_error) in cases {
-            let result = outcome_result(stdout, stderr, exit, ending, secs);
+            let captured = CaptureState {
+                stdout: stdout.to_vec(),
+                stderr: stderr.to_vec(),
+                stdout_delivered: stdout.len() as u64,
+                stderr_delivered: stderr.len() as u64,
+                ..CaptureState::default()
+            };
+            let result = outcome_result(&captured, exit, ending, secs);
             assert_eq!(result["content"][0]["text"], text, "{exit:?} {ending:?}");
             assert_eq!(
                 result.get("isError").is_some(),
@@ -210,5 +236,29 @@ mod tests {
                 "{exit:?} {ending:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_partial_copy_is_labelled_not_passed_off_as_whole() {
+        let secs = Duration::from_secs(5);
+        let captured = CaptureState {
+            stdout: b"0123".to_vec(),
+            stdout_delivered: 10,
+            ..CaptureState::default()
+        };
+        let ok = outcome_result(&captured, Exit::Code(0), Ending::Exited, secs);
+        assert_eq!(
+            ok["content"][0]["text"],
+            "0123\n[toolsrv: the result holds the first 4 of 10 bytes; the rest was streamed]"
+        );
+        assert!(ok.get("isError").is_none());
+        let failed = outcome_result(&captured, Exit::Code(2), Ending::TimedOut, secs);
+        let text = failed["content"][0]["text"].as_str().unwrap();
+        assert!(
+            text.starts_with("0123\n[toolsrv: the result holds the first 4 of 10 bytes"),
+            "{text}"
+        );
+        assert!(text.ends_with("tool timed out after 5s"), "{text}");
+        assert_eq!(failed["isError"], true);
     }
 }

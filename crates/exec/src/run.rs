@@ -137,7 +137,7 @@ pub fn spawn(inv: Invocation, cancel: CancellationToken) -> Result<Execution, Ex
     let stderr = child.stderr.take().ok_or_else(|| missing("stderr"))?;
 
     let (tx, events) = mpsc::channel(CHANNEL_CAPACITY);
-    let capture = Arc::new(Capture::new(inv.output_cap));
+    let capture = Arc::new(Capture::new(inv.output_cap, inv.result_cap));
     let cancel = cancel.child_token();
     let mut readers = JoinSet::new();
     readers.spawn(pump(stdout, Stream::Stdout, capture.clone(), tx.clone()));
@@ -276,13 +276,7 @@ impl Call {
 
         let captured = self.capture.take();
         let outcome = Outcome {
-            result: outcome_result(
-                &captured.stdout,
-                &captured.stderr,
-                exit,
-                ending,
-                self.timeout,
-            ),
+            result: outcome_result(&captured, exit, ending, self.timeout),
             exit,
             ending,
             duration: self.started.elapsed(),

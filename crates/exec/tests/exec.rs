@@ -453,3 +453,26 @@ async fn a_process_that_escaped_the_group_cannot_hold_the_call_past_its_timeout(
     assert_eq!(outcome.exit, Exit::Code(0));
     assert!(!outcome.success());
 }
+
+#[tokio::test]
+async fn the_result_keeps_only_the_start_of_a_large_output_while_all_of_it_streams() {
+    let mut inv = shell("head -c 3145728 /dev/zero | tr '\\0' x");
+    inv.output_cap = 8 << 20;
+    inv.result_cap = 1 << 20;
+    let (stdout, _, outcome) = run(inv).await;
+    assert_eq!(stdout.len(), 3 << 20, "everything streams");
+    assert!(!outcome.truncated);
+    let text = text(&outcome.result);
+    assert!(
+        text.starts_with(&"x".repeat(1 << 20)),
+        "the first MiB is kept"
+    );
+    assert!(
+        text.ends_with(
+            "[toolsrv: the result holds the first 1048576 of 3145728 bytes; the rest was streamed]"
+        ),
+        "{}",
+        &text[text.len() - 120..]
+    );
+    assert!(text.len() < (1 << 20) + 200);
+}

@@ -19,6 +19,8 @@ pub struct Limits {
     pub max_timeout: Duration,
     /// Most bytes of stdout and stderr (together) delivered per call.
     pub output_cap: u64,
+    /// Most bytes of output kept in memory for the final result (the rest is only streamed).
+    pub result_cap: u64,
     /// Time between SIGTERM and SIGKILL when a call is stopped.
     pub kill_grace: Duration,
 }
@@ -29,6 +31,7 @@ impl Default for Limits {
             default_timeout: Duration::from_secs(60),
             max_timeout: Duration::from_secs(3600),
             output_cap: toolsrv_exec::DEFAULT_OUTPUT_CAP,
+            result_cap: toolsrv_exec::DEFAULT_RESULT_CAP,
             kill_grace: toolsrv_exec::DEFAULT_KILL_GRACE,
         }
     }
@@ -126,6 +129,7 @@ pub fn prepare(
         env,
         timeout,
         output_cap: limits.output_cap,
+        result_cap: limits.result_cap,
         kill_grace: limits.kill_grace,
     })
 }

@@ -163,6 +163,9 @@ pub struct AgentArgs {
     /// Most bytes of output (stdout and stderr together) per call
     #[arg(long, env = "TOOLSRV_OUTPUT_CAP", default_value_t = 16 << 20)]
     pub output_cap: u64,
+    /// Most bytes of output kept for a call's final result; beyond it output only streams
+    #[arg(long, env = "TOOLSRV_RESULT_CAP", default_value_t = 1 << 20)]
+    pub result_cap: u64,
     /// Working directory of calls that do not name one
     #[arg(long, env = "TOOLSRV_WORKDIR")]
     pub workdir: Option<PathBuf>,
@@ -190,6 +193,7 @@ impl AgentArgs {
         config.limits.max_timeout =
             Duration::from_secs(self.max_timeout_secs.max(self.default_timeout_secs).max(1));
         config.limits.output_cap = self.output_cap;
+        config.limits.result_cap = self.result_cap;
         if let Some(workdir) = &self.workdir {
             config.workdir = workdir.clone();
         }
