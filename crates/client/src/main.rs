@@ -17,7 +17,9 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = cli::Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    // One command, one call: a single-threaded runtime starts faster than a pool of workers,
+    // which matters for scripts that run toolctl once per call.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

@@ -109,7 +109,7 @@ impl Tools for ToolsService {
             .tools
             .iter()
             .filter(|t| req.include_hidden || t.visible)
-            .cloned()
+            .map(|t| t.status())
             .collect();
         Ok(Response::new(ListToolsResponse {
             host: req.host,
@@ -126,7 +126,9 @@ impl Tools for ToolsService {
         let req = req.into_inner();
         let host = self.host(&req.host)?;
         match host.tool(&req.tool) {
-            Some(t) if t.visible => Ok(Response::new(t.definition.clone().unwrap_or_default())),
+            Some(t) if t.visible => Ok(Response::new(
+                t.definition.as_deref().cloned().unwrap_or_default(),
+            )),
             Some(t) => Err(Status::failed_precondition(format!(
                 "tool `{}` is hidden on host `{}`: {}",
                 req.tool, req.host, t.reason

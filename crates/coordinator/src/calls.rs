@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use toolsrv_proto::v1::{CallResult, CallStatus, OutputChunk, StartCall, ToolStatus};
+use toolsrv_proto::v1::{CallResult, CallStatus, OutputChunk, StartCall};
 
 use crate::State;
 use crate::audit::Record;
@@ -49,13 +49,13 @@ async fn start(state: &State, host_id: &str, spec: &CallSpec) -> Result<CallHand
     };
     let catalog = state.registry.catalog();
     match host.tool(&spec.tool) {
-        Some(ToolStatus { visible: true, .. }) => {}
-        Some(ToolStatus { reason, .. }) => {
+        Some(tool) if tool.visible => {}
+        Some(tool) => {
             return Err(status(
                 CallStatus::Hidden,
                 format!(
-                    "tool `{}` is hidden on host `{host_id}`: {reason}",
-                    spec.tool
+                    "tool `{}` is hidden on host `{host_id}`: {}",
+                    spec.tool, tool.reason
                 ),
             ));
         }

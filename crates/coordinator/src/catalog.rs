@@ -6,7 +6,10 @@ use toolsrv_proto::v1::{BlobRef, CatalogUpdate, ToolDocument};
 use toolsrv_registry::Catalog;
 
 /// Most `.meta` bytes per update message; a larger catalog goes out as several messages.
-const BATCH_BYTES: usize = 2 << 20;
+/// Small on purpose: each link's encoder keeps a buffer as large as the largest message it
+/// sent, for the life of the link, so this bounds memory per idle agent (a single larger
+/// `.meta` still goes out whole).
+const BATCH_BYTES: usize = 16 << 10;
 
 /// What one agent was last sent: tool name to (meta digest, executable digest).
 #[derive(Debug, Default)]
@@ -140,7 +143,7 @@ mod tests {
         let docs: Vec<ToolDocument> = (0..10)
             .map(|i| ToolDocument {
                 name: format!("t{i}"),
-                meta: vec![b' '; 600 << 10],
+                meta: vec![b' '; 6 << 10],
                 ..Default::default()
             })
             .collect();

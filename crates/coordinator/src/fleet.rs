@@ -6,12 +6,11 @@ use std::sync::{Arc, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::broadcast;
-use toolsrv_proto::v1::{
-    CatalogEvent, CatalogEventKind, HostFacts, HostInfo, HostState, HostView, ToolStatus,
-};
+use toolsrv_proto::v1::{CatalogEvent, CatalogEventKind, HostFacts, HostInfo, HostState, HostView};
 
 use crate::link::Link;
 use crate::selector::{self, Selector};
+use crate::views::{Interner, StoredTool, StoredView};
 
 /// What the coordinator knows of one host.
 #[derive(Debug, Clone)]
@@ -22,7 +21,7 @@ pub struct HostEntry {
     pub max_concurrent_calls: u32,
     pub connected_unix_ms: u64,
     /// The host's latest view, tools sorted by name.
-    pub view: Option<Arc<HostView>>,
+    pub view: Option<Arc<StoredView>>,
     /// The live connection; `None` while offline.
     pub link: Option<Arc<Link>>,
     pub last_seen: Arc<AtomicU64>,
@@ -34,12 +33,8 @@ impl HostEntry {
     }
 
     /// The host's status of one tool, if its view has it.
-    pub fn tool(&self, name: &str) -> Option<&ToolStatus> {
-        let view = self.view.as_ref()?;
-        view.tools
-            .binary_search_by(|t| t.name.as_str().cmp(name))
-            .ok()
-            .map(|i| &view.tools[i])
+    pub fn tool(&self, name: &str) -> Option<&StoredTool> {
+        self.view.as_ref()?.tool(name)
     }
 
     pub fn info(&self) -> HostInfo {
@@ -84,6 +79,8 @@ pub struct Fleet {
     generation: AtomicU64,
     /// The registry revision, mirrored here so events can carry it.
     revision: AtomicU64,
+    /// Shares identical tool definitions between host views.
+    interner: Interner,
 }
 
 pub fn now_ms() -> u64 {
@@ -100,6 +97,7 @@ impl Fleet {
             events,
             generation: AtomicU64::new(1),
             revision: AtomicU64::new(revision),
+            interner: Interner::default(),
         }
     }
 
@@ -181,8 +179,8 @@ impl Fleet {
     }
 
     /// Stores a host's new view (tools sorted by name) if `generation` is its current connection.
-    pub fn set_view(&self, id: &str, generation: u64, mut view: HostView) {
-        view.tools.sort_by(|a, b| a.name.cmp(&b.name));
+    pub fn set_view(&self, id: &str, generation: u64, view: HostView) {
+        let view = self.interner.store(view);
         let revision = view.catalog_revision;
         {
             let mut hosts = self.write();

@@ -17,6 +17,7 @@ mod fleet;
 mod link;
 pub mod policy;
 pub mod selector;
+mod views;
 
 use std::path::PathBuf;
 use std::sync::Arc;
