@@ -94,7 +94,7 @@ fn print_banner(url: &str, pki: &Path, tools: &[PathBuf]) {
     let client = TlsFiles::in_dir(pki, &Identity::Client(CLIENT.into()));
     let tools: Vec<String> = tools.iter().map(|t| t.display().to_string()).collect();
     println!(
-        "toolsrv is up: coordinator on {url}, agent `{LOCAL_HOST}` attached, tools from {}\n\
+        "toolsrv is up: coordinator on {url} with a local agent `{LOCAL_HOST}`, tools from {}\n\
          \n\
          In another shell:\n\
          \n  export TOOLSRV_ADDR={url}\n  export TOOLSRV_CA={}\n  export TOOLSRV_CERT={}\n  export TOOLSRV_KEY={}\n\
