@@ -28,6 +28,7 @@ fn generate(protoc: Option<PathBuf>) -> Result<(), Box<dyn std::error::Error>> {
         config.protoc_executable(protoc);
     }
     tonic_prost_build::configure()
+        .codec_path("crate::codec::LeanCodec")
         .file_descriptor_set_path(out.join("toolsrv_descriptor.bin"))
         .compile_with_config(config, &files, std::slice::from_ref(&root))?;
     for f in &files {

@@ -7,6 +7,8 @@
     clippy::pedantic
 )]
 
+pub mod codec;
+
 /// Version 1 of the protocol.
 pub mod v1 {
     tonic::include_proto!("toolsrv.v1");
