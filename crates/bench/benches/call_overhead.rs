@@ -24,15 +24,12 @@ fn main() -> Result<(), BenchError> {
 
 fn summary_row(table: &mut Table, label: &str, samples: &[f64]) {
     if let Some(s) = Summary::of_nanos(samples) {
-        table.row([
-            label.to_string(),
-            s.n.to_string(),
-            fmt_ns(s.median),
-            fmt_ns(s.p90),
-            fmt_ns(s.p99),
-            fmt_ns(s.min),
-            fmt_rate(s.ops_per_sec()),
-        ]);
+        table.row(
+            [label.to_string()]
+                .into_iter()
+                .chain(s.cells())
+                .chain([fmt_rate(s.ops_per_sec())]),
+        );
     }
 }
 

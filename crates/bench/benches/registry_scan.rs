@@ -58,16 +58,12 @@ fn main() -> Result<(), BenchError> {
         let Some(s) = Summary::of(samples) else {
             continue;
         };
-        table.row([
-            label.to_string(),
-            s.n.to_string(),
-            fmt_ns(s.median),
-            fmt_ns(s.p90),
-            fmt_ns(s.p99),
-            fmt_ns(s.min),
-            fmt_ns(s.median / tools as f64),
-            fmt_rate(s.ops_per_sec()),
-        ]);
+        table.row(
+            [label.to_string()]
+                .into_iter()
+                .chain(s.cells())
+                .chain([fmt_ns(s.median / tools as f64), fmt_rate(s.ops_per_sec())]),
+        );
     }
     print!("{}", table.render());
     println!("(per file = median / {tools}; p99 of so few scans is their maximum)");

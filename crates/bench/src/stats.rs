@@ -15,6 +15,17 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// The cells every table starts with after its label: n, median, p90, p99, min.
+    pub fn cells(&self) -> [String; 5] {
+        [
+            self.n.to_string(),
+            fmt_ns(self.median),
+            fmt_ns(self.p90),
+            fmt_ns(self.p99),
+            fmt_ns(self.min),
+        ]
+    }
+
     /// Summarises samples given in nanoseconds; `None` when there are none.
     pub fn of_nanos(samples: &[f64]) -> Option<Self> {
         if samples.is_empty() {
