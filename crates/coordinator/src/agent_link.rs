@@ -14,7 +14,6 @@ use toolsrv_proto::v1::{
     AgentMessage, BlobChunk, CallOutput, CoordinatorMessage, FetchBlobRequest, Goodbye, Hello,
     Keepalive, Welcome, agent_message, coordinator_message::Msg,
 };
-use toolsrv_tls::Identity;
 
 use crate::State;
 use crate::catalog::Shipped;
@@ -34,15 +33,11 @@ pub struct AgentLinkService {
 
 /// The agent host id proven by the peer's certificate.
 fn agent_identity<T>(req: &Request<T>) -> Result<String, Status> {
-    match toolsrv_tls::peer_of(req).map(|p| &p.identity) {
-        Some(Identity::Agent(id)) => Ok(id.clone()),
-        Some(other) => Err(Status::permission_denied(format!(
-            "the agent link needs an agent certificate (toolsrv://agent/<host-id>); this one is {other}"
-        ))),
-        None => Err(Status::unauthenticated(
-            "no verified client certificate on this connection",
-        )),
-    }
+    crate::proven_name(
+        req,
+        toolsrv_tls::Role::Agent,
+        "the agent link needs an agent certificate (toolsrv://agent/<host-id>)",
+    )
 }
 
 type Outbound = Pin<Box<dyn Stream<Item = Result<CoordinatorMessage, Status>> + Send>>;

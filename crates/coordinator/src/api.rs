@@ -17,7 +17,6 @@ use toolsrv_proto::v1::{
     ListToolsRequest, ListToolsResponse, ToolDefinition, WatchCatalogRequest, call_event,
     fan_out_event,
 };
-use toolsrv_tls::Identity;
 
 use crate::State;
 use crate::calls::{self, CallSpec, Event};
@@ -34,15 +33,11 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 /// The client name proven by the peer's certificate.
 fn client_identity<T>(req: &Request<T>) -> Result<String, Status> {
-    match toolsrv_tls::peer_of(req).map(|p| &p.identity) {
-        Some(Identity::Client(name)) => Ok(name.clone()),
-        Some(other) => Err(Status::permission_denied(format!(
-            "the client API needs a client certificate (toolsrv://client/<name>); this one is {other}"
-        ))),
-        None => Err(Status::unauthenticated(
-            "no verified client certificate on this connection",
-        )),
-    }
+    crate::proven_name(
+        req,
+        toolsrv_tls::Role::Client,
+        "the client API needs a client certificate (toolsrv://client/<name>)",
+    )
 }
 
 /// Checks the arguments are a JSON object and fingerprints them for the audit log.

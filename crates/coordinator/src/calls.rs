@@ -47,7 +47,6 @@ async fn start(state: &State, host_id: &str, spec: &CallSpec) -> Result<CallHand
             format!("host `{host_id}` is offline"),
         ));
     };
-    let catalog = state.registry.catalog();
     match host.tool(&spec.tool) {
         Some(tool) if tool.visible => {}
         Some(tool) => {
@@ -59,7 +58,7 @@ async fn start(state: &State, host_id: &str, spec: &CallSpec) -> Result<CallHand
                 ),
             ));
         }
-        None if !catalog.tools.contains_key(&spec.tool) => {
+        None if !state.registry.catalog().tools.contains_key(&spec.tool) => {
             return Err(status(
                 CallStatus::UnknownTool,
                 format!("unknown tool `{}`", spec.tool),

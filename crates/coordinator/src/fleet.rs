@@ -157,46 +157,42 @@ impl Fleet {
         self.emit(CatalogEventKind::HostOnline, &id, 0);
     }
 
+    /// Runs `f` on the entry of host `id` if `generation` is still its current connection.
+    fn with_current<R>(
+        &self,
+        id: &str,
+        generation: u64,
+        f: impl FnOnce(&mut HostEntry) -> R,
+    ) -> Option<R> {
+        let mut hosts = self.write();
+        let entry = hosts.get_mut(id)?;
+        let current = entry
+            .link
+            .as_ref()
+            .is_some_and(|l| l.generation == generation);
+        current.then(|| f(entry))
+    }
+
     /// Marks a host offline if `generation` is still its current connection.
     pub fn detach(&self, id: &str, generation: u64) {
-        let detached = {
-            let mut hosts = self.write();
-            match hosts.get_mut(id) {
-                Some(entry)
-                    if entry
-                        .link
-                        .as_ref()
-                        .is_some_and(|l| l.generation == generation) =>
-                {
-                    entry.link.take()
-                }
-                _ => None,
-            }
-        };
-        if detached.is_some() {
+        if self
+            .with_current(id, generation, |entry| entry.link.take())
+            .is_some()
+        {
             self.emit(CatalogEventKind::HostOffline, id, 0);
         }
     }
 
     /// Stores a host's new view (tools sorted by name) if `generation` is its current connection.
     pub fn set_view(&self, id: &str, generation: u64, view: HostView) {
-        let view = self.interner.store(view);
+        let view = Arc::new(self.interner.store(view));
         let revision = view.catalog_revision;
+        if self
+            .with_current(id, generation, |entry| entry.view = Some(view))
+            .is_some()
         {
-            let mut hosts = self.write();
-            match hosts.get_mut(id) {
-                Some(entry)
-                    if entry
-                        .link
-                        .as_ref()
-                        .is_some_and(|l| l.generation == generation) =>
-                {
-                    entry.view = Some(Arc::new(view));
-                }
-                _ => return,
-            }
+            self.emit(CatalogEventKind::HostView, id, revision);
         }
-        self.emit(CatalogEventKind::HostView, id, revision);
     }
 
     pub fn get(&self, id: &str) -> Option<HostEntry> {

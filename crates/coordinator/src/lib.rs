@@ -98,6 +98,27 @@ pub(crate) struct State {
     pub tasks: TaskTracker,
 }
 
+/// The name (host id or client name) in the peer's certificate, which must carry `role`.
+///
+/// `needs` says, for the refusal, what kind of certificate the service takes.
+pub(crate) fn proven_name<T>(
+    req: &tonic::Request<T>,
+    role: toolsrv_tls::Role,
+    needs: &str,
+) -> Result<String, tonic::Status> {
+    match toolsrv_tls::peer_of(req).map(|p| &p.identity) {
+        Some(identity) if identity.role() == role => {
+            Ok(identity.name().unwrap_or_default().to_string())
+        }
+        Some(other) => Err(tonic::Status::permission_denied(format!(
+            "{needs}; this one is {other}"
+        ))),
+        None => Err(tonic::Status::unauthenticated(
+            "no verified client certificate on this connection",
+        )),
+    }
+}
+
 /// Serves the agent link and the client API on `listener` (mTLS) and, when given, gRPC health on
 /// `health` (plain text, for Kubernetes probes) until `shutdown` is cancelled.
 pub async fn serve(
