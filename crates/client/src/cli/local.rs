@@ -66,43 +66,8 @@ pub fn list(tools: &ToolsArgs, all: bool, json: bool) -> u8 {
         .into_iter()
         .filter(|v| all || v.resolution.tool().is_some())
         .collect();
-    let mut out = std::io::stdout().lock();
-    let written = if json {
-        let entries: Vec<_> = views.iter().map(ToolView::list_entry).collect();
-        serde_json::to_writer_pretty(&mut out, &entries)
-            .map_err(std::io::Error::from)
-            .and_then(|()| writeln!(out))
-    } else {
-        write_table(&mut out, &views)
-    };
-    match written {
-        Ok(()) => 0,
-        // A closed pipe (`| head`) is not worth an error message.
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
-        Err(e) => {
-            eprintln!("toolctl: cannot write the listing: {e}");
-            exit::INTERNAL
-        }
-    }
-}
-
-fn write_table(out: &mut impl Write, views: &[ToolView]) -> std::io::Result<()> {
-    let width = views.iter().map(|v| v.name().len()).max().unwrap_or(0);
-    for v in views {
-        match &v.resolution {
-            Resolution::Visible { variant, tool } => {
-                let variant = variant
-                    .map(|i| format!(" [variant {i}]"))
-                    .unwrap_or_default();
-                let desc = tool.description.as_deref().unwrap_or("");
-                writeln!(out, "{:width$}  {desc}{variant}", v.name())?;
-            }
-            Resolution::Hidden { reason } => {
-                writeln!(out, "{:width$}  (hidden) {reason}", v.name())?
-            }
-        }
-    }
-    Ok(())
+    let entries: Vec<_> = views.iter().map(ToolView::list_entry).collect();
+    super::print_listing(&entries, json)
 }
 
 pub fn describe(tools: &ToolsArgs, name: &str) -> u8 {

@@ -5,6 +5,7 @@ mod lint;
 mod local;
 mod remote;
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -261,4 +262,55 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Watch { conn, json } => remote::watch(&conn, json).await,
     };
     ExitCode::from(code)
+}
+
+/// The exit code after writing a command's output: a closed pipe (`| head`) is not an error.
+pub fn written(result: std::io::Result<()>, what: &str) -> u8 {
+    match result {
+        Ok(()) => 0,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
+        Err(e) => {
+            eprintln!("toolctl: cannot write {what}: {e}");
+            exit::INTERNAL
+        }
+    }
+}
+
+/// Writes `value` as pretty JSON and a newline.
+pub fn write_json(out: &mut impl Write, value: &impl serde::Serialize) -> std::io::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, value).map_err(std::io::Error::from)?;
+    writeln!(out)
+}
+
+/// Prints a tool listing, the same for `local list` and `tools`: a JSON array of entries, or a
+/// text table (visible tools with description and chosen variant, hidden ones with the reason).
+pub fn print_listing(entries: &[toolsrv_host::ListEntry<'_>], json: bool) -> u8 {
+    let mut out = std::io::stdout().lock();
+    let result = if json {
+        write_json(&mut out, &entries)
+    } else {
+        write_listing(&mut out, entries)
+    };
+    written(result, "the tool list")
+}
+
+fn write_listing(
+    out: &mut impl Write,
+    entries: &[toolsrv_host::ListEntry<'_>],
+) -> std::io::Result<()> {
+    let width = entries.iter().map(|e| e.name.len()).max().unwrap_or(0);
+    for e in entries {
+        let name = e.name;
+        if e.visible {
+            let variant = e
+                .variant
+                .map(|i| format!(" [variant {i}]"))
+                .unwrap_or_default();
+            let desc = e.description.unwrap_or("");
+            writeln!(out, "{name:width$}  {desc}{variant}")?;
+        } else {
+            writeln!(out, "{name:width$}  (hidden) {}", e.reason.unwrap_or(""))?;
+        }
+    }
+    Ok(())
 }

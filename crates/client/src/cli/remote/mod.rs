@@ -18,6 +18,8 @@ pub use hosts::hosts;
 pub use tools::{describe, tools};
 pub use watch::watch;
 
+pub(super) use super::{write_json, written};
+
 use super::exit;
 
 /// Where the coordinator is and which client certificate to present.
@@ -117,24 +119,6 @@ async fn interrupted() {
     if tokio::signal::ctrl_c().await.is_err() {
         std::future::pending::<()>().await;
     }
-}
-
-/// The exit code after writing a command's output: a closed pipe (`| head`) is not an error.
-fn written(result: std::io::Result<()>, what: &str) -> u8 {
-    match result {
-        Ok(()) => 0,
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
-        Err(e) => {
-            eprintln!("toolctl: cannot write {what}: {e}");
-            exit::INTERNAL
-        }
-    }
-}
-
-/// Writes `value` as pretty JSON and a newline.
-fn write_json(out: &mut impl Write, value: &impl serde::Serialize) -> std::io::Result<()> {
-    serde_json::to_writer_pretty(&mut *out, value).map_err(std::io::Error::from)?;
-    writeln!(out)
 }
 
 /// Writes aligned columns under a header; the last column is not padded.

@@ -1,8 +1,6 @@
 //! `toolctl tools` and `toolctl describe`: a host's tools, in the shapes `toolctl local` prints.
 
-use std::io::Write;
-
-use toolsrv_client::{ToolStatus, definition_json, list_entry};
+use toolsrv_client::{definition_json, list_entry};
 
 use super::{ConnArgs, connect, exit, write_json, written};
 
@@ -15,33 +13,8 @@ pub async fn tools(conn: &ConnArgs, host: &str, all: bool, json: bool) -> u8 {
         Ok(listing) => listing,
         Err(e) => return remote.fail(&format!("cannot list the tools of host `{host}`"), &e),
     };
-    let mut out = std::io::stdout().lock();
-    let result = if json {
-        let entries: Vec<_> = listing.tools.iter().map(list_entry).collect();
-        write_json(&mut out, &entries)
-    } else {
-        write_tools(&mut out, &listing.tools)
-    };
-    written(result, "the tool list")
-}
-
-/// The same text table as `toolctl local list`.
-fn write_tools(out: &mut impl Write, tools: &[ToolStatus]) -> std::io::Result<()> {
-    let width = tools.iter().map(|t| t.name.len()).max().unwrap_or(0);
-    for t in tools {
-        let name = &t.name;
-        if t.visible {
-            let variant = t
-                .variant
-                .map(|i| format!(" [variant {i}]"))
-                .unwrap_or_default();
-            let desc = t.definition.as_ref().map_or("", |d| d.description.as_str());
-            writeln!(out, "{name:width$}  {desc}{variant}")?;
-        } else {
-            writeln!(out, "{name:width$}  (hidden) {}", t.reason)?;
-        }
-    }
-    Ok(())
+    let entries: Vec<_> = listing.tools.iter().map(list_entry).collect();
+    crate::cli::print_listing(&entries, json)
 }
 
 pub async fn describe(conn: &ConnArgs, host: &str, tool: &str) -> u8 {
@@ -72,7 +45,7 @@ pub async fn describe(conn: &ConnArgs, host: &str, tool: &str) -> u8 {
 
 #[cfg(test)]
 mod tests {
-    use toolsrv_client::ToolDefinition;
+    use toolsrv_client::{ToolDefinition, ToolStatus};
 
     use super::*;
 
@@ -83,6 +56,7 @@ mod tests {
                 name: "disk_usage".into(),
                 visible: true,
                 variant: Some(1),
+                description: "Disk usage".into(),
                 definition: Some(ToolDefinition {
                     description: "Disk usage".into(),
                     ..Default::default()
@@ -102,8 +76,9 @@ mod tests {
                 ..Default::default()
             },
         ];
+        let entries: Vec<_> = tools.iter().map(list_entry).collect();
         let mut out = Vec::new();
-        write_tools(&mut out, &tools).unwrap();
+        crate::cli::write_listing(&mut out, &entries).unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "disk_usage  Disk usage [variant 1]\n\
