@@ -1,6 +1,6 @@
 //! One pass over the tools path: which `.meta` files exist, which parse, which name wins.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -114,8 +114,8 @@ impl Scanner {
     /// Reads every directory of the tools path. The result has revision 0; the caller numbers it.
     pub fn scan(&mut self) -> Catalog {
         let mut catalog = Catalog::default();
-        let mut seen_metas = HashMap::with_capacity(self.metas.len());
-        let mut seen_exes = HashMap::new();
+        let mut seen_metas = HashSet::with_capacity(self.metas.len());
+        let mut seen_exes = HashSet::new();
         let mut claimed: HashMap<String, PathBuf> = HashMap::new();
         for dir in self.dirs.clone() {
             let files = match list_meta_files(&dir) {
@@ -154,11 +154,11 @@ impl Scanner {
                     cached.digest.clone(),
                     cached.bytes.clone(),
                 );
-                seen_metas.insert(path, ());
+                seen_metas.insert(path);
                 if let Some(meta) = meta {
                     let executable = self.executable(&dir.join(&name));
                     if let Some(exe) = &executable {
-                        seen_exes.insert(exe.path.clone(), ());
+                        seen_exes.insert(exe.path.clone());
                     }
                     catalog.tools.insert(
                         name,
@@ -172,8 +172,8 @@ impl Scanner {
                 }
             }
         }
-        self.metas.retain(|p, _| seen_metas.contains_key(p));
-        self.executables.retain(|p, _| seen_exes.contains_key(p));
+        self.metas.retain(|p, _| seen_metas.contains(p));
+        self.executables.retain(|p, _| seen_exes.contains(p));
         catalog
     }
 
