@@ -116,16 +116,17 @@ issue() {
       ready) break ;;
       pending) ;;
       *)
-        log "CertificateRequest $name $state"
+        # Clean up first, so the log line reports a finished state.
         kube DELETE "$crs/$name" >/dev/null 2>&1 || :
         rm -rf "$new"
+        log "CertificateRequest $name $state"
         return 1
         ;;
     esac
     if [ "$waited" -ge "$wait_secs" ]; then
-      log "CertificateRequest $name not issued after ${wait_secs}s (is it approved? see README)"
       kube DELETE "$crs/$name" >/dev/null 2>&1 || :
       rm -rf "$new"
+      log "CertificateRequest $name not issued after ${wait_secs}s (is it approved? see README)"
       return 1
     fi
     sleep 2
