@@ -27,7 +27,7 @@ pub struct ConnectOptions {
 /// A connection to a coordinator's client API. Cheap to clone; clones share the connection.
 #[derive(Debug, Clone)]
 pub struct Client {
-    inner: ToolsClient<Channel>,
+    pub(crate) inner: ToolsClient<Channel>,
 }
 
 impl Client {
@@ -39,6 +39,12 @@ impl Client {
         let config = toolsrv_tls::client_config(&opts.tls, Role::Coordinator)?;
         let channel = toolsrv_tls::connect(&opts.addr, config).await?;
         Ok(Self::from_channel(channel))
+    }
+
+    /// Connects through the control socket of a running `toolctl master` (see [`crate::control`]):
+    /// no credentials needed, and no TCP, TLS or HTTP/2 set-up beyond a local socket.
+    pub async fn connect_control(path: impl AsRef<std::path::Path>) -> Result<Self, ClientError> {
+        crate::control::connect(path.as_ref()).await
     }
 
     /// Wraps a channel built elsewhere, such as [`toolsrv_tls::lazy_channel`].

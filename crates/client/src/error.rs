@@ -16,6 +16,9 @@ pub enum ClientError {
         /// The status message, followed by the transport's error chain when there is one.
         message: String,
     },
+    /// The control socket of a `toolctl master` could not be reached or served.
+    #[error("{0}")]
+    Control(String),
     /// The coordinator sent something the protocol does not allow.
     #[error("{0}")]
     Protocol(String),
@@ -27,6 +30,7 @@ impl ClientError {
         match self {
             Self::Tls(e) => e.code(),
             Self::Status { code, .. } => *code,
+            Self::Control(_) => tonic::Code::Unavailable,
             Self::Protocol(_) => tonic::Code::Internal,
         }
     }

@@ -14,6 +14,7 @@
 //! ```
 
 mod client;
+pub mod control;
 mod error;
 mod shape;
 mod status;

@@ -368,7 +368,13 @@ async fn remote_commands_against_a_real_fleet() {
     watch.kill().await.unwrap();
 
     // Ctrl-C cancels a running call on the host and exits 130.
-    let mut call = fleet.toolctl(&["call", "web-2", "slow"]).spawn().unwrap();
+    interrupt_slow_call(&client, fleet.toolctl(&["call", "web-2", "slow"])).await;
+}
+
+/// Runs `call` (a `toolctl call` of `slow`), interrupts it once the tool has started, and checks
+/// that it exits 130 and that the call ends on the host.
+async fn interrupt_slow_call(client: &Client, mut call: tokio::process::Command) {
+    let mut call = call.spawn().unwrap();
     let mut stdout = tokio::io::BufReader::new(call.stdout.take().unwrap());
     let mut line = String::new();
     tokio::time::timeout(
@@ -402,6 +408,160 @@ async fn remote_commands_against_a_real_fleet() {
     tokio::time::timeout(Duration::from_secs(10), drained)
         .await
         .expect("the cancelled call ends on the host");
+}
+
+/// Starts `toolctl master` on `socket` and waits until it serves; the task yields the rest of its log.
+async fn start_master(
+    fleet: &Fleet,
+    socket: &Path,
+    extra: &[&str],
+) -> (tokio::process::Child, tokio::task::JoinHandle<String>) {
+    let mut cmd = fleet.toolctl(&["master"]);
+    cmd.arg("--control").arg(socket).args(extra);
+    let mut master = cmd.spawn().unwrap();
+    let mut stderr = tokio::io::BufReader::new(master.stderr.take().unwrap());
+    let mut line = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::AsyncBufReadExt::read_line(&mut stderr, &mut line),
+    )
+    .await
+    .expect("the master says it serves within 10 s")
+    .unwrap();
+    assert!(line.starts_with("toolctl master: serving "), "{line}");
+    assert!(socket.exists());
+    // Keep draining its log so that it never blocks on a full pipe.
+    let log = tokio::spawn(async move {
+        let mut rest = String::new();
+        let _ = tokio::io::AsyncReadExt::read_to_string(&mut stderr, &mut rest).await;
+        rest
+    });
+    (master, log)
+}
+
+/// `toolctl` that knows only the control socket: no address, no certificate.
+fn via_control(fleet: &Fleet, socket: &Path, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = fleet.toolctl(args);
+    cmd.env("TOOLSRV_CONTROL", socket)
+        .env_remove("TOOLSRV_ADDR")
+        .env_remove("TOOLSRV_CA")
+        .env_remove("TOOLSRV_CERT")
+        .env_remove("TOOLSRV_KEY");
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_serves_commands_on_its_control_socket() {
+    let fleet = start().await;
+    let client = fleet.client().await;
+    let socket = fleet.dir.path().join("master.sock");
+    let (mut master, log) = start_master(&fleet, &socket, &[]).await;
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&socket).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "the socket is for our user only");
+
+    // Commands with no credentials at all go through it: streamed output, exit codes, fan-out.
+    let mut cmd = via_control(&fleet, &socket, &["call", "web-1", "echo", "-"]);
+    cmd.stdin(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, br#"{"n": 7}"#)
+        .await
+        .unwrap();
+    drop(stdin);
+    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "{\"n\":7}\npartial line\n");
+    assert_eq!(text(&out.stderr), "to-stderr\n");
+    let out = run(via_control(&fleet, &socket, &["call", "web-2", "fail"])).await;
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let out = run(via_control(&fleet, &socket, &["hosts", "--json"])).await;
+    let hosts: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(hosts.as_array().unwrap().len(), 2, "{hosts}");
+    let out = run(via_control(&fleet, &socket, &["fanout", "all", "echo"])).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = run(via_control(&fleet, &socket, &["call", "web-1", "nope"])).await;
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+
+    // Ctrl-C on a relayed call cancels it on the host.
+    interrupt_slow_call(
+        &client,
+        via_control(&fleet, &socket, &["call", "web-1", "slow"]),
+    )
+    .await;
+
+    // One master per socket.
+    let mut cmd = fleet.toolctl(&["master"]);
+    cmd.arg("--control").arg(&socket);
+    let out = run(cmd).await;
+    assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("another master is serving there"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // Only our own user (or root) may use it, whatever the file's mode says.
+    if nix::unistd::geteuid().is_root() {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(fleet.dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let mut cmd = via_control(&fleet, &socket, &["hosts"]);
+        cmd.uid(65534).gid(65534);
+        let out = run(cmd).await;
+        assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+        assert!(out.stdout.is_empty());
+    }
+
+    // SIGTERM stops it and removes the socket; then a command with credentials connects directly
+    // and one without says where it looked.
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(master.id().unwrap()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(10), master.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(!socket.exists());
+    let log = log.await.unwrap();
+    if nix::unistd::geteuid().is_root() {
+        assert!(log.contains("refused a process of another user"), "{log}");
+    }
+    let mut cmd = fleet.toolctl(&["hosts"]);
+    cmd.env("TOOLSRV_CONTROL", &socket);
+    let out = run(cmd).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = run(via_control(&fleet, &socket, &["hosts"])).await;
+    assert_eq!(out.status.code(), Some(75));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&socket.display().to_string()) && stderr.contains("toolctl master"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    let mut cmd = fleet.toolctl(&["hosts"]);
+    cmd.env_remove("TOOLSRV_CERT");
+    let out = run(cmd).await;
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        text(&out.stderr).contains("--cert (TOOLSRV_CERT)"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // With --idle-exit it goes away by itself once no client is left.
+    let (mut master, _log) = start_master(&fleet, &socket, &["--idle-exit", "0.5"]).await;
+    let out = run(via_control(&fleet, &socket, &["hosts"])).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let status = tokio::time::timeout(Duration::from_secs(10), master.wait())
+        .await
+        .expect("an idle master exits by itself")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(!socket.exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,5 +28,5 @@ pub const FANOUT_FAILED: u8 = 1;
 pub const UNAVAILABLE: u8 = 75;
 /// The coordinator refused us: the policy denies the call, or our certificate is not accepted (EX_NOPERM).
 pub const DENIED: u8 = 77;
-/// Our TLS files are missing or unusable (EX_CONFIG).
+/// Our TLS files are missing or unusable, or `master` cannot serve on its control socket (EX_CONFIG).
 pub const CONFIG: u8 = 78;

@@ -118,6 +118,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Hold one connection to the coordinator and serve it on a control socket (`--control`)
+    ///
+    /// The other remote commands given the same `--control` (or `TOOLSRV_CONTROL`) then go
+    /// through it, with no TCP, TLS or HTTP/2 set-up of their own, and need no certificate.
+    /// Runs until Ctrl-C or SIGTERM, or until `--idle-exit` seconds pass with no client.
+    Master {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Exit after this many seconds with no client connected (fractions allowed)
+        #[arg(long, value_name = "SECS")]
+        idle_exit: Option<f64>,
+    },
     /// Print catalog and fleet changes as they happen, until Ctrl-C
     Watch {
         #[command(flatten)]
@@ -260,6 +272,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             remote::fan_out(&conn, &selector, &tool, args.as_deref(), opts).await
         }
         Command::Watch { conn, json } => remote::watch(&conn, json).await,
+        Command::Master { conn, idle_exit } => remote::master(&conn, idle_exit).await,
     };
     ExitCode::from(code)
 }

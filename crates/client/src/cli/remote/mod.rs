@@ -3,6 +3,7 @@
 mod call;
 mod fanout;
 mod hosts;
+mod master;
 mod tools;
 mod watch;
 
@@ -15,6 +16,7 @@ use toolsrv_client::{Client, ClientError, ConnectOptions, TlsError, TlsFiles};
 pub use call::{CallOptions, call};
 pub use fanout::{FanOutOptions, fan_out};
 pub use hosts::hosts;
+pub use master::master;
 pub use tools::{describe, tools};
 pub use watch::watch;
 
@@ -22,21 +24,55 @@ pub(super) use super::{write_json, written};
 
 use super::exit;
 
-/// Where the coordinator is and which client certificate to present.
+/// Where the coordinator is and which client certificate to present, or the control socket of a
+/// running `toolctl master` that holds a connection already.
 #[derive(Debug, Args)]
 pub struct ConnArgs {
     /// The coordinator's URL, `https://host:port` (`host:port` alone means https)
     #[arg(long, env = "TOOLSRV_ADDR", value_name = "URL")]
-    addr: String,
+    addr: Option<String>,
     /// CA certificate (PEM) the coordinator's certificate must chain to
     #[arg(long, env = "TOOLSRV_CA", value_name = "FILE")]
-    ca: PathBuf,
+    ca: Option<PathBuf>,
     /// Client certificate (PEM), issued for `toolsrv://client/<name>`
     #[arg(long, env = "TOOLSRV_CERT", value_name = "FILE")]
-    cert: PathBuf,
+    cert: Option<PathBuf>,
     /// The client certificate's private key (PEM)
     #[arg(long, env = "TOOLSRV_KEY", value_name = "FILE")]
-    key: PathBuf,
+    key: Option<PathBuf>,
+    /// Control socket of a `toolctl master`: used when one answers there, otherwise the
+    /// command connects directly with the four settings above
+    #[arg(long, env = "TOOLSRV_CONTROL", value_name = "SOCKET")]
+    control: Option<PathBuf>,
+}
+
+impl ConnArgs {
+    /// The direct connection's settings, or one line naming what is missing.
+    fn direct(&self) -> Result<ConnectOptions, String> {
+        let missing: Vec<&str> = [
+            ("--addr (TOOLSRV_ADDR)", self.addr.is_none()),
+            ("--ca (TOOLSRV_CA)", self.ca.is_none()),
+            ("--cert (TOOLSRV_CERT)", self.cert.is_none()),
+            ("--key (TOOLSRV_KEY)", self.key.is_none()),
+        ]
+        .into_iter()
+        .filter_map(|(name, absent)| absent.then_some(name))
+        .collect();
+        match (&self.addr, &self.ca, &self.cert, &self.key) {
+            (Some(addr), Some(ca), Some(cert), Some(key)) => Ok(ConnectOptions {
+                addr: normalize_addr(addr),
+                tls: TlsFiles {
+                    ca: ca.clone(),
+                    cert: cert.clone(),
+                    key: key.clone(),
+                },
+            }),
+            _ => Err(format!(
+                "no coordinator to talk to: missing {}",
+                missing.join(", ")
+            )),
+        }
+    }
 }
 
 /// A connected client and the address it reached, for messages.
@@ -63,17 +99,38 @@ fn normalize_addr(addr: &str) -> String {
     }
 }
 
-/// Connects, or prints one line saying which address failed and why, and returns the exit code.
+/// Connects through the control socket when a master answers there, else directly; or prints one
+/// line saying what failed and why, and returns the exit code.
 async fn connect(conn: &ConnArgs) -> Result<Remote, u8> {
-    let addr = normalize_addr(&conn.addr);
-    let opts = ConnectOptions {
-        addr: addr.clone(),
-        tls: TlsFiles {
-            ca: conn.ca.clone(),
-            cert: conn.cert.clone(),
-            key: conn.key.clone(),
-        },
-    };
+    let direct = conn.direct();
+    if let Some(path) = &conn.control {
+        match Client::connect_control(path).await {
+            Ok(client) => {
+                return Ok(Remote {
+                    client,
+                    addr: path.display().to_string(),
+                });
+            }
+            // Like ssh with `ControlMaster auto`: no master, so connect ourselves.
+            Err(e) if direct.is_ok() => tracing::debug!(error = %e, "connecting directly"),
+            Err(e) => {
+                eprintln!(
+                    "toolctl: {e}: start `toolctl master`, or give --addr, --ca, --cert and --key"
+                );
+                return Err(error_code(&e));
+            }
+        }
+    }
+    let opts = direct.map_err(|e| {
+        eprintln!("toolctl: {e} (or --control for a running `toolctl master`)");
+        exit::USAGE
+    })?;
+    connect_direct(opts).await
+}
+
+/// Connects with our own certificate; on failure prints one line and returns the exit code.
+async fn connect_direct(opts: ConnectOptions) -> Result<Remote, u8> {
+    let addr = opts.addr.clone();
     match Client::connect(&opts).await {
         Ok(client) => Ok(Remote { client, addr }),
         Err(e) => {
@@ -110,6 +167,7 @@ fn error_code(e: &ClientError) -> u8 {
             Code::InvalidArgument => exit::USAGE,
             _ => exit::INTERNAL,
         },
+        ClientError::Control(_) => exit::UNAVAILABLE,
         ClientError::Protocol(_) => exit::INTERNAL,
     }
 }

@@ -1,0 +1,399 @@
+//! The control socket: one process (`toolctl master`) keeps an mTLS connection to a coordinator
+//! and serves the client API on a Unix socket, so that short-lived clients skip the TCP, TLS and
+//! HTTP/2 set-up on every command (what ssh's ControlMaster does for ssh).
+//!
+//! The socket carries plain HTTP/2: only processes of the master's own user (or root) may use it,
+//! checked on every connection from the kernel's peer credentials, and whoever can use it acts
+//! with the master's client certificate.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Endpoint, Server, Uri};
+use tonic::{Request, Response, Status};
+use toolsrv_proto::v1::tools_client::ToolsClient;
+use toolsrv_proto::v1::tools_server::{Tools, ToolsServer};
+use toolsrv_proto::v1::{
+    CallEvent, CallRequest, CatalogEvent, DescribeToolRequest, FanOutEvent, FanOutRequest,
+    ListHostsRequest, ListHostsResponse, ListToolsRequest, ListToolsResponse, ToolDefinition,
+    WatchCatalogRequest,
+};
+use tower::service_fn;
+
+use crate::client::MAX_MESSAGE_SIZE;
+use crate::{Client, ClientError};
+
+/// How long a client waits for the master to accept; it is local, so this only guards a stuck one.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Connects to a master's control socket now; fails if nothing accepts there.
+pub(crate) async fn connect(path: &Path) -> Result<Client, ClientError> {
+    let path: Arc<Path> = Arc::from(path);
+    let target = Arc::clone(&path);
+    // The URI is never dialled: the connector always opens the socket.
+    let channel = Endpoint::from_static("http://toolctl.control")
+        .connect_timeout(CONNECT_TIMEOUT)
+        .connect_with_connector(service_fn(move |_: Uri| {
+            let target = Arc::clone(&target);
+            async move { UnixStream::connect(&*target).await.map(TokioIo::new) }
+        }))
+        .await
+        .map_err(|e| {
+            let mut message = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                let text = s.to_string();
+                if !message.contains(&text) {
+                    message = format!("{message}: {text}");
+                }
+                source = s.source();
+            }
+            ClientError::Control(format!(
+                "cannot reach the control socket {}: {message}",
+                path.display()
+            ))
+        })?;
+    Ok(Client::from_channel(channel))
+}
+
+/// What a master does besides relaying.
+#[derive(Debug, Clone, Default)]
+pub struct MasterOptions {
+    /// Exit after this long with no client connected and no RPC in flight (`None`: never).
+    pub idle_exit: Option<Duration>,
+}
+
+/// Binds the control socket at `path`, readable and writable by our user only.
+///
+/// A socket left behind by a master that died is replaced; a live master there, or anything that
+/// is not a socket, is an error that names the path.
+pub async fn bind(path: &Path) -> io::Result<UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if UnixStream::connect(path).await.is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{}: another master is serving there", path.display()),
+                ));
+            }
+            std::fs::remove_file(path)?;
+        }
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{}: exists and is not a socket", path.display()),
+            ));
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = UnixListener::bind(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Serves the client API on `listener`, relaying every RPC over `upstream`'s connection, until
+/// `shutdown` fires or the master has been idle for [`MasterOptions::idle_exit`]. Removes the
+/// socket file `path` when it stops.
+pub async fn serve_master(
+    upstream: Client,
+    listener: UnixListener,
+    path: PathBuf,
+    opts: MasterOptions,
+    shutdown: CancellationToken,
+) -> Result<(), ClientError> {
+    let activity = Arc::new(Activity::default());
+    let (conns, incoming) = mpsc::channel::<io::Result<Counted>>(16);
+    let stop = shutdown.child_token();
+    let acceptor = tokio::spawn(accept_loop(
+        listener,
+        conns,
+        Arc::clone(&activity),
+        stop.clone(),
+    ));
+    let idle = opts
+        .idle_exit
+        .map(|after| tokio::spawn(idle_watch(Arc::clone(&activity), after, stop.clone())));
+
+    let relay = Relay {
+        upstream: upstream.inner.clone(),
+        activity: Arc::clone(&activity),
+    };
+    let service = ToolsServer::new(relay)
+        .max_decoding_message_size(MAX_MESSAGE_SIZE)
+        .max_encoding_message_size(MAX_MESSAGE_SIZE);
+    let served = Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(
+            ReceiverStream::new(incoming),
+            stop.clone().cancelled_owned(),
+        )
+        .await;
+    stop.cancel();
+    acceptor.abort();
+    if let Some(idle) = idle {
+        idle.abort();
+    }
+    // Another master may have replaced a socket we no longer own; only remove what is ours.
+    let _ = std::fs::remove_file(&path);
+    served.map_err(|e| ClientError::Control(format!("serving {}: {e}", path.display())))
+}
+
+/// Accepts connections, refusing processes of other users, until `stop`.
+async fn accept_loop(
+    listener: UnixListener,
+    conns: mpsc::Sender<io::Result<Counted>>,
+    activity: Arc<Activity>,
+    stop: CancellationToken,
+) {
+    let own_uid = nix::unistd::geteuid().as_raw();
+    loop {
+        let accepted = tokio::select! {
+            () = stop.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors and the like: say so and give the system a moment.
+                tracing::warn!(error = %e, "control socket: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        match stream.peer_cred() {
+            Ok(cred) if cred.uid() == own_uid || cred.uid() == 0 => {}
+            Ok(cred) => {
+                tracing::warn!(
+                    uid = cred.uid(),
+                    pid = ?cred.pid(),
+                    "control socket: refused a process of another user"
+                );
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "control socket: cannot read the peer's credentials");
+                continue;
+            }
+        }
+        let counted = Counted::new(stream, Arc::clone(&activity));
+        if conns.send(Ok(counted)).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Fires `stop` once nothing has been connected or in flight for `after`.
+async fn idle_watch(activity: Arc<Activity>, after: Duration, stop: CancellationToken) {
+    loop {
+        // While busy, look again later: the end of the last activity moves the deadline.
+        let wake = if activity.busy() {
+            Instant::now() + after
+        } else {
+            activity.last_change() + after
+        };
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep_until(wake) => {}
+        }
+        if !activity.busy() && activity.last_change().elapsed() >= after {
+            tracing::info!(after = ?after, "control socket: idle, exiting");
+            stop.cancel();
+            return;
+        }
+    }
+}
+
+/// Open connections and RPCs in flight, and when either last changed.
+#[derive(Debug)]
+struct Activity {
+    open: AtomicUsize,
+    last_change: std::sync::Mutex<Instant>,
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Self {
+            open: AtomicUsize::new(0),
+            last_change: std::sync::Mutex::new(Instant::now()),
+        }
+    }
+}
+
+impl Activity {
+    fn busy(&self) -> bool {
+        self.open.load(Ordering::SeqCst) > 0
+    }
+
+    fn last_change(&self) -> Instant {
+        *self
+            .last_change
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn enter(self: &Arc<Self>) -> Busy {
+        self.open.fetch_add(1, Ordering::SeqCst);
+        self.touch();
+        Busy(Arc::clone(self))
+    }
+
+    fn touch(&self) {
+        *self
+            .last_change
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
+    }
+}
+
+/// Counts as activity while alive.
+#[derive(Debug)]
+struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
+        self.0.touch();
+    }
+}
+
+/// A client connection that counts as activity while open.
+struct Counted {
+    stream: UnixStream,
+    _busy: Busy,
+}
+
+impl Counted {
+    fn new(stream: UnixStream, activity: Arc<Activity>) -> Self {
+        Self {
+            stream,
+            _busy: activity.enter(),
+        }
+    }
+}
+
+impl tonic::transport::server::Connected for Counted {
+    type ConnectInfo = ();
+
+    fn connect_info(&self) -> Self::ConnectInfo {}
+}
+
+impl tokio::io::AsyncRead for Counted {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Counted {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// The client API, each RPC passed on unchanged over the master's connection. A client that goes
+/// away drops the upstream stream, which cancels the call at the coordinator as a direct client would.
+struct Relay {
+    upstream: ToolsClient<tonic::transport::Channel>,
+    activity: Arc<Activity>,
+}
+
+impl Relay {
+    /// Passes a server stream on, counting as activity until it ends or the client drops it.
+    fn relay<T: Send + 'static>(&self, stream: tonic::Streaming<T>) -> Response<BoxStream<T>> {
+        let busy = self.activity.enter();
+        Response::new(Box::pin(stream.map(move |item| {
+            let _busy = &busy;
+            item
+        })))
+    }
+}
+
+#[tonic::async_trait]
+impl Tools for Relay {
+    type CallStream = BoxStream<CallEvent>;
+    type FanOutStream = BoxStream<FanOutEvent>;
+    type WatchCatalogStream = BoxStream<CatalogEvent>;
+
+    async fn list_hosts(
+        &self,
+        req: Request<ListHostsRequest>,
+    ) -> Result<Response<ListHostsResponse>, Status> {
+        self.upstream.clone().list_hosts(req.into_inner()).await
+    }
+
+    async fn list_tools(
+        &self,
+        req: Request<ListToolsRequest>,
+    ) -> Result<Response<ListToolsResponse>, Status> {
+        self.upstream.clone().list_tools(req.into_inner()).await
+    }
+
+    async fn describe_tool(
+        &self,
+        req: Request<DescribeToolRequest>,
+    ) -> Result<Response<ToolDefinition>, Status> {
+        self.upstream.clone().describe_tool(req.into_inner()).await
+    }
+
+    async fn call(&self, req: Request<CallRequest>) -> Result<Response<Self::CallStream>, Status> {
+        let stream = self.upstream.clone().call(req.into_inner()).await?;
+        Ok(self.relay(stream.into_inner()))
+    }
+
+    async fn fan_out(
+        &self,
+        req: Request<FanOutRequest>,
+    ) -> Result<Response<Self::FanOutStream>, Status> {
+        let stream = self.upstream.clone().fan_out(req.into_inner()).await?;
+        Ok(self.relay(stream.into_inner()))
+    }
+
+    async fn watch_catalog(
+        &self,
+        req: Request<WatchCatalogRequest>,
+    ) -> Result<Response<Self::WatchCatalogStream>, Status> {
+        let stream = self
+            .upstream
+            .clone()
+            .watch_catalog(req.into_inner())
+            .await?;
+        Ok(self.relay(stream.into_inner()))
+    }
+}
