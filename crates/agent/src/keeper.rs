@@ -3,7 +3,7 @@
 //! One keeper task runs per session, so slow blob downloads never hold up calls, credits or
 //! keepalives on the session's main loop.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +31,10 @@ pub struct CatalogKeeper {
     views: ViewTracker,
     /// Shipped executables that could not be fetched yet, retried at each recheck.
     missing: BTreeMap<String, BlobRef>,
+    /// More parts of the revision being applied are on their way.
+    partial: bool,
+    /// The tools of a full catalog arriving in parts, swept against once the last part is in.
+    full_names: Option<BTreeSet<String>>,
 }
 
 impl CatalogKeeper {
@@ -47,6 +51,8 @@ impl CatalogKeeper {
             catalog,
             revision: None,
             views: ViewTracker::default(),
+            partial: false,
+            full_names: None,
             missing: BTreeMap::new(),
         }
     }
@@ -61,10 +67,19 @@ impl CatalogKeeper {
         &self.missing
     }
 
-    /// Applies an update, rescans, and returns the view to send (always sent after an update).
-    pub async fn apply(&mut self, update: &CatalogUpdate, source: &impl BlobSource) -> HostView {
+    /// Applies an update; after the last part of a revision, rescans and returns the view to send
+    /// (always sent then). Parts with `more` set only pile up.
+    pub async fn apply(
+        &mut self,
+        update: &CatalogUpdate,
+        source: &impl BlobSource,
+    ) -> Option<HostView> {
         if update.full {
             self.missing.clear();
+            self.full_names = update.more.then(BTreeSet::new);
+        }
+        if let Some(names) = &mut self.full_names {
+            names.extend(update.upserts.iter().map(|d| d.name.clone()));
         }
         for name in update
             .upserts
@@ -76,6 +91,15 @@ impl CatalogKeeper {
         }
         let report = self.store.apply(update, source).await;
         self.missing.extend(report.missing);
+        self.partial = update.more;
+        if update.more {
+            return None;
+        }
+        if let Some(keep) = self.full_names.take() {
+            for e in self.store.sweep_except(&keep) {
+                tracing::error!(error = %e, revision = update.revision, "cannot remove a tool the catalog no longer has");
+            }
+        }
         self.revision = Some(update.revision);
         let view = self.rescan();
         tracing::info!(
@@ -85,12 +109,16 @@ impl CatalogKeeper {
             visible = view.tools.iter().filter(|t| t.visible).count(),
             "catalog updated"
         );
-        self.views.sent(view)
+        Some(self.views.sent(view))
     }
 
     /// Retries missing executables, rescans, and returns the view if it changed since the last
     /// one sent. Nothing is reported before the session's first catalog update.
     pub async fn recheck(&mut self, source: &impl BlobSource) -> Option<HostView> {
+        if self.partial {
+            // The rest of the revision is on its way; its last part reports the view.
+            return None;
+        }
         let missing = std::mem::take(&mut self.missing);
         for (name, blob) in missing {
             match self.store.place_executable(&name, &blob, source).await {
@@ -151,7 +179,7 @@ pub(crate) async fn keep_catalog(
         let step = async {
             tokio::select! {
                 update = links.updates.recv() => match update {
-                    Some(update) => Some(Some(keeper.apply(&update, &source).await)),
+                    Some(update) => Some(keeper.apply(&update, &source).await),
                     None => None,
                 },
                 _ = recheck.tick() => Some(keeper.recheck(&source).await),

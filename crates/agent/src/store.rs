@@ -90,8 +90,10 @@ impl CatalogStore {
                 report.refused.push(e);
             }
         }
-        if update.full {
-            self.sweep(&keep, &mut report);
+        // A full catalog in several parts is swept by the caller once the last part is in
+        // (`sweep_except`): sweeping after the first would delete what the next parts rewrite.
+        if update.full && !update.more {
+            report.refused.extend(self.sweep_except(&keep));
         }
         for e in &report.refused {
             tracing::error!(error = %e, revision = update.revision, "catalog update partly refused");
@@ -166,16 +168,17 @@ impl CatalogStore {
     }
 
     /// Deletes every file that belongs to no tool in `keep` (and temp files a crash left).
-    fn sweep(&self, keep: &BTreeSet<String>, report: &mut ApplyReport) {
+    pub fn sweep_except(&self, keep: &BTreeSet<String>) -> Vec<AgentError> {
+        let mut failed = Vec::new();
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(entries) => entries,
             Err(e) => {
-                report.refused.push(AgentError::io(
+                failed.push(AgentError::io(
                     "cannot list the catalog directory",
                     &self.dir,
                     e,
                 ));
-                return;
+                return failed;
             }
         };
         for entry in entries.flatten() {
@@ -191,9 +194,10 @@ impl CatalogStore {
                 continue;
             }
             if let Err(e) = remove_if_exists(&path) {
-                report.refused.push(e);
+                failed.push(e);
             }
         }
+        failed
     }
 }
 

@@ -21,6 +21,7 @@ fn full(revision: u64, upserts: Vec<toolsrv_proto::v1::ToolDocument>) -> Catalog
         full: true,
         upserts,
         removals: vec![],
+        more: false,
     }
 }
 
@@ -77,6 +78,7 @@ async fn full_then_incremental_update() {
                     doc("c", meta_c, None),
                 ],
                 removals: vec!["a".into()],
+                more: false,
             },
             &blobs,
         )
@@ -96,6 +98,7 @@ async fn full_then_incremental_update() {
                 full: false,
                 upserts: vec![doc("b", meta_b, None)],
                 removals: vec![],
+                more: false,
             },
             &blobs,
         )

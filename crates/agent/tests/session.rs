@@ -138,6 +138,7 @@ impl Harness {
                 doc("sleepy", r#"{"cmd":"sleep 30"}"#, None),
             ],
             removals: vec![],
+            more: false,
         }))
         .await;
         match link.next(WAIT).await {
@@ -375,6 +376,7 @@ async fn run_attaches_over_mutual_tls() {
         full: true,
         upserts: vec![],
         removals: vec![],
+        more: false,
     }))
     .await;
     assert!(matches!(link.next(WAIT).await, Some(Out::View(v)) if v.catalog_revision == 1));

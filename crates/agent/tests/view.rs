@@ -20,7 +20,7 @@ const VARIANT_TOOL: &str = r#"{
 }"#;
 
 struct Setup {
-    _state: tempfile::TempDir,
+    state: tempfile::TempDir,
     bin: tempfile::TempDir,
     host_tools: tempfile::TempDir,
     keeper: CatalogKeeper,
@@ -38,7 +38,7 @@ fn setup() -> Setup {
     let host = Host::with_env([("PATH".to_string(), bin.path().display().to_string())].into());
     let keeper = CatalogKeeper::new(store, &[host_tools.path().to_path_buf()], host);
     Setup {
-        _state: state,
+        state: state,
         bin,
         host_tools,
         keeper,
@@ -58,8 +58,13 @@ async fn a_variant_appears_when_its_binary_is_installed() {
         full: true,
         upserts: vec![doc("fancy", VARIANT_TOOL, None), doc("plain", "{}", None)],
         removals: vec![],
+        more: false,
     };
-    let view = s.keeper.apply(&update, &blobs).await;
+    let view = s
+        .keeper
+        .apply(&update, &blobs)
+        .await
+        .expect("a final part reports the view");
     assert_eq!(view.catalog_revision, 7);
     let names: Vec<_> = view.tools.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names, ["fancy", "plain"]);
@@ -118,8 +123,13 @@ async fn host_only_tools_are_served_and_shipped_ones_win() {
         full: true,
         upserts: vec![doc("both", r#"{"description":"shipped copy"}"#, None)],
         removals: vec![],
+        more: false,
     };
-    let view = s.keeper.apply(&update, &blobs).await;
+    let view = s
+        .keeper
+        .apply(&update, &blobs)
+        .await
+        .expect("a final part reports the view");
     let described: Vec<_> = view
         .tools
         .iter()
@@ -152,6 +162,7 @@ async fn a_missing_executable_is_fetched_at_the_next_recheck() {
         full: true,
         upserts: vec![doc("t", "{}", Some(blob_ref(&exe)))],
         removals: vec![],
+        more: false,
     };
     s.keeper.apply(&update, &blobs).await;
     assert_eq!(s.keeper.missing().len(), 1);
@@ -164,4 +175,51 @@ async fn a_missing_executable_is_fetched_at_the_next_recheck() {
         tool.executable.as_ref().unwrap().sha256,
         blob_ref(&exe).sha256
     );
+}
+
+#[tokio::test]
+async fn a_catalog_in_parts_is_reported_once_whole() {
+    let mut s = setup();
+    let blobs = FakeBlobs::default();
+    let first = CatalogUpdate {
+        revision: 1,
+        full: true,
+        upserts: vec![doc("old", "{}", None), doc("kept", "{}", None)],
+        removals: vec![],
+        more: false,
+    };
+    s.keeper.apply(&first, &blobs).await.unwrap();
+
+    // A reconnect: the full catalog of revision 2 comes in two parts, without `old`.
+    let part = |upserts, full, more| CatalogUpdate {
+        revision: 2,
+        full,
+        upserts,
+        removals: vec![],
+        more,
+    };
+    let head = part(vec![doc("a", "{}", None)], true, true);
+    assert!(
+        s.keeper.apply(&head, &blobs).await.is_none(),
+        "no view from half a catalog"
+    );
+    assert!(
+        s.keeper.recheck(&blobs).await.is_none(),
+        "no recheck in the middle of a revision"
+    );
+    let catalog_dir = s.state.path().join("catalog");
+    assert!(
+        catalog_dir.join("kept.meta").exists(),
+        "a later part's tool is not swept by the first part"
+    );
+    let tail = part(vec![doc("kept", "{}", None)], false, false);
+    let view = s
+        .keeper
+        .apply(&tail, &blobs)
+        .await
+        .expect("the last part reports");
+    assert_eq!(view.catalog_revision, 2);
+    let names: Vec<_> = view.tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["a", "kept"]);
+    assert!(!catalog_dir.join("old.meta").exists(), "swept once whole");
 }

@@ -20,15 +20,17 @@ use toolsrv_bench::procs::{
     start_agent, start_coordinator, wait_for_tool, write_tools,
 };
 use toolsrv_bench::remote::{
-    SshTarget, concurrent_calls, connect_and_list, fan_out, library_call, spawn_floor, ssh_call,
-    stream_call, toolctl_call, toolctl_parts,
+    BARE_SCRIPT, Route, SshTarget, concurrent_calls, connect_and_list, fan_out, library_call,
+    spawn_floor, ssh_call, start_master, stream_call, toolctl_call, toolctl_parts,
 };
 use toolsrv_bench::stats::{Summary, Table, fmt_ns, fmt_rate};
 use toolsrv_bench::{BenchError, iterations, quick};
 use toolsrv_client::{Client, HostState};
 
-/// The trivial tool every latency figure calls.
+/// The trivial tool every latency figure calls: reads its arguments, answers `ok`.
 const ECHO: &str = "echo_ok";
+/// The barest tool (`echo ok`), for the comparison with ssh.
+const BARE: &str = "say_ok";
 /// The streaming tool.
 const ZEROS: &str = "zeros";
 /// Agent ids of the real agents.
@@ -224,7 +226,7 @@ async fn call_fleet(
     extra_agent: Option<(&str, Vec<String>)>,
 ) -> Result<(procs::Coordinator, Vec<procs::Proc>, Client), BenchError> {
     let tools = paths.work.join("tools-calls");
-    write_tools(&tools, &[(ECHO, remote_script())])?;
+    write_tools(&tools, &[(ECHO, remote_script()), (BARE, BARE_SCRIPT)])?;
     let coordinator = start_coordinator(paths, "coordinator-calls", &tools)?;
     let mut agents = vec![start_agent(
         paths,
@@ -276,64 +278,79 @@ async fn latency_and_concurrency(
 }
 
 async fn ssh_vs_toolctl(paths: &Paths, url: &str, sizes: Sizes) -> Result<(), BenchError> {
-    println!(
-        "\n1a. `toolctl call {CALL_AGENT} {ECHO}` (fresh process per call) vs `ssh HOST '{}'` over a \
-         ControlMaster connection, interleaved, order alternating",
-        remote_script()
-    );
     let ssh = SshTarget::from_env();
     if let Err(reason) = &ssh {
         println!("ssh comparison SKIPPED: {reason}");
     }
-    for _ in 0..5 {
-        toolctl_call(paths, url, CALL_AGENT, ECHO).await?;
-        if let Ok(ssh) = &ssh {
-            ssh_call(ssh).await?;
+    let (_master, socket) = start_master(paths, url).await?;
+    for (tool, script) in [(ECHO, remote_script()), (BARE, BARE_SCRIPT)] {
+        println!(
+            "\n1a. `toolctl call {CALL_AGENT} {tool}` (fresh process per call; its own connection, \
+             and through a `toolctl master`) vs `ssh HOST '{script}'` over a ControlMaster \
+             connection; interleaved, order rotating"
+        );
+        let routes = [Route::Direct(url), Route::Master(&socket)];
+        for _ in 0..5 {
+            for route in routes {
+                toolctl_call(paths, route, CALL_AGENT, tool).await?;
+            }
+            if let Ok(ssh) = &ssh {
+                ssh_call(ssh, script).await?;
+            }
+        }
+        // samples[0]: direct, [1]: through the master, [2]: ssh.
+        let mut samples: [Vec<Duration>; 3] = Default::default();
+        for i in 0..sizes.ssh_pairs {
+            for k in 0..3 {
+                let which = (i + k) % 3;
+                let took = match (which, &ssh) {
+                    (0 | 1, _) => toolctl_call(paths, routes[which], CALL_AGENT, tool).await?,
+                    (_, Ok(ssh)) => ssh_call(ssh, script).await?,
+                    (_, Err(_)) => continue,
+                };
+                samples[which].push(took);
+            }
+        }
+        let mut table = Table::new(HEADER);
+        let direct = row(&mut table, "toolctl call, own connection", &samples[0]);
+        let master = row(&mut table, "toolctl call, via toolctl master", &samples[1]);
+        let s = row(&mut table, "ssh over ControlMaster", &samples[2]);
+        print!("{}", table.render());
+        for (what, t) in [("own connection", direct), ("via toolctl master", master)] {
+            match (t, &s) {
+                (Some(t), Some(s)) => {
+                    let ratio = s.median / t.median;
+                    println!(
+                        "goal: toolctl ({what}) at least 3x faster than ssh at the median -> {} \
+                         (ssh/toolctl = {ratio:.2}x; p90 ratio {:.2}x)",
+                        verdict(ratio >= 3.0),
+                        s.p90 / t.p90
+                    );
+                }
+                _ => println!(
+                    "goal: toolctl ({what}) at least 3x faster than ssh -> NOT MEASURED (ssh skipped)"
+                ),
+            }
         }
     }
-    let (mut toolctl, mut via_ssh) = (Vec::new(), Vec::new());
-    for i in 0..sizes.ssh_pairs {
-        let ssh_first = i % 2 == 1;
-        if let (Ok(ssh), true) = (&ssh, ssh_first) {
-            via_ssh.push(ssh_call(ssh).await?);
-        }
-        toolctl.push(toolctl_call(paths, url, CALL_AGENT, ECHO).await?);
-        if let (Ok(ssh), false) = (&ssh, ssh_first) {
-            via_ssh.push(ssh_call(ssh).await?);
-        }
-    }
-    let mut parts = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+
+    println!("\n1a. breakdown of a fresh toolctl process");
+    let mut parts: [Vec<Duration>; 5] = Default::default();
     for _ in 0..iterations(100, 10) {
-        let (version, hosts) = toolctl_parts(paths, url).await?;
-        parts.0.push(version);
-        parts.1.push(hosts);
-        parts.2.push(spawn_floor().await?);
-        parts.3.push(connect_and_list(paths, url).await?);
+        let (version, hosts) = toolctl_parts(paths, Route::Direct(url)).await?;
+        parts[0].push(version);
+        parts[1].push(hosts);
+        parts[2].push(toolctl_parts(paths, Route::Master(&socket)).await?.1);
+        parts[3].push(spawn_floor().await?);
+        parts[4].push(connect_and_list(paths, url).await?);
     }
     let mut table = Table::new(HEADER);
-    let t = row(&mut table, "toolctl call (fresh process)", &toolctl);
-    let s = row(&mut table, "ssh over ControlMaster", &via_ssh);
-    row(
-        &mut table,
-        "  toolctl --version (start+exit only)",
-        &parts.0,
-    );
-    row(&mut table, "  toolctl hosts (certs+TLS+1 RPC)", &parts.1);
-    row(&mut table, "  /bin/true (spawn floor)", &parts.2);
-    row(&mut table, "  in-process: certs+TLS+1 RPC", &parts.3);
+    row(&mut table, "toolctl --version (start+exit only)", &parts[0]);
+    row(&mut table, "toolctl hosts (certs+TLS+1 RPC)", &parts[1]);
+    row(&mut table, "toolctl hosts via master (1 RPC)", &parts[2]);
+    row(&mut table, "/bin/true (spawn floor)", &parts[3]);
+    row(&mut table, "in-process: certs+TLS+1 RPC", &parts[4]);
     print!("{}", table.render());
-    match (t, s) {
-        (Some(t), Some(s)) => {
-            let ratio = s.median / t.median;
-            println!(
-                "goal: toolctl at least 3x faster than ssh at the median -> {} \
-                 (ssh/toolctl = {ratio:.2}x; p90 ratio {:.2}x)",
-                verdict(ratio >= 3.0),
-                s.p90 / t.p90
-            );
-        }
-        _ => println!("goal: toolctl at least 3x faster than ssh -> NOT MEASURED (ssh skipped)"),
-    }
     Ok(())
 }
 

@@ -119,7 +119,7 @@ impl Responder {
                 Reaction::Welcomed(Duration::from_millis(ms))
             }
             _ if !self.welcomed => Reaction::End("the first message was not a Welcome".into()),
-            Some(In::Catalog(update)) => Reaction::Send(vec![self.apply(update)]),
+            Some(In::Catalog(update)) => Reaction::Send(self.apply(update).into_iter().collect()),
             Some(In::Start(start)) => {
                 let id = start.call_id;
                 let output = msg(Out::Output(CallOutput {
@@ -149,7 +149,8 @@ impl Responder {
     }
 
     /// Applies a catalog update and returns the view to report: every tool visible.
-    fn apply(&mut self, update: CatalogUpdate) -> AgentMessage {
+    /// Applies a catalog part; the view, as a real agent sends it, once the revision's last part is in.
+    fn apply(&mut self, update: CatalogUpdate) -> Option<AgentMessage> {
         if update.full {
             self.tools.clear();
         }
@@ -159,6 +160,9 @@ impl Responder {
         for doc in update.upserts {
             let definition = definition(&doc.name, &doc.meta, self.definitions);
             self.tools.insert(doc.name, definition);
+        }
+        if update.more {
+            return None;
         }
         let tools = self
             .tools
@@ -171,10 +175,10 @@ impl Responder {
                 ..ToolStatus::default()
             })
             .collect();
-        msg(Out::View(HostView {
+        Some(msg(Out::View(HostView {
             catalog_revision: update.revision,
             tools,
-        }))
+        })))
     }
 }
 
@@ -372,6 +376,7 @@ pub fn message_sizes(dir: &Path, definitions: Definitions) -> Result<(usize, usi
         full: true,
         upserts,
         removals: Vec::new(),
+        more: false,
     };
     let catalog = CoordinatorMessage {
         msg: Some(In::Catalog(update.clone())),

@@ -3,7 +3,7 @@
 //! streamed call. Each returns what it timed and checks the outcome, so a broken setup fails
 //! instead of producing fast numbers.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,10 +14,12 @@ use tokio::process::Command;
 use toolsrv_client::{CallRequest, CallUpdate, Client, FanOutRequest, FanOutSummary, FanOutUpdate};
 
 use crate::BenchError;
-use crate::procs::Paths;
+use crate::procs::{Paths, Proc};
 
 /// The script of the trivial tool, and what the baselines run.
 pub const SCRIPT: &str = crate::call::SCRIPT;
+/// The most trivial tool there is: one shell, no other process, stdin left unread.
+pub const BARE_SCRIPT: &str = "echo ok";
 /// How long any one spawned command may take before the bench gives up on it.
 const COMMAND_LIMIT: Duration = Duration::from_secs(30);
 
@@ -56,22 +58,70 @@ async fn timed_command(
     Ok(elapsed)
 }
 
-/// `toolctl call HOST TOOL` as a fresh process (certificates from the environment, as a user
-/// would set them), arguments defaulting to `{}`.
+/// How a fresh `toolctl` process reaches the coordinator.
+#[derive(Debug, Clone, Copy)]
+pub enum Route<'a> {
+    /// Its own connection: certificates from the environment, as a user would set them.
+    Direct(&'a str),
+    /// Through the control socket of a running `toolctl master`, no certificates.
+    Master(&'a Path),
+}
+
+impl Route<'_> {
+    fn apply(self, paths: &Paths, cmd: &mut Command) {
+        match self {
+            Route::Direct(url) => {
+                let tls = paths.client_tls();
+                cmd.env("TOOLSRV_ADDR", url)
+                    .env("TOOLSRV_CA", &tls.ca)
+                    .env("TOOLSRV_CERT", &tls.cert)
+                    .env("TOOLSRV_KEY", &tls.key);
+            }
+            Route::Master(socket) => {
+                cmd.env("TOOLSRV_CONTROL", socket);
+            }
+        }
+    }
+}
+
+/// `toolctl call HOST TOOL` as a fresh process, arguments defaulting to `{}`; checks it printed `ok`.
 pub async fn toolctl_call(
     paths: &Paths,
-    url: &str,
+    route: Route<'_>,
     host: &str,
     tool: &str,
 ) -> Result<Duration, BenchError> {
-    let tls = paths.client_tls();
     let mut cmd = Command::new(paths.toolctl());
-    cmd.args(["call", host, tool])
-        .env("TOOLSRV_ADDR", url)
+    cmd.args(["call", host, tool]);
+    route.apply(paths, &mut cmd);
+    timed_command(cmd, b"", Some(b"ok\n"), "toolctl call").await
+}
+
+/// Starts `toolctl master` for `url` on a control socket in the work directory and waits (at most
+/// 10 s) until it serves.
+pub async fn start_master(paths: &Paths, url: &str) -> Result<(Proc, PathBuf), BenchError> {
+    let socket = paths.work.join("toolctl-master.sock");
+    let mut cmd = std::process::Command::new(paths.toolctl());
+    cmd.args(["master", "--control"]).arg(&socket);
+    let tls = paths.client_tls();
+    cmd.env("TOOLSRV_ADDR", url)
         .env("TOOLSRV_CA", &tls.ca)
         .env("TOOLSRV_CERT", &tls.cert)
         .env("TOOLSRV_KEY", &tls.key);
-    timed_command(cmd, b"", Some(b"ok\n"), "toolctl call").await
+    let mut master = Proc::spawn("toolctl-master", cmd, &paths.work)?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        master.check_alive()?;
+        if Instant::now() > deadline {
+            return Err(format!(
+                "toolctl master did not serve within 10 s: {}",
+                master.log_tail()
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok((master, socket))
 }
 
 /// In this process: load the certificates, connect (TCP, TLS 1.3 with client certificate,
@@ -95,19 +145,17 @@ pub async fn spawn_floor() -> Result<Duration, BenchError> {
 }
 
 /// Breakdown of a `toolctl call`: `toolctl --version` (process start and exit only) and
-/// `toolctl hosts` (plus loading the certificates, the TLS connection and one RPC).
-pub async fn toolctl_parts(paths: &Paths, url: &str) -> Result<(Duration, Duration), BenchError> {
+/// `toolctl hosts` (plus connecting by `route` and one RPC).
+pub async fn toolctl_parts(
+    paths: &Paths,
+    route: Route<'_>,
+) -> Result<(Duration, Duration), BenchError> {
     let mut version = Command::new(paths.toolctl());
     version.arg("--version");
     let version = timed_command(version, b"", None, "toolctl --version").await?;
-    let tls = paths.client_tls();
     let mut hosts = Command::new(paths.toolctl());
-    hosts
-        .arg("hosts")
-        .env("TOOLSRV_ADDR", url)
-        .env("TOOLSRV_CA", &tls.ca)
-        .env("TOOLSRV_CERT", &tls.cert)
-        .env("TOOLSRV_KEY", &tls.key);
+    hosts.arg("hosts");
+    route.apply(paths, &mut hosts);
     let hosts = timed_command(hosts, b"", None, "toolctl hosts").await?;
     Ok((version, hosts))
 }
@@ -143,12 +191,12 @@ impl SshTarget {
     }
 }
 
-/// `ssh HOST 'cat >/dev/null; echo ok'` over the master connection, `{}` on stdin.
-pub async fn ssh_call(target: &SshTarget) -> Result<Duration, BenchError> {
+/// `ssh HOST SCRIPT` over the master connection, `{}` on stdin (what a tool gets).
+pub async fn ssh_call(target: &SshTarget, script: &str) -> Result<Duration, BenchError> {
     let mut cmd = Command::new("ssh");
     cmd.arg("-F")
         .arg(&target.config)
-        .args(["-T", &target.host, SCRIPT]);
+        .args(["-T", &target.host, script]);
     timed_command(cmd, b"{}", Some(b"ok\n"), "ssh").await
 }
 

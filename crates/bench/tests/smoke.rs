@@ -97,6 +97,7 @@ fn fake_agent_answers_the_protocol() {
             doc("other", "{}"),
         ],
         removals: vec![],
+        more: false,
     };
     let Reaction::Send(sent) = r.react(msg(In::Catalog(full))) else {
         panic!("no answer to a catalog update");
@@ -127,6 +128,7 @@ fn fake_agent_answers_the_protocol() {
         full: false,
         upserts: vec![],
         removals: vec!["other".into()],
+        more: false,
     };
     r.react(msg(In::Catalog(incremental)));
     assert_eq!(r.tools().collect::<Vec<_>>(), ["echo_ok"]);

@@ -62,7 +62,8 @@ impl Shipped {
     }
 }
 
-/// Splits an update into messages of bounded size; only the first may be `full`.
+/// Splits an update into messages of bounded size; only the first may be `full`, every one but
+/// the last says `more`.
 fn batch(
     revision: u64,
     full: bool,
@@ -74,15 +75,20 @@ fn batch(
         full,
         upserts: Vec::new(),
         removals,
+        more: false,
     }];
     let mut size = 0;
     for doc in upserts {
         if size + doc.meta.len() > BATCH_BYTES && size > 0 {
+            if let Some(last) = out.last_mut() {
+                last.more = true;
+            }
             out.push(CatalogUpdate {
                 revision,
                 full: false,
                 upserts: Vec::new(),
                 removals: Vec::new(),
+                more: false,
             });
             size = 0;
         }
@@ -150,6 +156,8 @@ mod tests {
         let out = batch(7, true, docs, vec!["gone".into()]);
         assert!(out.len() >= 3, "{} messages", out.len());
         assert!(out[0].full && out[1..].iter().all(|u| !u.full));
+        let (last, parts) = out.split_last().unwrap();
+        assert!(parts.iter().all(|u| u.more) && !last.more);
         assert!(out.iter().all(|u| u.revision == 7));
         assert_eq!(out.iter().map(|u| u.upserts.len()).sum::<usize>(), 10);
         assert!(
