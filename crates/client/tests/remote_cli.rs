@@ -355,14 +355,7 @@ async fn remote_commands_against_a_real_fleet() {
     // watch starts with a snapshot.
     let mut watch = fleet.toolctl(&["watch", "--json"]).spawn().unwrap();
     let mut stdout = tokio::io::BufReader::new(watch.stdout.take().unwrap());
-    let mut line = String::new();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let line = first_line(&mut stdout, "watch prints a snapshot").await;
     let first: Value = serde_json::from_str(&line).unwrap();
     assert_eq!(first["kind"], "snapshot", "{line}");
     watch.kill().await.unwrap();
@@ -371,19 +364,25 @@ async fn remote_commands_against_a_real_fleet() {
     interrupt_slow_call(&client, fleet.toolctl(&["call", "web-2", "slow"])).await;
 }
 
+/// The next line from `reader`; `what` should happen within 10 s.
+async fn first_line(reader: &mut (impl tokio::io::AsyncBufRead + Unpin), what: &str) -> String {
+    let mut line = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::AsyncBufReadExt::read_line(reader, &mut line),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{what}: nothing within 10 s"))
+    .unwrap();
+    line
+}
+
 /// Runs `call` (a `toolctl call` of `slow`), interrupts it once the tool has started, and checks
 /// that it exits 130 and that the call ends on the host.
 async fn interrupt_slow_call(client: &Client, mut call: tokio::process::Command) {
     let mut call = call.spawn().unwrap();
     let mut stdout = tokio::io::BufReader::new(call.stdout.take().unwrap());
-    let mut line = String::new();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let line = first_line(&mut stdout, "the tool starts").await;
     assert_eq!(line, "started\n");
     let pid = call.id().unwrap().to_string();
     let killed = std::process::Command::new("kill")
@@ -420,14 +419,7 @@ async fn start_master(
     cmd.arg("--control").arg(socket).args(extra);
     let mut master = cmd.spawn().unwrap();
     let mut stderr = tokio::io::BufReader::new(master.stderr.take().unwrap());
-    let mut line = String::new();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        tokio::io::AsyncBufReadExt::read_line(&mut stderr, &mut line),
-    )
-    .await
-    .expect("the master says it serves within 10 s")
-    .unwrap();
+    let line = first_line(&mut stderr, "the master says it serves").await;
     assert!(line.starts_with("toolctl master: serving "), "{line}");
     assert!(socket.exists());
     // Keep draining its log so that it never blocks on a full pipe.
