@@ -1,27 +1,35 @@
 //! The AgentLink service: agents attach here, receive the catalog and calls, and fetch blobs.
 
+use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
+use tonic::body::Body;
+use tonic::codegen::{BoxFuture, Service, http};
+use tonic::server::NamedService;
 use tonic::{Request, Response, Status, Streaming};
-use toolsrv_proto::v1::agent_link_server::AgentLink;
+use toolsrv_proto::v1::agent_link_server::{AgentLink, AgentLinkServer};
 use toolsrv_proto::v1::{
     AgentMessage, BlobChunk, CallOutput, CoordinatorMessage, FetchBlobRequest, Goodbye, Hello,
     Keepalive, Welcome, agent_message, coordinator_message::Msg,
 };
 
-use crate::State;
 use crate::catalog::Shipped;
 use crate::fleet::{HostEntry, now_ms};
+use crate::framing::{self, Inbound};
 use crate::link::{AgentEvent, Link};
+use crate::{MAX_AGENT_MESSAGE, MAX_MESSAGE, State};
 
 /// How long an agent has to send its Hello after attaching.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// The path of the `Attach` method.
+const ATTACH_PATH: &str = "/toolsrv.v1.AgentLink/Attach";
 /// Blob bytes per message.
 const BLOB_CHUNK: usize = 64 << 10;
 
@@ -32,9 +40,9 @@ pub struct AgentLinkService {
 }
 
 /// The agent host id proven by the peer's certificate.
-fn agent_identity<T>(req: &Request<T>) -> Result<String, Status> {
+fn agent_identity(peer: Option<&toolsrv_tls::PeerInfo>) -> Result<String, Status> {
     crate::proven_name(
-        req,
+        peer,
         toolsrv_tls::Role::Agent,
         "the agent link needs an agent certificate (toolsrv://agent/<host-id>)",
     )
@@ -51,48 +59,18 @@ impl AgentLink for AgentLinkService {
         &self,
         req: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Self::AttachStream>, Status> {
-        let id = agent_identity(&req)?;
-        let mut inbound = req.into_inner();
-        let hello = read_hello(&mut inbound, &id).await?;
-        let (tx, rx) = mpsc::channel(256);
-        let state = self.state.clone();
-        let generation = state.fleet.next_generation();
-        let link = Arc::new(Link::new(
-            id.clone(),
-            generation,
-            tx,
-            state.config.credit_window,
-        ));
-        tracing::info!(host = %id, version = %hello.agent_version, "agent attached");
-        state.fleet.attach(HostEntry {
-            id: id.clone(),
-            facts: hello.facts.clone().unwrap_or_default(),
-            agent_version: hello.agent_version.clone(),
-            max_concurrent_calls: hello.max_concurrent_calls,
-            connected_unix_ms: now_ms(),
-            view: None,
-            link: Some(link.clone()),
-            last_seen: Arc::new(now_ms().into()),
-        });
-        let last_seen = state
-            .fleet
-            .get(&id)
-            .map(|h| h.last_seen)
-            .unwrap_or_default();
-        self.state.tasks.spawn(async move {
-            let reason = session(&state, &link, inbound, &last_seen).await;
-            tracing::info!(host = %link.host_id, %reason, "agent detached");
-            link.close(&reason);
-            state.fleet.detach(&link.host_id, link.generation);
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx).map(Ok))))
+        // Served through `AgentLinkRoutes`, which frames the stream itself; this path serves the
+        // same session for anyone mounting the generated server directly.
+        let id = agent_identity(toolsrv_tls::peer_of(&req))?;
+        let outbound = self.open(id, req.into_inner()).await?;
+        Ok(Response::new(Box::pin(outbound.map(Ok))))
     }
 
     async fn fetch_blob(
         &self,
         req: Request<FetchBlobRequest>,
     ) -> Result<Response<Self::FetchBlobStream>, Status> {
-        agent_identity(&req)?;
+        agent_identity(toolsrv_tls::peer_of(&req))?;
         let sha = req.into_inner().sha256;
         let catalog = self.state.registry.catalog();
         let path = catalog
@@ -134,11 +112,120 @@ impl AgentLink for AgentLinkService {
     }
 }
 
+impl AgentLinkService {
+    /// Starts the session of agent `id` once its hello has arrived on `inbound`; the returned
+    /// stream is what goes back to the agent.
+    async fn open<S>(
+        &self,
+        id: String,
+        mut inbound: S,
+    ) -> Result<ReceiverStream<CoordinatorMessage>, Status>
+    where
+        S: Stream<Item = Result<AgentMessage, Status>> + Unpin + Send + 'static,
+    {
+        let hello = read_hello(&mut inbound, &id).await?;
+        let (tx, rx) = mpsc::channel(256);
+        let state = self.state.clone();
+        let generation = state.fleet.next_generation();
+        let link = Arc::new(Link::new(
+            id.clone(),
+            generation,
+            tx,
+            state.config.credit_window,
+        ));
+        tracing::info!(host = %id, version = %hello.agent_version, "agent attached");
+        state.fleet.attach(HostEntry {
+            id: id.clone(),
+            facts: hello.facts.clone().unwrap_or_default(),
+            agent_version: hello.agent_version.clone(),
+            max_concurrent_calls: hello.max_concurrent_calls,
+            connected_unix_ms: now_ms(),
+            view: None,
+            link: Some(link.clone()),
+            last_seen: Arc::new(now_ms().into()),
+        });
+        let last_seen = state
+            .fleet
+            .get(&id)
+            .map(|h| h.last_seen)
+            .unwrap_or_default();
+        self.state.tasks.spawn(async move {
+            let reason = session(&state, &link, inbound, &last_seen).await;
+            tracing::info!(host = %link.host_id, %reason, "agent detached");
+            link.close(&reason);
+            state.fleet.detach(&link.host_id, link.generation);
+        });
+        Ok(ReceiverStream::new(rx))
+    }
+
+    /// `Attach` with the lean framing of [`crate::framing`].
+    async fn attach_framed(
+        &self,
+        req: http::Request<Body>,
+    ) -> Result<http::Response<Body>, Status> {
+        let (parts, body) = req.into_parts();
+        let id = agent_identity(parts.extensions.get::<toolsrv_tls::PeerInfo>())?;
+        let inbound = Inbound::new(body, MAX_AGENT_MESSAGE);
+        let outbound = self.open(id, inbound).await?;
+        Ok(framing::response(outbound.map(Ok), MAX_MESSAGE))
+    }
+}
+
+/// The AgentLink service as the coordinator serves it: `Attach` framed by [`crate::framing`], whose
+/// buffers shrink back when a link goes quiet (tonic's keep the size of the largest message for
+/// the life of the stream, and an agent link lives for days), the other methods by the generated
+/// server.
+#[derive(Debug, Clone)]
+pub struct AgentLinkRoutes {
+    service: AgentLinkService,
+    generated: AgentLinkServer<AgentLinkService>,
+}
+
+impl AgentLinkRoutes {
+    pub fn new(service: AgentLinkService) -> Self {
+        let generated = AgentLinkServer::new(service.clone())
+            .max_decoding_message_size(MAX_AGENT_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
+        Self { service, generated }
+    }
+}
+
+impl NamedService for AgentLinkRoutes {
+    const NAME: &'static str = <AgentLinkServer<AgentLinkService> as NamedService>::NAME;
+}
+
+impl Service<http::Request<Body>> for AgentLinkRoutes {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Infallible>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        if req.uri().path() != ATTACH_PATH {
+            return self.generated.call(req);
+        }
+        let service = self.service.clone();
+        Box::pin(async move {
+            Ok(service
+                .attach_framed(req)
+                .await
+                .unwrap_or_else(Status::into_http))
+        })
+    }
+}
+
 /// Reads the first message, which must be a Hello whose host id matches the certificate.
-async fn read_hello(inbound: &mut Streaming<AgentMessage>, id: &str) -> Result<Hello, Status> {
-    let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
+async fn read_hello<S>(inbound: &mut S, id: &str) -> Result<Hello, Status>
+where
+    S: Stream<Item = Result<AgentMessage, Status>> + Unpin,
+{
+    let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.next())
         .await
-        .map_err(|_| Status::deadline_exceeded("no hello within 10 s of attaching"))??;
+        .map_err(|_| Status::deadline_exceeded("no hello within 10 s of attaching"))?
+        .transpose()?;
     let Some(AgentMessage {
         msg: Some(agent_message::Msg::Hello(hello)),
     }) = first
@@ -158,12 +245,15 @@ async fn read_hello(inbound: &mut Streaming<AgentMessage>, id: &str) -> Result<H
 }
 
 /// Runs one agent connection until it ends; returns why it ended.
-async fn session(
+async fn session<S>(
     state: &State,
     link: &Arc<Link>,
-    mut inbound: Streaming<AgentMessage>,
+    mut inbound: S,
     last_seen: &std::sync::atomic::AtomicU64,
-) -> String {
+) -> String
+where
+    S: Stream<Item = Result<AgentMessage, Status>> + Unpin,
+{
     let keepalive = state.config.keepalive;
     let welcome = Welcome {
         keepalive_interval_ms: keepalive.as_millis() as u32,
@@ -204,15 +294,15 @@ async fn session(
                 }
                 link.send(Msg::Keepalive(Keepalive { sent_unix_ms: now_ms() })).await;
             }
-            msg = inbound.message() => match msg {
-                Ok(Some(msg)) => {
+            msg = inbound.next() => match msg {
+                Some(Ok(msg)) => {
                     last_seen.store(now_ms(), Ordering::Relaxed);
                     if let Some(reason) = handle(state, link, msg) {
                         return reason;
                     }
                 }
-                Ok(None) => return "the agent closed the link".into(),
-                Err(status) => return format!("link error: {}", status.message()),
+                None => return "the agent closed the link".into(),
+                Some(Err(status)) => return format!("link error: {}", status.message()),
             },
         }
     }

@@ -34,7 +34,7 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 /// The client name proven by the peer's certificate.
 fn client_identity<T>(req: &Request<T>) -> Result<String, Status> {
     crate::proven_name(
-        req,
+        toolsrv_tls::peer_of(req),
         toolsrv_tls::Role::Client,
         "the client API needs a client certificate (toolsrv://client/<name>)",
     )

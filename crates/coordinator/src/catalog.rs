@@ -6,9 +6,9 @@ use toolsrv_proto::v1::{BlobRef, CatalogUpdate, ToolDocument};
 use toolsrv_registry::Catalog;
 
 /// Most `.meta` bytes per update message; a larger catalog goes out as several messages.
-/// Small on purpose: each link's encoder keeps a buffer as large as the largest message it
-/// sent, for the life of the link, so this bounds memory per idle agent (a single larger
-/// `.meta` still goes out whole).
+/// Small on purpose: each message is held whole while queued and written, and the agent's stream
+/// decoder keeps a buffer as large as the largest message it received, for the life of the link
+/// (a single larger `.meta` still goes out whole).
 const BATCH_BYTES: usize = 16 << 10;
 
 /// What one agent was last sent: tool name to (meta digest, executable digest).

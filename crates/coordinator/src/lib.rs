@@ -14,6 +14,7 @@ mod audit;
 mod calls;
 mod catalog;
 mod fleet;
+mod framing;
 mod link;
 pub mod policy;
 pub mod selector;
@@ -31,7 +32,7 @@ use toolsrv_proto::v1::tools_server::ToolsServer;
 use toolsrv_registry::{Registry, WatchOptions};
 use toolsrv_tls::{ServerCreds, TlsFiles};
 
-pub use agent_link::AgentLinkService;
+pub use agent_link::{AgentLinkRoutes, AgentLinkService};
 pub use api::ToolsService;
 pub use policy::Policy;
 
@@ -98,15 +99,16 @@ pub(crate) struct State {
     pub tasks: TaskTracker,
 }
 
-/// The name (host id or client name) in the peer's certificate, which must carry `role`.
+/// The name (host id or client name) in the peer's certificate (`None`: no verified certificate),
+/// which must carry `role`.
 ///
 /// `needs` says, for the refusal, what kind of certificate the service takes.
-pub(crate) fn proven_name<T>(
-    req: &tonic::Request<T>,
+pub(crate) fn proven_name(
+    peer: Option<&toolsrv_tls::PeerInfo>,
     role: toolsrv_tls::Role,
     needs: &str,
 ) -> Result<String, tonic::Status> {
-    match toolsrv_tls::peer_of(req).map(|p| &p.identity) {
+    match peer.map(|p| &p.identity) {
         Some(identity) if identity.role() == role => {
             Ok(identity.name().unwrap_or_default().to_string())
         }
@@ -193,11 +195,9 @@ pub async fn serve(
         });
     }
 
-    let agent_link = AgentLinkServer::new(AgentLinkService {
+    let agent_link = AgentLinkRoutes::new(AgentLinkService {
         state: state.clone(),
-    })
-    .max_decoding_message_size(MAX_AGENT_MESSAGE)
-    .max_encoding_message_size(MAX_MESSAGE);
+    });
     let tools = ToolsServer::new(ToolsService {
         state: state.clone(),
     })

@@ -1,9 +1,11 @@
-//! The protobuf codec of every toolsrv service: prost, with small per-stream buffers.
+//! The protobuf codec of every generated toolsrv service and client: prost, with small
+//! per-stream buffers.
 //!
 //! A stream's encode and decode buffers start at `buffer_size` and keep whatever capacity they
 //! grow to for the life of the stream; an agent link lives for days. Starting small and yielding
-//! often keeps an idle link's buffers small, which is what bounds the coordinator's memory per
-//! connected agent.
+//! often keeps an idle stream's buffers small. (The coordinator's side of the agent link goes
+//! further and frames that stream itself: `toolsrv-coordinator`'s `framing` keeps nothing sized
+//! by a message once the link is quiet.)
 
 use std::marker::PhantomData;
 

@@ -1,0 +1,437 @@
+//! gRPC message framing for the agent link's stream, with buffers given back when a link goes quiet.
+//!
+//! tonic's stream codec keeps, for the life of a stream, a decode buffer as large as the largest
+//! message received and an encode buffer as large as the largest batch sent (a `BytesMut` that
+//! reuses its allocation). An agent link lives for days and is idle almost all of that time, so
+//! after one catalog and one host view those two buffers were most of the coordinator's memory
+//! per agent. Here each outgoing message gets an allocation of its exact size, freed once HTTP/2
+//! has written it, and the incoming buffer is dropped whenever it is empty and the peer has
+//! nothing more to send.
+//!
+//! The wire format is gRPC's: each message is a 1-byte compression flag (always 0 here: the
+//! agent link is not compressed), a 4-byte big-endian length and the protobuf bytes; the response
+//! ends with `grpc-status` trailers.
+
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http_body::{Body, Frame};
+use tokio_stream::Stream;
+use tonic::Status;
+use tonic::codegen::http;
+
+/// Compression flag and length before each message.
+const HEADER: usize = 5;
+
+/// The messages of a request body, decoded one at a time.
+#[derive(Debug)]
+pub struct Inbound<M, B> {
+    body: B,
+    buf: BytesMut,
+    max_message: usize,
+    ended: bool,
+    _message: PhantomData<fn() -> M>,
+}
+
+impl<M, B> Inbound<M, B>
+where
+    M: prost::Message + Default,
+    B: Body + Unpin,
+    B::Error: std::fmt::Display,
+{
+    /// Reads `body`, refusing messages larger than `max_message` bytes.
+    pub fn new(body: B, max_message: usize) -> Self {
+        Self {
+            body,
+            buf: BytesMut::new(),
+            max_message,
+            ended: false,
+            _message: PhantomData,
+        }
+    }
+
+    /// A whole message at the front of the buffer, if there is one.
+    fn decode_buffered(&mut self) -> Result<Option<M>, Status> {
+        if self.buf.len() < HEADER {
+            return Ok(None);
+        }
+        if self.buf[0] != 0 {
+            return Err(Status::unimplemented(
+                "compressed messages are not accepted on the agent link",
+            ));
+        }
+        let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+        if len > self.max_message {
+            return Err(Status::out_of_range(format!(
+                "a message of {len} bytes is over the limit of {} bytes",
+                self.max_message
+            )));
+        }
+        let Some(missing) = (HEADER + len)
+            .checked_sub(self.buf.len())
+            .filter(|&m| m > 0)
+        else {
+            let message = M::decode(&self.buf[HEADER..HEADER + len])
+                .map_err(|e| Status::internal(format!("cannot decode a message: {e}")))?;
+            self.buf.advance(HEADER + len);
+            return Ok(Some(message));
+        };
+        // Room for the rest of this message at once, rather than doubling towards it.
+        self.buf.reserve(missing);
+        Ok(None)
+    }
+
+    fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<M, Status>>> {
+        loop {
+            match self.decode_buffered() {
+                Ok(Some(message)) => return Poll::Ready(Some(Ok(message))),
+                Ok(None) => {}
+                Err(status) => {
+                    self.ended = true;
+                    self.buf = BytesMut::new();
+                    return Poll::Ready(Some(Err(status)));
+                }
+            }
+            if self.ended {
+                if self.buf.is_empty() {
+                    return Poll::Ready(None);
+                }
+                self.buf = BytesMut::new();
+                return Poll::Ready(Some(Err(Status::internal(
+                    "the stream ended inside a message",
+                ))));
+            }
+            match Pin::new(&mut self.body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(mut data) = frame.into_data() {
+                        while data.has_remaining() {
+                            let chunk = data.chunk();
+                            self.buf.extend_from_slice(chunk);
+                            let n = chunk.len();
+                            data.advance(n);
+                        }
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    self.ended = true;
+                    self.buf = BytesMut::new();
+                    return Poll::Ready(Some(Err(Status::unknown(format!("stream error: {e}")))));
+                }
+                Poll::Ready(None) => self.ended = true,
+                Poll::Pending => {
+                    // Quiet: give back what the last burst grew the buffer to.
+                    // (An empty buffer may still hold its allocation behind the consumed bytes,
+                    // so `capacity()` does not tell; `BytesMut::new()` allocates nothing.)
+                    if self.buf.is_empty() {
+                        self.buf = BytesMut::new();
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+}
+
+impl<M, B> Stream for Inbound<M, B>
+where
+    M: prost::Message + Default,
+    B: Body + Unpin,
+    B::Error: std::fmt::Display,
+{
+    type Item = Result<M, Status>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.get_mut().poll_message(cx)
+    }
+}
+
+/// A response body carrying the messages of a stream, each encoded into its own exact-size
+/// buffer, then the stream's status as trailers.
+#[derive(Debug)]
+pub struct Outbound<S> {
+    messages: S,
+    max_message: usize,
+    done: bool,
+}
+
+impl<S, M> Outbound<S>
+where
+    S: Stream<Item = Result<M, Status>> + Unpin,
+    M: prost::Message,
+{
+    /// Encodes `messages`; one larger than `max_message` bytes ends the stream with an error.
+    pub fn new(messages: S, max_message: usize) -> Self {
+        Self {
+            messages,
+            max_message,
+            done: false,
+        }
+    }
+
+    fn encode(&self, message: &M) -> Result<Bytes, Status> {
+        let len = message.encoded_len();
+        if len > self.max_message {
+            return Err(Status::out_of_range(format!(
+                "a message of {len} bytes is over the limit of {} bytes",
+                self.max_message
+            )));
+        }
+        let mut buf = BytesMut::with_capacity(HEADER + len);
+        buf.put_u8(0);
+        // Lossless: `len` is at most `max_message`, which callers keep far below 4 GiB.
+        buf.put_u32(len as u32);
+        message.encode_raw(&mut buf);
+        Ok(buf.freeze())
+    }
+}
+
+impl<S, M> Body for Outbound<S>
+where
+    S: Stream<Item = Result<M, Status>> + Unpin,
+    M: prost::Message,
+{
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        let status = match ready!(Pin::new(&mut this.messages).poll_next(cx)) {
+            Some(Ok(message)) => match this.encode(&message) {
+                Ok(bytes) => return Poll::Ready(Some(Ok(Frame::data(bytes)))),
+                Err(status) => status,
+            },
+            Some(Err(status)) => status,
+            None => Status::ok(""),
+        };
+        this.done = true;
+        Poll::Ready(Some(Ok(Frame::trailers(trailers(&status)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+}
+
+/// `grpc-status` (and `grpc-message`) trailers for `status`.
+fn trailers(status: &Status) -> http::HeaderMap {
+    let mut map = http::HeaderMap::new();
+    if status.add_header(&mut map).is_err() {
+        // Only a message that cannot be a header value gets here; the code still goes out.
+        map.clear();
+        let _ = Status::new(status.code(), "").add_header(&mut map);
+    }
+    map
+}
+
+/// A gRPC response whose body is [`Outbound`].
+pub fn response<S, M>(messages: S, max_message: usize) -> http::Response<tonic::body::Body>
+where
+    S: Stream<Item = Result<M, Status>> + Unpin + Send + 'static,
+    M: prost::Message + 'static,
+{
+    let mut response =
+        http::Response::new(tonic::body::Body::new(Outbound::new(messages, max_message)));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::convert::Infallible;
+
+    use prost::Message;
+
+    use tokio_stream::StreamExt;
+    use toolsrv_proto::v1::{Keepalive, agent_message::Msg};
+
+    use super::*;
+    use toolsrv_proto::v1::AgentMessage;
+
+    /// A request body that yields the given chunks, then `Pending` once between chunks when
+    /// `quiet` (as a peer pausing does), then ends.
+    struct Chunks {
+        chunks: VecDeque<Bytes>,
+        quiet: bool,
+        paused: bool,
+    }
+
+    impl Body for Chunks {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            if self.quiet && !self.paused && !self.chunks.is_empty() {
+                self.paused = true;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            self.paused = false;
+            Poll::Ready(self.chunks.pop_front().map(|c| Ok(Frame::data(c))))
+        }
+    }
+
+    fn keepalive(ms: u64) -> AgentMessage {
+        AgentMessage {
+            msg: Some(Msg::Keepalive(Keepalive { sent_unix_ms: ms })),
+        }
+    }
+
+    fn framed(messages: &[AgentMessage]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for m in messages {
+            out.push(0);
+            out.extend_from_slice(&(m.encoded_len() as u32).to_be_bytes());
+            m.encode(&mut out).unwrap();
+        }
+        out
+    }
+
+    async fn decode_all(
+        wire: Vec<u8>,
+        split: usize,
+        quiet: bool,
+    ) -> Vec<Result<AgentMessage, Status>> {
+        let chunks = wire.chunks(split).map(Bytes::copy_from_slice).collect();
+        let body = Chunks {
+            chunks,
+            quiet,
+            paused: false,
+        };
+        Inbound::<AgentMessage, _>::new(body, 1 << 20)
+            .collect()
+            .await
+    }
+
+    #[tokio::test]
+    async fn messages_split_and_joined_anyhow_come_out_whole() {
+        let messages: Vec<_> = (0..20).map(keepalive).collect();
+        let wire = framed(&messages);
+        for split in [1, 2, 3, 5, 7, 64, wire.len()] {
+            for quiet in [false, true] {
+                let got: Vec<_> = decode_all(wire.clone(), split, quiet)
+                    .await
+                    .into_iter()
+                    .map(Result::unwrap)
+                    .collect();
+                assert_eq!(got, messages, "split {split}, quiet {quiet}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_buffer_is_given_back_when_the_peer_pauses() {
+        let big = AgentMessage {
+            msg: Some(Msg::Goodbye(toolsrv_proto::v1::Goodbye {
+                reason: "x".repeat(64 << 10),
+            })),
+        };
+        let wire = framed(std::slice::from_ref(&big));
+        let body = Chunks {
+            chunks: wire.chunks(16 << 10).map(Bytes::copy_from_slice).collect(),
+            quiet: false,
+            paused: false,
+        };
+        let mut inbound = Inbound::<AgentMessage, _>::new(body, 1 << 20);
+        assert_eq!(inbound.next().await.unwrap().unwrap(), big);
+        inbound.body.quiet = true;
+        inbound
+            .body
+            .chunks
+            .push_back(Bytes::from(framed(&[keepalive(1)])));
+        assert_eq!(inbound.next().await.unwrap().unwrap(), keepalive(1));
+        // The pause before the keepalive arrived dropped the large buffer (kept, the keepalive
+        // would have been copied into it, reclaiming its whole 64 KiB).
+        assert!(
+            inbound.buf.capacity() < 1 << 10,
+            "{}",
+            inbound.buf.capacity()
+        );
+    }
+
+    #[tokio::test]
+    async fn oversized_compressed_and_truncated_messages_are_errors() {
+        let mut wire = framed(&[keepalive(1)]);
+        wire[1..5].copy_from_slice(&(2u32 << 20).to_be_bytes());
+        let got = decode_all(wire, 64, false).await;
+        assert_eq!(got[0].as_ref().unwrap_err().code(), tonic::Code::OutOfRange);
+
+        let mut wire = framed(&[keepalive(1)]);
+        wire[0] = 1;
+        let got = decode_all(wire, 64, false).await;
+        assert_eq!(
+            got[0].as_ref().unwrap_err().code(),
+            tonic::Code::Unimplemented
+        );
+
+        let mut wire = framed(&[keepalive(1), keepalive(2)]);
+        wire.pop();
+        let got = decode_all(wire, 3, false).await;
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].as_ref().unwrap(), &keepalive(1));
+        assert_eq!(got[1].as_ref().unwrap_err().code(), tonic::Code::Internal);
+    }
+
+    #[tokio::test]
+    async fn outbound_frames_each_message_then_sends_the_status() {
+        let messages = vec![keepalive(1), keepalive(2)];
+        let items: Vec<Result<AgentMessage, Status>> = messages
+            .iter()
+            .cloned()
+            .map(Ok)
+            .chain([Err(Status::unavailable("bye"))])
+            .collect();
+        let mut body = Outbound::new(tokio_stream::iter(items), 1 << 20);
+        let mut data = Vec::new();
+        let mut trailers = None;
+        while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+        {
+            let frame = frame.unwrap();
+            match frame.into_data() {
+                Ok(bytes) => {
+                    // Exactly one message per frame, in an exact-size buffer.
+                    assert_eq!(bytes.len(), HEADER + keepalive(1).encoded_len());
+                    data.extend_from_slice(&bytes);
+                }
+                Err(frame) => trailers = frame.into_trailers().ok(),
+            }
+        }
+        assert!(body.is_end_stream());
+        assert_eq!(data, framed(&messages));
+        let trailers = trailers.unwrap();
+        assert_eq!(trailers["grpc-status"], "14");
+        assert_eq!(trailers["grpc-message"], "bye");
+    }
+
+    #[tokio::test]
+    async fn outbound_refuses_an_oversized_message_and_ends_ok_otherwise() {
+        let items = vec![Ok(keepalive(1))];
+        let mut body = Outbound::new(tokio_stream::iter(items), 2);
+        let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(frame.into_trailers().unwrap()["grpc-status"], "11");
+
+        let mut body = Outbound::new(tokio_stream::iter(Vec::<Result<AgentMessage, _>>::new()), 2);
+        let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(frame.into_trailers().unwrap()["grpc-status"], "0");
+    }
+}
