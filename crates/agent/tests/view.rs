@@ -38,7 +38,7 @@ fn setup() -> Setup {
     let host = Host::with_env([("PATH".to_string(), bin.path().display().to_string())].into());
     let keeper = CatalogKeeper::new(store, &[host_tools.path().to_path_buf()], host);
     Setup {
-        state: state,
+        state,
         bin,
         host_tools,
         keeper,
