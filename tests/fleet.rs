@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, text, wait_for};
+use toolsrv_tests::{AgentSpec, Fleet, Proc, bin, run_bounded, text, wait_for};
 
 fn script(body: &str) -> String {
     format!("#!/bin/sh\n{body}\n")
@@ -321,12 +321,40 @@ fn catalog_changes_reach_agents_and_watchers_and_survive_a_coordinator_restart()
         );
     }
 
+    // A `toolctl master` holding a connection across the restart.
+    let socket = fleet.work.path().join("master.sock");
+    let mut cmd = fleet.toolctl_command("client-alice", &["master", "--control"]);
+    cmd.arg(&socket);
+    let mut master = Proc::spawn("toolctl-master", cmd, fleet.work.path());
+    wait_for("the master's socket", Duration::from_secs(10), || {
+        socket.exists().then_some(())
+    });
+    let via_master = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(bin("toolctl"));
+        cmd.args(args).env("TOOLSRV_CONTROL", &socket);
+        run_bounded(cmd, None, Duration::from_secs(30))
+    };
+    let out = via_master(&["call", "c", "hello"]);
+    assert_eq!(text(&out.stdout), "v2\n", "{}", text(&out.stderr));
+
     // Restart the coordinator: agents come back by themselves with the catalog intact.
     fleet.coordinator.as_mut().unwrap().kill();
+    let out = via_master(&["hosts"]);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "the master answers at once while the coordinator is gone: {}",
+        text(&out.stderr)
+    );
     fleet.start_coordinator(&[]);
     fleet.wait_online(&["a", "b", "c"], "shipped");
     let out = fleet.toolctl(&["call", "c", "hello"]);
     assert_eq!(text(&out.stdout), "v2\n", "{}", text(&out.stderr));
+    // The master reconnected by itself.
+    let out = via_master(&["call", "a", "hello"]);
+    assert_eq!(text(&out.stdout), "v2\n", "{}", text(&out.stderr));
+    master.terminate().expect("the master stops on SIGTERM");
+    assert!(!socket.exists(), "and removes its socket");
     let _ = watch.kill();
     let _ = watch.wait();
 }

@@ -98,7 +98,8 @@ pub struct Proc {
 }
 
 impl Proc {
-    fn spawn(name: &str, mut cmd: Command, log_dir: &Path) -> Self {
+    /// Starts `cmd` in its own process group, output to `<log_dir>/<name>.log` (printed if the test fails).
+    pub fn spawn(name: &str, mut cmd: Command, log_dir: &Path) -> Self {
         let log = log_dir.join(format!("{name}.log"));
         let file = std::fs::File::create(&log).unwrap();
         cmd.stdin(Stdio::null())
