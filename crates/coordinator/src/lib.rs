@@ -14,7 +14,8 @@ mod audit;
 mod calls;
 mod catalog;
 mod fleet;
-mod framing;
+/// Public for the fuzz targets; the coordinator's own use is `AgentLinkRoutes`.
+pub mod framing;
 mod link;
 pub mod policy;
 pub mod selector;
