@@ -95,7 +95,10 @@ impl CatalogKeeper {
         if update.more {
             return None;
         }
+        // Whether this revision replaced the whole catalog, in one part or several.
+        let mut full = update.full;
         if let Some(keep) = self.full_names.take() {
+            full = true;
             for e in self.store.sweep_except(&keep) {
                 tracing::error!(error = %e, revision = update.revision, "cannot remove a tool the catalog no longer has");
             }
@@ -104,7 +107,7 @@ impl CatalogKeeper {
         let view = self.rescan();
         tracing::info!(
             revision = update.revision,
-            full = update.full,
+            full,
             tools = view.tools.len(),
             visible = view.tools.iter().filter(|t| t.visible).count(),
             "catalog updated"
