@@ -16,7 +16,19 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let args = cli::Cli::parse();
+    // A bad command line exits with the documented usage code, not clap's 2; help and version
+    // are not errors.
+    let args = match cli::Cli::try_parse() {
+        Ok(args) => args,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(cli::exit::USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     // One command, one call: a single-threaded runtime starts faster than a pool of workers,
     // which matters for scripts that run toolctl once per call.
     let runtime = match tokio::runtime::Builder::new_current_thread()

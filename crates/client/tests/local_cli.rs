@@ -404,3 +404,21 @@ fn lint_reports_every_problem_with_file_and_field() {
     let out = run(toolctl().arg("lint").arg(d.join("missing-dir")));
     assert_eq!(out.status.code(), Some(1));
 }
+
+#[test]
+fn a_bad_command_line_exits_64_and_help_exits_0() {
+    for args in [
+        &["call", "--bogus"][..],
+        &[][..],
+        &["local", "list", "--all"][..],
+    ] {
+        let out = run(toolctl().args(args));
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("Usage"), "{args:?}: {}", stderr(&out));
+    }
+    for args in [&["--help"][..], &["call", "--help"][..], &["--version"][..]] {
+        let out = run(toolctl().args(args));
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+        assert!(!out.stdout.is_empty(), "{args:?}");
+    }
+}
