@@ -36,6 +36,8 @@ use crate::{Client, ClientError};
 
 /// How long a client waits for the master to accept; it is local, so this only guards a stuck one.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a stopping master lets open RPCs finish before it ends them.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Connects to a master's control socket now; fails if nothing accepts there.
 pub(crate) async fn connect(path: &Path) -> Result<Client, ClientError> {
@@ -106,8 +108,9 @@ pub async fn bind(path: &Path) -> io::Result<UnixListener> {
 }
 
 /// Serves the client API on `listener`, relaying every RPC over `upstream`'s connection, until
-/// `shutdown` fires or the master has been idle for [`MasterOptions::idle_exit`]. Removes the
-/// socket file `path` when it stops.
+/// `shutdown` fires or the master has been idle for [`MasterOptions::idle_exit`]; then lets open
+/// RPCs finish for up to [`STOP_GRACE`] and ends the rest. Removes the socket file `path` when it
+/// stops.
 pub async fn serve_master(
     upstream: Client,
     listener: UnixListener,
@@ -135,13 +138,25 @@ pub async fn serve_master(
     let service = ToolsServer::new(relay)
         .max_decoding_message_size(MAX_MESSAGE_SIZE)
         .max_encoding_message_size(MAX_MESSAGE_SIZE);
-    let served = Server::builder()
+    let server = Server::builder()
         .add_service(service)
         .serve_with_incoming_shutdown(
             ReceiverStream::new(incoming),
             stop.clone().cancelled_owned(),
-        )
-        .await;
+        );
+    tokio::pin!(server);
+    // A graceful stop waits for every open RPC, and a relayed `watch` never ends by itself: after
+    // the grace period the server is dropped, which ends the rest (and cancels their calls).
+    let served = tokio::select! {
+        served = &mut server => served,
+        () = async {
+            stop.cancelled().await;
+            tokio::time::sleep(STOP_GRACE).await;
+        } => {
+            tracing::info!(grace = ?STOP_GRACE, "control socket: ending the RPCs still open");
+            Ok(())
+        }
+    };
     stop.cancel();
     acceptor.abort();
     if let Some(idle) = idle {

@@ -508,14 +508,26 @@ async fn a_master_serves_commands_on_its_control_socket() {
         assert!(out.stdout.is_empty());
     }
 
-    // SIGTERM stops it and removes the socket; then a command with credentials connects directly
-    // and one without says where it looked.
+    // SIGTERM stops it and removes the socket, even with a relayed watch that never ends by
+    // itself (it gets a grace period, then is ended); then a command with credentials connects
+    // directly and one without says where it looked.
+    let mut watch = via_control(&fleet, &socket, &["watch", "--json"])
+        .spawn()
+        .unwrap();
+    let mut watch_out = tokio::io::BufReader::new(watch.stdout.take().unwrap());
+    let line = first_line(&mut watch_out, "a relayed watch prints a snapshot").await;
+    assert!(line.contains("snapshot"), "{line}");
     let pid = nix::unistd::Pid::from_raw(i32::try_from(master.id().unwrap()).unwrap());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(10), master.wait())
+    let status = tokio::time::timeout(Duration::from_secs(15), master.wait())
         .await
-        .unwrap()
+        .expect("the master stops within its grace period")
         .unwrap();
+    let watched = tokio::time::timeout(Duration::from_secs(10), watch.wait())
+        .await
+        .expect("the relayed watch ends with the master")
+        .unwrap();
+    assert!(!watched.success(), "{watched:?}");
     assert!(status.success(), "{status:?}");
     assert!(!socket.exists());
     let log = log.await.unwrap();
