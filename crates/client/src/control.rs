@@ -412,3 +412,68 @@ impl Tools for Relay {
         Ok(self.relay(stream.into_inner()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn bind_replaces_a_stale_socket_and_refuses_what_is_not_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ctl.sock");
+
+        // A master that died leaves its socket file behind: nobody accepts there any more.
+        drop(UnixListener::bind(&path).unwrap());
+        assert!(path.exists());
+        let listener = bind(&path).await.unwrap();
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&path).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600);
+
+        // A live one is left alone.
+        let err = bind(&path).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
+        assert!(err.to_string().contains("another master"), "{err}");
+        drop(listener);
+
+        // Anything else at the path is never deleted.
+        let file = dir.path().join("notes.txt");
+        std::fs::write(&file, "keep me").unwrap();
+        let err = bind(&file).await.unwrap_err();
+        assert!(err.to_string().contains("is not a socket"), "{err}");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+    }
+
+    #[tokio::test]
+    async fn a_missing_master_is_a_control_error_naming_the_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nobody.sock");
+        let err = connect(&path).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+        assert!(
+            err.to_string().contains(&path.display().to_string()),
+            "{err}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_idle_watch_waits_for_the_last_activity_to_end() {
+        let activity = Arc::new(Activity::default());
+        let stop = CancellationToken::new();
+        let busy = activity.enter();
+        let watch = tokio::spawn(idle_watch(
+            Arc::clone(&activity),
+            Duration::from_secs(10),
+            stop.clone(),
+        ));
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!stop.is_cancelled(), "busy: never idle");
+        drop(busy);
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        assert!(!stop.is_cancelled(), "idle for 9 s of 10");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(stop.is_cancelled(), "idle for 11 s");
+        watch.await.unwrap();
+    }
+}
