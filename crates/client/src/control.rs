@@ -76,11 +76,19 @@ pub struct MasterOptions {
     pub idle_exit: Option<Duration>,
 }
 
+/// A bound control socket, and which file it is (to remove it, and only it, when done).
+#[derive(Debug)]
+pub struct ControlListener {
+    listener: UnixListener,
+    path: PathBuf,
+    identity: Option<FileIdentity>,
+}
+
 /// Binds the control socket at `path`, readable and writable by our user only.
 ///
 /// A socket left behind by a master that died is replaced; a live master there, or anything that
 /// is not a socket, is an error that names the path.
-pub async fn bind(path: &Path) -> io::Result<UnixListener> {
+pub async fn bind(path: &Path) -> io::Result<ControlListener> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
@@ -104,20 +112,27 @@ pub async fn bind(path: &Path) -> io::Result<UnixListener> {
     let listener = UnixListener::bind(path)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
+    Ok(ControlListener {
+        listener,
+        path: path.to_path_buf(),
+        identity: file_identity(path),
+    })
 }
 
-/// Serves the client API on `listener`, relaying every RPC over `upstream`'s connection, until
+/// Serves the client API on `socket`, relaying every RPC over `upstream`'s connection, until
 /// `shutdown` fires or the master has been idle for [`MasterOptions::idle_exit`]; then lets open
-/// RPCs finish for up to [`STOP_GRACE`] and ends the rest. Removes the socket file `path` when it
-/// stops.
+/// RPCs finish for up to [`STOP_GRACE`] and ends the rest. Removes the socket file when it stops.
 pub async fn serve_master(
     upstream: Client,
-    listener: UnixListener,
-    path: PathBuf,
+    socket: ControlListener,
     opts: MasterOptions,
     shutdown: CancellationToken,
 ) -> Result<(), ClientError> {
+    let ControlListener {
+        listener,
+        path,
+        identity: ours,
+    } = socket;
     let activity = Arc::new(Activity::default());
     let (conns, incoming) = mpsc::channel::<io::Result<Counted>>(16);
     let stop = shutdown.child_token();
@@ -162,9 +177,24 @@ pub async fn serve_master(
     if let Some(idle) = idle {
         idle.abort();
     }
-    // Another master may have replaced a socket we no longer own; only remove what is ours.
-    let _ = std::fs::remove_file(&path);
+    // Someone may have replaced the socket since (a new master after ours was deleted): only
+    // remove the file we bound.
+    if ours.is_some() && file_identity(&path) == ours {
+        let _ = std::fs::remove_file(&path);
+    }
     served.map_err(|e| ClientError::Control(format!("serving {}: {e}", path.display())))
+}
+
+/// Device, inode and, where the file system records it, creation time (a replacement may reuse
+/// the inode number; a `chmod` changes the change time, so that one would not do).
+type FileIdentity = (u64, u64, Option<std::time::SystemTime>);
+
+/// Which file is at `path`, to tell our socket from a replacement.
+fn file_identity(path: &Path) -> Option<FileIdentity> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.created().ok()))
 }
 
 /// Accepts connections, refusing processes of other users, until `stop`.
@@ -443,6 +473,38 @@ mod tests {
         let err = bind(&file).await.unwrap_err();
         assert!(err.to_string().contains("is not a socket"), "{err}");
         assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+    }
+
+    #[tokio::test]
+    async fn a_stopping_master_removes_its_socket_but_not_a_replacement() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ctl.sock");
+        // Nothing is relayed here, so the upstream is never dialled.
+        let upstream =
+            Client::from_channel(Endpoint::from_static("http://127.0.0.1:1").connect_lazy());
+        let opts = MasterOptions::default();
+
+        let shutdown = CancellationToken::new();
+        let socket = bind(&path).await.unwrap();
+        let master = tokio::spawn(serve_master(
+            upstream.clone(),
+            socket,
+            opts.clone(),
+            shutdown.clone(),
+        ));
+        assert!(path.exists());
+        shutdown.cancel();
+        master.await.unwrap().unwrap();
+        assert!(!path.exists(), "its own socket is removed");
+
+        let shutdown = CancellationToken::new();
+        let socket = bind(&path).await.unwrap();
+        let master = tokio::spawn(serve_master(upstream, socket, opts, shutdown.clone()));
+        std::fs::remove_file(&path).unwrap();
+        let _replacement = UnixListener::bind(&path).unwrap();
+        shutdown.cancel();
+        master.await.unwrap().unwrap();
+        assert!(path.exists(), "another process's socket is left alone");
     }
 
     #[tokio::test]

@@ -37,8 +37,8 @@ pub async fn master(conn: &ConnArgs, idle_exit: Option<f64>) -> u8 {
     if let Err(e) = remote.client.hosts().await {
         return remote.fail("master: the coordinator does not answer", &e);
     }
-    let listener = match control::bind(&path).await {
-        Ok(listener) => listener,
+    let socket = match control::bind(&path).await {
+        Ok(socket) => socket,
         Err(e) => {
             eprintln!("toolctl: master: cannot serve on the control socket {e}");
             return exit::CONFIG;
@@ -53,14 +53,8 @@ pub async fn master(conn: &ConnArgs, idle_exit: Option<f64>) -> u8 {
 
     let shutdown = CancellationToken::new();
     let signals = tokio::spawn(stop_on_signal(shutdown.clone()));
-    let served = control::serve_master(
-        remote.client,
-        listener,
-        path,
-        MasterOptions { idle_exit },
-        shutdown,
-    )
-    .await;
+    let served =
+        control::serve_master(remote.client, socket, MasterOptions { idle_exit }, shutdown).await;
     signals.abort();
     match served {
         Ok(()) => 0,
