@@ -32,12 +32,13 @@ pub struct Client {
 
 impl Client {
     /// Loads the credentials and connects now; fails if the coordinator cannot be reached or does not
-    /// present a coordinator certificate from our CA.
+    /// present a coordinator certificate from our CA. When the connection is lost, the next RPC
+    /// reconnects, reading the credential files again (so renewed certificates are used).
     ///
     /// With TLS 1.3 a coordinator that refuses *our* certificate is only noticed on the first RPC.
     pub async fn connect(opts: &ConnectOptions) -> Result<Self, ClientError> {
-        let config = toolsrv_tls::client_config(&opts.tls, Role::Coordinator)?;
-        let channel = toolsrv_tls::connect(&opts.addr, config).await?;
+        let channel =
+            toolsrv_tls::connect_reloading(&opts.addr, &opts.tls, Role::Coordinator).await?;
         Ok(Self::from_channel(channel))
     }
 

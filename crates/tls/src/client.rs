@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -16,8 +16,8 @@ use tokio_rustls::client::TlsStream;
 use tonic::codegen::http::Uri;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::TlsError;
 use crate::error::chain;
+use crate::{Role, TlsError, TlsFiles, client_config};
 
 /// How long TCP connect plus TLS handshake may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -29,20 +29,78 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connects now to `url` (`https://host:port`) and fails if the server
 /// cannot be reached or does not pass `config`'s checks.
 pub async fn connect(url: &str, config: Arc<ClientConfig>) -> Result<Channel, TlsError> {
-    let (endpoint, connector) = prepare(url, config)?;
+    let (endpoint, connector) = prepare(url, Source::Fixed(config))?;
+    dial(url, endpoint, connector).await
+}
+
+/// Like [`connect`], with the configuration read from `files` (the peer must have role
+/// `expect`), and read again for every later connection the channel makes, so that a
+/// long-lived channel picks up renewed certificates when it reconnects.
+pub async fn connect_reloading(
+    url: &str,
+    files: &TlsFiles,
+    expect: Role,
+) -> Result<Channel, TlsError> {
+    let first = client_config(files, expect)?;
+    let source = Source::Files {
+        files: files.clone(),
+        expect,
+        first: Arc::new(Mutex::new(Some(first))),
+    };
+    let (endpoint, connector) = prepare(url, source)?;
+    dial(url, endpoint, connector).await
+}
+
+/// A channel to `url` that connects on first use and reconnects as needed.
+pub fn lazy_channel(url: &str, config: Arc<ClientConfig>) -> Result<Channel, TlsError> {
+    let (endpoint, connector) = prepare(url, Source::Fixed(config))?;
+    Ok(endpoint.connect_with_connector_lazy(connector))
+}
+
+async fn dial(url: &str, endpoint: Endpoint, connector: TlsConnector) -> Result<Channel, TlsError> {
     endpoint
         .connect_with_connector(connector)
         .await
         .map_err(|e| TlsError::Connect(format!("cannot connect to {url}: {}", chain(&e))))
 }
 
-/// A channel to `url` that connects on first use and reconnects as needed.
-pub fn lazy_channel(url: &str, config: Arc<ClientConfig>) -> Result<Channel, TlsError> {
-    let (endpoint, connector) = prepare(url, config)?;
-    Ok(endpoint.connect_with_connector_lazy(connector))
+/// Where a connection's TLS configuration comes from.
+#[derive(Debug, Clone)]
+enum Source {
+    /// One configuration for every connection.
+    Fixed(Arc<ClientConfig>),
+    /// Read from the files for each connection; `first` is the one already read to check them.
+    Files {
+        files: TlsFiles,
+        expect: Role,
+        first: Arc<Mutex<Option<Arc<ClientConfig>>>>,
+    },
 }
 
-fn prepare(url: &str, config: Arc<ClientConfig>) -> Result<(Endpoint, TlsConnector), TlsError> {
+impl Source {
+    fn config(&self) -> io::Result<Arc<ClientConfig>> {
+        match self {
+            Source::Fixed(config) => Ok(Arc::clone(config)),
+            Source::Files {
+                files,
+                expect,
+                first,
+            } => {
+                let seeded = first
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .take();
+                match seeded {
+                    Some(config) => Ok(config),
+                    None => client_config(files, *expect)
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string())),
+                }
+            }
+        }
+    }
+}
+
+fn prepare(url: &str, config: Source) -> Result<(Endpoint, TlsConnector), TlsError> {
     let bad = |msg: &str| TlsError::InvalidName {
         what: "URL",
         value: url.to_string(),
@@ -87,7 +145,7 @@ fn prepare(url: &str, config: Arc<ClientConfig>) -> Result<(Endpoint, TlsConnect
 /// dials the URL given at construction; tonic passes the same URI anyway.
 #[derive(Debug, Clone)]
 struct TlsConnector {
-    config: Arc<ClientConfig>,
+    config: Source,
     host: String,
     port: u16,
     server_name: ServerName<'static>,
@@ -108,6 +166,7 @@ impl tower::Service<Uri> for TlsConnector {
     fn call(&mut self, _uri: Uri) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
+            let config = this.config.config()?;
             let tcp = TcpStream::connect((this.host.as_str(), this.port))
                 .await
                 .map_err(|e| {
@@ -117,7 +176,7 @@ impl tower::Service<Uri> for TlsConnector {
                     )
                 })?;
             tcp.set_nodelay(true)?;
-            let tls = tokio_rustls::TlsConnector::from(this.config)
+            let tls = tokio_rustls::TlsConnector::from(config)
                 .connect(this.server_name, tcp)
                 .await
                 .map_err(|e| {

@@ -14,7 +14,10 @@ mod identity;
 mod pki;
 mod server;
 
-pub use client::{CONNECT_TIMEOUT, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, connect, lazy_channel};
+pub use client::{
+    CONNECT_TIMEOUT, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, connect, connect_reloading,
+    lazy_channel,
+};
 pub use config::{TlsFiles, client_config, install_crypto_provider, provider, server_config};
 pub use creds::ServerCreds;
 pub use error::TlsError;

@@ -226,3 +226,52 @@ async fn urls_must_be_https() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_reloading_channel_presents_renewed_certificates_after_a_reconnect() {
+    let tmp = tempfile::tempdir().unwrap();
+    common::pki(tmp.path());
+    let creds = ServerCreds::new(files(tmp.path(), &Identity::Coordinator)).unwrap();
+    let server = serve(creds.subscribe()).await;
+    let addr = server.addr;
+
+    // The files the channel reads: alice's for now.
+    let current = tmp.path().join("current");
+    std::fs::create_dir(&current).unwrap();
+    let install = |id: &Identity| {
+        let from = files(tmp.path(), id);
+        std::fs::copy(&from.ca, current.join("ca.pem")).unwrap();
+        std::fs::copy(&from.cert, current.join("cert.pem")).unwrap();
+        std::fs::copy(&from.key, current.join("key.pem")).unwrap();
+    };
+    install(&alice());
+    let live = TlsFiles {
+        ca: current.join("ca.pem"),
+        cert: current.join("cert.pem"),
+        key: current.join("key.pem"),
+    };
+    let channel = toolsrv_tls::connect_reloading(&server.url(), &live, Role::Coordinator)
+        .await
+        .unwrap();
+    let health = |channel: tonic::transport::Channel| async move {
+        tonic_health::pb::health_client::HealthClient::new(channel)
+            .check(tonic_health::pb::HealthCheckRequest::default())
+            .await
+    };
+    health(channel.clone()).await.unwrap();
+    assert_eq!(*server.seen.lock().unwrap(), vec![alice()]);
+
+    // Renewal writes other credentials (here another identity, to tell them apart), then the
+    // connection drops: the channel's next connection reads the files again.
+    let agent = Identity::Agent("web-1".into());
+    install(&agent);
+    server.stop().await;
+    let server = common::serve_on(&addr.to_string(), creds.subscribe()).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while health(channel.clone()).await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "no reconnect");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(*server.seen.lock().unwrap(), vec![agent]);
+    server.stop().await;
+}
