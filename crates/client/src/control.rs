@@ -41,8 +41,7 @@ pub const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Connects to a master's control socket now; fails if nothing accepts there.
 pub(crate) async fn connect(path: &Path) -> Result<Client, ClientError> {
-    let path: Arc<Path> = Arc::from(path);
-    let target = Arc::clone(&path);
+    let target: Arc<Path> = Arc::from(path);
     // The URI is never dialled: the connector always opens the socket.
     let channel = Endpoint::from_static("http://toolctl.control")
         .connect_timeout(CONNECT_TIMEOUT)
@@ -52,18 +51,10 @@ pub(crate) async fn connect(path: &Path) -> Result<Client, ClientError> {
         }))
         .await
         .map_err(|e| {
-            let mut message = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                let text = s.to_string();
-                if !message.contains(&text) {
-                    message = format!("{message}: {text}");
-                }
-                source = s.source();
-            }
             ClientError::Control(format!(
-                "cannot reach the control socket {}: {message}",
-                path.display()
+                "cannot reach the control socket {}: {}",
+                path.display(),
+                toolsrv_tls::error_chain(&e)
             ))
         })?;
     Ok(Client::from_channel(channel))

@@ -98,7 +98,7 @@ impl From<TlsError> for tonic::Status {
 
 /// Formats an error with its whole `source()` chain: tonic's transport
 /// error alone only says "transport error".
-pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut cur = e.source();
     while let Some(s) = cur {
