@@ -34,13 +34,7 @@ pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> Result<(),
 ///
 /// The TLS files are read on every attempt, so renewed certificates are picked up on reconnect.
 pub async fn connect_tls(url: String, tls: TlsFiles) -> Result<Channel, AgentError> {
-    let config = toolsrv_tls::client_config(&tls, Role::Coordinator).map_err(|source| {
-        AgentError::Connect {
-            url: url.clone(),
-            source,
-        }
-    })?;
-    toolsrv_tls::connect(&url, config)
+    toolsrv_tls::connect_reloading(&url, &tls, Role::Coordinator)
         .await
         .map_err(|source| AgentError::Connect { url, source })
 }
