@@ -68,7 +68,7 @@ pub enum Route<'a> {
 }
 
 impl Route<'_> {
-    fn apply(self, paths: &Paths, cmd: &mut Command) {
+    fn apply(self, paths: &Paths, cmd: &mut std::process::Command) {
         match self {
             Route::Direct(url) => {
                 let tls = paths.client_tls();
@@ -93,7 +93,7 @@ pub async fn toolctl_call(
 ) -> Result<Duration, BenchError> {
     let mut cmd = Command::new(paths.toolctl());
     cmd.args(["call", host, tool]);
-    route.apply(paths, &mut cmd);
+    route.apply(paths, cmd.as_std_mut());
     timed_command(cmd, b"", Some(b"ok\n"), "toolctl call").await
 }
 
@@ -103,11 +103,7 @@ pub async fn start_master(paths: &Paths, url: &str) -> Result<(Proc, PathBuf), B
     let socket = paths.work.join("toolctl-master.sock");
     let mut cmd = std::process::Command::new(paths.toolctl());
     cmd.args(["master", "--control"]).arg(&socket);
-    let tls = paths.client_tls();
-    cmd.env("TOOLSRV_ADDR", url)
-        .env("TOOLSRV_CA", &tls.ca)
-        .env("TOOLSRV_CERT", &tls.cert)
-        .env("TOOLSRV_KEY", &tls.key);
+    Route::Direct(url).apply(paths, &mut cmd);
     let mut master = Proc::spawn("toolctl-master", cmd, &paths.work)?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while !socket.exists() {
@@ -155,7 +151,7 @@ pub async fn toolctl_parts(
     let version = timed_command(version, b"", None, "toolctl --version").await?;
     let mut hosts = Command::new(paths.toolctl());
     hosts.arg("hosts");
-    route.apply(paths, &mut hosts);
+    route.apply(paths, hosts.as_std_mut());
     let hosts = timed_command(hosts, b"", None, "toolctl hosts").await?;
     Ok((version, hosts))
 }

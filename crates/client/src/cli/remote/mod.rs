@@ -49,6 +49,18 @@ pub struct ConnArgs {
 impl ConnArgs {
     /// The direct connection's settings, or one line naming what is missing.
     fn direct(&self) -> Result<ConnectOptions, String> {
+        if let (Some(addr), Some(ca), Some(cert), Some(key)) =
+            (&self.addr, &self.ca, &self.cert, &self.key)
+        {
+            return Ok(ConnectOptions {
+                addr: normalize_addr(addr),
+                tls: TlsFiles {
+                    ca: ca.clone(),
+                    cert: cert.clone(),
+                    key: key.clone(),
+                },
+            });
+        }
         let missing: Vec<&str> = [
             ("--addr (TOOLSRV_ADDR)", self.addr.is_none()),
             ("--ca (TOOLSRV_CA)", self.ca.is_none()),
@@ -58,20 +70,10 @@ impl ConnArgs {
         .into_iter()
         .filter_map(|(name, absent)| absent.then_some(name))
         .collect();
-        match (&self.addr, &self.ca, &self.cert, &self.key) {
-            (Some(addr), Some(ca), Some(cert), Some(key)) => Ok(ConnectOptions {
-                addr: normalize_addr(addr),
-                tls: TlsFiles {
-                    ca: ca.clone(),
-                    cert: cert.clone(),
-                    key: key.clone(),
-                },
-            }),
-            _ => Err(format!(
-                "no coordinator to talk to: missing {}",
-                missing.join(", ")
-            )),
-        }
+        Err(format!(
+            "no coordinator to talk to: missing {}",
+            missing.join(", ")
+        ))
     }
 }
 
