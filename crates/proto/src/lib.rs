@@ -8,6 +8,7 @@
 )]
 
 pub mod codec;
+pub mod limits;
 
 /// Version 1 of the protocol.
 pub mod v1 {

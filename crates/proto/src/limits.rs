@@ -1,0 +1,19 @@
+//! Size limits that both ends of every link agree on. They are part of the public contract:
+//! a sender checks them before sending, so that no message a peer refuses is ever put on a
+//! stream (a refused message would end the whole stream, and with it every other call on it).
+
+/// Largest encoded gRPC message on the agent link and on the client API, in both directions.
+/// Every sender keeps below it: catalogs and host views go out in parts, results are capped,
+/// arguments are limited by [`MAX_ARGS_BYTES`].
+pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+/// Largest `.meta` document the registry loads; a larger file is rejected with a diagnostic,
+/// like any other broken `.meta`, and every other tool keeps loading.
+pub const MAX_META_BYTES: u64 = 256 << 10;
+
+/// Largest co-located executable the registry ships with its tool.
+pub const MAX_EXECUTABLE_BYTES: u64 = 64 << 20;
+
+/// Largest call arguments (`args_json`) the coordinator accepts; larger ones are refused with
+/// `INVALID_ARGUMENT` before anything reaches an agent.
+pub const MAX_ARGS_BYTES: usize = 1 << 20;
