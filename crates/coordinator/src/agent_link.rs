@@ -23,6 +23,7 @@ use toolsrv_proto::v1::{
 use crate::catalog::Shipped;
 use crate::fleet::{HostEntry, now_ms};
 use crate::framing::{self, Inbound};
+use crate::identity::Caller;
 use crate::link::{AgentEvent, Link};
 use crate::{MAX_AGENT_MESSAGE, MAX_MESSAGE, State};
 
@@ -39,14 +40,6 @@ pub struct AgentLinkService {
     pub(crate) state: Arc<State>,
 }
 
-/// The agent host id proven by the peer's certificate.
-fn agent_identity(peer: Option<&toolsrv_tls::PeerInfo>) -> Result<String, Status> {
-    crate::proven_name(
-        peer,
-        toolsrv_tls::Role::Agent,
-        "the agent link needs an agent certificate (toolsrv://agent/<host-id>)",
-    )
-}
 
 type Outbound = Pin<Box<dyn Stream<Item = Result<CoordinatorMessage, Status>> + Send>>;
 
@@ -61,7 +54,7 @@ impl AgentLink for AgentLinkService {
     ) -> Result<Response<Self::AttachStream>, Status> {
         // Served through `AgentLinkRoutes`, which frames the stream itself; this path serves the
         // same session for anyone mounting the generated server directly.
-        let id = agent_identity(toolsrv_tls::peer_of(&req))?;
+        let id = Caller::agent(&req)?;
         let outbound = self.open(id, req.into_inner()).await?;
         Ok(Response::new(Box::pin(outbound.map(Ok))))
     }
@@ -70,7 +63,7 @@ impl AgentLink for AgentLinkService {
         &self,
         req: Request<FetchBlobRequest>,
     ) -> Result<Response<Self::FetchBlobStream>, Status> {
-        agent_identity(toolsrv_tls::peer_of(&req))?;
+        Caller::agent(&req)?;
         let sha = req.into_inner().sha256;
         let catalog = self.state.registry.catalog();
         let path = catalog
@@ -164,7 +157,9 @@ impl AgentLinkService {
         req: http::Request<Body>,
     ) -> Result<http::Response<Body>, Status> {
         let (parts, body) = req.into_parts();
-        let id = agent_identity(parts.extensions.get::<toolsrv_tls::PeerInfo>())?;
+        let id = Caller::of(&parts.extensions, toolsrv_tls::Role::Agent)?
+            .name
+            .clone();
         let inbound = Inbound::new(body, MAX_AGENT_MESSAGE);
         let outbound = self.open(id, inbound).await?;
         Ok(framing::response(outbound.map(Ok), MAX_MESSAGE))
@@ -267,6 +262,9 @@ where
     let mut tick = tokio::time::interval(keepalive);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut catalog_changed = true;
+    // Liveness is judged on the monotonic clock (a wall-clock step must not lose or keep an
+    // agent); `last_seen` keeps wall time only for what is shown to users.
+    let mut heard = tokio::time::Instant::now();
     loop {
         if catalog_changed {
             catalog_changed = false;
@@ -288,14 +286,15 @@ where
                 Err(_) => return "registry stopped".into(),
             },
             _ = tick.tick() => {
-                let silent = now_ms().saturating_sub(last_seen.load(Ordering::Relaxed));
-                if silent > state.config.lost_after.as_millis() as u64 {
-                    return format!("lost: nothing heard for {silent} ms");
+                let silent = heard.elapsed();
+                if silent > state.config.lost_after {
+                    return format!("lost: nothing heard for {} ms", silent.as_millis());
                 }
                 link.send(Msg::Keepalive(Keepalive { sent_unix_ms: now_ms() })).await;
             }
             msg = inbound.next() => match msg {
                 Some(Ok(msg)) => {
+                    heard = tokio::time::Instant::now();
                     last_seen.store(now_ms(), Ordering::Relaxed);
                     if let Some(reason) = handle(state, link, msg) {
                         return reason;

@@ -20,6 +20,7 @@ use toolsrv_proto::v1::{
 
 use crate::State;
 use crate::calls::{self, CallSpec, Event};
+use crate::identity::Caller;
 use crate::link::status;
 use crate::selector::Selector;
 
@@ -31,14 +32,6 @@ pub struct ToolsService {
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
-/// The client name proven by the peer's certificate.
-fn client_identity<T>(req: &Request<T>) -> Result<String, Status> {
-    crate::proven_name(
-        toolsrv_tls::peer_of(req),
-        toolsrv_tls::Role::Client,
-        "the client API needs a client certificate (toolsrv://client/<name>)",
-    )
-}
 
 /// Checks the arguments are a JSON object and fingerprints them for the audit log.
 fn call_spec(
@@ -87,7 +80,7 @@ impl Tools for ToolsService {
         &self,
         req: Request<ListHostsRequest>,
     ) -> Result<Response<ListHostsResponse>, Status> {
-        client_identity(&req)?;
+        Caller::client(&req)?;
         let hosts = self.state.fleet.hosts().iter().map(|h| h.info()).collect();
         Ok(Response::new(ListHostsResponse { hosts }))
     }
@@ -96,7 +89,7 @@ impl Tools for ToolsService {
         &self,
         req: Request<ListToolsRequest>,
     ) -> Result<Response<ListToolsResponse>, Status> {
-        client_identity(&req)?;
+        Caller::client(&req)?;
         let req = req.into_inner();
         let host = self.host(&req.host)?;
         let view = host.view.clone().unwrap_or_default();
@@ -117,7 +110,7 @@ impl Tools for ToolsService {
         &self,
         req: Request<DescribeToolRequest>,
     ) -> Result<Response<ToolDefinition>, Status> {
-        client_identity(&req)?;
+        Caller::client(&req)?;
         let req = req.into_inner();
         let host = self.host(&req.host)?;
         match host.tool(&req.tool) {
@@ -136,7 +129,7 @@ impl Tools for ToolsService {
     }
 
     async fn call(&self, req: Request<CallRequest>) -> Result<Response<Self::CallStream>, Status> {
-        let client = client_identity(&req)?;
+        let client = Caller::client(&req)?;
         let req = req.into_inner();
         let spec = call_spec(client, req.tool, req.args_json, req.cwd, req.timeout_ms)?;
         let (tx, rx) = mpsc::channel(16);
@@ -165,7 +158,7 @@ impl Tools for ToolsService {
         &self,
         req: Request<FanOutRequest>,
     ) -> Result<Response<Self::FanOutStream>, Status> {
-        let client = client_identity(&req)?;
+        let client = Caller::client(&req)?;
         let req = req.into_inner();
         let selector = Selector::parse(&req.selector).map_err(Status::invalid_argument)?;
         let mut spec = call_spec(client, req.tool, req.args_json, req.cwd, req.timeout_ms)?;
@@ -186,7 +179,7 @@ impl Tools for ToolsService {
         &self,
         req: Request<WatchCatalogRequest>,
     ) -> Result<Response<Self::WatchCatalogStream>, Status> {
-        client_identity(&req)?;
+        Caller::client(&req)?;
         let mut events = self.state.fleet.subscribe();
         let (tx, rx) = mpsc::channel(64);
         let state = self.state.clone();

@@ -14,6 +14,7 @@ mod audit;
 mod calls;
 mod catalog;
 mod fleet;
+mod identity;
 /// Public for the fuzz targets; the coordinator's own use is `AgentLinkRoutes`.
 pub mod framing;
 mod link;
@@ -35,6 +36,7 @@ use toolsrv_tls::{ServerCreds, TlsFiles};
 
 pub use agent_link::{AgentLinkRoutes, AgentLinkService};
 pub use api::ToolsService;
+pub use identity::{Caller, RequireRole};
 pub use policy::Policy;
 
 /// Largest gRPC message accepted or sent (catalog updates are split well below this).
@@ -98,28 +100,6 @@ pub(crate) struct State {
     pub shutdown: CancellationToken,
     /// Every task the services spawn, so shutdown can wait for them.
     pub tasks: TaskTracker,
-}
-
-/// The name (host id or client name) in the peer's certificate (`None`: no verified certificate),
-/// which must carry `role`.
-///
-/// `needs` says, for the refusal, what kind of certificate the service takes.
-pub(crate) fn proven_name(
-    peer: Option<&toolsrv_tls::PeerInfo>,
-    role: toolsrv_tls::Role,
-    needs: &str,
-) -> Result<String, tonic::Status> {
-    match peer.map(|p| &p.identity) {
-        Some(identity) if identity.role() == role => {
-            Ok(identity.name().unwrap_or_default().to_string())
-        }
-        Some(other) => Err(tonic::Status::permission_denied(format!(
-            "{needs}; this one is {other}"
-        ))),
-        None => Err(tonic::Status::unauthenticated(
-            "no verified client certificate on this connection",
-        )),
-    }
 }
 
 /// Serves the agent link and the client API on `listener` (mTLS) and, when given, gRPC health on
@@ -196,14 +176,17 @@ pub async fn serve(
         });
     }
 
-    let agent_link = AgentLinkRoutes::new(AgentLinkService {
+    // Each service proves its callers' role before any handler runs.
+    let agent_link = RequireRole::agents(AgentLinkRoutes::new(AgentLinkService {
         state: state.clone(),
-    });
-    let tools = ToolsServer::new(ToolsService {
-        state: state.clone(),
-    })
-    .max_decoding_message_size(MAX_MESSAGE)
-    .max_encoding_message_size(MAX_MESSAGE);
+    }));
+    let tools = RequireRole::clients(
+        ToolsServer::new(ToolsService {
+            state: state.clone(),
+        })
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE),
+    );
     let incoming = toolsrv_tls::incoming(listener, creds.subscribe());
     let served = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))

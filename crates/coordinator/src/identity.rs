@@ -1,0 +1,119 @@
+//! Proves the caller's role once, in front of each service: a request reaches a handler only
+//! if the peer's certificate carries the role that service serves, and the handler takes the
+//! proven name from the request ([`Caller`]), never from a certificate or a message itself.
+
+use std::convert::Infallible;
+use std::task::{Context, Poll};
+
+use tonic::Status;
+use tonic::body::Body;
+use tonic::codegen::{BoxFuture, Service, http};
+use tonic::server::NamedService;
+use toolsrv_tls::Role;
+
+/// Who called, as proven by the peer's certificate: put into every request's extensions by
+/// [`RequireRole`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub role: Role,
+    /// The host id (agents) or client name (clients).
+    pub name: String,
+}
+
+impl Caller {
+    /// The caller of `extensions`, which must have role `role`. Only a service mounted without
+    /// its [`RequireRole`] layer lacks one: a wiring bug, refused rather than trusted.
+    pub fn of(extensions: &http::Extensions, role: Role) -> Result<&Caller, Status> {
+        match extensions.get::<Caller>() {
+            Some(caller) if caller.role == role => Ok(caller),
+            _ => Err(Status::internal(
+                "this service is served without its identity check; refusing the request",
+            )),
+        }
+    }
+
+    /// The client name of a client-API request.
+    pub fn client<T>(req: &tonic::Request<T>) -> Result<String, Status> {
+        Self::of(req.extensions(), Role::Client).map(|c| c.name.clone())
+    }
+
+    /// The host id of an agent-link request.
+    pub fn agent<T>(req: &tonic::Request<T>) -> Result<String, Status> {
+        Self::of(req.extensions(), Role::Agent).map(|c| c.name.clone())
+    }
+}
+
+/// A service that only peers with certificates of `role` may use.
+#[derive(Debug, Clone)]
+pub struct RequireRole<S> {
+    inner: S,
+    role: Role,
+    /// What the refusal says the service needs.
+    needs: &'static str,
+}
+
+impl<S> RequireRole<S> {
+    /// Client API: `toolsrv://client/<name>` certificates only.
+    pub fn clients(inner: S) -> Self {
+        Self {
+            inner,
+            role: Role::Client,
+            needs: "the client API needs a client certificate (toolsrv://client/<name>)",
+        }
+    }
+
+    /// Agent link: `toolsrv://agent/<host-id>` certificates only.
+    pub fn agents(inner: S) -> Self {
+        Self {
+            inner,
+            role: Role::Agent,
+            needs: "the agent link needs an agent certificate (toolsrv://agent/<host-id>)",
+        }
+    }
+
+    /// The caller `peer` proves to be, if it has this service's role.
+    fn prove(&self, peer: Option<&toolsrv_tls::PeerInfo>) -> Result<Caller, Status> {
+        match peer.map(|p| &p.identity) {
+            Some(identity) if identity.role() == self.role => Ok(Caller {
+                role: self.role,
+                name: identity.name().unwrap_or_default().to_string(),
+            }),
+            Some(other) => Err(Status::permission_denied(format!(
+                "{}; this one is {other}",
+                self.needs
+            ))),
+            None => Err(Status::unauthenticated(
+                "no verified certificate on this connection",
+            )),
+        }
+    }
+}
+
+impl<S: NamedService> NamedService for RequireRole<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S> Service<http::Request<Body>> for RequireRole<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Infallible>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
+        match self.prove(req.extensions().get::<toolsrv_tls::PeerInfo>()) {
+            Ok(caller) => {
+                req.extensions_mut().insert(caller);
+                let fut = self.inner.call(req);
+                Box::pin(fut)
+            }
+            Err(status) => Box::pin(async move { Ok(status.into_http()) }),
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! An in-process coordinator on a loopback port with a development PKI, and gRPC clients for
+//! each identity, for tests that need the real services but no processes.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // Test fixture: fail loudly.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use toolsrv_coordinator::CoordinatorConfig;
+use toolsrv_proto::v1::agent_link_client::AgentLinkClient;
+use toolsrv_proto::v1::tools_client::ToolsClient;
+use toolsrv_tls::{Identity, PkiOptions, Role, TlsFiles};
+
+/// Every wait in these tests is bounded by this.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// A running coordinator; dropping it stops it.
+pub struct Coordinator {
+    pub dir: tempfile::TempDir,
+    pub url: String,
+    stop: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Coordinator {
+    /// Starts a coordinator whose tools path holds `tools` (file name, content), with agents
+    /// `web-1`, `web-2` and clients `alice`, `bob` in its PKI; `configure` adjusts the config.
+    pub async fn start(
+        tools: &[(&str, &str)],
+        configure: impl FnOnce(&mut CoordinatorConfig, &Path),
+    ) -> Self {
+        toolsrv_tls::install_crypto_provider();
+        let dir = tempfile::tempdir().unwrap();
+        let pki = dir.path().join("pki");
+        let mut opts = PkiOptions::new(&pki);
+        opts.agents = vec!["web-1".into(), "web-2".into()];
+        opts.clients = vec!["alice".into(), "bob".into()];
+        toolsrv_tls::init(&opts).unwrap();
+        let tools_dir = dir.path().join("tools");
+        std::fs::create_dir_all(&tools_dir).unwrap();
+        for (name, content) in tools {
+            std::fs::write(tools_dir.join(name), content).unwrap();
+        }
+        let mut config = CoordinatorConfig::new(
+            vec![tools_dir],
+            TlsFiles::in_dir(&pki, &Identity::Coordinator),
+        );
+        configure(&mut config, dir.path());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("https://{}", listener.local_addr().unwrap());
+        let stop = CancellationToken::new();
+        let task = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                toolsrv_coordinator::serve(config, listener, None, stop)
+                    .await
+                    .unwrap();
+            }
+        });
+        Self {
+            dir,
+            url,
+            stop,
+            task: Some(task),
+        }
+    }
+
+    pub fn pki(&self) -> PathBuf {
+        self.dir.path().join("pki")
+    }
+
+    pub fn tools_dir(&self) -> PathBuf {
+        self.dir.path().join("tools")
+    }
+
+    async fn channel(&self, identity: &Identity) -> Channel {
+        let files = TlsFiles::in_dir(&self.pki(), identity);
+        let config = toolsrv_tls::client_config(&files, Role::Coordinator).unwrap();
+        let mut last = None;
+        // The server task may not be accepting yet.
+        for _ in 0..100 {
+            match toolsrv_tls::connect(&self.url, config.clone()).await {
+                Ok(channel) => return channel,
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("cannot connect to {}: {last:?}", self.url);
+    }
+
+    /// The client API as `identity`.
+    pub async fn tools(&self, identity: &Identity) -> ToolsClient<Channel> {
+        ToolsClient::new(self.channel(identity).await)
+    }
+
+    /// The agent link as `identity`.
+    pub async fn agent_link(&self, identity: &Identity) -> AgentLinkClient<Channel> {
+        AgentLinkClient::new(self.channel(identity).await)
+    }
+
+    pub async fn stop(mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
+        }
+    }
+}
+
+impl Drop for Coordinator {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+pub fn client(name: &str) -> Identity {
+    Identity::Client(name.into())
+}
+
+pub fn agent(id: &str) -> Identity {
+    Identity::Agent(id.into())
+}
