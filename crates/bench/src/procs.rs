@@ -208,6 +208,12 @@ pub fn start_coordinator(
         .arg(format!("--listen=127.0.0.1:{port}"))
         .arg(format!("--tools={}", tools.display()))
         .args(paths.tls_args(&Identity::Coordinator))
+        // The benches drive the fleet from one client on purpose: no per-client quota.
+        .args([
+            "--max-calls-per-client=100000",
+            "--max-calls-per-client-host=100000",
+            "--max-fanout-hosts=100000",
+        ])
         .env("TOOLSRV_LOG", "warn");
     let mut proc = Proc::spawn(name, cmd, &paths.work)?;
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -20,6 +20,7 @@ pub fn status_name(status: i32) -> &'static str {
         Ok(CallStatus::Cancelled) => "cancelled",
         Ok(CallStatus::Skipped) => "skipped",
         Ok(CallStatus::FailedToStart) => "failed_to_start",
+        Ok(CallStatus::Busy) => "busy",
         Err(_) => "unknown",
     }
 }
@@ -35,7 +36,7 @@ mod tests {
 
     #[test]
     fn names_match_the_proto_names() {
-        for value in 0..=13 {
+        for value in 0..=14 {
             let proto = CallStatus::try_from(value).unwrap().as_str_name();
             let expected = proto.strip_prefix("CALL_STATUS_").unwrap().to_lowercase();
             assert_eq!(status_name(value), expected, "status {value}");

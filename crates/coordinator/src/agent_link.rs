@@ -40,7 +40,6 @@ pub struct AgentLinkService {
     pub(crate) state: Arc<State>,
 }
 
-
 type Outbound = Pin<Box<dyn Stream<Item = Result<CoordinatorMessage, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -126,10 +125,18 @@ impl AgentLinkService {
             tx,
             state.config.credit_window,
         ));
-        tracing::info!(host = %id, version = %hello.agent_version, "agent attached");
+        tracing::info!(host = %id, version = ?hello.agent_version, "agent attached");
+        let facts = hello.facts.clone().unwrap_or_default();
+        let trusted_labels = state.host_labels.of(&id);
+        let mut selectable_labels: std::collections::BTreeMap<String, String> =
+            facts.labels.clone().into_iter().collect();
+        selectable_labels.extend(trusted_labels.clone());
         state.fleet.attach(HostEntry {
             id: id.clone(),
-            facts: hello.facts.clone().unwrap_or_default(),
+            facts,
+            synced: false,
+            trusted_labels,
+            selectable_labels,
             agent_version: hello.agent_version.clone(),
             max_concurrent_calls: hello.max_concurrent_calls,
             connected_unix_ms: now_ms(),
@@ -144,7 +151,7 @@ impl AgentLinkService {
             .unwrap_or_default();
         self.state.tasks.spawn(async move {
             let reason = session(&state, &link, inbound, &last_seen).await;
-            tracing::info!(host = %link.host_id, %reason, "agent detached");
+            tracing::info!(host = %link.host_id, reason = ?reason, "agent detached");
             link.close(&reason);
             state.fleet.detach(&link.host_id, link.generation);
         });
@@ -229,8 +236,9 @@ where
             "the first message on the agent link must be a hello",
         ));
     };
+    crate::labels::check_hello(&hello).map_err(Status::invalid_argument)?;
     if hello.host_id != id {
-        tracing::warn!(cert = %id, claimed = %hello.host_id, "agent claimed another host id");
+        tracing::warn!(cert = %id, claimed = ?hello.host_id, "agent claimed another host id");
         return Err(Status::permission_denied(format!(
             "hello claims host `{}` but the certificate names agent/{id}",
             hello.host_id

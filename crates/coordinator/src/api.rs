@@ -19,6 +19,8 @@ use toolsrv_proto::v1::{
 };
 
 use crate::State;
+use toolsrv_proto::limits::MAX_ARGS_BYTES;
+
 use crate::calls::{self, CallSpec, Event};
 use crate::identity::Caller;
 use crate::link::status;
@@ -32,15 +34,52 @@ pub struct ToolsService {
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
+/// Longest working directory a call may name (Linux's PATH_MAX).
+const MAX_CWD_BYTES: usize = 4096;
+/// Longest host selector a fan-out may give.
+const MAX_SELECTOR_BYTES: usize = 4096;
+/// Longest tool name a request may give (a file name's limit).
+const MAX_TOOL_NAME_BYTES: usize = 255;
 
-/// Checks the arguments are a JSON object and fingerprints them for the audit log.
+/// Refuses a request field longer than `max` bytes, naming the field and the limit.
+fn bounded(field: &str, value: &str, max: usize) -> Result<(), Status> {
+    if value.len() > max {
+        return Err(Status::invalid_argument(format!(
+            "{field} is {} bytes, over the limit of {max} bytes",
+            value.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Checks what a call asks for against the coordinator's limits (sizes, timeout), checks the
+/// arguments are a JSON object, and fingerprints them for the audit log.
 fn call_spec(
+    state: &State,
     client: String,
     tool: String,
     args_json: String,
     cwd: String,
     timeout_ms: u64,
 ) -> Result<CallSpec, Status> {
+    if args_json.len() > MAX_ARGS_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "args_json is {} bytes, over the limit of {} bytes (1 MiB); pass large inputs as \
+             files on the host instead",
+            args_json.len(),
+            MAX_ARGS_BYTES
+        )));
+    }
+    bounded("the tool name", &tool, MAX_TOOL_NAME_BYTES)?;
+    bounded("cwd", &cwd, MAX_CWD_BYTES)?;
+    let max_timeout = state.quotas.limits.max_call_timeout;
+    if u128::from(timeout_ms) > max_timeout.as_millis() {
+        return Err(Status::invalid_argument(format!(
+            "a timeout of {} s is over this coordinator's maximum of {} s (--max-call-timeout)",
+            timeout_ms / 1000,
+            max_timeout.as_secs()
+        )));
+    }
     let args_json = if args_json.trim().is_empty() {
         "{}".to_string()
     } else {
@@ -91,7 +130,7 @@ impl Tools for ToolsService {
     ) -> Result<Response<ListToolsResponse>, Status> {
         Caller::client(&req)?;
         let req = req.into_inner();
-        let host = self.host(&req.host)?;
+        let host = self.host(&req.host).await?;
         let view = host.view.clone().unwrap_or_default();
         let tools = view
             .tools
@@ -112,7 +151,7 @@ impl Tools for ToolsService {
     ) -> Result<Response<ToolDefinition>, Status> {
         Caller::client(&req)?;
         let req = req.into_inner();
-        let host = self.host(&req.host)?;
+        let host = self.host(&req.host).await?;
         match host.tool(&req.tool) {
             Some(t) if t.visible => Ok(Response::new(
                 t.definition.as_deref().cloned().unwrap_or_default(),
@@ -131,9 +170,27 @@ impl Tools for ToolsService {
     async fn call(&self, req: Request<CallRequest>) -> Result<Response<Self::CallStream>, Status> {
         let client = Caller::client(&req)?;
         let req = req.into_inner();
-        let spec = call_spec(client, req.tool, req.args_json, req.cwd, req.timeout_ms)?;
-        let (tx, rx) = mpsc::channel(16);
         let state = self.state.clone();
+        let refuse = |status: Status| {
+            state.audit.refused(&client, &req.host, &req.tool, &status);
+            status
+        };
+        bounded("the host id", &req.host, toolsrv_tls::MAX_NAME_LEN).map_err(refuse)?;
+        let spec = call_spec(
+            &state,
+            client.clone(),
+            req.tool.clone(),
+            req.args_json,
+            req.cwd,
+            req.timeout_ms,
+        )
+        .map_err(refuse)?;
+        let slot = state
+            .quotas
+            .call(&client, &req.host, false)
+            .map_err(|e| refuse(Status::resource_exhausted(e)))?;
+        let (tx, rx) = mpsc::channel(16);
+        let host = req.host;
         self.state.tasks.spawn(async move {
             let emit = |event: Event| {
                 let tx = tx.clone();
@@ -146,8 +203,9 @@ impl Tools for ToolsService {
                 }
             };
             tokio::select! {
-                _ = calls::run(&state, &req.host, &spec, emit) => {}
-                // The client went away while the tool was quiet: dropping the call cancels it.
+                _ = calls::run(&state, &host, &spec, Some(slot), emit) => {}
+                // The client went away while the tool was quiet: dropping the call cancels it
+                // (and its audit record says so).
                 () = tx.closed() => {}
             }
         });
@@ -160,17 +218,52 @@ impl Tools for ToolsService {
     ) -> Result<Response<Self::FanOutStream>, Status> {
         let client = Caller::client(&req)?;
         let req = req.into_inner();
-        let selector = Selector::parse(&req.selector).map_err(Status::invalid_argument)?;
-        let mut spec = call_spec(client, req.tool, req.args_json, req.cwd, req.timeout_ms)?;
+        let state = self.state.clone();
+        let refuse = |status: Status| {
+            state
+                .audit
+                .refused(&client, &req.selector, &req.tool, &status);
+            status
+        };
+        bounded("the selector", &req.selector, MAX_SELECTOR_BYTES).map_err(refuse)?;
+        let selector =
+            Selector::parse(&req.selector).map_err(|e| refuse(Status::invalid_argument(e)))?;
+        let mut spec = call_spec(
+            &state,
+            client.clone(),
+            req.tool.clone(),
+            req.args_json.clone(),
+            req.cwd.clone(),
+            req.timeout_ms,
+        )
+        .map_err(refuse)?;
+        let targets = targets(&state, &selector);
+        let width = state.quotas.limits.fanout_hosts;
+        if targets.len() > width {
+            return Err(refuse(Status::resource_exhausted(format!(
+                "the selector picks {} hosts, over this coordinator's limit of {width} hosts per \
+                 fan-out (--max-fanout-hosts); narrow the selector or split the fan-out",
+                targets.len()
+            ))));
+        }
+        let wanted = match req.concurrency {
+            0 => targets.len(),
+            n => n as usize,
+        };
+        let reservation = state
+            .quotas
+            .reserve(&client, wanted.min(targets.len()).max(1))
+            .map_err(|e| refuse(Status::resource_exhausted(e)))?;
         spec.fanout = Some(format!("{:016x}", rand_id()));
         let (tx, rx) = mpsc::channel(64);
-        let state = self.state.clone();
-        let limits = (req.concurrency, req.max_errors);
+        let max_errors = req.max_errors;
         self.state.tasks.spawn(async move {
+            let concurrency = reservation.slots;
             tokio::select! {
-                () = fan_out(state, selector, spec, limits, tx.clone()) => {}
+                () = fan_out(state, targets, spec, (concurrency, max_errors), tx.clone()) => {}
                 () = tx.closed() => {}
             }
+            drop(reservation);
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
@@ -213,11 +306,14 @@ impl Tools for ToolsService {
 }
 
 impl ToolsService {
-    fn host(&self, id: &str) -> Result<crate::fleet::HostEntry, Status> {
+    /// Host `id`, once it has reported its view on its current connection (waiting at most
+    /// [`calls::SYNC_WAIT`] for a host that has just attached).
+    async fn host(&self, id: &str) -> Result<crate::fleet::HostEntry, Status> {
         let host = self
             .state
             .fleet
-            .get(id)
+            .wait_for(id, calls::SYNC_WAIT, |h| h.synced)
+            .await
             .ok_or_else(|| Status::not_found(format!("unknown host `{id}`")))?;
         if !host.online() {
             return Err(Status::unavailable(format!("host `{id}` is offline")));
@@ -231,34 +327,36 @@ fn rand_id() -> u64 {
     RandomState::new().hash_one(Instant::now())
 }
 
-/// Runs one fan-out: a result for every targeted host, then the summary.
-async fn fan_out(
-    state: Arc<State>,
-    selector: Selector,
-    spec: CallSpec,
-    (concurrency, max_errors): (u32, u32),
-    tx: mpsc::Sender<Result<FanOutEvent, Status>>,
-) {
-    let started = Instant::now();
+/// The hosts a fan-out targets, sorted: those the selector picks, and hosts it names outright
+/// that never connected (reported as unknown rather than dropped).
+fn targets(state: &State, selector: &Selector) -> Vec<String> {
     let mut targets: Vec<String> = state
         .fleet
-        .select(&selector)
+        .select(selector)
         .into_iter()
         .map(|h| h.id)
         .collect();
     for exact in selector.exact_hosts() {
         if !targets.iter().any(|t| t == exact) && state.fleet.get(exact).is_none() {
-            // Named outright but never seen: report it rather than drop it.
             targets.push(exact.to_string());
         }
     }
     targets.sort();
     targets.dedup();
-    let permits = Arc::new(Semaphore::new(if concurrency == 0 {
-        Semaphore::MAX_PERMITS
-    } else {
-        concurrency as usize
-    }));
+    targets
+}
+
+/// Runs one fan-out: a result for every targeted host, then the summary. `concurrency` is
+/// the number of the client's call slots the fan-out holds.
+async fn fan_out(
+    state: Arc<State>,
+    targets: Vec<String>,
+    spec: CallSpec,
+    (concurrency, max_errors): (usize, u32),
+    tx: mpsc::Sender<Result<FanOutEvent, Status>>,
+) {
+    let started = Instant::now();
+    let permits = Arc::new(Semaphore::new(concurrency.max(1)));
     let failed = Arc::new(AtomicU32::new(0));
     let ok = Arc::new(AtomicU32::new(0));
     let spec = Arc::new(spec);
@@ -300,7 +398,7 @@ async fn fan_out(
                         tx.send(Ok(host_event(&host, event))).await.is_ok()
                     }
                 };
-                calls::run(&state, &host, &spec, emit).await
+                calls::run(&state, &host, &spec, None, emit).await
             };
             let counter = if result.status == CallStatus::Ok as i32 {
                 &ok

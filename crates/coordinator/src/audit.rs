@@ -1,22 +1,34 @@
-//! The audit log: one JSON line per call, written whatever its outcome.
+//! The audit log: one JSON line per call, written whatever its outcome and whatever happens to
+//! the caller, before the caller sees the result.
+//!
+//! Architecture invariant: a call that reaches routing is audited exactly once. [`Pending`] is
+//! created before the call is routed and writes its record when finished or, if the caller
+//! vanishes first (its future is dropped), from `Drop`; requests refused before routing (bad
+//! arguments, selector, quota) are written by [`Audit::refused`].
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use serde_json::json;
 use toolsrv_proto::v1::{CallResult, CallStatus};
 
 use crate::fleet::now_ms;
+use crate::link::status;
+
+/// Most bytes of a name (client, host, tool, fan-out) written to the log.
+const MAX_NAME_FIELD: usize = 256;
+/// Most bytes of a message written to the log.
+const MAX_MESSAGE_FIELD: usize = 1024;
 
 /// Where audit records go: a file (JSON lines), or the log under the `audit` target.
 #[derive(Debug)]
 pub struct Audit {
-    file: Option<Mutex<std::fs::File>>,
+    file: Option<(PathBuf, Mutex<std::fs::File>)>,
 }
 
-/// What the audit log records of one call.
-#[derive(Debug)]
+/// What the audit log records of one call, besides its outcome.
+#[derive(Debug, Clone, Copy)]
 pub struct Record<'a> {
     pub client: &'a str,
     pub host: &'a str,
@@ -25,47 +37,222 @@ pub struct Record<'a> {
     pub args_sha256: &'a str,
     /// The fan-out this call belongs to, if any.
     pub fanout: Option<&'a str>,
-    pub result: &'a CallResult,
+}
+
+fn open(path: &Path) -> Result<std::fs::File, String> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| format!("cannot open audit log {}: {e}", path.display()))
+}
+
+/// At most `max` bytes of `s` (cut at a character boundary), with the full length noted when cut.
+fn bounded(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…[{} bytes]", &s[..end], s.len())
 }
 
 impl Audit {
     pub fn open(path: Option<&Path>) -> Result<Self, String> {
         let file = match path {
             None => None,
-            Some(p) => Some(Mutex::new(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(p)
-                    .map_err(|e| format!("cannot open audit log {}: {e}", p.display()))?,
-            )),
+            Some(p) => Some((p.to_path_buf(), Mutex::new(open(p)?))),
         };
         Ok(Self { file })
     }
 
-    pub fn record(&self, r: &Record<'_>) {
-        let status = CallStatus::try_from(r.result.status).unwrap_or(CallStatus::Unspecified);
-        let line = json!({
+    /// Opens the log file again by its path (after logrotate moved it away); on failure the
+    /// old file stays in use.
+    pub fn reopen(&self) -> Result<(), String> {
+        let Some((path, file)) = &self.file else {
+            return Ok(());
+        };
+        let fresh = open(path)?;
+        *file.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
+        Ok(())
+    }
+
+    /// Records a call's outcome.
+    pub fn record(&self, r: &Record<'_>, result: &CallResult) {
+        let status = CallStatus::try_from(result.status).unwrap_or(CallStatus::Unspecified);
+        self.write(json!({
             "ts_unix_ms": now_ms(),
-            "client": r.client,
-            "host": r.host,
-            "tool": r.tool,
-            "args_sha256": r.args_sha256,
-            "fanout": r.fanout,
+            "client": bounded(r.client, MAX_NAME_FIELD),
+            "host": bounded(r.host, MAX_NAME_FIELD),
+            "tool": bounded(r.tool, MAX_NAME_FIELD),
+            "args_sha256": bounded(r.args_sha256, MAX_NAME_FIELD),
+            "fanout": r.fanout.map(|f| bounded(f, MAX_NAME_FIELD)),
             "status": status.as_str_name(),
-            "exit_code": r.result.exit_code,
-            "signal": r.result.signal,
-            "duration_ms": r.result.duration_ms,
-            "message": r.result.message,
-        });
+            "exit_code": result.exit_code,
+            "signal": result.signal,
+            "duration_ms": result.duration_ms,
+            "message": bounded(&result.message, MAX_MESSAGE_FIELD),
+        }));
+    }
+
+    /// Records a request refused before it was routed to any host. `target` is the host or
+    /// selector asked for.
+    pub fn refused(&self, client: &str, target: &str, tool: &str, why: &tonic::Status) {
+        self.write(json!({
+            "ts_unix_ms": now_ms(),
+            "client": bounded(client, MAX_NAME_FIELD),
+            "host": bounded(target, MAX_NAME_FIELD),
+            "tool": bounded(tool, MAX_NAME_FIELD),
+            "args_sha256": null,
+            "fanout": null,
+            "status": "REFUSED",
+            "code": format!("{:?}", why.code()),
+            "exit_code": null,
+            "signal": null,
+            "duration_ms": 0,
+            "message": bounded(why.message(), MAX_MESSAGE_FIELD),
+        }));
+    }
+
+    fn write(&self, line: serde_json::Value) {
         match &self.file {
-            Some(file) => {
+            Some((path, file)) => {
+                let mut line = line.to_string();
+                line.push('\n');
                 let mut f = file.lock().unwrap_or_else(|p| p.into_inner());
-                if let Err(e) = writeln!(f, "{line}") {
-                    tracing::error!(error = %e, "cannot write the audit log");
+                // One write per record, so that concurrent records never interleave; a `File`
+                // has no user-space buffer, so the record is in the kernel when this returns.
+                if let Err(e) = f.write_all(line.as_bytes()) {
+                    tracing::error!(error = %e, path = %path.display(), "cannot write the audit log");
                 }
             }
             None => tracing::info!(target: "audit", "{line}"),
         }
+    }
+}
+
+/// A call being audited: exactly one record, written by [`Pending::finish`] or, if the call's
+/// future is dropped first (the caller vanished), as CANCELLED from `Drop`.
+#[derive(Debug)]
+pub struct Pending<'a> {
+    audit: &'a Audit,
+    record: Record<'a>,
+    done: bool,
+}
+
+impl<'a> Pending<'a> {
+    pub fn new(audit: &'a Audit, record: Record<'a>) -> Self {
+        Self {
+            audit,
+            record,
+            done: false,
+        }
+    }
+
+    /// Writes the record with the call's result.
+    pub fn finish(mut self, result: &CallResult) {
+        self.audit.record(&self.record, result);
+        self.done = true;
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.audit.record(
+                &self.record,
+                &status(
+                    CallStatus::Cancelled,
+                    "the caller went away before the call ended; the call was cancelled on the host",
+                ),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn lines(path: &Path) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    fn record<'a>(host: &'a str) -> Record<'a> {
+        Record {
+            client: "alice",
+            host,
+            tool: "t",
+            args_sha256: "00",
+            fanout: None,
+        }
+    }
+
+    #[test]
+    fn a_dropped_pending_call_is_recorded_once_as_cancelled() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let audit = Audit::open(Some(&path)).unwrap();
+        drop(Pending::new(&audit, record("a")));
+        Pending::new(&audit, record("b")).finish(&status(CallStatus::Ok, ""));
+        let got = lines(&path);
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0]["host"], "a");
+        assert_eq!(got[0]["status"], "CALL_STATUS_CANCELLED");
+        assert_eq!(got[1]["status"], "CALL_STATUS_OK");
+    }
+
+    #[test]
+    fn fields_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let audit = Audit::open(Some(&path)).unwrap();
+        let huge = "h".repeat(5 << 20);
+        audit.record(
+            &record(&huge),
+            &status(CallStatus::UnknownHost, huge.clone()),
+        );
+        audit.refused(
+            &huge,
+            &huge,
+            &huge,
+            &tonic::Status::invalid_argument(huge.clone()),
+        );
+        let size = std::fs::metadata(&path).unwrap().len();
+        assert!(
+            size < 8 << 10,
+            "two records of a 5 MB host take {size} bytes"
+        );
+        let got = lines(&path);
+        assert!(
+            got[0]["host"]
+                .as_str()
+                .unwrap()
+                .ends_with("[5242880 bytes]")
+        );
+        assert_eq!(got[1]["status"], "REFUSED");
+    }
+
+    #[test]
+    fn reopen_follows_a_rotated_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let audit = Audit::open(Some(&path)).unwrap();
+        audit.record(&record("before"), &status(CallStatus::Ok, ""));
+        std::fs::rename(&path, dir.path().join("audit.jsonl.1")).unwrap();
+        audit.reopen().unwrap();
+        audit.record(&record("after"), &status(CallStatus::Ok, ""));
+        assert_eq!(lines(&path)[0]["host"], "after");
+        assert_eq!(
+            lines(&dir.path().join("audit.jsonl.1"))[0]["host"],
+            "before"
+        );
     }
 }

@@ -5,8 +5,10 @@ use std::time::Duration;
 use toolsrv_proto::v1::{CallResult, CallStatus, OutputChunk, StartCall};
 
 use crate::State;
-use crate::audit::Record;
+use crate::audit::{Pending, Record};
+use crate::fleet::HostEntry;
 use crate::link::{AgentEvent, CallHandle, status};
+use crate::quota::Slot;
 
 /// What a caller asked for, host aside.
 #[derive(Debug, Clone)]
@@ -30,12 +32,37 @@ pub enum Event {
 
 /// Extra time past a call's own timeout before the coordinator gives up on the agent's answer.
 const DEADLINE_SLACK: Duration = Duration::from_secs(30);
-/// The coordinator's deadline for calls that leave the timeout to the agent.
-const DEFAULT_DEADLINE: Duration = Duration::from_secs(3600);
+/// How long a call waits for a host's view when the host has just attached, or has not yet
+/// reported a revision that has the tool.
+pub const SYNC_WAIT: Duration = Duration::from_secs(5);
 
-/// Checks everything the coordinator knows (host, view, policy) and starts the call on the agent.
-async fn start(state: &State, host_id: &str, spec: &CallSpec) -> Result<CallHandle, CallResult> {
-    let Some(host) = state.fleet.get(host_id) else {
+/// True when `host`'s view may still change the answer for `tool`: the host has not reported
+/// on this connection yet, or its view predates a catalog that has the tool.
+fn view_pending(state: &State, host: &HostEntry, tool: &str) -> bool {
+    if !host.synced {
+        return true;
+    }
+    host.tool(tool).is_none()
+        && state.registry.catalog().tools.contains_key(tool)
+        && host
+            .view
+            .as_ref()
+            .is_none_or(|v| v.catalog_revision < state.fleet.revision())
+}
+
+/// Checks everything the coordinator knows (host, view, policy, quota) and starts the call on
+/// the agent. `slot`: the call's share of the client's quota, when the caller took it already.
+async fn start(
+    state: &State,
+    host_id: &str,
+    spec: &CallSpec,
+    slot: Option<Slot>,
+) -> Result<(CallHandle, Slot), CallResult> {
+    let Some(host) = state
+        .fleet
+        .wait_for(host_id, SYNC_WAIT, |h| !view_pending(state, h, &spec.tool))
+        .await
+    else {
         return Err(status(
             CallStatus::UnknownHost,
             format!("no host `{host_id}` has connected to this coordinator"),
@@ -67,16 +94,27 @@ async fn start(state: &State, host_id: &str, spec: &CallSpec) -> Result<CallHand
         None => {
             return Err(status(
                 CallStatus::Hidden,
-                format!("host `{host_id}` has not reported tool `{}` yet", spec.tool),
+                format!(
+                    "host `{host_id}` did not report tool `{}` within {} s of being asked",
+                    spec.tool,
+                    SYNC_WAIT.as_secs()
+                ),
             ));
         }
     }
     if let Err(reason) = state
         .policy
-        .check(&spec.client, &spec.tool, &host.selector_facts())
+        .check(&spec.client, &spec.tool, &host.policy_facts())
     {
         return Err(status(CallStatus::Denied, reason));
     }
+    let slot = match slot {
+        Some(slot) => slot,
+        None => state
+            .quotas
+            .call(&spec.client, host_id, spec.fanout.is_some())
+            .map_err(|reason| status(CallStatus::Busy, reason))?,
+    };
     let start = StartCall {
         call_id: 0,
         tool: spec.tool.clone(),
@@ -85,52 +123,70 @@ async fn start(state: &State, host_id: &str, spec: &CallSpec) -> Result<CallHand
         timeout_ms: spec.timeout_ms,
         initial_credit: 0,
     };
-    link.start_call(start).await
+    Ok((link.start_call(start).await?, slot))
 }
 
 /// Runs a call on `host_id`, handing each event to `emit`. `emit` returns false when the caller
-/// is gone, which cancels the call on the agent. Returns the final result (also audited).
-pub async fn run<F, Fut>(state: &State, host_id: &str, spec: &CallSpec, mut emit: F) -> CallResult
+/// is gone, which cancels the call on the agent. Returns the final result.
+///
+/// The call is audited exactly once: the record is written before the caller is given the
+/// result, and also when this future is dropped before the end (the caller vanished).
+pub async fn run<F, Fut>(
+    state: &State,
+    host_id: &str,
+    spec: &CallSpec,
+    slot: Option<Slot>,
+    mut emit: F,
+) -> CallResult
 where
     F: FnMut(Event) -> Fut,
     Fut: Future<Output = bool>,
 {
-    let result = match start(state, host_id, spec).await {
-        Err(result) => {
-            emit(Event::Result(result.clone())).await;
-            result
-        }
-        Ok(handle) => pump(handle, spec, &mut emit).await,
+    let audit = Pending::new(
+        &state.audit,
+        Record {
+            client: &spec.client,
+            host: host_id,
+            tool: &spec.tool,
+            args_sha256: &spec.args_sha256,
+            fanout: spec.fanout.as_deref(),
+        },
+    );
+    let (result, caller_present) = match start(state, host_id, spec, slot).await {
+        Err(result) => (result, true),
+        Ok((handle, _slot)) => pump(handle, spec, state, &mut emit).await,
     };
-    state.audit.record(&Record {
-        client: &spec.client,
-        host: host_id,
-        tool: &spec.tool,
-        args_sha256: &spec.args_sha256,
-        fanout: spec.fanout.as_deref(),
-        result: &result,
-    });
+    audit.finish(&result);
+    if caller_present {
+        emit(Event::Result(result.clone())).await;
+    }
     result
 }
 
-async fn pump<F, Fut>(mut handle: CallHandle, spec: &CallSpec, emit: &mut F) -> CallResult
+/// Passes a running call's output on until its end; returns the result, not yet given to the
+/// caller, and whether the caller is still there.
+async fn pump<F, Fut>(
+    mut handle: CallHandle,
+    spec: &CallSpec,
+    state: &State,
+    emit: &mut F,
+) -> (CallResult, bool)
 where
     F: FnMut(Event) -> Fut,
     Fut: Future<Output = bool>,
 {
     let deadline = match spec.timeout_ms {
-        0 => DEFAULT_DEADLINE,
-        ms => Duration::from_millis(ms) + DEADLINE_SLACK,
-    };
+        0 => state.quotas.limits.max_call_timeout,
+        ms => Duration::from_millis(ms),
+    } + DEADLINE_SLACK;
     let deadline = tokio::time::sleep(deadline);
     tokio::pin!(deadline);
     loop {
         let event = tokio::select! {
             event = handle.next() => event,
             () = &mut deadline => {
-                let result = status(CallStatus::TimedOut, "the agent did not report the call's end in time");
-                emit(Event::Result(result.clone())).await;
-                return result;
+                // Dropping the handle cancels the call on the agent.
+                return (status(CallStatus::TimedOut, "the agent did not report the call's end in time"), true);
             }
         };
         match event {
@@ -138,15 +194,17 @@ where
                 let n = chunk.data.len() as u64;
                 if !emit(Event::Output(chunk)).await {
                     // Dropping the handle cancels the call on the agent.
-                    return status(CallStatus::Cancelled, "the caller went away");
+                    return (status(CallStatus::Cancelled, "the caller went away"), false);
                 }
                 handle.consumed(n).await;
             }
-            Some(AgentEvent::Finished(result)) => {
-                emit(Event::Result(result.clone())).await;
-                return result;
+            Some(AgentEvent::Finished(result)) => return (result, true),
+            None => {
+                return (
+                    status(CallStatus::Lost, "the call ended without a result"),
+                    true,
+                );
             }
-            None => return status(CallStatus::Lost, "the call ended without a result"),
         }
     }
 }

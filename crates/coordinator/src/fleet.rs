@@ -22,6 +22,13 @@ pub struct HostEntry {
     pub connected_unix_ms: u64,
     /// The host's latest view, tools sorted by name.
     pub view: Option<Arc<StoredView>>,
+    /// Whether the current connection has reported its view yet (until then `view` is the
+    /// previous connection's, if any, and the host shows as syncing).
+    pub synced: bool,
+    /// Labels the coordinator assigns (its `--host-labels` file): what policy matches.
+    pub trusted_labels: BTreeMap<String, String>,
+    /// The agent's own labels with the trusted ones over them: what selectors match.
+    pub selectable_labels: BTreeMap<String, String>,
     /// The live connection; `None` while offline.
     pub link: Option<Arc<Link>>,
     pub last_seen: Arc<AtomicU64>,
@@ -40,10 +47,10 @@ impl HostEntry {
     pub fn info(&self) -> HostInfo {
         HostInfo {
             host_id: self.id.clone(),
-            state: if self.online() {
-                HostState::Online
-            } else {
-                HostState::Offline
+            state: match (self.online(), self.synced) {
+                (false, _) => HostState::Offline,
+                (true, false) => HostState::Syncing,
+                (true, true) => HostState::Online,
             } as i32,
             facts: Some(self.facts.clone()),
             agent_version: self.agent_version.clone(),
@@ -56,9 +63,11 @@ impl HostEntry {
                 .map_or(0, |v| v.tools.iter().filter(|t| t.visible).count() as u32),
             calls_in_flight: self.link.as_ref().map_or(0, |l| l.calls_in_flight() as u32),
             max_concurrent_calls: self.max_concurrent_calls,
+            trusted_labels: self.trusted_labels.clone().into_iter().collect(),
         }
     }
 
+    /// What selectors match: the host's facts and its labels, trusted ones winning.
     pub fn selector_facts(&self) -> selector::HostFacts<'_> {
         selector::HostFacts {
             id: &self.id,
@@ -66,7 +75,16 @@ impl HostEntry {
             arch: &self.facts.arch,
             hostname: &self.facts.hostname,
             kernel: &self.facts.kernel,
-            labels: &self.facts.labels,
+            labels: &self.selectable_labels,
+        }
+    }
+
+    /// What policy rules match: as [`Self::selector_facts`] but with only the trusted labels,
+    /// so that a host cannot relabel itself out of a rule.
+    pub fn policy_facts(&self) -> selector::HostFacts<'_> {
+        selector::HostFacts {
+            labels: &self.trusted_labels,
+            ..self.selector_facts()
         }
     }
 }
@@ -188,7 +206,10 @@ impl Fleet {
         let view = Arc::new(self.interner.store(view));
         let revision = view.catalog_revision;
         if self
-            .with_current(id, generation, |entry| entry.view = Some(view))
+            .with_current(id, generation, |entry| {
+                entry.view = Some(view);
+                entry.synced = true;
+            })
             .is_some()
         {
             self.emit(CatalogEventKind::HostView, id, revision);
@@ -197,6 +218,35 @@ impl Fleet {
 
     pub fn get(&self, id: &str) -> Option<HostEntry> {
         self.read().get(id).cloned()
+    }
+
+    /// Host `id` once `ready` holds for it, or once it goes offline, or after `limit`: waits
+    /// for the view a host reports after attaching (or after a catalog change) instead of
+    /// answering from a view that is not there yet. `None`: no such host.
+    pub async fn wait_for(
+        &self,
+        id: &str,
+        limit: std::time::Duration,
+        ready: impl Fn(&HostEntry) -> bool,
+    ) -> Option<HostEntry> {
+        let deadline = tokio::time::Instant::now() + limit;
+        // Subscribe before looking, so that no view stored in between is missed.
+        let mut events = self.events.subscribe();
+        loop {
+            let host = self.get(id)?;
+            if !host.online() || ready(&host) {
+                return Some(host);
+            }
+            loop {
+                match tokio::time::timeout_at(deadline, events.recv()).await {
+                    Err(_) => return self.get(id),
+                    Ok(Ok(event)) if event.host != id => continue,
+                    // A view, a reconnect, a loss, or missed events: look again.
+                    Ok(Ok(_)) | Ok(Err(broadcast::error::RecvError::Lagged(_))) => break,
+                    Ok(Err(broadcast::error::RecvError::Closed)) => return self.get(id),
+                }
+            }
+        }
     }
 
     pub fn hosts(&self) -> Vec<HostEntry> {

@@ -14,11 +14,13 @@ mod audit;
 mod calls;
 mod catalog;
 mod fleet;
-mod identity;
 /// Public for the fuzz targets; the coordinator's own use is `AgentLinkRoutes`.
 pub mod framing;
+mod identity;
+mod labels;
 mod link;
 pub mod policy;
+mod quota;
 pub mod selector;
 mod views;
 
@@ -38,6 +40,7 @@ pub use agent_link::{AgentLinkRoutes, AgentLinkService};
 pub use api::ToolsService;
 pub use identity::{Caller, RequireRole};
 pub use policy::Policy;
+pub use quota::Limits;
 
 /// Largest gRPC message accepted or sent (catalog updates are split well below this).
 const MAX_MESSAGE: usize = 16 << 20;
@@ -60,6 +63,10 @@ pub struct CoordinatorConfig {
     pub policy: Option<PathBuf>,
     /// JSON-lines audit file; `None` logs audit records under the `audit` target.
     pub audit_log: Option<PathBuf>,
+    /// Labels the coordinator assigns to hosts by id glob (JSON): what policy rules match.
+    pub host_labels: Option<PathBuf>,
+    /// Per-client quotas and the longest call timeout.
+    pub limits: Limits,
     pub watch: WatchOptions,
 }
 
@@ -73,6 +80,8 @@ impl CoordinatorConfig {
             credit_window: 1 << 20,
             policy: None,
             audit_log: None,
+            host_labels: None,
+            limits: Limits::default(),
             watch: WatchOptions::default(),
         }
     }
@@ -97,6 +106,8 @@ pub(crate) struct State {
     pub fleet: fleet::Fleet,
     pub policy: Policy,
     pub audit: audit::Audit,
+    pub host_labels: labels::HostLabels,
+    pub quotas: Arc<quota::Quotas>,
     pub shutdown: CancellationToken,
     /// Every task the services spawn, so shutdown can wait for them.
     pub tasks: TaskTracker,
@@ -117,9 +128,14 @@ pub async fn serve(
     };
     let audit =
         audit::Audit::open(config.audit_log.as_deref()).map_err(CoordinatorError::Config)?;
+    let host_labels = match &config.host_labels {
+        Some(path) => labels::HostLabels::load(path).map_err(CoordinatorError::Config)?,
+        None => labels::HostLabels::default(),
+    };
     let registry = Registry::open(config.tools.clone());
     for d in &registry.catalog().diagnostics {
-        tracing::warn!("{d}");
+        // File names and reasons come from the tools path: escaped, so no byte forges a line.
+        tracing::warn!(diagnostic = ?d.to_string(), "tool rejected");
     }
     let fleet = fleet::Fleet::new(registry.catalog().revision);
     let tasks = TaskTracker::new();
@@ -129,6 +145,8 @@ pub async fn serve(
         fleet,
         policy,
         audit,
+        host_labels,
+        quotas: Arc::new(quota::Quotas::new(config.limits.clone())),
         shutdown: shutdown.clone(),
         tasks: tasks.clone(),
     });
@@ -138,6 +156,8 @@ pub async fn serve(
             .watch(config.watch.clone(), shutdown.clone()),
     );
     tasks.spawn(follow_registry(state.clone()));
+    #[cfg(unix)]
+    tasks.spawn(reopen_audit_on_hangup(state.clone()));
     let reload = creds.spawn_reload_on_change(Duration::from_secs(30), shutdown.clone());
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
@@ -205,6 +225,33 @@ pub async fn serve(
     // Sessions say goodbye to their agents; give them a moment, but never hang shutdown.
     let _ = tokio::time::timeout(Duration::from_secs(5), tasks.wait()).await;
     served.map_err(CoordinatorError::from)
+}
+
+/// Reopens the audit log on SIGHUP, for logrotate.
+#[cfg(unix)]
+async fn reopen_audit_on_hangup(state: Arc<State>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP; the audit log will not be reopened");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            () = state.shutdown.cancelled() => return,
+            got = hangups.recv() => {
+                if got.is_none() {
+                    return;
+                }
+                match state.audit.reopen() {
+                    Ok(()) => tracing::info!("SIGHUP: audit log reopened"),
+                    Err(e) => tracing::error!(error = %e, "SIGHUP: cannot reopen the audit log; still writing the old file"),
+                }
+            }
+        }
+    }
 }
 
 /// Mirrors registry revisions into the fleet's change feed.

@@ -107,6 +107,23 @@ pub struct CoordinatorArgs {
     /// Rescan the tools path this often (seconds) even without file events
     #[arg(long, env = "TOOLSRV_RESCAN_SECS", default_value_t = 30)]
     pub rescan_secs: u64,
+    /// Labels the coordinator assigns to hosts by id glob (JSON: {"db-*": {"role": "db"}});
+    /// policy rules match only these, never the labels an agent reports about itself
+    #[arg(long, env = "TOOLSRV_HOST_LABELS")]
+    pub host_labels: Option<PathBuf>,
+    /// Calls one client may have running at once across the fleet (fan-out host calls count);
+    /// more are refused with RESOURCE_EXHAUSTED
+    #[arg(long, env = "TOOLSRV_MAX_CALLS_PER_CLIENT", default_value_t = 64)]
+    pub max_calls_per_client: usize,
+    /// Calls one client may have running at once on one host
+    #[arg(long, env = "TOOLSRV_MAX_CALLS_PER_CLIENT_HOST", default_value_t = 8)]
+    pub max_calls_per_client_host: usize,
+    /// Hosts one fan-out may target
+    #[arg(long, env = "TOOLSRV_MAX_FANOUT_HOSTS", default_value_t = 4096)]
+    pub max_fanout_hosts: usize,
+    /// The longest timeout (seconds) a call may ask for; longer ones are refused
+    #[arg(long, env = "TOOLSRV_MAX_CALL_TIMEOUT_SECS", default_value_t = 3600)]
+    pub max_call_timeout_secs: u64,
 }
 
 impl CoordinatorArgs {
@@ -124,6 +141,13 @@ impl CoordinatorArgs {
         config.policy = self.policy.clone();
         config.audit_log = self.audit_log.clone();
         config.watch.rescan_every = Duration::from_secs(self.rescan_secs.max(1));
+        config.host_labels = self.host_labels.clone();
+        config.limits = toolsrv_coordinator::Limits {
+            calls_per_client: self.max_calls_per_client.max(1),
+            calls_per_client_host: self.max_calls_per_client_host.max(1),
+            fanout_hosts: self.max_fanout_hosts.max(1),
+            max_call_timeout: Duration::from_secs(self.max_call_timeout_secs.max(1)),
+        };
         Ok(config)
     }
 }

@@ -37,6 +37,7 @@ fn state_name(state: i32) -> &'static str {
     match HostState::try_from(state) {
         Ok(HostState::Online) => "online",
         Ok(HostState::Offline) => "offline",
+        Ok(HostState::Syncing) => "syncing",
         Ok(HostState::Unspecified) | Err(_) => "unknown",
     }
 }
@@ -52,6 +53,7 @@ fn host_json(h: &HostInfo) -> Value {
         "hostname": facts.hostname,
         "kernel": facts.kernel,
         "labels": facts.labels,
+        "trusted_labels": h.trusted_labels.iter().collect::<std::collections::BTreeMap<_, _>>(),
         "agent_version": h.agent_version,
         "visible_tools": h.visible_tools,
         "calls_in_flight": h.calls_in_flight,
@@ -82,15 +84,25 @@ fn write_hosts(out: &mut impl Write, hosts: &[HostInfo], now_ms: u64) -> std::io
         .iter()
         .map(|h| {
             let facts = h.facts.clone().unwrap_or_default();
-            let labels = if facts.labels.is_empty() {
+            // Trusted labels (assigned by the coordinator) are marked `*`: policy matches only
+            // those; the others are what the agent says of itself.
+            let mut trusted: Vec<_> = h.trusted_labels.iter().collect();
+            trusted.sort();
+            let labels: Vec<String> = trusted
+                .iter()
+                .map(|(k, v)| format!("{k}={v}*"))
+                .chain(
+                    facts
+                        .labels
+                        .iter()
+                        .filter(|(k, _)| !h.trusted_labels.contains_key(*k))
+                        .map(|(k, v)| format!("{k}={v}")),
+                )
+                .collect();
+            let labels = if labels.is_empty() {
                 "-".to_string()
             } else {
-                facts
-                    .labels
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect::<Vec<_>>()
-                    .join(",")
+                labels.join(",")
             };
             vec![
                 h.host_id.clone(),
@@ -147,6 +159,7 @@ mod tests {
             visible_tools: 12,
             calls_in_flight: 2,
             max_concurrent_calls: 16,
+            trusted_labels: Default::default(),
         }
     }
 
@@ -191,6 +204,7 @@ mod tests {
             json!({
                 "host_id": "db-1", "state": "online", "os": "linux", "arch": "amd64",
                 "hostname": "db-1.example", "kernel": "6.1.0", "labels": {"role": "db"},
+                "trusted_labels": {},
                 "agent_version": "0.1.0", "visible_tools": 12, "calls_in_flight": 2,
                 "max_concurrent_calls": 16, "view_revision": 7, "last_seen_unix_ms": 5,
                 "connected_unix_ms": 1000,

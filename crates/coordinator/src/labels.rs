@@ -1,0 +1,172 @@
+//! Labels the coordinator assigns to hosts (`--host-labels FILE`): what policy can trust, since
+//! an agent's own `--label`s are only its word. Also the bounds on what a hello may carry.
+//!
+//! ```json
+//! {"db-*": {"role": "db"}, "db-eu-*": {"region": "eu"}}
+//! ```
+//! Keys are host-id globs; every entry whose glob matches a host applies, in file order, a
+//! later entry overriding a label an earlier one set.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use toolsrv_proto::v1::Hello;
+
+use crate::selector::glob;
+
+/// Most labels a hello may carry.
+pub const MAX_LABELS: usize = 64;
+/// Longest label key.
+pub const MAX_LABEL_KEY: usize = 63;
+/// Longest label value, and longest fact (OS, arch, hostname, kernel) or agent version.
+pub const MAX_FIELD: usize = 253;
+
+/// The coordinator's host labels, in file order.
+#[derive(Debug, Default)]
+pub struct HostLabels {
+    entries: Vec<(String, BTreeMap<String, String>)>,
+}
+
+impl HostLabels {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let raw: serde_json::Map<String, serde_json::Value> = serde_json::from_str(text)
+            .map_err(|e| format!("invalid host labels (an object of host-id globs): {e}"))?;
+        let mut entries = Vec::with_capacity(raw.len());
+        for (pattern, labels) in raw {
+            let labels: BTreeMap<String, String> = serde_json::from_value(labels)
+                .map_err(|e| format!("`{pattern}`: labels must map strings to strings: {e}"))?;
+            for (k, v) in &labels {
+                check_label(k, v).map_err(|e| format!("`{pattern}`: {e}"))?;
+            }
+            entries.push((pattern, labels));
+        }
+        Ok(Self { entries })
+    }
+
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read host labels {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// The labels of host `id`.
+    pub fn of(&self, id: &str) -> BTreeMap<String, String> {
+        let mut labels = BTreeMap::new();
+        for (pattern, set) in &self.entries {
+            if glob(pattern, id) {
+                labels.extend(set.iter().map(|(k, v)| (k.clone(), v.clone())));
+            }
+        }
+        labels
+    }
+}
+
+fn check_label(key: &str, value: &str) -> Result<(), String> {
+    let ok_key = !key.is_empty()
+        && key.len() <= MAX_LABEL_KEY
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-/".contains(&b));
+    if !ok_key {
+        return Err(format!(
+            "label key {key:?} must be 1 to {MAX_LABEL_KEY} characters of [A-Za-z0-9_.-/]"
+        ));
+    }
+    if value.len() > MAX_FIELD || value.chars().any(char::is_control) {
+        return Err(format!(
+            "label {key}: the value must be at most {MAX_FIELD} bytes without control characters"
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a hello whose facts, labels or version are over the bounds or carry control
+/// characters, naming the field.
+pub fn check_hello(hello: &Hello) -> Result<(), String> {
+    let field = |name: &str, value: &str| {
+        if value.len() > MAX_FIELD || value.chars().any(char::is_control) {
+            Err(format!(
+                "hello field {name} must be at most {MAX_FIELD} bytes without control characters"
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    field("agent_version", &hello.agent_version)?;
+    if let Some(facts) = &hello.facts {
+        field("facts.os", &facts.os)?;
+        field("facts.arch", &facts.arch)?;
+        field("facts.hostname", &facts.hostname)?;
+        field("facts.kernel", &facts.kernel)?;
+        if facts.labels.len() > MAX_LABELS {
+            return Err(format!(
+                "hello carries {} labels, over the limit of {MAX_LABELS}",
+                facts.labels.len()
+            ));
+        }
+        for (k, v) in &facts.labels {
+            check_label(k, v)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use toolsrv_proto::v1::HostFacts;
+
+    #[test]
+    fn every_matching_entry_applies_in_file_order() {
+        let l = HostLabels::parse(
+            r#"{"db-*": {"role": "db", "tier": "back"}, "db-eu-*": {"tier": "eu"}}"#,
+        )
+        .unwrap();
+        let got = l.of("db-eu-1");
+        assert_eq!(got["role"], "db");
+        assert_eq!(got["tier"], "eu");
+        assert!(l.of("web-1").is_empty());
+    }
+
+    #[test]
+    fn bad_files_are_explained() {
+        assert!(HostLabels::parse("[]").unwrap_err().contains("object"));
+        assert!(
+            HostLabels::parse(r#"{"a": {"role": 1}}"#)
+                .unwrap_err()
+                .contains("`a`")
+        );
+        assert!(
+            HostLabels::parse(r#"{"a": {"ro le": "x"}}"#)
+                .unwrap_err()
+                .contains("label key")
+        );
+    }
+
+    #[test]
+    fn hellos_over_the_bounds_are_refused() {
+        let mut hello = Hello {
+            host_id: "a".into(),
+            agent_version: "1\n\u{1b}[31mfake".into(),
+            ..Hello::default()
+        };
+        assert!(check_hello(&hello).unwrap_err().contains("agent_version"));
+        hello.agent_version = "0.1.0".into();
+        let labels = (0..=MAX_LABELS)
+            .map(|i| (format!("k{i}"), "v".to_string()))
+            .collect();
+        hello.facts = Some(HostFacts {
+            labels,
+            ..HostFacts::default()
+        });
+        assert!(check_hello(&hello).unwrap_err().contains("labels"));
+        hello.facts = Some(HostFacts {
+            hostname: "h".repeat(MAX_FIELD + 1),
+            ..HostFacts::default()
+        });
+        assert!(check_hello(&hello).unwrap_err().contains("facts.hostname"));
+        hello.facts = Some(HostFacts::default());
+        assert!(check_hello(&hello).is_ok());
+    }
+}
