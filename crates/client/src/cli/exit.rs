@@ -24,7 +24,8 @@ pub const CANCELLED: u8 = 130;
 pub const LINT_ERRORS: u8 = 1;
 /// `fanout`: not every targeted host ended OK, or the selector picked no host.
 pub const FANOUT_FAILED: u8 = 1;
-/// The coordinator cannot be reached, or the host is offline or was lost mid-call (EX_TEMPFAIL: retry later).
+/// The coordinator cannot be reached, the host is offline or was lost mid-call, or a per-client
+/// quota is full (EX_TEMPFAIL: retry later).
 pub const UNAVAILABLE: u8 = 75;
 /// The coordinator refused us: the policy denies the call, or our certificate is not accepted (EX_NOPERM).
 pub const DENIED: u8 = 77;

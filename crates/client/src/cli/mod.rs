@@ -200,9 +200,10 @@ Exit codes:
   the tool's own code   the tool ran (128+N when killed by signal N)
   124  timed_out         65  invalid_args       69  hidden
   126  failed_to_start   127 unknown_tool or unknown_host
-  75   offline, lost, or the coordinator is unreachable
+  75   offline, lost, busy (a per-client quota is full), or the coordinator is unreachable
   77   denied, or our certificate is refused
-  78   unusable TLS files    64  bad command line    130 interrupted (Ctrl-C cancels the call)";
+  78   unusable TLS files    64  bad command line or request (arguments over 1 MiB, ...)
+  130  interrupted (Ctrl-C cancels the call)";
 
 /// Runs the parsed command and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {

@@ -158,10 +158,13 @@ fn error_code(e: &ClientError) -> u8 {
         ClientError::Tls(TlsError::InvalidName { .. }) => exit::USAGE,
         ClientError::Tls(_) => exit::CONFIG,
         ClientError::Status { code, .. } => match code {
-            // A coordinator that went away, or a host that is offline.
-            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
-                exit::UNAVAILABLE
-            }
+            // A coordinator that went away, a host that is offline, or a quota that is full
+            // now: all worth retrying later.
+            Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Cancelled
+            | Code::Unknown
+            | Code::ResourceExhausted => exit::UNAVAILABLE,
             Code::PermissionDenied | Code::Unauthenticated => exit::DENIED,
             Code::NotFound => exit::NOT_FOUND,
             // The only precondition the client API checks is "the tool is visible on the host".
@@ -271,6 +274,7 @@ mod tests {
                 exit::DENIED,
             ),
             (status(tonic::Code::Unavailable), exit::UNAVAILABLE),
+            (status(tonic::Code::ResourceExhausted), exit::UNAVAILABLE),
             (status(tonic::Code::PermissionDenied), exit::DENIED),
             (status(tonic::Code::Unauthenticated), exit::DENIED),
             (status(tonic::Code::NotFound), exit::NOT_FOUND),

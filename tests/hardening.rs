@@ -1,0 +1,338 @@
+//! Attacks on the fleet by one client, one agent or one tool, each of which must leave
+//! everyone else's calls, the links and the audit log intact.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use toolsrv_tests::{AgentSpec, Fleet, text, wait_for};
+
+/// Starts `cmd` in its own process group with piped output.
+fn spawn(mut cmd: Command) -> Child {
+    use std::os::unix::process::CommandExt;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    cmd.spawn().unwrap()
+}
+
+/// Waits (bounded) for `child` to exit and returns its output.
+fn finish(child: Child, limit: Duration) -> Output {
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    rx.recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("process {pid} did not finish within {limit:?}"))
+        .unwrap()
+}
+
+fn signal(child: &Child, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
+}
+
+/// The audit log's records.
+fn audit(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn host<'a>(hosts: &'a [Value], id: &str) -> &'a Value {
+    hosts.iter().find(|h| h["host_id"] == id).unwrap()
+}
+
+/// A tool that marks a file, then sleeps: the mark says it is running.
+fn marking_tool(fleet: &Fleet, name: &str, mark: &Path, secs: u32) {
+    fleet.tool(
+        &format!("{name}.meta"),
+        &format!(
+            r#"{{"description": "mark and sleep", "cmd": "touch {}; sleep {secs}; echo finished"}}"#,
+            mark.display()
+        ),
+        false,
+    );
+}
+
+#[test]
+fn oversized_arguments_are_refused_and_leave_other_calls_and_the_link_alone() {
+    let mut fleet = Fleet::new(&["a"]);
+    let mark = fleet.work.path().join("slow-running");
+    marking_tool(&fleet, "slow", &mark, 2);
+    fleet.tool(
+        "echo.meta",
+        r#"{"description": "echo", "cmd": "cat"}"#,
+        false,
+    );
+    fleet.start_coordinator(&[]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "echo");
+    let connected = host(&fleet.hosts(), "a")["connected_unix_ms"].clone();
+
+    let bob = spawn(fleet.toolctl_command("client-bob", &["call", "a", "slow"]));
+    wait_for("bob's call to run", Duration::from_secs(20), || {
+        mark.exists().then_some(())
+    });
+    for size in [5_000_000, 15_000_000] {
+        let args = format!(r#"{{"x": "{}"}}"#, "a".repeat(size));
+        let out = fleet.toolctl_as("client-alice", &["call", "a", "echo", "-"], Some(&args));
+        assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("1048576"),
+            "the refusal names the limit: {}",
+            text(&out.stderr)
+        );
+    }
+    let bob = finish(bob, Duration::from_secs(30));
+    assert!(bob.status.success(), "{}", text(&bob.stderr));
+    assert_eq!(text(&bob.stdout).trim(), "finished");
+
+    // Arguments under the limit still go through, and the link was never re-established.
+    let args = format!(r#"{{"x": "{}"}}"#, "b".repeat(900_000));
+    let out = fleet.toolctl_as("client-alice", &["call", "a", "echo", "-"], Some(&args));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(out.stdout.len(), args.len());
+    assert_eq!(host(&fleet.hosts(), "a")["connected_unix_ms"], connected);
+}
+
+#[test]
+fn callers_that_vanish_mid_call_are_audited_and_so_are_refusals() {
+    let mut fleet = Fleet::new(&["a", "b"]);
+    let log = fleet.work.path().join("audit.jsonl");
+    let marks = fleet.work.path().join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    fleet.tool(
+        "mark.meta",
+        &format!(
+            r#"{{"description": "mark and sleep", "args": {{"type": "object", "properties": {{"n": {{"type": "string"}}}}}},
+                "cmd": "touch {}/$(jq -r .n)-$(hostname)-$$; sleep 30"}}"#,
+            marks.display()
+        ),
+        false,
+    );
+    fleet.start_coordinator(&[&format!("--audit-log={}", log.display())]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.start_agent("b", &AgentSpec::default());
+    fleet.wait_online(&["a", "b"], "mark");
+    let running = |n: &str, count: usize| {
+        let prefix = format!("{n}-");
+        wait_for(
+            &format!("{count} tool(s) of call {n} to run"),
+            Duration::from_secs(20),
+            || {
+                let seen = std::fs::read_dir(&marks)
+                    .unwrap()
+                    .filter(|e| {
+                        e.as_ref()
+                            .unwrap()
+                            .file_name()
+                            .to_string_lossy()
+                            .starts_with(&prefix)
+                    })
+                    .count();
+                (seen >= count).then_some(())
+            },
+        )
+    };
+    let records_for = |sha_of: &str| {
+        let args = format!(r#"{{"n":"{sha_of}"}}"#);
+        move |r: &&Value| r["tool"] == "mark" && r["args_sha256"] == sha256_hex(&args)
+    };
+
+    let cases = [
+        ("kill", nix::sys::signal::Signal::SIGKILL),
+        ("int", nix::sys::signal::Signal::SIGINT),
+    ];
+    for (n, sig) in cases {
+        let args = format!(r#"{{"n":"{n}"}}"#);
+        let caller = spawn(fleet.toolctl_command("client-alice", &["call", "a", "mark", &args]));
+        running(n, 1);
+        signal(&caller, sig);
+        finish(caller, Duration::from_secs(20));
+        let record = wait_for(
+            &format!("the audit record of the call killed by {sig}"),
+            Duration::from_secs(20),
+            || audit(&log).iter().find(records_for(n)).cloned(),
+        );
+        assert_eq!(record["status"], "CALL_STATUS_CANCELLED", "{record}");
+        assert_eq!(record["client"], "alice");
+        assert_eq!(record["host"], "a");
+    }
+
+    // A killed fan-out: one record per host.
+    let fanout =
+        spawn(fleet.toolctl_command("client-alice", &["fanout", "a,b", "mark", r#"{"n":"fan"}"#]));
+    running("fan", 2);
+    signal(&fanout, nix::sys::signal::Signal::SIGKILL);
+    finish(fanout, Duration::from_secs(20));
+    wait_for(
+        "an audit record for each host of the killed fan-out",
+        Duration::from_secs(20),
+        || {
+            let records = audit(&log);
+            let fan: Vec<_> = records.iter().filter(records_for("fan")).collect();
+            (fan.len() == 2).then_some(())
+        },
+    );
+
+    // Refused before routing: bad arguments, a bad selector, an unknown host.
+    let out = fleet.toolctl(&["call", "a", "mark", r#"{"n": 1}"#]);
+    assert_eq!(out.status.code(), Some(65), "{}", text(&out.stderr));
+    let out = fleet.toolctl(&["fanout", "a b", "mark"]);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    let out = fleet.toolctl(&["call", "nowhere", "mark"]);
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    let records = audit(&log);
+    let statuses: Vec<(&str, &str)> = records
+        .iter()
+        .map(|r| (r["host"].as_str().unwrap(), r["status"].as_str().unwrap()))
+        .collect();
+    for expected in [
+        ("a", "CALL_STATUS_INVALID_ARGS"),
+        ("a b", "REFUSED"),
+        ("nowhere", "CALL_STATUS_UNKNOWN_HOST"),
+    ] {
+        assert!(statuses.contains(&expected), "{expected:?} in {statuses:?}");
+    }
+    // Exactly one record per call: the two killed calls, two fan-out hosts, three refusals.
+    assert_eq!(records.len(), 7, "{records:#?}");
+}
+
+fn sha256_hex(text: &str) -> String {
+    let out = Command::new("sha256sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            child.stdin.take().unwrap().write_all(text.as_bytes())?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    text_first_word(&out.stdout)
+}
+
+fn text_first_word(bytes: &[u8]) -> String {
+    text(bytes).split_whitespace().next().unwrap().to_string()
+}
+
+#[test]
+fn a_host_cannot_relabel_itself_out_of_a_policy_rule() {
+    let mut fleet = Fleet::new(&["db-1", "web-1"]);
+    fleet.tool(
+        "echo.meta",
+        r#"{"description": "echo", "cmd": "echo hi"}"#,
+        false,
+    );
+    let labels = fleet.work.path().join("host-labels.json");
+    std::fs::write(&labels, r#"{"db-*": {"role": "db"}}"#).unwrap();
+    let policy = fleet.work.path().join("policy.json");
+    std::fs::write(
+        &policy,
+        r#"{"rules": [{"clients": ["alice"], "hosts": "role=db", "effect": "deny"}]}"#,
+    )
+    .unwrap();
+    fleet.start_coordinator(&[
+        &format!("--host-labels={}", labels.display()),
+        &format!("--policy={}", policy.display()),
+    ]);
+    let says = |role: &str| AgentSpec {
+        labels: vec![("role".into(), role.into())],
+        ..AgentSpec::default()
+    };
+    // db-1 claims to be a web host; web-1 claims to be a database.
+    fleet.start_agent("db-1", &says("web"));
+    fleet.start_agent("web-1", &says("db"));
+    fleet.wait_online(&["db-1", "web-1"], "echo");
+
+    let out = fleet.toolctl(&["call", "db-1", "echo"]);
+    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("policy rule 0"));
+    let out = fleet.toolctl(&["call", "web-1", "echo"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let hosts = fleet.hosts();
+    assert_eq!(host(&hosts, "db-1")["trusted_labels"]["role"], "db");
+    assert_eq!(host(&hosts, "db-1")["labels"]["role"], "web");
+    assert_eq!(
+        host(&hosts, "web-1")["trusted_labels"],
+        serde_json::json!({})
+    );
+}
+
+#[test]
+fn one_client_cannot_fill_a_host_and_others_are_served_at_once() {
+    let mut fleet = Fleet::new(&["a"]);
+    let marks = fleet.work.path().join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    fleet.tool(
+        "slow.meta",
+        &format!(
+            r#"{{"description": "mark and sleep", "cmd": "touch {}/$$; sleep 5"}}"#,
+            marks.display()
+        ),
+        false,
+    );
+    fleet.tool(
+        "echo.meta",
+        r#"{"description": "echo", "cmd": "echo hi"}"#,
+        false,
+    );
+    fleet.start_coordinator(&[
+        "--max-calls-per-client-host=2",
+        "--max-calls-per-client=3",
+        "--max-fanout-hosts=1",
+        "--max-call-timeout-secs=60",
+    ]);
+    fleet.start_agent(
+        "a",
+        &AgentSpec {
+            max_concurrent: Some(3),
+            ..AgentSpec::default()
+        },
+    );
+    fleet.wait_online(&["a"], "echo");
+    let callers: Vec<Child> = (0..2)
+        .map(|_| spawn(fleet.toolctl_command("client-alice", &["call", "a", "slow"])))
+        .collect();
+    wait_for("alice's two calls to run", Duration::from_secs(20), || {
+        (std::fs::read_dir(&marks).unwrap().count() >= 2).then_some(())
+    });
+    let out = fleet.toolctl(&["call", "a", "echo"]);
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("max-calls-per-client-host"),
+        "the refusal says which quota: {}",
+        text(&out.stderr)
+    );
+    let started = Instant::now();
+    let out = fleet.toolctl_as("client-bob", &["call", "a", "echo"], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "bob's call did not wait for alice's calls ({:?})",
+        started.elapsed()
+    );
+
+    // A fan-out wider than the limit, and a timeout over the maximum, are refused.
+    let out = fleet.toolctl_as("client-bob", &["fanout", "a,ghost", "echo"], None);
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("max-fanout-hosts"));
+    let out = fleet.toolctl_as("client-bob", &["call", "a", "echo", "--timeout=120"], None);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("max-call-timeout"));
+
+    for caller in callers {
+        let out = finish(caller, Duration::from_secs(30));
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    // The slots came back.
+    let out = fleet.toolctl(&["call", "a", "echo"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
