@@ -48,21 +48,19 @@ async fn slow_agent(coordinator: &Coordinator) -> tokio::task::JoinHandle<()> {
             tokio::select! {
                 () = &mut view_at, if !view_sent && revision.is_some() => {
                     view_sent = true;
-                    let view = HostView {
-                        catalog_revision: revision.unwrap(),
-                        tools: vec![ToolStatus {
+                    let mut view = HostView::default();
+                    view.catalog_revision = revision.unwrap();
+                    view.tools = vec![ToolStatus {
+                        name: "echo".into(),
+                        visible: true,
+                        definition: Some(ToolDefinition {
                             name: "echo".into(),
-                            visible: true,
-                            definition: Some(ToolDefinition {
-                                name: "echo".into(),
-                                description: "echo".into(),
-                                ..ToolDefinition::default()
-                            }),
                             description: "echo".into(),
-                            ..ToolStatus::default()
-                        }],
-                        ..HostView::default()
-                    };
+                            ..ToolDefinition::default()
+                        }),
+                        description: "echo".into(),
+                        ..ToolStatus::default()
+                    }];
                     let msg = agent_message::Msg::View(view);
                     if tx.send(AgentMessage { msg: Some(msg) }).await.is_err() {
                         return;
