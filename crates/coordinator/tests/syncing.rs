@@ -48,6 +48,9 @@ async fn slow_agent(coordinator: &Coordinator) -> tokio::task::JoinHandle<()> {
             tokio::select! {
                 () = &mut view_at, if !view_sent && revision.is_some() => {
                     view_sent = true;
+                    // Built by assignment so that fields added to HostView later keep defaults.
+                    #[allow(clippy::field_reassign_with_default)]
+                    let view = {
                     let mut view = HostView::default();
                     view.catalog_revision = revision.unwrap();
                     view.tools = vec![ToolStatus {
@@ -61,6 +64,8 @@ async fn slow_agent(coordinator: &Coordinator) -> tokio::task::JoinHandle<()> {
                         description: "echo".into(),
                         ..ToolStatus::default()
                     }];
+                    view
+                    };
                     let msg = agent_message::Msg::View(view);
                     if tx.send(AgentMessage { msg: Some(msg) }).await.is_err() {
                         return;
