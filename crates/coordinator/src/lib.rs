@@ -17,7 +17,8 @@ mod fleet;
 /// Public for the fuzz targets; the coordinator's own use is `AgentLinkRoutes`.
 pub mod framing;
 mod identity;
-mod labels;
+/// Public for the fuzz targets; the coordinator applies it when an agent attaches.
+pub mod labels;
 mod link;
 pub mod policy;
 mod quota;
