@@ -134,15 +134,16 @@ fn policy_denies_by_proven_identity_and_every_call_is_audited() {
     )
     .unwrap();
     let audit = fleet.work.path().join("audit.jsonl");
+    // The rule matches a label the coordinator assigns: what an agent says of itself is not
+    // trusted for policy.
+    let labels = fleet.work.path().join("host-labels.json");
+    std::fs::write(&labels, r#"{"a": {"role": "db"}}"#).unwrap();
     fleet.start_coordinator(&[
         &format!("--policy={}", policy.display()),
         &format!("--audit-log={}", audit.display()),
+        &format!("--host-labels={}", labels.display()),
     ]);
-    let spec = AgentSpec {
-        labels: vec![("role".into(), "db".into())],
-        ..AgentSpec::default()
-    };
-    fleet.start_agent("a", &spec);
+    fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "hello");
 
     let out = fleet.toolctl_as("client-bob", &["call", "a", "hello"], None);
