@@ -97,7 +97,8 @@ impl Tools for ToolsService {
         req: Request<ListToolsRequest>,
     ) -> Result<Response<ListToolsResponse>, Status> {
         client_identity(&req)?;
-        let req = req.into_inner();
+        let mut req = req.into_inner();
+        req.host = toolsrv_tls::normalize_name(&req.host);
         let host = self.host(&req.host)?;
         let view = host.view.clone().unwrap_or_default();
         let tools = view
@@ -118,7 +119,8 @@ impl Tools for ToolsService {
         req: Request<DescribeToolRequest>,
     ) -> Result<Response<ToolDefinition>, Status> {
         client_identity(&req)?;
-        let req = req.into_inner();
+        let mut req = req.into_inner();
+        req.host = toolsrv_tls::normalize_name(&req.host);
         let host = self.host(&req.host)?;
         match host.tool(&req.tool) {
             Some(t) if t.visible => Ok(Response::new(
@@ -137,7 +139,8 @@ impl Tools for ToolsService {
 
     async fn call(&self, req: Request<CallRequest>) -> Result<Response<Self::CallStream>, Status> {
         let client = client_identity(&req)?;
-        let req = req.into_inner();
+        let mut req = req.into_inner();
+        req.host = toolsrv_tls::normalize_name(&req.host);
         let spec = call_spec(client, req.tool, req.args_json, req.cwd, req.timeout_ms)?;
         let (tx, rx) = mpsc::channel(16);
         let state = self.state.clone();

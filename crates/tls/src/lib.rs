@@ -22,7 +22,9 @@ pub use client::{
 pub use config::{TlsFiles, client_config, install_crypto_provider, provider, server_config};
 pub use creds::ServerCreds;
 pub use error::{TlsError, chain as error_chain};
-pub use identity::{Identity, MAX_NAME_LEN, Role, URI_SCHEME, identity_of, validate_name};
+pub use identity::{
+    Identity, MAX_NAME_LEN, Role, URI_SCHEME, identity_of, normalize_name, validate_name,
+};
 pub use pki::{CA_CERT, CA_KEY, DEFAULT_VALID_DAYS, PkiOptions, file_stem, init, issue};
 pub use server::{
     AcceptTimeouts, HANDSHAKE_TIMEOUT, PREFACE_TIMEOUT, PeerInfo, TlsConn, TlsIncoming, incoming,
