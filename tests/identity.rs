@@ -173,3 +173,71 @@ fn policy_denies_by_proven_identity_and_every_call_is_audited() {
     assert_eq!(lines[1]["host"], "a");
     assert!(lines[1]["args_sha256"].as_str().unwrap().len() == 64);
 }
+
+#[test]
+fn host_and_client_names_compare_case_insensitively() {
+    let mut fleet = Fleet::new(&["db-2"]);
+    fleet.tool(
+        "hello.meta",
+        r#"{"description": "Say hello", "cmd": "echo hello"}"#,
+        false,
+    );
+    // Certificates that spell their names with capitals, as another CA might issue them.
+    fleet.pki.issue_raw("agent-web-1", "toolsrv://agent/Web-1");
+    fleet
+        .pki
+        .issue_raw("client-Alice", "toolsrv://client/Alice");
+    // db-2's agent is started as `--host-id DB-2` with its lowercase certificate.
+    for suffix in [".pem", "-key.pem"] {
+        std::fs::copy(
+            fleet.pki.path(&format!("agent-db-2{suffix}")),
+            fleet.pki.path(&format!("agent-DB-2{suffix}")),
+        )
+        .unwrap();
+    }
+    let policy = fleet.work.path().join("policy.json");
+    std::fs::write(
+        &policy,
+        r#"{"default": "deny", "rules": [
+            {"clients": ["alice"], "hosts": "web-1", "effect": "allow"},
+            {"clients": ["BOB"], "hosts": "DB-2", "effect": "allow"}]}"#,
+    )
+    .unwrap();
+    fleet.start_coordinator(&[&format!("--policy={}", policy.display())]);
+    // Cert `agent/Web-1`, hello `web-1`; cert `agent/db-2`, flag `DB-2`.
+    fleet.start_agent("web-1", &AgentSpec::default());
+    fleet.start_agent("DB-2", &AgentSpec::default());
+    fleet.wait_online(&["web-1", "db-2"], "hello");
+    assert_eq!(host_ids(&fleet), ["db-2", "web-1"]);
+
+    let call = |stem: &str, host: &str| fleet.toolctl_as(stem, &["call", host, "hello"], None);
+    for (stem, host, allowed) in [
+        ("client-Alice", "Web-1", true),
+        ("client-Alice", "web-1", true),
+        ("client-Alice", "db-2", false),
+        ("client-bob", "DB-2", true),
+        ("client-bob", "db-2", true),
+        ("client-bob", "WEB-1", false),
+    ] {
+        let out = call(stem, host);
+        if allowed {
+            assert!(
+                out.status.success(),
+                "{stem} on {host}: {}",
+                text(&out.stderr)
+            );
+            assert_eq!(text(&out.stdout), "hello\n");
+        } else {
+            assert_eq!(
+                out.status.code(),
+                Some(77),
+                "{stem} on {host}: {}",
+                text(&out.stderr)
+            );
+        }
+    }
+    // A fan-out selector in capitals finds the host too.
+    let out = fleet.toolctl_as("client-Alice", &["fanout", "WEB-*", "hello"], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("hello"), "{}", text(&out.stdout));
+}

@@ -79,6 +79,22 @@ impl Pki {
         self.dir.path().join(file)
     }
 
+    /// Writes `<stem>.pem` and `<stem>-key.pem`: a clientAuth certificate from this PKI's CA
+    /// whose identity URI is `uri` exactly as given (`pki init` would write the name lowercase),
+    /// as another CA might issue it.
+    pub fn issue_raw(&self, stem: &str, uri: &str) {
+        let read = |name: &str| std::fs::read_to_string(self.path(name)).unwrap();
+        let ca_key = rcgen::KeyPair::from_pem(&read("ca-key.pem")).unwrap();
+        let issuer = rcgen::Issuer::from_ca_cert_pem(&read("ca.pem"), ca_key).unwrap();
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::default();
+        params.subject_alt_names = vec![rcgen::SanType::URI(uri.try_into().unwrap())];
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        std::fs::write(self.path(&format!("{stem}.pem")), cert.pem()).unwrap();
+        std::fs::write(self.path(&format!("{stem}-key.pem")), key.serialize_pem()).unwrap();
+    }
+
     /// `--ca/--cert/--key` for a certificate stem such as `agent-web-1` or `client-alice`.
     pub fn tls_args(&self, stem: &str) -> Vec<String> {
         vec![

@@ -18,7 +18,8 @@ pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(10);
 pub struct AgentConfig {
     /// The coordinator's agent-link URL, e.g. `https://127.0.0.1:7443`.
     pub coordinator: String,
-    /// This host's id; must match the id in the agent certificate.
+    /// This host's id; must match the id in the agent certificate (case-insensitively: both are
+    /// lowercased, see [`toolsrv_tls::normalize_name`]).
     pub host_id: String,
     /// The agent's certificate, key and the CA the coordinator must chain to.
     pub tls: toolsrv_tls::TlsFiles,
@@ -44,7 +45,8 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
-    /// A configuration with the defaults for everything but the essentials.
+    /// A configuration with the defaults for everything but the essentials; `host_id` is stored
+    /// lowercase.
     pub fn new(
         coordinator: impl Into<String>,
         host_id: impl Into<String>,
@@ -53,7 +55,7 @@ impl AgentConfig {
     ) -> Self {
         Self {
             coordinator: coordinator.into(),
-            host_id: host_id.into(),
+            host_id: toolsrv_tls::normalize_name(&host_id.into()),
             tls,
             tools: Vec::new(),
             labels: BTreeMap::new(),

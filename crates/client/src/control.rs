@@ -4,7 +4,8 @@
 //!
 //! The socket carries plain HTTP/2: only processes of the master's own user (or root) may use it,
 //! checked on every connection from the kernel's peer credentials, and whoever can use it acts
-//! with the master's client certificate.
+//! with the master's client certificate. The other way round, a client talks only to a socket
+//! file and a serving process of its own user or root (`trust`).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -34,30 +35,94 @@ use tower::service_fn;
 use crate::client::MAX_MESSAGE_SIZE;
 use crate::{Client, ClientError};
 
+mod trust;
+
+use trust::Trust;
+
 /// How long a client waits for the master to accept; it is local, so this only guards a stuck one.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a stopping master lets open RPCs finish before it ends them.
 pub const STOP_GRACE: Duration = Duration::from_secs(5);
 
-/// Connects to a master's control socket now; fails if nothing accepts there.
+/// Connects to a master's control socket now; fails if nothing accepts there, and refuses (with
+/// [`ClientError::UntrustedControl`], before sending anything) a socket file or a serving process
+/// of another user than ours or root. Every later connection of the channel is checked the same way.
 pub(crate) async fn connect(path: &Path) -> Result<Client, ClientError> {
+    connect_trusting(path, Trust::current()).await
+}
+
+async fn connect_trusting(path: &Path, trust: Trust) -> Result<Client, ClientError> {
+    let unreachable = |e: &dyn std::fmt::Display| {
+        ClientError::Control(format!(
+            "cannot reach the control socket {}: {e}",
+            path.display()
+        ))
+    };
+    // The first connection is opened and checked here, so that a refusal comes back as itself
+    // rather than as a transport error; the channel's connector then hands it over.
+    let first = tokio::time::timeout(CONNECT_TIMEOUT, open_checked(path, trust))
+        .await
+        .map_err(|_| unreachable(&format!("no answer within {CONNECT_TIMEOUT:?}")))?
+        .map_err(|e| match e {
+            Open::Untrusted(e) => ClientError::UntrustedControl(e.0),
+            Open::Io(e) => unreachable(&e),
+        })?;
+    let first = Arc::new(std::sync::Mutex::new(Some(first)));
     let target: Arc<Path> = Arc::from(path);
     // The URI is never dialled: the connector always opens the socket.
     let channel = Endpoint::from_static("http://toolctl.control")
         .connect_timeout(CONNECT_TIMEOUT)
         .connect_with_connector(service_fn(move |_: Uri| {
             let target = Arc::clone(&target);
-            async move { UnixStream::connect(&*target).await.map(TokioIo::new) }
+            let first = Arc::clone(&first);
+            async move {
+                let seeded = first
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .take();
+                let stream = match seeded {
+                    Some(stream) => stream,
+                    None => open_checked(&target, trust)
+                        .await
+                        .map_err(io::Error::from)?,
+                };
+                Ok::<_, io::Error>(TokioIo::new(stream))
+            }
         }))
         .await
-        .map_err(|e| {
-            ClientError::Control(format!(
-                "cannot reach the control socket {}: {}",
-                path.display(),
-                toolsrv_tls::error_chain(&e)
-            ))
-        })?;
+        .map_err(|e| unreachable(&toolsrv_tls::error_chain(&e)))?;
     Ok(Client::from_channel(channel))
+}
+
+/// Why a connection to the control socket was not made.
+enum Open {
+    Io(io::Error),
+    Untrusted(trust::Untrusted),
+}
+
+impl From<Open> for io::Error {
+    fn from(e: Open) -> Self {
+        match e {
+            Open::Io(e) => e,
+            Open::Untrusted(e) => io::Error::new(io::ErrorKind::PermissionDenied, e),
+        }
+    }
+}
+
+/// Connects to `path` once the file is known to be a socket of ours or root's, then checks who
+/// accepted; nothing has been written to the stream when it is returned.
+async fn open_checked(path: &Path, trust: Trust) -> Result<UnixStream, Open> {
+    if !trust.check_file(path).map_err(Open::Untrusted)? {
+        return Err(Open::Io(io::Error::new(
+            io::ErrorKind::NotFound,
+            "no such socket",
+        )));
+    }
+    let stream = UnixStream::connect(path).await.map_err(Open::Io)?;
+    // The file may have been replaced since it was inspected: the peer's credentials are what
+    // tell who is really there.
+    trust.check_peer(path, &stream).map_err(Open::Untrusted)?;
+    Ok(stream)
 }
 
 /// What a master does besides relaying.
@@ -75,12 +140,14 @@ pub struct ControlListener {
     identity: Option<FileIdentity>,
 }
 
-/// Binds the control socket at `path`, readable and writable by our user only.
+/// Binds the control socket at `path`, readable and writable by our user only from the moment it
+/// exists.
 ///
 /// A socket left behind by a master that died is replaced; a live master there, or anything that
-/// is not a socket, is an error that names the path.
+/// is not a socket (a symbolic link included, which is never followed), is an error that names
+/// the path.
 pub async fn bind(path: &Path) -> io::Result<ControlListener> {
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    use std::os::unix::fs::FileTypeExt;
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
             if UnixStream::connect(path).await.is_ok() {
@@ -100,14 +167,32 @@ pub async fn bind(path: &Path) -> io::Result<ControlListener> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let listener = UnixListener::bind(path)
+    let listener = bind_private(path)
+        .and_then(|listener| {
+            listener.set_nonblocking(true)?;
+            UnixListener::from_std(listener)
+        })
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     Ok(ControlListener {
         listener,
         path: path.to_path_buf(),
         identity: file_identity(path),
     })
+}
+
+/// `bind(2)` with the umask set to leave the socket file mode 0600 as it is created.
+///
+/// Changing the mode afterwards by path would follow whatever is at the path by then: a symbolic
+/// link swapped in after the bind would turn our `chmod` onto another file. bind(2) itself never
+/// follows a link at the final component (an existing one is `EADDRINUSE`). The umask is
+/// process-wide, but restored right after this one call; a file another thread creates meanwhile
+/// only comes out with fewer permissions.
+fn bind_private(path: &Path) -> io::Result<std::os::unix::net::UnixListener> {
+    use nix::sys::stat::{Mode, umask};
+    let previous = umask(Mode::S_IXUSR | Mode::S_IRWXG | Mode::S_IRWXO);
+    let bound = std::os::unix::net::UnixListener::bind(path);
+    umask(previous);
+    bound
 }
 
 /// Serves the client API on `socket`, relaying every RPC over `upstream`'s connection, until
@@ -464,6 +549,78 @@ mod tests {
         let err = bind(&file).await.unwrap_err();
         assert!(err.to_string().contains("is not a socket"), "{err}");
         assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+    }
+
+    #[tokio::test]
+    async fn bind_never_follows_a_symlink_at_the_path() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "keep me").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let path = dir.path().join("ctl.sock");
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+
+        let err = bind(&path).await.unwrap_err();
+        assert!(err.to_string().contains("is not a socket"), "{err}");
+        assert!(std::fs::symlink_metadata(&path).unwrap().is_symlink());
+        let mode = std::fs::metadata(&victim).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o644);
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+    }
+
+    /// A socket swapped for a symlink right after bind(2) must not get the target's mode changed:
+    /// the file is created private, nothing is changed by path afterwards. The swap races the
+    /// bind, so this tries many times; a master that changes the mode by path loses some of them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn nothing_is_changed_by_path_after_bind() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let path = dir.path().join("ctl.sock");
+        let staged = dir.path().join("staged-link");
+
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swaps = Arc::new(AtomicUsize::new(0));
+        let swapper = {
+            let (path, staged, victim) = (path.clone(), staged.clone(), victim.clone());
+            let (stop, swaps) = (Arc::clone(&stop), Arc::clone(&swaps));
+            std::thread::spawn(move || {
+                use std::os::unix::fs::FileTypeExt;
+                while !stop.load(Ordering::Relaxed) {
+                    let socket_there =
+                        std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket());
+                    if socket_there {
+                        let _ = std::fs::remove_file(&staged);
+                        std::os::unix::fs::symlink(&victim, &staged).unwrap();
+                        if std::fs::rename(&staged, &path).is_ok() {
+                            swaps.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut bound = 0;
+        while (bound < 2000 || swaps.load(Ordering::Relaxed) < 30) && Instant::now() < deadline {
+            let _ = std::fs::remove_file(&path);
+            if let Ok(listener) = bind(&path).await {
+                bound += 1;
+                let mode = std::fs::metadata(&victim).unwrap().permissions().mode();
+                assert_eq!(
+                    mode & 0o777,
+                    0o644,
+                    "bind {bound} changed the symlink's target"
+                );
+                drop(listener);
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        swapper.join().unwrap();
+        let swapped = swaps.load(Ordering::Relaxed);
+        assert!(bound > 0 && swapped > 0, "bound {bound}, swapped {swapped}");
     }
 
     #[tokio::test]

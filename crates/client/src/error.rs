@@ -19,6 +19,9 @@ pub enum ClientError {
     /// The control socket of a `toolctl master` could not be reached or served.
     #[error("{0}")]
     Control(String),
+    /// The control socket, or the process serving it, belongs to another user: nothing was sent.
+    #[error("{0}")]
+    UntrustedControl(String),
     /// The coordinator sent something the protocol does not allow.
     #[error("{0}")]
     Protocol(String),
@@ -31,6 +34,7 @@ impl ClientError {
             Self::Tls(e) => e.code(),
             Self::Status { code, .. } => *code,
             Self::Control(_) => tonic::Code::Unavailable,
+            Self::UntrustedControl(_) => tonic::Code::PermissionDenied,
             Self::Protocol(_) => tonic::Code::Internal,
         }
     }

@@ -219,7 +219,8 @@ impl Service<http::Request<Body>> for AgentLinkRoutes {
     }
 }
 
-/// Reads the first message, which must be a Hello whose host id matches the certificate.
+/// Reads the first message, which must be a Hello whose host id matches the certificate's `id`
+/// (already lowercase) once normalised the same way; the Hello returned carries that spelling.
 async fn read_hello<S>(inbound: &mut S, id: &str) -> Result<Hello, Status>
 where
     S: Stream<Item = Result<AgentMessage, Status>> + Unpin,
@@ -229,7 +230,7 @@ where
         .map_err(|_| Status::deadline_exceeded("no hello within 10 s of attaching"))?
         .transpose()?;
     let Some(AgentMessage {
-        msg: Some(agent_message::Msg::Hello(hello)),
+        msg: Some(agent_message::Msg::Hello(mut hello)),
     }) = first
     else {
         return Err(Status::invalid_argument(
@@ -237,13 +238,14 @@ where
         ));
     };
     crate::labels::check_hello(&hello).map_err(Status::invalid_argument)?;
-    if hello.host_id != id {
+    if toolsrv_tls::normalize_name(&hello.host_id) != id {
         tracing::warn!(cert = %id, claimed = ?hello.host_id, "agent claimed another host id");
         return Err(Status::permission_denied(format!(
             "hello claims host `{}` but the certificate names agent/{id}",
             hello.host_id
         )));
     }
+    hello.host_id = id.to_string();
     Ok(hello)
 }
 
@@ -333,4 +335,34 @@ fn handle(state: &State, link: &Link, msg: AgentMessage) -> Option<String> {
         Some(M::Keepalive(_)) | Some(M::Output(_)) | None => {}
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello(host_id: &str) -> Result<AgentMessage, Status> {
+        Ok(AgentMessage {
+            msg: Some(agent_message::Msg::Hello(Hello {
+                host_id: host_id.to_string(),
+                ..Hello::default()
+            })),
+        })
+    }
+
+    #[tokio::test]
+    async fn the_hello_is_compared_after_the_same_normalisation_as_the_certificate() {
+        // Certificate `agent/Web-1` is host `web-1`; its agent may say so in any case.
+        let cert = toolsrv_tls::Identity::parse_uri("toolsrv://agent/Web-1").unwrap();
+        let id = cert.name().unwrap();
+        for claimed in ["Web-1", "web-1", "WEB-1"] {
+            let mut inbound = tokio_stream::iter([hello(claimed)]);
+            let got = read_hello(&mut inbound, id).await.unwrap();
+            assert_eq!(got.host_id, "web-1", "{claimed}");
+        }
+        let mut inbound = tokio_stream::iter([hello("Web-2")]);
+        let err = read_hello(&mut inbound, id).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::PermissionDenied);
+        assert!(err.message().contains("agent/web-1"), "{}", err.message());
+    }
 }

@@ -129,7 +129,8 @@ impl Tools for ToolsService {
         req: Request<ListToolsRequest>,
     ) -> Result<Response<ListToolsResponse>, Status> {
         Caller::client(&req)?;
-        let req = req.into_inner();
+        let mut req = req.into_inner();
+        req.host = toolsrv_tls::normalize_name(&req.host);
         let host = self.host(&req.host).await?;
         let view = host.view.clone().unwrap_or_default();
         let tools = view
@@ -150,7 +151,8 @@ impl Tools for ToolsService {
         req: Request<DescribeToolRequest>,
     ) -> Result<Response<ToolDefinition>, Status> {
         Caller::client(&req)?;
-        let req = req.into_inner();
+        let mut req = req.into_inner();
+        req.host = toolsrv_tls::normalize_name(&req.host);
         let host = self.host(&req.host).await?;
         match host.tool(&req.tool) {
             Some(t) if t.visible => Ok(Response::new(
@@ -169,7 +171,8 @@ impl Tools for ToolsService {
 
     async fn call(&self, req: Request<CallRequest>) -> Result<Response<Self::CallStream>, Status> {
         let client = Caller::client(&req)?;
-        let req = req.into_inner();
+        let mut req = req.into_inner();
+        req.host = toolsrv_tls::normalize_name(&req.host);
         let state = self.state.clone();
         let refuse = |status: Status| {
             state.audit.refused(&client, &req.host, &req.tool, &status);

@@ -1,4 +1,5 @@
 //! Call policy: which client may call which tool on which hosts. First matching rule decides.
+//! Client names and host ids compare case-insensitively, like the identities they match.
 //!
 //! ```json
 //! {"default": "allow",
@@ -8,6 +9,7 @@
 use std::path::Path;
 
 use serde::Deserialize;
+use toolsrv_tls::normalize_name;
 
 use crate::selector::{HostFacts, Selector, glob};
 
@@ -82,7 +84,9 @@ impl Policy {
                 .transpose()
                 .map_err(|e| format!("rules[{i}].hosts: {e}"))?;
             rules.push(Rule {
-                clients: r.clients,
+                clients: r
+                    .clients
+                    .map(|c| c.iter().map(|p| normalize_name(p)).collect()),
                 tools: r.tools,
                 hosts,
                 effect: r.effect,
@@ -176,6 +180,40 @@ mod tests {
         );
         assert!(p.check("root", "anything", &db).is_ok());
         assert!(Policy::default().check("x", "y", &web).is_ok());
+    }
+
+    #[test]
+    fn names_match_whatever_their_case() {
+        let none = BTreeMap::new();
+        let host = |id| HostFacts {
+            id,
+            os: "linux",
+            arch: "amd64",
+            hostname: "",
+            kernel: "",
+            labels: &none,
+        };
+        // Names as they come out of certificates: `agent/Web-1` is host `web-1`, `client/Alice`
+        // is client `alice`.
+        let name = |uri: &str| {
+            toolsrv_tls::Identity::parse_uri(uri)
+                .unwrap()
+                .name()
+                .unwrap()
+                .to_string()
+        };
+        let (web1, db2) = (name("toolsrv://agent/Web-1"), name("toolsrv://agent/db-2"));
+        let (alice, bob) = (name("toolsrv://client/Alice"), name("toolsrv://client/bob"));
+        let p = Policy::parse(
+            r#"{"default": "deny", "rules": [
+                {"clients": ["alice"], "hosts": "web-1", "effect": "allow"},
+                {"clients": ["BOB"], "hosts": "DB-2", "effect": "allow"}]}"#,
+        )
+        .unwrap();
+        assert!(p.check(&alice, "t", &host(&web1)).is_ok());
+        assert!(p.check(&bob, "t", &host(&db2)).is_ok());
+        assert!(p.check(&alice, "t", &host(&db2)).is_err());
+        assert!(p.check(&bob, "t", &host(&web1)).is_err());
     }
 
     #[test]

@@ -2,9 +2,12 @@
 //!
 //! Terms are comma-separated. Terms of one kind are alternatives (`web-1,web-2` is either host,
 //! `os=linux,os=darwin` either OS); terms of different kinds must all hold (`web-*,os=linux`),
-//! the same AND-across-keys, OR-within-a-key rule as a variant's `match`.
+//! the same AND-across-keys, OR-within-a-key rule as a variant's `match`. Host ids compare
+//! case-insensitively: host terms and `id=`/`host=` values are normalised like identities.
 
 use std::collections::BTreeMap;
+
+use toolsrv_tls::normalize_name;
 
 /// A parsed selector such as `web-*,role=db,os=linux`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -37,13 +40,16 @@ impl Selector {
             }
             match term.split_once('=') {
                 _ if term == "all" || term == "*" => {}
-                Some((k, v)) if !k.is_empty() && !v.is_empty() => selector
-                    .pairs
-                    .entry(k.to_string())
-                    .or_default()
-                    .push(v.to_string()),
+                Some((k, v)) if !k.is_empty() && !v.is_empty() => {
+                    let v = if matches!(k, "id" | "host") {
+                        normalize_name(v)
+                    } else {
+                        v.to_string()
+                    };
+                    selector.pairs.entry(k.to_string()).or_default().push(v)
+                }
                 Some(_) => return Err(format!("selector term `{term}` needs KEY=VALUE")),
-                None if valid_glob(term) => selector.hosts.push(term.to_string()),
+                None if valid_glob(term) => selector.hosts.push(normalize_name(term)),
                 None => {
                     return Err(format!(
                         "selector term `{term}` is not a host id or glob ([A-Za-z0-9_.-*?])"
@@ -178,6 +184,28 @@ mod tests {
             assert!(Selector::parse(bad).is_err(), "{bad:?} should not parse");
         }
         let s = Selector::parse("web-1,web-*,os=linux").unwrap();
+        assert_eq!(s.exact_hosts().collect::<Vec<_>>(), ["web-1"]);
+    }
+
+    #[test]
+    fn host_ids_compare_case_insensitively() {
+        let none = BTreeMap::new();
+        // Host ids arrive lowercase (from certificates); selectors may be typed in any case.
+        let db = HostFacts {
+            id: "db-1",
+            os: "linux",
+            arch: "amd64",
+            hostname: "DB1",
+            kernel: "6.1",
+            labels: &none,
+        };
+        for text in ["DB-1", "Db-*", "id=DB-1", "host=dB-?", "hostname=DB1"] {
+            assert!(Selector::parse(text).unwrap().matches(&db), "{text}");
+        }
+        // Facts and labels other than the id keep their case.
+        assert!(!Selector::parse("os=Linux").unwrap().matches(&db));
+        assert!(!Selector::parse("hostname=db1").unwrap().matches(&db));
+        let s = Selector::parse("Web-1,WEB-*").unwrap();
         assert_eq!(s.exact_hosts().collect::<Vec<_>>(), ["web-1"]);
     }
 }

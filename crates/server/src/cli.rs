@@ -157,7 +157,7 @@ pub struct AgentArgs {
     /// The coordinator's URL
     #[arg(long, env = "TOOLSRV_COORDINATOR")]
     pub coordinator: String,
-    /// This host's id; must match the agent certificate (`toolsrv://agent/<id>`)
+    /// This host's id; must match the agent certificate (`toolsrv://agent/<id>`), in any case
     #[arg(long, env = "TOOLSRV_HOST_ID")]
     pub host_id: String,
     #[command(flatten)]
@@ -246,10 +246,10 @@ enum PkiCommand {
     Init {
         /// Directory to write into (created 0700)
         dir: PathBuf,
-        /// Agent host ids, comma-separated
+        /// Agent host ids, comma-separated (issued in lowercase)
         #[arg(long, value_delimiter = ',')]
         agents: Vec<String>,
-        /// Client names, comma-separated
+        /// Client names, comma-separated (issued in lowercase)
         #[arg(long, value_delimiter = ',')]
         clients: Vec<String>,
         /// Extra DNS names or IPs for the coordinator certificate (it always has localhost and 127.0.0.1)

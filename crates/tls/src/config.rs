@@ -12,6 +12,7 @@ use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, S
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 
+use crate::usage::{ClientAuthVerifier, Usage};
 use crate::{Identity, Role, TlsError, identity_of};
 
 /// The ALPN protocol both sides insist on: gRPC runs over HTTP/2 only.
@@ -155,8 +156,8 @@ fn check_signed_by_ca(
 }
 
 /// The coordinator's server config: a client certificate chained to the CA
-/// is required, ALPN is `h2`, and our own certificate must carry the
-/// coordinator identity.
+/// and naming the clientAuth extended key usage is required, ALPN is `h2`,
+/// and our own certificate must carry the coordinator identity and serverAuth.
 pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     let provider = provider();
     let own = load_own(files, &provider)?;
@@ -170,12 +171,16 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
             ),
         ));
     }
+    Usage::ServerAuth
+        .check(&own.certs[0])
+        .map_err(|e| TlsError::bad_file(&files.cert, e))?;
     let roots = root_store(&files.ca)?;
-    let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
+    let inner = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
         .build()
         .map_err(|e| {
             TlsError::bad_file(&files.ca, format!("cannot build a client verifier: {e}"))
         })?;
+    let verifier = Arc::new(ClientAuthVerifier { inner });
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|source| TlsError::Config {
@@ -192,12 +197,15 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     Ok(Arc::new(config))
 }
 
-/// A client config presenting our certificate, verifying the server against
-/// the CA (host name included) and requiring its identity to have role
-/// `expect`.
+/// A client config presenting our certificate (which must name the clientAuth
+/// extended key usage), verifying the server against the CA (host name
+/// included, serverAuth named) and requiring its identity to have role `expect`.
 pub fn client_config(files: &TlsFiles, expect: Role) -> Result<Arc<ClientConfig>, TlsError> {
     let provider = provider();
     let own = load_own(files, &provider)?;
+    Usage::ClientAuth
+        .check(&own.certs[0])
+        .map_err(|e| TlsError::bad_file(&files.cert, e))?;
     let roots = root_store(&files.ca)?;
     let inner = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
         .build()
@@ -222,7 +230,7 @@ pub fn client_config(files: &TlsFiles, expect: Role) -> Result<Arc<ClientConfig>
     Ok(Arc::new(config))
 }
 
-/// The webpki server verifier plus a check of the leaf's role.
+/// The webpki server verifier plus a check of the leaf's role and of its serverAuth EKU.
 #[derive(Debug)]
 struct RoleVerifier {
     inner: Arc<WebPkiServerVerifier>,
@@ -250,6 +258,9 @@ impl ServerCertVerifier for RoleVerifier {
                 Arc::new(TlsError::Identity(msg)),
             )))
         };
+        Usage::ServerAuth
+            .check(end_entity)
+            .map_err(|e| role_error(format!("server {server_name:?}: {e}")))?;
         match identity_of(end_entity) {
             Ok(id) if id.role() == self.expect => Ok(verified),
             Ok(id) => Err(role_error(format!(

@@ -1,4 +1,8 @@
 //! Who a peer is: the one `toolsrv://` URI SAN of its certificate.
+//!
+//! Host ids and client names are DNS-like: they compare case-insensitively. Every name is
+//! normalised to ASCII lowercase where it enters (a certificate, a flag, a policy file, a
+//! request), with [`normalize_name`], so that everything after compares plain strings.
 
 use std::fmt;
 
@@ -10,7 +14,8 @@ pub const URI_SCHEME: &str = "toolsrv://";
 /// Longest host id or client name we accept (a DNS name's limit).
 pub const MAX_NAME_LEN: usize = 253;
 
-/// What a certificate says its holder is.
+/// What a certificate says its holder is. Names are lowercase when the identity comes from
+/// [`Identity::parse_uri`], [`identity_of`], [`Identity::agent`] or [`Identity::client`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Identity {
     /// The coordinator (`toolsrv://coordinator`).
@@ -19,6 +24,12 @@ pub enum Identity {
     Agent(String),
     /// A client calling tools (`toolsrv://client/<name>`).
     Client(String),
+}
+
+/// The one spelling of a host id or client name that is compared: ASCII lowercase (`Web-1` and
+/// `web-1` are the same host). Patterns (policy globs, selectors) go through it too.
+pub fn normalize_name(name: &str) -> String {
+    name.to_ascii_lowercase()
 }
 
 /// The role part of an [`Identity`], without the name.
@@ -58,8 +69,20 @@ impl Identity {
         format!("{URI_SCHEME}{self}")
     }
 
+    /// The agent of host `id`, validated and normalised.
+    pub fn agent(id: &str) -> Result<Self, TlsError> {
+        validate_name("agent id", id)?;
+        Ok(Identity::Agent(normalize_name(id)))
+    }
+
+    /// The client `name`, validated and normalised.
+    pub fn client(name: &str) -> Result<Self, TlsError> {
+        validate_name("client name", name)?;
+        Ok(Identity::Client(normalize_name(name)))
+    }
+
     /// Parses `toolsrv://coordinator`, `toolsrv://agent/<id>` or
-    /// `toolsrv://client/<name>`, validating the id or name.
+    /// `toolsrv://client/<name>`, validating the id or name and normalising it to lowercase.
     pub fn parse_uri(uri: &str) -> Result<Self, TlsError> {
         let bad = |msg: &str| TlsError::InvalidName {
             what: "identity URI",
@@ -73,12 +96,10 @@ impl Identity {
             return Ok(Identity::Coordinator);
         }
         if let Some(id) = rest.strip_prefix("agent/") {
-            validate_name("agent id", id)?;
-            return Ok(Identity::Agent(id.to_string()));
+            return Identity::agent(id);
         }
         if let Some(name) = rest.strip_prefix("client/") {
-            validate_name("client name", name)?;
-            return Ok(Identity::Client(name.to_string()));
+            return Identity::client(name);
         }
         Err(bad(
             "unknown role: expected coordinator, agent/<id> or client/<name>",
@@ -103,7 +124,8 @@ impl Identity {
     }
 }
 
-/// Checks a host id or client name: `[A-Za-z0-9_.-]+`, 1 to 253 characters.
+/// Checks a host id or client name: `[A-Za-z0-9_.-]+`, 1 to 253 characters (compared
+/// case-insensitively: see [`normalize_name`]).
 /// `what` names the value in the error ("agent id", "client name").
 pub fn validate_name(what: &'static str, name: &str) -> Result<(), TlsError> {
     let bad = |msg: String| TlsError::InvalidName {
@@ -188,8 +210,8 @@ mod tests {
                 Some(Identity::Client("alice".into())),
             ),
             (
-                "toolsrv://client/a.b_c-D9",
-                Some(Identity::Client("a.b_c-D9".into())),
+                "toolsrv://client/a.b_c-d9",
+                Some(Identity::Client("a.b_c-d9".into())),
             ),
             ("toolsrv://agent/", None),
             ("toolsrv://agent/a/b", None),
@@ -206,6 +228,31 @@ mod tests {
                 assert_eq!(id.uri(), uri);
             }
         }
+    }
+
+    #[test]
+    fn names_are_lowercase_whatever_the_certificate_says() {
+        for (uri, want) in [
+            ("toolsrv://agent/Web-1", Identity::Agent("web-1".into())),
+            ("toolsrv://agent/WEB-1", Identity::Agent("web-1".into())),
+            ("toolsrv://client/Alice", Identity::Client("alice".into())),
+            (
+                "toolsrv://client/a.B_c-D9",
+                Identity::Client("a.b_c-d9".into()),
+            ),
+        ] {
+            assert_eq!(Identity::parse_uri(uri).unwrap(), want, "{uri}");
+        }
+        assert_eq!(
+            Identity::agent("Web-1").unwrap(),
+            Identity::parse_uri("toolsrv://agent/web-1").unwrap()
+        );
+        assert_eq!(
+            Identity::client("ALICE").unwrap(),
+            Identity::Client("alice".into())
+        );
+        assert!(Identity::agent("Wéb").is_err());
+        assert_eq!(normalize_name("Web-*"), "web-*");
     }
 
     #[test]

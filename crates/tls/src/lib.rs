@@ -13,6 +13,7 @@ mod error;
 mod identity;
 mod pki;
 mod server;
+mod usage;
 
 pub use client::{
     CONNECT_TIMEOUT, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, connect, connect_reloading,
@@ -21,6 +22,11 @@ pub use client::{
 pub use config::{TlsFiles, client_config, install_crypto_provider, provider, server_config};
 pub use creds::ServerCreds;
 pub use error::{TlsError, chain as error_chain};
-pub use identity::{Identity, MAX_NAME_LEN, Role, URI_SCHEME, identity_of, validate_name};
+pub use identity::{
+    Identity, MAX_NAME_LEN, Role, URI_SCHEME, identity_of, normalize_name, validate_name,
+};
 pub use pki::{CA_CERT, CA_KEY, DEFAULT_VALID_DAYS, PkiOptions, file_stem, init, issue};
-pub use server::{HANDSHAKE_TIMEOUT, PeerInfo, TlsConn, TlsIncoming, incoming, peer, peer_of};
+pub use server::{
+    AcceptTimeouts, HANDSHAKE_TIMEOUT, PREFACE_TIMEOUT, PeerInfo, TlsConn, TlsIncoming, incoming,
+    incoming_with, peer, peer_of,
+};

@@ -16,7 +16,7 @@ use rcgen::{
     Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
 
-use crate::{Identity, TlsError, TlsFiles, validate_name};
+use crate::{Identity, TlsError, TlsFiles, normalize_name};
 
 /// Certificates are valid this many days unless told otherwise (the
 /// longest lifetime Apple platforms accept for a server certificate).
@@ -38,9 +38,9 @@ pub const CA_KEY: &str = "ca-key.pem";
 pub struct PkiOptions {
     /// Directory holding the CA and every certificate; created 0700 if missing.
     pub dir: PathBuf,
-    /// Host ids to issue agent certificates for.
+    /// Host ids to issue agent certificates for (written in lowercase).
     pub agents: Vec<String>,
-    /// Names to issue client certificates for.
+    /// Names to issue client certificates for (written in lowercase).
     pub clients: Vec<String>,
     /// Extra DNS names or IP addresses for the coordinator certificate,
     /// besides `localhost`, `127.0.0.1` and `::1`.
@@ -63,12 +63,12 @@ impl PkiOptions {
 }
 
 /// The base file name (without `.pem`) of an identity's certificate:
-/// `coordinator`, `agent-<id>` or `client-<name>`.
+/// `coordinator`, `agent-<id>` or `client-<name>`, the name in lowercase.
 pub fn file_stem(identity: &Identity) -> String {
     match identity {
         Identity::Coordinator => "coordinator".to_string(),
-        Identity::Agent(id) => format!("agent-{id}"),
-        Identity::Client(name) => format!("client-{name}"),
+        Identity::Agent(id) => format!("agent-{}", normalize_name(id)),
+        Identity::Client(name) => format!("client-{}", normalize_name(name)),
     }
 }
 
@@ -92,12 +92,10 @@ pub fn init(opts: &PkiOptions) -> Result<Vec<PathBuf>, TlsError> {
     // Validate everything before writing anything.
     let mut identities = vec![Identity::Coordinator];
     for id in &opts.agents {
-        validate_name("agent id", id)?;
-        identities.push(Identity::Agent(id.clone()));
+        identities.push(Identity::agent(id)?);
     }
     for name in &opts.clients {
-        validate_name("client name", name)?;
-        identities.push(Identity::Client(name.clone()));
+        identities.push(Identity::client(name)?);
     }
     for name in &opts.coordinator_names {
         parse_extra_name(name)?;
@@ -131,9 +129,12 @@ pub fn issue(
     identity: &Identity,
     extra_names: &[String],
 ) -> Result<Vec<PathBuf>, TlsError> {
-    if let Some(name) = identity.name() {
-        validate_name("name", name)?;
-    }
+    // The same identity in its one spelling (names lowercase), whatever the caller built.
+    let identity = &match identity {
+        Identity::Coordinator => Identity::Coordinator,
+        Identity::Agent(id) => Identity::agent(id)?,
+        Identity::Client(name) => Identity::client(name)?,
+    };
     for name in extra_names {
         parse_extra_name(name)?;
     }

@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use rustls::ServerConfig;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
@@ -29,6 +29,31 @@ use crate::{Identity, identity_of};
 /// connects and says nothing only costs one small task for a while.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a peer has, after the TLS handshake, to send the HTTP/2 connection
+/// preface; a connection that stays silent is closed instead of being held open.
+pub const PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What every client of a gRPC server sends first (RFC 9113 §3.4).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// How long [`incoming_with`] waits for a connection to prove itself before handing it over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AcceptTimeouts {
+    /// From accepting the TCP connection to the end of the TLS handshake.
+    pub handshake: Duration,
+    /// From the end of the TLS handshake to the last byte of the HTTP/2 preface.
+    pub preface: Duration,
+}
+
+impl Default for AcceptTimeouts {
+    fn default() -> Self {
+        Self {
+            handshake: HANDSHAKE_TIMEOUT,
+            preface: PREFACE_TIMEOUT,
+        }
+    }
+}
+
 /// Handshaken connections waiting for tonic to pick them up.
 const QUEUE: usize = 64;
 
@@ -41,11 +66,14 @@ pub struct PeerInfo {
     pub remote: SocketAddr,
 }
 
-/// An accepted, handshaken mTLS connection whose peer has an identity.
+/// An accepted, handshaken mTLS connection whose peer has an identity and has sent the HTTP/2
+/// preface (read here, and replayed to whoever reads the connection).
 #[derive(Debug)]
 pub struct TlsConn {
     stream: TlsStream<TcpStream>,
     peer: PeerInfo,
+    /// How much of [`H2_PREFACE`] has been replayed to the reader.
+    replayed: usize,
 }
 
 impl TlsConn {
@@ -74,6 +102,12 @@ impl AsyncRead for TlsConn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if let Some(rest) = H2_PREFACE.get(self.replayed..).filter(|r| !r.is_empty()) {
+            let n = rest.len().min(buf.remaining());
+            buf.put_slice(&rest[..n]);
+            self.replayed += n;
+            return Poll::Ready(Ok(()));
+        }
         Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }
@@ -142,19 +176,31 @@ impl Drop for TlsIncoming {
 }
 
 /// Accepts TCP connections on `listener` and yields those whose mTLS
-/// handshake (with the config current in `creds` at accept time) succeeds
-/// and whose client certificate names an identity. Each handshake runs in
-/// its own task with [`HANDSHAKE_TIMEOUT`]; failures are logged and
-/// dropped, never ending the stream. Must be called inside a tokio runtime.
+/// handshake (with the config current in `creds` at accept time) succeeds,
+/// whose client certificate names an identity, and which then send the
+/// HTTP/2 preface. Each connection is set up in its own task, within
+/// [`HANDSHAKE_TIMEOUT`] for the handshake and [`PREFACE_TIMEOUT`] for the
+/// preface; failures are logged and dropped, never ending the stream. Must be
+/// called inside a tokio runtime.
 pub fn incoming(listener: TcpListener, creds: watch::Receiver<Arc<ServerConfig>>) -> TlsIncoming {
+    incoming_with(listener, creds, AcceptTimeouts::default())
+}
+
+/// [`incoming`] with other timeouts.
+pub fn incoming_with(
+    listener: TcpListener,
+    creds: watch::Receiver<Arc<ServerConfig>>,
+    timeouts: AcceptTimeouts,
+) -> TlsIncoming {
     let (tx, rx) = mpsc::channel(QUEUE);
-    let accept = tokio::spawn(accept_loop(listener, creds, tx));
+    let accept = tokio::spawn(accept_loop(listener, creds, timeouts, tx));
     TlsIncoming { rx, accept }
 }
 
 async fn accept_loop(
     listener: TcpListener,
     creds: watch::Receiver<Arc<ServerConfig>>,
+    timeouts: AcceptTimeouts,
     tx: mpsc::Sender<TlsConn>,
 ) {
     // Owned here so that aborting this task aborts every pending handshake.
@@ -166,7 +212,7 @@ async fn accept_loop(
             accepted = listener.accept() => match accepted {
                 Ok((tcp, remote)) => {
                     let acceptor = TlsAcceptor::from(creds.borrow().clone());
-                    handshakes.spawn(handshake(acceptor, tcp, remote, tx.clone()));
+                    handshakes.spawn(handshake(acceptor, tcp, remote, timeouts, tx.clone()));
                 }
                 Err(e) => {
                     // Usually out of file descriptors: back off instead of
@@ -183,19 +229,20 @@ async fn handshake(
     acceptor: TlsAcceptor,
     tcp: TcpStream,
     remote: SocketAddr,
+    timeouts: AcceptTimeouts,
     tx: mpsc::Sender<TlsConn>,
 ) {
     if let Err(e) = tcp.set_nodelay(true) {
         tracing::debug!(%remote, error = %e, "cannot set TCP_NODELAY");
     }
-    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+    let mut stream = match tokio::time::timeout(timeouts.handshake, acceptor.accept(tcp)).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => {
             tracing::info!(%remote, error = %e, "TLS handshake failed; connection dropped");
             return;
         }
         Err(_) => {
-            tracing::info!(%remote, timeout = ?HANDSHAKE_TIMEOUT, "TLS handshake timed out; connection dropped");
+            tracing::info!(%remote, timeout = ?timeouts.handshake, "TLS handshake timed out; connection dropped");
             return;
         }
     };
@@ -218,10 +265,29 @@ async fn handshake(
             return;
         }
     };
+    // hyper waits for the preface without a deadline (its keepalive pings start only after it),
+    // so an authenticated peer that goes quiet here would hold the connection forever.
+    let mut preface = [0u8; H2_PREFACE.len()];
+    match tokio::time::timeout(timeouts.preface, stream.read_exact(&mut preface)).await {
+        Ok(Ok(_)) if preface == *H2_PREFACE => {}
+        Ok(Ok(_)) => {
+            tracing::info!(%remote, %identity, "peer did not speak HTTP/2; connection dropped");
+            return;
+        }
+        Ok(Err(e)) => {
+            tracing::info!(%remote, %identity, error = %e, "connection ended before the HTTP/2 preface; dropped");
+            return;
+        }
+        Err(_) => {
+            tracing::info!(%remote, %identity, timeout = ?timeouts.preface, "no HTTP/2 preface after the TLS handshake; connection dropped");
+            return;
+        }
+    }
     tracing::debug!(%remote, %identity, "mTLS connection accepted");
     let conn = TlsConn {
         stream,
         peer: PeerInfo { identity, remote },
+        replayed: 0,
     };
     // An error means the server is gone; the connection just closes.
     let _ = tx.send(conn).await;

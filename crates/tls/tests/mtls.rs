@@ -275,3 +275,81 @@ async fn a_reloading_channel_presents_renewed_certificates_after_a_reconnect() {
     assert_eq!(*server.seen.lock().unwrap(), vec![agent]);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn client_certificate_without_the_client_auth_usage_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    common::pki(dir);
+    let creds = ServerCreds::new(files(dir, &Identity::Coordinator)).unwrap();
+    let server = serve(creds.subscribe()).await;
+
+    // alice's identity from the right CA, but no EKU at all (webpki takes that as "any
+    // purpose"), or only serverAuth.
+    for (stem, ekus) in [
+        ("alice-no-eku", vec![]),
+        (
+            "alice-server-only",
+            vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth],
+        ),
+    ] {
+        let bad = common::sign_custom(dir, stem, vec![common::uri_san(&alice())], ekus);
+        let cfg = common::raw_client_config(&bad.ca, Some((&bad.cert, &bad.key)));
+        assert!(check(&server.url(), cfg).await.is_err(), "{stem} got in");
+        // Our own loader says so up front, naming the file.
+        let err = client_config(&bad, Role::Coordinator)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("{stem}.pem")) && err.contains("clientAuth"),
+            "{err}"
+        );
+    }
+    assert!(server.seen.lock().unwrap().is_empty());
+    // The PKI's own certificates pass.
+    check(&server.url(), client_cfg(dir, &alice()))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn coordinator_certificate_without_the_server_auth_usage_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    common::pki(dir);
+    for (stem, ekus) in [
+        (
+            "coordinator-client-only",
+            vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth],
+        ),
+        ("coordinator-no-eku", vec![]),
+    ] {
+        let bad = common::sign_custom(
+            dir,
+            stem,
+            vec![
+                common::uri_san(&Identity::Coordinator),
+                rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap()),
+            ],
+            ekus,
+        );
+        let err = toolsrv_tls::server_config(&bad).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("{stem}.pem")) && err.contains("serverAuth"),
+            "{err}"
+        );
+
+        let cfg = common::raw_server_config(&bad.ca, &bad.cert, &bad.key);
+        let (_tx, rx) = watch::channel(cfg);
+        let server = serve(rx).await;
+        let err = check(&server.url(), client_cfg(dir, &alice()))
+            .await
+            .unwrap_err();
+        // webpki itself refuses an EKU without serverAuth; we refuse a missing EKU.
+        assert!(
+            err.contains("serverAuth") || err.contains("server authentication"),
+            "{stem}: {err}"
+        );
+        assert!(server.seen.lock().unwrap().is_empty());
+    }
+}

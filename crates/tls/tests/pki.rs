@@ -203,3 +203,30 @@ fn issue_needs_a_ca_and_adds_names() {
     assert_eq!(identity_in(&files.cert), Identity::Agent("x".into()));
     toolsrv_tls::client_config(&files, toolsrv_tls::Role::Coordinator).unwrap();
 }
+
+#[test]
+fn names_are_issued_in_lowercase() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut opts = PkiOptions::new(dir);
+    opts.agents = vec!["Web-1".into()];
+    opts.clients = vec!["Alice".into()];
+    toolsrv_tls::init(&opts).unwrap();
+    let web1 = TlsFiles::in_dir(dir, &Identity::Agent("web-1".into()));
+    assert_eq!(identity_in(&web1.cert), Identity::Agent("web-1".into()));
+    // However the caller spells it, it is the same identity and the same files.
+    assert_eq!(
+        TlsFiles::in_dir(dir, &Identity::Agent("WEB-1".into())),
+        web1
+    );
+    let alice = TlsFiles::in_dir(dir, &Identity::Client("alice".into()));
+    assert_eq!(identity_in(&alice.cert), Identity::Client("alice".into()));
+
+    // Running it again with another spelling adds nothing.
+    opts.agents = vec!["web-1".into()];
+    opts.clients = vec!["ALICE".into()];
+    assert!(toolsrv_tls::init(&opts).unwrap().is_empty());
+    let written = toolsrv_tls::issue(dir, &Identity::Client("Bob".into()), &[]).unwrap();
+    assert!(written[0].ends_with("client-bob.pem"), "{written:?}");
+    assert_eq!(identity_in(&written[0]), Identity::Client("bob".into()));
+}

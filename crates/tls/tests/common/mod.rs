@@ -15,7 +15,9 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
-use toolsrv_tls::{Identity, PkiOptions, Role, TlsFiles, client_config, incoming, peer_of};
+use toolsrv_tls::{
+    AcceptTimeouts, Identity, PkiOptions, Role, TlsFiles, client_config, incoming_with, peer_of,
+};
 
 /// Every wait in these tests is bounded by this.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -75,6 +77,15 @@ pub async fn serve(creds: watch::Receiver<Arc<ServerConfig>>) -> Server {
 
 /// [`serve`] on another loopback address.
 pub async fn serve_on(bind: &str, creds: watch::Receiver<Arc<ServerConfig>>) -> Server {
+    serve_with(bind, creds, AcceptTimeouts::default()).await
+}
+
+/// [`serve_on`] with other accept timeouts.
+pub async fn serve_with(
+    bind: &str,
+    creds: watch::Receiver<Arc<ServerConfig>>,
+    timeouts: AcceptTimeouts,
+) -> Server {
     let listener = TcpListener::bind(bind).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -93,7 +104,7 @@ pub async fn serve_on(bind: &str, creds: watch::Receiver<Arc<ServerConfig>>) -> 
                 },
             ))
             .add_service(health)
-            .serve_with_incoming_shutdown(incoming(listener, creds), async {
+            .serve_with_incoming_shutdown(incoming_with(listener, creds, timeouts), async {
                 let _ = stopped.await;
             })
             .await

@@ -113,6 +113,11 @@ async fn connect(conn: &ConnArgs) -> Result<Remote, u8> {
                     addr: path.display().to_string(),
                 });
             }
+            // Someone else's socket on our path is an attack or a mistake, never "no master".
+            Err(e @ ClientError::UntrustedControl(_)) => {
+                eprintln!("toolctl: {e}");
+                return Err(error_code(&e));
+            }
             // Like ssh with `ControlMaster auto`: no master, so connect ourselves.
             Err(e) if direct.is_ok() => tracing::debug!(error = %e, "connecting directly"),
             Err(e) => {
@@ -173,6 +178,7 @@ fn error_code(e: &ClientError) -> u8 {
             _ => exit::INTERNAL,
         },
         ClientError::Control(_) => exit::UNAVAILABLE,
+        ClientError::UntrustedControl(_) => exit::DENIED,
         ClientError::Protocol(_) => exit::INTERNAL,
     }
 }
