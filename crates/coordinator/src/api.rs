@@ -130,6 +130,7 @@ impl Tools for ToolsService {
     ) -> Result<Response<ListToolsResponse>, Status> {
         Caller::client(&req)?;
         let mut req = req.into_inner();
+        bounded("the host id", &req.host, toolsrv_tls::MAX_NAME_LEN)?;
         req.host = toolsrv_tls::normalize_name(&req.host);
         let host = self.host(&req.host).await?;
         let view = host.view.clone().unwrap_or_default();
@@ -152,6 +153,9 @@ impl Tools for ToolsService {
     ) -> Result<Response<ToolDefinition>, Status> {
         Caller::client(&req)?;
         let mut req = req.into_inner();
+        // Both end up in error messages: bounded, so no request can grow a response header.
+        bounded("the host id", &req.host, toolsrv_tls::MAX_NAME_LEN)?;
+        bounded("the tool name", &req.tool, MAX_TOOL_NAME_BYTES)?;
         req.host = toolsrv_tls::normalize_name(&req.host);
         let host = self.host(&req.host).await?;
         match host.tool(&req.tool) {
