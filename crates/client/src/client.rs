@@ -12,8 +12,10 @@ use toolsrv_tls::{Role, TlsFiles};
 
 use crate::ClientError;
 
-/// Largest message we accept: a listing of a host with many large schemas exceeds tonic's 4 MiB default.
-pub const MAX_MESSAGE_SIZE: usize = 16 << 20;
+/// Largest message sent or accepted: the limit the coordinator keeps to
+/// ([`toolsrv_proto::limits::MAX_MESSAGE_BYTES`]; tonic's default of 4 MiB would refuse a
+/// call result the coordinator may send).
+pub use toolsrv_proto::limits::MAX_MESSAGE_BYTES as MAX_MESSAGE_SIZE;
 
 /// Where the coordinator is and who we are.
 #[derive(Debug, Clone)]
