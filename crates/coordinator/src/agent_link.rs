@@ -14,6 +14,7 @@ use tonic::body::Body;
 use tonic::codegen::{BoxFuture, Service, http};
 use tonic::server::NamedService;
 use tonic::{Request, Response, Status, Streaming};
+use toolsrv_proto::limits::MAX_MESSAGE_BYTES;
 use toolsrv_proto::v1::agent_link_server::{AgentLink, AgentLinkServer};
 use toolsrv_proto::v1::{
     AgentMessage, BlobChunk, CallOutput, CoordinatorMessage, FetchBlobRequest, Goodbye, Hello,
@@ -24,7 +25,8 @@ use crate::catalog::Shipped;
 use crate::fleet::{HostEntry, now_ms};
 use crate::framing::{self, Inbound};
 use crate::link::{AgentEvent, Link};
-use crate::{MAX_AGENT_MESSAGE, MAX_MESSAGE, State};
+use crate::State;
+use crate::views::ViewParts;
 
 /// How long an agent has to send its Hello after attaching.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -165,9 +167,9 @@ impl AgentLinkService {
     ) -> Result<http::Response<Body>, Status> {
         let (parts, body) = req.into_parts();
         let id = agent_identity(parts.extensions.get::<toolsrv_tls::PeerInfo>())?;
-        let inbound = Inbound::new(body, MAX_AGENT_MESSAGE);
+        let inbound = Inbound::new(body, MAX_MESSAGE_BYTES);
         let outbound = self.open(id, inbound).await?;
-        Ok(framing::response(outbound.map(Ok), MAX_MESSAGE))
+        Ok(framing::response(outbound.map(Ok), MAX_MESSAGE_BYTES))
     }
 }
 
@@ -184,8 +186,8 @@ pub struct AgentLinkRoutes {
 impl AgentLinkRoutes {
     pub fn new(service: AgentLinkService) -> Self {
         let generated = AgentLinkServer::new(service.clone())
-            .max_decoding_message_size(MAX_AGENT_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE);
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
         Self { service, generated }
     }
 }
@@ -267,6 +269,7 @@ where
     let mut tick = tokio::time::interval(keepalive);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut catalog_changed = true;
+    let mut views = ViewParts::default();
     loop {
         if catalog_changed {
             catalog_changed = false;
@@ -297,7 +300,7 @@ where
             msg = inbound.next() => match msg {
                 Some(Ok(msg)) => {
                     last_seen.store(now_ms(), Ordering::Relaxed);
-                    if let Some(reason) = handle(state, link, msg) {
+                    if let Some(reason) = handle(state, link, &mut views, msg) {
                         return reason;
                     }
                 }
@@ -309,10 +312,21 @@ where
 }
 
 /// Handles one message from the agent; `Some(reason)` ends the session.
-fn handle(state: &State, link: &Link, msg: AgentMessage) -> Option<String> {
+///
+/// A view in parts is stored once its last part is in (`views` piles them up, within a bound).
+fn handle(
+    state: &State,
+    link: &Link,
+    views: &mut ViewParts,
+    msg: AgentMessage,
+) -> Option<String> {
     use agent_message::Msg as M;
     match msg.msg {
-        Some(M::View(view)) => state.fleet.set_view(&link.host_id, link.generation, view),
+        Some(M::View(part)) => match views.add(part) {
+            Ok(Some(view)) => state.fleet.set_view(&link.host_id, link.generation, view),
+            Ok(None) => {}
+            Err(reason) => return Some(reason),
+        },
         Some(M::Output(CallOutput {
             call_id,
             chunk: Some(chunk),

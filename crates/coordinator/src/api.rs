@@ -10,6 +10,7 @@ use tokio::sync::{Semaphore, broadcast, mpsc};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
+use toolsrv_proto::limits::MAX_ARGS_BYTES;
 use toolsrv_proto::v1::tools_server::Tools;
 use toolsrv_proto::v1::{
     CallEvent, CallRequest, CallStatus, CatalogEvent, CatalogEventKind, DescribeToolRequest,
@@ -22,6 +23,7 @@ use crate::State;
 use crate::calls::{self, CallSpec, Event};
 use crate::link::status;
 use crate::selector::Selector;
+use crate::views::LIST_PAGE_BYTES;
 
 /// The Tools gRPC service.
 #[derive(Debug, Clone)]
@@ -48,6 +50,12 @@ fn call_spec(
     cwd: String,
     timeout_ms: u64,
 ) -> Result<CallSpec, Status> {
+    if args_json.len() > MAX_ARGS_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "args_json is {} bytes, above the limit of {MAX_ARGS_BYTES} bytes (1 MiB); pass large inputs as files the tool reads",
+            args_json.len()
+        )));
+    }
     let args_json = if args_json.trim().is_empty() {
         "{}".to_string()
     } else {
@@ -100,16 +108,13 @@ impl Tools for ToolsService {
         let req = req.into_inner();
         let host = self.host(&req.host)?;
         let view = host.view.clone().unwrap_or_default();
-        let tools = view
-            .tools
-            .iter()
-            .filter(|t| req.include_hidden || t.visible)
-            .map(|t| t.status())
-            .collect();
+        let (tools, next_page_token) =
+            view.page(req.include_hidden, &req.page_token, LIST_PAGE_BYTES);
         Ok(Response::new(ListToolsResponse {
             host: req.host,
             catalog_revision: view.catalog_revision,
             tools,
+            next_page_token,
         }))
     }
 
