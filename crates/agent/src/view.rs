@@ -101,7 +101,9 @@ pub fn within_limits(mut view: HostView) -> HostView {
     let tools = std::mem::take(&mut view.tools);
     for mut tool in tools {
         let mut bytes = view_tool_bytes(&tool);
-        if total + bytes > MAX_VIEW_BYTES || tool.encoded_len() + VIEW_MESSAGE_SLACK > MAX_MESSAGE_BYTES {
+        if total + bytes > MAX_VIEW_BYTES
+            || tool.encoded_len() + VIEW_MESSAGE_SLACK > MAX_MESSAGE_BYTES
+        {
             tool = too_large(tool);
             bytes = view_tool_bytes(&tool);
             hidden += 1;
@@ -115,7 +117,9 @@ pub fn within_limits(mut view: HostView) -> HostView {
     }
     if hidden > 0 {
         tracing::error!(
-            hidden, left_out, limit = MAX_VIEW_BYTES,
+            hidden,
+            left_out,
+            limit = MAX_VIEW_BYTES,
             "the host's view is larger than the coordinator keeps: tools past the limit are reported hidden without their definition (or left out); remove tools or shorten their .meta files"
         );
     }
@@ -203,7 +207,9 @@ mod tests {
     #[test]
     fn a_large_view_goes_out_in_parts_below_the_limit() {
         // 80 tools of 250 KiB: about 20 MiB, above what one message may hold.
-        let tools: Vec<_> = (0..80).map(|i| tool(&format!("t{i:02}"), 250 << 10)).collect();
+        let tools: Vec<_> = (0..80)
+            .map(|i| tool(&format!("t{i:02}"), 250 << 10))
+            .collect();
         let whole = view(tools.clone());
         assert!(whole.encoded_len() > MAX_MESSAGE_BYTES);
         let sent = parts(within_limits(whole));
@@ -227,7 +233,9 @@ mod tests {
     #[test]
     fn past_the_view_limit_tools_are_hidden_then_left_out() {
         // 100 tools of 1 MiB: 100 MiB, above the 64 MiB the coordinator keeps.
-        let tools: Vec<_> = (0..100).map(|i| tool(&format!("t{i:03}"), 1 << 20)).collect();
+        let tools: Vec<_> = (0..100)
+            .map(|i| tool(&format!("t{i:03}"), 1 << 20))
+            .collect();
         let kept = within_limits(view(tools));
         assert_eq!(kept.tools.len(), 100);
         let total: usize = kept.tools.iter().map(view_tool_bytes).sum();

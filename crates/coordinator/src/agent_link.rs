@@ -21,11 +21,11 @@ use toolsrv_proto::v1::{
     Keepalive, Welcome, agent_message, coordinator_message::Msg,
 };
 
+use crate::State;
 use crate::catalog::Shipped;
 use crate::fleet::{HostEntry, now_ms};
 use crate::framing::{self, Inbound};
 use crate::link::{AgentEvent, Link};
-use crate::State;
 use crate::views::ViewParts;
 
 /// How long an agent has to send its Hello after attaching.
@@ -314,12 +314,7 @@ where
 /// Handles one message from the agent; `Some(reason)` ends the session.
 ///
 /// A view in parts is stored once its last part is in (`views` piles them up, within a bound).
-fn handle(
-    state: &State,
-    link: &Link,
-    views: &mut ViewParts,
-    msg: AgentMessage,
-) -> Option<String> {
+fn handle(state: &State, link: &Link, views: &mut ViewParts, msg: AgentMessage) -> Option<String> {
     use agent_message::Msg as M;
     match msg.msg {
         Some(M::View(part)) => match views.add(part) {
