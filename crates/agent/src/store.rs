@@ -46,9 +46,12 @@ pub struct CatalogStore {
 }
 
 impl CatalogStore {
+    /// A store over `dir`, made absolute like the scanner's directories, so that a call can tell
+    /// a shipped executable by its path whatever the agent's `--state-dir` was.
     pub fn new(dir: impl Into<PathBuf>, blobs: BlobCache) -> Self {
+        let dir = dir.into();
         Self {
-            dir: dir.into(),
+            dir: std::path::absolute(&dir).unwrap_or(dir),
             blobs,
             placed: Arc::default(),
         }

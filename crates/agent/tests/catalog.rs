@@ -364,3 +364,12 @@ async fn an_altered_blob_is_found_before_it_runs_dropped_and_fetched_again() {
     assert_eq!(std::fs::read(&placed).unwrap(), exe);
     assert_eq!(blobs.fetches(), fetched + 2);
 }
+
+/// Calls recognize a shipped executable by its path, which the scanner makes absolute: so does
+/// the store, whatever `--state-dir` was given.
+#[test]
+fn the_catalog_directory_is_absolute() {
+    let store = CatalogStore::new("relative/catalog", BlobCache::new("relative/blobs"));
+    assert!(store.dir().is_absolute());
+    assert!(store.dir().ends_with("relative/catalog"));
+}
