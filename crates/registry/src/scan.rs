@@ -230,9 +230,9 @@ impl Scanner {
         self.metas.get(path)
     }
 
-    /// The executable beside a `.meta` (`Ok(None)`: there is none), hashing it only when its size
-    /// or mtime changed; an error diagnostic when it is larger than [`MAX_EXECUTABLE_BYTES`] or
-    /// cannot be read.
+    /// The executable beside a `.meta` (`Ok(None)`: there is none, or it cannot be read), hashing
+    /// it only when its size or mtime changed; an error diagnostic when it is larger than
+    /// [`MAX_EXECUTABLE_BYTES`].
     fn executable(&mut self, path: &Path) -> Result<Option<Executable>, Diagnostic> {
         use std::os::unix::fs::PermissionsExt;
         let Ok(md) = std::fs::metadata(path) else {
@@ -251,14 +251,9 @@ impl Scanner {
                 let hashed = match hash_file_bounded(path, MAX_EXECUTABLE_BYTES) {
                     Ok(Some(hashed)) => hashed,
                     Ok(None) => return Err(executable_too_large(path, MAX_EXECUTABLE_BYTES + 1)),
-                    // Removed between the two looks: as if it never was.
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                    Err(e) => {
-                        let message = format!(
-                            "cannot read the tool's executable: {e}; fix its permissions or remove it"
-                        );
-                        return Err(Diagnostic::error(path, None, Code::Io, message));
-                    }
+                    // Removed between the two looks, or unreadable (as before: not shipped,
+                    // while `toolctl local` may still run it).
+                    Err(_) => return Ok(None),
                 };
                 self.executables
                     .insert(path.to_path_buf(), (size, mtime, hashed.clone()));
