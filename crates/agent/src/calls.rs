@@ -20,7 +20,9 @@ use toolsrv_proto::v1::{
 };
 use toolsrv_registry::Catalog;
 
+use crate::blobs::GrpcBlobs;
 use crate::outcome::{finished, not_run, refusal_status};
+use crate::store::CatalogStore;
 
 /// How long past its timeout and kill grace a call may wait for credit before its further output
 /// is dropped, so a coordinator that stops granting credit cannot keep a call from finishing.
@@ -39,6 +41,9 @@ pub(crate) struct CallEnv {
     /// One permit per call allowed to run at once.
     pub slots: Arc<Semaphore>,
     pub out: mpsc::Sender<AgentMessage>,
+    /// Where shipped executables are checked before they run, and fetched again if altered.
+    pub store: CatalogStore,
+    pub blobs: GrpcBlobs,
 }
 
 /// Output bytes a call may still send: starts at the call's initial credit, grows with each
@@ -147,6 +152,12 @@ async fn run(
             Ok(invocation) => invocation,
             Err(e) => return not_run(refusal_status(&e), e.to_string()),
         };
+    if let toolsrv_exec::Program::Exec(path) = &invocation.program
+        && *path == env.store.dir().join(&start.tool)
+        && let Err(e) = env.store.check_executable(&start.tool, &env.blobs).await
+    {
+        return not_run(CallStatus::FailedToStart, e.to_string());
+    }
     let timeout = invocation.timeout;
     let deadline = Instant::now() + timeout + invocation.kill_grace + CREDIT_SLACK;
     let mut execution = match toolsrv_host::start(&start.tool, invocation, cancel.clone()) {

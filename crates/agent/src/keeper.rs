@@ -17,7 +17,7 @@ use toolsrv_registry::{Catalog, Scanner};
 
 use crate::blobs::BlobSource;
 use crate::store::CatalogStore;
-use crate::view::{ViewTracker, tool_statuses};
+use crate::view::{ViewTracker, parts, tool_statuses, within_limits};
 
 /// The agent's catalog: the shipped tools materialized on disk plus the host-only directories.
 #[derive(Debug)]
@@ -148,10 +148,11 @@ impl CatalogKeeper {
             tracing::debug!(diagnostic = %d, "catalog diagnostic");
         }
         self.catalog = Arc::new(catalog);
-        HostView {
+        within_limits(HostView {
             catalog_revision: self.revision.unwrap_or(0),
             tools: tool_statuses(&self.catalog, &self.host),
-        }
+            more: false,
+        })
     }
 }
 
@@ -196,9 +197,10 @@ pub(crate) async fn keep_catalog(
             },
         };
         links.catalog.send_replace(keeper.catalog());
-        if let Some(view) = view {
+        // A large view goes out in parts, one after the other on the outbound stream.
+        for part in view.map(parts).unwrap_or_default() {
             let msg = AgentMessage {
-                msg: Some(Msg::View(view)),
+                msg: Some(Msg::View(part)),
             };
             tokio::select! {
                 () = links.stop.cancelled() => return,

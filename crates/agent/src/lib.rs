@@ -23,7 +23,9 @@ mod store;
 mod view;
 
 pub use backoff::{Backoff, full_jitter};
-pub use blobs::{BlobCache, BlobSource, BlobStream, GrpcBlobs, is_sha256_hex};
+pub use blobs::{
+    BLOB_MODE, BlobCache, BlobSource, BlobStream, FileStamp, GrpcBlobs, SETTLE, is_sha256_hex,
+};
 pub use config::{
     AgentConfig, DEFAULT_DRAIN_GRACE, DEFAULT_MAX_CONCURRENT_CALLS, DEFAULT_RECHECK_EVERY,
 };
@@ -33,5 +35,7 @@ pub use keeper::CatalogKeeper;
 pub use outcome::{finished, not_run, refusal_status};
 pub use reconnect::{SessionEnd, SessionOutcome, reconnect_loop};
 pub use run::{connect_tls, run, run_with_connector};
-pub use store::{ApplyReport, CatalogStore, is_safe_tool_name};
-pub use view::{ViewTracker, definition, tool_status, tool_statuses};
+pub use store::{ApplyReport, CatalogStore};
+pub use view::{
+    VIEW_PART_BYTES, ViewTracker, definition, parts, tool_status, tool_statuses, within_limits,
+};

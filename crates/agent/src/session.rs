@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 use tonic::transport::Channel;
 use toolsrv_meta::Host;
+use toolsrv_proto::limits::MAX_MESSAGE_BYTES;
 use toolsrv_proto::v1::agent_link_client::AgentLinkClient;
 use toolsrv_proto::v1::agent_message::Msg as Out;
 use toolsrv_proto::v1::coordinator_message::Msg as In;
@@ -78,7 +79,9 @@ pub(crate) async fn session(
     };
     // The channel is new and empty: there is room for the first message.
     let _ = out.try_send(first);
-    let mut client = AgentLinkClient::new(channel.clone());
+    let mut client = AgentLinkClient::new(channel.clone())
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let mut inbound = tokio::select! {
         attached = client.attach(ReceiverStream::new(out_rx)) => attached
             .map_err(|status| AgentError::Rpc { what: "opening the agent link", status })?
@@ -105,9 +108,10 @@ pub(crate) async fn session(
     let (catalog_tx, catalog_rx) = watch::channel(keeper.catalog());
     let (updates, updates_rx) = mpsc::channel(UPDATE_QUEUE);
     let keeper_stop = CancellationToken::new();
+    let blobs = GrpcBlobs::new(channel);
     let keeper_task = tokio::spawn(keep_catalog(
         keeper,
-        GrpcBlobs::new(channel),
+        blobs.clone(),
         KeeperLinks {
             updates: updates_rx,
             catalog: catalog_tx,
@@ -126,6 +130,8 @@ pub(crate) async fn session(
             agent.config.max_concurrent_calls.max(1) as usize
         )),
         out: out.clone(),
+        store: agent.store.clone(),
+        blobs,
     });
     let mut link = Link {
         config: &agent.config,

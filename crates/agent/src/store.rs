@@ -3,19 +3,28 @@
 //!
 //! Architecture invariant: nothing is written outside the catalog and blob directories, whatever
 //! names the coordinator sends; every file appears whole (temp file + rename) or not at all.
+//!
+//! Executables are hard links to (or, across file systems, copies of) cached blobs, and the
+//! store remembers which blob each tool's executable is: a call checks the file against that
+//! digest before it runs it ([`CatalogStore::check_executable`]), and at start-up an executable
+//! that is no intact cached blob is removed with its tool until the coordinator ships it again.
+//! Files are read-only (`.meta` 0444, executables 0555).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use toolsrv_proto::v1::{BlobRef, CatalogUpdate, ToolDocument};
 use toolsrv_registry::hex_sha256;
 
-use crate::blobs::{BlobCache, BlobSource};
+use crate::blobs::{BLOB_MODE, BlobCache, BlobSource, FileStamp, create_private_dir};
 use crate::error::AgentError;
 
 /// Prefix of temp files; the scanner skips dot-files, and a full update sweeps leftovers.
 const TMP_PREFIX: &str = ".tmp-";
+/// Mode of a materialized `.meta`.
+const META_MODE: u32 = 0o444;
 
 /// What applying one update did besides writing files.
 #[derive(Debug, Default)]
@@ -26,34 +35,130 @@ pub struct ApplyReport {
     pub refused: Vec<AgentError>,
 }
 
-/// The catalog directory and the blob cache it links executables from.
+/// The catalog directory and the blob cache it links executables from. Clones share what they
+/// know of the executables placed.
 #[derive(Debug, Clone)]
 pub struct CatalogStore {
     dir: PathBuf,
     blobs: BlobCache,
-}
-
-/// A tool name that may become a file name in the catalog directory.
-///
-/// `[A-Za-z0-9_.-]+`, not `.` or `..`, and not ending in `.meta` (the executable of `x.meta`
-/// would overwrite the definition of `x`).
-pub fn is_safe_tool_name(name: &str) -> bool {
-    toolsrv_meta::is_valid_name(name) && name != "." && name != ".." && !name.ends_with(".meta")
+    /// The blob each tool's executable in the directory is, by tool name.
+    placed: Arc<Mutex<HashMap<String, BlobRef>>>,
 }
 
 impl CatalogStore {
+    /// A store over `dir`, made absolute like the scanner's directories, so that a call can tell
+    /// a shipped executable by its path whatever the agent's `--state-dir` was.
     pub fn new(dir: impl Into<PathBuf>, blobs: BlobCache) -> Self {
+        let dir = dir.into();
         Self {
-            dir: dir.into(),
+            dir: std::path::absolute(&dir).unwrap_or(dir),
             blobs,
+            placed: Arc::default(),
         }
     }
 
-    /// Creates the catalog and blob directories.
+    /// Creates the catalog and blob directories (not writable by other users), and checks the
+    /// executables a previous run left: each must be an intact cached blob (hashed now), or it
+    /// is removed together with its `.meta`, so nothing altered while the agent was stopped
+    /// runs before the coordinator ships the tool again.
     pub fn open(&self) -> Result<(), AgentError> {
-        std::fs::create_dir_all(&self.dir)
-            .map_err(|e| AgentError::io("cannot create the catalog directory", &self.dir, e))?;
-        self.blobs.open()
+        create_private_dir(&self.dir, "cannot create the catalog directory")?;
+        self.blobs.open()?;
+        self.adopt_executables()
+    }
+
+    fn adopt_executables(&self) -> Result<(), AgentError> {
+        let blobs = self.blobs.by_file();
+        let entries = std::fs::read_dir(&self.dir)
+            .map_err(|e| AgentError::io("cannot list the catalog directory", &self.dir, e))?;
+        for entry in entries.flatten() {
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            if name.starts_with('.') || name.ends_with(".meta") {
+                continue;
+            }
+            let path = entry.path();
+            let Ok(md) = std::fs::metadata(&path) else {
+                continue;
+            };
+            let stamp = FileStamp::of(&md);
+            let blob = blobs
+                .iter()
+                .find(|(s, _)| s.same_file(&stamp))
+                .map(|(_, b)| b.clone());
+            match blob {
+                Some(blob) if self.blobs.holds(&path, &blob) => {
+                    if md.permissions().mode() & 0o777 != BLOB_MODE {
+                        let _ = std::fs::set_permissions(
+                            &path,
+                            std::fs::Permissions::from_mode(BLOB_MODE),
+                        );
+                    }
+                    self.placed_map().insert(name, blob);
+                }
+                Some(blob) => {
+                    tracing::warn!(
+                        tool = %name, blob = %blob.sha256,
+                        "cached blob does not match its SHA-256 (altered while the agent was stopped?); dropping it and the tool until the coordinator ships it again"
+                    );
+                    self.blobs.drop_blob(&blob);
+                    self.remove(&name)?;
+                }
+                None => {
+                    tracing::warn!(
+                        tool = %name,
+                        "the tool's executable is not a cached blob (replaced, or copied from another file system); removing the tool until the coordinator ships it again"
+                    );
+                    self.remove(&name)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn placed_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, BlobRef>> {
+        // Entries are inserted and removed whole, so a poisoned map is still consistent.
+        self.placed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The blob tool `name`'s executable is, if it has one from the catalog.
+    pub fn placed(&self, name: &str) -> Option<BlobRef> {
+        self.placed_map().get(name).cloned()
+    }
+
+    /// Checks tool `name`'s executable against the blob it was placed from, right before a call
+    /// runs it. One that does not match is logged, dropped and fetched again from `source`; an
+    /// error means it could not be restored, and it must not run.
+    ///
+    /// Tools without a shipped executable (and host-only tools) pass: there is nothing to check.
+    pub async fn check_executable(
+        &self,
+        name: &str,
+        source: &impl BlobSource,
+    ) -> Result<(), AgentError> {
+        let Some(blob) = self.placed(name) else {
+            return Ok(());
+        };
+        let path = self.dir.join(name);
+        if self.blobs.holds_async(&path, &blob).await {
+            return Ok(());
+        }
+        tracing::warn!(
+            tool = %name, blob = %blob.sha256, path = %path.display(),
+            "the tool's executable does not match its blob's SHA-256 (altered on this host?); dropping it and fetching it again"
+        );
+        self.blobs.forget(&path);
+        self.place_executable(name, &blob, source)
+            .await
+            .map_err(|e| {
+                AgentError::refused(
+                    format!("tool `{name}`"),
+                    format!(
+                        "its executable was altered on this host and could not be restored ({e}); it was not run, retry once the coordinator is reachable"
+                    ),
+                )
+            })
     }
 
     pub fn dir(&self) -> &Path {
@@ -72,7 +177,7 @@ impl CatalogStore {
         let mut report = ApplyReport::default();
         let mut keep = BTreeSet::new();
         for doc in &update.upserts {
-            if !is_safe_tool_name(&doc.name) {
+            if !toolsrv_meta::is_valid_name(&doc.name) {
                 report.refused.push(bad_name(&doc.name));
                 continue;
             }
@@ -82,7 +187,7 @@ impl CatalogStore {
             }
         }
         for name in &update.removals {
-            if !is_safe_tool_name(name) {
+            if !toolsrv_meta::is_valid_name(name) {
                 report.refused.push(bad_name(name));
                 continue;
             }
@@ -126,11 +231,15 @@ impl CatalogStore {
                         tool = %doc.name, error = %e,
                         "cannot get the tool's executable; serving it without one and retrying at the next recheck"
                     );
+                    self.placed_map().remove(&doc.name);
                     remove_if_exists(&exe)?;
                     report.missing.insert(doc.name.clone(), blob.clone());
                 }
             }
-            None => remove_if_exists(&exe)?,
+            None => {
+                self.placed_map().remove(&doc.name);
+                remove_if_exists(&exe)?;
+            }
         }
         write_atomic(&self.dir, &format!("{}.meta", doc.name), &doc.meta)
     }
@@ -148,27 +257,37 @@ impl CatalogStore {
         let linked = std::fs::hard_link(&cached, &tmp).or_else(|_| {
             // Different file systems: copy, and the copy needs its own mode.
             std::fs::copy(&cached, &tmp)?;
-            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(BLOB_MODE))
         });
         let placed = linked
             .map_err(|e| AgentError::io("cannot link the cached executable to", &tmp, e))
             .and_then(|()| {
+                self.blobs.forget(&dest);
                 std::fs::rename(&tmp, &dest)
                     .map_err(|e| AgentError::io("cannot move the executable to", &dest, e))
             });
-        if placed.is_err() {
-            let _ = std::fs::remove_file(&tmp);
+        match &placed {
+            Ok(()) => {
+                self.placed_map().insert(name.to_string(), blob.clone());
+            }
+            Err(_) => {
+                let _ = std::fs::remove_file(&tmp);
+            }
         }
         placed
     }
 
     fn remove(&self, name: &str) -> Result<(), AgentError> {
+        self.placed_map().remove(name);
         remove_if_exists(&self.dir.join(format!("{name}.meta")))?;
-        remove_if_exists(&self.dir.join(name))
+        let exe = self.dir.join(name);
+        self.blobs.forget(&exe);
+        remove_if_exists(&exe)
     }
 
     /// Deletes every file that belongs to no tool in `keep` (and temp files a crash left).
     pub fn sweep_except(&self, keep: &BTreeSet<String>) -> Vec<AgentError> {
+        self.placed_map().retain(|name, _| keep.contains(name));
         let mut failed = Vec::new();
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(entries) => entries,
@@ -201,10 +320,16 @@ impl CatalogStore {
     }
 }
 
+/// The refusal of a name outside the rule the registry scan applies too (so a coordinator of
+/// this version never sends one): a valid name is also a safe file name in the catalog directory.
 fn bad_name(name: &str) -> AgentError {
+    let problem = toolsrv_meta::name_problem(name).unwrap_or("it is not a valid tool name");
     AgentError::refused(
         format!("tool name {name:?}"),
-        "names must match [A-Za-z0-9_.-]+, not be `.` or `..` and not end in `.meta`; fix the tool's file name on the coordinator",
+        format!(
+            "{problem}; {}; fix the tool's file name on the coordinator",
+            toolsrv_meta::NAME_RULE
+        ),
     )
 }
 
@@ -229,7 +354,8 @@ fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), AgentError> 
     let written = (|| {
         let mut file = std::fs::File::create(&tmp)?;
         file.write_all(bytes)?;
-        file.sync_all()
+        file.sync_all()?;
+        file.set_permissions(std::fs::Permissions::from_mode(META_MODE))
     })()
     .map_err(|e| AgentError::io("cannot write", &tmp, e))
     .and_then(|()| {
@@ -239,30 +365,4 @@ fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), AgentError> 
         let _ = std::fs::remove_file(&tmp);
     }
     written
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn safe_names() {
-        let cases = [
-            ("disk-usage", true),
-            ("a.b_c-1", true),
-            ("..x", true),
-            ("", false),
-            (".", false),
-            ("..", false),
-            ("../x", false),
-            ("a/b", false),
-            ("/abs", false),
-            ("x.meta", false),
-            ("sp ace", false),
-            ("ünï", false),
-        ];
-        for (name, ok) in cases {
-            assert_eq!(is_safe_tool_name(name), ok, "{name:?}");
-        }
-    }
 }

@@ -60,10 +60,14 @@ async fn full_then_incremental_update() {
         meta_a.as_bytes()
     );
     assert_eq!(std::fs::read(dir.join("a")).unwrap(), exe_a);
-    assert_eq!(mode(&dir.join("a")), 0o755);
+    assert_eq!(mode(&dir.join("a")), 0o555, "read-only, runnable");
+    assert_eq!(mode(&dir.join("a.meta")), 0o444);
     let cached = state.path().join("blobs").join(blob_ref(&exe_a).sha256);
     assert_eq!(std::fs::read(&cached).unwrap(), exe_a);
-    assert_eq!(mode(&cached), 0o755);
+    assert_eq!(mode(&cached), 0o555);
+    for d in [dir.to_path_buf(), state.path().join("blobs")] {
+        assert_eq!(mode(&d) & 0o022, 0, "{} is writable by others", d.display());
+    }
     assert_eq!(blobs.fetches(), 1);
 
     // Incremental: b gains an executable, a is removed, c is added.
@@ -86,7 +90,7 @@ async fn full_then_incremental_update() {
     assert!(report.refused.is_empty(), "{:?}", report.refused);
     assert_eq!(files(dir), ["b", "b.meta", "c.meta"]);
     assert_eq!(std::fs::read(dir.join("b")).unwrap(), exe_b);
-    assert_eq!(mode(&dir.join("b")), 0o755);
+    assert_eq!(mode(&dir.join("b")), 0o555);
     // The blob cache keeps a's executable for the next time it is shipped.
     assert!(cached.exists());
 
@@ -228,4 +232,144 @@ async fn cached_blobs_are_not_fetched_again() {
     assert_eq!(blobs.fetches(), 1);
     assert_eq!(files(again.dir()), ["one", "one.meta", "two", "two.meta"]);
     assert_eq!(std::fs::read(again.dir().join("two")).unwrap(), exe);
+}
+
+/// The coordinator's registry scan and the agent's store apply one name rule: a file the
+/// coordinator serves is one every agent accepts, and `x.meta.meta` is refused on both sides.
+#[tokio::test]
+async fn the_registry_and_the_store_agree_on_tool_names() {
+    let blobs = FakeBlobs::default();
+    for (name, valid) in [
+        ("plain", true),
+        ("a-b.c_d", true),
+        ("x.metadata", true),
+        ("x.meta", false),
+        ("..x", false),
+        (".hidden", false),
+    ] {
+        let tools = tempfile::tempdir().unwrap();
+        std::fs::write(
+            tools.path().join(format!("{name}.meta")),
+            r#"{"description": "d", "cmd": "true"}"#,
+        )
+        .unwrap();
+        let catalog = toolsrv_registry::Scanner::new(vec![tools.path().into()]).scan();
+        let served = catalog.tools.contains_key(name);
+
+        let state = tempfile::tempdir().unwrap();
+        let report = store(state.path())
+            .apply(&full(1, vec![doc(name, "{}", None)]), &blobs)
+            .await;
+        let accepted = report.refused.is_empty();
+        assert_eq!(
+            (served, accepted),
+            (valid, valid),
+            "{name:?}: served by the registry {served}, accepted by the agent {accepted}: {:?} {:?}",
+            catalog.diagnostics,
+            report.refused
+        );
+    }
+
+    // The refusal says why on both sides.
+    let tools = tempfile::tempdir().unwrap();
+    std::fs::write(tools.path().join("x.meta.meta"), "{}").unwrap();
+    let catalog = toolsrv_registry::Scanner::new(vec![tools.path().into()]).scan();
+    assert!(
+        catalog.diagnostics.iter().any(|d| d.code == toolsrv_meta::Code::BadName
+            && d.message.contains("ends in `.meta`")),
+        "{:?}",
+        catalog.diagnostics
+    );
+    let state = tempfile::tempdir().unwrap();
+    let report = store(state.path())
+        .apply(&full(1, vec![doc("x.meta", "{}", None)]), &blobs)
+        .await;
+    assert!(
+        report.refused[0].to_string().contains("ends in `.meta`"),
+        "{}",
+        report.refused[0]
+    );
+}
+
+/// Overwrites `path` with `content` of the same size, as a tool running as the agent's user
+/// could: make it writable, write, and put the modification time back.
+fn tamper(path: &std::path::Path, content: &[u8]) {
+    let before = std::fs::metadata(path).unwrap();
+    assert_eq!(before.len(), content.len() as u64, "same size");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    std::io::Write::write_all(&mut &file, content).unwrap();
+    file.set_modified(before.modified().unwrap()).unwrap();
+    drop(file);
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o555)).unwrap();
+}
+
+#[tokio::test]
+async fn an_altered_blob_is_found_before_it_runs_dropped_and_fetched_again() {
+    let state = tempfile::tempdir().unwrap();
+    let first = store(state.path());
+    let exe = script("echo original");
+    let evil = script("echo tampered");
+    assert_eq!(exe.len(), evil.len());
+    let blobs = FakeBlobs::with(&[&exe]);
+    let blob = blob_ref(&exe);
+    let update = full(1, vec![doc("t", "{}", Some(blob.clone()))]);
+    first.apply(&update, &blobs).await;
+    assert_eq!(blobs.fetches(), 1);
+    let cached = state.path().join("blobs").join(&blob.sha256);
+    let placed = first.dir().join("t");
+
+    // Intact: nothing fetched.
+    first.check_executable("t", &blobs).await.unwrap();
+    assert_eq!(blobs.fetches(), 1);
+
+    // Altered through the cache (the executable is the same file): found before the call runs it.
+    tamper(&cached, &evil);
+    assert_eq!(std::fs::read(&placed).unwrap(), evil);
+    first.check_executable("t", &blobs).await.unwrap();
+    assert_eq!(blobs.fetches(), 2, "dropped and fetched again");
+    assert_eq!(std::fs::read(&placed).unwrap(), exe);
+    assert_eq!(std::fs::read(&cached).unwrap(), exe);
+    assert_eq!(mode(&cached), 0o555);
+
+    // Altered through the catalog, and the blob cannot be fetched: an error, so nothing runs it.
+    tamper(&placed, &evil);
+    blobs.remove(&blob.sha256);
+    let err = first.check_executable("t", &blobs).await.unwrap_err();
+    assert!(err.to_string().contains("altered"), "{err}");
+    blobs.serve_as(&blob.sha256, &exe);
+
+    // A catalog update that brings the tool again checks the cached blob too.
+    first.apply(&update, &blobs).await;
+    assert_eq!(std::fs::read(&placed).unwrap(), exe);
+    let fetched = blobs.fetches();
+
+    // Altered while the agent is stopped: at start-up the blob is dropped and its tool removed
+    // until the coordinator ships it again, which fetches it.
+    tamper(&cached, &evil);
+    let restarted = store(state.path());
+    assert_eq!(files(restarted.dir()), Vec::<String>::new());
+    assert!(!cached.exists());
+    restarted.apply(&update, &blobs).await;
+    assert_eq!(blobs.fetches(), fetched + 1);
+    assert_eq!(std::fs::read(&placed).unwrap(), exe);
+    restarted.check_executable("t", &blobs).await.unwrap();
+
+    // An intact cache survives a restart without fetches, and the executable is still checked.
+    let again = store(state.path());
+    assert_eq!(files(again.dir()), ["t", "t.meta"]);
+    assert_eq!(again.placed("t"), Some(blob.clone()));
+    tamper(&placed, &evil);
+    again.check_executable("t", &blobs).await.unwrap();
+    assert_eq!(std::fs::read(&placed).unwrap(), exe);
+    assert_eq!(blobs.fetches(), fetched + 2);
+}
+
+/// Calls recognize a shipped executable by its path, which the scanner makes absolute: so does
+/// the store, whatever `--state-dir` was given.
+#[test]
+fn the_catalog_directory_is_absolute() {
+    let store = CatalogStore::new("relative/catalog", BlobCache::new("relative/blobs"));
+    assert!(store.dir().is_absolute());
+    assert!(store.dir().ends_with("relative/catalog"));
 }

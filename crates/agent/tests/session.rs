@@ -22,7 +22,7 @@ use toolsrv_proto::v1::{
 const WAIT: Duration = Duration::from_secs(20);
 
 struct Harness {
-    _state: tempfile::TempDir,
+    state: std::sync::Arc<tempfile::TempDir>,
     stop_server: CancellationToken,
     shutdown: CancellationToken,
     agent: JoinHandle<Result<(), AgentError>>,
@@ -39,9 +39,18 @@ impl Drop for Harness {
 
 impl Harness {
     async fn start(drain_grace: Duration) -> Self {
+        Self::start_in(
+            drain_grace,
+            std::sync::Arc::new(tempfile::tempdir().unwrap()),
+        )
+        .await
+    }
+
+    /// An agent whose state lives in `state` (a second agent over the state of a stopped one is
+    /// that agent restarted).
+    async fn start_in(drain_grace: Duration, state: std::sync::Arc<tempfile::TempDir>) -> Self {
         let stop_server = CancellationToken::new();
         let (addr, fake, attaches) = serve(stop_server.clone()).await;
-        let state = tempfile::tempdir().unwrap();
         let tls = toolsrv_tls::TlsFiles {
             ca: "unused".into(),
             cert: "unused".into(),
@@ -76,7 +85,7 @@ impl Harness {
             }
         }));
         Self {
-            _state: state,
+            state,
             stop_server,
             shutdown,
             agent,
@@ -389,4 +398,68 @@ async fn run_attaches_over_mutual_tls() {
         .unwrap()
         .unwrap();
     stop.cancel();
+}
+
+/// Overwrites `path` with same-size `content` as a tool running as the agent's user could, the
+/// modification time put back.
+fn tamper(path: &std::path::Path, content: &[u8]) {
+    use std::os::unix::fs::PermissionsExt;
+    let before = std::fs::metadata(path).unwrap();
+    assert_eq!(before.len(), content.len() as u64, "same size");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    std::io::Write::write_all(&mut &file, content).unwrap();
+    file.set_modified(before.modified().unwrap()).unwrap();
+}
+
+/// A tool that alters a cached executable (same size, same mtime) changes nothing that runs:
+/// neither while the agent runs nor across a restart.
+#[tokio::test]
+async fn an_altered_cached_executable_never_runs() {
+    let mut h = Harness::start(Duration::from_secs(5)).await;
+    let mut link = h.ready().await;
+    // `echo` is `cat`; the altered one prints something else, in as many bytes.
+    let exe = script("cat");
+    let evil = script("pwd");
+    let cached = h
+        .state
+        .path()
+        .join("state/blobs")
+        .join(blob_ref(&exe).sha256);
+    let mut id = 0;
+    let mut call = async |link: &mut Attached| {
+        id += 1;
+        link.send(start(id, "echo", r#"{"n":1}"#, 1 << 20)).await;
+        let (output, result) = call_output(link, id).await;
+        assert_eq!(result.status(), CallStatus::Ok, "{}", result.message);
+        String::from_utf8(output).unwrap()
+    };
+    assert_eq!(call(&mut link).await, "{\"n\":1}\n");
+    // Tampered right after its check, and again once its check is trusted until it changes.
+    tamper(&cached, &evil);
+    assert_eq!(call(&mut link).await, "{\"n\":1}\n");
+    // Keep the link alive (the agent expects to hear from the coordinator) while the file settles.
+    let settled = tokio::time::Instant::now() + toolsrv_agent::SETTLE + Duration::from_millis(500);
+    while tokio::time::Instant::now() < settled {
+        link.send(In::Keepalive(Keepalive { sent_unix_ms: 0 }))
+            .await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(call(&mut link).await, "{\"n\":1}\n");
+    assert_eq!(call(&mut link).await, "{\"n\":1}\n");
+    tamper(&cached, &evil);
+    assert_eq!(call(&mut link).await, "{\"n\":1}\n");
+    assert_eq!(std::fs::read(&cached).unwrap(), exe);
+
+    // Tampered while the agent is stopped.
+    h.shutdown.cancel();
+    assert!(matches!(link.next(WAIT).await, Some(Out::Goodbye(_))));
+    let state = h.state.clone();
+    h.stopped().await.unwrap();
+    tamper(&cached, &evil);
+    let mut h = Harness::start_in(Duration::from_secs(5), state).await;
+    let mut link = h.ready().await;
+    assert_eq!(call(&mut link).await, "{\"n\":1}\n");
+    assert_eq!(std::fs::read(&cached).unwrap(), exe);
+    h.shutdown.cancel();
 }

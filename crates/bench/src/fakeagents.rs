@@ -178,6 +178,7 @@ impl Responder {
         Some(msg(Out::View(HostView {
             catalog_revision: update.revision,
             tools,
+            more: false,
         })))
     }
 }

@@ -12,8 +12,10 @@ use toolsrv_tls::{Role, TlsFiles};
 
 use crate::ClientError;
 
-/// Largest message we accept: a listing of a host with many large schemas exceeds tonic's 4 MiB default.
-pub const MAX_MESSAGE_SIZE: usize = 16 << 20;
+/// Largest message sent or accepted: the limit the coordinator keeps to
+/// ([`toolsrv_proto::limits::MAX_MESSAGE_BYTES`]; tonic's default of 4 MiB would refuse a
+/// call result the coordinator may send).
+pub use toolsrv_proto::limits::MAX_MESSAGE_BYTES as MAX_MESSAGE_SIZE;
 
 /// Where the coordinator is and who we are.
 #[derive(Debug, Clone)]
@@ -64,16 +66,59 @@ impl Client {
     }
 
     /// The tools `host` offers (and, with `include_hidden`, those it does not, with the reason).
+    ///
+    /// A large listing comes in pages; this asks for every one. Should the catalog revision of
+    /// the host's view change between pages, the listing starts over (a few times at most).
     pub async fn tools(
         &self,
         host: &str,
         include_hidden: bool,
     ) -> Result<ListToolsResponse, ClientError> {
-        let request = ListToolsRequest {
-            host: host.to_string(),
-            include_hidden,
+        const ATTEMPTS: usize = 4;
+        let mut attempt = 1;
+        loop {
+            let (listing, consistent) = self.all_pages(host, include_hidden).await?;
+            if consistent || attempt == ATTEMPTS {
+                return Ok(listing);
+            }
+            attempt += 1;
+        }
+    }
+
+    /// Every page of a listing, merged; false when the catalog revision changed between pages.
+    async fn all_pages(
+        &self,
+        host: &str,
+        include_hidden: bool,
+    ) -> Result<(ListToolsResponse, bool), ClientError> {
+        let page = |page_token: String| {
+            let request = ListToolsRequest {
+                host: host.to_string(),
+                include_hidden,
+                page_token,
+            };
+            let mut client = self.inner.clone();
+            async move { client.list_tools(request).await }
         };
-        Ok(self.inner.clone().list_tools(request).await?.into_inner())
+        let mut all = page(String::new()).await?.into_inner();
+        let mut consistent = true;
+        while !all.next_page_token.is_empty() {
+            let token = std::mem::take(&mut all.next_page_token);
+            let next = page(token.clone()).await?.into_inner();
+            // Tokens are tool names, increasing: one that is not would page forever.
+            if !next.next_page_token.is_empty() && next.next_page_token <= token {
+                return Err(ClientError::Protocol(format!(
+                    "listing the tools of host `{host}`: the coordinator answered page token \
+                     `{token}` with `{}`, which does not move on; report it as a coordinator bug",
+                    next.next_page_token
+                )));
+            }
+            consistent &= next.catalog_revision == all.catalog_revision;
+            all.catalog_revision = next.catalog_revision;
+            all.tools.extend(next.tools);
+            all.next_page_token = next.next_page_token;
+        }
+        Ok((all, consistent))
     }
 
     /// One tool's definition as `host` resolves it.

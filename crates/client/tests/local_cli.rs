@@ -422,3 +422,58 @@ fn a_bad_command_line_exits_64_and_help_exits_0() {
         assert!(!out.stdout.is_empty(), "{args:?}");
     }
 }
+
+/// `lint` and `local` read through the registry: an oversized `.meta` (and `x.meta.meta`) is
+/// reported like any broken file, and the other tools still work.
+#[test]
+fn lint_and_local_report_an_oversized_meta_and_keep_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write(
+        d,
+        "ok.meta",
+        r#"{"description": "fine", "cmd": "echo fine"}"#,
+    );
+    let prompt = "p".repeat(5 << 20);
+    write(
+        d,
+        "big.meta",
+        &format!(r#"{{"description": "big", "cmd": "true", "prompt": "{prompt}"}}"#),
+    );
+    write(d, "x.meta.meta", r#"{"description": "x", "cmd": "true"}"#);
+    let size = std::fs::metadata(d.join("big.meta")).unwrap().len();
+    let limit = toolsrv_proto::limits::MAX_META_BYTES;
+
+    for target in [d.to_path_buf(), d.join("big.meta")] {
+        let out = run(toolctl().arg("lint").arg(&target));
+        assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+        let text = stdout(&out);
+        assert!(
+            text.lines().any(|l| l.contains("big.meta: error:")
+                && l.contains(&format!("{size} bytes"))
+                && l.contains(&format!("limit of {limit} bytes"))),
+            "{target:?}:\n{text}"
+        );
+    }
+    let out = run(toolctl().arg("lint").arg(d.join("x.meta.meta")));
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stdout(&out).contains("ends in `.meta`"), "{}", stdout(&out));
+
+    let tools = tools_arg(&dir);
+    let out = run(toolctl().args(["local", "list", "--tools", &tools, "--json"]));
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["ok"], "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("big.meta") && stderr(&out).contains("limit of"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(toolctl().args(["local", "call", "--tools", &tools, "ok"]));
+    assert_eq!(stdout(&out), "fine\n", "{}", stderr(&out));
+}

@@ -14,18 +14,20 @@ use tonic::body::Body;
 use tonic::codegen::{BoxFuture, Service, http};
 use tonic::server::NamedService;
 use tonic::{Request, Response, Status, Streaming};
+use toolsrv_proto::limits::MAX_MESSAGE_BYTES;
 use toolsrv_proto::v1::agent_link_server::{AgentLink, AgentLinkServer};
 use toolsrv_proto::v1::{
     AgentMessage, BlobChunk, CallOutput, CoordinatorMessage, FetchBlobRequest, Goodbye, Hello,
     Keepalive, Welcome, agent_message, coordinator_message::Msg,
 };
 
+use crate::State;
 use crate::catalog::Shipped;
 use crate::fleet::{HostEntry, now_ms};
 use crate::framing::{self, Inbound};
 use crate::identity::Caller;
 use crate::link::{AgentEvent, Link};
-use crate::{MAX_AGENT_MESSAGE, MAX_MESSAGE, State};
+use crate::views::ViewParts;
 
 /// How long an agent has to send its Hello after attaching.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -167,9 +169,9 @@ impl AgentLinkService {
         let id = Caller::of(&parts.extensions, toolsrv_tls::Role::Agent)?
             .name
             .clone();
-        let inbound = Inbound::new(body, MAX_AGENT_MESSAGE);
+        let inbound = Inbound::new(body, MAX_MESSAGE_BYTES);
         let outbound = self.open(id, inbound).await?;
-        Ok(framing::response(outbound.map(Ok), MAX_MESSAGE))
+        Ok(framing::response(outbound.map(Ok), MAX_MESSAGE_BYTES))
     }
 }
 
@@ -186,8 +188,8 @@ pub struct AgentLinkRoutes {
 impl AgentLinkRoutes {
     pub fn new(service: AgentLinkService) -> Self {
         let generated = AgentLinkServer::new(service.clone())
-            .max_decoding_message_size(MAX_AGENT_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE);
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
         Self { service, generated }
     }
 }
@@ -275,6 +277,7 @@ where
     // Liveness is judged on the monotonic clock (a wall-clock step must not lose or keep an
     // agent); `last_seen` keeps wall time only for what is shown to users.
     let mut heard = tokio::time::Instant::now();
+    let mut views = ViewParts::default();
     loop {
         if catalog_changed {
             catalog_changed = false;
@@ -306,7 +309,7 @@ where
                 Some(Ok(msg)) => {
                     heard = tokio::time::Instant::now();
                     last_seen.store(now_ms(), Ordering::Relaxed);
-                    if let Some(reason) = handle(state, link, msg) {
+                    if let Some(reason) = handle(state, link, &mut views, msg) {
                         return reason;
                     }
                 }
@@ -318,10 +321,16 @@ where
 }
 
 /// Handles one message from the agent; `Some(reason)` ends the session.
-fn handle(state: &State, link: &Link, msg: AgentMessage) -> Option<String> {
+///
+/// A view in parts is stored once its last part is in (`views` piles them up, within a bound).
+fn handle(state: &State, link: &Link, views: &mut ViewParts, msg: AgentMessage) -> Option<String> {
     use agent_message::Msg as M;
     match msg.msg {
-        Some(M::View(view)) => state.fleet.set_view(&link.host_id, link.generation, view),
+        Some(M::View(part)) => match views.add(part) {
+            Ok(Some(view)) => state.fleet.set_view(&link.host_id, link.generation, view),
+            Ok(None) => {}
+            Err(reason) => return Some(reason),
+        },
         Some(M::Output(CallOutput {
             call_id,
             chunk: Some(chunk),

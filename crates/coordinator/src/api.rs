@@ -10,6 +10,7 @@ use tokio::sync::{Semaphore, broadcast, mpsc};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
+use toolsrv_proto::limits::MAX_ARGS_BYTES;
 use toolsrv_proto::v1::tools_server::Tools;
 use toolsrv_proto::v1::{
     CallEvent, CallRequest, CallStatus, CatalogEvent, CatalogEventKind, DescribeToolRequest,
@@ -19,12 +20,12 @@ use toolsrv_proto::v1::{
 };
 
 use crate::State;
-use toolsrv_proto::limits::MAX_ARGS_BYTES;
 
 use crate::calls::{self, CallSpec, Event};
 use crate::identity::Caller;
 use crate::link::status;
 use crate::selector::Selector;
+use crate::views::LIST_PAGE_BYTES;
 
 /// The Tools gRPC service.
 #[derive(Debug, Clone)]
@@ -134,16 +135,13 @@ impl Tools for ToolsService {
         req.host = toolsrv_tls::normalize_name(&req.host);
         let host = self.host(&req.host).await?;
         let view = host.view.clone().unwrap_or_default();
-        let tools = view
-            .tools
-            .iter()
-            .filter(|t| req.include_hidden || t.visible)
-            .map(|t| t.status())
-            .collect();
+        let (tools, next_page_token) =
+            view.page(req.include_hidden, &req.page_token, LIST_PAGE_BYTES);
         Ok(Response::new(ListToolsResponse {
             host: req.host,
             catalog_revision: view.catalog_revision,
             tools,
+            next_page_token,
         }))
     }
 

@@ -62,7 +62,8 @@ impl Shipped {
     }
 }
 
-/// Splits an update into messages of bounded size; only the first may be `full`, every one but
+/// Splits an update into messages of bounded size (removals first, then upserts, about
+/// [`BATCH_BYTES`] of names or `.meta` bytes each); only the first may be `full`, every one but
 /// the last says `more`.
 fn batch(
     revision: u64,
@@ -70,31 +71,41 @@ fn batch(
     upserts: Vec<ToolDocument>,
     removals: Vec<String>,
 ) -> Vec<CatalogUpdate> {
-    let mut out = vec![CatalogUpdate {
+    enum Item {
+        Removal(String),
+        Upsert(ToolDocument),
+    }
+    let part = |full| CatalogUpdate {
         revision,
         full,
         upserts: Vec::new(),
-        removals,
+        removals: Vec::new(),
         more: false,
-    }];
+    };
+    let mut out = vec![part(full)];
     let mut size = 0;
-    for doc in upserts {
-        if size + doc.meta.len() > BATCH_BYTES && size > 0 {
+    let items = removals
+        .into_iter()
+        .map(Item::Removal)
+        .chain(upserts.into_iter().map(Item::Upsert));
+    for item in items {
+        let bytes = match &item {
+            Item::Removal(name) => name.len(),
+            Item::Upsert(doc) => doc.meta.len(),
+        };
+        if size + bytes > BATCH_BYTES && size > 0 {
             if let Some(last) = out.last_mut() {
                 last.more = true;
             }
-            out.push(CatalogUpdate {
-                revision,
-                full: false,
-                upserts: Vec::new(),
-                removals: Vec::new(),
-                more: false,
-            });
+            out.push(part(false));
             size = 0;
         }
-        size += doc.meta.len();
+        size += bytes;
         if let Some(last) = out.last_mut() {
-            last.upserts.push(doc);
+            match item {
+                Item::Removal(name) => last.removals.push(name),
+                Item::Upsert(doc) => last.upserts.push(doc),
+            }
         }
     }
     out
@@ -164,5 +175,18 @@ mod tests {
             out.iter()
                 .all(|u| u.upserts.iter().map(|d| d.meta.len()).sum::<usize>() <= BATCH_BYTES)
         );
+    }
+
+    #[test]
+    fn many_removals_are_split_too() {
+        let removals: Vec<String> = (0..10_000).map(|i| format!("tool-{i:05}")).collect();
+        let out = batch(3, false, Vec::new(), removals.clone());
+        assert!(out.len() > 3, "{} messages", out.len());
+        let (last, parts) = out.split_last().unwrap();
+        assert!(parts.iter().all(|u| u.more) && !last.more);
+        assert!(out.iter().all(|u| !u.full));
+        assert!(out.iter().all(|u| u.removals.concat().len() <= BATCH_BYTES));
+        let all: Vec<String> = out.into_iter().flat_map(|u| u.removals).collect();
+        assert_eq!(all, removals);
     }
 }

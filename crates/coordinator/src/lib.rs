@@ -43,12 +43,6 @@ pub use identity::{Caller, RequireRole};
 pub use policy::Policy;
 pub use quota::Limits;
 
-/// Largest gRPC message accepted or sent (catalog updates are split well below this).
-const MAX_MESSAGE: usize = 16 << 20;
-/// Largest message accepted from an agent: a host view lists every tool with its resolved
-/// definition, and one oversized message would end the link.
-const MAX_AGENT_MESSAGE: usize = 64 << 20;
-
 /// How a coordinator runs.
 #[derive(Debug, Clone)]
 pub struct CoordinatorConfig {
@@ -205,8 +199,8 @@ pub async fn serve(
         ToolsServer::new(ToolsService {
             state: state.clone(),
         })
-        .max_decoding_message_size(MAX_MESSAGE)
-        .max_encoding_message_size(MAX_MESSAGE),
+        .max_decoding_message_size(toolsrv_proto::limits::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(toolsrv_proto::limits::MAX_MESSAGE_BYTES),
     );
     let incoming = toolsrv_tls::incoming(listener, creds.subscribe());
     let served = tonic::transport::Server::builder()

@@ -6,10 +6,14 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use toolsrv_proto::limits::MAX_MESSAGE_BYTES;
 use toolsrv_proto::v1::{
     CallResult, CallStatus, CancelCall, CoordinatorMessage, Credit, OutputChunk, StartCall,
     coordinator_message::Msg,
 };
+
+/// Room for what wraps a `StartCall` on the wire (message tags, the call id and credit set later).
+const START_SLACK: usize = 64;
 
 /// Something that happened to a call on the agent.
 #[derive(Debug)]
@@ -73,6 +77,19 @@ impl Link {
         self: &Arc<Self>,
         mut start: StartCall,
     ) -> Result<CallHandle, CallResult> {
+        // A message the agent would refuse ends the link and every call on it: refuse this call
+        // instead (arguments are limited before, but the working directory is not).
+        let size = prost::Message::encoded_len(&start);
+        if size + START_SLACK > MAX_MESSAGE_BYTES {
+            return Err(status(
+                CallStatus::InvalidArgs,
+                format!(
+                    "the call to host {} is {size} bytes with its arguments and working directory, \
+                     more than a message may hold ({MAX_MESSAGE_BYTES} bytes); send less",
+                    self.host_id
+                ),
+            ));
+        }
         let call_id = self.next_call.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         self.lock().insert(call_id, tx);

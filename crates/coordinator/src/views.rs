@@ -3,13 +3,21 @@
 //! Most hosts resolve most tools the same way, and a definition (prompt, schema) is by far the
 //! largest part of a view; keeping one copy per distinct definition keeps memory per idle agent
 //! small however large the catalog.
+//!
+//! A view comes in parts when it is large ([`ViewParts`] piles them up, within
+//! [`MAX_VIEW_BYTES`]) and goes out to clients in pages ([`StoredView::page`]), so no message
+//! on either side comes near [`toolsrv_proto::limits::MAX_MESSAGE_BYTES`].
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, Weak};
 
 use prost::Message;
+use toolsrv_proto::limits::{MAX_VIEW_BYTES, view_tool_bytes};
 use toolsrv_proto::v1::{HostView, ToolDefinition, ToolStatus};
+
+/// Most bytes of tools per `ListTools` response (a larger single tool goes alone).
+pub const LIST_PAGE_BYTES: usize = 1 << 20;
 
 /// A host's view: tools sorted by name.
 #[derive(Debug, Default)]
@@ -54,6 +62,92 @@ impl StoredView {
             .binary_search_by(|t| t.name.as_str().cmp(name))
             .ok()
             .map(|i| &self.tools[i])
+    }
+
+    /// One page of the view for `ListTools`: the tools named after `after` (all when empty),
+    /// hidden ones only with `include_hidden`, about `budget` bytes of them (at least one), and
+    /// the token of the next page (empty after the last).
+    pub fn page(
+        &self,
+        include_hidden: bool,
+        after: &str,
+        budget: usize,
+    ) -> (Vec<ToolStatus>, String) {
+        let start = if after.is_empty() {
+            0
+        } else {
+            self.tools.partition_point(|t| t.name.as_str() <= after)
+        };
+        let mut page = Vec::new();
+        let mut size = 0;
+        for tool in self.tools[start..]
+            .iter()
+            .filter(|t| include_hidden || t.visible)
+        {
+            let status = tool.status();
+            size += status.encoded_len();
+            if size > budget && !page.is_empty() {
+                let next = page
+                    .last()
+                    .map(|t: &ToolStatus| t.name.clone())
+                    .unwrap_or_default();
+                return (page, next);
+            }
+            page.push(status);
+        }
+        (page, String::new())
+    }
+}
+
+/// The parts of the view an agent is sending, piled up until the last (one per link).
+#[derive(Debug, Default)]
+pub struct ViewParts {
+    pending: Option<HostView>,
+    /// What the parts so far count toward [`MAX_VIEW_BYTES`].
+    bytes: usize,
+}
+
+impl ViewParts {
+    /// Takes one part: the whole view once its last part is in, `None` while more are to come.
+    /// An error (the link should end) when the parts exceed [`MAX_VIEW_BYTES`] together or
+    /// belong to different catalog revisions; what was piled up is dropped either way.
+    pub fn add(&mut self, part: HostView) -> Result<Option<HostView>, String> {
+        let bytes: usize = part.tools.iter().map(view_tool_bytes).sum();
+        self.bytes = self.bytes.saturating_add(bytes);
+        if self.bytes > MAX_VIEW_BYTES {
+            let (tools, piled) = (
+                self.pending.as_ref().map_or(0, |v| v.tools.len()) + part.tools.len(),
+                self.bytes,
+            );
+            *self = Self::default();
+            return Err(format!(
+                "protocol error: the agent's view exceeds the {MAX_VIEW_BYTES} bytes kept per host \
+                 ({tools} tools, {piled} bytes so far); an agent of this version keeps its view \
+                 within the limit, so check the agent's version"
+            ));
+        }
+        let more = part.more;
+        match &mut self.pending {
+            Some(pending) if pending.catalog_revision != part.catalog_revision => {
+                let expected = pending.catalog_revision;
+                *self = Self::default();
+                return Err(format!(
+                    "protocol error: a view part for catalog revision {} came while the parts of \
+                     revision {expected} were not complete",
+                    part.catalog_revision
+                ));
+            }
+            Some(pending) => pending.tools.extend(part.tools),
+            None => self.pending = Some(part),
+        }
+        if more {
+            return Ok(None);
+        }
+        self.bytes = 0;
+        Ok(self.pending.take().map(|mut view| {
+            view.more = false;
+            view
+        }))
     }
 }
 
@@ -153,6 +247,7 @@ mod tests {
                 status("a", false, ""),
                 status("c", true, "same"),
             ],
+            more: false,
         };
         let one = interner.store(view("long prompt"));
         let two = interner.store(view("long prompt"));
@@ -192,9 +287,116 @@ mod tests {
             drop(interner.store(HostView {
                 catalog_revision: 1,
                 tools: vec![status("t", true, &i.to_string())],
+                more: false,
             }));
         }
         let live = interner.state.lock().unwrap().defs.len();
         assert!(live < 3000, "{live} entries kept for dead views");
+    }
+
+    fn part(revision: u64, names: &[&str], more: bool) -> HostView {
+        HostView {
+            catalog_revision: revision,
+            tools: names.iter().map(|n| status(n, true, "p")).collect(),
+            more,
+        }
+    }
+
+    #[test]
+    fn parts_pile_up_until_the_last() {
+        let mut parts = ViewParts::default();
+        assert_eq!(parts.add(part(4, &["a", "b"], true)), Ok(None));
+        assert_eq!(parts.add(part(4, &["c"], true)), Ok(None));
+        let whole = parts.add(part(4, &["d"], false)).unwrap().unwrap();
+        assert_eq!(whole, part(4, &["a", "b", "c", "d"], false));
+        // The next view starts afresh; a view in one message is whole at once.
+        assert_eq!(
+            parts.add(part(5, &["x"], false)),
+            Ok(Some(part(5, &["x"], false)))
+        );
+        // Parts of different revisions do not mix.
+        assert_eq!(parts.add(part(6, &["a"], true)), Ok(None));
+        let err = parts.add(part(7, &["b"], false)).unwrap_err();
+        assert!(err.contains("revision 6"), "{err}");
+        assert_eq!(
+            parts.add(part(7, &["b"], false)),
+            Ok(Some(part(7, &["b"], false)))
+        );
+    }
+
+    #[test]
+    fn endless_parts_are_refused_past_the_bound() {
+        let mut parts = ViewParts::default();
+        let big = "p".repeat(1 << 20);
+        let mut refused = None;
+        for i in 0..1000 {
+            let part = HostView {
+                catalog_revision: 1,
+                tools: vec![status(&format!("t{i}"), true, &big)],
+                more: true,
+            };
+            if let Err(e) = parts.add(part) {
+                refused = Some(i);
+                assert!(e.contains("exceeds"), "{e}");
+                break;
+            }
+        }
+        let refused = refused.expect("refused before 1000 MiB");
+        assert!((60..=64).contains(&refused), "refused at part {refused}");
+        assert!(parts.pending.is_none(), "what was piled up is dropped");
+
+        // Empty entries count too.
+        let mut parts = ViewParts::default();
+        let empty = HostView {
+            catalog_revision: 1,
+            tools: vec![ToolStatus::default(); 1 << 16],
+            more: true,
+        };
+        let mut n = 0;
+        while parts.add(empty.clone()).is_ok() {
+            n += 1;
+            assert!(n < 100, "never refused");
+        }
+    }
+
+    #[test]
+    fn pages_cover_the_view_in_order() {
+        let interner = Interner::default();
+        let tools = (0..50)
+            .map(|i| status(&format!("t{i:02}"), i % 5 != 0, &"p".repeat(100 << 10)))
+            .collect();
+        let view = interner.store(HostView {
+            catalog_revision: 2,
+            tools,
+            more: false,
+        });
+        for include_hidden in [false, true] {
+            let mut seen = Vec::new();
+            let mut token = String::new();
+            let mut pages = 0;
+            loop {
+                let (page, next) = view.page(include_hidden, &token, LIST_PAGE_BYTES);
+                pages += 1;
+                let size: usize = page.iter().map(Message::encoded_len).sum();
+                assert!(size <= LIST_PAGE_BYTES, "{size}");
+                seen.extend(page.into_iter().map(|t| t.name));
+                if next.is_empty() {
+                    break;
+                }
+                token = next;
+            }
+            let expected: Vec<String> = view
+                .tools
+                .iter()
+                .filter(|t| include_hidden || t.visible)
+                .map(|t| t.name.clone())
+                .collect();
+            assert_eq!(seen, expected);
+            assert!(pages > 1);
+        }
+        // A tool larger than a page comes alone; a token past the end gives an empty last page.
+        let (page, next) = view.page(true, "", 10);
+        assert_eq!((page.len(), next.as_str()), (1, "t00"));
+        assert_eq!(view.page(true, "zz", 10), (vec![], String::new()));
     }
 }

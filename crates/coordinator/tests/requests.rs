@@ -68,6 +68,7 @@ async fn oversized_requests_are_refused_naming_the_limit() {
             api.list_tools(ListToolsRequest {
                 host: huge.clone(),
                 include_hidden: true,
+                ..ListToolsRequest::default()
             })
             .await,
             "253",
@@ -85,9 +86,16 @@ async fn oversized_requests_are_refused_naming_the_limit() {
     .await
     .unwrap();
     let log = std::fs::read_to_string(coordinator.dir.path().join("audit.jsonl")).unwrap();
-    let refusals = log.lines().filter(|l| l.contains(r#""status":"REFUSED""#)).count();
+    let refusals = log
+        .lines()
+        .filter(|l| l.contains(r#""status":"REFUSED""#))
+        .count();
     // The five Call and FanOut refusals; listings are not calls.
     assert_eq!(refusals, 5, "{log}");
-    assert!(log.len() < 16 << 10, "the audit log stays small: {} bytes", log.len());
+    assert!(
+        log.len() < 16 << 10,
+        "the audit log stays small: {} bytes",
+        log.len()
+    );
     coordinator.stop().await;
 }

@@ -31,6 +31,7 @@ async fn every_client_api_rpc_refuses_an_agent_certificate() {
             api.list_tools(ListToolsRequest {
                 host: "web-1".into(),
                 include_hidden: true,
+                ..ListToolsRequest::default()
             })
             .await,
         );

@@ -156,6 +156,7 @@ async fn a_call_right_after_attach_waits_for_the_view() {
         .list_tools(ListToolsRequest {
             host: "web-1".into(),
             include_hidden: true,
+            ..ListToolsRequest::default()
         })
         .await
         .unwrap()
@@ -183,6 +184,7 @@ async fn a_listing_right_after_attach_waits_for_the_view() {
                 .list_tools(ListToolsRequest {
                     host: "web-1".into(),
                     include_hidden: true,
+                    ..ListToolsRequest::default()
                 })
                 .await
             {

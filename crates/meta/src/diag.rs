@@ -17,6 +17,8 @@ pub enum Severity {
 pub enum Code {
     /// The file could not be read.
     Io,
+    /// The file (a `.meta` or its executable) is larger than the registry loads.
+    TooLarge,
     /// The file is not valid JSON.
     NotJson,
     /// The document or a nested value is not an object where one is required.

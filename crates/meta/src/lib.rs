@@ -9,6 +9,7 @@ mod command;
 mod diag;
 mod host;
 mod model;
+mod name;
 mod parse;
 mod resolve;
 
@@ -17,7 +18,8 @@ pub use command::{CommandError, CommandSource, resolve_command};
 pub use diag::{Code, Diagnostic, Severity};
 pub use host::{FileProbe, Host, RealFs, go_arch, go_os};
 pub use model::{Condition, MatchKey, Meta, Tier, ToolDef, Variant};
-pub use parse::{Parsed, is_valid_name, parse};
+pub use name::{NAME_RULE, is_valid_name, name_problem, tool_name_of};
+pub use parse::{Parsed, parse};
 pub use resolve::{Resolution, ResolvedTool};
 
 /// File extension of tool definitions (`N.meta` declares the tool `N`).

@@ -7,6 +7,7 @@ use serde_json::{Map, Value};
 use crate::args::{ArgsValidator, json_type};
 use crate::diag::{Code, Diagnostic, Severity};
 use crate::model::{Condition, MatchKey, Meta, Tier, ToolDef, Variant};
+use crate::name::{NAME_RULE, name_problem};
 
 /// The outcome of parsing one file: the tool (absent when any error was found) and every problem.
 #[derive(Debug)]
@@ -39,14 +40,6 @@ const GO_ARCH: &[&str] = &[
     "ppc64le", "riscv64", "s390x", "wasm",
 ];
 
-/// Tool names are `[A-Za-z0-9_.-]+`.
-pub fn is_valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
-}
-
 /// Parses the `.meta` file at `path` (whose bytes are `bytes`) declaring the tool `name`.
 pub fn parse(name: &str, path: &Path, bytes: &[u8]) -> Parsed {
     let mut p = Parser {
@@ -78,11 +71,13 @@ impl Parser<'_> {
     }
 
     fn document(&mut self, name: &str, bytes: &[u8]) -> Option<Meta> {
-        if !is_valid_name(name) {
+        if let Some(problem) = name_problem(name) {
             self.error(
                 None,
                 Code::BadName,
-                format!("tool name `{name}` is not made of [A-Za-z0-9_.-]"),
+                format!(
+                    "`{name}` is not a valid tool name: {problem}; {NAME_RULE}, rename the file"
+                ),
             );
         }
         let value: Value = match serde_json::from_slice(bytes) {

@@ -17,3 +17,21 @@ pub const MAX_EXECUTABLE_BYTES: u64 = 64 << 20;
 /// Largest call arguments (`args_json`) the coordinator accepts; larger ones are refused with
 /// `INVALID_ARGUMENT` before anything reaches an agent.
 pub const MAX_ARGS_BYTES: usize = 1 << 20;
+
+/// Most bytes the coordinator keeps of one host's view, all its parts together, counted by
+/// [`view_tool_bytes`]. An agent keeps its view within it (tools past it are reported hidden
+/// without their definition, or left out, and the agent logs it); the coordinator ends the link
+/// of an agent that sends more, so a broken or hostile agent cannot grow its memory without
+/// bound. Four messages' worth: room for 256 tools at [`MAX_META_BYTES`] each, or tens of
+/// thousands of ordinary ones.
+pub const MAX_VIEW_BYTES: usize = 4 * MAX_MESSAGE_BYTES;
+
+/// The fixed cost of one tool of a view toward [`MAX_VIEW_BYTES`], on top of its encoded size:
+/// what keeping an entry costs beyond its bytes, so that a view of countless empty entries
+/// counts too.
+pub const VIEW_TOOL_OVERHEAD_BYTES: usize = 512;
+
+/// What one tool of a host view counts toward [`MAX_VIEW_BYTES`].
+pub fn view_tool_bytes(tool: &crate::v1::ToolStatus) -> usize {
+    prost::Message::encoded_len(tool) + VIEW_TOOL_OVERHEAD_BYTES
+}

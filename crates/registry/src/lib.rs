@@ -6,5 +6,8 @@
 mod scan;
 mod watch;
 
-pub use scan::{Catalog, Executable, Scanner, Tool, hash_file, hex_sha256, split_tools_path};
+pub use scan::{
+    Catalog, Executable, Hashed, ReadError, Scanner, Tool, hash_file, hash_file_bounded,
+    hex_sha256, read_meta, split_tools_path,
+};
 pub use watch::{Registry, WatchOptions};

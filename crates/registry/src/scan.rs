@@ -7,6 +7,7 @@ use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 use toolsrv_meta::{Code, Diagnostic, Meta, Severity, parse};
+use toolsrv_proto::limits::{MAX_EXECUTABLE_BYTES, MAX_META_BYTES};
 
 /// An immutable snapshot of the registry.
 #[derive(Debug, Clone, Default)]
@@ -81,7 +82,7 @@ pub struct Scanner {
     /// Parse results by `.meta` path, keyed on the bytes' digest.
     metas: HashMap<PathBuf, Cached>,
     /// Executable digests by path, keyed on size and modification time.
-    executables: HashMap<PathBuf, (u64, Option<SystemTime>, String)>,
+    executables: HashMap<PathBuf, (u64, Option<SystemTime>, Hashed)>,
 }
 
 #[derive(Debug)]
@@ -156,7 +157,15 @@ impl Scanner {
                 );
                 seen_metas.insert(path);
                 if let Some(meta) = meta {
-                    let executable = self.executable(&dir.join(&name));
+                    let executable = match self.executable(&dir.join(&name)) {
+                        Ok(executable) => executable,
+                        Err(diag) => {
+                            // Served without its executable, the tool would silently run
+                            // something else (its `cmd`, or a binary on PATH): not served at all.
+                            catalog.diagnostics.push(diag);
+                            continue;
+                        }
+                    };
                     if let Some(exe) = &executable {
                         seen_exes.insert(exe.path.clone());
                     }
@@ -183,17 +192,19 @@ impl Scanner {
         if stamp.is_some() && self.metas.get(path).is_some_and(|c| c.stamp == stamp) {
             return self.metas.get(path);
         }
-        let bytes = match std::fs::read(path) {
+        let bytes = match read_meta(path) {
             Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-            Err(e) => {
-                let diag = Diagnostic::error(path, None, Code::Io, format!("cannot read: {e}"));
+            Err(ReadError::Gone) => return None,
+            Err(ReadError::Rejected(diag)) => {
+                // A file rejected for its size keeps being rejected while its stamp holds (a
+                // rewrite changes size or mtime); one that could not be read is tried again.
+                let stamp = stamp.filter(|_| diag.code == Code::TooLarge);
                 let cached = Cached {
-                    stamp: None,
+                    stamp,
                     digest: String::new(),
                     bytes: Arc::from([]),
                     meta: None,
-                    diagnostics: vec![diag],
+                    diagnostics: vec![*diag],
                 };
                 self.metas.insert(path.to_path_buf(), cached);
                 return self.metas.get(path);
@@ -219,29 +230,107 @@ impl Scanner {
         self.metas.get(path)
     }
 
-    /// The executable beside a `.meta`, hashing it only when its size or mtime changed.
-    fn executable(&mut self, path: &Path) -> Option<Executable> {
+    /// The executable beside a `.meta` (`Ok(None)`: there is none, or it cannot be read), hashing
+    /// it only when its size or mtime changed; an error diagnostic when it is larger than
+    /// [`MAX_EXECUTABLE_BYTES`].
+    fn executable(&mut self, path: &Path) -> Result<Option<Executable>, Diagnostic> {
         use std::os::unix::fs::PermissionsExt;
-        let md = std::fs::metadata(path).ok()?;
+        let Ok(md) = std::fs::metadata(path) else {
+            return Ok(None);
+        };
         if !md.is_file() || md.permissions().mode() & 0o111 == 0 {
-            return None;
+            return Ok(None);
         }
         let (size, mtime) = (md.len(), md.modified().ok());
-        let sha256 = match self.executables.get(path) {
-            Some((s, m, digest)) if *s == size && *m == mtime && mtime.is_some() => digest.clone(),
+        if size > MAX_EXECUTABLE_BYTES {
+            return Err(executable_too_large(path, size));
+        }
+        let hashed = match self.executables.get(path) {
+            Some((s, m, hashed)) if *s == size && *m == mtime && mtime.is_some() => hashed.clone(),
             _ => {
-                let digest = hash_file(path).ok()?;
+                let hashed = match hash_file_bounded(path, MAX_EXECUTABLE_BYTES) {
+                    Ok(Some(hashed)) => hashed,
+                    Ok(None) => return Err(executable_too_large(path, MAX_EXECUTABLE_BYTES + 1)),
+                    // Removed between the two looks, or unreadable (as before: not shipped,
+                    // while `toolctl local` may still run it).
+                    Err(_) => return Ok(None),
+                };
                 self.executables
-                    .insert(path.to_path_buf(), (size, mtime, digest.clone()));
-                digest
+                    .insert(path.to_path_buf(), (size, mtime, hashed.clone()));
+                hashed
             }
         };
-        Some(Executable {
+        Ok(Some(Executable {
             path: path.to_path_buf(),
-            sha256,
-            size,
-        })
+            sha256: hashed.sha256,
+            // What was hashed, not what the metadata said: the digest and size shipped to
+            // agents describe the same bytes even if the file changed in between.
+            size: hashed.size,
+        }))
     }
+}
+
+fn executable_too_large(path: &Path, size: u64) -> Diagnostic {
+    let message = format!(
+        "the tool's executable is {size} bytes, above the limit of {MAX_EXECUTABLE_BYTES} bytes \
+         (64 MiB); the tool is not served: make the executable smaller (strip it, or install it \
+         on the hosts and call it from `cmd`)"
+    );
+    Diagnostic::error(path, None, Code::TooLarge, message)
+}
+
+/// Why [`read_meta`] returned no bytes.
+#[derive(Debug)]
+pub enum ReadError {
+    /// The file does not exist (any more).
+    Gone,
+    /// The file is too large or unreadable: the diagnostic that rejects it.
+    Rejected(Box<Diagnostic>),
+}
+
+/// Reads a `.meta` file, refusing one larger than [`MAX_META_BYTES`] (checked before reading,
+/// and again while reading, since the file may grow in between).
+///
+/// The registry scan and `toolctl lint` both read through here, so they reject the same files.
+pub fn read_meta(path: &Path) -> Result<Vec<u8>, ReadError> {
+    use std::io::Read;
+    let rejected = |code, message: String| {
+        ReadError::Rejected(Box::new(Diagnostic::error(path, None, code, message)))
+    };
+    let unreadable = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            ReadError::Gone
+        } else {
+            rejected(Code::Io, format!("cannot read: {e}"))
+        }
+    };
+    let file = std::fs::File::open(path).map_err(unreadable)?;
+    let announced = file.metadata().map_err(unreadable)?.len();
+    if announced > MAX_META_BYTES {
+        return Err(rejected(Code::TooLarge, meta_too_large(announced)));
+    }
+    // One byte more than the limit tells a file that grew past it from one that is exactly at it.
+    let mut bytes = Vec::with_capacity(usize::try_from(announced).unwrap_or(0));
+    file.take(MAX_META_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(unreadable)?;
+    if bytes.len() as u64 > MAX_META_BYTES {
+        return Err(rejected(Code::TooLarge, meta_too_large(bytes.len() as u64)));
+    }
+    Ok(bytes)
+}
+
+fn meta_too_large(size: u64) -> String {
+    let at_least = if size > MAX_META_BYTES + 1 {
+        ""
+    } else {
+        "at least "
+    };
+    format!(
+        "the file is {at_least}{size} bytes, above the limit of {MAX_META_BYTES} bytes (256 KiB) \
+         for a .meta; the tool is not served: shorten it (a long `prompt` belongs in a file the \
+         tool reads)"
+    )
 }
 
 /// What identifies a file's content cheaply: inode, size and modification time.
@@ -280,12 +369,10 @@ fn list_meta_files(dir: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
         let Some(file_name) = file_name.to_str() else {
             continue;
         };
-        let Some(name) = file_name.strip_suffix(".meta") else {
+        // An invalid name is kept: parsing reports it, like any other broken `.meta`.
+        let Some(name) = toolsrv_meta::tool_name_of(file_name) else {
             continue;
         };
-        if file_name.starts_with('.') {
-            continue;
-        }
         // Follow symlinks: a linked .meta is a tool, a directory named x.meta is not.
         if std::fs::metadata(entry.path()).is_ok_and(|m| m.is_file()) {
             out.push((name.to_string(), entry.path()));
@@ -306,6 +393,29 @@ pub fn hash_file(path: &Path) -> std::io::Result<String> {
     let mut hasher = Sha256::new();
     std::io::copy(&mut file, &mut hasher)?;
     Ok(hex(&hasher.finalize()))
+}
+
+/// A file's digest and the number of bytes it was computed over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hashed {
+    /// Hex SHA-256.
+    pub sha256: String,
+    pub size: u64,
+}
+
+/// [`hash_file`] reading at most `limit` bytes: `None` when the file is larger.
+pub fn hash_file_bounded(path: &Path, limit: u64) -> std::io::Result<Option<Hashed>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let size = std::io::copy(&mut file.take(limit.saturating_add(1)), &mut hasher)?;
+    if size > limit {
+        return Ok(None);
+    }
+    Ok(Some(Hashed {
+        sha256: hex(&hasher.finalize()),
+        size,
+    }))
 }
 
 fn hex(bytes: &[u8]) -> String {

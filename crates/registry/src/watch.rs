@@ -76,6 +76,15 @@ impl Registry {
         let mut scanner = self.lock();
         let mut next = scanner.scan();
         let current = self.catalog();
+        // Each problem is logged once, when it appears (the first catalog's are logged by whoever
+        // opened the registry).
+        for d in next
+            .diagnostics
+            .iter()
+            .filter(|d| !current.diagnostics.contains(d))
+        {
+            tracing::warn!("{d}");
+        }
         if next.same_tools(&current) {
             if next.diagnostics != current.diagnostics {
                 next.revision = current.revision;

@@ -264,3 +264,152 @@ fn unchanged_settled_files_are_not_reread_but_rewrites_are_seen() {
         Some("six")
     );
 }
+
+/// A `.meta` of `len` bytes exactly: valid JSON whose prompt pads it.
+fn meta_of_len(len: usize) -> String {
+    let head = r#"{"description": "big", "cmd": "echo big", "prompt": ""#;
+    let tail = r#""}"#;
+    format!("{head}{}{tail}", "x".repeat(len - head.len() - tail.len()))
+}
+
+#[test]
+fn an_oversized_meta_is_rejected_with_its_size_and_the_others_still_load() {
+    use toolsrv_proto::limits::MAX_META_BYTES;
+    let limit = MAX_META_BYTES as usize;
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "good.meta", &tool("good"));
+    write(dir.path(), "at_limit.meta", &meta_of_len(limit));
+    write(dir.path(), "over.meta", &meta_of_len(limit + 1));
+    // A 5 MiB file, sparse: rejected from its metadata without being read.
+    let huge = std::fs::File::create(dir.path().join("huge.meta")).unwrap();
+    huge.set_len(5 << 20).unwrap();
+    let reg = Registry::open(vec![dir.path().into()]);
+    let cat = reg.catalog();
+    assert_eq!(cat.tools.keys().collect::<Vec<_>>(), ["at_limit", "good"]);
+    let too_large: Vec<_> = cat
+        .diagnostics
+        .iter()
+        .filter(|d| d.code == Code::TooLarge)
+        .collect();
+    assert_eq!(too_large.len(), 2, "{:?}", cat.diagnostics);
+    for (file, size) in [("over.meta", limit + 1), ("huge.meta", 5 << 20)] {
+        let d = too_large
+            .iter()
+            .find(|d| d.file.ends_with(file))
+            .unwrap_or_else(|| panic!("no diagnostic for {file}: {too_large:?}"));
+        assert_eq!(d.severity, Severity::Error);
+        let line = d.to_string();
+        assert!(line.contains(&format!("{size} bytes")), "{line}");
+        assert!(line.contains(&format!("limit of {limit} bytes")), "{line}");
+    }
+
+    // The tool set did not change when the big file grows; when it shrinks, it is served.
+    write(dir.path(), "over.meta", &meta_of_len(limit + 100));
+    assert_eq!(reg.rescan(), None);
+    write(dir.path(), "over.meta", &tool("over"));
+    assert_eq!(reg.rescan(), Some(2));
+    assert!(reg.catalog().tools.contains_key("over"));
+}
+
+#[test]
+fn an_oversized_executable_rejects_its_tool() {
+    use std::os::unix::fs::PermissionsExt;
+    use toolsrv_proto::limits::MAX_EXECUTABLE_BYTES;
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "good.meta", &tool("good"));
+    write(dir.path(), "fat.meta", &tool("fat"));
+    let exe = dir.path().join("fat");
+    let file = std::fs::File::create(&exe).unwrap();
+    file.set_len(MAX_EXECUTABLE_BYTES + 1).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let reg = Registry::open(vec![dir.path().into()]);
+    let cat = reg.catalog();
+    assert_eq!(
+        cat.tools.keys().collect::<Vec<_>>(),
+        ["good"],
+        "served without its executable, `fat` would run its cmd instead"
+    );
+    let d = cat
+        .diagnostics
+        .iter()
+        .find(|d| d.code == Code::TooLarge)
+        .unwrap_or_else(|| panic!("no diagnostic: {:?}", cat.diagnostics));
+    assert_eq!(d.file, exe);
+    assert_eq!(d.severity, Severity::Error);
+    let line = d.to_string();
+    assert!(
+        line.contains(&format!("{} bytes", MAX_EXECUTABLE_BYTES + 1))
+            && line.contains(&format!("limit of {MAX_EXECUTABLE_BYTES} bytes")),
+        "{line}"
+    );
+
+    // At the limit it is served, with the size that was hashed.
+    file.set_len(MAX_EXECUTABLE_BYTES).unwrap();
+    assert_eq!(reg.rescan(), Some(2));
+    let served = reg.catalog().tools["fat"].executable.clone().unwrap();
+    assert_eq!(served.size, MAX_EXECUTABLE_BYTES);
+}
+
+/// The bounded readers stop at the limit even when the size announced up front is wrong (a file
+/// that grows while read; a FIFO announces 0 bytes).
+#[test]
+fn bounded_readers_stop_at_the_limit_whatever_the_metadata_said() {
+    use toolsrv_proto::limits::MAX_META_BYTES;
+    use toolsrv_registry::{ReadError, hash_file_bounded, read_meta};
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("grows.meta");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new().write(true).open(fifo).unwrap();
+            // The reader stops early; a broken pipe is expected.
+            let _ = f.write_all(&vec![b' '; 2 * MAX_META_BYTES as usize]);
+        })
+    };
+    match read_meta(&fifo) {
+        Err(ReadError::Rejected(d)) => {
+            assert_eq!(d.code, Code::TooLarge);
+            assert!(
+                d.message
+                    .contains(&format!("at least {} bytes", MAX_META_BYTES + 1)),
+                "{d}"
+            );
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    writer.join().unwrap();
+
+    let small = dir.path().join("small");
+    std::fs::write(&small, b"12345").unwrap();
+    assert_eq!(hash_file_bounded(&small, 4).unwrap(), None);
+    let hashed = hash_file_bounded(&small, 5).unwrap().unwrap();
+    assert_eq!(hashed.size, 5);
+    assert_eq!(hashed.sha256, toolsrv_registry::hex_sha256(b"12345"));
+    assert!(matches!(
+        read_meta(&dir.path().join("absent.meta")),
+        Err(ReadError::Gone)
+    ));
+}
+
+/// One name rule on both sides: `x.meta.meta` declares the tool `x.meta`, which is refused.
+#[test]
+fn a_meta_meta_file_is_reported_not_served() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "x.meta", &tool("x"));
+    write(dir.path(), "x.meta.meta", &tool("double"));
+    let cat = Registry::open(vec![dir.path().into()]).catalog();
+    assert_eq!(cat.tools.keys().collect::<Vec<_>>(), ["x"]);
+    let d = cat
+        .diagnostics
+        .iter()
+        .find(|d| d.code == Code::BadName)
+        .unwrap_or_else(|| panic!("no diagnostic: {:?}", cat.diagnostics));
+    assert!(d.file.ends_with("x.meta.meta"));
+    assert!(d.message.contains("ends in `.meta`"), "{d}");
+}

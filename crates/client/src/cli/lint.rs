@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use toolsrv_meta::{Code, Diagnostic, Host, Severity};
-use toolsrv_registry::{Scanner, split_tools_path};
+use toolsrv_registry::{ReadError, Scanner, read_meta, split_tools_path};
 
 use super::exit;
 
@@ -69,23 +69,25 @@ fn lint_file(path: &Path) -> Vec<Diagnostic> {
     let name = path
         .file_name()
         .and_then(|n| n.to_str())
-        .and_then(|n| n.strip_suffix(".meta"));
+        .and_then(toolsrv_meta::tool_name_of);
     let Some(name) = name else {
         return vec![Diagnostic::error(
             path,
             None,
             Code::BadName,
-            "not a .meta file",
+            "not a .meta file (tool definitions are named N.meta and are not dot-files)",
         )];
     };
-    let bytes = match std::fs::read(path) {
+    // The registry's reader: the same size limit, the same diagnostics.
+    let bytes = match read_meta(path) {
         Ok(bytes) => bytes,
-        Err(e) => {
+        Err(ReadError::Rejected(diag)) => return vec![*diag],
+        Err(ReadError::Gone) => {
             return vec![Diagnostic::error(
                 path,
                 None,
                 Code::Io,
-                format!("cannot read: {e}"),
+                "cannot read: no such file",
             )];
         }
     };

@@ -1,0 +1,258 @@
+//! A host view in parts against an in-process coordinator, from a hand-driven agent link: the
+//! view is stored only once its last part is in, and an agent that sends parts without end
+//! loses its link instead of growing the coordinator's memory.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::Streaming;
+use toolsrv_proto::limits::{MAX_MESSAGE_BYTES, MAX_VIEW_BYTES};
+use toolsrv_proto::v1::agent_link_client::AgentLinkClient;
+use toolsrv_proto::v1::agent_message::Msg as Out;
+use toolsrv_proto::v1::coordinator_message::Msg as In;
+use toolsrv_proto::v1::tools_client::ToolsClient;
+use toolsrv_proto::v1::{
+    AgentMessage, CoordinatorMessage, Hello, HostInfo, HostView, ListHostsRequest,
+    ListToolsRequest, ToolDefinition, ToolStatus,
+};
+use toolsrv_tls::{Identity, PkiOptions, Role, TlsFiles};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+struct Coordinator {
+    dir: tempfile::TempDir,
+    url: String,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Coordinator {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn coordinator() -> Coordinator {
+    toolsrv_tls::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    let mut opts = PkiOptions::new(&pki);
+    opts.agents = vec!["a".into()];
+    opts.clients = vec!["alice".into()];
+    toolsrv_tls::init(&opts).unwrap();
+    let tools = dir.path().join("tools");
+    std::fs::create_dir(&tools).unwrap();
+    std::fs::write(
+        tools.join("one.meta"),
+        r#"{"description": "one", "cmd": "true"}"#,
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://{}", listener.local_addr().unwrap());
+    let shutdown = CancellationToken::new();
+    let mut config = toolsrv_coordinator::CoordinatorConfig::new(
+        vec![tools],
+        TlsFiles::in_dir(&pki, &Identity::Coordinator),
+    );
+    // Parts take a while to send in a debug build; silence is not what this test is about.
+    config.lost_after = Duration::from_secs(30);
+    tokio::spawn(toolsrv_coordinator::serve(
+        config,
+        listener,
+        None,
+        shutdown.clone(),
+    ));
+    Coordinator { dir, url, shutdown }
+}
+
+impl Coordinator {
+    fn files(&self, identity: &Identity) -> TlsFiles {
+        TlsFiles::in_dir(&self.dir.path().join("pki"), identity)
+    }
+
+    async fn tools_client(&self) -> ToolsClient<tonic::transport::Channel> {
+        let files = self.files(&Identity::Client("alice".into()));
+        let channel = toolsrv_tls::connect_reloading(&self.url, &files, Role::Coordinator)
+            .await
+            .unwrap();
+        ToolsClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    async fn host(&self) -> Option<HostInfo> {
+        let hosts = self
+            .tools_client()
+            .await
+            .list_hosts(ListHostsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .hosts;
+        hosts.into_iter().find(|h| h.host_id == "a")
+    }
+
+    /// Attaches as agent `a`: sends the Hello, reads the Welcome and the catalog.
+    async fn attach(&self) -> Agent {
+        let files = self.files(&Identity::Agent("a".into()));
+        let channel = toolsrv_tls::connect_reloading(&self.url, &files, Role::Coordinator)
+            .await
+            .unwrap();
+        let mut client = AgentLinkClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let (out, rx) = mpsc::channel(4);
+        let hello = Hello {
+            host_id: "a".into(),
+            agent_version: "test".into(),
+            ..Hello::default()
+        };
+        out.send(AgentMessage {
+            msg: Some(Out::Hello(hello)),
+        })
+        .await
+        .unwrap();
+        let mut inbound = client
+            .attach(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        let mut revision = None;
+        while revision.is_none() {
+            let msg = tokio::time::timeout(WAIT, inbound.message())
+                .await
+                .expect("the coordinator answers")
+                .unwrap()
+                .unwrap();
+            if let Some(In::Catalog(update)) = msg.msg
+                && !update.more
+            {
+                revision = Some(update.revision);
+            }
+        }
+        Agent {
+            out,
+            inbound,
+            revision: revision.unwrap_or_default(),
+        }
+    }
+}
+
+struct Agent {
+    out: mpsc::Sender<AgentMessage>,
+    inbound: Streaming<CoordinatorMessage>,
+    revision: u64,
+}
+
+impl Agent {
+    /// Sends a view part; false once the coordinator no longer takes messages.
+    async fn part(&self, tools: Vec<ToolStatus>, more: bool) -> bool {
+        let view = HostView {
+            catalog_revision: self.revision,
+            tools,
+            more,
+        };
+        let msg = AgentMessage {
+            msg: Some(Out::View(view)),
+        };
+        tokio::time::timeout(WAIT, self.out.send(msg))
+            .await
+            .is_ok_and(|sent| sent.is_ok())
+    }
+}
+
+fn tool(name: &str, prompt: usize) -> ToolStatus {
+    ToolStatus {
+        name: name.into(),
+        visible: true,
+        description: name.into(),
+        definition: Some(ToolDefinition {
+            name: name.into(),
+            description: name.into(),
+            prompt: "p".repeat(prompt),
+            ..ToolDefinition::default()
+        }),
+        ..ToolStatus::default()
+    }
+}
+
+async fn wait_for<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_in_parts_is_stored_whole_and_endless_parts_end_the_link() {
+    let coordinator = coordinator().await;
+    let mut agent = coordinator.attach().await;
+
+    // The first parts are held back: nobody sees a host with half a view.
+    assert!(agent.part(vec![tool("a", 10), tool("b", 10)], true).await);
+    assert!(agent.part(vec![tool("c", 10)], true).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let host = coordinator.host().await.unwrap();
+    assert_eq!((host.view_revision, host.visible_tools), (0, 0));
+
+    assert!(agent.part(vec![tool("d", 10)], false).await);
+    wait_for("the whole view", async || {
+        let host = coordinator.host().await?;
+        (host.visible_tools == 4).then_some(())
+    })
+    .await;
+    let listing = coordinator
+        .tools_client()
+        .await
+        .list_tools(ListToolsRequest {
+            host: "a".into(),
+            ..ListToolsRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let names: Vec<_> = listing.tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["a", "b", "c", "d"]);
+    assert_eq!(listing.catalog_revision, agent.revision);
+
+    // Parts of 1 MiB that never end: the link ends before MAX_VIEW_BYTES are piled up.
+    let parts_allowed = MAX_VIEW_BYTES / (1 << 20);
+    let mut sent = 0;
+    while sent <= parts_allowed + 8 {
+        if !agent
+            .part(vec![tool(&format!("x{sent:04}"), 1 << 20)], true)
+            .await
+        {
+            break;
+        }
+        sent += 1;
+    }
+    let ended = tokio::time::timeout(WAIT, async {
+        loop {
+            match agent.inbound.message().await {
+                Ok(Some(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the coordinator ends the link");
+    assert!(
+        ended.is_err() || matches!(ended, Ok(None)),
+        "the link ends: {ended:?}"
+    );
+    assert!(sent <= parts_allowed + 8, "{sent} parts taken");
+    let host = wait_for("the host to go offline", async || {
+        let host = coordinator.host().await?;
+        (host.state == toolsrv_proto::v1::HostState::Offline as i32).then_some(host)
+    })
+    .await;
+    assert_eq!(host.visible_tools, 4, "the last whole view is kept");
+}
