@@ -336,3 +336,38 @@ fn one_client_cannot_fill_a_host_and_others_are_served_at_once() {
     let out = fleet.toolctl(&["call", "a", "echo"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+#[test]
+fn sighup_reopens_the_audit_log_for_logrotate() {
+    let mut fleet = Fleet::new(&["a"]);
+    let log = fleet.work.path().join("audit.jsonl");
+    fleet.tool(
+        "echo.meta",
+        r#"{"description": "echo", "cmd": "echo hi"}"#,
+        false,
+    );
+    fleet.start_coordinator(&[&format!("--audit-log={}", log.display())]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "echo");
+    assert!(fleet.toolctl(&["call", "a", "echo"]).status.success());
+    let rotated = fleet.work.path().join("audit.jsonl.1");
+    std::fs::rename(&log, &rotated).unwrap();
+    let pid = fleet.coordinator.as_ref().unwrap().pid();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    wait_for(
+        "the coordinator to reopen its audit log",
+        Duration::from_secs(20),
+        || log.exists().then_some(()),
+    );
+    assert!(fleet.toolctl(&["call", "a", "echo"]).status.success());
+    assert_eq!(
+        audit(&rotated).len(),
+        1,
+        "the first call stays in the rotated file"
+    );
+    assert_eq!(audit(&log).len(), 1, "the second call goes to the new file");
+}

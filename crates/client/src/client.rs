@@ -60,9 +60,30 @@ impl Client {
     }
 
     /// Every host that has connected since the coordinator started, sorted by id.
+    /// Every host of the fleet, sorted by id. A large fleet comes in pages; this asks for
+    /// every one.
     pub async fn hosts(&self) -> Result<Vec<HostInfo>, ClientError> {
-        let response = self.inner.clone().list_hosts(ListHostsRequest {}).await?;
-        Ok(response.into_inner().hosts)
+        let mut hosts = Vec::new();
+        let mut token = String::new();
+        loop {
+            let request = ListHostsRequest {
+                page_token: token.clone(),
+            };
+            let page = self.inner.clone().list_hosts(request).await?.into_inner();
+            hosts.extend(page.hosts);
+            if page.next_page_token.is_empty() {
+                return Ok(hosts);
+            }
+            // Tokens are host ids, increasing: one that is not would page forever.
+            if page.next_page_token <= token {
+                return Err(ClientError::Protocol(format!(
+                    "listing hosts: the coordinator answered page token `{token}` with `{}`, \
+                     which does not move on; report it as a coordinator bug",
+                    page.next_page_token
+                )));
+            }
+            token = page.next_page_token;
+        }
     }
 
     /// The tools `host` offers (and, with `include_hidden`, those it does not, with the reason).

@@ -121,8 +121,13 @@ impl Tools for ToolsService {
         req: Request<ListHostsRequest>,
     ) -> Result<Response<ListHostsResponse>, Status> {
         Caller::client(&req)?;
-        let hosts = self.state.fleet.hosts().iter().map(|h| h.info()).collect();
-        Ok(Response::new(ListHostsResponse { hosts }))
+        let req = req.into_inner();
+        bounded("the page token", &req.page_token, toolsrv_tls::MAX_NAME_LEN)?;
+        let (hosts, next_page_token) = self.state.fleet.page(&req.page_token, LIST_PAGE_BYTES);
+        Ok(Response::new(ListHostsResponse {
+            hosts,
+            next_page_token,
+        }))
     }
 
     async fn list_tools(

@@ -249,8 +249,35 @@ impl Fleet {
         }
     }
 
-    pub fn hosts(&self) -> Vec<HostEntry> {
-        self.read().values().cloned().collect()
+    /// Hosts with an id after `after` (all for an empty one), in id order, as listed, until
+    /// their encoded size passes `budget` bytes (at least one host); and the token of the next
+    /// page, empty when this one ends the fleet.
+    pub fn page(&self, after: &str, budget: usize) -> (Vec<HostInfo>, String) {
+        use prost::Message;
+        use std::ops::Bound;
+        let hosts = self.read();
+        let start = if after.is_empty() {
+            Bound::Unbounded
+        } else {
+            Bound::Excluded(after.to_string())
+        };
+        let mut page: Vec<HostInfo> = Vec::new();
+        let mut size = 0;
+        for host in hosts
+            .range::<String, _>((start, Bound::Unbounded))
+            .map(|(_, h)| h)
+        {
+            let info = host.info();
+            size += info.encoded_len();
+            if size > budget
+                && let Some(last) = page.last()
+            {
+                let next = last.host_id.clone();
+                return (page, next);
+            }
+            page.push(info);
+        }
+        (page, String::new())
     }
 
     /// Host ids a selector picks, sorted.
@@ -260,5 +287,57 @@ impl Fleet {
             .filter(|h| selector.matches(&h.selector_facts()))
             .cloned()
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn entry(id: &str) -> HostEntry {
+        HostEntry {
+            id: id.to_string(),
+            facts: HostFacts {
+                hostname: "h".repeat(200),
+                ..HostFacts::default()
+            },
+            agent_version: "test".into(),
+            max_concurrent_calls: 16,
+            connected_unix_ms: 0,
+            view: None,
+            synced: false,
+            trusted_labels: BTreeMap::new(),
+            selectable_labels: BTreeMap::new(),
+            link: None,
+            last_seen: Arc::new(0.into()),
+        }
+    }
+
+    #[test]
+    fn pages_cover_the_fleet_once_in_order_within_the_budget() {
+        let fleet = Fleet::new(1);
+        for i in 0..300 {
+            fleet.attach(entry(&format!("host-{i:03}")));
+        }
+        let (mut seen, mut token, mut pages) = (Vec::new(), String::new(), 0);
+        loop {
+            let (page, next) = fleet.page(&token, 8 << 10);
+            pages += 1;
+            let size: usize = page.iter().map(prost::Message::encoded_len).sum();
+            assert!(size <= 8 << 10 || page.len() == 1, "{size}");
+            seen.extend(page.into_iter().map(|h| h.host_id));
+            if next.is_empty() {
+                break;
+            }
+            token = next;
+        }
+        assert!(pages > 5, "{pages} pages");
+        let expected: Vec<String> = (0..300).map(|i| format!("host-{i:03}")).collect();
+        assert_eq!(seen, expected);
+        // A budget smaller than one host still moves on, one host a page.
+        let (page, next) = fleet.page("", 1);
+        assert_eq!(page.len(), 1);
+        assert_eq!(next, "host-000");
     }
 }

@@ -25,7 +25,10 @@ async fn every_client_api_rpc_refuses_an_agent_certificate() {
     let coordinator = Coordinator::start(&[], |_, _| {}).await;
     let mut api = coordinator.tools(&agent("web-1")).await;
     tokio::time::timeout(WAIT, async {
-        refused("ListHosts", api.list_hosts(ListHostsRequest {}).await);
+        refused(
+            "ListHosts",
+            api.list_hosts(ListHostsRequest::default()).await,
+        );
         refused(
             "ListTools",
             api.list_tools(ListToolsRequest {
@@ -95,7 +98,7 @@ async fn every_agent_link_rpc_refuses_a_client_certificate() {
 async fn the_right_role_gets_through() {
     let coordinator = Coordinator::start(&[], |_, _| {}).await;
     let mut api = coordinator.tools(&client("alice")).await;
-    let hosts = tokio::time::timeout(WAIT, api.list_hosts(ListHostsRequest {}))
+    let hosts = tokio::time::timeout(WAIT, api.list_hosts(ListHostsRequest::default()))
         .await
         .unwrap()
         .unwrap();

@@ -110,7 +110,7 @@ async fn a_call_right_after_attach_waits_for_the_view() {
     let hosts = tokio::time::timeout(WAIT, async {
         loop {
             let hosts = api
-                .list_hosts(ListHostsRequest {})
+                .list_hosts(ListHostsRequest::default())
                 .await
                 .unwrap()
                 .into_inner();
@@ -163,7 +163,7 @@ async fn a_call_right_after_attach_waits_for_the_view() {
         .into_inner();
     assert_eq!(tools.tools.len(), 1);
     let hosts = api
-        .list_hosts(ListHostsRequest {})
+        .list_hosts(ListHostsRequest::default())
         .await
         .unwrap()
         .into_inner();

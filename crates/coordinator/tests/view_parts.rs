@@ -84,7 +84,7 @@ impl Coordinator {
         let hosts = self
             .tools_client()
             .await
-            .list_hosts(ListHostsRequest {})
+            .list_hosts(ListHostsRequest::default())
             .await
             .unwrap()
             .into_inner()
