@@ -154,7 +154,15 @@ where
     );
     let (result, caller_present) = match start(state, host_id, spec, slot).await {
         Err(result) => (result, true),
-        Ok((handle, _slot)) => pump(handle, spec, state, &mut emit).await,
+        Ok((handle, _slot)) => {
+            pump(
+                handle,
+                spec,
+                state.quotas.limits.max_call_timeout,
+                &mut emit,
+            )
+            .await
+        }
     };
     audit.finish(&result);
     if caller_present {
@@ -165,10 +173,11 @@ where
 
 /// Passes a running call's output on until its end; returns the result, not yet given to the
 /// caller, and whether the caller is still there.
+/// `max_timeout` is the coordinator's deadline for a call that leaves its timeout to the agent.
 async fn pump<F, Fut>(
     mut handle: CallHandle,
     spec: &CallSpec,
-    state: &State,
+    max_timeout: Duration,
     emit: &mut F,
 ) -> (CallResult, bool)
 where
@@ -176,7 +185,7 @@ where
     Fut: Future<Output = bool>,
 {
     let deadline = match spec.timeout_ms {
-        0 => state.quotas.limits.max_call_timeout,
+        0 => max_timeout,
         ms => Duration::from_millis(ms),
     } + DEADLINE_SLACK;
     let deadline = tokio::time::sleep(deadline);
@@ -206,5 +215,86 @@ where
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::sync::Arc;
+
+    use tokio::sync::mpsc;
+    use toolsrv_proto::v1::OutputStream;
+
+    use super::*;
+    use crate::link::Link;
+
+    fn spec(timeout_ms: u64) -> CallSpec {
+        CallSpec {
+            client: "alice".into(),
+            tool: "t".into(),
+            args_json: "{}".into(),
+            args_sha256: String::new(),
+            cwd: String::new(),
+            timeout_ms,
+            fanout: None,
+        }
+    }
+
+    async fn started(
+        window: u64,
+    ) -> (
+        Arc<Link>,
+        CallHandle,
+        mpsc::Receiver<toolsrv_proto::v1::CoordinatorMessage>,
+    ) {
+        let (tx, rx) = mpsc::channel(64);
+        let link = Arc::new(Link::new("a".into(), 1, tx, window));
+        let handle = link.start_call(StartCall::default()).await.unwrap();
+        (link, handle, rx)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_agent_times_out_after_the_call_timeout_plus_slack() {
+        let (_link, handle, _rx) = started(1000).await;
+        let begun = tokio::time::Instant::now();
+        let mut emit = |_: Event| async { true };
+        let (result, present) =
+            pump(handle, &spec(10_000), Duration::from_secs(3600), &mut emit).await;
+        assert_eq!(result.status, CallStatus::TimedOut as i32);
+        assert!(present);
+        assert_eq!(begun.elapsed(), Duration::from_secs(10) + DEADLINE_SLACK);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_timeout_the_coordinator_waits_its_maximum() {
+        let (_link, handle, _rx) = started(1000).await;
+        let begun = tokio::time::Instant::now();
+        let mut emit = |_: Event| async { true };
+        let (result, _) = pump(handle, &spec(0), Duration::from_secs(60), &mut emit).await;
+        assert_eq!(result.status, CallStatus::TimedOut as i32);
+        assert_eq!(begun.elapsed(), Duration::from_secs(60) + DEADLINE_SLACK);
+    }
+
+    #[tokio::test]
+    async fn a_caller_gone_mid_output_cancels_the_call() {
+        let (link, handle, mut rx) = started(1000).await;
+        let _start = rx.recv().await;
+        link.deliver(
+            1,
+            AgentEvent::Output(OutputChunk {
+                stream: OutputStream::Stdout as i32,
+                data: b"x".to_vec(),
+            }),
+        );
+        let mut emit = |_: Event| async { false };
+        let (result, present) = pump(handle, &spec(0), Duration::from_secs(60), &mut emit).await;
+        assert_eq!(result.status, CallStatus::Cancelled as i32);
+        assert!(!present, "nobody to give the result to");
+        let cancel = rx.recv().await.unwrap();
+        assert!(matches!(
+            cancel.msg,
+            Some(toolsrv_proto::v1::coordinator_message::Msg::Cancel(_))
+        ));
     }
 }

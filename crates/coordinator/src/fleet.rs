@@ -340,4 +340,96 @@ mod tests {
         assert_eq!(page.len(), 1);
         assert_eq!(next, "host-000");
     }
+
+    fn connected(id: &str, fleet: &Fleet) -> (HostEntry, u64) {
+        let generation = fleet.next_generation();
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        // The receiver is leaked on purpose: the link must look alive for these tests.
+        std::mem::forget(rx);
+        let mut e = entry(id);
+        e.link = Some(Arc::new(Link::new(id.into(), generation, tx, 1000)));
+        (e, generation)
+    }
+
+    fn view(revision: u64) -> HostView {
+        HostView {
+            catalog_revision: revision,
+            ..HostView::default()
+        }
+    }
+
+    #[test]
+    fn a_late_detach_of_an_old_connection_leaves_the_new_one_online() {
+        let fleet = Fleet::new(1);
+        let (first, old) = connected("a", &fleet);
+        let old_link = first.link.clone().unwrap();
+        fleet.attach(first);
+        let (second, new) = connected("a", &fleet);
+        fleet.attach(second);
+        assert!(
+            old_link.closed.is_cancelled(),
+            "the replaced link is closed"
+        );
+        // The old session ends after the new one attached: it must not take the host offline.
+        fleet.detach("a", old);
+        assert!(fleet.get("a").unwrap().online());
+        // Nor may its last view land on the new connection.
+        fleet.set_view("a", old, view(5));
+        assert!(!fleet.get("a").unwrap().synced);
+        fleet.set_view("a", new, view(6));
+        let host = fleet.get("a").unwrap();
+        assert!(host.synced);
+        assert_eq!(host.view.unwrap().catalog_revision, 6);
+        fleet.detach("a", new);
+        assert!(!fleet.get("a").unwrap().online());
+    }
+
+    #[test]
+    fn a_reconnecting_host_keeps_its_last_view_but_is_syncing() {
+        let fleet = Fleet::new(1);
+        let (first, generation) = connected("a", &fleet);
+        fleet.attach(first);
+        fleet.set_view("a", generation, view(3));
+        let (second, _) = connected("a", &fleet);
+        fleet.attach(second);
+        let host = fleet.get("a").unwrap();
+        assert_eq!(host.view.as_ref().unwrap().catalog_revision, 3);
+        assert_eq!(host.info().state, HostState::Syncing as i32);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiting_for_a_view_ends_when_it_arrives_or_at_the_limit() {
+        let fleet = Arc::new(Fleet::new(1));
+        let (first, generation) = connected("a", &fleet);
+        fleet.attach(first);
+        let limit = std::time::Duration::from_secs(5);
+        let started = tokio::time::Instant::now();
+        let waiting = {
+            let fleet = fleet.clone();
+            tokio::spawn(async move { fleet.wait_for("a", limit, |h| h.synced).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        fleet.set_view("a", generation, view(2));
+        let host = waiting.await.unwrap().unwrap();
+        assert!(host.synced);
+        assert_eq!(started.elapsed(), std::time::Duration::from_secs(2));
+
+        // Never ready: the wait ends at the limit with the host as it is.
+        let started = tokio::time::Instant::now();
+        let host = fleet.wait_for("a", limit, |_| false).await.unwrap();
+        assert_eq!(host.id, "a");
+        assert_eq!(started.elapsed(), limit);
+        // Unknown hosts and offline hosts do not wait at all.
+        assert!(fleet.wait_for("b", limit, |_| false).await.is_none());
+        fleet.detach("a", generation);
+        let started = tokio::time::Instant::now();
+        assert!(
+            !fleet
+                .wait_for("a", limit, |_| false)
+                .await
+                .unwrap()
+                .online()
+        );
+        assert_eq!(started.elapsed(), std::time::Duration::ZERO);
+    }
 }

@@ -218,3 +218,128 @@ pub fn status(status: CallStatus, message: impl Into<String>) -> CallResult {
         ..CallResult::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use toolsrv_proto::v1::OutputStream;
+
+    fn link(window: u64) -> (Arc<Link>, mpsc::Receiver<CoordinatorMessage>) {
+        let (tx, rx) = mpsc::channel(64);
+        (Arc::new(Link::new("web-1".into(), 7, tx, window)), rx)
+    }
+
+    fn start() -> StartCall {
+        StartCall {
+            tool: "t".into(),
+            args_json: "{}".into(),
+            ..StartCall::default()
+        }
+    }
+
+    fn chunk(n: usize) -> AgentEvent {
+        AgentEvent::Output(OutputChunk {
+            stream: OutputStream::Stdout as i32,
+            data: vec![b'x'; n],
+        })
+    }
+
+    fn next_msg(rx: &mut mpsc::Receiver<CoordinatorMessage>) -> Option<Msg> {
+        rx.try_recv().ok().and_then(|m| m.msg)
+    }
+
+    #[tokio::test]
+    async fn a_call_starts_with_a_full_window_and_ids_are_unique() {
+        let (link, mut rx) = link(1000);
+        let _a = link.start_call(start()).await.unwrap();
+        let _b = link.start_call(start()).await.unwrap();
+        let (Some(Msg::Start(a)), Some(Msg::Start(b))) = (next_msg(&mut rx), next_msg(&mut rx))
+        else {
+            panic!("two starts expected");
+        };
+        assert_ne!(a.call_id, b.call_id);
+        assert_eq!(a.initial_credit, 1000);
+        assert_eq!(link.calls_in_flight(), 2);
+    }
+
+    #[tokio::test]
+    async fn credit_goes_back_in_batches_of_half_a_window() {
+        let (link, mut rx) = link(1000);
+        let mut call = link.start_call(start()).await.unwrap();
+        let _start = next_msg(&mut rx);
+        for _ in 0..4 {
+            link.deliver(1, chunk(100));
+            assert!(matches!(call.next().await, Some(AgentEvent::Output(_))));
+            call.consumed(100).await;
+        }
+        assert!(
+            next_msg(&mut rx).is_none(),
+            "400 bytes: under half a window, no credit yet"
+        );
+        link.deliver(1, chunk(100));
+        call.next().await.unwrap();
+        call.consumed(100).await;
+        match next_msg(&mut rx) {
+            Some(Msg::Credit(c)) => assert_eq!((c.call_id, c.bytes), (1, 500)),
+            other => panic!("credit expected, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn dropping_an_unfinished_call_cancels_it_on_the_agent() {
+        let (link, mut rx) = link(1000);
+        let call = link.start_call(start()).await.unwrap();
+        let _start = next_msg(&mut rx);
+        drop(call);
+        match next_msg(&mut rx) {
+            Some(Msg::Cancel(c)) => assert_eq!(c.call_id, 1),
+            other => panic!("cancel expected, got {other:?}"),
+        }
+        assert_eq!(link.calls_in_flight(), 0);
+        // A late event for the forgotten call goes nowhere and harms nothing.
+        link.deliver(1, chunk(10));
+    }
+
+    #[tokio::test]
+    async fn a_finished_call_is_not_cancelled_when_dropped() {
+        let (link, mut rx) = link(1000);
+        let mut call = link.start_call(start()).await.unwrap();
+        let _start = next_msg(&mut rx);
+        link.deliver(1, AgentEvent::Finished(status(CallStatus::Ok, "")));
+        assert!(matches!(call.next().await, Some(AgentEvent::Finished(_))));
+        assert!(call.next().await.is_none(), "nothing after the end");
+        drop(call);
+        assert!(next_msg(&mut rx).is_none());
+    }
+
+    #[tokio::test]
+    async fn closing_the_link_ends_every_call_as_lost_and_refuses_new_ones() {
+        let (link, _rx) = link(1000);
+        let mut a = link.start_call(start()).await.unwrap();
+        let mut b = link.start_call(start()).await.unwrap();
+        link.close("lost: nothing heard for 3000 ms");
+        for call in [&mut a, &mut b] {
+            match call.next().await {
+                Some(AgentEvent::Finished(r)) => {
+                    assert_eq!(r.status, CallStatus::Lost as i32);
+                    assert!(r.message.contains("nothing heard"), "{}", r.message);
+                }
+                other => panic!("lost expected, got {other:?}"),
+            }
+        }
+        let refused = link.start_call(start()).await.unwrap_err();
+        assert_eq!(refused.status, CallStatus::Lost as i32);
+    }
+
+    #[tokio::test]
+    async fn a_call_too_big_for_one_message_is_refused_alone() {
+        let (link, mut rx) = link(1000);
+        let mut huge = start();
+        huge.cwd = "d".repeat(MAX_MESSAGE_BYTES);
+        let refused = link.start_call(huge).await.unwrap_err();
+        assert_eq!(refused.status, CallStatus::InvalidArgs as i32);
+        assert!(next_msg(&mut rx).is_none(), "nothing was sent");
+        assert!(link.start_call(start()).await.is_ok(), "the link is fine");
+    }
+}
