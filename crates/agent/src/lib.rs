@@ -22,20 +22,14 @@ mod session;
 mod store;
 mod view;
 
-pub use backoff::{Backoff, full_jitter};
-pub use blobs::{
-    BLOB_MODE, BlobCache, BlobSource, BlobStream, FileStamp, GrpcBlobs, SETTLE, is_sha256_hex,
-};
-pub use config::{
-    AgentConfig, DEFAULT_DRAIN_GRACE, DEFAULT_MAX_CONCURRENT_CALLS, DEFAULT_RECHECK_EVERY,
-};
+// The public surface: what `toolsrv agent` and `toolsrv up` run (`run`, `AgentConfig`), and the
+// seams the tests drive without a coordinator (the reconnect loop's connector, the catalog
+// store and keeper, the blob source). Everything else stays inside the crate.
+pub use backoff::Backoff;
+pub use blobs::{BlobCache, BlobSource, BlobStream, SETTLE};
+pub use config::AgentConfig;
 pub use error::AgentError;
-pub use facts::{hello, host_facts};
 pub use keeper::CatalogKeeper;
-pub use outcome::{finished, not_run, refusal_status};
-pub use reconnect::{SessionEnd, SessionOutcome, reconnect_loop};
-pub use run::{connect_tls, run, run_with_connector};
-pub use store::{ApplyReport, CatalogStore};
-pub use view::{
-    VIEW_PART_BYTES, ViewTracker, definition, parts, tool_status, tool_statuses, within_limits,
-};
+pub use run::{run, run_with_connector};
+pub use store::CatalogStore;
+pub use view::definition;
