@@ -14,7 +14,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// A built binary of this workspace (`toolsrv`, `toolctl`), next to the test executable's directory.
+/// A built binary of this workspace (`toolsrv`, `toolctl`), next to the test executable's
+/// directory. Fails, saying how to fix it, when the binary is missing or older than a source it
+/// is built from: `cargo test -p toolsrv-tests` alone does not rebuild the binaries, and a test
+/// of stale binaries passes or fails for the wrong reasons.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().and_then(Path::parent).unwrap();
@@ -24,7 +27,64 @@ pub fn bin(name: &str) -> PathBuf {
         "{} is missing: build the workspace binaries first (cargo build --bins)",
         path.display()
     );
+    let built = std::fs::metadata(&path).and_then(|m| m.modified()).unwrap();
+    if let Some((source, changed)) = newest_source()
+        && changed > built
+    {
+        panic!(
+            "{} is older than {}: rebuild the binaries (cargo build --bins), or run the tests \
+             with cargo test --workspace, which builds them",
+            path.display(),
+            source.display()
+        );
+    }
     path
+}
+
+/// The most recently modified source the binaries are built from (crates, proto, embedded
+/// example tools, the lock file), computed once.
+fn newest_source() -> Option<(PathBuf, std::time::SystemTime)> {
+    static NEWEST: std::sync::OnceLock<Option<(PathBuf, std::time::SystemTime)>> =
+        std::sync::OnceLock::new();
+    NEWEST
+        .get_or_init(|| {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?.to_path_buf();
+            let mut newest: Option<(PathBuf, std::time::SystemTime)> = None;
+            let mut dirs = vec![
+                root.join("crates"),
+                root.join("proto"),
+                root.join("examples/tools"),
+            ];
+            let mut consider = |path: PathBuf| {
+                if let Ok(modified) = std::fs::metadata(&path).and_then(|m| m.modified())
+                    && newest.as_ref().is_none_or(|(_, t)| modified > *t)
+                {
+                    newest = Some((path, modified));
+                }
+            };
+            consider(root.join("Cargo.lock"));
+            while let Some(dir) = dirs.pop() {
+                let Ok(entries) = std::fs::read_dir(&dir) else {
+                    continue;
+                };
+                for entry in entries.flatten() {
+                    let path = entry.path();
+                    let name = entry.file_name();
+                    let name = name.to_string_lossy();
+                    // Tests and benches are not part of the binaries.
+                    if ["target", "tests", "benches"].contains(&name.as_ref()) {
+                        continue;
+                    }
+                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                        dirs.push(path);
+                    } else {
+                        consider(path);
+                    }
+                }
+            }
+            newest
+        })
+        .clone()
 }
 
 /// Polls `f` until it returns `Some`, for at most `limit`.
