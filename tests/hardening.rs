@@ -2,7 +2,6 @@
 //! everyone else's calls, the links and the audit log intact.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
-use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -206,20 +205,7 @@ fn callers_that_vanish_mid_call_are_audited_and_so_are_refusals() {
 }
 
 fn sha256_hex(text: &str) -> String {
-    let out = Command::new("sha256sum")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            child.stdin.take().unwrap().write_all(text.as_bytes())?;
-            child.wait_with_output()
-        })
-        .unwrap();
-    text_first_word(&out.stdout)
-}
-
-fn text_first_word(bytes: &[u8]) -> String {
-    text(bytes).split_whitespace().next().unwrap().to_string()
+    toolsrv_registry::hex_sha256(text.as_bytes())
 }
 
 #[test]

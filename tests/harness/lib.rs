@@ -48,7 +48,9 @@ fn newest_source() -> Option<(PathBuf, std::time::SystemTime)> {
         std::sync::OnceLock::new();
     NEWEST
         .get_or_init(|| {
-            let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?.to_path_buf();
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()?
+                .to_path_buf();
             let mut newest: Option<(PathBuf, std::time::SystemTime)> = None;
             let mut dirs = vec![
                 root.join("crates"),

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::{JoinError, JoinSet};
@@ -436,9 +436,4 @@ impl Link<'_> {
     }
 }
 
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
+use toolsrv_proto::unix_ms;

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
-use sha2::{Digest, Sha256};
 use tokio::sync::{Semaphore, broadcast, mpsc};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
@@ -95,10 +94,7 @@ fn call_spec(
             )));
         }
     }
-    let args_sha256 = Sha256::digest(args_json.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let args_sha256 = toolsrv_registry::hex_sha256(args_json.as_bytes());
     Ok(CallSpec {
         client,
         tool,

@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::broadcast;
 use toolsrv_proto::v1::{CatalogEvent, CatalogEventKind, HostFacts, HostInfo, HostState, HostView};
@@ -101,11 +100,7 @@ pub struct Fleet {
     interner: Interner,
 }
 
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+pub use toolsrv_proto::unix_ms as now_ms;
 
 impl Fleet {
     pub fn new(revision: u64) -> Self {

@@ -15,5 +15,14 @@ pub mod v1 {
     tonic::include_proto!("toolsrv.v1");
 }
 
+/// Wall-clock time now, in the Unix milliseconds that every `*_unix_ms` field of the protocol
+/// carries (0 for a clock before 1970). For what is shown to people only: durations and
+/// liveness are measured on a monotonic clock.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// The encoded file descriptor set, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("toolsrv_descriptor");

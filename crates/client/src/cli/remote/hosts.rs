@@ -1,7 +1,6 @@
 //! `toolctl hosts`: the fleet as a table or a JSON array.
 
 use std::io::Write;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 use toolsrv_client::{HostInfo, HostState};
@@ -27,11 +26,7 @@ pub async fn hosts(conn: &ConnArgs, json: bool) -> u8 {
     written(result, "the host list")
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
+use toolsrv_proto::unix_ms as now_ms;
 
 fn state_name(state: i32) -> &'static str {
     match HostState::try_from(state) {
