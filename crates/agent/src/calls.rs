@@ -21,7 +21,7 @@ use toolsrv_proto::v1::{
 use toolsrv_registry::Catalog;
 
 use crate::blobs::GrpcBlobs;
-use crate::outcome::{finished, not_run, refusal_status};
+use crate::outcome::{finished, refusal_status};
 use crate::store::CatalogStore;
 
 /// How long past its timeout and kill grace a call may wait for credit before its further output
@@ -115,14 +115,14 @@ async fn run(
     let permit = tokio::select! {
         permit = env.slots.clone().acquire_owned() => permit,
         () = cancel.cancelled() => {
-            return not_run(CallStatus::Cancelled, "call was cancelled while waiting for a free call slot");
+            return CallResult::not_run(CallStatus::Cancelled, "call was cancelled while waiting for a free call slot");
         }
     };
     let Ok(_permit) = permit else {
-        return not_run(CallStatus::Cancelled, "agent is shutting down");
+        return CallResult::not_run(CallStatus::Cancelled, "agent is shutting down");
     };
     if cancel.is_cancelled() {
-        return not_run(
+        return CallResult::not_run(
             CallStatus::Cancelled,
             "call was cancelled before it started",
         );
@@ -130,7 +130,7 @@ async fn run(
     let args = match parse_args(&start.args_json) {
         Ok(args) => args,
         Err(e) => {
-            return not_run(
+            return CallResult::not_run(
                 CallStatus::InvalidArgs,
                 format!("tool `{}`: args_json is not valid JSON: {e}", start.tool),
             );
@@ -150,19 +150,19 @@ async fn run(
     let invocation =
         match toolsrv_host::prepare(&catalog, &env.host, &req, &env.limits, &env.base_env) {
             Ok(invocation) => invocation,
-            Err(e) => return not_run(refusal_status(&e), e.to_string()),
+            Err(e) => return CallResult::not_run(refusal_status(&e), e.to_string()),
         };
     if let toolsrv_exec::Program::Exec(path) = &invocation.program
         && *path == env.store.dir().join(&start.tool)
         && let Err(e) = env.store.check_executable(&start.tool, &env.blobs).await
     {
-        return not_run(CallStatus::FailedToStart, e.to_string());
+        return CallResult::not_run(CallStatus::FailedToStart, e.to_string());
     }
     let timeout = invocation.timeout;
     let deadline = Instant::now() + timeout + invocation.kill_grace + CREDIT_SLACK;
     let mut execution = match toolsrv_host::start(&start.tool, invocation, cancel.clone()) {
         Ok(execution) => execution,
-        Err(e) => return not_run(refusal_status(&e), e.to_string()),
+        Err(e) => return CallResult::not_run(refusal_status(&e), e.to_string()),
     };
     let mut forwarding = true;
     let mut dropped = false;
@@ -197,7 +197,7 @@ async fn run(
             }
         }
     }
-    not_run(
+    CallResult::not_run(
         CallStatus::ToolError,
         format!(
             "tool `{}`: the call ended without reporting an outcome; see the agent's log",

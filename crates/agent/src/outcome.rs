@@ -75,34 +75,6 @@ pub fn refusal_status(err: &CallError) -> CallStatus {
     }
 }
 
-/// The longest `message` sent: a refusal can quote the arguments (a schema violation names the
-/// value), and arguments may be large.
-pub const MAX_MESSAGE_TEXT: usize = 64 << 10;
-
-/// The result of a call that did not run.
-pub fn not_run(status: CallStatus, message: impl Into<String>) -> CallResult {
-    CallResult {
-        status: status.into(),
-        message: bounded_text(message.into()),
-        ..CallResult::default()
-    }
-}
-
-/// `text` cut to at most [`MAX_MESSAGE_TEXT`] bytes (on a character boundary), saying so.
-fn bounded_text(mut text: String) -> String {
-    if text.len() <= MAX_MESSAGE_TEXT {
-        return text;
-    }
-    let total = text.len();
-    let mut end = MAX_MESSAGE_TEXT - 100;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text.truncate(end);
-    text.push_str(&format!("… [toolsrv: message cut, {total} bytes in all]"));
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -201,20 +173,6 @@ mod tests {
         for (err, status) in cases {
             assert_eq!(refusal_status(&err), status, "{err}");
         }
-    }
-
-    #[test]
-    fn long_refusals_are_cut() {
-        let long = format!("bad value {}", "é".repeat(MAX_MESSAGE_TEXT));
-        let r = not_run(CallStatus::InvalidArgs, long.clone());
-        assert!(r.message.len() <= MAX_MESSAGE_TEXT, "{}", r.message.len());
-        assert!(r.message.starts_with("bad value é"));
-        assert!(
-            r.message
-                .ends_with(&format!("{} bytes in all]", long.len()))
-        );
-        let short = not_run(CallStatus::InvalidArgs, "short");
-        assert_eq!(short.message, "short");
     }
 
     #[test]

@@ -27,8 +27,8 @@ use toolsrv_proto::v1::agent_link_client::AgentLinkClient;
 use toolsrv_proto::v1::agent_message::Msg as Out;
 use toolsrv_proto::v1::coordinator_message::Msg as In;
 use toolsrv_proto::v1::{
-    AgentMessage, CallFinished, CallStatus, CatalogUpdate, CoordinatorMessage, Goodbye, Keepalive,
-    StartCall, Welcome,
+    AgentMessage, CallFinished, CallResult, CallStatus, CatalogUpdate, CoordinatorMessage, Goodbye,
+    Keepalive, StartCall, Welcome,
 };
 
 use crate::blobs::GrpcBlobs;
@@ -37,7 +37,7 @@ use crate::config::AgentConfig;
 use crate::error::AgentError;
 use crate::facts::hello;
 use crate::keeper::{CatalogKeeper, KeeperLinks, keep_catalog};
-use crate::outcome::not_run;
+
 use crate::reconnect::SessionEnd;
 use crate::store::CatalogStore;
 
@@ -381,7 +381,7 @@ impl Link<'_> {
     async fn finish(&self, id: u64, status: CallStatus, message: &str) -> Result<(), AgentError> {
         self.send(Out::Finished(CallFinished {
             call_id: id,
-            result: Some(not_run(status, message)),
+            result: Some(CallResult::not_run(status, message)),
         }))
         .await
     }

@@ -12,17 +12,17 @@ use tonic::{Request, Response, Status};
 use toolsrv_proto::limits::MAX_ARGS_BYTES;
 use toolsrv_proto::v1::tools_server::Tools;
 use toolsrv_proto::v1::{
-    CallEvent, CallRequest, CallStatus, CatalogEvent, CatalogEventKind, DescribeToolRequest,
-    FanOutEvent, FanOutRequest, FanOutSummary, ListHostsRequest, ListHostsResponse,
-    ListToolsRequest, ListToolsResponse, ToolDefinition, WatchCatalogRequest, call_event,
-    fan_out_event,
+    CallEvent, CallRequest, CallResult, CallStatus, CatalogEvent, CatalogEventKind,
+    DescribeToolRequest, FanOutEvent, FanOutRequest, FanOutSummary, ListHostsRequest,
+    ListHostsResponse, ListToolsRequest, ListToolsResponse, ToolDefinition, WatchCatalogRequest,
+    call_event, fan_out_event,
 };
 
 use crate::State;
 
 use crate::calls::{self, CallSpec, Event};
 use crate::identity::Caller;
-use crate::link::status;
+
 use crate::selector::Selector;
 use crate::views::LIST_PAGE_BYTES;
 
@@ -382,7 +382,7 @@ async fn fan_out(
                 return;
             };
             let result = if max_errors > 0 && failed.load(Ordering::Relaxed) > max_errors {
-                let result = status(
+                let result = CallResult::not_run(
                     CallStatus::Skipped,
                     format!("not started: more than {max_errors} hosts failed"),
                 );

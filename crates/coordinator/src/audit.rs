@@ -14,7 +14,6 @@ use serde_json::json;
 use toolsrv_proto::v1::{CallResult, CallStatus};
 
 use crate::fleet::now_ms;
-use crate::link::status;
 
 /// Most bytes of a name (client, host, tool, fan-out) written to the log.
 const MAX_NAME_FIELD: usize = 256;
@@ -163,7 +162,7 @@ impl Drop for Pending<'_> {
         if !self.done {
             self.audit.record(
                 &self.record,
-                &status(
+                &CallResult::not_run(
                     CallStatus::Cancelled,
                     "the caller went away before the call ended; the call was cancelled on the host",
                 ),
@@ -201,7 +200,7 @@ mod tests {
         let path = dir.path().join("audit.jsonl");
         let audit = Audit::open(Some(&path)).unwrap();
         drop(Pending::new(&audit, record("a")));
-        Pending::new(&audit, record("b")).finish(&status(CallStatus::Ok, ""));
+        Pending::new(&audit, record("b")).finish(&CallResult::not_run(CallStatus::Ok, ""));
         let got = lines(&path);
         assert_eq!(got.len(), 2);
         assert_eq!(got[0]["host"], "a");
@@ -217,7 +216,7 @@ mod tests {
         let huge = "h".repeat(5 << 20);
         audit.record(
             &record(&huge),
-            &status(CallStatus::UnknownHost, huge.clone()),
+            &CallResult::not_run(CallStatus::UnknownHost, huge.clone()),
         );
         audit.refused(
             &huge,
@@ -245,10 +244,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.jsonl");
         let audit = Audit::open(Some(&path)).unwrap();
-        audit.record(&record("before"), &status(CallStatus::Ok, ""));
+        audit.record(&record("before"), &CallResult::not_run(CallStatus::Ok, ""));
         std::fs::rename(&path, dir.path().join("audit.jsonl.1")).unwrap();
         audit.reopen().unwrap();
-        audit.record(&record("after"), &status(CallStatus::Ok, ""));
+        audit.record(&record("after"), &CallResult::not_run(CallStatus::Ok, ""));
         assert_eq!(lines(&path)[0]["host"], "after");
         assert_eq!(
             lines(&dir.path().join("audit.jsonl.1"))[0]["host"],

@@ -7,7 +7,7 @@ use toolsrv_proto::v1::{CallResult, CallStatus, OutputChunk, StartCall};
 use crate::State;
 use crate::audit::{Pending, Record};
 use crate::fleet::HostEntry;
-use crate::link::{AgentEvent, CallHandle, status};
+use crate::link::{AgentEvent, CallHandle};
 use crate::quota::Slot;
 
 /// What a caller asked for, host aside.
@@ -63,13 +63,13 @@ async fn start(
         .wait_for(host_id, SYNC_WAIT, |h| !view_pending(state, h, &spec.tool))
         .await
     else {
-        return Err(status(
+        return Err(CallResult::not_run(
             CallStatus::UnknownHost,
             format!("no host `{host_id}` has connected to this coordinator"),
         ));
     };
     let Some(link) = host.link.clone().filter(|_| host.online()) else {
-        return Err(status(
+        return Err(CallResult::not_run(
             CallStatus::Offline,
             format!("host `{host_id}` is offline"),
         ));
@@ -77,7 +77,7 @@ async fn start(
     match host.tool(&spec.tool) {
         Some(tool) if tool.visible => {}
         Some(tool) => {
-            return Err(status(
+            return Err(CallResult::not_run(
                 CallStatus::Hidden,
                 format!(
                     "tool `{}` is hidden on host `{host_id}`: {}",
@@ -86,13 +86,13 @@ async fn start(
             ));
         }
         None if !state.registry.catalog().tools.contains_key(&spec.tool) => {
-            return Err(status(
+            return Err(CallResult::not_run(
                 CallStatus::UnknownTool,
                 format!("unknown tool `{}`", spec.tool),
             ));
         }
         None => {
-            return Err(status(
+            return Err(CallResult::not_run(
                 CallStatus::Hidden,
                 format!(
                     "host `{host_id}` did not report tool `{}` within {} s of being asked",
@@ -106,14 +106,14 @@ async fn start(
         .policy
         .check(&spec.client, &spec.tool, &host.policy_facts())
     {
-        return Err(status(CallStatus::Denied, reason));
+        return Err(CallResult::not_run(CallStatus::Denied, reason));
     }
     let slot = match slot {
         Some(slot) => slot,
         None => state
             .quotas
             .call(&spec.client, host_id, spec.fanout.is_some())
-            .map_err(|reason| status(CallStatus::Busy, reason))?,
+            .map_err(|reason| CallResult::not_run(CallStatus::Busy, reason))?,
     };
     let start = StartCall {
         call_id: 0,
@@ -195,7 +195,7 @@ where
             event = handle.next() => event,
             () = &mut deadline => {
                 // Dropping the handle cancels the call on the agent.
-                return (status(CallStatus::TimedOut, "the agent did not report the call's end in time"), true);
+                return (CallResult::not_run(CallStatus::TimedOut, "the agent did not report the call's end in time"), true);
             }
         };
         match event {
@@ -203,14 +203,17 @@ where
                 let n = chunk.data.len() as u64;
                 if !emit(Event::Output(chunk)).await {
                     // Dropping the handle cancels the call on the agent.
-                    return (status(CallStatus::Cancelled, "the caller went away"), false);
+                    return (
+                        CallResult::not_run(CallStatus::Cancelled, "the caller went away"),
+                        false,
+                    );
                 }
                 handle.consumed(n).await;
             }
             Some(AgentEvent::Finished(result)) => return (result, true),
             None => {
                 return (
-                    status(CallStatus::Lost, "the call ended without a result"),
+                    CallResult::not_run(CallStatus::Lost, "the call ended without a result"),
                     true,
                 );
             }

@@ -81,7 +81,7 @@ impl Link {
         // instead (arguments are limited before, but the working directory is not).
         let size = prost::Message::encoded_len(&start);
         if size + START_SLACK > MAX_MESSAGE_BYTES {
-            return Err(status(
+            return Err(CallResult::not_run(
                 CallStatus::InvalidArgs,
                 format!(
                     "the call to host {} is {size} bytes with its arguments and working directory, \
@@ -103,7 +103,7 @@ impl Link {
             ungranted: 0,
         };
         if self.closed.is_cancelled() || !self.send(Msg::Start(start)).await {
-            return Err(status(
+            return Err(CallResult::not_run(
                 CallStatus::Lost,
                 format!(
                     "the link to host {} closed before the call started",
@@ -135,7 +135,7 @@ impl Link {
         self.closed.cancel();
         let calls: Vec<_> = self.lock().drain().collect();
         for (_, sink) in calls {
-            let _ = sink.send(AgentEvent::Finished(status(
+            let _ = sink.send(AgentEvent::Finished(CallResult::not_run(
                 CallStatus::Lost,
                 format!("host {}: {reason}", self.host_id),
             )));
@@ -163,7 +163,7 @@ impl CallHandle {
         let event = match self.rx.recv().await {
             Some(event) => event,
             // The link dropped our sink without a result: the connection is gone.
-            None => AgentEvent::Finished(status(
+            None => AgentEvent::Finished(CallResult::not_run(
                 CallStatus::Lost,
                 format!("the link to host {} closed", self.link.host_id),
             )),
@@ -207,15 +207,6 @@ impl Drop for CallHandle {
                 let _ = tx.send(cancel).await;
             });
         }
-    }
-}
-
-/// A result that carries only a status and a message.
-pub fn status(status: CallStatus, message: impl Into<String>) -> CallResult {
-    CallResult {
-        status: status as i32,
-        message: message.into(),
-        ..CallResult::default()
     }
 }
 
@@ -306,7 +297,10 @@ mod tests {
         let (link, mut rx) = link(1000);
         let mut call = link.start_call(start()).await.unwrap();
         let _start = next_msg(&mut rx);
-        link.deliver(1, AgentEvent::Finished(status(CallStatus::Ok, "")));
+        link.deliver(
+            1,
+            AgentEvent::Finished(CallResult::not_run(CallStatus::Ok, "")),
+        );
         assert!(matches!(call.next().await, Some(AgentEvent::Finished(_))));
         assert!(call.next().await.is_none(), "nothing after the end");
         drop(call);

@@ -9,6 +9,7 @@
 
 pub mod codec;
 pub mod limits;
+mod results;
 
 /// Version 1 of the protocol.
 pub mod v1 {

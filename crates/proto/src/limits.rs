@@ -35,3 +35,7 @@ pub const VIEW_TOOL_OVERHEAD_BYTES: usize = 512;
 pub fn view_tool_bytes(tool: &crate::v1::ToolStatus) -> usize {
     prost::Message::encoded_len(tool) + VIEW_TOOL_OVERHEAD_BYTES
 }
+
+/// Longest `message` of a call result: a refusal can quote the arguments (a schema violation
+/// names the value), and arguments may be large. Longer ones are cut, saying so.
+pub const MAX_MESSAGE_TEXT: usize = 64 << 10;
