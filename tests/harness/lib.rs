@@ -28,7 +28,13 @@ pub fn bin(name: &str) -> PathBuf {
         path.display()
     );
     let built = std::fs::metadata(&path).and_then(|m| m.modified()).unwrap();
-    if let Some((source, changed)) = newest_source()
+    // The crates each binary is not built from: a change there does not relink it.
+    let not_built_from: &[&str] = match name {
+        "toolsrv" => &["client", "bench"],
+        "toolctl" => &["server", "coordinator", "agent", "bench"],
+        _ => &["bench"],
+    };
+    if let Some((source, changed)) = newest_source(not_built_from)
         && changed > built
     {
         panic!(
@@ -41,52 +47,51 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
-/// The most recently modified source the binaries are built from (crates, proto, embedded
-/// example tools, the lock file), computed once.
-fn newest_source() -> Option<(PathBuf, std::time::SystemTime)> {
-    static NEWEST: std::sync::OnceLock<Option<(PathBuf, std::time::SystemTime)>> =
-        std::sync::OnceLock::new();
-    NEWEST
-        .get_or_init(|| {
-            let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-                .parent()?
-                .to_path_buf();
-            let mut newest: Option<(PathBuf, std::time::SystemTime)> = None;
-            let mut dirs = vec![
-                root.join("crates"),
-                root.join("proto"),
-                root.join("examples/tools"),
-            ];
-            let mut consider = |path: PathBuf| {
-                if let Ok(modified) = std::fs::metadata(&path).and_then(|m| m.modified())
-                    && newest.as_ref().is_none_or(|(_, t)| modified > *t)
-                {
-                    newest = Some((path, modified));
-                }
-            };
-            consider(root.join("Cargo.lock"));
-            while let Some(dir) = dirs.pop() {
-                let Ok(entries) = std::fs::read_dir(&dir) else {
-                    continue;
-                };
-                for entry in entries.flatten() {
-                    let path = entry.path();
-                    let name = entry.file_name();
-                    let name = name.to_string_lossy();
-                    // Tests and benches are not part of the binaries.
-                    if ["target", "tests", "benches"].contains(&name.as_ref()) {
-                        continue;
-                    }
-                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                        dirs.push(path);
-                    } else {
-                        consider(path);
-                    }
-                }
+/// The most recently modified source a binary is built from: the crates but `skip_crates`,
+/// the protocol, the embedded example tools and the lock file.
+fn newest_source(skip_crates: &[&str]) -> Option<(PathBuf, std::time::SystemTime)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()?
+        .to_path_buf();
+    let skip: Vec<PathBuf> = skip_crates
+        .iter()
+        .map(|c| root.join("crates").join(c))
+        .collect();
+    let mut newest: Option<(PathBuf, std::time::SystemTime)> = None;
+    let mut consider = |path: PathBuf| {
+        if let Ok(modified) = std::fs::metadata(&path).and_then(|m| m.modified())
+            && newest.as_ref().is_none_or(|(_, t)| modified > *t)
+        {
+            newest = Some((path, modified));
+        }
+    };
+    consider(root.join("Cargo.lock"));
+    let mut dirs = vec![
+        root.join("crates"),
+        root.join("proto"),
+        root.join("examples/tools"),
+    ];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name();
+            // Tests and benches are not part of the binaries.
+            if ["target", "tests", "benches"].contains(&name.to_string_lossy().as_ref())
+                || skip.contains(&path)
+            {
+                continue;
             }
-            newest
-        })
-        .clone()
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                dirs.push(path);
+            } else {
+                consider(path);
+            }
+        }
+    }
+    newest
 }
 
 /// Polls `f` until it returns `Some`, for at most `limit`.

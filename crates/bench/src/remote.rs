@@ -320,7 +320,8 @@ pub async fn fan_out(
         match event {
             None => return Err("fan-out ended without a summary".into()),
             Some(event) => match event?.event {
-                FanOutUpdate::Output(_) => {}
+                // The benches run without a policy: nothing asks for approval.
+                FanOutUpdate::Output(_) | FanOutUpdate::Approval(_) => {}
                 FanOutUpdate::Result(r) => {
                     first_result.get_or_insert_with(|| started.elapsed());
                     results += 1;
@@ -410,6 +411,8 @@ pub async fn stream_call(
                 false,
             ),
             Some(Err(e)) => ("error".to_string(), e.to_string(), false),
+            // The benches run without a policy: nothing asks for approval.
+            Some(Ok(CallUpdate::Approval(_))) => continue,
             Some(Ok(CallUpdate::Output(chunk))) => {
                 first_byte.get_or_insert_with(|| started.elapsed());
                 bytes += chunk.data.len() as u64;

@@ -4,9 +4,10 @@ use tonic::Streaming;
 use tonic::transport::Channel;
 use toolsrv_proto::v1::tools_client::ToolsClient;
 use toolsrv_proto::v1::{
-    CallEvent, CallRequest, CallResult, CatalogEvent, DescribeToolRequest, FanOutEvent,
-    FanOutRequest, HostInfo, ListHostsRequest, ListToolsRequest, ListToolsResponse, OutputStream,
-    ToolDefinition, WatchCatalogRequest, call_event, fan_out_event,
+    ApprovalRequest, ApproveRequest, CallEvent, CallRequest, CallResult, CatalogEvent,
+    DescribeToolRequest, FanOutEvent, FanOutRequest, HostInfo, ListApprovalsRequest,
+    ListHostsRequest, ListToolsRequest, ListToolsResponse, OutputStream, ToolDefinition,
+    WatchCatalogRequest, call_event, fan_out_event,
 };
 use toolsrv_tls::{Role, TlsFiles};
 
@@ -165,7 +166,9 @@ impl Client {
         })
     }
 
-    /// Runs a call to its end, collecting its output.
+    /// Runs a call to its end, collecting its output. An approval the call waits for is left to
+    /// whoever may decide it (the call is denied if nobody does in time); to answer approval
+    /// requests as the caller, read [`Client::call`]'s stream and use [`Client::decide`].
     pub async fn call_to_end(&self, request: CallRequest) -> Result<CallOutcome, ClientError> {
         let mut stream = self.call(request).await?;
         let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
@@ -185,6 +188,7 @@ impl Client {
                         result,
                     });
                 }
+                call_event::Event::Approval(_) => {}
             }
         }
         // `CallStream` reports a missing result as an error before it ends.
@@ -200,6 +204,27 @@ impl Client {
             inner: stream,
             done: false,
         })
+    }
+
+    /// The pending approval requests this client may decide, oldest first.
+    pub async fn approvals(&self) -> Result<Vec<ApprovalRequest>, ClientError> {
+        let response = self
+            .inner
+            .clone()
+            .list_approvals(ListApprovalsRequest {})
+            .await?;
+        Ok(response.into_inner().requests)
+    }
+
+    /// Approves (`approve`) or denies one pending request by its id.
+    pub async fn decide(&self, id: &str, approve: bool, reason: &str) -> Result<(), ClientError> {
+        let request = ApproveRequest {
+            id: id.to_string(),
+            approve,
+            reason: reason.to_string(),
+        };
+        self.inner.clone().approve(request).await?;
+        Ok(())
     }
 
     /// Catalog and fleet changes, starting with a snapshot event; endless until dropped.

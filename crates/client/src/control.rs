@@ -26,9 +26,9 @@ use tonic::{Request, Response, Status};
 use toolsrv_proto::v1::tools_client::ToolsClient;
 use toolsrv_proto::v1::tools_server::{Tools, ToolsServer};
 use toolsrv_proto::v1::{
-    CallEvent, CallRequest, CatalogEvent, DescribeToolRequest, FanOutEvent, FanOutRequest,
-    ListHostsRequest, ListHostsResponse, ListToolsRequest, ListToolsResponse, ToolDefinition,
-    WatchCatalogRequest,
+    ApproveRequest, ApproveResponse, CallEvent, CallRequest, CatalogEvent, DescribeToolRequest,
+    FanOutEvent, FanOutRequest, ListApprovalsRequest, ListApprovalsResponse, ListHostsRequest,
+    ListHostsResponse, ListToolsRequest, ListToolsResponse, ToolDefinition, WatchCatalogRequest,
 };
 use tower::service_fn;
 
@@ -516,6 +516,20 @@ impl Tools for Relay {
             .watch_catalog(req.into_inner())
             .await?;
         Ok(self.relay(stream.into_inner()))
+    }
+
+    async fn list_approvals(
+        &self,
+        req: Request<ListApprovalsRequest>,
+    ) -> Result<Response<ListApprovalsResponse>, Status> {
+        self.upstream.clone().list_approvals(req.into_inner()).await
+    }
+
+    async fn approve(
+        &self,
+        req: Request<ApproveRequest>,
+    ) -> Result<Response<ApproveResponse>, Status> {
+        self.upstream.clone().approve(req.into_inner()).await
     }
 }
 

@@ -30,8 +30,8 @@ pub use status::{is_ok, status_name};
 pub use toolsrv_proto::v1::call_event::Event as CallUpdate;
 pub use toolsrv_proto::v1::fan_out_event::Event as FanOutUpdate;
 pub use toolsrv_proto::v1::{
-    CallEvent, CallRequest, CallResult, CallStatus, CatalogEvent, CatalogEventKind, FanOutEvent,
-    FanOutRequest, FanOutSummary, HostFacts, HostInfo, HostState, ListToolsResponse, OutputChunk,
-    OutputStream, ToolDefinition, ToolStatus,
+    ApprovalRequest, CallEvent, CallRequest, CallResult, CallStatus, CatalogEvent,
+    CatalogEventKind, FanOutEvent, FanOutRequest, FanOutSummary, HostFacts, HostInfo, HostState,
+    ListToolsResponse, OutputChunk, OutputStream, ToolDefinition, ToolStatus,
 };
 pub use toolsrv_tls::{TlsError, TlsFiles};

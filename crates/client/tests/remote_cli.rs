@@ -207,7 +207,7 @@ async fn remote_commands_against_a_real_fleet() {
         match event.unwrap().event {
             FanOutUpdate::Result(r) => results.push(r.status),
             FanOutUpdate::Summary(s) => summary = Some(s),
-            FanOutUpdate::Output(_) => {}
+            FanOutUpdate::Output(_) | FanOutUpdate::Approval(_) => {}
         }
     }
     assert_eq!(results, [CallStatus::ToolError as i32; 2]);

@@ -12,14 +12,16 @@ use tonic::{Request, Response, Status};
 use toolsrv_proto::limits::MAX_ARGS_BYTES;
 use toolsrv_proto::v1::tools_server::Tools;
 use toolsrv_proto::v1::{
-    CallEvent, CallRequest, CallResult, CallStatus, CatalogEvent, CatalogEventKind,
-    DescribeToolRequest, FanOutEvent, FanOutRequest, FanOutSummary, ListHostsRequest,
-    ListHostsResponse, ListToolsRequest, ListToolsResponse, ToolDefinition, WatchCatalogRequest,
-    call_event, fan_out_event,
+    ApproveRequest, ApproveResponse, CallEvent, CallRequest, CallResult, CallStatus, CatalogEvent,
+    CatalogEventKind, DescribeToolRequest, FanOutEvent, FanOutRequest, FanOutSummary,
+    ListApprovalsRequest, ListApprovalsResponse, ListHostsRequest, ListHostsResponse,
+    ListToolsRequest, ListToolsResponse, ToolDefinition, WatchCatalogRequest, call_event,
+    fan_out_event,
 };
 
 use crate::State;
 
+use crate::approvals::DecideError;
 use crate::calls::{self, CallSpec, Event};
 use crate::identity::Caller;
 
@@ -204,6 +206,7 @@ impl Tools for ToolsService {
                     let event = match event {
                         Event::Output(chunk) => call_event::Event::Output(chunk),
                         Event::Result(result) => call_event::Event::Result(result),
+                        Event::Approval(request) => call_event::Event::Approval(request),
                     };
                     tx.send(Ok(CallEvent { event: Some(event) })).await.is_ok()
                 }
@@ -272,6 +275,37 @@ impl Tools for ToolsService {
             drop(reservation);
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn list_approvals(
+        &self,
+        req: Request<ListApprovalsRequest>,
+    ) -> Result<Response<ListApprovalsResponse>, Status> {
+        let client = Caller::client(&req)?;
+        Ok(Response::new(ListApprovalsResponse {
+            requests: self.state.approvals.decidable_by(&client),
+        }))
+    }
+
+    async fn approve(
+        &self,
+        req: Request<ApproveRequest>,
+    ) -> Result<Response<ApproveResponse>, Status> {
+        let client = Caller::client(&req)?;
+        let req = req.into_inner();
+        bounded("the request id", &req.id, 64)?;
+        bounded("the reason", &req.reason, 1024)?;
+        match self
+            .state
+            .approvals
+            .decide(&req.id, &client, req.approve, &req.reason)
+        {
+            Ok(_) => Ok(Response::new(ApproveResponse {})),
+            Err(e @ DecideError::NotFound(_)) => Err(Status::not_found(e.to_string())),
+            Err(e @ DecideError::NotAllowed { .. }) => {
+                Err(Status::permission_denied(e.to_string()))
+            }
+        }
     }
 
     async fn watch_catalog(
@@ -400,6 +434,7 @@ async fn fan_out(
                         let event = match event {
                             Event::Output(chunk) => fan_out_event::Event::Output(chunk),
                             Event::Result(result) => fan_out_event::Event::Result(result),
+                            Event::Approval(request) => fan_out_event::Event::Approval(request),
                         };
                         tx.send(Ok(host_event(&host, event))).await.is_ok()
                     }

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use serde_json::json;
-use toolsrv_proto::v1::{CallResult, CallStatus};
+use toolsrv_proto::v1::{ApprovalRequest, CallResult, CallStatus};
+
+use crate::approvals::Decision;
 
 use crate::fleet::now_ms;
 
@@ -83,6 +85,7 @@ impl Audit {
         let status = CallStatus::try_from(result.status).unwrap_or(CallStatus::Unspecified);
         self.write(json!({
             "ts_unix_ms": now_ms(),
+            "event": "call",
             "client": bounded(r.client, MAX_NAME_FIELD),
             "host": bounded(r.host, MAX_NAME_FIELD),
             "tool": bounded(r.tool, MAX_NAME_FIELD),
@@ -101,6 +104,7 @@ impl Audit {
     pub fn refused(&self, client: &str, target: &str, tool: &str, why: &tonic::Status) {
         self.write(json!({
             "ts_unix_ms": now_ms(),
+            "event": "refusal",
             "client": bounded(client, MAX_NAME_FIELD),
             "host": bounded(target, MAX_NAME_FIELD),
             "tool": bounded(tool, MAX_NAME_FIELD),
@@ -112,6 +116,31 @@ impl Audit {
             "signal": null,
             "duration_ms": 0,
             "message": bounded(why.message(), MAX_MESSAGE_FIELD),
+        }));
+    }
+
+    /// Records how an approval request ended: who asked, for what, who decided, how.
+    pub fn approval(&self, request: &ApprovalRequest, decision: &Decision) {
+        let (outcome, by, reason) = match decision {
+            Decision::Approved { by, reason } => ("approved", Some(by.as_str()), reason.as_str()),
+            Decision::Denied { by, reason } => ("denied", Some(by.as_str()), reason.as_str()),
+            Decision::Expired => ("expired", None, ""),
+            Decision::Withdrawn => ("withdrawn", None, ""),
+        };
+        self.write(json!({
+            "ts_unix_ms": now_ms(),
+            "event": "approval",
+            "id": request.id,
+            "client": bounded(&request.caller, MAX_NAME_FIELD),
+            "host": bounded(&request.host, MAX_NAME_FIELD),
+            "tool": bounded(&request.tool, MAX_NAME_FIELD),
+            "args_sha256": request.args_sha256,
+            "fanout": (!request.fanout.is_empty()).then_some(&request.fanout),
+            "approvers": request.approvers,
+            "decision": outcome,
+            "decided_by": by.map(|b| bounded(b, MAX_NAME_FIELD)),
+            "reason": bounded(reason, MAX_MESSAGE_FIELD),
+            "policy": bounded(&request.reason, MAX_MESSAGE_FIELD),
         }));
     }
 

@@ -2,12 +2,14 @@
 
 use std::time::Duration;
 
-use toolsrv_proto::v1::{CallResult, CallStatus, OutputChunk, StartCall};
+use toolsrv_proto::v1::{ApprovalRequest, CallResult, CallStatus, OutputChunk, StartCall};
 
 use crate::State;
+use crate::approvals::Decision;
 use crate::audit::{Pending, Record};
 use crate::fleet::HostEntry;
 use crate::link::{AgentEvent, CallHandle};
+use crate::policy::Verdict;
 use crate::quota::Slot;
 
 /// What a caller asked for, host aside.
@@ -28,6 +30,8 @@ pub struct CallSpec {
 pub enum Event {
     Output(OutputChunk),
     Result(CallResult),
+    /// The call waits for this approval.
+    Approval(ApprovalRequest),
 }
 
 /// Extra time past a call's own timeout before the coordinator gives up on the agent's answer.
@@ -50,14 +54,21 @@ fn view_pending(state: &State, host: &HostEntry, tool: &str) -> bool {
             .is_none_or(|v| v.catalog_revision < state.fleet.revision())
 }
 
-/// Checks everything the coordinator knows (host, view, policy, quota) and starts the call on
-/// the agent. `slot`: the call's share of the client's quota, when the caller took it already.
-async fn start(
+/// A call the coordinator may start: the host's link, what the policy said, the quota slot.
+struct Routed {
+    link: std::sync::Arc<crate::link::Link>,
+    verdict: Verdict,
+    slot: Slot,
+}
+
+/// Checks everything the coordinator knows (host, view, policy, quota). `slot`: the call's share
+/// of the client's quota, when the caller took it already.
+async fn route(
     state: &State,
     host_id: &str,
     spec: &CallSpec,
     slot: Option<Slot>,
-) -> Result<(CallHandle, Slot), CallResult> {
+) -> Result<Routed, CallResult> {
     let Some(host) = state
         .fleet
         .wait_for(host_id, SYNC_WAIT, |h| !view_pending(state, h, &spec.tool))
@@ -102,12 +113,10 @@ async fn start(
             ));
         }
     }
-    if let Err(reason) = state
+    let verdict = state
         .policy
         .check(&spec.client, &spec.tool, &host.policy_facts())
-    {
-        return Err(CallResult::not_run(CallStatus::Denied, reason));
-    }
+        .map_err(|reason| CallResult::not_run(CallStatus::Denied, reason))?;
     let slot = match slot {
         Some(slot) => slot,
         None => state
@@ -115,6 +124,98 @@ async fn start(
             .call(&spec.client, host_id, spec.fanout.is_some())
             .map_err(|reason| CallResult::not_run(CallStatus::Busy, reason))?,
     };
+    Ok(Routed {
+        link,
+        verdict,
+        slot,
+    })
+}
+
+/// Files an approval request for the call, shows it to the caller, and waits for the decision.
+/// `Err((result, caller_present))` when the call must not run.
+async fn approval<F, Fut>(
+    state: &State,
+    host_id: &str,
+    spec: &CallSpec,
+    (rule, approvers): (Option<usize>, Vec<String>),
+    emit: &mut F,
+) -> Result<(), (CallResult, bool)>
+where
+    F: FnMut(Event) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let timeout = state.config.approval_timeout;
+    let reason = match rule {
+        Some(i) => format!("policy rule {i} requires approval"),
+        None => "the policy's default requires approval".to_string(),
+    };
+    let expires = toolsrv_proto::unix_ms()
+        .saturating_add(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
+    let mut waiting = state.approvals.request(
+        &spec.client,
+        host_id,
+        &spec.tool,
+        &spec.args_json,
+        &spec.args_sha256,
+        &approvers,
+        reason,
+        spec.fanout.as_deref(),
+        expires,
+    );
+    if !emit(Event::Approval(waiting.request.clone())).await {
+        state.audit.approval(&waiting.request, &Decision::Withdrawn);
+        return Err((
+            CallResult::not_run(CallStatus::Cancelled, "the caller went away"),
+            false,
+        ));
+    }
+    let decision = waiting.decision(timeout).await;
+    state.audit.approval(&waiting.request, &decision);
+    match decision {
+        Decision::Approved { .. } => Ok(()),
+        Decision::Denied { by, reason } => Err((
+            CallResult::not_run(
+                CallStatus::Denied,
+                if reason.is_empty() {
+                    format!("approval denied by {by}")
+                } else {
+                    format!("approval denied by {by}: {reason}")
+                },
+            ),
+            true,
+        )),
+        Decision::Expired | Decision::Withdrawn => Err((
+            CallResult::not_run(
+                CallStatus::Denied,
+                format!(
+                    "not approved within {} s by {}",
+                    timeout.as_secs(),
+                    waiting.request.approvers.join(", ")
+                ),
+            ),
+            true,
+        )),
+    }
+}
+
+/// Routes the call, waits for its approval if the policy asks for one, and starts it.
+async fn start<F, Fut>(
+    state: &State,
+    host_id: &str,
+    spec: &CallSpec,
+    slot: Option<Slot>,
+    emit: &mut F,
+) -> Result<(CallHandle, Slot), (CallResult, bool)>
+where
+    F: FnMut(Event) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let routed = route(state, host_id, spec, slot)
+        .await
+        .map_err(|result| (result, true))?;
+    if let Verdict::Approve { rule, approvers } = routed.verdict {
+        approval(state, host_id, spec, (rule, approvers), emit).await?;
+    }
     let start = StartCall {
         call_id: 0,
         tool: spec.tool.clone(),
@@ -123,7 +224,12 @@ async fn start(
         timeout_ms: spec.timeout_ms,
         initial_credit: 0,
     };
-    Ok((link.start_call(start).await?, slot))
+    let handle = routed
+        .link
+        .start_call(start)
+        .await
+        .map_err(|result| (result, true))?;
+    Ok((handle, routed.slot))
 }
 
 /// Runs a call on `host_id`, handing each event to `emit`. `emit` returns false when the caller
@@ -152,8 +258,8 @@ where
             fanout: spec.fanout.as_deref(),
         },
     );
-    let (result, caller_present) = match start(state, host_id, spec, slot).await {
-        Err(result) => (result, true),
+    let (result, caller_present) = match start(state, host_id, spec, slot, &mut emit).await {
+        Err(ended) => ended,
         Ok((handle, _slot)) => {
             pump(
                 handle,

@@ -10,6 +10,7 @@
 
 mod agent_link;
 mod api;
+mod approvals;
 mod audit;
 mod calls;
 mod catalog;
@@ -62,6 +63,8 @@ pub struct CoordinatorConfig {
     pub host_labels: Option<PathBuf>,
     /// Per-client quotas and the longest call timeout.
     pub limits: Limits,
+    /// How long a call waits for an approval before it is denied.
+    pub approval_timeout: Duration,
     pub watch: WatchOptions,
 }
 
@@ -77,6 +80,7 @@ impl CoordinatorConfig {
             audit_log: None,
             host_labels: None,
             limits: Limits::default(),
+            approval_timeout: Duration::from_secs(60),
             watch: WatchOptions::default(),
         }
     }
@@ -103,6 +107,7 @@ pub(crate) struct State {
     pub audit: audit::Audit,
     pub host_labels: labels::HostLabels,
     pub quotas: Arc<quota::Quotas>,
+    pub approvals: approvals::Approvals,
     pub shutdown: CancellationToken,
     /// Every task the services spawn, so shutdown can wait for them.
     pub tasks: TaskTracker,
@@ -142,6 +147,7 @@ pub async fn serve(
         audit,
         host_labels,
         quotas: Arc::new(quota::Quotas::new(config.limits.clone())),
+        approvals: approvals::Approvals::default(),
         shutdown: shutdown.clone(),
         tasks: tasks.clone(),
     });

@@ -3,8 +3,13 @@
 //!
 //! ```json
 //! {"default": "allow",
-//!  "rules": [{"clients": ["ci-*"], "tools": ["service_status"], "hosts": "role=db", "effect": "deny"}]}
+//!  "rules": [{"clients": ["ci-*"], "tools": ["service_status"], "hosts": "role=db", "effect": "deny"},
+//!            {"tools": ["restart_*"], "effect": "approve", "approvers": ["oncall-*"]}]}
 //! ```
+//!
+//! `approve` makes the call wait for an approval: by the caller itself (`approvers` absent or
+//! `["caller"]`), or by one of the client-name globs in `approvers`, never the caller (a
+//! two-person rule).
 
 use std::path::Path;
 
@@ -19,6 +24,19 @@ use crate::selector::{HostFacts, Selector, glob};
 pub enum Effect {
     Allow,
     Deny,
+    Approve,
+}
+
+/// What the policy says of one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Allow,
+    /// The call waits for an approval by `approvers` (`["caller"]`: the caller itself).
+    Approve {
+        /// Which rule (`None`: the default), for messages and the audit log.
+        rule: Option<usize>,
+        approvers: Vec<String>,
+    },
 }
 
 #[derive(Debug, Deserialize)]
@@ -26,6 +44,9 @@ pub enum Effect {
 struct RawPolicy {
     #[serde(default = "allow")]
     default: Effect,
+    /// Who may approve when the default is `approve`.
+    #[serde(default)]
+    default_approvers: Option<Vec<String>>,
     #[serde(default)]
     rules: Vec<RawRule>,
 }
@@ -44,6 +65,8 @@ struct RawRule {
     /// A host selector; absent: any host.
     hosts: Option<String>,
     effect: Effect,
+    /// Who may approve, for `effect: approve`: client-name globs, or `["caller"]` (default).
+    approvers: Option<Vec<String>>,
 }
 
 #[derive(Debug)]
@@ -52,12 +75,14 @@ struct Rule {
     tools: Option<Vec<String>>,
     hosts: Option<Selector>,
     effect: Effect,
+    approvers: Vec<String>,
 }
 
 /// A loaded policy. The default policy allows everything.
 #[derive(Debug)]
 pub struct Policy {
     default: Effect,
+    default_approvers: Vec<String>,
     rules: Vec<Rule>,
 }
 
@@ -65,9 +90,28 @@ impl Default for Policy {
     fn default() -> Self {
         Self {
             default: Effect::Allow,
+            default_approvers: Vec::new(),
             rules: Vec::new(),
         }
     }
+}
+
+/// Approver globs as matched: client names compare case-insensitively; `caller` stays itself.
+fn approvers(list: Option<Vec<String>>, effect: Effect, at: &str) -> Result<Vec<String>, String> {
+    let Some(list) = list else {
+        return Ok(Vec::new());
+    };
+    if effect != Effect::Approve {
+        return Err(format!(
+            "{at}.approvers: only a rule with \"effect\": \"approve\" has approvers"
+        ));
+    }
+    if list.is_empty() {
+        return Err(format!(
+            "{at}.approvers: empty; leave it out to let the caller approve"
+        ));
+    }
+    Ok(list.iter().map(|p| normalize_name(p)).collect())
 }
 
 impl Policy {
@@ -83,6 +127,7 @@ impl Policy {
                 .map(Selector::parse)
                 .transpose()
                 .map_err(|e| format!("rules[{i}].hosts: {e}"))?;
+            let approvers = approvers(r.approvers, r.effect, &format!("rules[{i}]"))?;
             rules.push(Rule {
                 clients: r
                     .clients
@@ -90,10 +135,12 @@ impl Policy {
                 tools: r.tools,
                 hosts,
                 effect: r.effect,
+                approvers,
             });
         }
         Ok(Self {
             default: raw.default,
+            default_approvers: approvers(raw.default_approvers, raw.default, "default")?,
             rules,
         })
     }
@@ -104,8 +151,9 @@ impl Policy {
         Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
-    /// Whether `client` may call `tool` on `host`; the error says which rule denied it.
-    pub fn check(&self, client: &str, tool: &str, host: &HostFacts<'_>) -> Result<(), String> {
+    /// Whether `client` may call `tool` on `host`, at once or after an approval; the error says
+    /// which rule denied it.
+    pub fn check(&self, client: &str, tool: &str, host: &HostFacts<'_>) -> Result<Verdict, String> {
         let any = |list: &Option<Vec<String>>, value: &str| {
             list.as_ref()
                 .is_none_or(|l| l.iter().any(|p| glob(p, value)))
@@ -116,7 +164,11 @@ impl Policy {
                 && rule.hosts.as_ref().is_none_or(|s| s.matches(host))
             {
                 return match rule.effect {
-                    Effect::Allow => Ok(()),
+                    Effect::Allow => Ok(Verdict::Allow),
+                    Effect::Approve => Ok(Verdict::Approve {
+                        rule: Some(i),
+                        approvers: rule.approvers.clone(),
+                    }),
                     Effect::Deny => Err(format!(
                         "policy rule {i} denies client {client} calling {tool} on {}",
                         host.id
@@ -125,7 +177,11 @@ impl Policy {
             }
         }
         match self.default {
-            Effect::Allow => Ok(()),
+            Effect::Allow => Ok(Verdict::Allow),
+            Effect::Approve => Ok(Verdict::Approve {
+                rule: None,
+                approvers: self.default_approvers.clone(),
+            }),
             Effect::Deny => Err(format!(
                 "no policy rule allows client {client} calling {tool} on {}",
                 host.id
@@ -229,5 +285,45 @@ mod tests {
                 .contains("rules[0].hosts")
         );
         assert!(Policy::parse(r#"{"rulez": []}"#).is_err());
+    }
+
+    #[test]
+    fn approve_rules_say_who_approves() {
+        let p = Policy::parse(
+            r#"{"default": "approve", "rules": [
+                {"tools": ["restart_*"], "effect": "approve", "approvers": ["OnCall-*"]},
+                {"tools": ["env_*"], "effect": "allow"}]}"#,
+        )
+        .unwrap();
+        let none = BTreeMap::new();
+        let host = HostFacts {
+            id: "db-1",
+            os: "linux",
+            arch: "amd64",
+            hostname: "",
+            kernel: "",
+            labels: &none,
+        };
+        assert_eq!(
+            p.check("alice", "restart_db", &host).unwrap(),
+            Verdict::Approve {
+                rule: Some(0),
+                approvers: vec!["oncall-*".into()]
+            }
+        );
+        assert_eq!(p.check("alice", "env_info", &host).unwrap(), Verdict::Allow);
+        assert_eq!(
+            p.check("alice", "other", &host).unwrap(),
+            Verdict::Approve {
+                rule: None,
+                approvers: vec![]
+            }
+        );
+        for bad in [
+            r#"{"rules": [{"effect": "allow", "approvers": ["x"]}]}"#,
+            r#"{"rules": [{"effect": "approve", "approvers": []}]}"#,
+        ] {
+            assert!(Policy::parse(bad).unwrap_err().contains("approvers"), "{bad}");
+        }
     }
 }

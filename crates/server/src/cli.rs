@@ -124,6 +124,9 @@ pub struct CoordinatorArgs {
     /// The longest timeout (seconds) a call may ask for; longer ones are refused
     #[arg(long, env = "TOOLSRV_MAX_CALL_TIMEOUT_SECS", default_value_t = 3600)]
     pub max_call_timeout_secs: u64,
+    /// How long (seconds) a call the policy marks `approve` waits for a decision; then it is denied
+    #[arg(long, env = "TOOLSRV_APPROVAL_TIMEOUT_SECS", default_value_t = 60)]
+    pub approval_timeout_secs: u64,
 }
 
 impl CoordinatorArgs {
@@ -148,6 +151,7 @@ impl CoordinatorArgs {
             fanout_hosts: self.max_fanout_hosts.max(1),
             max_call_timeout: Duration::from_secs(self.max_call_timeout_secs.max(1)),
         };
+        config.approval_timeout = Duration::from_secs(self.approval_timeout_secs.max(1));
         Ok(config)
     }
 }

@@ -88,6 +88,8 @@ enum Command {
         /// Print the final tool result (`{"content": [...]}`) as JSON instead of streaming stdout
         #[arg(long)]
         result: bool,
+        #[command(flatten)]
+        answer: AnswerArgs,
     },
     /// Run a tool on every host a selector picks: output prefixed by host, then a summary
     ///
@@ -117,6 +119,37 @@ enum Command {
         /// Print one JSON object per line per event instead of text
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        answer: AnswerArgs,
+    },
+    /// The pending approval requests this identity may decide (calls the policy marks
+    /// `approve` that wait for you)
+    Approvals {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Print a JSON array
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve one pending request (its id from `toolctl approvals`); the call it holds runs
+    Approve {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// The request id
+        id: String,
+        /// Why, for the caller and the audit log
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Deny one pending request; the call it holds ends as denied
+    Deny {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// The request id
+        id: String,
+        /// Why, for the caller and the audit log
+        #[arg(long, default_value = "")]
+        reason: String,
     },
     /// Hold one connection to the coordinator and serve it on a control socket (`--control`)
     ///
@@ -183,6 +216,29 @@ enum LocalCommand {
     },
 }
 
+/// How `call` and `fanout` answer the approval requests the caller may decide (the policy's
+/// `"effect": "approve"` without other approvers). Without either flag they ask on the
+/// terminal, and deny when there is none.
+#[derive(Debug, Args)]
+struct AnswerArgs {
+    /// Approve, without asking, every approval request of this command that the caller may decide
+    #[arg(long, conflicts_with = "deny")]
+    approve: bool,
+    /// Deny, without asking, every approval request of this command that the caller may decide
+    #[arg(long)]
+    deny: bool,
+}
+
+impl AnswerArgs {
+    fn answer(&self) -> remote::Answer {
+        match (self.approve, self.deny) {
+            (true, _) => remote::Answer::Approve,
+            (_, true) => remote::Answer::Deny,
+            _ => remote::Answer::Ask,
+        }
+    }
+}
+
 /// Where the tools are and which host to evaluate them as.
 #[derive(Debug, Args)]
 struct ToolsArgs {
@@ -244,11 +300,13 @@ pub async fn run(cli: Cli) -> ExitCode {
             cwd,
             timeout,
             result,
+            answer,
         } => {
             let opts = remote::CallOptions {
                 cwd,
                 timeout,
                 print_result: result,
+                answer: answer.answer(),
             };
             remote::call(&conn, &host, &tool, args.as_deref(), opts).await
         }
@@ -262,6 +320,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             concurrency,
             max_errors,
             json,
+            answer,
         } => {
             let opts = remote::FanOutOptions {
                 cwd,
@@ -269,9 +328,13 @@ pub async fn run(cli: Cli) -> ExitCode {
                 concurrency,
                 max_errors,
                 json,
+                answer: answer.answer(),
             };
             remote::fan_out(&conn, &selector, &tool, args.as_deref(), opts).await
         }
+        Command::Approvals { conn, json } => remote::approvals(&conn, json).await,
+        Command::Approve { conn, id, reason } => remote::decide(&conn, &id, true, &reason).await,
+        Command::Deny { conn, id, reason } => remote::decide(&conn, &id, false, &reason).await,
         Command::Watch { conn, json } => remote::watch(&conn, json).await,
         Command::Master { conn, idle_exit } => remote::master(&conn, idle_exit).await,
     };

@@ -15,6 +15,8 @@ pub struct CallOptions {
     pub timeout: Option<f64>,
     /// Print the final `result_json` instead of streaming stdout.
     pub print_result: bool,
+    /// How to answer approval requests this caller may decide.
+    pub answer: super::Answer,
 }
 
 pub async fn call(
@@ -59,6 +61,9 @@ pub async fn call(
                 } else if !opts.print_result {
                     let _ = stdout.write_all(&chunk.data).and_then(|()| stdout.flush());
                 }
+            }
+            Some(Ok(CallUpdate::Approval(request))) => {
+                super::approve::answer_request(&remote, &request, opts.answer).await;
             }
             Some(Ok(CallUpdate::Result(result))) => {
                 if opts.print_result && !result.result_json.is_empty() {

@@ -23,6 +23,8 @@ pub struct FanOutOptions {
     pub concurrency: u32,
     pub max_errors: u32,
     pub json: bool,
+    /// How to answer approval requests this caller may decide.
+    pub answer: super::Answer,
 }
 
 pub async fn fan_out(
@@ -80,6 +82,10 @@ pub async fn fan_out(
                 &chunk.data,
             ),
             FanOutUpdate::Result(result) => printer.result(&event.host, result),
+            FanOutUpdate::Approval(request) => {
+                printer.flush_all();
+                super::approve::answer_request(&remote, &request, opts.answer).await;
+            }
             FanOutUpdate::Summary(summary) => {
                 printer.summary(&summary);
                 if summary.targeted == 0 {

@@ -1,5 +1,6 @@
 //! `toolctl` commands that go through a coordinator: hosts, tools, describe, call, fanout, watch.
 
+mod approve;
 mod call;
 mod fanout;
 mod hosts;
@@ -13,6 +14,7 @@ use std::path::PathBuf;
 use clap::Args;
 use toolsrv_client::{Client, ClientError, ConnectOptions, TlsError, TlsFiles};
 
+pub use approve::{Answer, approvals, decide};
 pub use call::{CallOptions, call};
 pub use fanout::{FanOutOptions, fan_out};
 pub use hosts::hosts;

@@ -1,0 +1,161 @@
+//! Approvals from the command line: answering the requests a `call` or `fanout` waits for
+//! (`--approve`, `--deny`, or a y/N question on the terminal), and `toolctl approvals`,
+//! `approve ID`, `deny ID` for requests someone else's call waits for.
+
+use std::io::{BufRead, Write};
+
+use serde_json::json;
+use toolsrv_client::ApprovalRequest;
+
+use super::{ConnArgs, Remote, connect, write_json, write_table};
+
+/// How `call` and `fanout` answer the approval requests the caller may decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// `--approve`: approve every one, without asking.
+    Approve,
+    /// `--deny`: deny every one, without asking.
+    Deny,
+    /// Ask on the terminal; deny when there is none.
+    Ask,
+}
+
+/// What the request asks for, in one line.
+fn describe(request: &ApprovalRequest) -> String {
+    format!(
+        "call `{}` on host `{}` by {} with {} ({})",
+        request.tool, request.host, request.caller, request.args_json, request.reason
+    )
+}
+
+/// Seconds until `expires_unix_ms`.
+fn expires_in(request: &ApprovalRequest) -> u64 {
+    request
+        .expires_unix_ms
+        .saturating_sub(toolsrv_proto::unix_ms())
+        .div_ceil(1000)
+}
+
+/// Asks `question` on the controlling terminal; `None` when there is none (a script, a pipe).
+async fn ask_terminal(question: String) -> Option<bool> {
+    tokio::task::spawn_blocking(move || {
+        let tty = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/tty")
+            .ok()?;
+        let mut out = tty.try_clone().ok()?;
+        write!(out, "{question} [y/N] ").ok()?;
+        out.flush().ok()?;
+        let mut line = String::new();
+        std::io::BufReader::new(tty).read_line(&mut line).ok()?;
+        Some(matches!(line.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// Answers one request the running command's call waits for, as `answer` says; a request only
+/// someone else may decide is announced and left to them.
+pub async fn answer_request(remote: &Remote, request: &ApprovalRequest, answer: Answer) {
+    if !request.caller_may_decide {
+        eprintln!(
+            "toolctl: waiting for approval by {} (request {}, expires in {} s): {}",
+            request.approvers.join(" or "),
+            request.id,
+            expires_in(request),
+            describe(request)
+        );
+        return;
+    }
+    let (approve, how) = match answer {
+        Answer::Approve => (true, "--approve"),
+        Answer::Deny => (false, "--deny"),
+        Answer::Ask => {
+            let question = format!("toolctl: approval needed: {}; approve?", describe(request));
+            match ask_terminal(question).await {
+                Some(yes) => (yes, "answered on the terminal"),
+                None => {
+                    eprintln!(
+                        "toolctl: approval needed for {}, and no terminal to ask on: denied \
+                         (pass --approve or --deny to decide without asking)",
+                        describe(request)
+                    );
+                    (false, "no terminal to ask on")
+                }
+            }
+        }
+    };
+    if let Err(e) = remote.client.decide(&request.id, approve, how).await {
+        eprintln!(
+            "toolctl: cannot answer approval request {} at {}: {e}",
+            request.id, remote.addr
+        );
+    }
+}
+
+/// `toolctl approvals`: the pending requests this identity may decide.
+pub async fn approvals(conn: &ConnArgs, json_out: bool) -> u8 {
+    let remote = match connect(conn).await {
+        Ok(remote) => remote,
+        Err(code) => return code,
+    };
+    let requests = match remote.client.approvals().await {
+        Ok(requests) => requests,
+        Err(e) => return remote.fail("cannot list approval requests", &e),
+    };
+    let mut out = std::io::stdout().lock();
+    let written = if json_out {
+        let list: Vec<_> = requests
+            .iter()
+            .map(|r| {
+                json!({
+                    "id": r.id, "caller": r.caller, "host": r.host, "tool": r.tool,
+                    "args_json": r.args_json, "args_sha256": r.args_sha256,
+                    "approvers": r.approvers, "reason": r.reason,
+                    "fanout": (!r.fanout.is_empty()).then_some(&r.fanout),
+                    "expires_unix_ms": r.expires_unix_ms,
+                })
+            })
+            .collect();
+        write_json(&mut out, &json!(list))
+    } else {
+        let rows: Vec<Vec<String>> = requests
+            .iter()
+            .map(|r| {
+                vec![
+                    r.id.clone(),
+                    r.caller.clone(),
+                    r.host.clone(),
+                    r.tool.clone(),
+                    format!("{} s", expires_in(r)),
+                    r.args_json.clone(),
+                ]
+            })
+            .collect();
+        write_table(
+            &mut out,
+            &["ID", "CALLER", "HOST", "TOOL", "EXPIRES", "ARGUMENTS"],
+            &rows,
+        )
+    };
+    super::written(written, "the approval requests")
+}
+
+/// `toolctl approve ID` / `toolctl deny ID [--reason TEXT]`.
+pub async fn decide(conn: &ConnArgs, id: &str, approve: bool, reason: &str) -> u8 {
+    let remote = match connect(conn).await {
+        Ok(remote) => remote,
+        Err(code) => return code,
+    };
+    let verb = if approve { "approve" } else { "deny" };
+    match remote.client.decide(id, approve, reason).await {
+        Ok(()) => {
+            let past = if approve { "approved" } else { "denied" };
+            eprintln!("toolctl: {past} request {id}");
+            0
+        }
+        Err(e) => remote.fail(&format!("cannot {verb} request {id}"), &e),
+    }
+}

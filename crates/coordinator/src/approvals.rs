@@ -1,0 +1,323 @@
+//! Pending approvals: a call the policy marks `approve` waits here until someone allowed to
+//! decide it does, or until it expires (a denial).
+//!
+//! An approval is bound to the request it answers (id, caller, host, tool, argument digest) and
+//! is used once: deciding removes the request. A request whose caller goes away is withdrawn
+//! (the [`Waiting`] guard removes it on drop), so nobody can approve a call that no longer waits.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use toolsrv_proto::v1::ApprovalRequest;
+
+use crate::selector::glob;
+
+/// The approver list that lets the caller decide its own call.
+pub const CALLER: &str = "caller";
+
+/// Bytes of the arguments shown to an approver.
+const SHOWN_ARGS: usize = 4 << 10;
+
+/// How a request ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Approved {
+        by: String,
+        reason: String,
+    },
+    Denied {
+        by: String,
+        reason: String,
+    },
+    Expired,
+    /// The caller went away before anyone decided.
+    Withdrawn,
+}
+
+/// Why a decision was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecideError {
+    #[error(
+        "no pending approval request `{0}`: it was decided already, expired, or its caller went away"
+    )]
+    NotFound(String),
+    #[error("client {decider} may not decide request `{id}`: {why}")]
+    NotAllowed {
+        decider: String,
+        id: String,
+        why: String,
+    },
+}
+
+#[derive(Debug)]
+struct Entry {
+    request: ApprovalRequest,
+    answer: oneshot::Sender<Decision>,
+}
+
+/// Every pending request of this coordinator.
+#[derive(Debug, Default)]
+pub struct Approvals {
+    pending: Mutex<HashMap<String, Entry>>,
+}
+
+/// A request waiting for its decision; dropping it withdraws the request.
+#[derive(Debug)]
+pub struct Waiting<'a> {
+    approvals: &'a Approvals,
+    pub request: ApprovalRequest,
+    answer: Option<oneshot::Receiver<Decision>>,
+}
+
+impl Waiting<'_> {
+    /// The decision, or [`Decision::Expired`] after `timeout`.
+    pub async fn decision(&mut self, timeout: Duration) -> Decision {
+        let Some(answer) = self.answer.as_mut() else {
+            return Decision::Expired;
+        };
+        match tokio::time::timeout(timeout, answer).await {
+            Ok(Ok(decision)) => decision,
+            Ok(Err(_)) | Err(_) => Decision::Expired,
+        }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.approvals.lock().remove(&self.request.id);
+    }
+}
+
+/// Whether `decider` may decide `request`, and if not, why.
+fn may_decide(request: &ApprovalRequest, decider: &str) -> Result<(), String> {
+    if request.caller_may_decide {
+        return if decider == request.caller {
+            Ok(())
+        } else {
+            Err(format!("only the caller, {}, decides it", request.caller))
+        };
+    }
+    if decider == request.caller {
+        return Err("a request of yours needs another approver".into());
+    }
+    if request.approvers.iter().any(|p| glob(p, decider)) {
+        Ok(())
+    } else {
+        Err(format!(
+            "its approvers are {}",
+            request.approvers.join(", ")
+        ))
+    }
+}
+
+/// `s` cut to at most `max` bytes on a character boundary, with a marker.
+fn shown(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…[{} bytes]", &s[..end], s.len())
+}
+
+/// A fresh unguessable request id.
+fn new_id() -> String {
+    use std::hash::{BuildHasher, RandomState};
+    // Two independently keyed SipHashes: 128 bits no caller can predict.
+    let (a, b) = (RandomState::new(), RandomState::new());
+    let now = std::time::Instant::now();
+    format!("{:016x}{:016x}", a.hash_one(now), b.hash_one(now))
+}
+
+impl Approvals {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        // Entries are inserted and removed whole; a poisoned map is consistent.
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Files a request; `approvers` empty or `["caller"]` lets the caller decide.
+    #[allow(clippy::too_many_arguments)] // One field each of what the approval is bound to.
+    pub fn request(
+        &self,
+        caller: &str,
+        host: &str,
+        tool: &str,
+        args_json: &str,
+        args_sha256: &str,
+        approvers: &[String],
+        reason: String,
+        fanout: Option<&str>,
+        expires_unix_ms: u64,
+    ) -> Waiting<'_> {
+        let caller_may_decide = approvers.is_empty() || approvers.iter().all(|a| a == CALLER);
+        let request = ApprovalRequest {
+            id: new_id(),
+            caller: caller.to_string(),
+            host: host.to_string(),
+            tool: tool.to_string(),
+            args_sha256: args_sha256.to_string(),
+            args_json: shown(args_json, SHOWN_ARGS),
+            approvers: if caller_may_decide {
+                vec![CALLER.to_string()]
+            } else {
+                approvers.iter().filter(|a| *a != CALLER).cloned().collect()
+            },
+            caller_may_decide,
+            expires_unix_ms,
+            reason,
+            fanout: fanout.unwrap_or_default().to_string(),
+        };
+        let (tx, rx) = oneshot::channel();
+        self.lock().insert(
+            request.id.clone(),
+            Entry {
+                request: request.clone(),
+                answer: tx,
+            },
+        );
+        Waiting {
+            approvals: self,
+            request,
+            answer: Some(rx),
+        }
+    }
+
+    /// Decides request `id` as client `decider`; the request is used up.
+    pub fn decide(
+        &self,
+        id: &str,
+        decider: &str,
+        approve: bool,
+        reason: &str,
+    ) -> Result<ApprovalRequest, DecideError> {
+        let mut pending = self.lock();
+        let entry = pending
+            .get(id)
+            .ok_or_else(|| DecideError::NotFound(id.to_string()))?;
+        may_decide(&entry.request, decider).map_err(|why| DecideError::NotAllowed {
+            decider: decider.to_string(),
+            id: id.to_string(),
+            why,
+        })?;
+        let Some(entry) = pending.remove(id) else {
+            return Err(DecideError::NotFound(id.to_string()));
+        };
+        drop(pending);
+        let by = decider.to_string();
+        let reason = reason.to_string();
+        let decision = if approve {
+            Decision::Approved { by, reason }
+        } else {
+            Decision::Denied { by, reason }
+        };
+        // The waiter may have just timed out; its request is used up all the same.
+        let _ = entry.answer.send(decision);
+        Ok(entry.request)
+    }
+
+    /// The pending requests `decider` may decide, oldest first (by expiry).
+    pub fn decidable_by(&self, decider: &str) -> Vec<ApprovalRequest> {
+        let mut list: Vec<ApprovalRequest> = self
+            .lock()
+            .values()
+            .filter(|e| may_decide(&e.request, decider).is_ok())
+            .map(|e| e.request.clone())
+            .collect();
+        list.sort_by(|a, b| (a.expires_unix_ms, &a.id).cmp(&(b.expires_unix_ms, &b.id)));
+        list
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn file<'a>(a: &'a Approvals, approvers: &[&str]) -> Waiting<'a> {
+        let approvers: Vec<String> = approvers.iter().map(|s| s.to_string()).collect();
+        a.request(
+            "alice",
+            "db-1",
+            "restart",
+            "{}",
+            "00",
+            &approvers,
+            "rule 1".into(),
+            None,
+            0,
+        )
+    }
+
+    #[tokio::test]
+    async fn the_caller_decides_its_own_request_once() {
+        let a = Approvals::default();
+        let mut w = file(&a, &[]);
+        let id = w.request.id.clone();
+        assert!(w.request.caller_may_decide);
+        assert!(matches!(
+            a.decide(&id, "bob", true, ""),
+            Err(DecideError::NotAllowed { .. })
+        ));
+        a.decide(&id, "alice", true, "ok").unwrap();
+        assert_eq!(
+            w.decision(Duration::from_secs(1)).await,
+            Decision::Approved {
+                by: "alice".into(),
+                reason: "ok".into()
+            }
+        );
+        assert!(matches!(
+            a.decide(&id, "alice", true, ""),
+            Err(DecideError::NotFound(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_two_person_rule_never_lets_the_caller_decide() {
+        let a = Approvals::default();
+        let mut w = file(&a, &["oncall-*", "alice"]);
+        let id = w.request.id.clone();
+        assert!(!w.request.caller_may_decide);
+        assert!(a.decidable_by("alice").is_empty());
+        assert!(matches!(
+            a.decide(&id, "alice", true, ""),
+            Err(DecideError::NotAllowed { .. })
+        ));
+        assert!(a.decide(&id, "dev-1", true, "").is_err());
+        assert_eq!(a.decidable_by("oncall-2").len(), 1);
+        a.decide(&id, "oncall-2", false, "not now").unwrap();
+        assert!(matches!(
+            w.decision(Duration::from_secs(1)).await,
+            Decision::Denied { .. }
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unanswered_requests_expire_and_withdrawn_ones_cannot_be_decided() {
+        let a = Approvals::default();
+        let mut w = file(&a, &[]);
+        assert_eq!(w.decision(Duration::from_secs(60)).await, Decision::Expired);
+        let id = w.request.id.clone();
+        drop(w);
+        assert!(matches!(
+            a.decide(&id, "alice", true, ""),
+            Err(DecideError::NotFound(_))
+        ));
+        assert!(a.lock().is_empty());
+    }
+
+    #[test]
+    fn ids_differ_and_arguments_are_cut() {
+        let a = Approvals::default();
+        let big = "x".repeat(10_000);
+        let w1 = a.request("c", "h", "t", &big, "00", &[], String::new(), None, 0);
+        let w2 = file(&a, &[]);
+        assert_ne!(w1.request.id, w2.request.id);
+        assert_eq!(w1.request.id.len(), 32);
+        assert!(w1.request.args_json.len() < 4200);
+    }
+}

@@ -1,0 +1,207 @@
+//! Calls the policy marks `approve`: decided by the caller (`--approve`, `--deny`, no terminal),
+//! by a second identity with `toolctl approve ID`, or by nobody (expired); every decision audited.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use toolsrv_tests::{AgentSpec, Fleet, run_bounded, text, wait_for};
+
+const POLICY: &str = r#"{"default": "allow", "rules": [
+    {"tools": ["restart"], "effect": "approve"},
+    {"tools": ["drop_table"], "effect": "approve", "approvers": ["bob"]}]}"#;
+
+fn fleet(extra: &[&str]) -> Fleet {
+    let mut fleet = Fleet::new(&["a"]);
+    for tool in ["restart", "drop_table"] {
+        fleet.tool(
+            &format!("{tool}.meta"),
+            &format!(r#"{{"description": "{tool}", "cmd": "echo {tool} ran"}}"#),
+            false,
+        );
+    }
+    let policy = fleet.work.path().join("policy.json");
+    std::fs::write(&policy, POLICY).unwrap();
+    let audit = fleet.work.path().join("audit.jsonl");
+    let mut args = vec![
+        format!("--policy={}", policy.display()),
+        format!("--audit-log={}", audit.display()),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    fleet.start_coordinator(&args);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "restart");
+    fleet
+}
+
+fn audit(fleet: &Fleet) -> Vec<Value> {
+    std::fs::read_to_string(fleet.work.path().join("audit.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn approvals_of(decisions: &[Value]) -> Vec<(String, Option<String>)> {
+    decisions
+        .iter()
+        .filter(|r| r["event"] == "approval")
+        .map(|r| {
+            (
+                r["decision"].as_str().unwrap().to_string(),
+                r["decided_by"].as_str().map(str::to_string),
+            )
+        })
+        .collect()
+}
+
+/// `toolctl` as `stem` in a new session: no controlling terminal to ask on.
+fn toolctl_detached(fleet: &Fleet, stem: &str, args: &[&str]) -> std::process::Output {
+    let inner = fleet.toolctl_command(stem, args);
+    let mut cmd = Command::new("setsid");
+    // --wait: the harness makes the command a group leader, so setsid forks; wait for the child.
+    cmd.arg("--wait")
+        .arg(inner.get_program())
+        .args(inner.get_args());
+    for (k, v) in inner.get_envs() {
+        if let Some(v) = v {
+            cmd.env(k, v);
+        }
+    }
+    run_bounded(cmd, None, Duration::from_secs(60))
+}
+
+#[test]
+fn the_caller_approves_or_denies_its_own_call() {
+    let fleet = fleet(&[]);
+    let out = toolctl_detached(
+        &fleet,
+        "client-alice",
+        &["call", "a", "restart", "--approve"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "restart ran\n");
+
+    let out = toolctl_detached(&fleet, "client-alice", &["call", "a", "restart", "--deny"]);
+    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("approval denied by alice"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // No flag and no terminal: denied, saying how to decide without one.
+    let out = toolctl_detached(&fleet, "client-alice", &["call", "a", "restart"]);
+    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("no terminal"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // Tools the rule does not name run at once, and nothing else waited.
+    let out = fleet.toolctl(&["fanout", "a", "restart", "--approve"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let records = audit(&fleet);
+    assert_eq!(
+        approvals_of(&records),
+        [
+            ("approved".into(), Some("alice".into())),
+            ("denied".into(), Some("alice".into())),
+            ("denied".into(), Some("alice".into())),
+            ("approved".into(), Some("alice".into())),
+        ]
+    );
+    let calls: Vec<&str> = records
+        .iter()
+        .filter(|r| r["event"] == "call")
+        .map(|r| r["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            "CALL_STATUS_OK",
+            "CALL_STATUS_DENIED",
+            "CALL_STATUS_DENIED",
+            "CALL_STATUS_OK"
+        ]
+    );
+}
+
+#[test]
+fn a_two_person_rule_waits_for_the_second_identity() {
+    let fleet = fleet(&[]);
+    // alice's --approve cannot decide a request that needs bob.
+    let mut caller =
+        fleet.toolctl_command("client-alice", &["call", "a", "drop_table", "--approve"]);
+    caller.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let caller = caller.spawn().unwrap();
+
+    let list = |stem: &str| -> Vec<Value> {
+        let out = fleet.toolctl_as(stem, &["approvals", "--json"], None);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let pending = wait_for("bob to see the request", Duration::from_secs(20), || {
+        let list = list("client-bob");
+        (!list.is_empty()).then_some(list)
+    });
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0]["caller"], "alice");
+    assert_eq!(pending[0]["tool"], "drop_table");
+    assert!(list("client-alice").is_empty(), "the caller may not decide");
+    let id = pending[0]["id"].as_str().unwrap();
+
+    let out = fleet.toolctl_as("client-alice", &["approve", id], None);
+    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+    let out = fleet.toolctl_as(
+        "client-bob",
+        &["approve", id, "--reason", "ticket 42"],
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Used once.
+    let out = fleet.toolctl_as("client-bob", &["approve", id], None);
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+
+    let out = finish(caller);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "drop_table ran\n");
+    assert!(
+        text(&out.stderr).contains("waiting for approval by bob"),
+        "the caller sees for whom it waits: {}",
+        text(&out.stderr)
+    );
+    let records = audit(&fleet);
+    let decision = records.iter().find(|r| r["event"] == "approval").unwrap();
+    assert_eq!(decision["decided_by"], "bob");
+    assert_eq!(decision["client"], "alice");
+    assert_eq!(decision["reason"], "ticket 42");
+}
+
+#[test]
+fn an_unanswered_request_expires_as_a_denial() {
+    let fleet = fleet(&["--approval-timeout-secs=1"]);
+    let out = toolctl_detached(&fleet, "client-alice", &["call", "a", "drop_table"]);
+    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not approved within 1 s by bob"),
+        "{}",
+        text(&out.stderr)
+    );
+    let records = audit(&fleet);
+    assert_eq!(approvals_of(&records), [("expired".into(), None)]);
+}
+
+fn finish(child: std::process::Child) -> std::process::Output {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    rx.recv_timeout(Duration::from_secs(30))
+        .expect("the call did not finish within 30 s")
+        .unwrap()
+}
