@@ -191,6 +191,7 @@ fn kind(msg: &CoordinatorMessage) -> &'static str {
         Some(In::Keepalive(_)) => "a Keepalive",
         Some(In::Goodbye(_)) => "a Goodbye",
         Some(In::Credit(_)) => "a Credit",
+        Some(In::Bypass(_)) => "a BypassDecision",
         None => "an empty message",
     }
 }
@@ -311,6 +312,12 @@ impl Link<'_> {
                 }
             }
             Some(In::Keepalive(_)) => {}
+            Some(In::Bypass(decision)) => {
+                tracing::warn!(
+                    call_id = decision.call_id,
+                    "ignoring a bypass decision: this agent sent no bypass request"
+                );
+            }
             Some(In::Goodbye(goodbye)) => return Ok(Some(SessionEnd::Goodbye(goodbye.reason))),
             Some(In::Welcome(_)) => {
                 tracing::warn!("ignoring a second Welcome from the coordinator");

@@ -142,9 +142,11 @@ impl Responder {
                 Reaction::Send(vec![output, finished])
             }
             Some(In::Goodbye(g)) => Reaction::End(format!("goodbye: {}", g.reason)),
-            // Keepalives need no answer (ours go out on a timer); credit and cancels do not
-            // matter for calls that are over as soon as they start.
-            Some(In::Keepalive(_) | In::Credit(_) | In::Cancel(_)) | None => Reaction::Send(vec![]),
+            // Keepalives need no answer (ours go out on a timer); credit, cancels and bypass
+            // decisions do not matter for calls that are over as soon as they start.
+            Some(In::Keepalive(_) | In::Credit(_) | In::Cancel(_) | In::Bypass(_)) | None => {
+                Reaction::Send(vec![])
+            }
         }
     }
 

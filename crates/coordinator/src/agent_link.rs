@@ -339,6 +339,7 @@ fn handle(state: &State, link: &Link, views: &mut ViewParts, msg: AgentMessage) 
             f.call_id,
             AgentEvent::Finished(f.result.unwrap_or_default()),
         ),
+        Some(M::Bypass(request)) => link.deliver(request.call_id, AgentEvent::Bypass(request)),
         Some(M::Goodbye(g)) => return Some(format!("goodbye: {}", g.reason)),
         Some(M::Hello(_)) => return Some("protocol error: a second hello".into()),
         Some(M::Keepalive(_)) | Some(M::Output(_)) | None => {}

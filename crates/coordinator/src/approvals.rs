@@ -139,38 +139,18 @@ impl Approvals {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Files a request; `approvers` empty or `["caller"]` lets the caller decide.
-    #[allow(clippy::too_many_arguments)] // One field each of what the approval is bound to.
-    pub fn request(
-        &self,
-        caller: &str,
-        host: &str,
-        tool: &str,
-        args_json: &str,
-        args_sha256: &str,
-        approvers: &[String],
-        reason: String,
-        fanout: Option<&str>,
-        expires_unix_ms: u64,
-    ) -> Waiting<'_> {
+    /// Files `request` (its id and who may decide are set here): `approvers` empty or
+    /// `["caller"]` lets the caller decide, other globs a second identity.
+    pub fn file(&self, mut request: ApprovalRequest, approvers: &[String]) -> Waiting<'_> {
         let caller_may_decide = approvers.is_empty() || approvers.iter().all(|a| a == CALLER);
-        let request = ApprovalRequest {
-            id: new_id(),
-            caller: caller.to_string(),
-            host: host.to_string(),
-            tool: tool.to_string(),
-            args_sha256: args_sha256.to_string(),
-            args_json: shown(args_json, SHOWN_ARGS),
-            approvers: if caller_may_decide {
-                vec![CALLER.to_string()]
-            } else {
-                approvers.iter().filter(|a| *a != CALLER).cloned().collect()
-            },
-            caller_may_decide,
-            expires_unix_ms,
-            reason,
-            fanout: fanout.unwrap_or_default().to_string(),
+        request.id = new_id();
+        request.args_json = shown(&request.args_json, SHOWN_ARGS);
+        request.approvers = if caller_may_decide {
+            vec![CALLER.to_string()]
+        } else {
+            approvers.iter().filter(|a| *a != CALLER).cloned().collect()
         };
+        request.caller_may_decide = caller_may_decide;
         let (tx, rx) = oneshot::channel();
         self.lock().insert(
             request.id.clone(),
@@ -239,17 +219,14 @@ mod tests {
 
     fn file<'a>(a: &'a Approvals, approvers: &[&str]) -> Waiting<'a> {
         let approvers: Vec<String> = approvers.iter().map(|s| s.to_string()).collect();
-        a.request(
-            "alice",
-            "db-1",
-            "restart",
-            "{}",
-            "00",
-            &approvers,
-            "rule 1".into(),
-            None,
-            0,
-        )
+        let request = ApprovalRequest {
+            caller: "alice".into(),
+            host: "db-1".into(),
+            tool: "restart".into(),
+            args_json: "{}".into(),
+            ..ApprovalRequest::default()
+        };
+        a.file(request, &approvers)
     }
 
     #[tokio::test]
@@ -313,8 +290,11 @@ mod tests {
     #[test]
     fn ids_differ_and_arguments_are_cut() {
         let a = Approvals::default();
-        let big = "x".repeat(10_000);
-        let w1 = a.request("c", "h", "t", &big, "00", &[], String::new(), None, 0);
+        let big = ApprovalRequest {
+            args_json: "x".repeat(10_000),
+            ..ApprovalRequest::default()
+        };
+        let w1 = a.file(big, &[]);
         let w2 = file(&a, &[]);
         assert_ne!(w1.request.id, w2.request.id);
         assert_eq!(w1.request.id.len(), 32);

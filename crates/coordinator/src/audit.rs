@@ -127,9 +127,12 @@ impl Audit {
             Decision::Expired => ("expired", None, ""),
             Decision::Withdrawn => ("withdrawn", None, ""),
         };
+        let bypass = !request.bypass_argv.is_empty();
         self.write(json!({
             "ts_unix_ms": now_ms(),
-            "event": "approval",
+            "event": if bypass { "bypass" } else { "approval" },
+            "bypass_argv": bypass.then(|| bounded(&request.bypass_argv.join(" "), MAX_MESSAGE_FIELD)),
+            "bypass_reason": bypass.then(|| bounded(&request.bypass_reason, MAX_MESSAGE_FIELD)),
             "id": request.id,
             "client": bounded(&request.caller, MAX_NAME_FIELD),
             "host": bounded(&request.host, MAX_NAME_FIELD),

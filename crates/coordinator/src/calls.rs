@@ -2,14 +2,16 @@
 
 use std::time::Duration;
 
-use toolsrv_proto::v1::{ApprovalRequest, CallResult, CallStatus, OutputChunk, StartCall};
+use toolsrv_proto::v1::{
+    ApprovalRequest, BypassRequest, CallResult, CallStatus, OutputChunk, StartCall,
+};
 
 use crate::State;
 use crate::approvals::Decision;
 use crate::audit::{Pending, Record};
 use crate::fleet::HostEntry;
 use crate::link::{AgentEvent, CallHandle};
-use crate::policy::Verdict;
+use crate::policy::{Bypass, Verdict};
 use crate::quota::Slot;
 
 /// What a caller asked for, host aside.
@@ -131,71 +133,144 @@ async fn route(
     })
 }
 
-/// Files an approval request for the call, shows it to the caller, and waits for the decision.
+/// Files an approval request, shows it to the caller, and waits for the decision (audited).
+/// `None` when the caller went away before anyone decided.
+async fn ask<F, Fut>(
+    state: &State,
+    request: ApprovalRequest,
+    approvers: &[String],
+    emit: &mut F,
+) -> Option<Decision>
+where
+    F: FnMut(Event) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let timeout = state.config.approval_timeout;
+    let mut waiting = state.approvals.file(request, approvers);
+    waiting.request.expires_unix_ms = toolsrv_proto::unix_ms()
+        .saturating_add(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
+    if !emit(Event::Approval(waiting.request.clone())).await {
+        state.audit.approval(&waiting.request, &Decision::Withdrawn);
+        return None;
+    }
+    let decision = waiting.decision(timeout).await;
+    state.audit.approval(&waiting.request, &decision);
+    Some(decision)
+}
+
+/// Why a decision refused, for the caller or the tool.
+fn refusal(decision: &Decision, approvers: &[String], timeout: Duration) -> String {
+    match decision {
+        Decision::Approved { .. } => String::new(),
+        Decision::Denied { by, reason } if reason.is_empty() => format!("approval denied by {by}"),
+        Decision::Denied { by, reason } => format!("approval denied by {by}: {reason}"),
+        Decision::Expired | Decision::Withdrawn => {
+            let who = if approvers.is_empty() {
+                "the caller".to_string()
+            } else {
+                approvers.join(", ")
+            };
+            format!("not approved within {} s by {who}", timeout.as_secs())
+        }
+    }
+}
+
+/// What the policy's rule says of the call, for messages.
+fn rule_text(verdict: &Verdict, what: &str) -> String {
+    match verdict.rule {
+        Some(i) => format!("policy rule {i} {what}"),
+        None => format!("the policy's default {what}"),
+    }
+}
+
+/// The approval request of a call, before any bypass.
+fn call_request(host_id: &str, spec: &CallSpec) -> ApprovalRequest {
+    ApprovalRequest {
+        caller: spec.client.clone(),
+        host: host_id.to_string(),
+        tool: spec.tool.clone(),
+        args_sha256: spec.args_sha256.clone(),
+        args_json: spec.args_json.clone(),
+        fanout: spec.fanout.clone().unwrap_or_default(),
+        ..ApprovalRequest::default()
+    }
+}
+
+/// Waits for the approval of a call the policy marks `approve`.
 /// `Err((result, caller_present))` when the call must not run.
-async fn approval<F, Fut>(
+async fn approve_call<F, Fut>(
     state: &State,
     host_id: &str,
     spec: &CallSpec,
-    (rule, approvers): (Option<usize>, Vec<String>),
+    verdict: &Verdict,
     emit: &mut F,
 ) -> Result<(), (CallResult, bool)>
 where
     F: FnMut(Event) -> Fut,
     Fut: Future<Output = bool>,
 {
-    let timeout = state.config.approval_timeout;
-    let reason = match rule {
-        Some(i) => format!("policy rule {i} requires approval"),
-        None => "the policy's default requires approval".to_string(),
-    };
-    let expires = toolsrv_proto::unix_ms()
-        .saturating_add(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
-    let mut waiting = state.approvals.request(
-        &spec.client,
-        host_id,
-        &spec.tool,
-        &spec.args_json,
-        &spec.args_sha256,
-        &approvers,
-        reason,
-        spec.fanout.as_deref(),
-        expires,
-    );
-    if !emit(Event::Approval(waiting.request.clone())).await {
-        state.audit.approval(&waiting.request, &Decision::Withdrawn);
+    let mut request = call_request(host_id, spec);
+    request.reason = rule_text(verdict, "requires approval");
+    let Some(decision) = ask(state, request, &verdict.approvers, emit).await else {
         return Err((
             CallResult::not_run(CallStatus::Cancelled, "the caller went away"),
             false,
         ));
+    };
+    if matches!(decision, Decision::Approved { .. }) {
+        return Ok(());
     }
-    let decision = waiting.decision(timeout).await;
-    state.audit.approval(&waiting.request, &decision);
-    match decision {
-        Decision::Approved { .. } => Ok(()),
-        Decision::Denied { by, reason } => Err((
-            CallResult::not_run(
-                CallStatus::Denied,
-                if reason.is_empty() {
-                    format!("approval denied by {by}")
-                } else {
-                    format!("approval denied by {by}: {reason}")
-                },
-            ),
-            true,
-        )),
-        Decision::Expired | Decision::Withdrawn => Err((
-            CallResult::not_run(
-                CallStatus::Denied,
-                format!(
-                    "not approved within {} s by {}",
-                    timeout.as_secs(),
-                    waiting.request.approvers.join(", ")
-                ),
-            ),
-            true,
-        )),
-    }
+    let why = refusal(&decision, &verdict.approvers, state.config.approval_timeout);
+    Err((CallResult::not_run(CallStatus::Denied, why), true))
+}
+
+/// Decides a confined tool's request to run a command outside its sandbox, as the policy's
+/// `bypass` says (asking if need be). `None` when the caller went away.
+async fn decide_bypass<F, Fut>(
+    state: &State,
+    host_id: &str,
+    spec: &CallSpec,
+    verdict: &Verdict,
+    bypass: &BypassRequest,
+    emit: &mut F,
+) -> Option<(bool, String)>
+where
+    F: FnMut(Event) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let mut request = call_request(host_id, spec);
+    request.bypass_argv = bypass.argv.clone();
+    request.bypass_reason = bypass.reason.clone();
+    let decided = match verdict.bypass {
+        Bypass::Allow => (true, rule_text(verdict, "allows bypass requests")),
+        Bypass::Deny => (false, rule_text(verdict, "denies bypass requests")),
+        Bypass::Ask => {
+            request.reason = rule_text(verdict, "asks before a bypass");
+            let decision = ask(state, request, &verdict.approvers, emit).await?;
+            let approved = matches!(decision, Decision::Approved { .. });
+            let why = match &decision {
+                Decision::Approved { by, .. } => format!("approved by {by}"),
+                other => refusal(other, &verdict.approvers, state.config.approval_timeout),
+            };
+            return Some((approved, why));
+        }
+    };
+    // Decided by policy alone: audited all the same.
+    let (approved, why) = decided;
+    let decision = if approved {
+        Decision::Approved {
+            by: "policy".into(),
+            reason: why.clone(),
+        }
+    } else {
+        Decision::Denied {
+            by: "policy".into(),
+            reason: why.clone(),
+        }
+    };
+    request.reason = why.clone();
+    state.audit.approval(&request, &decision);
+    Some((approved, why))
 }
 
 /// Routes the call, waits for its approval if the policy asks for one, and starts it.
@@ -205,7 +280,7 @@ async fn start<F, Fut>(
     spec: &CallSpec,
     slot: Option<Slot>,
     emit: &mut F,
-) -> Result<(CallHandle, Slot), (CallResult, bool)>
+) -> Result<(CallHandle, Slot, Verdict), (CallResult, bool)>
 where
     F: FnMut(Event) -> Fut,
     Fut: Future<Output = bool>,
@@ -213,8 +288,8 @@ where
     let routed = route(state, host_id, spec, slot)
         .await
         .map_err(|result| (result, true))?;
-    if let Verdict::Approve { rule, approvers } = routed.verdict {
-        approval(state, host_id, spec, (rule, approvers), emit).await?;
+    if routed.verdict.approve {
+        approve_call(state, host_id, spec, &routed.verdict, emit).await?;
     }
     let start = StartCall {
         call_id: 0,
@@ -229,7 +304,7 @@ where
         .start_call(start)
         .await
         .map_err(|result| (result, true))?;
-    Ok((handle, routed.slot))
+    Ok((handle, routed.slot, routed.verdict))
 }
 
 /// Runs a call on `host_id`, handing each event to `emit`. `emit` returns false when the caller
@@ -260,14 +335,31 @@ where
     );
     let (result, caller_present) = match start(state, host_id, spec, slot, &mut emit).await {
         Err(ended) => ended,
-        Ok((handle, _slot)) => {
-            pump(
-                handle,
-                spec,
-                state.quotas.limits.max_call_timeout,
-                &mut emit,
-            )
-            .await
+        Ok((handle, _slot, verdict)) => {
+            let mut pump = Pump::new(handle, spec, state.quotas.limits.max_call_timeout);
+            loop {
+                match pump.step(&mut emit).await {
+                    Step::Done(result, present) => break (result, present),
+                    Step::Bypass(request) => {
+                        match decide_bypass(state, host_id, spec, &verdict, &request, &mut emit)
+                            .await
+                        {
+                            Some((approved, why)) => {
+                                pump.handle.answer_bypass(&request, approved, why).await;
+                            }
+                            None => {
+                                break (
+                                    CallResult::not_run(
+                                        CallStatus::Cancelled,
+                                        "the caller went away",
+                                    ),
+                                    false,
+                                );
+                            }
+                        }
+                    }
+                }
+            }
         }
     };
     audit.finish(&result);
@@ -277,11 +369,78 @@ where
     result
 }
 
-/// Passes a running call's output on until its end; returns the result, not yet given to the
-/// caller, and whether the caller is still there.
-/// `max_timeout` is the coordinator's deadline for a call that leaves its timeout to the agent.
+/// Where a running call stands after [`Pump::step`].
+enum Step {
+    /// The call ended: its result, not yet given to the caller, and whether the caller is
+    /// still there.
+    Done(CallResult, bool),
+    /// Its tool asks to run a command outside the sandbox; answer, then step on.
+    Bypass(BypassRequest),
+}
+
+/// Passes a running call's output on to the caller until its end, within the coordinator's
+/// deadline for the call.
+struct Pump {
+    handle: CallHandle,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Pump {
+    /// `max_timeout` is the coordinator's deadline for a call that leaves its timeout to the
+    /// agent.
+    fn new(handle: CallHandle, spec: &CallSpec, max_timeout: Duration) -> Self {
+        let deadline = match spec.timeout_ms {
+            0 => max_timeout,
+            ms => Duration::from_millis(ms),
+        } + DEADLINE_SLACK;
+        Self {
+            handle,
+            deadline: Box::pin(tokio::time::sleep(deadline)),
+        }
+    }
+
+    async fn step<F, Fut>(&mut self, emit: &mut F) -> Step
+    where
+        F: FnMut(Event) -> Fut,
+        Fut: Future<Output = bool>,
+    {
+        loop {
+            let event = tokio::select! {
+                event = self.handle.next() => event,
+                () = &mut self.deadline => {
+                    // Dropping the handle cancels the call on the agent.
+                    return Step::Done(CallResult::not_run(CallStatus::TimedOut, "the agent did not report the call's end in time"), true);
+                }
+            };
+            match event {
+                Some(AgentEvent::Output(chunk)) => {
+                    let n = chunk.data.len() as u64;
+                    if !emit(Event::Output(chunk)).await {
+                        // Dropping the handle cancels the call on the agent.
+                        return Step::Done(
+                            CallResult::not_run(CallStatus::Cancelled, "the caller went away"),
+                            false,
+                        );
+                    }
+                    self.handle.consumed(n).await;
+                }
+                Some(AgentEvent::Bypass(request)) => return Step::Bypass(request),
+                Some(AgentEvent::Finished(result)) => return Step::Done(result, true),
+                None => {
+                    return Step::Done(
+                        CallResult::not_run(CallStatus::Lost, "the call ended without a result"),
+                        true,
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Runs `pump` to the call's end, denying any bypass request (for tests of the pump alone).
+#[cfg(test)]
 async fn pump<F, Fut>(
-    mut handle: CallHandle,
+    handle: CallHandle,
     spec: &CallSpec,
     max_timeout: Duration,
     emit: &mut F,
@@ -290,38 +449,14 @@ where
     F: FnMut(Event) -> Fut,
     Fut: Future<Output = bool>,
 {
-    let deadline = match spec.timeout_ms {
-        0 => max_timeout,
-        ms => Duration::from_millis(ms),
-    } + DEADLINE_SLACK;
-    let deadline = tokio::time::sleep(deadline);
-    tokio::pin!(deadline);
+    let mut pump = Pump::new(handle, spec, max_timeout);
     loop {
-        let event = tokio::select! {
-            event = handle.next() => event,
-            () = &mut deadline => {
-                // Dropping the handle cancels the call on the agent.
-                return (CallResult::not_run(CallStatus::TimedOut, "the agent did not report the call's end in time"), true);
-            }
-        };
-        match event {
-            Some(AgentEvent::Output(chunk)) => {
-                let n = chunk.data.len() as u64;
-                if !emit(Event::Output(chunk)).await {
-                    // Dropping the handle cancels the call on the agent.
-                    return (
-                        CallResult::not_run(CallStatus::Cancelled, "the caller went away"),
-                        false,
-                    );
-                }
-                handle.consumed(n).await;
-            }
-            Some(AgentEvent::Finished(result)) => return (result, true),
-            None => {
-                return (
-                    CallResult::not_run(CallStatus::Lost, "the call ended without a result"),
-                    true,
-                );
+        match pump.step(emit).await {
+            Step::Done(result, present) => return (result, present),
+            Step::Bypass(request) => {
+                pump.handle
+                    .answer_bypass(&request, false, "no bypass in tests".into())
+                    .await;
             }
         }
     }

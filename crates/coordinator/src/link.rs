@@ -8,8 +8,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use toolsrv_proto::limits::MAX_MESSAGE_BYTES;
 use toolsrv_proto::v1::{
-    CallResult, CallStatus, CancelCall, CoordinatorMessage, Credit, OutputChunk, StartCall,
-    coordinator_message::Msg,
+    BypassDecision, BypassRequest, CallResult, CallStatus, CancelCall, CoordinatorMessage, Credit,
+    OutputChunk, StartCall, coordinator_message::Msg,
 };
 
 /// Room for what wraps a `StartCall` on the wire (message tags, the call id and credit set later).
@@ -19,6 +19,8 @@ const START_SLACK: usize = 64;
 #[derive(Debug)]
 pub enum AgentEvent {
     Output(OutputChunk),
+    /// The call's tool asks to run a command outside its sandbox.
+    Bypass(BypassRequest),
     Finished(CallResult),
 }
 
@@ -172,6 +174,17 @@ impl CallHandle {
             self.finished = true;
         }
         Some(event)
+    }
+
+    /// Answers a bypass request of this call.
+    pub async fn answer_bypass(&self, request: &BypassRequest, approved: bool, reason: String) {
+        let decision = BypassDecision {
+            call_id: self.call_id,
+            request_id: request.request_id,
+            approved,
+            reason,
+        };
+        self.link.send(Msg::Bypass(decision)).await;
     }
 
     /// Tells the agent that `bytes` of output were passed on, so it may send more.

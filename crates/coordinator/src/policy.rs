@@ -27,16 +27,42 @@ pub enum Effect {
     Approve,
 }
 
-/// What the policy says of one call.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+/// What a rule says of the requests its calls' tools make to run a command outside their
+/// sandbox (through `OLLIE_BYPASS_SOCKET`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Bypass {
     Allow,
-    /// The call waits for an approval by `approvers` (`["caller"]`: the caller itself).
-    Approve {
-        /// Which rule (`None`: the default), for messages and the audit log.
-        rule: Option<usize>,
-        approvers: Vec<String>,
-    },
+    Deny,
+    /// Asked of the rule's approvers (the caller by default), like an approval of the call.
+    #[default]
+    Ask,
+}
+
+/// What the policy says of one call that it does not deny.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// Which rule decided (`None`: the default), for messages and the audit log.
+    pub rule: Option<usize>,
+    /// The call waits for an approval before it starts.
+    pub approve: bool,
+    /// Who decides approvals (of the call, and of its bypass requests): client-name globs;
+    /// empty means the caller.
+    pub approvers: Vec<String>,
+    /// What becomes of the call's bypass requests.
+    pub bypass: Bypass,
+}
+
+impl Verdict {
+    /// A call allowed outright, bypass requests asked of the caller: no policy at all.
+    pub fn allow() -> Self {
+        Self {
+            rule: None,
+            approve: false,
+            approvers: Vec::new(),
+            bypass: Bypass::Ask,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -44,9 +70,12 @@ pub enum Verdict {
 struct RawPolicy {
     #[serde(default = "allow")]
     default: Effect,
-    /// Who may approve when the default is `approve`.
+    /// Who may approve when the default is `approve`, and bypass requests of calls no rule names.
     #[serde(default)]
     default_approvers: Option<Vec<String>>,
+    /// What becomes of bypass requests of calls no rule names.
+    #[serde(default)]
+    default_bypass: Bypass,
     #[serde(default)]
     rules: Vec<RawRule>,
 }
@@ -65,8 +94,12 @@ struct RawRule {
     /// A host selector; absent: any host.
     hosts: Option<String>,
     effect: Effect,
-    /// Who may approve, for `effect: approve`: client-name globs, or `["caller"]` (default).
+    /// Who may approve (the call, for `effect: approve`, and its bypass requests): client-name
+    /// globs, or `["caller"]` (default).
     approvers: Option<Vec<String>>,
+    /// What becomes of bypass requests of this rule's calls.
+    #[serde(default)]
+    bypass: Bypass,
 }
 
 #[derive(Debug)]
@@ -76,6 +109,7 @@ struct Rule {
     hosts: Option<Selector>,
     effect: Effect,
     approvers: Vec<String>,
+    bypass: Bypass,
 }
 
 /// A loaded policy. The default policy allows everything.
@@ -83,6 +117,7 @@ struct Rule {
 pub struct Policy {
     default: Effect,
     default_approvers: Vec<String>,
+    default_bypass: Bypass,
     rules: Vec<Rule>,
 }
 
@@ -91,6 +126,7 @@ impl Default for Policy {
         Self {
             default: Effect::Allow,
             default_approvers: Vec::new(),
+            default_bypass: Bypass::Ask,
             rules: Vec::new(),
         }
     }
@@ -136,11 +172,13 @@ impl Policy {
                 hosts,
                 effect: r.effect,
                 approvers,
+                bypass: r.bypass,
             });
         }
         Ok(Self {
             default: raw.default,
             default_approvers: approvers(raw.default_approvers, raw.default, "default")?,
+            default_bypass: raw.default_bypass,
             rules,
         })
     }
@@ -163,12 +201,15 @@ impl Policy {
                 && any(&rule.tools, tool)
                 && rule.hosts.as_ref().is_none_or(|s| s.matches(host))
             {
+                let verdict = |approve| Verdict {
+                    rule: Some(i),
+                    approve,
+                    approvers: rule.approvers.clone(),
+                    bypass: rule.bypass,
+                };
                 return match rule.effect {
-                    Effect::Allow => Ok(Verdict::Allow),
-                    Effect::Approve => Ok(Verdict::Approve {
-                        rule: Some(i),
-                        approvers: rule.approvers.clone(),
-                    }),
+                    Effect::Allow => Ok(verdict(false)),
+                    Effect::Approve => Ok(verdict(true)),
                     Effect::Deny => Err(format!(
                         "policy rule {i} denies client {client} calling {tool} on {}",
                         host.id
@@ -176,12 +217,15 @@ impl Policy {
                 };
             }
         }
+        let verdict = |approve| Verdict {
+            rule: None,
+            approve,
+            approvers: self.default_approvers.clone(),
+            bypass: self.default_bypass,
+        };
         match self.default {
-            Effect::Allow => Ok(Verdict::Allow),
-            Effect::Approve => Ok(Verdict::Approve {
-                rule: None,
-                approvers: self.default_approvers.clone(),
-            }),
+            Effect::Allow => Ok(verdict(false)),
+            Effect::Approve => Ok(verdict(true)),
             Effect::Deny => Err(format!(
                 "no policy rule allows client {client} calling {tool} on {}",
                 host.id
@@ -304,26 +348,32 @@ mod tests {
             kernel: "",
             labels: &none,
         };
+        let restart = p.check("alice", "restart_db", &host).unwrap();
+        assert_eq!((restart.rule, restart.approve), (Some(0), true));
+        assert_eq!(restart.approvers, ["oncall-*"]);
+        assert_eq!(restart.bypass, Bypass::Ask);
+        let env = p.check("alice", "env_info", &host).unwrap();
+        assert_eq!((env.rule, env.approve), (Some(1), false));
+        let other = p.check("alice", "other", &host).unwrap();
+        assert_eq!((other.rule, other.approve), (None, true));
+        assert!(other.approvers.is_empty());
+        let p = Policy::parse(
+            r#"{"default_bypass": "deny", "rules": [{"tools": ["fix_*"], "effect": "allow", "bypass": "allow"}]}"#,
+        )
+        .unwrap();
         assert_eq!(
-            p.check("alice", "restart_db", &host).unwrap(),
-            Verdict::Approve {
-                rule: Some(0),
-                approvers: vec!["oncall-*".into()]
-            }
+            p.check("a", "fix_perms", &host).unwrap().bypass,
+            Bypass::Allow
         );
-        assert_eq!(p.check("alice", "env_info", &host).unwrap(), Verdict::Allow);
-        assert_eq!(
-            p.check("alice", "other", &host).unwrap(),
-            Verdict::Approve {
-                rule: None,
-                approvers: vec![]
-            }
-        );
+        assert_eq!(p.check("a", "other", &host).unwrap().bypass, Bypass::Deny);
         for bad in [
-            r#"{"rules": [{"effect": "allow", "approvers": ["x"]}]}"#,
+            r#"{"rules": [{"effect": "deny", "approvers": ["x"]}]}"#,
             r#"{"rules": [{"effect": "approve", "approvers": []}]}"#,
         ] {
-            assert!(Policy::parse(bad).unwrap_err().contains("approvers"), "{bad}");
+            assert!(
+                Policy::parse(bad).unwrap_err().contains("approvers"),
+                "{bad}"
+            );
         }
     }
 }
