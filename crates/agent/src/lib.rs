@@ -34,7 +34,7 @@ pub use facts::{hello, host_facts};
 pub use keeper::CatalogKeeper;
 pub use outcome::{finished, not_run, refusal_status};
 pub use reconnect::{SessionEnd, SessionOutcome, reconnect_loop};
-pub use run::{connect_tls, run, run_with_connector};
+pub use run::{check_identity, connect_tls, run, run_with_connector};
 pub use store::{ApplyReport, CatalogStore};
 pub use view::{
     VIEW_PART_BYTES, ViewTracker, definition, parts, tool_status, tool_statuses, within_limits,
