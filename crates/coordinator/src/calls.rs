@@ -6,9 +6,9 @@ use toolsrv_proto::v1::{CallResult, CallStatus, OutputChunk, StartCall};
 
 use crate::State;
 use crate::audit::{Pending, Record};
-use crate::fleet::HostEntry;
 use crate::link::{AgentEvent, CallHandle, status};
 use crate::quota::Slot;
+use crate::refusal::{self, Refusal};
 
 /// What a caller asked for, host aside.
 #[derive(Debug, Clone)]
@@ -32,23 +32,6 @@ pub enum Event {
 
 /// Extra time past a call's own timeout before the coordinator gives up on the agent's answer.
 const DEADLINE_SLACK: Duration = Duration::from_secs(30);
-/// How long a call waits for a host's view when the host has just attached, or has not yet
-/// reported a revision that has the tool.
-pub const SYNC_WAIT: Duration = Duration::from_secs(5);
-
-/// True when `host`'s view may still change the answer for `tool`: the host has not reported
-/// on this connection yet, or its view predates a catalog that has the tool.
-fn view_pending(state: &State, host: &HostEntry, tool: &str) -> bool {
-    if !host.synced {
-        return true;
-    }
-    host.tool(tool).is_none()
-        && state.registry.catalog().tools.contains_key(tool)
-        && host
-            .view
-            .as_ref()
-            .is_none_or(|v| v.catalog_revision < state.fleet.revision())
-}
 
 /// Checks everything the coordinator knows (host, view, policy, quota) and starts the call on
 /// the agent. `slot`: the call's share of the client's quota, when the caller took it already.
@@ -58,50 +41,13 @@ async fn start(
     spec: &CallSpec,
     slot: Option<Slot>,
 ) -> Result<(CallHandle, Slot), CallResult> {
-    let Some(host) = state
-        .fleet
-        .wait_for(host_id, SYNC_WAIT, |h| !view_pending(state, h, &spec.tool))
+    let host = refusal::online_host(state, host_id, |h| refusal::settled(state, h, &spec.tool))
         .await
-    else {
-        return Err(status(
-            CallStatus::UnknownHost,
-            format!("no host `{host_id}` has connected to this coordinator"),
-        ));
-    };
+        .map_err(Refusal::result)?;
     let Some(link) = host.link.clone().filter(|_| host.online()) else {
-        return Err(status(
-            CallStatus::Offline,
-            format!("host `{host_id}` is offline"),
-        ));
+        return Err(Refusal::offline(host_id).result());
     };
-    match host.tool(&spec.tool) {
-        Some(tool) if tool.visible => {}
-        Some(tool) => {
-            return Err(status(
-                CallStatus::Hidden,
-                format!(
-                    "tool `{}` is hidden on host `{host_id}`: {}",
-                    spec.tool, tool.reason
-                ),
-            ));
-        }
-        None if !state.registry.catalog().tools.contains_key(&spec.tool) => {
-            return Err(status(
-                CallStatus::UnknownTool,
-                format!("unknown tool `{}`", spec.tool),
-            ));
-        }
-        None => {
-            return Err(status(
-                CallStatus::Hidden,
-                format!(
-                    "host `{host_id}` did not report tool `{}` within {} s of being asked",
-                    spec.tool,
-                    SYNC_WAIT.as_secs()
-                ),
-            ));
-        }
-    }
+    refusal::visible_tool(state, &host, &spec.tool).map_err(Refusal::result)?;
     if let Err(reason) = state
         .policy
         .check(&spec.client, &spec.tool, &host.policy_facts())
