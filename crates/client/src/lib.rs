@@ -13,6 +13,7 @@
 //! # }
 //! ```
 
+pub mod cli;
 mod client;
 pub mod control;
 mod error;
@@ -31,7 +32,7 @@ pub use toolsrv_proto::v1::call_event::Event as CallUpdate;
 pub use toolsrv_proto::v1::fan_out_event::Event as FanOutUpdate;
 pub use toolsrv_proto::v1::{
     CallEvent, CallRequest, CallResult, CallStatus, CatalogEvent, CatalogEventKind, FanOutEvent,
-    FanOutRequest, FanOutSummary, HostFacts, HostInfo, HostState, ListToolsResponse, OutputChunk,
-    OutputStream, ToolDefinition, ToolStatus,
+    FanOutRequest, FanOutSummary, HostFacts, HostInfo, HostState, InvalidTool, ListToolsResponse,
+    OutputChunk, OutputStream, ToolDefinition, ToolStatus,
 };
 pub use toolsrv_tls::{TlsError, TlsFiles};
