@@ -65,7 +65,8 @@ fn apply_as(host: &mut Host, facts: &str) -> Result<(), String> {
 }
 
 pub fn list(tools: &ToolsArgs, all: bool, json: bool) -> u8 {
-    let (catalog, host) = match load(tools, true) {
+    // With `--all` the listing itself says what is wrong with each invalid file.
+    let (catalog, host) = match load(tools, !all) {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
