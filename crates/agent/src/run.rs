@@ -46,11 +46,14 @@ pub fn check_identity(tls: &TlsFiles, host_id: &str) -> Result<(), AgentError> {
     match identity {
         Identity::Agent(id) if id == host_id => Ok(()),
         Identity::Agent(id) => Err(AgentError::Identity(format!(
-            "the agent certificate {cert} names host `{id}` ({}), not `{host_id}`: start the agent              with --host-id {id}, or give it a certificate issued for `{host_id}` (`toolsrv pki              init DIR --agents {host_id}`)",
+            "the agent certificate {cert} names host `{id}` ({}), not `{host_id}`: start the agent \
+             with --host-id {id}, or give it a certificate issued for `{host_id}` (`toolsrv pki \
+             init DIR --agents {host_id}`)",
             Identity::Agent(id.clone()).uri()
         ))),
         other => Err(AgentError::Identity(format!(
-            "{cert} is a {} certificate ({}), not an agent's: give the agent a certificate issued              for {} (`toolsrv pki init DIR --agents {host_id}`)",
+            "{cert} is a {} certificate ({}), not an agent's: give the agent a certificate issued \
+             for {} (`toolsrv pki init DIR --agents {host_id}`)",
             other.role(),
             other.uri(),
             Identity::Agent(host_id.to_string()).uri()

@@ -297,7 +297,9 @@ async fn reconnects_after_refusal_silence_goodbye_and_bad_first_message() {
         .refuse
         .lock()
         .unwrap()
-        .push(tonic::Status::resource_exhausted("too many agents attaching at once"));
+        .push(tonic::Status::resource_exhausted(
+            "too many agents attaching at once",
+        ));
 
     // First attach refused by the fake (a refusal that goes away by itself: one that does not,
     // such as a certificate of another host, waits minutes instead, see `reconnect`); the next
