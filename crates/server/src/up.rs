@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
@@ -113,10 +114,6 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
         state.join("agent"),
     );
     agent.labels.insert("role".into(), "dev".into());
-    println!(
-        "{}",
-        banner(&url, &pki, &tools, &source, &state, bin.as_deref())
-    );
     let coordinator = tokio::spawn(toolsrv_coordinator::serve(
         coordinator,
         listener,
@@ -124,11 +121,51 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
         shutdown.clone(),
     ));
     let agent = tokio::spawn(toolsrv_agent::run(agent, shutdown.clone()));
+    // The banner comes once the local agent has reported its tools, so that the first command
+    // it prints already sees the host.
+    let client = TlsFiles::in_dir(&pki, &Identity::Client(CLIENT.into()));
+    if !local_agent_ready(&url, client, &shutdown).await {
+        tracing::warn!(
+            "the local agent has not reported its tools after {} s; the commands below will \
+             see it once it does (the log says what holds it up)",
+            READY_WAIT.as_secs()
+        );
+    }
+    println!(
+        "{}",
+        banner(&url, &pki, &tools, &source, &state, bin.as_deref())
+    );
     let (coordinator, agent) = tokio::join!(coordinator, agent);
     shutdown.cancel();
     coordinator.context("coordinator task failed")??;
     agent.context("agent task failed")??;
     Ok(())
+}
+
+/// How long `up` waits for its agent before printing the banner anyway.
+const READY_WAIT: Duration = Duration::from_secs(15);
+
+/// Waits (at most [`READY_WAIT`]) until the local agent has attached and reported its tools, as
+/// a client sees it. False when it has not by then, or on shutdown.
+async fn local_agent_ready(url: &str, tls: TlsFiles, shutdown: &CancellationToken) -> bool {
+    let ready = async {
+        let opts = toolsrv_client::ConnectOptions {
+            addr: url.to_string(),
+            tls,
+        };
+        loop {
+            if let Ok(client) = toolsrv_client::Client::connect(&opts).await
+                && client.tools(LOCAL_HOST, false).await.is_ok()
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::select! {
+        ready = tokio::time::timeout(READY_WAIT, ready) => ready.unwrap_or(false),
+        () = shutdown.cancelled() => false,
+    }
 }
 
 /// The commands `up` prints after the settings, and the README's tour repeats: each works in
