@@ -646,6 +646,54 @@ async fn a_master_serves_commands_on_its_control_socket() {
     assert!(!socket.exists());
 }
 
+/// Without XDG_RUNTIME_DIR the default control socket is in a private directory of ours under
+/// the temporary directory, never at `/toolctl.sock`; `default` names it for every command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_control_socket_lives_in_a_private_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let fleet = start().await;
+    let tmp = fleet.dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let dir = tmp.join(format!("toolctl-{}", nix::unistd::getuid()));
+    let socket = dir.join("toolctl.sock");
+    let mut cmd = fleet.toolctl(&["master", "--idle-exit", "1"]);
+    cmd.env_remove("XDG_RUNTIME_DIR")
+        .env_remove("TOOLSRV_CONTROL")
+        .env("TMPDIR", &tmp);
+    let mut master = cmd.spawn().unwrap();
+    let mut stderr = tokio::io::BufReader::new(master.stderr.take().unwrap());
+    let line = first_line(&mut stderr, "the master says it serves").await;
+    assert!(
+        line.contains(&format!(" on {} ", socket.display())),
+        "{line}"
+    );
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "the directory is created private");
+    let mut cmd = via_control(&fleet, Path::new("default"), &["hosts"]);
+    cmd.env_remove("XDG_RUNTIME_DIR").env("TMPDIR", &tmp);
+    let out = run(cmd).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let status = tokio::time::timeout(Duration::from_secs(10), master.wait())
+        .await
+        .expect("an idle master exits by itself")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+
+    // A directory open to others at that place is refused, not used.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut cmd = fleet.toolctl(&["master"]);
+    cmd.env_remove("XDG_RUNTIME_DIR")
+        .env_remove("TOOLSRV_CONTROL")
+        .env("TMPDIR", &tmp);
+    let out = run(cmd).await;
+    assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("mode 777 lets other users in"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_failures_are_one_line_with_a_documented_code() {
     let fleet = start().await;
