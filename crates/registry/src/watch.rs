@@ -101,15 +101,9 @@ impl Registry {
             // Names and reasons come from the tools path: escaped, so no byte forges a line.
             tracing::warn!(tool = ?name, reason = ?reason, "tool not served: its definition is invalid");
         }
-        let rejected: Vec<&std::path::Path> = next
-            .invalid
-            .values()
-            .flat_map(|i| i.problems.iter().map(|d| d.file.as_path()))
-            .collect();
+        // Errors all belong to invalid tools, told above; the rest are told when they appear.
         for d in next.diagnostics.iter().filter(|d| {
-            !current.diagnostics.contains(d)
-                && !(d.severity == toolsrv_meta::Severity::Error
-                    && rejected.contains(&d.file.as_path()))
+            d.severity != toolsrv_meta::Severity::Error && !current.diagnostics.contains(d)
         }) {
             tracing::warn!(problem = ?d.to_string(), "tool definition problem");
         }
