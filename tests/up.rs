@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use toolsrv_tests::{bin, free_port, run_bounded, text, wait_for};
 
-/// The only `PATH` the clean environment has: no `toolctl` on it (unless one is installed
-/// system-wide, which the test checks).
+/// The only `PATH` the clean environment has: no `toolctl` there unless one is installed
+/// system-wide, and the banner's `PATH` comes first anyway.
 const CLEAN_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
 /// `toolsrv up` in a clean environment with `home` as HOME, killed (with its process group) on drop.
@@ -137,17 +137,6 @@ fn readme_tour() -> Vec<String> {
 fn the_commands_up_prints_work_verbatim_in_a_clean_environment() {
     let home = tempfile::tempdir().unwrap();
     let home = home.path();
-    let which = run_bounded(
-        shell(home, "command -v toolctl"),
-        None,
-        Duration::from_secs(10),
-    );
-    assert!(
-        !which.status.success(),
-        "a toolctl is installed at {}: this test needs a PATH without one",
-        text(&which.stdout)
-    );
-
     let port = free_port();
     let mut up = Up::start(home, port, &[]);
     let banner = up.banner();
@@ -165,6 +154,20 @@ fn the_commands_up_prints_work_verbatim_in_a_clean_environment() {
         "{commands:?}"
     );
     let settings = exports.join("\n");
+    // The `toolctl` the commands run is the one `up` linked, whatever else is installed.
+    let which = run_bounded(
+        shell(home, &format!("{settings}\ncommand -v toolctl")),
+        None,
+        Duration::from_secs(10),
+    );
+    assert_eq!(
+        text(&which.stdout).trim(),
+        home.join(".local/state/toolsrv/up/bin/toolctl")
+            .display()
+            .to_string(),
+        "{}",
+        text(&which.stderr)
+    );
     // The state directory is the default one under the fresh HOME.
     assert!(
         settings.contains(

@@ -43,7 +43,10 @@ impl Refusal {
     pub fn offline(id: &str) -> Self {
         Self::new(
             CallStatus::Offline,
-            format!("host `{id}` is offline: its agent is not connected"),
+            format!(
+                "host `{id}` is offline: its agent is not connected (start it, or read its log, \
+                 on that host)"
+            ),
         )
     }
 
