@@ -203,7 +203,7 @@ struct ToolsArgs {
 const CALL_EXIT_CODES: &str = "\
 Exit codes:
   the tool's own code   the tool ran (128+N when killed by signal N)
-  124  timed_out         65  invalid_args       69  hidden
+  124  timed_out         65  invalid_args       69  hidden (or its .meta is invalid)
   126  failed_to_start   127 unknown_tool or unknown_host
   75   offline, lost, busy (a per-client quota is full), or the coordinator is unreachable
   77   denied, or our certificate is refused
