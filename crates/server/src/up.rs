@@ -114,29 +114,47 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
         state.join("agent"),
     );
     agent.labels.insert("role".into(), "dev".into());
-    let coordinator = tokio::spawn(toolsrv_coordinator::serve(
+    let mut coordinator = tokio::spawn(toolsrv_coordinator::serve(
         coordinator,
         listener,
         None,
         shutdown.clone(),
     ));
-    let agent = tokio::spawn(toolsrv_agent::run(agent, shutdown.clone()));
+    let mut agent = tokio::spawn(toolsrv_agent::run(agent, shutdown.clone()));
     // The banner comes once the local agent has reported its tools, so that the first command
-    // it prints already sees the host.
+    // it prints already sees the host. Whichever of the two ends first (an error, or shutdown)
+    // stops the other.
     let client = TlsFiles::in_dir(&pki, &Identity::Client(CLIENT.into()));
-    if !local_agent_ready(&url, client, &shutdown).await {
-        tracing::warn!(
-            "the local agent has not reported its tools after {} s; the commands below will \
-             see it once it does (the log says what holds it up)",
-            READY_WAIT.as_secs()
-        );
-    }
-    println!(
-        "{}",
-        banner(&url, &pki, &tools, &source, &state, bin.as_deref())
-    );
-    let (coordinator, agent) = tokio::join!(coordinator, agent);
-    shutdown.cancel();
+    let mut ready = std::pin::pin!(local_agent_ready(&url, client, &shutdown));
+    let mut banner_due = true;
+    let (coordinator, agent) = loop {
+        tokio::select! {
+            ready = &mut ready, if banner_due => {
+                banner_due = false;
+                if !ready && !shutdown.is_cancelled() {
+                    tracing::warn!(
+                        "the local agent has not reported its tools after {} s; the commands \
+                         below will see it once it does (the log above says what holds it up)",
+                        READY_WAIT.as_secs()
+                    );
+                }
+                if !shutdown.is_cancelled() {
+                    println!(
+                        "{}",
+                        banner(&url, &pki, &tools, &source, &state, bin.as_deref())
+                    );
+                }
+            }
+            ended = &mut coordinator => {
+                shutdown.cancel();
+                break (ended, agent.await);
+            }
+            ended = &mut agent => {
+                shutdown.cancel();
+                break (coordinator.await, ended);
+            }
+        }
+    };
     coordinator.context("coordinator task failed")??;
     agent.context("agent task failed")??;
     Ok(())
