@@ -55,9 +55,8 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
     // Listen first: a second `up` fails here, before it touches the state directory.
     let hint = format!(
         "another `toolsrv up` may be running (its banner names the address), or another server \
-         uses the port: stop it, or pick another port with --listen {}:{} (TOOLSRV_LISTEN)",
-        args.listen.ip(),
-        args.listen.port().wrapping_add(1).max(1)
+         uses the port: stop it, or pick another port with --listen {} (TOOLSRV_LISTEN)",
+        SocketAddr::new(args.listen.ip(), args.listen.port().wrapping_add(1).max(1))
     );
     let listener = crate::cli::bind(args.listen, &hint).await?;
     let addr = listener.local_addr()?;
