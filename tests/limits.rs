@@ -90,10 +90,23 @@ fn a_five_mib_meta_is_reported_and_every_host_stays_online() {
         call_ok(&fleet, host, "hello", "hello\n");
         call_ok(&fleet, host, "beside", "from beside\n");
         call_ok(&fleet, host, "later", "later\n");
+        // Not served: listed hidden, with the reason, and refused with it.
         let tools = fleet.tools(host).unwrap();
+        let big = tools.iter().find(|t| t["name"] == "big").unwrap();
+        assert_eq!(big["visible"], false, "big is not served to {host}");
         assert!(
-            !tools.iter().any(|t| t["name"] == "big"),
-            "big is not served to {host}"
+            big["reason"]
+                .as_str()
+                .unwrap()
+                .contains("limit of 262144 bytes"),
+            "{big}"
+        );
+        let out = fleet.toolctl(&["call", host, "big"]);
+        assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("limit of 262144 bytes"),
+            "{}",
+            text(&out.stderr)
         );
         let log = fleet.agents[host].log();
         assert_eq!(

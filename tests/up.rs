@@ -1,81 +1,293 @@
-//! `toolsrv up`, the README's run command: one process, a working system, and `toolctl` against
-//! it with exactly the settings its banner prints.
+//! `toolsrv up`, the README's run command, as a newcomer meets it: in a clean environment (a fresh
+//! HOME, nothing but PATH and HOME set, no `toolctl` installed), every command its banner prints
+//! works pasted as it is into another shell, and they are the README's tour.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use serde_json::Value;
 use toolsrv_tests::{bin, free_port, run_bounded, text, wait_for};
 
-#[test]
-fn up_runs_a_whole_system_that_toolctl_can_use() {
-    let state = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut up = Command::new(bin("toolsrv"))
-        .args(["up", "--listen", &format!("127.0.0.1:{port}"), "--state"])
-        .arg(state.path())
-        .env("TOOLSRV_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .unwrap();
-    // The banner's export lines are the client settings.
-    let mut env = Vec::new();
-    let mut lines = BufReader::new(up.stdout.take().unwrap()).lines();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        if let Some(assign) = line.trim().strip_prefix("export ") {
-            let (k, v) = assign.split_once('=').unwrap();
-            env.push((k.to_string(), v.to_string()));
-        }
-        if line.contains("Ctrl-C") {
-            break;
+/// The only `PATH` the clean environment has: no `toolctl` there unless one is installed
+/// system-wide, and the banner's `PATH` comes first anyway.
+const CLEAN_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// `toolsrv up` in a clean environment with `home` as HOME, killed (with its process group) on drop.
+struct Up {
+    child: Child,
+    stderr: std::path::PathBuf,
+}
+
+impl Up {
+    fn start(home: &Path, port: u16, extra_env: &[(&str, &str)]) -> Self {
+        let stderr = home.join("up.log");
+        let mut cmd = Command::new(bin("toolsrv"));
+        cmd.args(["up", "--listen", &format!("127.0.0.1:{port}")])
+            .env_clear()
+            .env("PATH", CLEAN_PATH)
+            .env("HOME", home)
+            .envs(extra_env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .process_group(0);
+        Self {
+            child: cmd.spawn().unwrap(),
+            stderr,
         }
     }
-    assert_eq!(env.len(), 4, "{env:?}");
-    let toolctl = |args: &[&str]| {
-        let mut cmd = Command::new(bin("toolctl"));
-        cmd.args(args).envs(env.iter().cloned());
-        run_bounded(cmd, None, Duration::from_secs(60))
-    };
-    wait_for(
-        "the local agent to report its tools",
-        Duration::from_secs(30),
-        || {
-            let out = toolctl(&["tools", "local", "--json"]);
-            let tools: Vec<Value> = serde_json::from_slice(&out.stdout).ok()?;
-            tools.iter().any(|t| t["name"] == "env_info").then_some(())
-        },
+
+    /// The banner, up to its last line (bounded: `up` prints it within seconds or the test fails).
+    fn banner(&mut self) -> Vec<String> {
+        let stdout = self.child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = Vec::new();
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let last = line.contains("Ctrl-C stops it");
+                lines.push(line);
+                if last {
+                    break;
+                }
+            }
+            let _ = tx.send(lines);
+        });
+        let lines = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("no banner within 60 s; log:\n{}", self.log()));
+        assert!(
+            lines.last().is_some_and(|l| l.contains("Ctrl-C")),
+            "the banner ended early: {lines:?}\nlog:\n{}",
+            self.log()
+        );
+        lines
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    fn stop(mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let status = wait_for("up to exit on SIGTERM", Duration::from_secs(20), || {
+            self.child.try_wait().unwrap()
+        });
+        assert!(status.success(), "{status:?}\n{}", self.log());
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(self.child.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `sh -c SCRIPT` in the clean environment, as a second shell would run it.
+fn shell(home: &Path, script: &str) -> Command {
+    let mut cmd = Command::new("/bin/sh");
+    cmd.arg("-c")
+        .arg(script)
+        .env_clear()
+        .env("PATH", CLEAN_PATH)
+        .env("HOME", home);
+    cmd
+}
+
+/// The lines of the banner's command block that start with `prefix`, as printed.
+fn block<'a>(banner: &'a [String], prefix: &str) -> Vec<&'a str> {
+    banner
+        .iter()
+        .map(|l| l.trim())
+        .filter(|l| l.starts_with(prefix))
+        .collect()
+}
+
+/// The `toolctl` lines of the README's tour, in section 1 ("See it work").
+fn readme_tour() -> Vec<String> {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    let section = readme
+        .split("### 1.")
+        .nth(1)
+        .and_then(|s| s.split("### 2.").next())
+        .expect("the README has a section 1 before section 2");
+    section
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("toolctl "))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn the_commands_up_prints_work_verbatim_in_a_clean_environment() {
+    let home = tempfile::tempdir().unwrap();
+    let home = home.path();
+    let port = free_port();
+    let mut up = Up::start(home, port, &[]);
+    let banner = up.banner();
+    let exports = block(&banner, "export ");
+    let commands = block(&banner, "toolctl ");
+    assert_eq!(exports.len(), 5, "{banner:#?}");
+    assert!(exports[0].starts_with("export PATH="), "{banner:#?}");
+    assert_eq!(
+        commands,
+        readme_tour(),
+        "up prints the README's tour, comments and all"
     );
-    let out = toolctl(&["call", "local", "env_info"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let facts: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(facts["os"], "linux");
-    let out = toolctl(&[
-        "fanout",
-        "all",
-        "json_value",
-        r#"{"json": {"a": 1}, "path": ".a"}"#,
-        "--json",
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
-        text(&out.stdout).contains(r#""status":"ok""#),
+        commands.len() >= 5 && commands.iter().any(|c| c.starts_with("toolctl watch")),
+        "{commands:?}"
+    );
+    let settings = exports.join("\n");
+    // The `toolctl` the commands run is the one `up` linked, whatever else is installed.
+    let which = run_bounded(
+        shell(home, &format!("{settings}\ncommand -v toolctl")),
+        None,
+        Duration::from_secs(10),
+    );
+    assert_eq!(
+        text(&which.stdout).trim(),
+        home.join(".local/state/toolsrv/up/bin/toolctl")
+            .display()
+            .to_string(),
         "{}",
-        text(&out.stdout)
+        text(&which.stderr)
     );
-    // The example tools were written into the state directory, and a second run reuses it.
-    assert!(state.path().join("tools/env_info.meta").exists());
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(up.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
+    // The state directory is the default one under the fresh HOME.
+    assert!(
+        settings.contains(
+            &home
+                .join(".local/state/toolsrv/up/pki")
+                .display()
+                .to_string()
+        ),
+        "{settings}"
     );
-    let status = wait_for("up to exit on SIGTERM", Duration::from_secs(20), || {
-        up.try_wait().unwrap()
-    });
-    assert!(status.success(), "{status:?}");
+
+    for command in commands {
+        let script = format!("{settings}\n{command}");
+        if command.starts_with("toolctl watch") {
+            // Runs until Ctrl-C: its first line is the snapshot, then it is stopped.
+            let mut child = shell(home, &script)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .process_group(0)
+                .spawn()
+                .unwrap();
+            let mut stdout = child.stdout.take().unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let mut first = Vec::new();
+                let mut byte = [0u8; 1];
+                while stdout.read(&mut byte).is_ok_and(|n| n == 1) && byte[0] != b'\n' {
+                    first.push(byte[0]);
+                }
+                let _ = tx.send(String::from_utf8_lossy(&first).into_owned());
+            });
+            let first = rx.recv_timeout(Duration::from_secs(30));
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGINT,
+            );
+            // The shell may die of the interrupt itself; toolctl, in the same group, ends too.
+            wait_for("watch to end on Ctrl-C", Duration::from_secs(20), || {
+                child.try_wait().unwrap()
+            });
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let mut stderr = String::new();
+            let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
+            let first =
+                first.unwrap_or_else(|_| panic!("{command}: no event within 30 s: {stderr}"));
+            assert!(first.starts_with("snapshot"), "{command}: {first} {stderr}");
+            continue;
+        }
+        let out = run_bounded(shell(home, &script), None, Duration::from_secs(60));
+        assert!(
+            out.status.success(),
+            "`{command}` failed ({:?}):\n{}{}\nup's log:\n{}",
+            out.status,
+            text(&out.stdout),
+            text(&out.stderr),
+            up.log()
+        );
+        assert!(!out.stdout.is_empty(), "`{command}` printed nothing");
+        if command.starts_with("toolctl hosts") {
+            assert!(
+                text(&out.stdout).contains("local  online"),
+                "the agent is there as soon as the banner is: {}",
+                text(&out.stdout)
+            );
+        }
+    }
+
+    // A second `up` on the same port says what probably holds it and how to pick another.
+    let other = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(bin("toolsrv"));
+    cmd.args(["up", "--listen", &format!("127.0.0.1:{port}")])
+        .env_clear()
+        .env("PATH", CLEAN_PATH)
+        .env("HOME", other.path());
+    let out = run_bounded(cmd, None, Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("another `toolsrv up` may be running")
+            && err.contains(&format!("--listen 127.0.0.1:{}", port + 1)),
+        "{err}"
+    );
+    assert!(
+        !other.path().join(".local/state/toolsrv/up/pki").exists(),
+        "a second up that cannot listen leaves no state behind"
+    );
+
+    up.stop();
+}
+
+#[test]
+fn up_says_when_ollie_tools_path_replaces_the_example_tools() {
+    let home = tempfile::tempdir().unwrap();
+    let tools = home.path().join("my-tools");
+    std::fs::create_dir(&tools).unwrap();
+    std::fs::write(
+        tools.join("mine.meta"),
+        r#"{"description": "Mine", "cmd": "echo mine"}"#,
+    )
+    .unwrap();
+    let mut up = Up::start(
+        home.path(),
+        free_port(),
+        &[("OLLIE_TOOLS_PATH", tools.to_str().unwrap())],
+    );
+    let banner = up.banner().join("\n");
+    assert!(
+        banner.contains(&format!("tools from {}", tools.display()))
+            && banner.contains(
+                "from OLLIE_TOOLS_PATH in your environment, instead of the example tools"
+            ),
+        "{banner}"
+    );
+    assert!(
+        up.log().contains("OLLIE_TOOLS_PATH"),
+        "and the log says it: {}",
+        up.log()
+    );
+    up.stop();
 }

@@ -41,6 +41,10 @@ pub enum AgentError {
     /// A shipped tool or blob was refused (bad name, wrong digest, wrong size).
     #[error("refused {what}: {why}")]
     Refused { what: String, why: String },
+    /// The agent's certificate names another identity than this host's agent: the coordinator
+    /// would refuse every attempt.
+    #[error("{0}")]
+    Identity(String),
 }
 
 impl AgentError {
@@ -49,6 +53,20 @@ impl AgentError {
             op,
             path: path.to_path_buf(),
             source,
+        }
+    }
+
+    /// True for errors that no retry can fix by itself: the coordinator refuses this agent's
+    /// identity, or the certificate names another one. Only an operator (a new certificate, the
+    /// right `--host-id`, a coordinator reconfigured) makes them go away.
+    pub fn needs_operator(&self) -> bool {
+        match self {
+            Self::Identity(_) => true,
+            Self::Rpc { status, .. } => matches!(
+                status.code(),
+                tonic::Code::PermissionDenied | tonic::Code::Unauthenticated
+            ),
+            _ => false,
         }
     }
 

@@ -30,6 +30,6 @@ pub use blobs::{BlobCache, BlobSource, BlobStream, SETTLE};
 pub use config::AgentConfig;
 pub use error::AgentError;
 pub use keeper::CatalogKeeper;
-pub use run::{run, run_with_connector};
+pub use run::{check_identity, run, run_with_connector};
 pub use store::CatalogStore;
 pub use view::definition;

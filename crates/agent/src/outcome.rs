@@ -68,7 +68,7 @@ fn exit_message(exit: Exit) -> String {
 /// The status a call that did not start ends with.
 pub fn refusal_status(err: &CallError) -> CallStatus {
     match err {
-        CallError::UnknownTool(_) => CallStatus::UnknownTool,
+        CallError::UnknownTool { .. } => CallStatus::UnknownTool,
         CallError::Hidden { .. } => CallStatus::Hidden,
         CallError::InvalidArgs { .. } | CallError::TimeoutTooLong { .. } => CallStatus::InvalidArgs,
         CallError::NoCommand(_) | CallError::Spawn { .. } => CallStatus::FailedToStart,
@@ -146,7 +146,13 @@ mod tests {
     #[test]
     fn refusals_map_to_statuses() {
         let cases = [
-            (CallError::UnknownTool("x".into()), CallStatus::UnknownTool),
+            (
+                CallError::UnknownTool {
+                    name: "x".into(),
+                    suggestion: String::new(),
+                },
+                CallStatus::UnknownTool,
+            ),
             (
                 CallError::Hidden {
                     name: "x".into(),

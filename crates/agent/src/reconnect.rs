@@ -11,6 +11,11 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::error::AgentError;
 
+/// The ceiling of the delay after a refusal that only an operator can fix (a certificate that
+/// names another host, an identity the coordinator does not accept): long, so the log is not a
+/// stream of the same error, yet a fixed certificate is picked up without a restart.
+pub const REFUSED_RETRY: Duration = Duration::from_secs(300);
+
 /// How a session ended without an error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SessionEnd {
@@ -52,17 +57,28 @@ pub async fn reconnect_loop<S, SF, Z, ZF, J>(
         if outcome.welcomed {
             attempt = 0;
         }
+        let mut ceiling = backoff.ceiling(attempt);
         match outcome.result {
             Ok(SessionEnd::Shutdown) => return,
             Ok(SessionEnd::Goodbye(reason)) => {
                 tracing::info!(%reason, "coordinator said goodbye; reconnecting");
+            }
+            Err(e) if e.needs_operator() => {
+                ceiling = REFUSED_RETRY.max(backoff.max);
+                tracing::error!(
+                    error = %e,
+                    retry_in = ?ceiling,
+                    "the coordinator refuses this agent, which retrying cannot fix by itself: \
+                     fix the certificate or --host-id (the files are read again on each attempt); \
+                     retrying only every few minutes until then"
+                );
             }
             Err(e) => tracing::warn!(error = %e, attempt, "agent session ended"),
         }
         if shutdown.is_cancelled() {
             return;
         }
-        let delay = jitter(backoff.ceiling(attempt));
+        let delay = jitter(ceiling);
         attempt = attempt.saturating_add(1);
         tracing::debug!(?delay, "waiting before reconnecting");
         tokio::select! {
@@ -137,6 +153,26 @@ mod tests {
         let ms: Vec<u128> = slept.iter().map(Duration::as_millis).collect();
         assert_eq!(ms, [100, 200, 400, 800, 1000, 1000, 100, 200, 100]);
         assert_eq!(sessions, 10);
+    }
+
+    #[tokio::test]
+    async fn a_refusal_no_retry_can_fix_waits_long() {
+        let refused = || SessionOutcome {
+            welcomed: false,
+            result: Err(AgentError::Identity(
+                "certificate names another host".into(),
+            )),
+        };
+        let denied = SessionOutcome {
+            welcomed: false,
+            result: Err(AgentError::Rpc {
+                what: "opening the agent link",
+                status: tonic::Status::permission_denied("hello claims another host"),
+            }),
+        };
+        let (slept, _) = drive(vec![failed(false), refused(), denied, failed(false)]).await;
+        let ms: Vec<u128> = slept.iter().map(Duration::as_millis).collect();
+        assert_eq!(ms, [100, 300_000, 300_000, 800]);
     }
 
     #[tokio::test]

@@ -5,7 +5,7 @@ use std::future::Future;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use toolsrv_meta::Host;
-use toolsrv_tls::{Role, TlsFiles};
+use toolsrv_tls::{Identity, Role, TlsFiles};
 
 use crate::backoff::full_jitter;
 use crate::blobs::BlobCache;
@@ -20,20 +20,57 @@ use crate::store::CatalogStore;
 ///
 /// On shutdown, in-flight calls get `drain_grace` to finish, the rest are cancelled, and the
 /// agent says goodbye. Fails only when the state directory cannot be set up.
+///
+/// Fails at once when the agent certificate names another host than `host_id` (or is no agent
+/// certificate): the coordinator would refuse every attempt, so retrying would only hide it.
 pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> Result<(), AgentError> {
     toolsrv_tls::install_crypto_provider();
+    check_identity(&config.tls, &config.host_id)?;
     let url = config.coordinator.clone();
     let tls = config.tls.clone();
+    let host_id = config.host_id.clone();
     run_with_connector(config, shutdown, move || {
-        connect_tls(url.clone(), tls.clone())
+        connect_tls(url.clone(), tls.clone(), host_id.clone())
     })
     .await
 }
 
+/// Refuses a certificate that names another identity than `toolsrv://agent/<host_id>`. One
+/// that cannot be read yet passes: it may still be on its way (a certificate being issued), and
+/// the connection attempts say what is wrong with it.
+pub fn check_identity(tls: &TlsFiles, host_id: &str) -> Result<(), AgentError> {
+    let Ok(identity) = toolsrv_tls::certificate_identity(&tls.cert) else {
+        return Ok(());
+    };
+    let cert = tls.cert.display();
+    match identity {
+        Identity::Agent(id) if id == host_id => Ok(()),
+        Identity::Agent(id) => Err(AgentError::Identity(format!(
+            "the agent certificate {cert} names host `{id}` ({}), not `{host_id}`: start the agent \
+             with --host-id {id}, or give it a certificate issued for `{host_id}` (`toolsrv pki \
+             init DIR --agents {host_id}`)",
+            Identity::Agent(id.clone()).uri()
+        ))),
+        other => Err(AgentError::Identity(format!(
+            "{cert} is a {} certificate ({}), not an agent's: give the agent a certificate issued \
+             for {} (`toolsrv pki init DIR --agents {host_id}`)",
+            other.role(),
+            other.uri(),
+            Identity::Agent(host_id.to_string()).uri()
+        ))),
+    }
+}
+
 /// Dials `url` with the agent's credentials, requiring the peer to be a coordinator.
 ///
-/// The TLS files are read on every attempt, so renewed certificates are picked up on reconnect.
-pub async fn connect_tls(url: String, tls: TlsFiles) -> Result<Channel, AgentError> {
+/// The TLS files are read on every attempt, so renewed certificates are picked up on reconnect;
+/// a renewed one that names another host is refused here, before dialling.
+pub async fn connect_tls(
+    url: String,
+    tls: TlsFiles,
+    host_id: String,
+) -> Result<Channel, AgentError> {
+    check_identity(&tls, &host_id)?;
     toolsrv_tls::connect_reloading(&url, &tls, Role::Coordinator)
         .await
         .map_err(|source| AgentError::Connect { url, source })
@@ -89,4 +126,33 @@ where
     .await;
     tracing::info!("agent stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_certificate_for_another_host_is_refused_before_any_attempt() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = toolsrv_tls::PkiOptions::new(dir.path());
+        opts.agents = vec!["web-2".into()];
+        opts.clients = vec!["alice".into()];
+        toolsrv_tls::init(&opts).unwrap();
+        let agent = TlsFiles::in_dir(dir.path(), &Identity::Agent("web-2".into()));
+        check_identity(&agent, "web-2").unwrap();
+        let err = check_identity(&agent, "web-1").unwrap_err();
+        assert!(err.needs_operator());
+        let text = err.to_string();
+        assert!(
+            text.contains("names host `web-2`") && text.contains("--host-id web-2"),
+            "{text}"
+        );
+        let client = TlsFiles::in_dir(dir.path(), &Identity::Client("alice".into()));
+        let text = check_identity(&client, "web-1").unwrap_err().to_string();
+        assert!(text.contains("client certificate"), "{text}");
+        // Not there yet: the attempts will say why, and it may still come.
+        let missing = TlsFiles::in_dir(&dir.path().join("none"), &Identity::Agent("x".into()));
+        check_identity(&missing, "x").unwrap();
+    }
 }

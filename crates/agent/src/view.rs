@@ -15,11 +15,11 @@ pub const VIEW_PART_BYTES: usize = 1 << 20;
 /// Room left in a message for everything but the tools (the revision, field tags).
 const VIEW_MESSAGE_SLACK: usize = 1 << 10;
 
-/// Every tool of `catalog` as `host` sees it, in name order.
+/// Every tool of `catalog` as `host` sees it, in name order (invalid ones hidden, with why).
 pub fn tool_statuses(catalog: &Catalog, host: &Host) -> Vec<ToolStatus> {
     toolsrv_host::view(catalog, host)
         .iter()
-        .map(|v| tool_status(v.name(), &v.resolution, v.meta.def.description.as_deref()))
+        .map(|v| tool_status(v.name(), &v.resolution, v.hidden_description()))
         .collect()
 }
 

@@ -297,9 +297,13 @@ async fn reconnects_after_refusal_silence_goodbye_and_bad_first_message() {
         .refuse
         .lock()
         .unwrap()
-        .push(tonic::Status::permission_denied("host id mismatch"));
+        .push(tonic::Status::resource_exhausted(
+            "too many agents attaching at once",
+        ));
 
-    // First attach refused by the fake; the next one gets a non-Welcome first message.
+    // First attach refused by the fake (a refusal that goes away by itself: one that does not,
+    // such as a certificate of another host, waits minutes instead, see `reconnect`); the next
+    // one gets a non-Welcome first message.
     let link = h.attach().await;
     link.send(In::Keepalive(Keepalive { sent_unix_ms: 0 }))
         .await;

@@ -35,8 +35,10 @@ use tower::service_fn;
 use crate::client::MAX_MESSAGE_SIZE;
 use crate::{Client, ClientError};
 
+mod path;
 mod trust;
 
+pub use path::{DEFAULT_WORD, default_socket, prepare_default_dir};
 use trust::Trust;
 
 /// How long a client waits for the master to accept; it is local, so this only guards a stuck one.

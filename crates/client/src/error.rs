@@ -8,12 +8,23 @@ pub enum ClientError {
     /// Our credentials are unusable, or the coordinator could not be reached or failed the TLS checks.
     #[error(transparent)]
     Tls(#[from] TlsError),
-    /// The coordinator (or the transport under it) ended an RPC with an error status.
-    #[error("{message} ({code:?})")]
+    /// The coordinator (or a `toolctl master` relaying for it) answered an RPC with an error
+    /// status. The message says why, worded the same whichever RPC met the condition; the gRPC
+    /// code is for programs (see [`ClientError::code`]), so it is not part of the text.
+    #[error("{message}")]
     Status {
         /// The gRPC code.
         code: tonic::Code,
-        /// The status message, followed by the transport's error chain when there is one.
+        /// The coordinator's message.
+        message: String,
+    },
+    /// The transport under an RPC failed (the connection broke, the coordinator went away):
+    /// nobody answered the request.
+    #[error("{message}")]
+    Transport {
+        /// The gRPC code the transport failure maps to.
+        code: tonic::Code,
+        /// What failed, with the transport's error chain.
         message: String,
     },
     /// The control socket of a `toolctl master` could not be reached or served.
@@ -32,7 +43,7 @@ impl ClientError {
     pub fn code(&self) -> tonic::Code {
         match self {
             Self::Tls(e) => e.code(),
-            Self::Status { code, .. } => *code,
+            Self::Status { code, .. } | Self::Transport { code, .. } => *code,
             Self::Control(_) => tonic::Code::Unavailable,
             Self::UntrustedControl(_) => tonic::Code::PermissionDenied,
             Self::Protocol(_) => tonic::Code::Internal,
@@ -42,7 +53,9 @@ impl ClientError {
 
 impl From<tonic::Status> for ClientError {
     fn from(status: tonic::Status) -> Self {
-        // A transport failure arrives as a bare "transport error"; the useful part is in the sources.
+        // A status the peer sent has no source; one made on our side from a transport failure
+        // arrives as a bare "transport error" whose useful part is in the sources.
+        let from_peer = std::error::Error::source(&status).is_none();
         let mut message = status.message().to_string();
         let mut source = std::error::Error::source(&status);
         while let Some(s) = source {
@@ -56,11 +69,13 @@ impl From<tonic::Status> for ClientError {
             source = s.source();
         }
         if message.is_empty() {
-            message = "no message".to_string();
+            message = format!("no message (gRPC code {:?})", status.code());
         }
-        Self::Status {
-            code: status.code(),
-            message,
+        let code = status.code();
+        if from_peer {
+            Self::Status { code, message }
+        } else {
+            Self::Transport { code, message }
         }
     }
 }
@@ -73,7 +88,16 @@ mod tests {
     fn status_keeps_code_and_message() {
         let e = ClientError::from(tonic::Status::not_found("unknown host `x`"));
         assert_eq!(e.code(), tonic::Code::NotFound);
-        assert_eq!(e.to_string(), "unknown host `x` (NotFound)");
+        assert_eq!(
+            e.to_string(),
+            "unknown host `x`",
+            "no transport code in the text"
+        );
+        let e = ClientError::from(tonic::Status::from_error(Box::new(std::io::Error::other(
+            "connection reset",
+        ))));
+        assert!(matches!(e, ClientError::Transport { .. }), "{e:?}");
+        assert!(e.to_string().contains("connection reset"), "{e}");
     }
 
     #[test]

@@ -13,6 +13,8 @@
 //! # }
 //! ```
 
+#[cfg(feature = "cli")]
+pub mod cli;
 mod client;
 pub mod control;
 mod error;
@@ -32,6 +34,6 @@ pub use toolsrv_proto::v1::fan_out_event::Event as FanOutUpdate;
 pub use toolsrv_proto::v1::{
     ApprovalRequest, CallEvent, CallRequest, CallResult, CallStatus, CatalogEvent,
     CatalogEventKind, FanOutEvent, FanOutRequest, FanOutSummary, HostFacts, HostInfo, HostState,
-    ListToolsResponse, OutputChunk, OutputStream, ToolDefinition, ToolStatus,
+    InvalidTool, ListToolsResponse, OutputChunk, OutputStream, ToolDefinition, ToolStatus,
 };
 pub use toolsrv_tls::{TlsError, TlsFiles};

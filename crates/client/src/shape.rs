@@ -180,9 +180,9 @@ mod tests {
         assert_eq!(
             json,
             json!([
-                {"name": "a", "visible": true, "variant": 1, "description": "A tool"},
+                {"name": "a", "visible": true, "variant": 1, "reason": null, "description": "A tool"},
                 {"name": "b", "visible": false, "variant": null, "reason": "no variant matches this host", "description": "B tool"},
-                {"name": "c", "visible": true, "variant": null, "description": null},
+                {"name": "c", "visible": true, "variant": null, "reason": null, "description": null},
             ])
         );
     }

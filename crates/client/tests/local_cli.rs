@@ -118,6 +118,12 @@ fn list_shows_visible_tools_and_all_adds_hidden_ones_with_reasons() {
         (json!(true), json!(1))
     );
     assert_eq!(list[1]["variant"], Value::Null);
+    assert_eq!(
+        list[1]["reason"],
+        Value::Null,
+        "`reason` is always there, null when visible: {}",
+        list[1]
+    );
     assert!(
         stderr(&out).contains("broken.meta"),
         "a rejected file is reported: {}",
@@ -143,6 +149,16 @@ fn list_shows_visible_tools_and_all_adds_hidden_ones_with_reasons() {
         "{gpu}"
     );
     assert_eq!(gpu["description"], json!("GPU"));
+    // An invalid file is listed hidden with what is wrong with it, file and all.
+    let broken = list.iter().find(|e| e["name"] == "broken").unwrap();
+    assert_eq!(broken["visible"], json!(false));
+    let reason = broken["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("invalid: ")
+            && reason.contains("broken.meta")
+            && reason.contains("not valid JSON"),
+        "{broken}"
+    );
 
     let out = run(toolctl().args(["local", "list", "--tools", &tools_arg(&dir), "--all"]));
     assert!(
@@ -282,7 +298,9 @@ fn call_exit_codes() {
     let cases: &[(&[&str], i32, &str)] = &[
         (&["fail"], 3, "broken"),
         (&["nope"], 127, "unknown tool `nope`"),
-        (&["broken"], 127, "not valid JSON"),
+        (&["ech"], 127, "unknown tool `ech`; did you mean `echo`?"),
+        // An invalid file is not an unknown tool: it is refused with what is wrong with it.
+        (&["broken"], 69, "is hidden on this host: invalid: "),
         (&["gpu"], 69, "hidden on this host"),
         (&["echo", r#"{"n": "seven"}"#], 65, "at /n"),
         (&["echo", r#"{"m": 1}"#], 65, "at /"),
@@ -407,15 +425,26 @@ fn lint_reports_every_problem_with_file_and_field() {
 
 #[test]
 fn a_bad_command_line_exits_64_and_help_exits_0() {
-    for args in [
-        &["call", "--bogus"][..],
-        &[][..],
-        &["local", "list", "--all"][..],
-    ] {
+    for args in [&["call", "--bogus"][..], &[][..]] {
         let out = run(toolctl().args(args));
         assert_eq!(out.status.code(), Some(64), "{args:?}: {}", stderr(&out));
         assert!(stderr(&out).contains("Usage"), "{args:?}: {}", stderr(&out));
     }
+    // A setting that may come from the environment is not shown as needed by the usage line,
+    // and its absence is explained with both ways to give it.
+    let out = run(toolctl().args(["local", "list", "--help"]));
+    assert!(
+        stdout(&out).contains("Usage: toolctl local list [OPTIONS]\n"),
+        "{}",
+        stdout(&out)
+    );
+    let out = run(toolctl().args(["local", "list", "--all"]));
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--tools") && stderr(&out).contains("OLLIE_TOOLS_PATH"),
+        "{}",
+        stderr(&out)
+    );
     for args in [&["--help"][..], &["call", "--help"][..], &["--version"][..]] {
         let out = run(toolctl().args(args));
         assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));

@@ -279,23 +279,40 @@ async fn remote_commands_against_a_real_fleet() {
     let out = fleet.run(&["call", "web-1", "fail"]).await;
     assert_eq!(out.status.code(), Some(3));
     assert!(
-        text(&out.stderr).contains("toolctl: web-1: tool_error"),
+        text(&out.stderr).contains("toolctl: tool `fail` on host `web-1`: exited with code 3"),
         "{}",
         text(&out.stderr)
     );
-    let cases: [(&[&str], i32, &str); 6] = [
+    let cases: [(&[&str], i32, &str); 7] = [
         (
             &["call", "web-1", "echo", r#"{"n": "x"}"#],
             65,
-            "invalid_args",
+            "toolctl: tool `echo`: invalid arguments: at /n: ",
         ),
-        (&["call", "web-1", "plan9"], 69, "hidden"),
-        (&["call", "web-1", "nope"], 127, "unknown_tool"),
-        (&["call", "nohost", "echo"], 127, "unknown_host"),
+        (
+            &["call", "web-1", "plan9"],
+            69,
+            "toolctl: tool `plan9` is hidden on host `web-1`: no variant matches",
+        ),
+        (
+            &["call", "web-1", "nope"],
+            127,
+            "toolctl: unknown tool `nope` on host `web-1`\n",
+        ),
+        (
+            &["call", "web-1", "ehco"],
+            127,
+            "toolctl: unknown tool `ehco` on host `web-1`; did you mean `echo`?\n",
+        ),
+        (
+            &["call", "nohost", "echo"],
+            127,
+            "toolctl: no host `nohost` has connected to this coordinator\n",
+        ),
         (
             &["call", "web-1", "slow", "--timeout", "0.3"],
             124,
-            "timed_out",
+            "toolctl: tool `slow` on host `web-1`: timed out after 300ms",
         ),
         (&["call", "web-1", "echo", "[1]"], 64, "JSON object"),
     ];
@@ -312,6 +329,67 @@ async fn remote_commands_against_a_real_fleet() {
             "{args:?}: {}",
             text(&out.stderr)
         );
+    }
+
+    // The same unknown host, or unknown tool, reads the same through every command: the
+    // coordinator's words, the closest known name, no gRPC code.
+    for (host, tool, message, code) in [
+        (
+            "wbe-1",
+            "echo",
+            "no host `wbe-1` has connected to this coordinator; did you mean `web-1`?",
+            127,
+        ),
+        (
+            "web-1",
+            "ehco",
+            "unknown tool `ehco` on host `web-1`; did you mean `echo`?",
+            127,
+        ),
+        (
+            "web-1",
+            "plan9",
+            "tool `plan9` is hidden on host `web-1`: no variant matches this host",
+            69,
+        ),
+    ] {
+        let line = format!("toolctl: {message}");
+        let commands: [Vec<&str>; 3] = [
+            vec!["call", host, tool],
+            vec!["describe", host, tool],
+            vec!["tools", host],
+        ];
+        for args in &commands {
+            if args[0] == "tools" && host == "web-1" {
+                continue; // a listing of a known host is no error
+            }
+            let out = fleet.run(args).await;
+            let stderr = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(code), "{args:?}: {stderr}");
+            assert!(stderr.starts_with(&line), "{args:?}: {stderr}");
+            assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+            for code in [
+                "NotFound",
+                "FailedPrecondition",
+                "unknown_host",
+                "unknown_tool",
+            ] {
+                assert!(!stderr.contains(code), "{args:?}: {stderr}");
+            }
+        }
+        let out = fleet.run(&["fanout", host, tool, "--json"]).await;
+        let stdout = text(&out.stdout);
+        let result = stdout
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .find(|e| e["type"] == "result")
+            .unwrap_or_else(|| panic!("no result: {stdout}"));
+        assert!(
+            result["message"].as_str().unwrap().starts_with(message),
+            "{result}"
+        );
+        let out = fleet.run(&["fanout", host, tool]).await;
+        assert!(text(&out.stdout).contains(message), "{}", text(&out.stdout));
     }
 
     // fanout: prefixed whole lines, a summary table, exit 1 when a host fails.
@@ -566,6 +644,54 @@ async fn a_master_serves_commands_on_its_control_socket() {
         .unwrap();
     assert!(status.success(), "{status:?}");
     assert!(!socket.exists());
+}
+
+/// Without XDG_RUNTIME_DIR the default control socket is in a private directory of ours under
+/// the temporary directory, never at `/toolctl.sock`; `default` names it for every command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_control_socket_lives_in_a_private_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let fleet = start().await;
+    let tmp = fleet.dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let dir = tmp.join(format!("toolctl-{}", nix::unistd::getuid()));
+    let socket = dir.join("toolctl.sock");
+    let mut cmd = fleet.toolctl(&["master", "--idle-exit", "1"]);
+    cmd.env_remove("XDG_RUNTIME_DIR")
+        .env_remove("TOOLSRV_CONTROL")
+        .env("TMPDIR", &tmp);
+    let mut master = cmd.spawn().unwrap();
+    let mut stderr = tokio::io::BufReader::new(master.stderr.take().unwrap());
+    let line = first_line(&mut stderr, "the master says it serves").await;
+    assert!(
+        line.contains(&format!(" on {} ", socket.display())),
+        "{line}"
+    );
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "the directory is created private");
+    let mut cmd = via_control(&fleet, Path::new("default"), &["hosts"]);
+    cmd.env_remove("XDG_RUNTIME_DIR").env("TMPDIR", &tmp);
+    let out = run(cmd).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let status = tokio::time::timeout(Duration::from_secs(10), master.wait())
+        .await
+        .expect("an idle master exits by itself")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+
+    // A directory open to others at that place is refused, not used.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut cmd = fleet.toolctl(&["master"]);
+    cmd.env_remove("XDG_RUNTIME_DIR")
+        .env_remove("TOOLSRV_CONTROL")
+        .env("TMPDIR", &tmp);
+    let out = run(cmd).await;
+    assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("mode 777 lets other users in"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

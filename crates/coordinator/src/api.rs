@@ -15,8 +15,8 @@ use toolsrv_proto::v1::{
     ApproveRequest, ApproveResponse, CallEvent, CallRequest, CallResult, CallStatus, CatalogEvent,
     CatalogEventKind, DescribeToolRequest, FanOutEvent, FanOutRequest, FanOutSummary,
     ListApprovalsRequest, ListApprovalsResponse, ListHostsRequest, ListHostsResponse,
-    ListToolsRequest, ListToolsResponse, ToolDefinition, WatchCatalogRequest, call_event,
-    fan_out_event,
+    ListToolsRequest, ListToolsResponse, ToolDefinition, ToolStatus, WatchCatalogRequest,
+    call_event, fan_out_event,
 };
 
 use crate::State;
@@ -24,7 +24,7 @@ use crate::State;
 use crate::approvals::DecideError;
 use crate::calls::{self, CallSpec, Event};
 use crate::identity::Caller;
-
+use crate::refusal::{self, Refusal};
 use crate::selector::Selector;
 use crate::views::LIST_PAGE_BYTES;
 
@@ -136,10 +136,34 @@ impl Tools for ToolsService {
         let mut req = req.into_inner();
         bounded("the host id", &req.host, toolsrv_tls::MAX_NAME_LEN)?;
         req.host = toolsrv_tls::normalize_name(&req.host);
-        let host = self.host(&req.host).await?;
+        let host = refusal::online_host(&self.state, &req.host, |h| h.synced)
+            .await
+            .map_err(Refusal::grpc)?;
         let view = host.view.clone().unwrap_or_default();
-        let (tools, next_page_token) =
-            view.page(req.include_hidden, &req.page_token, LIST_PAGE_BYTES);
+        // Tools of the catalog whose files are invalid are listed too, hidden with the reason,
+        // unless the host has a tool of that name of its own.
+        let invalid: Vec<ToolStatus> = if req.include_hidden {
+            let catalog = self.state.registry.catalog();
+            catalog
+                .invalid
+                .iter()
+                .filter(|(name, _)| view.tool(name).is_none())
+                .map(|(name, invalid)| ToolStatus {
+                    name: name.clone(),
+                    visible: false,
+                    reason: invalid.reason(),
+                    ..ToolStatus::default()
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let (tools, next_page_token) = view.page(
+            req.include_hidden,
+            &req.page_token,
+            LIST_PAGE_BYTES,
+            &invalid,
+        );
         Ok(Response::new(ListToolsResponse {
             host: req.host,
             catalog_revision: view.catalog_revision,
@@ -158,20 +182,15 @@ impl Tools for ToolsService {
         bounded("the host id", &req.host, toolsrv_tls::MAX_NAME_LEN)?;
         bounded("the tool name", &req.tool, MAX_TOOL_NAME_BYTES)?;
         req.host = toolsrv_tls::normalize_name(&req.host);
-        let host = self.host(&req.host).await?;
-        match host.tool(&req.tool) {
-            Some(t) if t.visible => Ok(Response::new(
-                t.definition.as_deref().cloned().unwrap_or_default(),
-            )),
-            Some(t) => Err(Status::failed_precondition(format!(
-                "tool `{}` is hidden on host `{}`: {}",
-                req.tool, req.host, t.reason
-            ))),
-            None => Err(Status::not_found(format!(
-                "host `{}` has no tool `{}`",
-                req.host, req.tool
-            ))),
-        }
+        let state = &self.state;
+        let host =
+            refusal::online_host(state, &req.host, |h| refusal::settled(state, h, &req.tool))
+                .await
+                .map_err(Refusal::grpc)?;
+        let tool = refusal::visible_tool(state, &host, &req.tool).map_err(Refusal::grpc)?;
+        Ok(Response::new(
+            tool.definition.as_deref().cloned().unwrap_or_default(),
+        ))
     }
 
     async fn call(&self, req: Request<CallRequest>) -> Result<Response<Self::CallStream>, Status> {
@@ -342,23 +361,6 @@ impl Tools for ToolsService {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
-    }
-}
-
-impl ToolsService {
-    /// Host `id`, once it has reported its view on its current connection (waiting at most
-    /// [`calls::SYNC_WAIT`] for a host that has just attached).
-    async fn host(&self, id: &str) -> Result<crate::fleet::HostEntry, Status> {
-        let host = self
-            .state
-            .fleet
-            .wait_for(id, calls::SYNC_WAIT, |h| h.synced)
-            .await
-            .ok_or_else(|| Status::not_found(format!("unknown host `{id}`")))?;
-        if !host.online() {
-            return Err(Status::unavailable(format!("host `{id}` is offline")));
-        }
-        Ok(host)
     }
 }
 

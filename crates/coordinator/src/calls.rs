@@ -9,10 +9,10 @@ use toolsrv_proto::v1::{
 use crate::State;
 use crate::approvals::Decision;
 use crate::audit::{Pending, Record};
-use crate::fleet::HostEntry;
 use crate::link::{AgentEvent, CallHandle};
 use crate::policy::{Bypass, Verdict};
 use crate::quota::Slot;
+use crate::refusal::{self, Refusal};
 
 /// What a caller asked for, host aside.
 #[derive(Debug, Clone)]
@@ -38,23 +38,6 @@ pub enum Event {
 
 /// Extra time past a call's own timeout before the coordinator gives up on the agent's answer.
 const DEADLINE_SLACK: Duration = Duration::from_secs(30);
-/// How long a call waits for a host's view when the host has just attached, or has not yet
-/// reported a revision that has the tool.
-pub const SYNC_WAIT: Duration = Duration::from_secs(5);
-
-/// True when `host`'s view may still change the answer for `tool`: the host has not reported
-/// on this connection yet, or its view predates a catalog that has the tool.
-fn view_pending(state: &State, host: &HostEntry, tool: &str) -> bool {
-    if !host.synced {
-        return true;
-    }
-    host.tool(tool).is_none()
-        && state.registry.catalog().tools.contains_key(tool)
-        && host
-            .view
-            .as_ref()
-            .is_none_or(|v| v.catalog_revision < state.fleet.revision())
-}
 
 /// A call the coordinator may start: the host's link, what the policy said, the quota slot.
 struct Routed {
@@ -71,50 +54,13 @@ async fn route(
     spec: &CallSpec,
     slot: Option<Slot>,
 ) -> Result<Routed, CallResult> {
-    let Some(host) = state
-        .fleet
-        .wait_for(host_id, SYNC_WAIT, |h| !view_pending(state, h, &spec.tool))
+    let host = refusal::online_host(state, host_id, |h| refusal::settled(state, h, &spec.tool))
         .await
-    else {
-        return Err(CallResult::not_run(
-            CallStatus::UnknownHost,
-            format!("no host `{host_id}` has connected to this coordinator"),
-        ));
-    };
+        .map_err(Refusal::result)?;
     let Some(link) = host.link.clone().filter(|_| host.online()) else {
-        return Err(CallResult::not_run(
-            CallStatus::Offline,
-            format!("host `{host_id}` is offline"),
-        ));
+        return Err(Refusal::offline(host_id).result());
     };
-    match host.tool(&spec.tool) {
-        Some(tool) if tool.visible => {}
-        Some(tool) => {
-            return Err(CallResult::not_run(
-                CallStatus::Hidden,
-                format!(
-                    "tool `{}` is hidden on host `{host_id}`: {}",
-                    spec.tool, tool.reason
-                ),
-            ));
-        }
-        None if !state.registry.catalog().tools.contains_key(&spec.tool) => {
-            return Err(CallResult::not_run(
-                CallStatus::UnknownTool,
-                format!("unknown tool `{}`", spec.tool),
-            ));
-        }
-        None => {
-            return Err(CallResult::not_run(
-                CallStatus::Hidden,
-                format!(
-                    "host `{host_id}` did not report tool `{}` within {} s of being asked",
-                    spec.tool,
-                    SYNC_WAIT.as_secs()
-                ),
-            ));
-        }
-    }
+    refusal::visible_tool(state, &host, &spec.tool).map_err(Refusal::result)?;
     let verdict = state
         .policy
         .check(&spec.client, &spec.tool, &host.policy_facts())

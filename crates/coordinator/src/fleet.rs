@@ -5,11 +5,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use tokio::sync::broadcast;
-use toolsrv_proto::v1::{CatalogEvent, CatalogEventKind, HostFacts, HostInfo, HostState, HostView};
+use toolsrv_proto::v1::{
+    CatalogEvent, CatalogEventKind, HostFacts, HostInfo, HostState, HostView, InvalidTool,
+};
+use toolsrv_registry::CatalogChanges;
 
 use crate::link::Link;
 use crate::selector::{self, Selector};
 use crate::views::{Interner, StoredTool, StoredView};
+
+/// Most tool names one registry event lists; a larger change counts the rest in `omitted`.
+pub const MAX_EVENT_NAMES: usize = 256;
+/// Most bytes of invalid tools' reasons one registry event carries.
+pub const MAX_EVENT_REASON_BYTES: usize = 64 << 10;
 
 /// What the coordinator knows of one host.
 #[derive(Debug, Clone)]
@@ -141,14 +149,49 @@ impl Fleet {
             revision: self.revision(),
             host: host.to_string(),
             view_revision,
+            ..CatalogEvent::default()
         };
         // No receivers is fine.
         let _ = self.events.send(event);
     }
 
-    pub fn registry_changed(&self, revision: u64) {
+    /// Tells watchers the registry changed to `revision`, and which tools: added, changed,
+    /// removed, or invalid (at most [`MAX_EVENT_NAMES`] names, and [`MAX_EVENT_REASON_BYTES`]
+    /// of reasons, in one event; the rest are counted in `omitted`).
+    pub fn registry_changed(&self, revision: u64, changes: &CatalogChanges) {
         self.revision.store(revision, Ordering::Relaxed);
-        self.emit(CatalogEventKind::Registry, "", 0);
+        let mut event = CatalogEvent {
+            kind: CatalogEventKind::Registry as i32,
+            revision,
+            ..CatalogEvent::default()
+        };
+        let (mut room, mut reasons) = (MAX_EVENT_NAMES, MAX_EVENT_REASON_BYTES);
+        let mut omitted = 0usize;
+        for (list, names) in [
+            (&mut event.added, &changes.added),
+            (&mut event.changed, &changes.changed),
+            (&mut event.removed, &changes.removed),
+        ] {
+            let taken = names.len().min(room);
+            list.extend(names[..taken].iter().cloned());
+            room -= taken;
+            omitted += names.len() - taken;
+        }
+        for (name, reason) in &changes.invalid {
+            if room == 0 || reason.len() > reasons {
+                omitted += 1;
+                continue;
+            }
+            room -= 1;
+            reasons -= reason.len();
+            event.invalid.push(InvalidTool {
+                name: name.clone(),
+                reason: reason.clone(),
+            });
+        }
+        event.omitted = u32::try_from(omitted).unwrap_or(u32::MAX);
+        // No receivers is fine.
+        let _ = self.events.send(event);
     }
 
     /// Registers a new connection for a host, replacing (and closing) any previous one.
@@ -242,6 +285,11 @@ impl Fleet {
                 }
             }
         }
+    }
+
+    /// Every host id, sorted.
+    pub fn ids(&self) -> Vec<String> {
+        self.read().keys().cloned().collect()
     }
 
     /// Hosts with an id after `after` (all for an empty one), in id order, as listed, until
@@ -426,5 +474,41 @@ mod tests {
                 .online()
         );
         assert_eq!(started.elapsed(), std::time::Duration::ZERO);
+    }
+
+    #[test]
+    fn registry_events_say_what_changed_within_bounds() {
+        let fleet = Fleet::new(1);
+        let mut events = fleet.subscribe();
+        let changes = CatalogChanges {
+            added: vec!["a".into()],
+            changed: vec!["c".into()],
+            removed: vec!["r".into()],
+            invalid: vec![("i".into(), "invalid: /t/i.meta: not valid JSON".into())],
+        };
+        fleet.registry_changed(2, &changes);
+        let event = events.try_recv().unwrap();
+        assert_eq!(event.kind, CatalogEventKind::Registry as i32);
+        assert_eq!(event.revision, 2);
+        assert_eq!(fleet.revision(), 2);
+        assert_eq!(
+            (event.added, event.changed, event.removed),
+            (vec!["a".into()], vec!["c".into()], vec!["r".into()])
+        );
+        assert_eq!(event.invalid[0].name, "i");
+        assert_eq!(event.omitted, 0);
+
+        let many = CatalogChanges {
+            added: (0..1000).map(|i| format!("t{i}")).collect(),
+            invalid: (0..10)
+                .map(|i| (format!("bad{i}"), "x".repeat(MAX_EVENT_REASON_BYTES / 4)))
+                .collect(),
+            ..CatalogChanges::default()
+        };
+        fleet.registry_changed(3, &many);
+        let event = events.try_recv().unwrap();
+        assert_eq!(event.added.len(), MAX_EVENT_NAMES);
+        assert!(event.invalid.is_empty(), "no room left for names");
+        assert_eq!(event.omitted, 1000 - 256 + 10);
     }
 }

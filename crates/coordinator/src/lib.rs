@@ -23,6 +23,7 @@ pub mod labels;
 mod link;
 pub mod policy;
 mod quota;
+mod refusal;
 pub mod selector;
 mod views;
 
@@ -133,10 +134,7 @@ pub async fn serve(
         None => labels::HostLabels::default(),
     };
     let registry = Registry::open(config.tools.clone());
-    for d in &registry.catalog().diagnostics {
-        // File names and reasons come from the tools path: escaped, so no byte forges a line.
-        tracing::warn!(diagnostic = ?d.to_string(), "tool rejected");
-    }
+    toolsrv_registry::log_problems(&registry.catalog());
     let fleet = fleet::Fleet::new(registry.catalog().revision);
     let tasks = TaskTracker::new();
     let state = Arc::new(State {
@@ -255,10 +253,11 @@ async fn reopen_audit_on_hangup(state: Arc<State>) {
     }
 }
 
-/// Mirrors registry revisions into the fleet's change feed.
+/// Mirrors registry changes into the fleet's change feed: each new revision, and each tool that
+/// became invalid (which changes no revision), with what changed.
 async fn follow_registry(state: Arc<State>) {
     let mut catalogs = state.registry.subscribe();
-    let mut last = catalogs.borrow().revision;
+    let mut last = catalogs.borrow().clone();
     loop {
         tokio::select! {
             () = state.shutdown.cancelled() => return,
@@ -266,11 +265,12 @@ async fn follow_registry(state: Arc<State>) {
                 if changed.is_err() {
                     return;
                 }
-                let revision = catalogs.borrow_and_update().revision;
-                if revision != last {
-                    last = revision;
-                    state.fleet.registry_changed(revision);
+                let next = catalogs.borrow_and_update().clone();
+                let changes = next.changes_since(&last);
+                if next.revision != last.revision || !changes.invalid.is_empty() {
+                    state.fleet.registry_changed(next.revision, &changes);
                 }
+                last = next;
             }
         }
     }

@@ -66,25 +66,43 @@ impl StoredView {
 
     /// One page of the view for `ListTools`: the tools named after `after` (all when empty),
     /// hidden ones only with `include_hidden`, about `budget` bytes of them (at least one), and
-    /// the token of the next page (empty after the last).
+    /// the token of the next page (empty after the last). `extra`, sorted by name and none in
+    /// the view, are hidden tools merged in by name (the catalog's invalid ones).
     pub fn page(
         &self,
         include_hidden: bool,
         after: &str,
         budget: usize,
+        extra: &[ToolStatus],
     ) -> (Vec<ToolStatus>, String) {
-        let start = if after.is_empty() {
-            0
+        let (start, extra_start) = if after.is_empty() {
+            (0, 0)
         } else {
-            self.tools.partition_point(|t| t.name.as_str() <= after)
+            (
+                self.tools.partition_point(|t| t.name.as_str() <= after),
+                extra.partition_point(|t| t.name.as_str() <= after),
+            )
         };
-        let mut page = Vec::new();
-        let mut size = 0;
-        for tool in self.tools[start..]
+        let extra = if include_hidden {
+            &extra[extra_start..]
+        } else {
+            &[]
+        };
+        let mut ours = self.tools[start..]
             .iter()
             .filter(|t| include_hidden || t.visible)
-        {
-            let status = tool.status();
+            .peekable();
+        let mut theirs = extra.iter().peekable();
+        let mut page = Vec::new();
+        let mut size = 0;
+        loop {
+            let status = match (ours.peek(), theirs.peek()) {
+                (Some(a), Some(b)) if a.name <= b.name => ours.next().map(StoredTool::status),
+                (_, Some(_)) => theirs.next().cloned(),
+                (Some(_), None) => ours.next().map(StoredTool::status),
+                (None, None) => None,
+            };
+            let Some(status) = status else { break };
             size += status.encoded_len();
             if size > budget && !page.is_empty() {
                 let next = page
@@ -370,12 +388,21 @@ mod tests {
             tools,
             more: false,
         });
+        // Hidden extras (the catalog's invalid tools) merge in by name, only with hidden ones.
+        let extra: Vec<ToolStatus> = ["a-first", "t10x", "zz-last"]
+            .iter()
+            .map(|n| ToolStatus {
+                name: n.to_string(),
+                reason: "invalid: x".into(),
+                ..ToolStatus::default()
+            })
+            .collect();
         for include_hidden in [false, true] {
             let mut seen = Vec::new();
             let mut token = String::new();
             let mut pages = 0;
             loop {
-                let (page, next) = view.page(include_hidden, &token, LIST_PAGE_BYTES);
+                let (page, next) = view.page(include_hidden, &token, LIST_PAGE_BYTES, &extra);
                 pages += 1;
                 let size: usize = page.iter().map(Message::encoded_len).sum();
                 assert!(size <= LIST_PAGE_BYTES, "{size}");
@@ -385,18 +412,22 @@ mod tests {
                 }
                 token = next;
             }
-            let expected: Vec<String> = view
+            let mut expected: Vec<String> = view
                 .tools
                 .iter()
                 .filter(|t| include_hidden || t.visible)
                 .map(|t| t.name.clone())
                 .collect();
+            if include_hidden {
+                expected.extend(extra.iter().map(|t| t.name.clone()));
+                expected.sort();
+            }
             assert_eq!(seen, expected);
             assert!(pages > 1);
         }
         // A tool larger than a page comes alone; a token past the end gives an empty last page.
-        let (page, next) = view.page(true, "", 10);
+        let (page, next) = view.page(true, "", 10, &[]);
         assert_eq!((page.len(), next.as_str()), (1, "t00"));
-        assert_eq!(view.page(true, "zz", 10), (vec![], String::new()));
+        assert_eq!(view.page(true, "zz", 10, &[]), (vec![], String::new()));
     }
 }

@@ -7,8 +7,8 @@ mod common;
 use common::{Coordinator, WAIT, agent, client};
 use tonic::Code;
 use toolsrv_proto::v1::{
-    AgentMessage, CallRequest, DescribeToolRequest, FanOutRequest, FetchBlobRequest,
-    ListHostsRequest, ListToolsRequest, WatchCatalogRequest,
+    AgentMessage, CallRequest, DescribeToolRequest, FanOutRequest, FetchBlobRequest, Hello,
+    ListHostsRequest, ListToolsRequest, WatchCatalogRequest, agent_message,
 };
 
 fn refused<T: std::fmt::Debug>(what: &str, result: Result<T, tonic::Status>) {
@@ -114,5 +114,37 @@ async fn the_right_role_gets_through() {
     .unwrap();
     // Past the identity check: the blob is simply not there.
     assert_eq!(missing.unwrap_err().code(), Code::NotFound);
+    coordinator.stop().await;
+}
+
+/// `toolsrv agent` refuses to start with a certificate of another host, but the coordinator must
+/// not rely on that: a hello that claims another host than the certificate is refused.
+#[tokio::test]
+async fn a_hello_claiming_another_host_is_refused() {
+    let coordinator = Coordinator::start(&[], |_, _| {}).await;
+    let mut link = coordinator.agent_link(&agent("web-1")).await;
+    tokio::time::timeout(WAIT, async {
+        let hello = AgentMessage {
+            msg: Some(agent_message::Msg::Hello(Hello {
+                host_id: "web-2".into(),
+                ..Hello::default()
+            })),
+        };
+        let status = match link.attach(tokio_stream::iter(vec![hello])).await {
+            Err(status) => status,
+            Ok(response) => response
+                .into_inner()
+                .message()
+                .await
+                .expect_err("a false claim must end the link"),
+        };
+        assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+        assert!(
+            status.message().contains("certificate names agent/web-1"),
+            "{status:?}"
+        );
+    })
+    .await
+    .unwrap();
     coordinator.stop().await;
 }

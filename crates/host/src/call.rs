@@ -52,8 +52,9 @@ pub struct CallRequest {
 /// Why a call did not start. Nothing ran in any of these cases.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
-    #[error("unknown tool `{0}`")]
-    UnknownTool(String),
+    /// No tool of that name; `suggestion` is a "; did you mean …?" or empty.
+    #[error("unknown tool `{name}`{suggestion}")]
+    UnknownTool { name: String, suggestion: String },
     #[error("tool `{name}` is hidden on this host: {reason}")]
     Hidden { name: String, reason: String },
     #[error("tool `{name}`: {source}")]
@@ -84,7 +85,7 @@ pub fn prepare(
     let entry = catalog
         .tools
         .get(name)
-        .ok_or_else(|| CallError::UnknownTool(name.clone()))?;
+        .ok_or_else(|| unknown(catalog, name))?;
     let tool = match entry.meta.resolve(host) {
         Resolution::Visible { tool, .. } => tool,
         Resolution::Hidden { reason } => {
@@ -132,6 +133,28 @@ pub fn prepare(
         result_cap: limits.result_cap,
         kill_grace: limits.kill_grace,
     })
+}
+
+/// Why `name` is not in `catalog`: invalid (hidden, with what is wrong), or unknown (with the
+/// closest names it has).
+pub fn unknown(catalog: &Catalog, name: &str) -> CallError {
+    match catalog.invalid.get(name) {
+        Some(invalid) => CallError::Hidden {
+            name: name.to_string(),
+            reason: invalid.reason(),
+        },
+        None => CallError::UnknownTool {
+            name: name.to_string(),
+            suggestion: toolsrv_meta::did_you_mean(
+                name,
+                catalog
+                    .tools
+                    .keys()
+                    .chain(catalog.invalid.keys())
+                    .map(String::as_str),
+            ),
+        },
+    }
 }
 
 /// Starts a prepared call; `cancel` stops it (the whole process group).

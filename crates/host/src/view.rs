@@ -1,4 +1,5 @@
-//! A host's view of a catalog: every tool, visible with its chosen variant or hidden with a reason.
+//! A host's view of a catalog: every tool, visible with its chosen variant or hidden with a reason
+//! (a tool whose files are invalid is listed hidden, with what is wrong with it).
 
 use std::sync::Arc;
 
@@ -9,7 +10,9 @@ use toolsrv_registry::Catalog;
 /// What one host sees of one tool.
 #[derive(Debug, Clone)]
 pub struct ToolView {
-    pub meta: Arc<Meta>,
+    pub name: String,
+    /// The parsed definition; `None` for a tool whose files are invalid (hidden, with why).
+    pub meta: Option<Arc<Meta>>,
     pub resolution: Resolution,
 }
 
@@ -20,14 +23,19 @@ pub struct ListEntry<'a> {
     pub visible: bool,
     /// Index of the chosen variant; `null` for tools without variants and hidden tools.
     pub variant: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Why a hidden tool is hidden; `null` for a visible one.
     pub reason: Option<&'a str>,
     pub description: Option<&'a str>,
 }
 
 impl ToolView {
     pub fn name(&self) -> &str {
-        &self.meta.name
+        &self.name
+    }
+
+    /// The description a listing shows for a hidden tool: its top-level one, when it has one.
+    pub fn hidden_description(&self) -> Option<&str> {
+        self.meta.as_ref()?.def.description.as_deref()
     }
 
     pub fn list_entry(&self) -> ListEntry<'_> {
@@ -44,20 +52,28 @@ impl ToolView {
                 visible: false,
                 variant: None,
                 reason: Some(reason),
-                description: self.meta.def.description.as_deref(),
+                description: self.hidden_description(),
             },
         }
     }
 }
 
-/// Resolves every tool of `catalog` against `host`, in name order.
+/// Resolves every tool of `catalog` against `host`, in name order; tools whose files are invalid
+/// are hidden, with the reason.
 pub fn view(catalog: &Catalog, host: &Host) -> Vec<ToolView> {
-    catalog
-        .tools
-        .values()
-        .map(|t| ToolView {
-            meta: t.meta.clone(),
-            resolution: t.meta.resolve(host),
-        })
-        .collect()
+    let served = catalog.tools.iter().map(|(name, t)| ToolView {
+        name: name.clone(),
+        meta: Some(t.meta.clone()),
+        resolution: t.meta.resolve(host),
+    });
+    let invalid = catalog.invalid.iter().map(|(name, invalid)| ToolView {
+        name: name.clone(),
+        meta: None,
+        resolution: Resolution::Hidden {
+            reason: invalid.reason(),
+        },
+    });
+    let mut views: Vec<ToolView> = served.chain(invalid).collect();
+    views.sort_by(|a, b| a.name.cmp(&b.name));
+    views
 }

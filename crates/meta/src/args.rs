@@ -69,13 +69,19 @@ impl ArgsValidator {
             .iter_errors(args)
             .map(|e| {
                 let path = e.instance_path().as_str();
+                let message = match e.kind() {
+                    jsonschema::error::ValidationErrorKind::Enum { options } => {
+                        enum_message(e.instance(), options)
+                    }
+                    _ => e.to_string(),
+                };
                 Violation {
                     path: if path.is_empty() {
                         "/".into()
                     } else {
                         path.to_string()
                     },
-                    message: e.to_string(),
+                    message,
                 }
             })
             .collect();
@@ -91,6 +97,30 @@ impl fmt::Debug for ArgsValidator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("ArgsValidator")
     }
+}
+
+/// Most bytes of allowed values an enum violation lists; a longer list ends with how many more.
+const MAX_ENUM_LISTING: usize = 2048;
+
+/// `"x" is not one of the allowed values: "a", "b", "c"`: every value (up to
+/// [`MAX_ENUM_LISTING`] bytes of them), where the schema library would name only a few.
+fn enum_message(instance: &Value, options: &Value) -> String {
+    let Some(options) = options.as_array() else {
+        return format!("{instance} is not one of the allowed values");
+    };
+    let mut listed = String::new();
+    for (i, option) in options.iter().enumerate() {
+        let text = option.to_string();
+        if i > 0 && listed.len() + text.len() > MAX_ENUM_LISTING {
+            listed.push_str(&format!(" and {} more", options.len() - i));
+            break;
+        }
+        if i > 0 {
+            listed.push_str(", ");
+        }
+        listed.push_str(&text);
+    }
+    format!("{instance} is not one of the allowed values: {listed}")
 }
 
 /// The JSON type name of a value, for messages.
@@ -151,6 +181,32 @@ mod tests {
             assert_eq!(err.violations[0].path, path, "{args}: {err}");
             assert!(err.to_string().contains(needle), "{args}: {err}");
         }
+    }
+
+    #[test]
+    fn enum_violations_list_every_allowed_value() {
+        let levels = [
+            "emerg", "alert", "crit", "err", "warning", "notice", "info", "debug",
+        ];
+        let validator = ArgsValidator::compile(&json!({
+            "type": "object",
+            "properties": {"priority": {"enum": levels}}
+        }))
+        .unwrap();
+        let err = validator.validate(&json!({"priority": "x"})).unwrap_err();
+        assert_eq!(
+            err.violations[0].message,
+            r#""x" is not one of the allowed values: "emerg", "alert", "crit", "err", "warning", "notice", "info", "debug""#
+        );
+        let many: Vec<String> = (0..1000).map(|i| format!("value-{i}")).collect();
+        let validator = ArgsValidator::compile(&json!({
+            "type": "object",
+            "properties": {"v": {"enum": many}}
+        }))
+        .unwrap();
+        let message = &validator.validate(&json!({"v": 1})).unwrap_err().violations[0].message;
+        assert!(message.len() < 2 * MAX_ENUM_LISTING, "{message}");
+        assert!(message.ends_with(" more"), "{message}");
     }
 
     #[test]

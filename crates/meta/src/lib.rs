@@ -12,6 +12,7 @@ mod model;
 mod name;
 mod parse;
 mod resolve;
+mod suggest;
 
 pub use args::{ArgsError, ArgsValidator, Violation};
 pub use command::{CommandError, CommandSource, resolve_command};
@@ -21,6 +22,7 @@ pub use model::{Condition, MatchKey, Meta, Tier, ToolDef, Variant};
 pub use name::{NAME_RULE, is_valid_name, name_problem, tool_name_of};
 pub use parse::{Parsed, parse};
 pub use resolve::{Resolution, ResolvedTool};
+pub use suggest::{closest, did_you_mean};
 
 /// File extension of tool definitions (`N.meta` declares the tool `N`).
 pub const META_EXTENSION: &str = "meta";

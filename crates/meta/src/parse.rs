@@ -108,7 +108,15 @@ impl Parser<'_> {
             );
         }
         let variants = variants.map(|v| self.variants(v)).unwrap_or_default();
-        if def.description.as_deref().is_none_or(str::is_empty)
+        // A description of the wrong type is reported as such, not also as missing.
+        let mistyped = self.diags.iter().any(|d| {
+            d.code == Code::WrongType
+                && d.field
+                    .as_deref()
+                    .is_some_and(|f| f == "description" || f.ends_with("].description"))
+        });
+        if !mistyped
+            && def.description.as_deref().is_none_or(str::is_empty)
             && variants.iter().all(|v| v.def.description.is_none())
         {
             self.warn(

@@ -45,6 +45,24 @@ fn a_complete_document_parses_cleanly() {
 }
 
 #[test]
+fn a_mistyped_description_is_one_problem_not_also_a_missing_one() {
+    for doc in [
+        r#"{"description": 3, "cmd": "true"}"#,
+        r#"{"variants": [{"match": {}, "description": false}], "cmd": "true"}"#,
+    ] {
+        let (ok, list) = problems(doc);
+        assert!(!ok);
+        assert_eq!(list.len(), 1, "{doc}: {list:?}");
+        assert_eq!(list[0].1, Code::WrongType, "{doc}: {list:?}");
+    }
+    let (_, list) = problems(r#"{"cmd": "true"}"#);
+    assert!(
+        list.iter().any(|p| p.3.contains("missing")),
+        "an absent description is still reported: {list:?}"
+    );
+}
+
+#[test]
 fn not_json() {
     rejected("{\"description\": ", Code::NotJson, None, "not valid JSON");
     rejected("", Code::NotJson, None, "line 1");

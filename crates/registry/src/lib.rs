@@ -7,7 +7,7 @@ mod scan;
 mod watch;
 
 pub use scan::{
-    Catalog, Executable, Hashed, ReadError, Scanner, Tool, hash_file, hash_file_bounded,
-    hex_sha256, read_meta, split_tools_path,
+    Catalog, CatalogChanges, Executable, Hashed, Invalid, ReadError, Scanner, Tool, hash_file,
+    hash_file_bounded, hex_sha256, read_meta, split_tools_path,
 };
-pub use watch::{Registry, WatchOptions};
+pub use watch::{Registry, WatchOptions, log_problems};

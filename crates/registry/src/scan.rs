@@ -18,6 +18,81 @@ pub struct Catalog {
     pub tools: BTreeMap<String, Tool>,
     /// Every problem found: rejected files, warnings, shadowed tools, unreadable directories.
     pub diagnostics: Vec<Diagnostic>,
+    /// Tools whose files are there but rejected, by name: not served, and listed with why.
+    pub invalid: BTreeMap<String, Invalid>,
+}
+
+/// A tool whose `.meta` (or executable) is rejected: not served until it is fixed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    /// The `.meta` file.
+    pub path: PathBuf,
+    /// Hex SHA-256 of the bytes read (empty when none could be read), so that a rewrite that
+    /// leaves the file broken is told from no change at all.
+    pub digest: String,
+    /// The errors that reject it, each naming the file and the field.
+    pub problems: Vec<Diagnostic>,
+}
+
+/// Longest [`Invalid::reason`], so a file with thousands of problems cannot grow a listing.
+const MAX_REASON_BYTES: usize = 4096;
+
+impl Invalid {
+    /// Why the tool is not served, as listings and refused calls give it:
+    /// `invalid: /tools/x.meta: field `description`: expected string, got number`.
+    pub fn reason(&self) -> String {
+        let mut reason = String::from("invalid: ");
+        let mut file: Option<&Path> = None;
+        for (i, d) in self.problems.iter().enumerate() {
+            let mut text = String::new();
+            if i > 0 {
+                text.push_str("; ");
+            }
+            if file != Some(d.file.as_path()) {
+                text.push_str(&format!("{}: ", d.file.display()));
+                file = Some(&d.file);
+            }
+            if let Some(field) = &d.field {
+                text.push_str(&format!("field `{field}`: "));
+            }
+            text.push_str(&d.message);
+            if i > 0 && reason.len() + text.len() > MAX_REASON_BYTES {
+                reason.push_str(&format!(
+                    "; and {} more problems (`toolctl lint` lists them all)",
+                    self.problems.len() - i
+                ));
+                break;
+            }
+            reason.push_str(&text);
+        }
+        if self.problems.is_empty() {
+            reason.push_str(&format!("{}: rejected", self.path.display()));
+        }
+        reason
+    }
+}
+
+/// What changed between two catalogs, tool by tool.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CatalogChanges {
+    /// Served now, not before (new, or repaired).
+    pub added: Vec<String>,
+    /// Served before and now, with other content.
+    pub changed: Vec<String>,
+    /// Served before, gone now (and not because they became invalid).
+    pub removed: Vec<String>,
+    /// Rejected now, and not before or not the same way: name and reason.
+    pub invalid: Vec<(String, String)>,
+}
+
+impl CatalogChanges {
+    /// True when nothing a client would care about changed.
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty()
+            && self.changed.is_empty()
+            && self.removed.is_empty()
+            && self.invalid.is_empty()
+    }
 }
 
 impl Catalog {
@@ -29,6 +104,31 @@ impl Catalog {
                 .iter()
                 .zip(&other.tools)
                 .all(|((a, ta), (b, tb))| a == b && ta.same_content(tb))
+    }
+
+    /// What changed from `before` to this catalog.
+    pub fn changes_since(&self, before: &Catalog) -> CatalogChanges {
+        let mut changes = CatalogChanges::default();
+        for (name, tool) in &self.tools {
+            match before.tools.get(name) {
+                None => changes.added.push(name.clone()),
+                Some(old) if !old.same_content(tool) => changes.changed.push(name.clone()),
+                Some(_) => {}
+            }
+        }
+        changes.removed = before
+            .tools
+            .keys()
+            .filter(|name| !self.tools.contains_key(*name) && !self.invalid.contains_key(*name))
+            .cloned()
+            .collect();
+        changes.invalid = self
+            .invalid
+            .iter()
+            .filter(|(name, invalid)| before.invalid.get(*name) != Some(invalid))
+            .map(|(name, invalid)| (name.clone(), invalid.reason()))
+            .collect();
+        changes
     }
 
     pub fn has_errors(&self) -> bool {
@@ -155,17 +255,35 @@ impl Scanner {
                     cached.digest.clone(),
                     cached.bytes.clone(),
                 );
+                let errors: Vec<Diagnostic> = cached
+                    .diagnostics
+                    .iter()
+                    .filter(|d| d.severity == Severity::Error)
+                    .cloned()
+                    .collect();
+                let invalid = |problems: Vec<Diagnostic>| Invalid {
+                    path: path.clone(),
+                    digest: digest.clone(),
+                    problems,
+                };
+                let Some(meta) = meta else {
+                    catalog.invalid.insert(name, invalid(errors));
+                    seen_metas.insert(path);
+                    continue;
+                };
+                let executable = match self.executable(&dir.join(&name)) {
+                    Ok(executable) => executable,
+                    Err(diag) => {
+                        // Served without its executable, the tool would silently run
+                        // something else (its `cmd`, or a binary on PATH): not served at all.
+                        catalog.diagnostics.push(diag.clone());
+                        catalog.invalid.insert(name, invalid(vec![diag]));
+                        seen_metas.insert(path);
+                        continue;
+                    }
+                };
                 seen_metas.insert(path);
-                if let Some(meta) = meta {
-                    let executable = match self.executable(&dir.join(&name)) {
-                        Ok(executable) => executable,
-                        Err(diag) => {
-                            // Served without its executable, the tool would silently run
-                            // something else (its `cmd`, or a binary on PATH): not served at all.
-                            catalog.diagnostics.push(diag);
-                            continue;
-                        }
-                    };
+                {
                     if let Some(exe) = &executable {
                         seen_exes.insert(exe.path.clone());
                     }

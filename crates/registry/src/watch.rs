@@ -10,6 +10,23 @@ use tokio_util::sync::CancellationToken;
 
 use crate::scan::{Catalog, Scanner};
 
+/// Logs the problems of a catalog just scanned (the first one of a registry; later ones are
+/// logged by [`Registry::rescan`] as they appear): each invalid tool with its reason, then the
+/// warnings.
+pub fn log_problems(catalog: &Catalog) {
+    for (name, invalid) in &catalog.invalid {
+        // Names and reasons come from the tools path: escaped, so no byte forges a line.
+        tracing::warn!(tool = ?name, reason = ?invalid.reason(), "tool not served: its definition is invalid");
+    }
+    for d in catalog
+        .diagnostics
+        .iter()
+        .filter(|d| d.severity != toolsrv_meta::Severity::Error)
+    {
+        tracing::warn!(problem = ?d.to_string(), "tool definition problem");
+    }
+}
+
 /// How the registry follows changes.
 #[derive(Debug, Clone)]
 pub struct WatchOptions {
@@ -72,21 +89,26 @@ impl Registry {
     }
 
     /// Rescans now (blocking I/O). Returns the new revision when the tools changed.
+    ///
+    /// What changed is logged once, when it changes: each tool that became invalid with the
+    /// file, field and reason, each other new problem, and the tools added, changed or removed.
     pub fn rescan(&self) -> Option<u64> {
         let mut scanner = self.lock();
         let mut next = scanner.scan();
         let current = self.catalog();
-        // Each problem is logged once, when it appears (the first catalog's are logged by whoever
-        // opened the registry).
-        for d in next
-            .diagnostics
-            .iter()
-            .filter(|d| !current.diagnostics.contains(d))
-        {
-            tracing::warn!("{d}");
+        let changes = next.changes_since(&current);
+        for (name, reason) in &changes.invalid {
+            // Names and reasons come from the tools path: escaped, so no byte forges a line.
+            tracing::warn!(tool = ?name, reason = ?reason, "tool not served: its definition is invalid");
+        }
+        // Errors all belong to invalid tools, told above; the rest are told when they appear.
+        for d in next.diagnostics.iter().filter(|d| {
+            d.severity != toolsrv_meta::Severity::Error && !current.diagnostics.contains(d)
+        }) {
+            tracing::warn!(problem = ?d.to_string(), "tool definition problem");
         }
         if next.same_tools(&current) {
-            if next.diagnostics != current.diagnostics {
+            if next.diagnostics != current.diagnostics || next.invalid != current.invalid {
                 next.revision = current.revision;
                 self.inner.tx.send_replace(Arc::new(next));
             }
@@ -94,7 +116,15 @@ impl Registry {
         }
         next.revision = current.revision + 1;
         let revision = next.revision;
-        tracing::info!(revision, tools = next.tools.len(), "tool registry changed");
+        tracing::info!(
+            revision,
+            tools = next.tools.len(),
+            added = ?changes.added,
+            changed = ?changes.changed,
+            removed = ?changes.removed,
+            invalid = ?changes.invalid.iter().map(|(name, _)| name).collect::<Vec<_>>(),
+            "tool registry changed"
+        );
         self.inner.tx.send_replace(Arc::new(next));
         Some(revision)
     }

@@ -131,6 +131,70 @@ fn rescans_bump_the_revision_only_on_effective_changes() {
     assert!(reg.catalog().tools.is_empty());
 }
 
+#[test]
+fn an_invalid_tool_is_kept_with_its_reason_and_each_change_is_told_once() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "a.meta", &tool("a"));
+    write(dir.path(), "b.meta", &tool("b"));
+    let reg = Registry::open(vec![dir.path().into()]);
+    assert!(reg.catalog().invalid.is_empty());
+
+    // Valid, then broken: removed from the tools, kept as invalid with file, field and reason.
+    let before = reg.catalog();
+    write(dir.path(), "a.meta", r#"{"description": 3, "cmd": "true"}"#);
+    assert_eq!(reg.rescan(), Some(2));
+    let after = reg.catalog();
+    assert!(!after.tools.contains_key("a"));
+    let reason = after.invalid["a"].reason();
+    assert_eq!(
+        reason,
+        format!(
+            "invalid: {}: field `description`: expected string, got number",
+            dir.path().join("a.meta").display()
+        )
+    );
+    let changes = after.changes_since(&before);
+    assert_eq!(changes.invalid, [("a".to_string(), reason.clone())]);
+    assert!(
+        changes.removed.is_empty(),
+        "a tool that became invalid is told as invalid, not removed: {changes:?}"
+    );
+
+    // A rescan with no change tells nothing new.
+    let before = reg.catalog();
+    assert_eq!(reg.rescan(), None);
+    assert!(reg.catalog().changes_since(&before).is_empty());
+
+    // Broken another way: no served tool changed, but the catalog says the new reason.
+    write(dir.path(), "a.meta", "{ not json");
+    assert_eq!(reg.rescan(), None);
+    let changes = reg.catalog().changes_since(&before);
+    assert_eq!(changes.invalid.len(), 1, "{changes:?}");
+    assert!(
+        changes.invalid[0].1.contains("not valid JSON"),
+        "{changes:?}"
+    );
+    assert_eq!(
+        reg.catalog().revision,
+        2,
+        "the revision follows served tools only"
+    );
+
+    // A brand-new broken file is invalid too; repairing one adds it back; deleting one removes it.
+    let before = reg.catalog();
+    write(dir.path(), "c.meta", r#"{"tier": "lukewarm"}"#);
+    write(dir.path(), "a.meta", &tool("a2"));
+    std::fs::remove_file(dir.path().join("b.meta")).unwrap();
+    assert_eq!(reg.rescan(), Some(3));
+    let changes = reg.catalog().changes_since(&before);
+    assert_eq!(changes.added, ["a"]);
+    assert_eq!(changes.removed, ["b"]);
+    assert_eq!(changes.invalid.len(), 1);
+    assert_eq!(changes.invalid[0].0, "c");
+    assert!(changes.invalid[0].1.contains("field `tier`"), "{changes:?}");
+    assert!(!reg.catalog().invalid.contains_key("a"));
+}
+
 /// Waits (bounded) until the registry publishes a catalog that satisfies `pred`.
 async fn wait_for(
     rx: &mut tokio::sync::watch::Receiver<std::sync::Arc<toolsrv_registry::Catalog>>,

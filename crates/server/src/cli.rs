@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::{Args, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 use toolsrv_agent::AgentConfig;
@@ -55,27 +55,59 @@ enum Command {
     Up(crate::up::UpArgs),
 }
 
-/// TLS files, shared by both roles.
+/// TLS files, shared by both roles. Each is needed, as a flag or from the environment: they are
+/// options to clap so that its usage line does not claim a flag is needed when its variable is
+/// set; [`Required`] checks them.
 #[derive(Debug, Args, Clone)]
 pub struct TlsArgs {
-    /// CA certificate (PEM) that peers must chain to
-    #[arg(long, env = "TOOLSRV_CA")]
-    pub ca: PathBuf,
-    /// This process's certificate (PEM)
-    #[arg(long, env = "TOOLSRV_CERT")]
-    pub cert: PathBuf,
-    /// This process's private key (PEM)
-    #[arg(long, env = "TOOLSRV_KEY")]
-    pub key: PathBuf,
+    /// CA certificate (PEM) that peers must chain to. Needed
+    #[arg(long, env = "TOOLSRV_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// This process's certificate (PEM). Needed
+    #[arg(long, env = "TOOLSRV_CERT", value_name = "FILE")]
+    pub cert: Option<PathBuf>,
+    /// This process's private key (PEM). Needed
+    #[arg(long, env = "TOOLSRV_KEY", value_name = "FILE")]
+    pub key: Option<PathBuf>,
 }
 
 impl TlsArgs {
-    fn files(&self) -> TlsFiles {
-        TlsFiles {
-            ca: self.ca.clone(),
-            cert: self.cert.clone(),
-            key: self.key.clone(),
+    fn files(&self, needed: &mut Required) -> Option<TlsFiles> {
+        let ca = needed.take(&self.ca, "--ca", "TOOLSRV_CA");
+        let cert = needed.take(&self.cert, "--cert", "TOOLSRV_CERT");
+        let key = needed.take(&self.key, "--key", "TOOLSRV_KEY");
+        Some(TlsFiles {
+            ca: ca?,
+            cert: cert?,
+            key: key?,
+        })
+    }
+}
+
+/// Settings that are needed but may come from a flag or from the environment; collects the
+/// missing ones so that one error names them all.
+#[derive(Debug, Default)]
+struct Required {
+    missing: Vec<String>,
+}
+
+impl Required {
+    fn take<T: Clone>(&mut self, value: &Option<T>, flag: &str, env: &str) -> Option<T> {
+        if value.is_none() {
+            self.missing.push(format!("{flag} (or {env})"));
         }
+        value.clone()
+    }
+
+    fn check(self, command: &str) -> anyhow::Result<()> {
+        if self.missing.is_empty() {
+            return Ok(());
+        }
+        bail!(
+            "{command}: missing {}: give each as a flag or in its environment variable \
+             (`toolsrv {command} --help` lists them)",
+            self.missing.join(", ")
+        )
     }
 }
 
@@ -87,9 +119,9 @@ pub struct CoordinatorArgs {
     /// Address of a plain-text gRPC health port for probes; off when unset
     #[arg(long, env = "TOOLSRV_HEALTH_LISTEN")]
     pub health_listen: Option<SocketAddr>,
-    /// Colon-separated tool directories; the first wins a name clash
-    #[arg(long, env = "OLLIE_TOOLS_PATH")]
-    pub tools: String,
+    /// Colon-separated tool directories; the first wins a name clash. Needed
+    #[arg(long, env = "OLLIE_TOOLS_PATH", value_name = "PATH")]
+    pub tools: Option<String>,
     #[command(flatten)]
     pub tls: TlsArgs,
     /// Call policy (JSON); everything is allowed without one
@@ -138,7 +170,14 @@ impl CoordinatorArgs {
                 self.keepalive_ms
             );
         }
-        let mut config = CoordinatorConfig::new(split_tools_path(&self.tools), self.tls.files());
+        let mut needed = Required::default();
+        let tools = needed.take(&self.tools, "--tools", "OLLIE_TOOLS_PATH");
+        let tls = self.tls.files(&mut needed);
+        needed.check("coordinator")?;
+        let (Some(tools), Some(tls)) = (tools, tls) else {
+            bail!("coordinator: a needed setting is missing");
+        };
+        let mut config = CoordinatorConfig::new(split_tools_path(&tools), tls);
         config.keepalive = Duration::from_millis(self.keepalive_ms.max(1));
         config.lost_after = Duration::from_millis(self.lost_after_ms);
         config.policy = self.policy.clone();
@@ -158,12 +197,13 @@ impl CoordinatorArgs {
 
 #[derive(Debug, Args)]
 pub struct AgentArgs {
-    /// The coordinator's URL
-    #[arg(long, env = "TOOLSRV_COORDINATOR")]
-    pub coordinator: String,
-    /// This host's id; must match the agent certificate (`toolsrv://agent/<id>`), in any case
-    #[arg(long, env = "TOOLSRV_HOST_ID")]
-    pub host_id: String,
+    /// The coordinator's URL. Needed
+    #[arg(long, env = "TOOLSRV_COORDINATOR", value_name = "URL")]
+    pub coordinator: Option<String>,
+    /// This host's id; must match the agent certificate (`toolsrv://agent/<id>`), in any case.
+    /// Needed
+    #[arg(long, env = "TOOLSRV_HOST_ID", value_name = "ID")]
+    pub host_id: Option<String>,
     #[command(flatten)]
     pub tls: TlsArgs,
     /// Colon-separated host-only tool directories, served besides the coordinator's catalog
@@ -204,12 +244,15 @@ pub struct AgentArgs {
 
 impl AgentArgs {
     pub fn config(&self) -> anyhow::Result<AgentConfig> {
-        let mut config = AgentConfig::new(
-            self.coordinator.clone(),
-            self.host_id.clone(),
-            self.tls.files(),
-            self.state_dir.clone(),
-        );
+        let mut needed = Required::default();
+        let coordinator = needed.take(&self.coordinator, "--coordinator", "TOOLSRV_COORDINATOR");
+        let host_id = needed.take(&self.host_id, "--host-id", "TOOLSRV_HOST_ID");
+        let tls = self.tls.files(&mut needed);
+        needed.check("agent")?;
+        let (Some(coordinator), Some(host_id), Some(tls)) = (coordinator, host_id, tls) else {
+            bail!("agent: a needed setting is missing");
+        };
+        let mut config = AgentConfig::new(coordinator, host_id, tls, self.state_dir.clone());
         config.tools = self
             .tools
             .as_deref()
@@ -304,12 +347,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Coordinator(args) => {
             let config = args.config()?;
-            let listener = bind(args.listen).await?;
+            let listener = bind(args.listen, COORDINATOR_LISTEN_HINT).await?;
             let health = match args.health_listen {
-                Some(addr) => Some(bind(addr).await?),
+                Some(addr) => Some(bind(addr, HEALTH_LISTEN_HINT).await?),
                 None => None,
             };
-            tracing::info!(listen = %args.listen, tools = %args.tools, "coordinator starting");
+            tracing::info!(listen = %args.listen, tools = ?config.tools, "coordinator starting");
             toolsrv_coordinator::serve(config, listener, health, shutdown_on_signals()).await?;
             Ok(())
         }
@@ -346,8 +389,22 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-pub async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr}"))
+/// Listens on `addr`; when the address is taken, the error adds `in_use_hint` (what probably
+/// holds it, and how to pick another).
+pub async fn bind(addr: SocketAddr, in_use_hint: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            anyhow::anyhow!("cannot listen on {addr}: {e}: {in_use_hint}")
+        } else {
+            anyhow::anyhow!("cannot listen on {addr}: {e}")
+        }
+    })
 }
+
+/// What to do when the coordinator cannot listen.
+const COORDINATOR_LISTEN_HINT: &str = "another coordinator (or `toolsrv up`) may be running \
+     there, or another server uses the port: stop it, or pick another address with --listen \
+     (TOOLSRV_LISTEN)";
+/// What to do when the health port cannot listen.
+const HEALTH_LISTEN_HINT: &str =
+    "another process uses the port: pick another with --health-listen (TOOLSRV_HEALTH_LISTEN)";

@@ -1,4 +1,5 @@
-//! `toolsrv`: runs a coordinator, an agent, both at once (`up`), or manages a development PKI.
+//! `toolsrv`: runs a coordinator, an agent, both at once (`up`), or manages a development PKI;
+//! started under the name `toolctl`, it is the client command line.
 
 mod cli;
 mod examples;
@@ -9,6 +10,11 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // `toolsrv up` links `<state>/bin/toolctl` to this binary, so that the commands it prints
+    // work before anything else is built or installed: called by that name, this is toolctl.
+    if invoked_as("toolctl") {
+        return toolsrv_client::cli::main();
+    }
     toolsrv_tls::install_crypto_provider();
     let cli = cli::Cli::parse();
     cli::init_logging(&cli.log);
@@ -29,4 +35,12 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// True when this process was started under the file name `name` (argv[0]).
+fn invoked_as(name: &str) -> bool {
+    std::env::args_os()
+        .next()
+        .map(std::path::PathBuf::from)
+        .is_some_and(|argv0| argv0.file_name().is_some_and(|f| f == name))
 }

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
@@ -24,9 +25,21 @@ pub struct UpArgs {
     /// Address of the mTLS gRPC port
     #[arg(long, env = "TOOLSRV_LISTEN", default_value = "127.0.0.1:7443")]
     listen: SocketAddr,
-    /// Tools path to serve instead of the example tools in the state directory
-    #[arg(long, env = "OLLIE_TOOLS_PATH")]
+    /// Tools path to serve instead of the example tools in the state directory. Without it,
+    /// OLLIE_TOOLS_PATH is used when set (and `up` says so), else the example tools
+    #[arg(long, value_name = "PATH")]
     tools: Option<String>,
+}
+
+/// Where the tools come from, for the banner.
+#[derive(Debug, PartialEq, Eq)]
+enum ToolsSource {
+    /// The example tools, written into the state directory.
+    Examples,
+    /// `--tools`.
+    Flag,
+    /// `OLLIE_TOOLS_PATH`, found in the environment.
+    Environment,
 }
 
 fn default_state() -> PathBuf {
@@ -39,31 +52,56 @@ fn default_state() -> PathBuf {
 
 pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     let state = args.state.unwrap_or_else(default_state);
+    // Listen first: a second `up` fails here, before it touches the state directory.
+    let hint = format!(
+        "another `toolsrv up` may be running (its banner names the address), or another server \
+         uses the port: stop it, or pick another port with --listen {} (TOOLSRV_LISTEN)",
+        SocketAddr::new(args.listen.ip(), args.listen.port().wrapping_add(1).max(1))
+    );
+    let listener = crate::cli::bind(args.listen, &hint).await?;
+    let addr = listener.local_addr()?;
+    let url = format!("https://{addr}");
     let pki = state.join("pki");
     let mut opts = PkiOptions::new(&pki);
     opts.agents = vec![LOCAL_HOST.into()];
     opts.clients = vec![CLIENT.into()];
     toolsrv_tls::init(&opts).with_context(|| {
         format!(
-            "cannot create development certificates in {}",
+            "cannot create development certificates in {}: check that the state directory is \
+             writable, or pick another with --state",
             pki.display()
         )
     })?;
-    let tools = match &args.tools {
-        Some(path) => split_tools_path(path),
-        None => {
+    let from_env = std::env::var("OLLIE_TOOLS_PATH")
+        .ok()
+        .filter(|p| !p.is_empty());
+    let (tools, source) = match (&args.tools, from_env) {
+        (Some(path), _) => (split_tools_path(path), ToolsSource::Flag),
+        (None, Some(path)) => {
+            tracing::warn!(
+                tools = %path,
+                "serving the tools of OLLIE_TOOLS_PATH from the environment instead of the \
+                 example tools in the state directory; unset it to serve those"
+            );
+            (split_tools_path(&path), ToolsSource::Environment)
+        }
+        (None, None) => {
             let dir = state.join("tools");
             if crate::examples::install(&dir)
                 .with_context(|| format!("cannot write example tools to {}", dir.display()))?
             {
                 tracing::info!(dir = %dir.display(), "installed the example tools");
             }
-            vec![dir]
+            (vec![dir], ToolsSource::Examples)
         }
     };
-    let listener = crate::cli::bind(args.listen).await?;
-    let addr = listener.local_addr()?;
-    let url = format!("https://{addr}");
+    let bin = match link_toolctl(&state.join("bin")) {
+        Ok(bin) => Some(bin),
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "cannot link toolctl into the state directory; put toolctl on PATH yourself (cargo install --path crates/client)");
+            None
+        }
+    };
     let coordinator = CoordinatorConfig::new(
         tools.clone(),
         TlsFiles::in_dir(&pki, &Identity::Coordinator),
@@ -75,34 +113,223 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
         state.join("agent"),
     );
     agent.labels.insert("role".into(), "dev".into());
-    print_banner(&url, &pki, &tools);
-    let coordinator = tokio::spawn(toolsrv_coordinator::serve(
+    let mut coordinator = tokio::spawn(toolsrv_coordinator::serve(
         coordinator,
         listener,
         None,
         shutdown.clone(),
     ));
-    let agent = tokio::spawn(toolsrv_agent::run(agent, shutdown.clone()));
-    let (coordinator, agent) = tokio::join!(coordinator, agent);
-    shutdown.cancel();
+    let mut agent = tokio::spawn(toolsrv_agent::run(agent, shutdown.clone()));
+    // The banner comes once the local agent has reported its tools, so that the first command
+    // it prints already sees the host. Whichever of the two ends first (an error, or shutdown)
+    // stops the other.
+    let client = TlsFiles::in_dir(&pki, &Identity::Client(CLIENT.into()));
+    let mut ready = std::pin::pin!(local_agent_ready(&url, client, &shutdown));
+    let mut banner_due = true;
+    let (coordinator, agent) = loop {
+        tokio::select! {
+            ready = &mut ready, if banner_due => {
+                banner_due = false;
+                if !ready && !shutdown.is_cancelled() {
+                    tracing::warn!(
+                        "the local agent has not reported its tools after {} s; the commands \
+                         below will see it once it does (the log above says what holds it up)",
+                        READY_WAIT.as_secs()
+                    );
+                }
+                if !shutdown.is_cancelled() {
+                    println!(
+                        "{}",
+                        banner(&url, &pki, &tools, &source, &state, bin.as_deref())
+                    );
+                }
+            }
+            ended = &mut coordinator => {
+                shutdown.cancel();
+                break (ended, agent.await);
+            }
+            ended = &mut agent => {
+                shutdown.cancel();
+                break (coordinator.await, ended);
+            }
+        }
+    };
     coordinator.context("coordinator task failed")??;
     agent.context("agent task failed")??;
     Ok(())
 }
 
-fn print_banner(url: &str, pki: &Path, tools: &[PathBuf]) {
+/// How long `up` waits for its agent before printing the banner anyway.
+const READY_WAIT: Duration = Duration::from_secs(15);
+
+/// Waits (at most [`READY_WAIT`]) until the local agent has attached and reported its tools, as
+/// a client sees it. False when it has not by then, or on shutdown.
+async fn local_agent_ready(url: &str, tls: TlsFiles, shutdown: &CancellationToken) -> bool {
+    let ready = async {
+        let opts = toolsrv_client::ConnectOptions {
+            addr: url.to_string(),
+            tls,
+        };
+        loop {
+            if let Ok(client) = toolsrv_client::Client::connect(&opts).await
+                && client.tools(LOCAL_HOST, false).await.is_ok()
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::select! {
+        ready = tokio::time::timeout(READY_WAIT, ready) => ready.unwrap_or(false),
+        () = shutdown.cancelled() => false,
+    }
+}
+
+/// The commands `up` prints after the settings, and the README's tour repeats: each works in
+/// a second shell once the settings are exported.
+pub const TOUR: &[(&str, &str)] = &[
+    ("toolctl hosts", "the fleet: one host, `local`"),
+    (
+        "toolctl tools local --all",
+        "what it offers, and what it hides and why",
+    ),
+    (
+        "toolctl describe local disk_usage",
+        "the definition a model sees, after variant resolution",
+    ),
+    (
+        "toolctl call local env_info",
+        "run it; output streams live, exit code is the tool's",
+    ),
+    (
+        "toolctl fanout all disk_usage",
+        "run it everywhere: per-host output and a status per host",
+    ),
+    (
+        "toolctl watch",
+        "registry and fleet changes as they happen, until Ctrl-C",
+    ),
+];
+
+/// Makes `<bin>/toolctl` a link to this binary, which runs as `toolctl` when called by that
+/// name: the commands `up` prints then work before anything else is built or installed, and
+/// always match this server's version. Returns `bin`.
+fn link_toolctl(bin: &Path) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("cannot tell where this binary is")?;
+    std::fs::create_dir_all(bin).with_context(|| format!("cannot create {}", bin.display()))?;
+    let link = bin.join("toolctl");
+    // Replaced in one step (a new link renamed over the old), so a command started meanwhile
+    // finds either link, never none.
+    let fresh = bin.join(format!(".toolctl.{}", std::process::id()));
+    let _ = std::fs::remove_file(&fresh);
+    std::os::unix::fs::symlink(&exe, &fresh)
+        .and_then(|()| std::fs::rename(&fresh, &link))
+        .with_context(|| format!("cannot link {} to {}", link.display(), exe.display()))?;
+    Ok(bin.to_path_buf())
+}
+
+/// A word as a POSIX shell reads it back: as it is when it holds nothing special, else quoted.
+fn sh_word(text: &str) -> String {
+    let plain = !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+:,@%=".contains(&b));
+    if plain {
+        text.to_string()
+    } else {
+        format!("'{}'", text.replace('\'', r"'\''"))
+    }
+}
+
+/// What `up` prints once it listens: where everything is, then what to type in another shell,
+/// as lines that work pasted as they are.
+fn banner(
+    url: &str,
+    pki: &Path,
+    tools: &[PathBuf],
+    source: &ToolsSource,
+    state: &Path,
+    bin: Option<&Path>,
+) -> String {
     let client = TlsFiles::in_dir(pki, &Identity::Client(CLIENT.into()));
     let tools: Vec<String> = tools.iter().map(|t| t.display().to_string()).collect();
-    println!(
-        "toolsrv is up: coordinator on {url} with a local agent `{LOCAL_HOST}`, tools from {}\n\
-         \n\
-         In another shell:\n\
-         \n  export TOOLSRV_ADDR={url}\n  export TOOLSRV_CA={}\n  export TOOLSRV_CERT={}\n  export TOOLSRV_KEY={}\n\
-         \n  toolctl hosts\n  toolctl tools {LOCAL_HOST}\n  toolctl call {LOCAL_HOST} env_info\n  toolctl fanout all disk_usage\n\
-         \nCtrl-C stops it.",
-        tools.join(":"),
-        client.ca.display(),
-        client.cert.display(),
-        client.key.display(),
+    let tools = tools.join(":");
+    let mut out = format!(
+        "toolsrv is up: coordinator on {url} with a local agent `{LOCAL_HOST}`, tools from {tools}\n"
     );
+    if *source == ToolsSource::Environment {
+        out.push_str(&format!(
+            "(from OLLIE_TOOLS_PATH in your environment, instead of the example tools in {}: \
+             unset OLLIE_TOOLS_PATH to serve those)\n",
+            state.join("tools").display()
+        ));
+    }
+    out.push_str("\nIn another shell:\n\n");
+    match bin {
+        Some(bin) => out.push_str(&format!(
+            "  export PATH={}:\"$PATH\"   # toolctl: this binary, linked under that name\n",
+            sh_word(&bin.display().to_string())
+        )),
+        None => out.push_str("  # put toolctl on PATH first: cargo install --path crates/client\n"),
+    }
+    for (name, path) in [
+        ("TOOLSRV_ADDR", url.to_string()),
+        ("TOOLSRV_CA", client.ca.display().to_string()),
+        ("TOOLSRV_CERT", client.cert.display().to_string()),
+        ("TOOLSRV_KEY", client.key.display().to_string()),
+    ] {
+        out.push_str(&format!("  export {name}={}\n", sh_word(&path)));
+    }
+    out.push('\n');
+    let width = TOUR.iter().map(|(c, _)| c.len()).max().unwrap_or(0);
+    for (command, what) in TOUR {
+        out.push_str(&format!("  {command:width$}   # {what}\n"));
+    }
+    out.push_str("\nCtrl-C stops it.");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_are_quoted_only_when_needed() {
+        assert_eq!(
+            sh_word("/home/a/.local/state/x.pem"),
+            "/home/a/.local/state/x.pem"
+        );
+        assert_eq!(sh_word("https://127.0.0.1:7443"), "https://127.0.0.1:7443");
+        assert_eq!(sh_word("/a b/c"), "'/a b/c'");
+        assert_eq!(sh_word("/it's"), r"'/it'\''s'");
+        assert_eq!(sh_word("$HOME"), "'$HOME'");
+    }
+
+    #[test]
+    fn the_banner_says_where_the_tools_come_from() {
+        let state = Path::new("/s");
+        let tools = [PathBuf::from("/mine")];
+        let banner = |source| {
+            banner(
+                "https://127.0.0.1:1",
+                &state.join("pki"),
+                &tools,
+                &source,
+                state,
+                Some(&state.join("bin")),
+            )
+        };
+        let from_env = banner(ToolsSource::Environment);
+        assert!(from_env.contains("from OLLIE_TOOLS_PATH"), "{from_env}");
+        assert!(from_env.contains("/s/tools"), "{from_env}");
+        let from_flag = banner(ToolsSource::Flag);
+        assert!(!from_flag.contains("OLLIE_TOOLS_PATH"), "{from_flag}");
+        assert!(
+            from_flag.contains("  export PATH=/s/bin:\"$PATH\""),
+            "{from_flag}"
+        );
+        for (command, _) in TOUR {
+            assert!(from_flag.contains(command), "{from_flag}");
+        }
+    }
 }

@@ -59,6 +59,13 @@ pub(crate) fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, Tl
     Ok(certs)
 }
 
+/// The identity the first certificate of a PEM file names, for checks at start-up (an agent
+/// whose certificate names another host cannot attach, however long it retries).
+pub fn certificate_identity(path: &Path) -> Result<Identity, TlsError> {
+    let certs = read_certs(path)?;
+    identity_of(&certs[0]).map_err(|e| TlsError::bad_file(path, e.to_string()))
+}
+
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let bytes = std::fs::read(path).map_err(|e| TlsError::io("cannot read", path, e))?;
     PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| match e {

@@ -19,7 +19,9 @@ pub use client::{
     CONNECT_TIMEOUT, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, connect, connect_reloading,
     lazy_channel,
 };
-pub use config::{TlsFiles, client_config, install_crypto_provider, provider, server_config};
+pub use config::{
+    TlsFiles, certificate_identity, client_config, install_crypto_provider, provider, server_config,
+};
 pub use creds::ServerCreds;
 pub use error::{TlsError, chain as error_chain};
 pub use identity::{

@@ -8,7 +8,7 @@
 pub const USAGE: u8 = 64;
 /// The arguments break the tool's `args` schema.
 pub const INVALID_ARGS: u8 = 65;
-/// The tool exists but is hidden on this host (no variant matches).
+/// The tool exists but is hidden on this host (no variant matches, or its files are invalid).
 pub const HIDDEN: u8 = 69;
 /// Internal failure, such as a runtime that would not start.
 pub const INTERNAL: u8 = 70;

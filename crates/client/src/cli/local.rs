@@ -14,8 +14,16 @@ use toolsrv_registry::{Catalog, Scanner, split_tools_path};
 use super::ToolsArgs;
 use super::exit;
 
-/// Scans the tools path once, reporting rejected files on stderr: all of them, or those of tool `only`.
-fn load(tools: &ToolsArgs, only: Option<&str>) -> Result<(Catalog, Host), u8> {
+/// Scans the tools path once. A listing (`report_errors`) also reports rejected files on stderr;
+/// a command about one tool does not, since refusing an invalid tool says what is wrong with it.
+fn load(tools: &ToolsArgs, report_errors: bool) -> Result<(Catalog, Host), u8> {
+    let Some(path) = &tools.tools else {
+        eprintln!(
+            "toolctl: no tools path: give --tools DIR[:DIR...] or set OLLIE_TOOLS_PATH \
+             (for example --tools examples/tools in a checkout)"
+        );
+        return Err(exit::USAGE);
+    };
     let mut host = Host::current();
     if let Some(facts) = &tools.as_host {
         apply_as(&mut host, facts).map_err(|e| {
@@ -23,21 +31,15 @@ fn load(tools: &ToolsArgs, only: Option<&str>) -> Result<(Catalog, Host), u8> {
             exit::USAGE
         })?;
     }
-    let catalog = Scanner::new(split_tools_path(&tools.tools)).scan();
-    let relevant = |d: &&toolsrv_meta::Diagnostic| {
-        only.is_none_or(|name| {
-            d.file
-                .file_name()
-                .is_some_and(|f| f.to_string_lossy() == format!("{name}.meta"))
-        })
-    };
-    for d in catalog
-        .diagnostics
-        .iter()
-        .filter(|d| d.severity == Severity::Error)
-        .filter(relevant)
-    {
-        eprintln!("toolctl: {d}");
+    let catalog = Scanner::new(split_tools_path(path)).scan();
+    if report_errors {
+        for d in catalog
+            .diagnostics
+            .iter()
+            .filter(|d| d.severity == Severity::Error)
+        {
+            eprintln!("toolctl: {d}");
+        }
     }
     Ok((catalog, host))
 }
@@ -51,14 +53,20 @@ fn apply_as(host: &mut Host, facts: &str) -> Result<(), String> {
         match key {
             "os" => host.os = value.to_string(),
             "arch" => host.arch = value.to_string(),
-            other => return Err(format!("unknown fact `{other}`: use os and arch")),
+            other => {
+                return Err(format!(
+                    "unknown fact `{other}`: use os and arch (`binary`, `file` and `env` keys are \
+                     always checked on this machine)"
+                ));
+            }
         }
     }
     Ok(())
 }
 
 pub fn list(tools: &ToolsArgs, all: bool, json: bool) -> u8 {
-    let (catalog, host) = match load(tools, None) {
+    // With `--all` the listing itself says what is wrong with each invalid file.
+    let (catalog, host) = match load(tools, !all) {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
@@ -71,13 +79,14 @@ pub fn list(tools: &ToolsArgs, all: bool, json: bool) -> u8 {
 }
 
 pub fn describe(tools: &ToolsArgs, name: &str) -> u8 {
-    let (catalog, host) = match load(tools, Some(name)) {
+    let (catalog, host) = match load(tools, false) {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
     let Some(entry) = catalog.tools.get(name) else {
-        eprintln!("toolctl: {}", CallError::UnknownTool(name.to_string()));
-        return exit::NOT_FOUND;
+        let e = toolsrv_host::unknown(&catalog, name);
+        eprintln!("toolctl: {e}");
+        return call_error_code(&e);
     };
     match entry.meta.resolve(&host) {
         Resolution::Visible { tool, .. } => match serde_json::to_string_pretty(&tool) {
@@ -137,7 +146,7 @@ pub async fn call(tools: &ToolsArgs, name: &str, args: Option<&str>, opts: CallO
             return exit::USAGE;
         }
     };
-    let (catalog, host) = match load(tools, Some(name)) {
+    let (catalog, host) = match load(tools, false) {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
@@ -228,7 +237,7 @@ async fn stream(execution: &mut toolsrv_exec::Execution, name: &str, print_resul
 
 fn call_error_code(e: &CallError) -> u8 {
     match e {
-        CallError::UnknownTool(_) | CallError::NoCommand(_) => exit::NOT_FOUND,
+        CallError::UnknownTool { .. } | CallError::NoCommand(_) => exit::NOT_FOUND,
         CallError::Hidden { .. } => exit::HIDDEN,
         CallError::InvalidArgs { .. } => exit::INVALID_ARGS,
         CallError::TimeoutTooLong { .. } => exit::USAGE,

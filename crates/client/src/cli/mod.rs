@@ -1,4 +1,5 @@
-//! Command-line parsing and dispatch for `toolctl`.
+//! `toolctl`: command-line parsing and dispatch. A library module so that the `toolsrv` binary
+//! can also run as `toolctl` (what `toolsrv up` links into its state directory).
 
 pub mod exit;
 mod lint;
@@ -153,9 +154,10 @@ enum Command {
     },
     /// Hold one connection to the coordinator and serve it on a control socket (`--control`)
     ///
-    /// The other remote commands given the same `--control` (or `TOOLSRV_CONTROL`) then go
-    /// through it, with no TCP, TLS or HTTP/2 set-up of their own, and need no certificate.
-    /// Runs until Ctrl-C or SIGTERM, or until `--idle-exit` seconds pass with no client.
+    /// Serves on the default socket when `--control` (TOOLSRV_CONTROL) is not given or is
+    /// `default`. The other remote commands given the same `--control` then go through it, with
+    /// no TCP, TLS or HTTP/2 set-up of their own, and need no certificate. Runs until Ctrl-C or
+    /// SIGTERM, or until `--idle-exit` seconds pass with no client.
     Master {
         #[command(flatten)]
         conn: ConnArgs,
@@ -242,10 +244,13 @@ impl AnswerArgs {
 /// Where the tools are and which host to evaluate them as.
 #[derive(Debug, Args)]
 struct ToolsArgs {
-    /// Colon-separated list of tool directories; the first wins a name clash
+    /// Colon-separated list of tool directories; the first wins a name clash. Needed, here or
+    /// in the environment
     #[arg(long, env = "OLLIE_TOOLS_PATH", value_name = "PATH")]
-    tools: String,
-    /// Evaluate variants as another host: `os=darwin,arch=arm64` (Go vocabulary)
+    tools: Option<String>,
+    /// Evaluate `os` and `arch` as another host would: `os=darwin,arch=arm64` (Go vocabulary).
+    /// `binary`, `file`, `env` and `nenv` keys are still checked on this machine, so a variant
+    /// that needs a binary this machine lacks does not match even as another OS
     #[arg(long = "as", value_name = "FACTS")]
     as_host: Option<String>,
 }
@@ -254,12 +259,50 @@ struct ToolsArgs {
 const CALL_EXIT_CODES: &str = "\
 Exit codes:
   the tool's own code   the tool ran (128+N when killed by signal N)
-  124  timed_out         65  invalid_args       69  hidden
+  124  timed_out         65  invalid_args       69  hidden (or its .meta is invalid)
   126  failed_to_start   127 unknown_tool or unknown_host
   75   offline, lost, busy (a per-client quota is full), or the coordinator is unreachable
   77   denied, or our certificate is refused
   78   unusable TLS files    64  bad command line or request (arguments over 1 MiB, ...)
   130  interrupted (Ctrl-C cancels the call)";
+
+/// `toolctl`'s `main`: parses the command line of this process and runs it.
+pub fn main() -> ExitCode {
+    toolsrv_tls::install_crypto_provider();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TOOLCTL_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    // A bad command line exits with the documented usage code, not clap's 2; help and version
+    // are not errors.
+    let args = match Cli::try_parse() {
+        Ok(args) => args,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(exit::USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    // One command, one call: a single-threaded runtime starts faster than a pool of workers,
+    // which matters for scripts that run toolctl once per call.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("toolctl: cannot start the async runtime: {e}");
+            return ExitCode::from(exit::INTERNAL);
+        }
+    };
+    runtime.block_on(run(args))
+}
 
 /// Runs the parsed command and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {

@@ -4,8 +4,8 @@
 
 use std::io::{BufRead, Write};
 
+use crate::ApprovalRequest;
 use serde_json::json;
-use toolsrv_client::ApprovalRequest;
 
 use super::{ConnArgs, Remote, connect, write_json, write_table};
 

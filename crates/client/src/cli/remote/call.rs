@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use toolsrv_client::{CallRequest, CallResult, CallStatus, CallUpdate, OutputStream, status_name};
+use crate::{CallRequest, CallResult, CallStatus, CallUpdate, OutputStream, status_name};
 
 use super::{ConnArgs, exit, interrupted, prepare_run};
 
@@ -70,28 +70,45 @@ pub async fn call(
                     println!("{}", result.result_json);
                 }
                 if result.status != CallStatus::Ok as i32 {
-                    eprintln!("toolctl: {}", failure_line(host, &result));
+                    eprintln!("toolctl: {}", failure_line(host, tool, &result));
                 }
                 return exit_code(&result);
             }
             Some(Err(e)) => return remote.fail(&what(), &e),
             // `CallStream` yields an error before ending without a result.
             None => {
-                let e = toolsrv_client::ClientError::Protocol(
-                    "the stream ended without a result".into(),
-                );
+                let e = crate::ClientError::Protocol("the stream ended without a result".into());
                 return remote.fail(&what(), &e);
             }
         }
     }
 }
 
-/// `<host>: <status>: <message>`, or without the message when there is none.
-pub fn failure_line(host: &str, result: &CallResult) -> String {
-    let status = status_name(result.status);
-    match result.message.trim() {
-        "" => format!("{host}: {status}"),
-        message => format!("{host}: {status}: {message}"),
+/// What `toolctl call` prints when a call did not end OK. A call refused before anything ran
+/// (unknown host or tool, hidden, offline, denied, busy, bad arguments) prints the message as the
+/// coordinator or agent worded it, the same words `describe`, `tools` and `fanout` use for the
+/// same condition; a tool that ran and failed is named with its host:
+/// `` tool `fail` on host `web-1`: exited with code 3 ``.
+pub fn failure_line(host: &str, tool: &str, result: &CallResult) -> String {
+    let message = result.message.trim();
+    let refused = matches!(
+        CallStatus::try_from(result.status),
+        Ok(CallStatus::UnknownHost
+            | CallStatus::UnknownTool
+            | CallStatus::Hidden
+            | CallStatus::Offline
+            | CallStatus::Denied
+            | CallStatus::Busy
+            | CallStatus::InvalidArgs
+            | CallStatus::FailedToStart)
+    );
+    match message {
+        "" => format!(
+            "tool `{tool}` on host `{host}`: {}",
+            status_name(result.status).replace('_', " ")
+        ),
+        message if refused => message.to_string(),
+        message => format!("tool `{tool}` on host `{host}`: {message}"),
     }
 }
 
@@ -168,14 +185,23 @@ mod tests {
     }
 
     #[test]
-    fn failure_lines_name_host_and_status() {
+    fn failure_lines_say_what_happened_without_status_codes() {
         let mut r = result(CallStatus::Hidden, None, None);
-        r.message = "tool `ls` is hidden on host `web-1`".into();
+        r.message = "tool `ls` is hidden on host `web-1`: no variant matches".into();
         assert_eq!(
-            failure_line("web-1", &r),
-            "web-1: hidden: tool `ls` is hidden on host `web-1`"
+            failure_line("web-1", "ls", &r),
+            "tool `ls` is hidden on host `web-1`: no variant matches"
         );
-        r.message.clear();
-        assert_eq!(failure_line("web-1", &r), "web-1: hidden");
+        let mut r = result(CallStatus::ToolError, Some(3), None);
+        r.message = "exited with code 3".into();
+        assert_eq!(
+            failure_line("web-1", "fail", &r),
+            "tool `fail` on host `web-1`: exited with code 3"
+        );
+        let r = result(CallStatus::TimedOut, None, Some(9));
+        assert_eq!(
+            failure_line("web-1", "slow", &r),
+            "tool `slow` on host `web-1`: timed out"
+        );
     }
 }

@@ -3,11 +3,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 
-use serde_json::{Value, json};
-use toolsrv_client::{
+use crate::{
     CallResult, ClientError, FanOutRequest, FanOutSummary, FanOutUpdate, OutputStream, is_ok,
     status_name,
 };
+use serde_json::{Value, json};
 
 use super::{ConnArgs, exit, human_ms, interrupted, prepare_run, write_table};
 
@@ -364,7 +364,7 @@ fn write_summary(
 
 #[cfg(test)]
 mod tests {
-    use toolsrv_client::CallStatus;
+    use crate::CallStatus;
 
     use super::*;
 

@@ -2,8 +2,8 @@
 
 use std::io::Write;
 
+use crate::{HostInfo, HostState};
 use serde_json::{Value, json};
-use toolsrv_client::{HostInfo, HostState};
 
 use super::{ConnArgs, connect, write_json, write_table, written};
 
@@ -129,7 +129,7 @@ fn write_hosts(out: &mut impl Write, hosts: &[HostInfo], now_ms: u64) -> std::io
 mod tests {
     use std::collections::BTreeMap;
 
-    use toolsrv_client::HostFacts;
+    use crate::HostFacts;
 
     use super::*;
 

@@ -3,16 +3,13 @@
 
 use std::time::Duration;
 
+use crate::control::{self, MasterOptions};
 use tokio_util::sync::CancellationToken;
-use toolsrv_client::control::{self, MasterOptions};
 
 use super::{ConnArgs, connect_direct, error_code, exit};
 
 pub async fn master(conn: &ConnArgs, idle_exit: Option<f64>) -> u8 {
-    let Some(path) = conn.control.clone() else {
-        eprintln!("toolctl: master needs --control SOCKET (or TOOLSRV_CONTROL): where to serve");
-        return exit::USAGE;
-    };
+    let path = conn.control_path().unwrap_or_else(control::default_socket);
     let idle_exit = match idle_exit.map(Duration::try_from_secs_f64) {
         None => None,
         Some(Ok(after)) if !after.is_zero() => Some(after),
@@ -36,6 +33,10 @@ pub async fn master(conn: &ConnArgs, idle_exit: Option<f64>) -> u8 {
     // command relayed later.
     if let Err(e) = remote.client.hosts().await {
         return remote.fail("master: the coordinator does not answer", &e);
+    }
+    if let Err(e) = control::prepare_default_dir(&path) {
+        eprintln!("toolctl: master: cannot serve on the default control socket: {e}");
+        return exit::CONFIG;
     }
     let socket = match control::bind(&path).await {
         Ok(socket) => socket,

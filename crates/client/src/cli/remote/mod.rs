@@ -11,8 +11,8 @@ mod watch;
 use std::io::Write;
 use std::path::PathBuf;
 
+use crate::{Client, ClientError, ConnectOptions, TlsError, TlsFiles};
 use clap::Args;
-use toolsrv_client::{Client, ClientError, ConnectOptions, TlsError, TlsFiles};
 
 pub use approve::{Answer, approvals, decide};
 pub use call::{CallOptions, call};
@@ -43,9 +43,24 @@ pub struct ConnArgs {
     #[arg(long, env = "TOOLSRV_KEY", value_name = "FILE")]
     key: Option<PathBuf>,
     /// Control socket of a `toolctl master`: used when one answers there, otherwise the
-    /// command connects directly with the four settings above
+    /// command connects directly with the four settings above. `default` is
+    /// $XDG_RUNTIME_DIR/toolctl.sock, or, without XDG_RUNTIME_DIR, toolctl.sock in a private
+    /// directory under /tmp (`toolctl-<uid>`), where `master` serves when not told otherwise
     #[arg(long, env = "TOOLSRV_CONTROL", value_name = "SOCKET")]
     control: Option<PathBuf>,
+}
+
+impl ConnArgs {
+    /// The control socket to try: the one named, with `default` standing for the default one.
+    fn control_path(&self) -> Option<PathBuf> {
+        self.control.as_ref().map(|path| {
+            if path.as_os_str() == crate::control::DEFAULT_WORD {
+                crate::control::default_socket()
+            } else {
+                path.clone()
+            }
+        })
+    }
 }
 
 impl ConnArgs {
@@ -87,9 +102,15 @@ struct Remote {
 }
 
 impl Remote {
-    /// Prints `toolctl: <what> at <addr>: <error>` and returns the exit code for the error.
+    /// Prints one line for an error and returns its exit code. What the coordinator answered is
+    /// printed as it worded it (`toolctl: <message>`), the same line whichever command met the
+    /// condition; anything else says what we were doing and where (`toolctl: <what> at <addr>:
+    /// <error>`).
     fn fail(&self, what: &str, e: &ClientError) -> u8 {
-        eprintln!("toolctl: {what} at {}: {e}", self.addr);
+        match e {
+            ClientError::Status { .. } => eprintln!("toolctl: {e}"),
+            _ => eprintln!("toolctl: {what} at {}: {e}", self.addr),
+        }
         error_code(e)
     }
 }
@@ -107,7 +128,7 @@ fn normalize_addr(addr: &str) -> String {
 /// line saying what failed and why, and returns the exit code.
 async fn connect(conn: &ConnArgs) -> Result<Remote, u8> {
     let direct = conn.direct();
-    if let Some(path) = &conn.control {
+    if let Some(path) = &conn.control_path() {
         match Client::connect_control(path).await {
             Ok(client) => {
                 return Ok(Remote {
@@ -164,7 +185,7 @@ fn error_code(e: &ClientError) -> u8 {
         ClientError::Tls(TlsError::Identity(_)) => exit::DENIED,
         ClientError::Tls(TlsError::InvalidName { .. }) => exit::USAGE,
         ClientError::Tls(_) => exit::CONFIG,
-        ClientError::Status { code, .. } => match code {
+        ClientError::Status { code, .. } | ClientError::Transport { code, .. } => match code {
             // A coordinator that went away, a host that is offline, or a quota that is full
             // now: all worth retrying later.
             Code::Unavailable

@@ -1,6 +1,6 @@
 //! `toolctl tools` and `toolctl describe`: a host's tools, in the shapes `toolctl local` prints.
 
-use toolsrv_client::{definition_json, list_entry};
+use crate::{definition_json, list_entry};
 
 use super::{ConnArgs, connect, exit, write_json, written};
 
@@ -45,7 +45,7 @@ pub async fn describe(conn: &ConnArgs, host: &str, tool: &str) -> u8 {
 
 #[cfg(test)]
 mod tests {
-    use toolsrv_client::{ToolDefinition, ToolStatus};
+    use crate::{ToolDefinition, ToolStatus};
 
     use super::*;
 

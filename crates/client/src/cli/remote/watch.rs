@@ -2,8 +2,8 @@
 
 use std::io::Write;
 
+use crate::{CatalogEvent, CatalogEventKind};
 use serde_json::{Value, json};
-use toolsrv_client::{CatalogEvent, CatalogEventKind};
 
 use super::{ConnArgs, connect, exit, interrupted};
 
@@ -57,6 +57,8 @@ fn kind_name(kind: i32) -> String {
     })
 }
 
+/// One event as text: the kind, the revision, the host or what changed in the registry; each
+/// tool that became invalid follows on a line of its own with the reason.
 fn event_line(e: &CatalogEvent) -> String {
     let mut line = format!("{:<12}  revision {}", kind_name(e.kind), e.revision);
     if !e.host.is_empty() {
@@ -64,6 +66,25 @@ fn event_line(e: &CatalogEvent) -> String {
     }
     if e.kind == CatalogEventKind::HostView as i32 {
         line.push_str(&format!("  view_revision {}", e.view_revision));
+    }
+    if e.kind == CatalogEventKind::Registry as i32 {
+        let invalid: Vec<String> = e.invalid.iter().map(|t| t.name.clone()).collect();
+        for (what, names) in [
+            ("added", &e.added),
+            ("changed", &e.changed),
+            ("removed", &e.removed),
+            ("invalid", &invalid),
+        ] {
+            if !names.is_empty() {
+                line.push_str(&format!("  {what} {}", names.join(",")));
+            }
+        }
+        if e.omitted > 0 {
+            line.push_str(&format!("  and {} more", e.omitted));
+        }
+        for tool in &e.invalid {
+            line.push_str(&format!("\n{:<12}  {}: {}", "", tool.name, tool.reason));
+        }
     }
     line
 }
@@ -76,11 +97,24 @@ fn event_json(e: &CatalogEvent) -> Value {
     if e.kind == CatalogEventKind::HostView as i32 {
         value["view_revision"] = json!(e.view_revision);
     }
+    if e.kind == CatalogEventKind::Registry as i32 {
+        value["added"] = json!(e.added);
+        value["changed"] = json!(e.changed);
+        value["removed"] = json!(e.removed);
+        value["invalid"] = e
+            .invalid
+            .iter()
+            .map(|t| json!({"name": t.name, "reason": t.reason}))
+            .collect();
+        value["omitted"] = json!(e.omitted);
+    }
     value
 }
 
 #[cfg(test)]
 mod tests {
+    use crate::InvalidTool;
+
     use super::*;
 
     fn event(kind: CatalogEventKind, host: &str) -> CatalogEvent {
@@ -89,6 +123,7 @@ mod tests {
             revision: 4,
             host: host.into(),
             view_revision: 3,
+            ..CatalogEvent::default()
         }
     }
 
@@ -107,5 +142,27 @@ mod tests {
             json!({"kind": "host_online", "revision": 4, "host": "web-1"})
         );
         assert_eq!(kind_name(42), "unknown");
+    }
+
+    #[test]
+    fn registry_events_say_which_tools_changed_and_why_one_is_invalid() {
+        let mut e = event(CatalogEventKind::Registry, "");
+        e.added = vec!["a".into(), "b".into()];
+        e.removed = vec!["r".into()];
+        e.invalid = vec![InvalidTool {
+            name: "x".into(),
+            reason: "invalid: /t/x.meta: field `tier`: `lukewarm` is not a tier".into(),
+        }];
+        assert_eq!(
+            event_line(&e),
+            "registry      revision 4  added a,b  removed r  invalid x\n\
+             \x20             x: invalid: /t/x.meta: field `tier`: `lukewarm` is not a tier"
+        );
+        assert_eq!(
+            event_json(&e),
+            json!({"kind": "registry", "revision": 4, "added": ["a", "b"], "changed": [],
+                   "removed": ["r"], "omitted": 0,
+                   "invalid": [{"name": "x", "reason": "invalid: /t/x.meta: field `tier`: `lukewarm` is not a tier"}]})
+        );
     }
 }

@@ -1,0 +1,181 @@
+//! A `.meta` broken while the fleet runs, then repaired: the tool does not vanish silently. The
+//! coordinator logs the file, field and reason once, `tools --all` lists it hidden with the
+//! reason, `watch` says it became invalid, `call` refuses it with the reason; repaired, it is
+//! back everywhere.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::process::Stdio;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use toolsrv_tests::{AgentSpec, Fleet, text, wait_for};
+
+const GOOD: &str = r#"{"description": "Say hello", "cmd": "echo hello"}"#;
+const BROKEN: &str = r#"{"description": 3, "cmd": "echo hello"}"#;
+
+/// `toolctl watch --json`, its events arriving on a channel; killed on drop.
+struct Watch {
+    child: std::process::Child,
+    events: mpsc::Receiver<Value>,
+}
+
+impl Watch {
+    fn start(fleet: &Fleet) -> Self {
+        let mut cmd = fleet.toolctl_command("client-alice", &["watch", "--json"]);
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, events) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let Ok(event) = serde_json::from_str::<Value>(&line) else {
+                    break;
+                };
+                if tx.send(event).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { child, events }
+    }
+
+    /// The first event (within 30 s) that `pred` accepts; the others are skipped.
+    fn until(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.events.recv_timeout(left) {
+                Ok(event) if pred(&event) => return event,
+                Ok(_) => {}
+                Err(_) => panic!("watch: no {what} within 30 s"),
+            }
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tool_entry(fleet: &Fleet, name: &str) -> Option<Value> {
+    fleet.tools("a")?.into_iter().find(|t| t["name"] == name)
+}
+
+/// Lines of the coordinator's log that say a tool is not served.
+fn not_served_lines(fleet: &Fleet) -> Vec<String> {
+    fleet
+        .coordinator
+        .as_ref()
+        .unwrap()
+        .log()
+        .lines()
+        .filter(|l| l.contains("tool not served"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_tool_broken_and_repaired_while_running_says_why_and_comes_back() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool("hello.meta", GOOD, false);
+    fleet.tool(
+        "other.meta",
+        r#"{"description": "Other", "cmd": "true"}"#,
+        false,
+    );
+    // `--rescan-secs=1` (the harness's): several periodic rescans happen during the test.
+    fleet.start_coordinator(&[]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "hello");
+    let watch = Watch::start(&fleet);
+    watch.until("snapshot", |e| e["kind"] == "snapshot");
+
+    // Broken.
+    fleet.tool("hello.meta", BROKEN, false);
+    let path = fleet.tools.join("hello.meta").display().to_string();
+    let reason = format!("invalid: {path}: field `description`: expected string, got number");
+    let event = watch.until("the registry event", |e| e["kind"] == "registry");
+    assert_eq!(event["invalid"][0]["name"], "hello", "{event}");
+    assert_eq!(event["invalid"][0]["reason"], reason.as_str(), "{event}");
+    assert_eq!(event["removed"], serde_json::json!([]), "{event}");
+
+    let hidden = wait_for(
+        "the listing to show hello hidden",
+        Duration::from_secs(20),
+        || tool_entry(&fleet, "hello").filter(|t| t["visible"] == false),
+    );
+    assert_eq!(hidden["reason"], reason.as_str(), "{hidden}");
+    let listing = fleet.toolctl(&["tools", "a", "--all"]);
+    assert!(
+        text(&listing.stdout).contains(&format!("hello  (hidden) {reason}")),
+        "{}",
+        text(&listing.stdout)
+    );
+    let out = fleet.toolctl(&["tools", "a"]);
+    assert!(
+        !text(&out.stdout).contains("hello"),
+        "without --all only what can be called: {}",
+        text(&out.stdout)
+    );
+
+    let out = fleet.toolctl(&["call", "a", "hello"]);
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stderr),
+        format!("toolctl: tool `hello` is hidden on host `a`: {reason}\n")
+    );
+    let out = fleet.toolctl(&["describe", "a", "hello"]);
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stderr),
+        format!("toolctl: tool `hello` is hidden on host `a`: {reason}\n")
+    );
+    let out = fleet.toolctl(&["call", "a", "other"]);
+    assert!(out.status.success(), "the other tools keep working");
+
+    // Logged with file, field and reason, once: not again at the periodic rescans.
+    let lines = wait_for("the log line", Duration::from_secs(10), || {
+        Some(not_served_lines(&fleet)).filter(|l| !l.is_empty())
+    });
+    assert!(
+        lines[0].contains("hello.meta") && lines[0].contains("field `description`"),
+        "{lines:?}"
+    );
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        not_served_lines(&fleet).len(),
+        1,
+        "{:?}",
+        not_served_lines(&fleet)
+    );
+
+    // Repaired.
+    fleet.tool("hello.meta", GOOD, false);
+    let event = watch.until("the repair", |e| {
+        e["kind"] == "registry" && e["added"] == serde_json::json!(["hello"])
+    });
+    assert_eq!(event["invalid"], serde_json::json!([]), "{event}");
+    let out = wait_for("the repaired tool to run", Duration::from_secs(20), || {
+        let out = fleet.toolctl(&["call", "a", "hello"]);
+        out.status.success().then_some(out)
+    });
+    assert_eq!(text(&out.stdout), "hello\n");
+    assert_eq!(tool_entry(&fleet, "hello").unwrap()["visible"], true);
+    assert_eq!(
+        not_served_lines(&fleet).len(),
+        1,
+        "the repair logs no problem"
+    );
+}
