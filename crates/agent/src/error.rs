@@ -41,6 +41,9 @@ pub enum AgentError {
     /// A shipped tool or blob was refused (bad name, wrong digest, wrong size).
     #[error("refused {what}: {why}")]
     Refused { what: String, why: String },
+    /// Calls cannot be confined as configured (`--sandbox enforce` on a host that cannot).
+    #[error(transparent)]
+    Sandbox(#[from] toolsrv_confine::ConfineError),
 }
 
 impl AgentError {

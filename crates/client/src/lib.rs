@@ -32,6 +32,6 @@ pub use toolsrv_proto::v1::fan_out_event::Event as FanOutUpdate;
 pub use toolsrv_proto::v1::{
     CallEvent, CallRequest, CallResult, CallStatus, CatalogEvent, CatalogEventKind, FanOutEvent,
     FanOutRequest, FanOutSummary, HostFacts, HostInfo, HostState, ListToolsResponse, OutputChunk,
-    OutputStream, ToolDefinition, ToolStatus,
+    OutputStream, SandboxFacts, ToolDefinition, ToolStatus,
 };
 pub use toolsrv_tls::{TlsError, TlsFiles};

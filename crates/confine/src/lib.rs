@@ -32,5 +32,7 @@ mod sys;
 
 pub use cgroup::{Controller, LimitHit};
 pub use error::ConfineError;
-pub use jail::{Abilities, CallJail, CallPlan, Confiner, Level, Mode, Prepared, Settings};
+pub use jail::{
+    Abilities, CallJail, CallPlan, Confiner, DEVICES, Level, Mode, Prepared, SYSTEM_READ, Settings,
+};
 pub use profile::{Grant, Limits, Profile, glob, grant_for, parse_cpu, parse_size};

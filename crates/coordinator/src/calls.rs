@@ -102,11 +102,12 @@ async fn start(
             ));
         }
     }
-    if let Err(reason) = state
+    let allowed = state
         .policy
         .check(&spec.client, &spec.tool, &host.policy_facts())
-    {
-        return Err(status(CallStatus::Denied, reason));
+        .map_err(|reason| status(CallStatus::Denied, reason))?;
+    if let Some(rule) = allowed.require_sandbox {
+        unconfined(&host, host_id, &spec.tool, rule)?;
     }
     let slot = match slot {
         Some(slot) => slot,
@@ -122,8 +123,39 @@ async fn start(
         cwd: spec.cwd.clone(),
         timeout_ms: spec.timeout_ms,
         initial_credit: 0,
+        require_sandbox: allowed.require_sandbox.is_some(),
     };
     Ok((link.start_call(start).await?, slot))
+}
+
+/// Refuses a call that policy rule `rule` requires to run confined on a host whose sandbox is
+/// not `enforced` (as its agent reports it; the agent checks again before it runs the call).
+fn unconfined(host: &HostEntry, host_id: &str, tool: &str, rule: usize) -> Result<(), CallResult> {
+    let sandbox = host.facts.sandbox.clone().unwrap_or_default();
+    if sandbox.level == "enforced" {
+        return Ok(());
+    }
+    let state = if sandbox.level.is_empty() {
+        "reports no sandbox (its agent predates confinement)".to_string()
+    } else if sandbox.missing.is_empty() {
+        format!(
+            "reports sandbox={} (--sandbox {})",
+            sandbox.level, sandbox.mode
+        )
+    } else {
+        format!(
+            "reports sandbox={} (--sandbox {}): {}",
+            sandbox.level,
+            sandbox.mode,
+            sandbox.missing.join("; ")
+        )
+    };
+    Err(status(
+        CallStatus::Unconfined,
+        format!(
+            "policy rule {rule} requires tool `{tool}` to run confined, and host `{host_id}` {state}; run it where `sandbox=enforced`"
+        ),
+    ))
 }
 
 /// Runs a call on `host_id`, handing each event to `emit`. `emit` returns false when the caller

@@ -1,14 +1,25 @@
-//! Call policy: which client may call which tool on which hosts. First matching rule decides.
-//! Client names and host ids compare case-insensitively, like the identities they match.
+//! Call policy: which client may call which tool on which hosts (first matching rule decides),
+//! whether such a call must run confined, and what the sandbox of a tool's calls is widened by
+//! on which hosts. Client names and host ids compare case-insensitively, like the identities
+//! they match.
 //!
 //! ```json
 //! {"default": "allow",
-//!  "rules": [{"clients": ["ci-*"], "tools": ["service_status"], "hosts": "role=db", "effect": "deny"}]}
+//!  "rules": [{"clients": ["ci-*"], "tools": ["service_status"], "hosts": "role=db", "effect": "deny"},
+//!            {"tools": ["backup_*"], "effect": "allow", "require_sandbox": true}],
+//!  "sandbox": [{"tools": ["system_logs"], "hosts": "os=linux", "read": ["/var/log"], "write": [],
+//!               "network": false, "memory": "512M", "pids": 256}]}
 //! ```
+//!
+//! Unknown keys are refused (a typo must not silently allow or widen anything). Keys are added
+//! only as optional ones with a default that keeps today's meaning, so files keep working: an
+//! `effect` may gain variants, a rule may gain keys (such as `bypass` or `approvers`), and so
+//! may a `sandbox` entry.
 
 use std::path::Path;
 
 use serde::Deserialize;
+use toolsrv_proto::v1::{SandboxGrant, SandboxPolicy};
 use toolsrv_tls::normalize_name;
 
 use crate::selector::{HostFacts, Selector, glob};
@@ -28,6 +39,8 @@ struct RawPolicy {
     default: Effect,
     #[serde(default)]
     rules: Vec<RawRule>,
+    #[serde(default)]
+    sandbox: Vec<RawSandbox>,
 }
 
 fn allow() -> Effect {
@@ -44,6 +57,45 @@ struct RawRule {
     /// A host selector; absent: any host.
     hosts: Option<String>,
     effect: Effect,
+    /// The call is refused on a host whose sandbox is not `enforced`.
+    #[serde(default)]
+    require_sandbox: bool,
+}
+
+/// A size as a number of bytes or a text such as `512M`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Size {
+    Bytes(u64),
+    Text(String),
+}
+
+/// CPU as a number of cores or a text such as `0.5` or `500m`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Cpu {
+    Cores(f64),
+    Text(String),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSandbox {
+    /// Tool names or globs; absent: every tool.
+    tools: Option<Vec<String>>,
+    /// A host selector; absent: every host.
+    hosts: Option<String>,
+    #[serde(default)]
+    read: Vec<String>,
+    #[serde(default)]
+    write: Vec<String>,
+    network: Option<bool>,
+    memory: Option<Size>,
+    pids: Option<u64>,
+    cpu: Option<Cpu>,
+    /// Variables of the agent's environment passed to the tools (names or `PREFIX*`).
+    #[serde(default)]
+    env: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -52,13 +104,22 @@ struct Rule {
     tools: Option<Vec<String>>,
     hosts: Option<Selector>,
     effect: Effect,
+    require_sandbox: bool,
 }
 
-/// A loaded policy. The default policy allows everything.
+/// One `sandbox` entry, checked.
+#[derive(Debug)]
+struct SandboxEntry {
+    hosts: Option<Selector>,
+    grant: SandboxGrant,
+}
+
+/// A loaded policy. The default policy allows everything and widens no sandbox.
 #[derive(Debug)]
 pub struct Policy {
     default: Effect,
     rules: Vec<Rule>,
+    sandbox: Vec<SandboxEntry>,
 }
 
 impl Default for Policy {
@@ -66,8 +127,61 @@ impl Default for Policy {
         Self {
             default: Effect::Allow,
             rules: Vec::new(),
+            sandbox: Vec::new(),
         }
     }
+}
+
+/// A call the policy allows, and what it requires of the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Allowed {
+    /// The index of the rule that requires the call to run confined, if one does.
+    pub require_sandbox: Option<usize>,
+}
+
+fn sandbox_entry(i: usize, raw: RawSandbox) -> Result<SandboxEntry, String> {
+    let at = |field: &str, e: String| format!("sandbox[{i}].{field}: {e}");
+    let hosts = raw
+        .hosts
+        .as_deref()
+        .map(Selector::parse)
+        .transpose()
+        .map_err(|e| at("hosts", e))?;
+    for (field, paths) in [("read", &raw.read), ("write", &raw.write)] {
+        if let Some(p) = paths.iter().find(|p| !Path::new(p).is_absolute()) {
+            return Err(at(field, format!("`{p}` is not an absolute path")));
+        }
+    }
+    let memory_bytes = match raw.memory {
+        None => 0,
+        Some(Size::Bytes(0)) => return Err(at("memory", "must be above zero".into())),
+        Some(Size::Bytes(n)) => n,
+        Some(Size::Text(t)) => toolsrv_confine::parse_size(&t).map_err(|e| at("memory", e))?,
+    };
+    let pids = match raw.pids {
+        Some(0) => return Err(at("pids", "must be above zero".into())),
+        p => p.unwrap_or(0),
+    };
+    let cpu_millis = match raw.cpu {
+        None => 0,
+        Some(Cpu::Cores(c)) => {
+            toolsrv_confine::parse_cpu(&c.to_string()).map_err(|e| at("cpu", e))?
+        }
+        Some(Cpu::Text(t)) => toolsrv_confine::parse_cpu(&t).map_err(|e| at("cpu", e))?,
+    };
+    Ok(SandboxEntry {
+        hosts,
+        grant: SandboxGrant {
+            tools: raw.tools.unwrap_or_default(),
+            read: raw.read,
+            write: raw.write,
+            network: raw.network,
+            memory_bytes,
+            pids,
+            cpu_millis,
+            env: raw.env,
+        },
+    })
 }
 
 impl Policy {
@@ -90,11 +204,19 @@ impl Policy {
                 tools: r.tools,
                 hosts,
                 effect: r.effect,
+                require_sandbox: r.require_sandbox,
             });
         }
+        let sandbox = raw
+            .sandbox
+            .into_iter()
+            .enumerate()
+            .map(|(i, raw)| sandbox_entry(i, raw))
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             default: raw.default,
             rules,
+            sandbox,
         })
     }
 
@@ -104,8 +226,9 @@ impl Policy {
         Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
-    /// Whether `client` may call `tool` on `host`; the error says which rule denied it.
-    pub fn check(&self, client: &str, tool: &str, host: &HostFacts<'_>) -> Result<(), String> {
+    /// Whether `client` may call `tool` on `host`, and what the call requires; the error says
+    /// which rule denied it.
+    pub fn check(&self, client: &str, tool: &str, host: &HostFacts<'_>) -> Result<Allowed, String> {
         let any = |list: &Option<Vec<String>>, value: &str| {
             list.as_ref()
                 .is_none_or(|l| l.iter().any(|p| glob(p, value)))
@@ -116,7 +239,9 @@ impl Policy {
                 && rule.hosts.as_ref().is_none_or(|s| s.matches(host))
             {
                 return match rule.effect {
-                    Effect::Allow => Ok(()),
+                    Effect::Allow => Ok(Allowed {
+                        require_sandbox: rule.require_sandbox.then_some(i),
+                    }),
                     Effect::Deny => Err(format!(
                         "policy rule {i} denies client {client} calling {tool} on {}",
                         host.id
@@ -125,11 +250,24 @@ impl Policy {
             }
         }
         match self.default {
-            Effect::Allow => Ok(()),
+            Effect::Allow => Ok(Allowed::default()),
             Effect::Deny => Err(format!(
                 "no policy rule allows client {client} calling {tool} on {}",
                 host.id
             )),
+        }
+    }
+
+    /// The `sandbox` entries whose host selector matches `host`, in order: what its agent is
+    /// sent when it attaches.
+    pub fn sandbox_for(&self, host: &HostFacts<'_>) -> SandboxPolicy {
+        SandboxPolicy {
+            grants: self
+                .sandbox
+                .iter()
+                .filter(|e| e.hosts.as_ref().is_none_or(|s| s.matches(host)))
+                .map(|e| e.grant.clone())
+                .collect(),
         }
     }
 }
@@ -156,6 +294,7 @@ mod tests {
             arch: "amd64",
             hostname: "",
             kernel: "",
+            sandbox: "",
             labels: &db_labels,
         };
         let web = HostFacts {
@@ -164,6 +303,7 @@ mod tests {
             arch: "amd64",
             hostname: "",
             kernel: "",
+            sandbox: "",
             labels: &none,
         };
         assert!(
@@ -191,6 +331,7 @@ mod tests {
             arch: "amd64",
             hostname: "",
             kernel: "",
+            sandbox: "",
             labels: &none,
         };
         // Names as they come out of certificates: `agent/Web-1` is host `web-1`, `client/Alice`
@@ -229,5 +370,89 @@ mod tests {
                 .contains("rules[0].hosts")
         );
         assert!(Policy::parse(r#"{"rulez": []}"#).is_err());
+        for (text, want) in [
+            (r#"{"sandbox": [{"read": ["var/log"]}]}"#, "sandbox[0].read"),
+            (r#"{"sandbox": [{"memory": "12X"}]}"#, "sandbox[0].memory"),
+            (r#"{"sandbox": [{"memory": 0}]}"#, "sandbox[0].memory"),
+            (r#"{"sandbox": [{"pids": 0}]}"#, "sandbox[0].pids"),
+            (r#"{"sandbox": [{"cpu": "lots"}]}"#, "sandbox[0].cpu"),
+            (r#"{"sandbox": [{"hosts": "a b"}]}"#, "sandbox[0].hosts"),
+            (r#"{"sandbox": [{"writ": []}]}"#, "invalid policy"),
+        ] {
+            let err = Policy::parse(text).unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn rules_can_require_confinement() {
+        let p = Policy::parse(
+            r#"{"rules": [
+                {"tools": ["backup_*"], "effect": "allow", "require_sandbox": true},
+                {"tools": ["other"], "effect": "allow"}]}"#,
+        )
+        .unwrap();
+        let none = BTreeMap::new();
+        let host = HostFacts {
+            id: "h",
+            os: "linux",
+            arch: "amd64",
+            hostname: "",
+            kernel: "",
+            sandbox: "off",
+            labels: &none,
+        };
+        assert_eq!(
+            p.check("a", "backup_db", &host).unwrap().require_sandbox,
+            Some(0)
+        );
+        assert_eq!(p.check("a", "other", &host).unwrap().require_sandbox, None);
+        assert_eq!(p.check("a", "unruled", &host).unwrap(), Allowed::default());
+    }
+
+    #[test]
+    fn sandbox_entries_go_to_the_hosts_they_select() {
+        let p = Policy::parse(
+            r#"{"sandbox": [
+                {"tools": ["system_logs"], "hosts": "os=linux", "read": ["/var/log"], "write": [],
+                 "network": false, "memory": "512M", "pids": 256, "cpu": 0.5, "env": ["JOURNAL_*"]},
+                {"hosts": "role=db", "memory": 1073741824, "cpu": "250m"}]}"#,
+        )
+        .unwrap();
+        let db: BTreeMap<String, String> = [("role".into(), "db".into())].into();
+        let none = BTreeMap::new();
+        let host = |os, labels| HostFacts {
+            id: "h",
+            os,
+            arch: "amd64",
+            hostname: "",
+            kernel: "",
+            sandbox: "enforced",
+            labels,
+        };
+        let linux_db = p.sandbox_for(&host("linux", &db));
+        assert_eq!(linux_db.grants.len(), 2);
+        let logs = &linux_db.grants[0];
+        assert_eq!(logs.tools, ["system_logs"]);
+        assert_eq!(logs.read, ["/var/log"]);
+        assert_eq!(logs.network, Some(false));
+        assert_eq!(logs.memory_bytes, 512 << 20);
+        assert_eq!(logs.pids, 256);
+        assert_eq!(logs.cpu_millis, 500);
+        assert_eq!(logs.env, ["JOURNAL_*"]);
+        let all_tools = &linux_db.grants[1];
+        assert!(all_tools.tools.is_empty());
+        assert_eq!(
+            (all_tools.memory_bytes, all_tools.cpu_millis),
+            (1 << 30, 250)
+        );
+        assert_eq!(all_tools.network, None);
+        assert!(p.sandbox_for(&host("darwin", &none)).grants.is_empty());
+        assert!(
+            Policy::default()
+                .sandbox_for(&host("linux", &db))
+                .grants
+                .is_empty()
+        );
     }
 }
