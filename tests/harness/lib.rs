@@ -203,6 +203,8 @@ pub struct AgentSpec {
     /// Host-only tool directory contents: (file, content, executable).
     pub local_tools: Vec<(String, String, bool)>,
     pub max_concurrent: Option<u32>,
+    /// Extra command-line arguments (`--sandbox off`, `--run-as nobody`, ...).
+    pub args: Vec<String>,
 }
 
 impl Fleet {
@@ -212,6 +214,7 @@ impl Fleet {
         let work = tempfile::tempdir().unwrap();
         let tools = work.path().join("tools");
         std::fs::create_dir_all(&tools).unwrap();
+        std::fs::create_dir_all(work.path().join("marks")).unwrap();
         Self {
             pki,
             work,
@@ -263,6 +266,8 @@ impl Fleet {
             .arg(format!("--state-dir={}", home.join("state").display()))
             .arg(format!("--workdir={}", home.display()))
             .arg("--recheck-secs=1")
+            .arg(format!("--sandbox-write={}", self.marks().display()))
+            .args(&spec.args)
             .env_clear()
             .env(
                 "PATH",
@@ -289,6 +294,12 @@ impl Fleet {
         }
         let proc = Proc::spawn(&format!("agent-{id}"), cmd, self.work.path());
         self.agents.insert(id.to_string(), proc);
+    }
+
+    /// The one directory every agent's calls may write besides their own: where test tools
+    /// leave marks for the test to see (the agents are confined, `--sandbox-write`).
+    pub fn marks(&self) -> PathBuf {
+        self.work.path().join("marks")
     }
 
     /// The private bin directory of agent `id` (to install a binary while it runs).

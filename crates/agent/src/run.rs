@@ -89,6 +89,14 @@ where
     }
     let mut settings = config.sandbox.clone();
     settings.hidden = config.hidden_paths();
+    // Tools run what variants found on the agent's PATH: its directories are readable and
+    // executable (any that lie among the agent's private files stay hidden).
+    if let Some(path) = std::env::var_os("PATH") {
+        settings
+            .defaults
+            .read
+            .extend(std::env::split_paths(&path).filter(|d| d.is_absolute()));
+    }
     let confiner = Confiner::new(settings)?;
     log_abilities(confiner.abilities());
     let agent = Agent {
