@@ -414,6 +414,25 @@ pub fn run_bounded(mut cmd: Command, stdin: Option<&str>, limit: Duration) -> Ou
     }
 }
 
+/// Waits (bounded) for `child`, started with piped output, to exit and returns its output.
+pub fn finish_child(child: Child, limit: Duration) -> Output {
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("process {pid} did not finish within {limit:?}");
+        }
+    }
+}
+
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
