@@ -63,7 +63,11 @@ fn a_confined_tool_cannot_reach_the_agents_files_nor_write_outside_nor_see_its_e
     std::fs::write(&sibling, "public").unwrap();
     let outside = fleet.work.path().join("outside.txt");
     // The arguments name what to try; the probe is a shipped executable, run from the catalog.
-    fleet.tool("probe.meta", r#"{"description": "tries the sandbox"}"#, false);
+    fleet.tool(
+        "probe.meta",
+        r#"{"description": "tries the sandbox"}"#,
+        false,
+    );
     fleet.tool("probe", PROBE, true);
     fleet.start_coordinator(&[]);
     // The whole of /tmp, which holds the PKI and the agent's state, is granted for reading: the
@@ -102,10 +106,17 @@ fn a_confined_tool_cannot_reach_the_agents_files_nor_write_outside_nor_see_its_e
         ("write_outside", "no"),
         ("write_tmp", "no"),
     ] {
-        assert_eq!(field(&stdout, what).as_deref(), Some(want), "{what}: {stdout}");
+        assert_eq!(
+            field(&stdout, what).as_deref(),
+            Some(want),
+            "{what}: {stdout}"
+        );
     }
     assert!(!outside.exists());
-    let env: Vec<&str> = stdout.lines().filter_map(|l| l.strip_prefix("env:")).collect();
+    let env: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("env:"))
+        .collect();
     assert!(!stdout.contains("hunter2"), "{stdout}");
     assert!(!stdout.contains("/forged.sock"), "{stdout}");
     let var = |name: &str| {
@@ -152,8 +163,14 @@ fn nothing_a_call_starts_outlives_it_setsid_and_double_forked_daemons_included()
     let setsid: i32 = field(&stdout, "setsid").unwrap().parse().unwrap();
     let double: i32 = field(&stdout, "double").unwrap().parse().unwrap();
     // Gone by the time the caller has the result: no waiting.
-    assert!(!alive(setsid), "the setsid daemon {setsid} outlived its call");
-    assert!(!alive(double), "the double-forked daemon {double} outlived its call");
+    assert!(
+        !alive(setsid),
+        "the setsid daemon {setsid} outlived its call"
+    );
+    assert!(
+        !alive(double),
+        "the double-forked daemon {double} outlived its call"
+    );
 }
 
 #[test]
@@ -170,7 +187,11 @@ fn a_fork_bomb_hits_its_pids_limit_and_the_host_still_answers_within_a_second() 
         ),
         false,
     );
-    fleet.tool("echo.meta", r#"{"description": "echo", "cmd": "echo pong"}"#, false);
+    fleet.tool(
+        "echo.meta",
+        r#"{"description": "echo", "cmd": "echo pong"}"#,
+        false,
+    );
     let policy = policy(
         &fleet,
         r#"{"sandbox": [{"tools": ["bomb"], "hosts": "a", "pids": 64}]}"#,
@@ -211,7 +232,11 @@ fn a_memory_hog_is_stopped_by_its_limit_and_the_agent_survives() {
         r#"{"description": "eats memory", "cmd": "head -c 1G /dev/zero | tail > /dev/null"}"#,
         false,
     );
-    fleet.tool("echo.meta", r#"{"description": "echo", "cmd": "echo pong"}"#, false);
+    fleet.tool(
+        "echo.meta",
+        r#"{"description": "echo", "cmd": "echo pong"}"#,
+        false,
+    );
     let policy = policy(
         &fleet,
         r#"{"sandbox": [{"tools": ["hog"], "memory": "64M"}]}"#,
@@ -240,7 +265,11 @@ fn a_host_that_cannot_confine_refuses_a_tool_that_requires_it() {
         r#"{"description": "needs confinement", "cmd": "echo backed up"}"#,
         false,
     );
-    fleet.tool("echo.meta", r#"{"description": "echo", "cmd": "echo pong"}"#, false);
+    fleet.tool(
+        "echo.meta",
+        r#"{"description": "echo", "cmd": "echo pong"}"#,
+        false,
+    );
     let policy = policy(
         &fleet,
         r#"{"rules": [{"tools": ["backup_*"], "effect": "allow", "require_sandbox": true}]}"#,
@@ -314,14 +343,35 @@ fn tools_run_as_another_user_cannot_read_the_agents_files_by_permissions_alone()
 
     let out = fleet.toolctl(&["call", "off", "whoami"]);
     let stdout = text(&out.stdout);
-    assert_eq!(field(&stdout, "uid"), Some(nobody.clone()), "{stdout} {}", text(&out.stderr));
+    assert_eq!(
+        field(&stdout, "uid"),
+        Some(nobody.clone()),
+        "{stdout} {}",
+        text(&out.stderr)
+    );
     assert_eq!(field(&stdout, "key").as_deref(), Some("denied"), "{stdout}");
-    assert_eq!(field(&stdout, "blobs").as_deref(), Some("denied"), "{stdout}");
+    assert_eq!(
+        field(&stdout, "blobs").as_deref(),
+        Some("denied"),
+        "{stdout}"
+    );
 
     let out = fleet.toolctl(&["call", "confined", "whoami"]);
     let stdout = text(&out.stdout);
-    assert_eq!(field(&stdout, "uid"), Some(nobody), "{stdout} {}", text(&out.stderr));
+    assert_eq!(
+        field(&stdout, "uid"),
+        Some(nobody),
+        "{stdout} {}",
+        text(&out.stderr)
+    );
     assert_eq!(field(&stdout, "key").as_deref(), Some("denied"), "{stdout}");
-    assert_eq!(field(&stdout, "tmp").as_deref(), Some("written"), "{stdout}");
-    assert_eq!(host(&fleet.hosts(), "confined")["sandbox"]["run_as"], "nobody");
+    assert_eq!(
+        field(&stdout, "tmp").as_deref(),
+        Some("written"),
+        "{stdout}"
+    );
+    assert_eq!(
+        host(&fleet.hosts(), "confined")["sandbox"]["run_as"],
+        "nobody"
+    );
 }
