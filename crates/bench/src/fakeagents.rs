@@ -88,6 +88,7 @@ impl Responder {
                 hostname: self.host_id.clone(),
                 kernel: "fake".into(),
                 labels: labels.into_iter().collect(),
+                sandbox: None,
             }),
             agent_version: "fakeagent".into(),
             max_concurrent_calls: 64,
@@ -144,7 +145,9 @@ impl Responder {
             Some(In::Goodbye(g)) => Reaction::End(format!("goodbye: {}", g.reason)),
             // Keepalives need no answer (ours go out on a timer); credit and cancels do not
             // matter for calls that are over as soon as they start.
-            Some(In::Keepalive(_) | In::Credit(_) | In::Cancel(_)) | None => Reaction::Send(vec![]),
+            Some(In::Keepalive(_) | In::Credit(_) | In::Cancel(_) | In::Sandbox(_)) | None => {
+                Reaction::Send(vec![])
+            }
         }
     }
 

@@ -47,7 +47,7 @@ enum Command {
     /// Serve the catalog to agents and the client API to clients (mTLS)
     Coordinator(CoordinatorArgs),
     /// Connect this host to a coordinator, report its tools and run calls
-    Agent(AgentArgs),
+    Agent(Box<AgentArgs>),
     /// Development certificates
     #[command(subcommand)]
     Pki(PkiCommand),
