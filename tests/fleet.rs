@@ -48,6 +48,9 @@ fn three_hosts() -> Fleet {
         binaries: vec![("nvidia-smi".into(), script("echo GPU 0: fake"))],
         env: vec![("SYSLOG_FILE".into(), "/var/log/syslog".into())],
         labels: vec![("role".into(), "db".into())],
+        // Variants see the agent's whole environment; a confined tool sees only the allowlist,
+        // so the variable its command uses is passed on by configuration.
+        args: vec!["--sandbox-env=SYSLOG_FILE".into()],
         ..AgentSpec::default()
     };
     let c = AgentSpec {
@@ -393,9 +396,16 @@ fn host_changes_are_reported_without_a_catalog_change() {
 #[test]
 fn a_client_cancel_kills_the_process_on_the_agent() {
     let fleet = three_hosts();
-    fleet.tool("hang.meta", r#"{"description": "Hangs", "cmd": "sh -c 'echo $$ > \"$PWD/hang.pid\"; exec sleep 120' & wait"}"#, false);
+    let pid_file = fleet.marks().join("hang.pid");
+    fleet.tool(
+        "hang.meta",
+        &format!(
+            r#"{{"description": "Hangs", "cmd": "sh -c 'echo $$ > {}; exec sleep 120' & wait"}}"#,
+            pid_file.display()
+        ),
+        false,
+    );
     fleet.wait_online(&["a"], "hang");
-    let pid_file = fleet.work.path().join("host-a/hang.pid");
     let mut call = fleet
         .toolctl_command("client-alice", &["call", "a", "hang"])
         .stdout(Stdio::null())

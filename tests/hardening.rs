@@ -63,7 +63,7 @@ fn marking_tool(fleet: &Fleet, name: &str, mark: &Path, secs: u32) {
 #[test]
 fn oversized_arguments_are_refused_and_leave_other_calls_and_the_link_alone() {
     let mut fleet = Fleet::new(&["a"]);
-    let mark = fleet.work.path().join("slow-running");
+    let mark = fleet.marks().join("slow-running");
     marking_tool(&fleet, "slow", &mark, 2);
     fleet.tool(
         "echo.meta",

@@ -22,6 +22,7 @@ fuzz_target!(|data: &[u8]| {
         arch: "amd64",
         hostname: "db1.example.org",
         kernel: "6.1.0-18-amd64",
+        sandbox: "enforced",
         labels: &labels,
     };
     if let Ok(selector) = Selector::parse(text) {
@@ -30,5 +31,6 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(policy) = Policy::parse(text) {
         let _ = policy.check("ci-runner", "service_status", &host);
+        let _ = policy.sandbox_for(&host);
     }
 });

@@ -270,6 +270,8 @@ pub struct AgentSpec {
     /// Host-only tool directory contents: (file, content, executable).
     pub local_tools: Vec<(String, String, bool)>,
     pub max_concurrent: Option<u32>,
+    /// Extra command-line arguments (`--sandbox off`, `--run-as nobody`, ...).
+    pub args: Vec<String>,
 }
 
 impl Fleet {
@@ -279,6 +281,7 @@ impl Fleet {
         let work = tempfile::tempdir().unwrap();
         let tools = work.path().join("tools");
         std::fs::create_dir_all(&tools).unwrap();
+        std::fs::create_dir_all(work.path().join("marks")).unwrap();
         Self {
             pki,
             work,
@@ -330,6 +333,8 @@ impl Fleet {
             .arg(format!("--state-dir={}", home.join("state").display()))
             .arg(format!("--workdir={}", home.display()))
             .arg("--recheck-secs=1")
+            .arg(format!("--sandbox-write={}", self.marks().display()))
+            .args(&spec.args)
             .env_clear()
             .env(
                 "PATH",
@@ -356,6 +361,12 @@ impl Fleet {
         }
         let proc = Proc::spawn(&format!("agent-{id}"), cmd, self.work.path());
         self.agents.insert(id.to_string(), proc);
+    }
+
+    /// The one directory every agent's calls may write besides their own: where test tools
+    /// leave marks for the test to see (the agents are confined, `--sandbox-write`).
+    pub fn marks(&self) -> PathBuf {
+        self.work.path().join("marks")
     }
 
     /// The private bin directory of agent `id` (to install a binary while it runs).
@@ -466,6 +477,25 @@ pub fn run_bounded(mut cmd: Command, stdin: Option<&str>, limit: Duration) -> Ou
                 nix::sys::signal::Signal::SIGKILL,
             );
             panic!("{cmd:?} did not finish within {limit:?}");
+        }
+    }
+}
+
+/// Waits (bounded) for `child`, started with piped output, to exit and returns its output.
+pub fn finish_child(child: Child, limit: Duration) -> Output {
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("process {pid} did not finish within {limit:?}");
         }
     }
 }

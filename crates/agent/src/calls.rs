@@ -3,14 +3,15 @@
 
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use serde_json::Value;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use toolsrv_exec::{Event, Stream};
+use toolsrv_confine::{CallPlan, Confiner, Grant, grant_for};
+use toolsrv_exec::{Event, Invocation, Stream};
 use toolsrv_host::{CallRequest, Limits};
 use toolsrv_meta::Host;
 use toolsrv_proto::v1::agent_message::Msg;
@@ -44,6 +45,10 @@ pub(crate) struct CallEnv {
     /// Where shipped executables are checked before they run, and fetched again if altered.
     pub store: CatalogStore,
     pub blobs: GrpcBlobs,
+    /// Confines every call.
+    pub confiner: Arc<Confiner>,
+    /// The coordinator's sandbox grants for this host (none until its SandboxPolicy arrives).
+    pub grants: RwLock<Arc<Vec<Grant>>>,
 }
 
 /// Output bytes a call may still send: starts at the call's initial credit, grows with each
@@ -147,11 +152,32 @@ async fn run(
         timeout: (start.timeout_ms > 0).then(|| Duration::from_millis(start.timeout_ms)),
     };
     let catalog = env.catalog.borrow().clone();
-    let invocation =
+    let mut invocation =
         match toolsrv_host::prepare(&catalog, &env.host, &req, &env.limits, &env.base_env) {
             Ok(invocation) => invocation,
             Err(e) => return CallResult::not_run(refusal_status(&e), e.to_string()),
         };
+    if start.require_sandbox && !env.confiner.enforced() {
+        let a = env.confiner.abilities();
+        return CallResult::not_run(
+            CallStatus::Unconfined,
+            format!(
+                "tool `{}`: the policy requires confinement, and this host's sandbox is {} (--sandbox {}): {}",
+                start.tool,
+                a.level.as_str(),
+                a.mode.as_str(),
+                a.missing.join("; ")
+            ),
+        );
+    }
+    let tool_dir = catalog
+        .tools
+        .get(&start.tool)
+        .map(|entry| entry.meta.dir().to_path_buf())
+        .unwrap_or_default();
+    if let Err(e) = confine(env, start, &tool_dir, &mut invocation) {
+        return CallResult::not_run(CallStatus::FailedToStart, e);
+    }
     if let toolsrv_exec::Program::Exec(path) = &invocation.program
         && *path == env.store.dir().join(&start.tool)
         && let Err(e) = env.store.check_executable(&start.tool, &env.blobs).await
@@ -204,6 +230,35 @@ async fn run(
             start.tool
         ),
     )
+}
+
+/// Confines a prepared call: its jail, and the working directory and environment that go with it.
+fn confine(
+    env: &CallEnv,
+    start: &StartCall,
+    tool_dir: &std::path::Path,
+    invocation: &mut Invocation,
+) -> Result<(), String> {
+    let grants = env.grants.read().unwrap_or_else(|p| p.into_inner()).clone();
+    let cwd = (!start.cwd.is_empty()).then(|| std::path::Path::new(&start.cwd));
+    let prepared = env
+        .confiner
+        .prepare(&CallPlan {
+            tool_dir,
+            cwd,
+            grant: grant_for(&grants, &start.tool),
+            agent_env: &env.base_env,
+            timeout: invocation.timeout,
+        })
+        .map_err(|e| format!("tool `{}`: {e}", start.tool))?;
+    if let Some(cwd) = prepared.cwd {
+        invocation.cwd = cwd;
+    }
+    if let Some(vars) = prepared.env {
+        invocation.env = vars;
+    }
+    invocation.jail = Some(Arc::new(prepared.jail));
+    Ok(())
 }
 
 fn parse_args(json: &str) -> Result<Value, serde_json::Error> {

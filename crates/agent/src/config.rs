@@ -42,6 +42,9 @@ pub struct AgentConfig {
     pub backoff: Backoff,
     /// On shutdown, how long in-flight calls may finish before they are cancelled.
     pub drain_grace: Duration,
+    /// How calls are confined. `hidden` lists private files beyond the ones the agent hides
+    /// anyway: its state directory and TLS files (and the directory of its key).
+    pub sandbox: toolsrv_confine::Settings,
 }
 
 impl AgentConfig {
@@ -66,7 +69,29 @@ impl AgentConfig {
             recheck_every: DEFAULT_RECHECK_EVERY,
             backoff: Backoff::default(),
             drain_grace: DEFAULT_DRAIN_GRACE,
+            sandbox: toolsrv_confine::Settings::new(Vec::new()),
         }
+    }
+
+    /// What no call may reach: the configured hidden paths, the state directory, the TLS files,
+    /// and the directory holding the key unless it is one of the system directories calls read
+    /// (then only the files are hidden).
+    pub fn hidden_paths(&self) -> Vec<PathBuf> {
+        let mut hidden = self.sandbox.hidden.clone();
+        hidden.push(self.state_dir.clone());
+        for file in [&self.tls.key, &self.tls.cert, &self.tls.ca] {
+            hidden.push(file.clone());
+        }
+        if let Some(dir) = self.tls.key.parent().filter(|d| !d.as_os_str().is_empty()) {
+            let system = toolsrv_confine::SYSTEM_READ
+                .iter()
+                .any(|s| std::path::Path::new(s) == dir)
+                || dir == std::path::Path::new("/");
+            if !system {
+                hidden.push(dir.to_path_buf());
+            }
+        }
+        hidden
     }
 
     /// Where the shipped catalog is materialized.

@@ -45,6 +45,9 @@ pub enum AgentError {
     /// would refuse every attempt.
     #[error("{0}")]
     Identity(String),
+    /// Calls cannot be confined as configured (`--sandbox enforce` on a host that cannot).
+    #[error(transparent)]
+    Sandbox(#[from] toolsrv_confine::ConfineError),
 }
 
 impl AgentError {

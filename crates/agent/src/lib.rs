@@ -18,6 +18,7 @@ mod keeper;
 mod outcome;
 mod reconnect;
 mod run;
+mod sandbox;
 mod session;
 mod store;
 mod view;

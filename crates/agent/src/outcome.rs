@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use toolsrv_exec::{Ending, Exit, Outcome};
+use toolsrv_exec::{Ending, Exit, LimitHit, Outcome};
 use toolsrv_host::CallError;
 use toolsrv_proto::limits::MAX_MESSAGE_BYTES;
 use toolsrv_proto::v1::{CallResult, CallStatus};
@@ -47,6 +47,7 @@ pub fn finished(outcome: &Outcome, timeout: Duration) -> CallResult {
             Ending::Exited => (CallStatus::ToolError, exit_message(outcome.exit)),
         }
     };
+    let message = limits_note(message, &outcome.limits_hit);
     CallResult {
         status: status.into(),
         exit_code,
@@ -55,6 +56,24 @@ pub fn finished(outcome: &Outcome, timeout: Duration) -> CallResult {
         truncated: outcome.truncated,
         result_json: bounded_result(outcome),
         message,
+    }
+}
+
+/// `message` with the limits the call ran into, which explain a kill or a failed fork.
+fn limits_note(message: String, hits: &[LimitHit]) -> String {
+    let notes: Vec<&str> = hits
+        .iter()
+        .map(|hit| match hit {
+            LimitHit::Memory => {
+                "the call reached its memory limit: the kernel ended processes of it"
+            }
+            LimitHit::Pids => "the call reached its process limit: forks failed",
+        })
+        .collect();
+    match (message.is_empty(), notes.is_empty()) {
+        (_, true) => message,
+        (true, false) => notes.join("; "),
+        (false, false) => format!("{message}; {}", notes.join("; ")),
     }
 }
 
@@ -90,6 +109,7 @@ mod tests {
             stdout_bytes: 0,
             stderr_bytes: 0,
             result: json!({"content": []}),
+            limits_hit: Vec::new(),
         }
     }
 

@@ -1,9 +1,11 @@
 //! The agent's entry point: connect, run a session, reconnect with backoff, until shutdown.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
+use toolsrv_confine::Confiner;
 use toolsrv_meta::Host;
 use toolsrv_tls::{Identity, Role, TlsFiles};
 
@@ -14,6 +16,34 @@ use crate::error::AgentError;
 use crate::reconnect::{SessionEnd, SessionOutcome, reconnect_loop};
 use crate::session::{Agent, session};
 use crate::store::CatalogStore;
+
+/// Sets the state directory to 0711 and the blob cache to 0700, so another user can reach the
+/// catalog (0755, read-only files) and nothing else.
+fn restrict_state_dir(config: &AgentConfig) -> Result<(), AgentError> {
+    use std::os::unix::fs::PermissionsExt;
+    for (dir, mode) in [(&config.state_dir, 0o711), (&config.blobs_dir(), 0o700)] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| AgentError::io("cannot set the mode of", dir, e))?;
+    }
+    Ok(())
+}
+
+/// Says once what calls are confined with, and what is not enforced.
+fn log_abilities(a: &toolsrv_confine::Abilities) {
+    tracing::info!(
+        mode = a.mode.as_str(),
+        level = a.level.as_str(),
+        landlock_abi = a.landlock_abi,
+        cgroup = %a.cgroup,
+        controllers = ?a.controllers,
+        kill = %a.kill,
+        run_as = %a.run_as,
+        "sandbox"
+    );
+    for missing in &a.missing {
+        tracing::warn!(what = %missing, "sandbox: not enforced on this host");
+    }
+}
 
 /// Runs the agent until `shutdown` fires: dials the coordinator over mutual TLS, serves the
 /// agent link, and reconnects after any failure with capped exponential backoff and full jitter.
@@ -89,7 +119,25 @@ where
 {
     let store = CatalogStore::new(config.catalog_dir(), BlobCache::new(config.blobs_dir()));
     store.open()?;
+    if config.sandbox.run_as.is_some() {
+        // The tools' user reaches the shipped catalog through the state directory, and may
+        // list nothing in it.
+        restrict_state_dir(&config)?;
+    }
+    let mut settings = config.sandbox.clone();
+    settings.hidden = config.hidden_paths();
+    // Tools run what variants found on the agent's PATH: its directories are readable and
+    // executable (any that lie among the agent's private files stay hidden).
+    if let Some(path) = std::env::var_os("PATH") {
+        settings
+            .defaults
+            .read
+            .extend(std::env::split_paths(&path).filter(|d| d.is_absolute()));
+    }
+    let confiner = Confiner::new(settings)?;
+    log_abilities(confiner.abilities());
     let agent = Agent {
+        confiner: Arc::new(confiner),
         host: Host::current(),
         base_env: std::env::vars_os().collect(),
         store,

@@ -21,6 +21,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 use tonic::transport::Channel;
+use toolsrv_confine::Confiner;
 use toolsrv_meta::Host;
 use toolsrv_proto::limits::MAX_MESSAGE_BYTES;
 use toolsrv_proto::v1::agent_link_client::AgentLinkClient;
@@ -64,6 +65,8 @@ pub(crate) struct Agent {
     /// The agent's own environment, which tools start from.
     pub base_env: Vec<(OsString, OsString)>,
     pub store: CatalogStore,
+    /// Confines every call.
+    pub confiner: Arc<Confiner>,
 }
 
 /// Runs one session over `channel`. `welcomed` is set once the coordinator sent its Welcome.
@@ -75,7 +78,11 @@ pub(crate) async fn session(
 ) -> Result<SessionEnd, AgentError> {
     let (out, out_rx) = mpsc::channel(OUTBOUND_CAPACITY);
     let first = AgentMessage {
-        msg: Some(Out::Hello(hello(&agent.config, &agent.host))),
+        msg: Some(Out::Hello(hello(
+            &agent.config,
+            &agent.host,
+            agent.confiner.abilities(),
+        ))),
     };
     // The channel is new and empty: there is room for the first message.
     let _ = out.try_send(first);
@@ -132,6 +139,8 @@ pub(crate) async fn session(
         out: out.clone(),
         store: agent.store.clone(),
         blobs,
+        confiner: agent.confiner.clone(),
+        grants: std::sync::RwLock::default(),
     });
     let mut link = Link {
         config: &agent.config,
@@ -192,6 +201,7 @@ fn kind(msg: &CoordinatorMessage) -> &'static str {
         Some(In::Goodbye(_)) => "a Goodbye",
         Some(In::Credit(_)) => "a Credit",
         Some(In::Bypass(_)) => "a BypassDecision",
+        Some(In::Sandbox(_)) => "a SandboxPolicy",
         None => "an empty message",
     }
 }
@@ -310,6 +320,11 @@ impl Link<'_> {
                 if let Some(call) = self.calls.get(&credit.call_id) {
                     call.credit.grant(credit.bytes);
                 }
+            }
+            Some(In::Sandbox(policy)) => {
+                let grants = crate::sandbox::grants(policy);
+                tracing::info!(grants = grants.len(), "sandbox grants from the coordinator");
+                *self.env.grants.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(grants);
             }
             Some(In::Keepalive(_)) => {}
             Some(In::Bypass(decision)) => {

@@ -185,6 +185,7 @@ fn start(call_id: u64, tool: &str, args: &str, credit: u64) -> In {
         cwd: String::new(),
         timeout_ms: 0,
         initial_credit: credit,
+        require_sandbox: false,
     })
 }
 

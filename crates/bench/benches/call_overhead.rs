@@ -4,14 +4,17 @@
 use std::time::Duration;
 
 use toolsrv_bench::call::{
-    CallFixture, CallPhases, SpawnSetup, direct_spawn, pairs, prepare_batch, timed_load,
-    toolsrv_call,
+    CallFixture, CallPhases, SpawnSetup, confined_call, confiner, direct_spawn, jail_only, pairs,
+    prepare_batch, timed_load, toolsrv_call,
 };
 use toolsrv_bench::stats::{Summary, Table, fmt_ns, fmt_rate, nanos};
 use toolsrv_bench::{BenchError, iterations, quick};
 
 /// The project's goal for the median overhead of a local call.
 const GOAL: Duration = Duration::from_millis(1);
+/// The project's goal for the median cost of confining a call (Landlock, cgroups, set-up and
+/// tear-down) over the same call unconfined.
+const CONFINE_GOAL: Duration = Duration::from_micros(500);
 
 fn main() -> Result<(), BenchError> {
     // The same runtime `toolctl` builds.
@@ -167,6 +170,8 @@ async fn run() -> Result<(), BenchError> {
     println!("\ndirect spawns with exec's options added one by one (round-robin):");
     print!("{}", table.render());
 
+    confinement(&fixture).await?;
+
     let loads: Vec<Duration> = (0..iterations(200, 10))
         .map(|_| timed_load(&fixture))
         .collect();
@@ -174,5 +179,83 @@ async fn run() -> Result<(), BenchError> {
     summary_row(&mut table, "Host::current + scan (1 tool)", &nanos(&loads));
     println!("\nonce per `toolctl local call` process, before the call (not in the overhead):");
     print!("{}", table.render());
+    Ok(())
+}
+
+/// Unconfined and confined calls of the same tool, interleaved, for two confiners: one with the
+/// agent's files outside every granted directory, one with a hidden path under `/etc` (so `/etc`
+/// is granted entry by entry, as with keys in `/etc/toolsrv`).
+async fn confinement(fixture: &CallFixture) -> Result<(), BenchError> {
+    let root = tempfile::tempdir()?;
+    let under_etc = ["/etc/ssl/private", "/etc/hostname"]
+        .into_iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.exists())
+        .into_iter()
+        .collect::<Vec<_>>();
+    let setups = [
+        (
+            "agent's files outside /etc",
+            confiner(&root.path().join("a"), vec![root.path().join("state")])?,
+        ),
+        (
+            "a hidden path under /etc",
+            confiner(&root.path().join("b"), under_etc)?,
+        ),
+    ];
+    let a = setups[0].1.abilities();
+    println!(
+        "\nconfinement on this host: {} (Landlock ABI {}, cgroup {}, controllers {:?}, kill by {})",
+        a.level.as_str(),
+        a.landlock_abi,
+        a.cgroup,
+        a.controllers,
+        a.kill
+    );
+    for (label, confiner) in &setups {
+        for _ in 0..iterations(20, 5) {
+            confined_call(fixture, confiner).await?;
+        }
+        let rounds = iterations(500, 50);
+        let (mut open, mut closed, mut diff) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..rounds {
+            let (u, c) = if i % 2 == 0 {
+                let u = toolsrv_call(fixture).await?;
+                (u, confined_call(fixture, confiner).await?)
+            } else {
+                let c = confined_call(fixture, confiner).await?;
+                (toolsrv_call(fixture).await?, c)
+            };
+            open.push(u.finished.as_nanos() as f64);
+            closed.push(c.finished.as_nanos() as f64);
+            diff.push(c.finished.as_nanos() as f64 - u.finished.as_nanos() as f64);
+        }
+        let (mut set_up, mut torn_down) = (Vec::new(), Vec::new());
+        for _ in 0..iterations(500, 50) {
+            let (s, t) = jail_only(fixture, confiner)?;
+            set_up.push(s);
+            torn_down.push(t);
+        }
+        let mut table = Table::new(HEADER);
+        summary_row(&mut table, "unconfined call", &open);
+        summary_row(&mut table, "confined call", &closed);
+        summary_row(&mut table, "cost (per-pair difference)", &diff);
+        summary_row(&mut table, "jail set-up alone", &nanos(&set_up));
+        summary_row(&mut table, "jail tear-down alone", &nanos(&torn_down));
+        println!("\nconfinement, {label} (interleaved pairs, order alternating):");
+        print!("{}", table.render());
+        if let Some(s) = Summary::of_nanos(&diff) {
+            println!(
+                "goal: median cost of confinement under {} -> {} ({})",
+                fmt_ns(CONFINE_GOAL.as_nanos() as f64),
+                if s.median < CONFINE_GOAL.as_nanos() as f64 {
+                    "met"
+                } else {
+                    "NOT met"
+                },
+                fmt_ns(s.median)
+            );
+        }
+    }
     Ok(())
 }

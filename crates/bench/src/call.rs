@@ -3,6 +3,7 @@
 use std::ffi::OsString;
 use std::path::Path;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -10,6 +11,7 @@ use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
+use toolsrv_confine::{CallPlan, Confiner, Settings};
 use toolsrv_exec::{Event, Stream};
 use toolsrv_host::{CallRequest, Limits, prepare, start};
 use toolsrv_meta::Host;
@@ -232,6 +234,98 @@ pub async fn toolsrv_call(fixture: &CallFixture) -> Result<CallPhases, BenchErro
         output: output.unwrap_or(finished),
         finished,
     })
+}
+
+/// A confiner as an agent sets one up (best effort, default limits), with its calls'
+/// directories in `call_dir`; `hidden` are the private files to carve out (a path under `/etc`
+/// makes every call's rules list `/etc` entry by entry).
+pub fn confiner(call_dir: &Path, hidden: Vec<std::path::PathBuf>) -> Result<Confiner, BenchError> {
+    let mut settings = Settings::new(hidden);
+    settings.call_dir = call_dir.to_path_buf();
+    Ok(Confiner::new(settings).map_err(|e| e.to_string())?)
+}
+
+/// [`toolsrv_call`], confined the way the agent confines a call: the jail is prepared after
+/// `prepare` (private directory, cgroups, Landlock rules, environment) and released before
+/// `Finished` (processes ended, cgroups and directory removed).
+pub async fn confined_call(
+    fixture: &CallFixture,
+    confiner: &Confiner,
+) -> Result<CallPhases, BenchError> {
+    let started = Instant::now();
+    let mut invocation = prepare(
+        &fixture.catalog,
+        &fixture.host,
+        &fixture.request,
+        &fixture.limits,
+        &fixture.base_env,
+    )?;
+    let prepared = confiner
+        .prepare(&CallPlan {
+            tool_dir: fixture.dir(),
+            cwd: None,
+            grant: None,
+            agent_env: &fixture.base_env,
+            timeout: invocation.timeout,
+        })
+        .map_err(|e| e.to_string())?;
+    if let Some(cwd) = prepared.cwd {
+        invocation.cwd = cwd;
+    }
+    if let Some(env) = prepared.env {
+        invocation.env = env;
+    }
+    invocation.jail = Some(Arc::new(prepared.jail));
+    let prepared = started.elapsed();
+    let mut execution = start(TOOL, invocation, CancellationToken::new())?;
+    let spawned = started.elapsed();
+    let mut stdout = Vec::new();
+    let mut output = None;
+    let outcome = loop {
+        match execution.next().await {
+            Some(Event::Output {
+                stream: Stream::Stdout,
+                data,
+            }) => {
+                output.get_or_insert_with(|| started.elapsed());
+                stdout.extend_from_slice(&data);
+            }
+            Some(Event::Output { .. }) => {}
+            Some(Event::Finished(outcome)) => break outcome,
+            None => return Err("the call ended without a Finished event".into()),
+        }
+    };
+    let finished = started.elapsed();
+    if !outcome.success() || stdout != b"ok\n" {
+        return Err(format!("confined call failed: {outcome:?}, stdout {stdout:?}").into());
+    }
+    Ok(CallPhases {
+        prepared,
+        started: spawned,
+        output: output.unwrap_or(finished),
+        finished,
+    })
+}
+
+/// Times the confiner alone, no process: preparing a call's jail, then releasing it.
+pub fn jail_only(
+    fixture: &CallFixture,
+    confiner: &Confiner,
+) -> Result<(Duration, Duration), BenchError> {
+    let started = Instant::now();
+    let prepared = confiner
+        .prepare(&CallPlan {
+            tool_dir: fixture.dir(),
+            cwd: None,
+            grant: None,
+            agent_env: &fixture.base_env,
+            timeout: Duration::from_secs(60),
+        })
+        .map_err(|e| e.to_string())?;
+    let set_up = started.elapsed();
+    let released = Instant::now();
+    prepared.jail.release();
+    Ok((set_up, released.elapsed()))
 }
 
 /// Times `prepare` alone (no process), repeated `batch` times.

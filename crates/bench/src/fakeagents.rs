@@ -88,6 +88,7 @@ impl Responder {
                 hostname: self.host_id.clone(),
                 kernel: "fake".into(),
                 labels: labels.into_iter().collect(),
+                sandbox: None,
             }),
             agent_version: "fakeagent".into(),
             max_concurrent_calls: 64,
@@ -142,11 +143,12 @@ impl Responder {
                 Reaction::Send(vec![output, finished])
             }
             Some(In::Goodbye(g)) => Reaction::End(format!("goodbye: {}", g.reason)),
-            // Keepalives need no answer (ours go out on a timer); credit, cancels and bypass
-            // decisions do not matter for calls that are over as soon as they start.
-            Some(In::Keepalive(_) | In::Credit(_) | In::Cancel(_) | In::Bypass(_)) | None => {
-                Reaction::Send(vec![])
-            }
+            // Keepalives need no answer (ours go out on a timer); credit, cancels, sandbox grants
+            // and bypass decisions do not matter for calls that are over as soon as they start.
+            Some(
+                In::Keepalive(_) | In::Credit(_) | In::Cancel(_) | In::Sandbox(_) | In::Bypass(_),
+            )
+            | None => Reaction::Send(vec![]),
         }
     }
 

@@ -5,7 +5,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
 use toolsrv_bench::call::{
-    CallFixture, SpawnSetup, direct_spawn, pairs, prepare_batch, timed_load,
+    CallFixture, SpawnSetup, confined_call, confiner, direct_spawn, jail_only, pairs,
+    prepare_batch, timed_load,
 };
 use toolsrv_bench::scan::{ScanFixture, cold_scan, rescan_after, timed_scan};
 use toolsrv_bench::stats::{Summary, nanos};
@@ -47,6 +48,10 @@ async fn call_overhead_runs() {
     direct_spawn(&fixture, SpawnSetup::LIKE_EXEC).await.unwrap();
     prepare_batch(&fixture, 2).unwrap();
     assert_eq!(nanos(&[timed_load(&fixture)]).len(), 1);
+    let root = tempfile::tempdir().unwrap();
+    let confiner = confiner(&root.path().join("calls"), vec![root.path().join("state")]).unwrap();
+    confined_call(&fixture, &confiner).await.unwrap();
+    jail_only(&fixture, &confiner).unwrap();
 }
 
 /// The load generator's protocol core, without a network: Hello, Welcome, a view for every

@@ -34,6 +34,7 @@ pub use toolsrv_proto::v1::fan_out_event::Event as FanOutUpdate;
 pub use toolsrv_proto::v1::{
     ApprovalRequest, CallEvent, CallRequest, CallResult, CallStatus, CatalogEvent,
     CatalogEventKind, FanOutEvent, FanOutRequest, FanOutSummary, HostFacts, HostInfo, HostState,
-    InvalidTool, ListToolsResponse, OutputChunk, OutputStream, ToolDefinition, ToolStatus,
+    InvalidTool, ListToolsResponse, OutputChunk, OutputStream, SandboxFacts, ToolDefinition,
+    ToolStatus,
 };
 pub use toolsrv_tls::{TlsError, TlsFiles};

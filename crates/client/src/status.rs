@@ -21,6 +21,7 @@ pub fn status_name(status: i32) -> &'static str {
         Ok(CallStatus::Skipped) => "skipped",
         Ok(CallStatus::FailedToStart) => "failed_to_start",
         Ok(CallStatus::Busy) => "busy",
+        Ok(CallStatus::Unconfined) => "unconfined",
         Err(_) => "unknown",
     }
 }
@@ -36,7 +37,7 @@ mod tests {
 
     #[test]
     fn names_match_the_proto_names() {
-        for value in 0..=14 {
+        for value in 0..=15 {
             let proto = CallStatus::try_from(value).unwrap().as_str_name();
             let expected = proto.strip_prefix("CALL_STATUS_").unwrap().to_lowercase();
             assert_eq!(status_name(value), expected, "status {value}");

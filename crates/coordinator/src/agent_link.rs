@@ -269,6 +269,15 @@ where
     if !link.send(Msg::Welcome(welcome)).await {
         return "the agent went away before the welcome".into();
     }
+    // The host's sandbox grants go before the catalog, so no call can run without them.
+    let sandbox = state
+        .fleet
+        .get(&link.host_id)
+        .map(|host| state.policy.sandbox_for(&host.policy_facts()))
+        .unwrap_or_default();
+    if !link.send(Msg::Sandbox(sandbox)).await {
+        return "the agent went away".into();
+    }
     let mut catalogs = state.registry.subscribe();
     let mut shipped = Shipped::default();
     let mut tick = tokio::time::interval(keepalive);

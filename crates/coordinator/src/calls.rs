@@ -9,6 +9,7 @@ use toolsrv_proto::v1::{
 use crate::State;
 use crate::approvals::Decision;
 use crate::audit::{Pending, Record};
+use crate::fleet::HostEntry;
 use crate::link::{AgentEvent, CallHandle};
 use crate::policy::{Bypass, Verdict};
 use crate::quota::Slot;
@@ -65,6 +66,9 @@ async fn route(
         .policy
         .check(&spec.client, &spec.tool, &host.policy_facts())
         .map_err(|reason| CallResult::not_run(CallStatus::Denied, reason))?;
+    if let Some(rule) = verdict.require_sandbox {
+        unconfined(&host, host_id, &spec.tool, rule)?;
+    }
     let slot = match slot {
         Some(slot) => slot,
         None => state
@@ -244,6 +248,7 @@ where
         cwd: spec.cwd.clone(),
         timeout_ms: spec.timeout_ms,
         initial_credit: 0,
+        require_sandbox: routed.verdict.require_sandbox.is_some(),
     };
     let handle = routed
         .link
@@ -251,6 +256,36 @@ where
         .await
         .map_err(|result| (result, true))?;
     Ok((handle, routed.slot, routed.verdict))
+}
+
+/// Refuses a call that policy rule `rule` requires to run confined on a host whose sandbox is
+/// not `enforced` (as its agent reports it; the agent checks again before it runs the call).
+fn unconfined(host: &HostEntry, host_id: &str, tool: &str, rule: usize) -> Result<(), CallResult> {
+    let sandbox = host.facts.sandbox.clone().unwrap_or_default();
+    if sandbox.level == "enforced" {
+        return Ok(());
+    }
+    let state = if sandbox.level.is_empty() {
+        "reports no sandbox (its agent predates confinement)".to_string()
+    } else if sandbox.missing.is_empty() {
+        format!(
+            "reports sandbox={} (--sandbox {})",
+            sandbox.level, sandbox.mode
+        )
+    } else {
+        format!(
+            "reports sandbox={} (--sandbox {}): {}",
+            sandbox.level,
+            sandbox.mode,
+            sandbox.missing.join("; ")
+        )
+    };
+    Err(CallResult::not_run(
+        CallStatus::Unconfined,
+        format!(
+            "policy rule {rule} requires tool `{tool}` to run confined, and host `{host_id}` {state}; run it where `sandbox=enforced`"
+        ),
+    ))
 }
 
 /// Runs a call on `host_id`, handing each event to `emit`. `emit` returns false when the caller

@@ -82,6 +82,7 @@ impl HostEntry {
             arch: &self.facts.arch,
             hostname: &self.facts.hostname,
             kernel: &self.facts.kernel,
+            sandbox: self.facts.sandbox.as_ref().map_or("", |s| s.level.as_str()),
             labels: &self.selectable_labels,
         }
     }

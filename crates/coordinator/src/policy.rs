@@ -1,19 +1,31 @@
-//! Call policy: which client may call which tool on which hosts. First matching rule decides.
-//! Client names and host ids compare case-insensitively, like the identities they match.
+//! Call policy: which client may call which tool on which hosts (first matching rule decides),
+//! whether such a call must run confined, and what the sandbox of a tool's calls is widened by
+//! on which hosts. Client names and host ids compare case-insensitively, like the identities
+//! they match.
 //!
 //! ```json
 //! {"default": "allow",
 //!  "rules": [{"clients": ["ci-*"], "tools": ["service_status"], "hosts": "role=db", "effect": "deny"},
-//!            {"tools": ["restart_*"], "effect": "approve", "approvers": ["oncall-*"]}]}
+//!            {"tools": ["restart_*"], "effect": "approve", "approvers": ["oncall-*"]},
+//!            {"tools": ["fix_perms"], "effect": "allow", "bypass": "ask"},
+//!            {"tools": ["backup_*"], "effect": "allow", "require_sandbox": true}],
+//!  "sandbox": [{"tools": ["system_logs"], "hosts": "os=linux", "read": ["/var/log"], "write": [],
+//!               "network": false, "memory": "512M", "pids": 256}]}
 //! ```
 //!
 //! `approve` makes the call wait for an approval: by the caller itself (`approvers` absent or
 //! `["caller"]`), or by one of the client-name globs in `approvers`, never the caller (a
-//! two-person rule).
+//! two-person rule). `bypass` (`allow`, `deny`, `ask`: the default) decides what becomes of
+//! the requests a confined tool makes to run a command outside its sandbox; `ask` asks the
+//! rule's approvers.
+//!
+//! Unknown keys are refused (a typo must not silently allow or widen anything). Keys are added
+//! only as optional ones with a default that keeps today's meaning, so files keep working.
 
 use std::path::Path;
 
 use serde::Deserialize;
+use toolsrv_proto::v1::{SandboxGrant, SandboxPolicy};
 use toolsrv_tls::normalize_name;
 
 use crate::selector::{HostFacts, Selector, glob};
@@ -51,18 +63,8 @@ pub struct Verdict {
     pub approvers: Vec<String>,
     /// What becomes of the call's bypass requests.
     pub bypass: Bypass,
-}
-
-impl Verdict {
-    /// A call allowed outright, bypass requests asked of the caller: no policy at all.
-    pub fn allow() -> Self {
-        Self {
-            rule: None,
-            approve: false,
-            approvers: Vec::new(),
-            bypass: Bypass::Ask,
-        }
-    }
+    /// The index of the rule that requires the call to run confined, if one does.
+    pub require_sandbox: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -78,6 +80,8 @@ struct RawPolicy {
     default_bypass: Bypass,
     #[serde(default)]
     rules: Vec<RawRule>,
+    #[serde(default)]
+    sandbox: Vec<RawSandbox>,
 }
 
 fn allow() -> Effect {
@@ -100,6 +104,45 @@ struct RawRule {
     /// What becomes of bypass requests of this rule's calls.
     #[serde(default)]
     bypass: Bypass,
+    /// The call is refused on a host whose sandbox is not `enforced`.
+    #[serde(default)]
+    require_sandbox: bool,
+}
+
+/// A size as a number of bytes or a text such as `512M`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Size {
+    Bytes(u64),
+    Text(String),
+}
+
+/// CPU as a number of cores or a text such as `0.5` or `500m`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Cpu {
+    Cores(f64),
+    Text(String),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSandbox {
+    /// Tool names or globs; absent: every tool.
+    tools: Option<Vec<String>>,
+    /// A host selector; absent: every host.
+    hosts: Option<String>,
+    #[serde(default)]
+    read: Vec<String>,
+    #[serde(default)]
+    write: Vec<String>,
+    network: Option<bool>,
+    memory: Option<Size>,
+    pids: Option<u64>,
+    cpu: Option<Cpu>,
+    /// Variables of the agent's environment passed to the tools (names or `PREFIX*`).
+    #[serde(default)]
+    env: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -110,15 +153,24 @@ struct Rule {
     effect: Effect,
     approvers: Vec<String>,
     bypass: Bypass,
+    require_sandbox: bool,
 }
 
-/// A loaded policy. The default policy allows everything.
+/// One `sandbox` entry, checked.
+#[derive(Debug)]
+struct SandboxEntry {
+    hosts: Option<Selector>,
+    grant: SandboxGrant,
+}
+
+/// A loaded policy. The default policy allows everything and widens no sandbox.
 #[derive(Debug)]
 pub struct Policy {
     default: Effect,
     default_approvers: Vec<String>,
     default_bypass: Bypass,
     rules: Vec<Rule>,
+    sandbox: Vec<SandboxEntry>,
 }
 
 impl Default for Policy {
@@ -128,6 +180,7 @@ impl Default for Policy {
             default_approvers: Vec::new(),
             default_bypass: Bypass::Ask,
             rules: Vec::new(),
+            sandbox: Vec::new(),
         }
     }
 }
@@ -137,9 +190,9 @@ fn approvers(list: Option<Vec<String>>, effect: Effect, at: &str) -> Result<Vec<
     let Some(list) = list else {
         return Ok(Vec::new());
     };
-    if effect != Effect::Approve {
+    if effect == Effect::Deny {
         return Err(format!(
-            "{at}.approvers: only a rule with \"effect\": \"approve\" has approvers"
+            "{at}.approvers: a denying rule has nothing to approve"
         ));
     }
     if list.is_empty() {
@@ -148,6 +201,51 @@ fn approvers(list: Option<Vec<String>>, effect: Effect, at: &str) -> Result<Vec<
         ));
     }
     Ok(list.iter().map(|p| normalize_name(p)).collect())
+}
+
+fn sandbox_entry(i: usize, raw: RawSandbox) -> Result<SandboxEntry, String> {
+    let at = |field: &str, e: String| format!("sandbox[{i}].{field}: {e}");
+    let hosts = raw
+        .hosts
+        .as_deref()
+        .map(Selector::parse)
+        .transpose()
+        .map_err(|e| at("hosts", e))?;
+    for (field, paths) in [("read", &raw.read), ("write", &raw.write)] {
+        if let Some(p) = paths.iter().find(|p| !Path::new(p).is_absolute()) {
+            return Err(at(field, format!("`{p}` is not an absolute path")));
+        }
+    }
+    let memory_bytes = match raw.memory {
+        None => 0,
+        Some(Size::Bytes(0)) => return Err(at("memory", "must be above zero".into())),
+        Some(Size::Bytes(n)) => n,
+        Some(Size::Text(t)) => toolsrv_confine::parse_size(&t).map_err(|e| at("memory", e))?,
+    };
+    let pids = match raw.pids {
+        Some(0) => return Err(at("pids", "must be above zero".into())),
+        p => p.unwrap_or(0),
+    };
+    let cpu_millis = match raw.cpu {
+        None => 0,
+        Some(Cpu::Cores(c)) => {
+            toolsrv_confine::parse_cpu(&c.to_string()).map_err(|e| at("cpu", e))?
+        }
+        Some(Cpu::Text(t)) => toolsrv_confine::parse_cpu(&t).map_err(|e| at("cpu", e))?,
+    };
+    Ok(SandboxEntry {
+        hosts,
+        grant: SandboxGrant {
+            tools: raw.tools.unwrap_or_default(),
+            read: raw.read,
+            write: raw.write,
+            network: raw.network,
+            memory_bytes,
+            pids,
+            cpu_millis,
+            env: raw.env,
+        },
+    })
 }
 
 impl Policy {
@@ -173,13 +271,21 @@ impl Policy {
                 effect: r.effect,
                 approvers,
                 bypass: r.bypass,
+                require_sandbox: r.require_sandbox,
             });
         }
+        let sandbox = raw
+            .sandbox
+            .into_iter()
+            .enumerate()
+            .map(|(i, raw)| sandbox_entry(i, raw))
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             default: raw.default,
             default_approvers: approvers(raw.default_approvers, raw.default, "default")?,
             default_bypass: raw.default_bypass,
             rules,
+            sandbox,
         })
     }
 
@@ -206,6 +312,7 @@ impl Policy {
                     approve,
                     approvers: rule.approvers.clone(),
                     bypass: rule.bypass,
+                    require_sandbox: rule.require_sandbox.then_some(i),
                 };
                 return match rule.effect {
                     Effect::Allow => Ok(verdict(false)),
@@ -222,6 +329,7 @@ impl Policy {
             approve,
             approvers: self.default_approvers.clone(),
             bypass: self.default_bypass,
+            require_sandbox: None,
         };
         match self.default {
             Effect::Allow => Ok(verdict(false)),
@@ -230,6 +338,19 @@ impl Policy {
                 "no policy rule allows client {client} calling {tool} on {}",
                 host.id
             )),
+        }
+    }
+
+    /// The `sandbox` entries whose host selector matches `host`, in order: what its agent is
+    /// sent when it attaches.
+    pub fn sandbox_for(&self, host: &HostFacts<'_>) -> SandboxPolicy {
+        SandboxPolicy {
+            grants: self
+                .sandbox
+                .iter()
+                .filter(|e| e.hosts.as_ref().is_none_or(|s| s.matches(host)))
+                .map(|e| e.grant.clone())
+                .collect(),
         }
     }
 }
@@ -256,6 +377,7 @@ mod tests {
             arch: "amd64",
             hostname: "",
             kernel: "",
+            sandbox: "",
             labels: &db_labels,
         };
         let web = HostFacts {
@@ -264,6 +386,7 @@ mod tests {
             arch: "amd64",
             hostname: "",
             kernel: "",
+            sandbox: "",
             labels: &none,
         };
         assert!(
@@ -291,6 +414,7 @@ mod tests {
             arch: "amd64",
             hostname: "",
             kernel: "",
+            sandbox: "",
             labels: &none,
         };
         // Names as they come out of certificates: `agent/Web-1` is host `web-1`, `client/Alice`
@@ -329,6 +453,93 @@ mod tests {
                 .contains("rules[0].hosts")
         );
         assert!(Policy::parse(r#"{"rulez": []}"#).is_err());
+        for (text, want) in [
+            (r#"{"sandbox": [{"read": ["var/log"]}]}"#, "sandbox[0].read"),
+            (r#"{"sandbox": [{"memory": "12X"}]}"#, "sandbox[0].memory"),
+            (r#"{"sandbox": [{"memory": 0}]}"#, "sandbox[0].memory"),
+            (r#"{"sandbox": [{"pids": 0}]}"#, "sandbox[0].pids"),
+            (r#"{"sandbox": [{"cpu": "lots"}]}"#, "sandbox[0].cpu"),
+            (r#"{"sandbox": [{"hosts": "a b"}]}"#, "sandbox[0].hosts"),
+            (r#"{"sandbox": [{"writ": []}]}"#, "invalid policy"),
+        ] {
+            let err = Policy::parse(text).unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn rules_can_require_confinement() {
+        let p = Policy::parse(
+            r#"{"rules": [
+                {"tools": ["backup_*"], "effect": "allow", "require_sandbox": true},
+                {"tools": ["other"], "effect": "allow"}]}"#,
+        )
+        .unwrap();
+        let none = BTreeMap::new();
+        let host = HostFacts {
+            id: "h",
+            os: "linux",
+            arch: "amd64",
+            hostname: "",
+            kernel: "",
+            sandbox: "off",
+            labels: &none,
+        };
+        assert_eq!(
+            p.check("a", "backup_db", &host).unwrap().require_sandbox,
+            Some(0)
+        );
+        assert_eq!(p.check("a", "other", &host).unwrap().require_sandbox, None);
+        assert_eq!(
+            p.check("a", "unruled", &host).unwrap().require_sandbox,
+            None
+        );
+    }
+
+    #[test]
+    fn sandbox_entries_go_to_the_hosts_they_select() {
+        let p = Policy::parse(
+            r#"{"sandbox": [
+                {"tools": ["system_logs"], "hosts": "os=linux", "read": ["/var/log"], "write": [],
+                 "network": false, "memory": "512M", "pids": 256, "cpu": 0.5, "env": ["JOURNAL_*"]},
+                {"hosts": "role=db", "memory": 1073741824, "cpu": "250m"}]}"#,
+        )
+        .unwrap();
+        let db: BTreeMap<String, String> = [("role".into(), "db".into())].into();
+        let none = BTreeMap::new();
+        let host = |os, labels| HostFacts {
+            id: "h",
+            os,
+            arch: "amd64",
+            hostname: "",
+            kernel: "",
+            sandbox: "enforced",
+            labels,
+        };
+        let linux_db = p.sandbox_for(&host("linux", &db));
+        assert_eq!(linux_db.grants.len(), 2);
+        let logs = &linux_db.grants[0];
+        assert_eq!(logs.tools, ["system_logs"]);
+        assert_eq!(logs.read, ["/var/log"]);
+        assert_eq!(logs.network, Some(false));
+        assert_eq!(logs.memory_bytes, 512 << 20);
+        assert_eq!(logs.pids, 256);
+        assert_eq!(logs.cpu_millis, 500);
+        assert_eq!(logs.env, ["JOURNAL_*"]);
+        let all_tools = &linux_db.grants[1];
+        assert!(all_tools.tools.is_empty());
+        assert_eq!(
+            (all_tools.memory_bytes, all_tools.cpu_millis),
+            (1 << 30, 250)
+        );
+        assert_eq!(all_tools.network, None);
+        assert!(p.sandbox_for(&host("darwin", &none)).grants.is_empty());
+        assert!(
+            Policy::default()
+                .sandbox_for(&host("linux", &db))
+                .grants
+                .is_empty()
+        );
     }
 
     #[test]
@@ -347,6 +558,7 @@ mod tests {
             hostname: "",
             kernel: "",
             labels: &none,
+            sandbox: "",
         };
         let restart = p.check("alice", "restart_db", &host).unwrap();
         assert_eq!((restart.rule, restart.approve), (Some(0), true));

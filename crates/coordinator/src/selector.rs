@@ -4,6 +4,8 @@
 //! `os=linux,os=darwin` either OS); terms of different kinds must all hold (`web-*,os=linux`),
 //! the same AND-across-keys, OR-within-a-key rule as a variant's `match`. Host ids compare
 //! case-insensitively: host terms and `id=`/`host=` values are normalised like identities.
+//! Fact keys are `os`, `arch`, `hostname`, `kernel` and `sandbox` (the level the agent reports:
+//! `sandbox=enforced`); any other key is a label.
 
 use std::collections::BTreeMap;
 
@@ -26,6 +28,9 @@ pub struct HostFacts<'a> {
     pub arch: &'a str,
     pub hostname: &'a str,
     pub kernel: &'a str,
+    /// The sandbox level the agent reports (`enforced`, `partial`, `off`; empty when it reports
+    /// none)
+    pub sandbox: &'a str,
     pub labels: &'a BTreeMap<String, String>,
 }
 
@@ -79,6 +84,7 @@ impl Selector {
                     "arch" => Some(host.arch),
                     "hostname" => Some(host.hostname),
                     "kernel" => Some(host.kernel),
+                    "sandbox" => Some(host.sandbox),
                     label => host.labels.get(label).map(String::as_str),
                 };
                 value.is_some_and(|v| patterns.iter().any(|p| glob(p, v)))
@@ -146,6 +152,7 @@ mod tests {
             arch: "amd64",
             hostname: "db1",
             kernel: "6.1",
+            sandbox: "enforced",
             labels: &labels,
         };
         let mac = HostFacts {
@@ -154,6 +161,7 @@ mod tests {
             arch: "arm64",
             hostname: "m",
             kernel: "23",
+            sandbox: "off",
             labels: &none,
         };
         let cases = [
@@ -170,6 +178,8 @@ mod tests {
             ("role=*", true, false),
             ("db-1,mac-1", true, true),
             ("db-1,mac-1,os=darwin", false, true),
+            ("sandbox=enforced", true, false),
+            ("sandbox=off,os=darwin", false, true),
             ("os=linux,os=darwin", true, true),
         ];
         for (text, want_db, want_mac) in cases {
@@ -197,6 +207,7 @@ mod tests {
             arch: "amd64",
             hostname: "DB1",
             kernel: "6.1",
+            sandbox: "enforced",
             labels: &none,
         };
         for text in ["DB-1", "Db-*", "id=DB-1", "host=dB-?", "hostname=DB1"] {

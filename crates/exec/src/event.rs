@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+pub use toolsrv_confine::LimitHit;
 
 /// Which pipe a chunk of output came from
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,6 +65,8 @@ pub struct Outcome {
     pub stderr_bytes: u64,
     /// The tool result, built by [`crate::tool_result`]
     pub result: serde_json::Value,
+    /// Limits of a confined call that it ran into (its memory, its number of processes)
+    pub limits_hit: Vec<LimitHit>,
 }
 
 impl Outcome {

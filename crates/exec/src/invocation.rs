@@ -3,7 +3,10 @@
 use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use toolsrv_confine::CallJail;
 
 /// The shell used for [`Program::Shell`]
 pub const SHELL: &str = "/bin/sh";
@@ -56,6 +59,10 @@ pub struct Invocation {
     pub result_cap: u64,
     /// After SIGTERM on timeout or cancellation, how long to wait before SIGKILL
     pub kill_grace: Duration,
+    /// The call's confinement: the process confines itself with it before the program runs,
+    /// every process of the call is ended through it, and it is released when the call ends.
+    /// `None`: an unconfined process group.
+    pub jail: Option<Arc<CallJail>>,
 }
 
 impl Invocation {
@@ -70,6 +77,7 @@ impl Invocation {
             output_cap: DEFAULT_OUTPUT_CAP,
             result_cap: DEFAULT_RESULT_CAP,
             kill_grace: DEFAULT_KILL_GRACE,
+            jail: None,
         }
     }
 }
@@ -88,6 +96,7 @@ impl fmt::Debug for Invocation {
             .field("output_cap", &self.output_cap)
             .field("result_cap", &self.result_cap)
             .field("kill_grace", &self.kill_grace)
+            .field("confined", &self.jail.is_some())
             .finish()
     }
 }

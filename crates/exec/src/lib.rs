@@ -24,7 +24,7 @@ mod result;
 mod run;
 
 pub use error::ExecError;
-pub use event::{Ending, Event, Exit, Outcome, Stream};
+pub use event::{Ending, Event, Exit, LimitHit, Outcome, Stream};
 pub use invocation::{
     DEFAULT_KILL_GRACE, DEFAULT_OUTPUT_CAP, DEFAULT_RESULT_CAP, DEFAULT_TIMEOUT, Invocation,
     Program, SHELL,

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::{CancellationToken, DropGuard};
+use toolsrv_confine::CallJail;
 
 use crate::error::{ExecError, os_reason};
 use crate::event::{Ending, Event, Exit, Outcome, Stream};
@@ -101,6 +102,9 @@ pub fn spawn(inv: Invocation, cancel: CancellationToken) -> Result<Execution, Ex
             cmd
         }
     };
+    if let Some(jail) = &inv.jail {
+        jail.install(cmd.as_std_mut());
+    }
     cmd.env_clear()
         .envs(inv.env.iter().map(|(name, value)| (name, value)))
         .current_dir(&inv.cwd)
@@ -153,6 +157,7 @@ pub fn spawn(inv: Invocation, cancel: CancellationToken) -> Result<Execution, Ex
         started,
         timeout: inv.timeout,
         kill_grace: inv.kill_grace,
+        jail: inv.jail,
     };
     tracing::debug!(pid, program, "tool started");
     Ok(Execution {
@@ -230,6 +235,7 @@ struct Call {
     started: Instant,
     timeout: Duration,
     kill_grace: Duration,
+    jail: Option<Arc<CallJail>>,
 }
 
 /// What woke the supervisor while the tool was running
@@ -251,8 +257,9 @@ impl Call {
         };
         let (status, mut ending) = match wake {
             Wake::Exited(status) => {
-                // Background processes must not outlive the call, and they may hold the pipes open.
-                signal_group(self.pgid, Signal::SIGKILL);
+                // Background processes must not outlive the call, and they may hold the pipes
+                // open; those that left the process group are still in the call's cgroup.
+                self.kill_all();
                 (status, Ending::Exited)
             }
             Wake::Stop(ending) => {
@@ -264,7 +271,7 @@ impl Call {
             Ok(status) => exit_of(status),
             Err(err) => {
                 tracing::warn!(pgid = self.pgid.as_raw(), %err, "cannot wait for tool");
-                signal_group(self.pgid, Signal::SIGKILL);
+                self.kill_all();
                 Exit::Code(-1)
             }
         };
@@ -273,6 +280,13 @@ impl Call {
             ending = stopped;
         }
         self.stdin_task.abort();
+        let limits_hit = match self.jail.take() {
+            // Removing what the call left (its directory may be large) blocks: not on the runtime.
+            Some(jail) => tokio::task::spawn_blocking(move || jail.release())
+                .await
+                .unwrap_or_default(),
+            None => Vec::new(),
+        };
 
         let captured = self.capture.take();
         let outcome = Outcome {
@@ -283,6 +297,7 @@ impl Call {
             truncated: captured.truncated,
             stdout_bytes: captured.stdout_total,
             stderr_bytes: captured.stderr_total,
+            limits_hit,
         };
         tracing::debug!(pgid = self.pgid.as_raw(), ?exit, ?ending, "tool finished");
         // A consumer that went away does not want the outcome; nothing to do then.
@@ -304,10 +319,18 @@ impl Call {
                 sleep(GROUP_POLL).await;
             }
         }
-        signal_group(self.pgid, Signal::SIGKILL);
+        self.kill_all();
         match status {
             Some(status) => status,
             None => self.child.wait().await,
+        }
+    }
+
+    /// SIGKILL to the process group and to everything in the call's cgroup
+    fn kill_all(&self) {
+        signal_group(self.pgid, Signal::SIGKILL);
+        if let Some(jail) = &self.jail {
+            jail.kill();
         }
     }
 

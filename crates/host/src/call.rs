@@ -132,6 +132,7 @@ pub fn prepare(
         output_cap: limits.output_cap,
         result_cap: limits.result_cap,
         kill_grace: limits.kill_grace,
+        jail: None,
     })
 }
 

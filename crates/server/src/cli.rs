@@ -47,7 +47,7 @@ enum Command {
     /// Serve the catalog to agents and the client API to clients (mTLS)
     Coordinator(CoordinatorArgs),
     /// Connect this host to a coordinator, report its tools and run calls
-    Agent(AgentArgs),
+    Agent(Box<AgentArgs>),
     /// Development certificates
     #[command(subcommand)]
     Pki(PkiCommand),
@@ -240,6 +240,129 @@ pub struct AgentArgs {
     /// Re-evaluate variants against the host this often, in seconds
     #[arg(long, env = "TOOLSRV_RECHECK_SECS", default_value_t = 3)]
     pub recheck_secs: u64,
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+}
+
+/// How the agent confines calls.
+#[derive(Debug, Args, Clone)]
+pub struct SandboxArgs {
+    /// `enforce` (refuse to start unless everything is enforced), `best-effort` (enforce what
+    /// the host supports, log and report the rest) or `off`
+    #[arg(
+        long = "sandbox",
+        env = "TOOLSRV_SANDBOX",
+        default_value = "best-effort"
+    )]
+    pub mode: String,
+    /// Run tools as this user (name or uid), so the agent's files are out of reach by
+    /// permissions as well
+    #[arg(long, env = "TOOLSRV_RUN_AS")]
+    pub run_as: Option<String>,
+    /// A path every call may read and execute; repeatable (env: comma-separated)
+    #[arg(
+        long = "sandbox-read",
+        env = "TOOLSRV_SANDBOX_READ",
+        value_delimiter = ','
+    )]
+    pub read: Vec<PathBuf>,
+    /// A path every call may write; repeatable (env: comma-separated)
+    #[arg(
+        long = "sandbox-write",
+        env = "TOOLSRV_SANDBOX_WRITE",
+        value_delimiter = ','
+    )]
+    pub write: Vec<PathBuf>,
+    /// A path no call may reach, besides the state directory and TLS files; repeatable
+    #[arg(
+        long = "sandbox-hide",
+        env = "TOOLSRV_SANDBOX_HIDE",
+        value_delimiter = ','
+    )]
+    pub hide: Vec<PathBuf>,
+    /// A variable of the agent's environment passed to calls (a name, or a prefix ending in
+    /// `*`); repeatable
+    #[arg(
+        long = "sandbox-env",
+        env = "TOOLSRV_SANDBOX_ENV",
+        value_delimiter = ','
+    )]
+    pub env: Vec<String>,
+    /// Memory of one call (`512M`, `2G`), or `unlimited`
+    #[arg(
+        long = "sandbox-memory",
+        env = "TOOLSRV_SANDBOX_MEMORY",
+        default_value = "1G"
+    )]
+    pub memory: String,
+    /// Processes and threads of one call, or 0 for unlimited
+    #[arg(
+        long = "sandbox-pids",
+        env = "TOOLSRV_SANDBOX_PIDS",
+        default_value_t = 512
+    )]
+    pub pids: u64,
+    /// CPU of one call in cores (`0.5`, `2`) or thousandths (`500m`); unlimited when unset
+    #[arg(long = "sandbox-cpu", env = "TOOLSRV_SANDBOX_CPU")]
+    pub cpu: Option<String>,
+    /// Open files per process of a call, or 0 to keep the agent's limit
+    #[arg(
+        long = "sandbox-nofile",
+        env = "TOOLSRV_SANDBOX_NOFILE",
+        default_value_t = 4096
+    )]
+    pub nofile: u64,
+    /// `allow` or `deny` TCP bind and connect by default (policy grants decide per tool)
+    #[arg(
+        long = "sandbox-network",
+        env = "TOOLSRV_SANDBOX_NETWORK",
+        default_value = "allow"
+    )]
+    pub network: String,
+    /// Where calls' private directories are made (default: `<tmp>/toolsrv-calls.<uid>`)
+    #[arg(long, env = "TOOLSRV_CALL_DIR")]
+    pub call_dir: Option<PathBuf>,
+    /// A delegated cgroup v2 directory for call cgroups (default: the agent's own cgroup)
+    #[arg(long, env = "TOOLSRV_CGROUP")]
+    pub cgroup: Option<PathBuf>,
+}
+
+impl SandboxArgs {
+    /// The settings these flags give, before the agent adds its own private files to `hidden`.
+    pub fn settings(&self) -> anyhow::Result<toolsrv_confine::Settings> {
+        let mut s = toolsrv_confine::Settings::new(self.hide.clone());
+        s.mode = self.mode.parse().map_err(anyhow::Error::msg)?;
+        s.run_as = self.run_as.clone().filter(|u| !u.is_empty());
+        s.defaults.read = self.read.clone();
+        s.defaults.write = self.write.clone();
+        s.defaults.env = self.env.clone();
+        s.defaults.network = match self.network.as_str() {
+            "allow" => true,
+            "deny" => false,
+            other => bail!("--sandbox-network {other}: use allow or deny"),
+        };
+        let limits = &mut s.defaults.limits;
+        limits.memory = match self.memory.as_str() {
+            "unlimited" | "0" => None,
+            text => Some(
+                toolsrv_confine::parse_size(text)
+                    .map_err(|e| anyhow::anyhow!("--sandbox-memory: {e}"))?,
+            ),
+        };
+        limits.pids = (self.pids > 0).then_some(self.pids);
+        limits.nofile = (self.nofile > 0).then_some(self.nofile);
+        limits.cpu_millis = self
+            .cpu
+            .as_deref()
+            .map(toolsrv_confine::parse_cpu)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--sandbox-cpu: {e}"))?;
+        if let Some(dir) = &self.call_dir {
+            s.call_dir = dir.clone();
+        }
+        s.cgroup = self.cgroup.clone();
+        Ok(s)
+    }
 }
 
 impl AgentArgs {
@@ -269,6 +392,7 @@ impl AgentArgs {
             config.workdir = workdir.clone();
         }
         config.recheck_every = Duration::from_secs(self.recheck_secs.max(1));
+        config.sandbox = self.sandbox.settings()?;
         Ok(config)
     }
 }

@@ -113,6 +113,12 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
         state.join("agent"),
     );
     agent.labels.insert("role".into(), "dev".into());
+    // The example system_logs tool reads the logs; calls are otherwise confined as on any agent.
+    agent
+        .sandbox
+        .defaults
+        .read
+        .extend(["/var/log".into(), "/run/log/journal".into()]);
     let mut coordinator = tokio::spawn(toolsrv_coordinator::serve(
         coordinator,
         listener,

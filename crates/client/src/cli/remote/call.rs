@@ -130,7 +130,7 @@ pub fn exit_code(result: &CallResult) -> u8 {
         Ok(CallStatus::UnknownHost | CallStatus::UnknownTool) => exit::NOT_FOUND,
         Ok(CallStatus::FailedToStart) => exit::CANNOT_START,
         Ok(CallStatus::Offline | CallStatus::Lost | CallStatus::Busy) => exit::UNAVAILABLE,
-        Ok(CallStatus::Denied) => exit::DENIED,
+        Ok(CallStatus::Denied | CallStatus::Unconfined) => exit::DENIED,
         Ok(CallStatus::Cancelled) => exit::CANCELLED,
         // Skipped only happens in fan-outs; a status we do not know is the coordinator's doing.
         Ok(CallStatus::Skipped) => exit::FANOUT_FAILED,

@@ -48,6 +48,7 @@ fn host_json(h: &HostInfo) -> Value {
         "hostname": facts.hostname,
         "kernel": facts.kernel,
         "labels": facts.labels,
+        "sandbox": sandbox_json(facts.sandbox.as_ref()),
         "trusted_labels": h.trusted_labels.iter().collect::<std::collections::BTreeMap<_, _>>(),
         "agent_version": h.agent_version,
         "visible_tools": h.visible_tools,
@@ -57,6 +58,25 @@ fn host_json(h: &HostInfo) -> Value {
         "last_seen_unix_ms": h.last_seen_unix_ms,
         "connected_unix_ms": h.connected_unix_ms,
     })
+}
+
+/// What the host's agent enforces on its calls; `null` for an agent that reports nothing.
+fn sandbox_json(sandbox: Option<&crate::SandboxFacts>) -> Value {
+    match sandbox {
+        None => Value::Null,
+        Some(s) => json!({
+            "mode": s.mode, "level": s.level, "landlock_abi": s.landlock_abi, "cgroup": s.cgroup,
+            "controllers": s.controllers, "kill": s.kill, "run_as": s.run_as, "missing": s.missing,
+        }),
+    }
+}
+
+/// The sandbox column: the level, `-` for an agent that reports none.
+fn sandbox_cell(facts: &crate::HostFacts) -> String {
+    match facts.sandbox.as_ref().map(|s| s.level.as_str()) {
+        None | Some("") => "-".to_string(),
+        Some(level) => level.to_string(),
+    }
 }
 
 /// How long ago `then_ms` was, for people: `now`, `42s ago`, `5m ago`, `3h ago`, `2d ago`; `-` for never.
@@ -103,6 +123,7 @@ fn write_hosts(out: &mut impl Write, hosts: &[HostInfo], now_ms: u64) -> std::io
                 h.host_id.clone(),
                 state_name(h.state).to_string(),
                 format!("{}/{}", facts.os, facts.arch),
+                sandbox_cell(&facts),
                 labels,
                 h.visible_tools.to_string(),
                 format!("{}/{}", h.calls_in_flight, h.max_concurrent_calls),
@@ -116,6 +137,7 @@ fn write_hosts(out: &mut impl Write, hosts: &[HostInfo], now_ms: u64) -> std::io
             "HOST",
             "STATE",
             "OS/ARCH",
+            "SANDBOX",
             "LABELS",
             "TOOLS",
             "CALLS",
@@ -146,6 +168,15 @@ mod tests {
                     .iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect::<BTreeMap<_, _>>(),
+                sandbox: (id == "db-1").then(|| crate::SandboxFacts {
+                    mode: "best-effort".into(),
+                    level: "enforced".into(),
+                    landlock_abi: 7,
+                    cgroup: "v2".into(),
+                    controllers: vec!["pids".into(), "memory".into()],
+                    kill: "cgroup.kill".into(),
+                    ..Default::default()
+                }),
             }),
             agent_version: "0.1.0".into(),
             connected_unix_ms: 1_000,
@@ -174,9 +205,9 @@ mod tests {
         write_hosts(&mut out, &hosts, now).unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            "HOST    STATE    OS/ARCH      LABELS        TOOLS  CALLS  LAST SEEN\n\
-             db-1    online   linux/amd64  az=b,role=db  12     2/16   1s ago\n\
-             web-10  offline  linux/amd64  -             12     2/16   2h ago\n"
+            "HOST    STATE    OS/ARCH      SANDBOX   LABELS        TOOLS  CALLS  LAST SEEN\n\
+             db-1    online   linux/amd64  enforced  az=b,role=db  12     2/16   1s ago\n\
+             web-10  offline  linux/amd64  -         -             12     2/16   2h ago\n"
         );
     }
 
@@ -199,6 +230,11 @@ mod tests {
             json!({
                 "host_id": "db-1", "state": "online", "os": "linux", "arch": "amd64",
                 "hostname": "db-1.example", "kernel": "6.1.0", "labels": {"role": "db"},
+                "sandbox": {
+                    "mode": "best-effort", "level": "enforced", "landlock_abi": 7, "cgroup": "v2",
+                    "controllers": ["pids", "memory"], "kill": "cgroup.kill", "run_as": "",
+                    "missing": [],
+                },
                 "trusted_labels": {},
                 "agent_version": "0.1.0", "visible_tools": 12, "calls_in_flight": 2,
                 "max_concurrent_calls": 16, "view_revision": 7, "last_seen_unix_ms": 5,

@@ -1,0 +1,115 @@
+//! The only unsafe code of the workspace: the steps a tool's process takes between `fork` and `exec`, and one Landlock query
+//!
+//! Why `pre_exec` rather than a helper program that confines itself and then executes the tool:
+//! a helper costs one more `execve` of a binary per call (its loading and relocation is most of
+//! the 0.5 ms a confined call may add), has to be found and kept at the agent's version on every
+//! host, and cannot serve library users, tests and benches that run calls in process. The price
+//! is this module: the closure below runs in the forked child of a multi-threaded process, where
+//! only async-signal-safe operations are allowed. Everything that allocates, locks or reads
+//! files (building the Landlock ruleset, opening the cgroups' `cgroup.procs`, resolving the user)
+//! happens in the agent before the fork; the child only makes system calls on values prepared
+//! for it.
+#![allow(unsafe_code)]
+
+use std::io;
+#[cfg(target_os = "linux")]
+use std::os::fd::AsRawFd;
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::sync::Arc;
+
+use nix::sys::resource::{Resource, setrlimit};
+use nix::unistd::{Gid, Uid, setgroups, setresgid, setresuid};
+
+/// What the child does before it executes the tool, in this order: join the call's cgroups,
+/// lower its resource limits, switch user, set `no_new_privs`, restrict itself with Landlock
+#[derive(Debug, Default)]
+pub struct ChildSetup {
+    /// `cgroup.procs` of each of the call's cgroups, open for writing
+    pub cgroup_procs: Vec<OwnedFd>,
+    /// (resource, soft and hard limit)
+    pub rlimits: Vec<(Resource, u64)>,
+    /// The user and group to become, with no supplementary groups but `gid`
+    pub ids: Option<(Uid, Gid)>,
+    pub no_new_privs: bool,
+    /// A Landlock ruleset to restrict the process with (requires `no_new_privs` or
+    /// `CAP_SYS_ADMIN`)
+    pub landlock: Option<OwnedFd>,
+}
+
+impl ChildSetup {
+    /// Runs in the child between fork and exec
+    ///
+    /// Every call here is a thin wrapper around one system call: `write` on a descriptor opened
+    /// by the parent, `setrlimit`, `setgroups`, `setresgid`, `setresuid`, `prctl` and
+    /// `landlock_restrict_self`. None allocates, takes a lock or touches state shared with other
+    /// threads of the parent, and errors are returned as raw OS errors (an `io::Error` holding
+    /// an errno does not allocate), which std reports to the parent through its exec pipe.
+    fn apply(&self) -> io::Result<()> {
+        for fd in &self.cgroup_procs {
+            // "0" moves the writing process.
+            nix::unistd::write(fd, b"0")?;
+        }
+        for &(resource, limit) in &self.rlimits {
+            setrlimit(resource, limit, limit)?;
+        }
+        if let Some((uid, gid)) = self.ids {
+            setgroups(&[gid])?;
+            setresgid(gid, gid, gid)?;
+            setresuid(uid, uid, uid)?;
+        }
+        #[cfg(target_os = "linux")]
+        if self.no_new_privs {
+            nix::sys::prctl::set_no_new_privs()?;
+        }
+        #[cfg(target_os = "linux")]
+        if let Some(ruleset) = &self.landlock {
+            // SAFETY: landlock_restrict_self(2) takes a ruleset descriptor (owned by `self`,
+            // open for the whole call) and a flags word; it reads no memory of ours.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_landlock_restrict_self,
+                    ruleset.as_raw_fd(),
+                    0 as libc::c_uint,
+                )
+            };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Makes `cmd`'s child apply `setup` right before it executes the program
+pub fn install(cmd: &mut std::process::Command, setup: Arc<ChildSetup>) {
+    // SAFETY: the closure runs in the child after fork, where only async-signal-safe code may
+    // run; `ChildSetup::apply` is only system calls on prepared values (see there). The `Arc`
+    // is only read in the child: its count is not touched until the parent drops the command.
+    unsafe {
+        cmd.pre_exec(move || setup.apply());
+    }
+}
+
+/// The Landlock ABI version of the running kernel; 0 when Landlock is not built in or not enabled
+#[cfg(target_os = "linux")]
+pub fn landlock_abi() -> i32 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: with a null attribute pointer, a size of 0 and the VERSION flag,
+    // landlock_create_ruleset(2) reads no memory and only returns a number (or -1).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0 as libc::size_t,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    i32::try_from(rc).ok().filter(|&v| v > 0).unwrap_or(0)
+}
+
+/// Landlock is Linux's: 0 elsewhere
+#[cfg(not(target_os = "linux"))]
+pub fn landlock_abi() -> i32 {
+    0
+}

@@ -1,0 +1,377 @@
+//! Confinement of calls on real agents: each claim proven by a tool that tries to break it
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use toolsrv_tests::{AgentSpec, Fleet, text, wait_for};
+
+fn host<'a>(hosts: &'a [Value], id: &str) -> &'a Value {
+    hosts.iter().find(|h| h["host_id"] == id).unwrap()
+}
+
+/// Alive and not a zombie.
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// The value of `key=` on a line of `out`.
+fn field(out: &str, key: &str) -> Option<String> {
+    out.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")).map(str::to_owned))
+}
+
+fn policy(fleet: &Fleet, json: &str) -> String {
+    let path = fleet.work.path().join("policy.json");
+    std::fs::write(&path, json).unwrap();
+    format!("--policy={}", path.display())
+}
+
+/// Reads the key and state of its own agent, writes inside and outside its directories, and
+/// prints its environment.
+const PROBE: &str = r#"#!/bin/sh
+try() { if eval "$2" >/dev/null 2>&1; then echo "$1=yes"; else echo "$1=no"; fi; }
+try read_key "cat \"$KEY\""
+try list_state "ls \"$STATE\""
+try read_blobs "ls \"$STATE/blobs\""
+try read_sibling "cat \"$SIBLING\""
+try read_catalog "cat \"$OLLIE_TOOLS_PATH/probe.meta\""
+try write_pwd "echo x > \"$PWD/f\""
+try write_tmpdir "echo x > \"$TMPDIR/f\""
+try write_home "echo x > \"$HOME/g\""
+try write_outside "echo x > \"$OUTSIDE\""
+try write_tmp "echo x > /tmp/toolsrv-sandbox-test-$$"
+echo "uid=$(id -u)"
+env | sed 's/^/env:/'
+"#;
+
+#[test]
+fn a_confined_tool_cannot_reach_the_agents_files_nor_write_outside_nor_see_its_environment() {
+    let mut fleet = Fleet::new(&["a"]);
+    let key = fleet.pki.path("agent-a-key.pem");
+    let state = fleet.work.path().join("host-a/state");
+    let sibling = fleet.work.path().join("readable.txt");
+    std::fs::write(&sibling, "public").unwrap();
+    let outside = fleet.work.path().join("outside.txt");
+    // The arguments name what to try; the probe is a shipped executable, run from the catalog.
+    fleet.tool(
+        "probe.meta",
+        r#"{"description": "tries the sandbox"}"#,
+        false,
+    );
+    fleet.tool("probe", PROBE, true);
+    fleet.start_coordinator(&[]);
+    // The whole of /tmp, which holds the PKI and the agent's state, is granted for reading: the
+    // agent's files must be carved out of it (as /etc/toolsrv would be out of /etc).
+    fleet.start_agent(
+        "a",
+        &AgentSpec {
+            env: vec![
+                ("SECRET_TOKEN".into(), "hunter2".into()),
+                ("OLLIE_BYPASS_SOCKET".into(), "/forged.sock".into()),
+                ("KEY".into(), key.display().to_string()),
+                ("STATE".into(), state.display().to_string()),
+                ("SIBLING".into(), sibling.display().to_string()),
+                ("OUTSIDE".into(), outside.display().to_string()),
+            ],
+            args: vec![
+                "--sandbox-read=/tmp".into(),
+                "--sandbox-env=KEY,STATE,SIBLING,OUTSIDE".into(),
+            ],
+            ..AgentSpec::default()
+        },
+    );
+    fleet.wait_online(&["a"], "probe");
+    let out = fleet.toolctl(&["call", "a", "probe"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout} {}", text(&out.stderr));
+    for (what, want) in [
+        ("read_key", "no"),
+        ("list_state", "no"),
+        ("read_blobs", "no"),
+        ("read_sibling", "yes"),
+        ("read_catalog", "yes"),
+        ("write_pwd", "yes"),
+        ("write_tmpdir", "yes"),
+        ("write_home", "yes"),
+        ("write_outside", "no"),
+        ("write_tmp", "no"),
+    ] {
+        assert_eq!(
+            field(&stdout, what).as_deref(),
+            Some(want),
+            "{what}: {stdout}"
+        );
+    }
+    assert!(!outside.exists());
+    let env: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("env:"))
+        .collect();
+    assert!(!stdout.contains("hunter2"), "{stdout}");
+    assert!(!stdout.contains("/forged.sock"), "{stdout}");
+    let var = |name: &str| {
+        env.iter()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("{name} in {env:?}"))
+    };
+    assert!(var("PATH").contains("/usr/bin"));
+    assert!(var("OLLIE_TOOLS_PATH").ends_with("host-a/state/catalog"));
+    let pwd = var("PWD");
+    assert_eq!(var("TMPDIR"), pwd);
+    assert_eq!(var("HOME"), pwd);
+    assert!(
+        !Path::new(pwd).exists(),
+        "the call's private directory is removed after the call"
+    );
+
+    // What the host enforces is in its facts and selects it.
+    let hosts = fleet.hosts();
+    let sandbox = &host(&hosts, "a")["sandbox"];
+    eprintln!("sandbox facts of a: {sandbox}");
+    assert_eq!(sandbox["level"], "enforced", "{sandbox}");
+    assert_eq!(sandbox["mode"], "best-effort");
+    assert!(sandbox["landlock_abi"].as_u64().unwrap() >= 1);
+    let out = fleet.toolctl(&["fanout", "sandbox=enforced", "probe", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn nothing_a_call_starts_outlives_it_setsid_and_double_forked_daemons_included() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "daemons.meta",
+        r#"{"description": "leaves daemons behind",
+            "cmd": "setsid sh -c 'echo setsid=$$; exec sleep 300 </dev/null >/dev/null 2>&1' & sh -c 'sleep 301 </dev/null >/dev/null 2>&1 & echo double=$!'; sleep 0.3; echo done"}"#,
+        false,
+    );
+    fleet.start_coordinator(&[]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "daemons");
+    let out = fleet.toolctl(&["call", "a", "daemons"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout} {}", text(&out.stderr));
+    let setsid: i32 = field(&stdout, "setsid").unwrap().parse().unwrap();
+    let double: i32 = field(&stdout, "double").unwrap().parse().unwrap();
+    // Gone by the time the caller has the result: no waiting.
+    assert!(
+        !alive(setsid),
+        "the setsid daemon {setsid} outlived its call"
+    );
+    assert!(
+        !alive(double),
+        "the double-forked daemon {double} outlived its call"
+    );
+}
+
+#[test]
+fn a_fork_bomb_hits_its_pids_limit_and_the_host_still_answers_within_a_second() {
+    let mut fleet = Fleet::new(&["a"]);
+    let started = fleet.marks().join("bomb-started");
+    // Bounded by itself: a binary tree of depth 9 (at most 1023 shells, each ending after its
+    // children) even if no limit held; the policy limits it to 64 processes.
+    fleet.tool(
+        "bomb.meta",
+        &format!(
+            r#"{{"description": "fork bomb", "cmd": "touch {}; b() {{ if [ $1 -gt 0 ]; then b $(($1-1)) & b $(($1-1)) & wait; else sleep 3; fi; }}; b 9; echo bomb over; exit 1"}}"#,
+            started.display()
+        ),
+        false,
+    );
+    fleet.tool(
+        "echo.meta",
+        r#"{"description": "echo", "cmd": "echo pong"}"#,
+        false,
+    );
+    let policy = policy(
+        &fleet,
+        r#"{"sandbox": [{"tools": ["bomb"], "hosts": "a", "pids": 64}]}"#,
+    );
+    fleet.start_coordinator(&[&policy]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "echo");
+    let bomb = fleet
+        .toolctl_command("client-alice", &["call", "a", "bomb", "--timeout", "30"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the bomb to start", Duration::from_secs(20), || {
+        started.exists().then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let asked = Instant::now();
+    let out = fleet.toolctl_as("client-bob", &["call", "a", "echo"], None);
+    let took = asked.elapsed();
+    assert_eq!(text(&out.stdout), "pong\n", "{}", text(&out.stderr));
+    assert!(took < Duration::from_secs(1), "another call took {took:?}");
+    let out = toolsrv_tests::finish_child(bomb, Duration::from_secs(60));
+    let stderr = text(&out.stderr);
+    assert!(text(&out.stdout).contains("bomb over"), "{stderr}");
+    assert!(
+        stderr.contains("a: tool_error: exited with code 1; the call reached its process limit"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_memory_hog_is_stopped_by_its_limit_and_the_agent_survives() {
+    let mut fleet = Fleet::new(&["a"]);
+    // Bounded by itself at 1 GiB even if no limit held; the policy limits it to 64 MiB.
+    fleet.tool(
+        "hog.meta",
+        r#"{"description": "eats memory", "cmd": "head -c 1G /dev/zero | tail > /dev/null"}"#,
+        false,
+    );
+    fleet.tool(
+        "echo.meta",
+        r#"{"description": "echo", "cmd": "echo pong"}"#,
+        false,
+    );
+    let policy = policy(
+        &fleet,
+        r#"{"sandbox": [{"tools": ["hog"], "memory": "64M"}]}"#,
+    );
+    fleet.start_coordinator(&[&policy]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "echo");
+    let out = fleet.toolctl(&["call", "a", "hog", "--timeout", "60"]);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("the call reached its memory limit: the kernel ended processes of it"),
+        "{stderr}"
+    );
+    let agent = fleet.agents.get_mut("a").unwrap();
+    assert!(agent.child.try_wait().unwrap().is_none(), "the agent died");
+    let out = fleet.toolctl(&["call", "a", "echo"]);
+    assert_eq!(text(&out.stdout), "pong\n", "{}", text(&out.stderr));
+}
+
+#[test]
+fn a_host_that_cannot_confine_refuses_a_tool_that_requires_it() {
+    let mut fleet = Fleet::new(&["confined", "open"]);
+    fleet.tool(
+        "backup_db.meta",
+        r#"{"description": "needs confinement", "cmd": "echo backed up"}"#,
+        false,
+    );
+    fleet.tool(
+        "echo.meta",
+        r#"{"description": "echo", "cmd": "echo pong"}"#,
+        false,
+    );
+    let policy = policy(
+        &fleet,
+        r#"{"rules": [{"tools": ["backup_*"], "effect": "allow", "require_sandbox": true}]}"#,
+    );
+    fleet.start_coordinator(&[&policy]);
+    fleet.start_agent("confined", &AgentSpec::default());
+    fleet.start_agent(
+        "open",
+        &AgentSpec {
+            args: vec!["--sandbox=off".into()],
+            ..AgentSpec::default()
+        },
+    );
+    fleet.wait_online(&["confined", "open"], "echo");
+    let hosts = fleet.hosts();
+    assert_eq!(host(&hosts, "open")["sandbox"]["level"], "off");
+    assert_eq!(host(&hosts, "confined")["sandbox"]["level"], "enforced");
+
+    let out = fleet.toolctl(&["call", "open", "backup_db"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(77), "{stderr}");
+    assert!(
+        stderr.contains("open: unconfined: policy rule 0 requires tool `backup_db` to run confined, and host `open` reports sandbox=off"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "nothing ran");
+    let out = fleet.toolctl(&["call", "confined", "backup_db"]);
+    assert_eq!(text(&out.stdout), "backed up\n", "{}", text(&out.stderr));
+    // Other tools run on the open host as before.
+    let out = fleet.toolctl(&["call", "open", "echo"]);
+    assert_eq!(text(&out.stdout), "pong\n", "{}", text(&out.stderr));
+}
+
+#[test]
+fn tools_run_as_another_user_cannot_read_the_agents_files_by_permissions_alone() {
+    let mut fleet = Fleet::new(&["off", "confined"]);
+    // The test's directories must be traversable for `nobody` to reach anything at all.
+    std::fs::set_permissions(fleet.work.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let key = fleet.pki.path("agent-off-key.pem");
+    let blobs = fleet.work.path().join("host-off/state/blobs");
+    fleet.tool(
+        "whoami.meta",
+        &format!(
+            r#"{{"description": "who am I",
+                "cmd": "echo uid=$(id -u); cat {} >/dev/null 2>&1 && echo key=read || echo key=denied; ls {} >/dev/null 2>&1 && echo blobs=listed || echo blobs=denied; echo x > \"$TMPDIR/f\" 2>/dev/null && echo tmp=written || echo tmp=denied"}}"#,
+            key.display(),
+            blobs.display()
+        ),
+        false,
+    );
+    fleet.start_coordinator(&[]);
+    // No Landlock, no cgroup: only the user keeps the tool out.
+    fleet.start_agent(
+        "off",
+        &AgentSpec {
+            args: vec!["--sandbox=off".into(), "--run-as=nobody".into()],
+            env: vec![("TMPDIR".into(), "/tmp".into())],
+            ..AgentSpec::default()
+        },
+    );
+    fleet.start_agent(
+        "confined",
+        &AgentSpec {
+            args: vec!["--run-as=nobody".into()],
+            ..AgentSpec::default()
+        },
+    );
+    fleet.wait_online(&["off", "confined"], "whoami");
+    let nobody = Command::new("id").args(["-u", "nobody"]).output().unwrap();
+    let nobody = text(&nobody.stdout).trim().to_string();
+
+    let out = fleet.toolctl(&["call", "off", "whoami"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        field(&stdout, "uid"),
+        Some(nobody.clone()),
+        "{stdout} {}",
+        text(&out.stderr)
+    );
+    assert_eq!(field(&stdout, "key").as_deref(), Some("denied"), "{stdout}");
+    assert_eq!(
+        field(&stdout, "blobs").as_deref(),
+        Some("denied"),
+        "{stdout}"
+    );
+
+    let out = fleet.toolctl(&["call", "confined", "whoami"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        field(&stdout, "uid"),
+        Some(nobody),
+        "{stdout} {}",
+        text(&out.stderr)
+    );
+    assert_eq!(field(&stdout, "key").as_deref(), Some("denied"), "{stdout}");
+    assert_eq!(
+        field(&stdout, "tmp").as_deref(),
+        Some("written"),
+        "{stdout}"
+    );
+    assert_eq!(
+        host(&fleet.hosts(), "confined")["sandbox"]["run_as"],
+        "nobody"
+    );
+}
