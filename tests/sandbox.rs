@@ -218,7 +218,9 @@ fn a_fork_bomb_hits_its_pids_limit_and_the_host_still_answers_within_a_second() 
     let stderr = text(&out.stderr);
     assert!(text(&out.stdout).contains("bomb over"), "{stderr}");
     assert!(
-        stderr.contains("a: tool_error: exited with code 1; the call reached its process limit"),
+        stderr.contains(
+            "tool `bomb` on host `a`: exited with code 1; the call reached its process limit"
+        ),
         "{stderr}"
     );
 }
@@ -292,7 +294,7 @@ fn a_host_that_cannot_confine_refuses_a_tool_that_requires_it() {
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(77), "{stderr}");
     assert!(
-        stderr.contains("open: unconfined: policy rule 0 requires tool `backup_db` to run confined, and host `open` reports sandbox=off"),
+        stderr.contains("tool `backup_db` on host `open`: policy rule 0 requires tool `backup_db` to run confined, and host `open` reports sandbox=off"),
         "{stderr}"
     );
     assert!(out.stdout.is_empty(), "nothing ran");
