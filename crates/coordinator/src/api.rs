@@ -254,8 +254,8 @@ impl Tools for ToolsService {
             status
         };
         bounded("the selector", &req.selector, MAX_SELECTOR_BYTES).map_err(refuse)?;
-        let selector =
-            Selector::parse(&req.selector).map_err(|e| refuse(Status::invalid_argument(e)))?;
+        let selector = Selector::parse(&req.selector)
+            .map_err(|e| refuse(Status::invalid_argument(e.to_string())))?;
         let mut spec = call_spec(
             &state,
             client.clone(),

@@ -14,6 +14,7 @@ use serde_json::json;
 use toolsrv_proto::v1::{ApprovalRequest, CallResult, CallStatus};
 
 use crate::approvals::Decision;
+use crate::error::FileError;
 
 use crate::fleet::now_ms;
 
@@ -40,12 +41,17 @@ pub struct Record<'a> {
     pub fanout: Option<&'a str>,
 }
 
-fn open(path: &Path) -> Result<std::fs::File, String> {
+fn open(path: &Path, action: &'static str) -> Result<std::fs::File, FileError> {
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
-        .map_err(|e| format!("cannot open audit log {}: {e}", path.display()))
+        .map_err(|source| FileError::Io {
+            what: "audit log",
+            action,
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// At most `max` bytes of `s` (cut at a character boundary), with the full length noted when cut.
@@ -61,21 +67,21 @@ fn bounded(s: &str, max: usize) -> String {
 }
 
 impl Audit {
-    pub fn open(path: Option<&Path>) -> Result<Self, String> {
+    pub fn open(path: Option<&Path>) -> Result<Self, FileError> {
         let file = match path {
             None => None,
-            Some(p) => Some((p.to_path_buf(), Mutex::new(open(p)?))),
+            Some(p) => Some((p.to_path_buf(), Mutex::new(open(p, "open")?))),
         };
         Ok(Self { file })
     }
 
     /// Opens the log file again by its path (after logrotate moved it away); on failure the
     /// old file stays in use.
-    pub fn reopen(&self) -> Result<(), String> {
+    pub fn reopen(&self) -> Result<(), FileError> {
         let Some((path, file)) = &self.file else {
             return Ok(());
         };
-        let fresh = open(path)?;
+        let fresh = open(path, "reopen")?;
         *file.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
         Ok(())
     }

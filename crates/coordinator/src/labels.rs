@@ -12,6 +12,7 @@ use std::path::Path;
 
 use toolsrv_proto::v1::Hello;
 
+use crate::error::FileError;
 use crate::selector::glob;
 
 /// Most labels a hello may carry.
@@ -43,10 +44,10 @@ impl HostLabels {
         Ok(Self { entries })
     }
 
-    pub fn load(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read host labels {}: {e}", path.display()))?;
-        Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    pub fn load(path: &Path) -> Result<Self, FileError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| FileError::read("host labels", path, e))?;
+        Self::parse(&text).map_err(|e| FileError::invalid("host labels", path, e))
     }
 
     /// The labels of host `id`.

@@ -14,6 +14,7 @@ mod approvals;
 mod audit;
 mod calls;
 mod catalog;
+mod error;
 mod fleet;
 /// Public for the fuzz targets; the coordinator's own use is `AgentLinkRoutes`.
 pub mod framing;
@@ -41,6 +42,7 @@ use toolsrv_tls::{ServerCreds, TlsFiles};
 
 pub use agent_link::{AgentLinkRoutes, AgentLinkService};
 pub use api::ToolsService;
+pub use error::FileError;
 pub use identity::{Caller, RequireRole};
 pub use policy::Policy;
 pub use quota::Limits;
@@ -92,8 +94,11 @@ impl CoordinatorConfig {
 pub enum CoordinatorError {
     #[error(transparent)]
     Tls(#[from] toolsrv_tls::TlsError),
-    #[error("{0}")]
-    Config(String),
+    /// A policy, host labels or audit file that cannot be used.
+    #[error(transparent)]
+    File(#[from] error::FileError),
+    #[error("cannot build the reflection service: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
 }
@@ -124,13 +129,12 @@ pub async fn serve(
 ) -> Result<(), CoordinatorError> {
     let creds = ServerCreds::new(config.tls.clone())?;
     let policy = match &config.policy {
-        Some(path) => Policy::load(path).map_err(CoordinatorError::Config)?,
+        Some(path) => Policy::load(path)?,
         None => Policy::default(),
     };
-    let audit =
-        audit::Audit::open(config.audit_log.as_deref()).map_err(CoordinatorError::Config)?;
+    let audit = audit::Audit::open(config.audit_log.as_deref())?;
     let host_labels = match &config.host_labels {
-        Some(path) => labels::HostLabels::load(path).map_err(CoordinatorError::Config)?,
+        Some(path) => labels::HostLabels::load(path)?,
         None => labels::HostLabels::default(),
     };
     let registry = Registry::open(config.tools.clone());
@@ -173,12 +177,9 @@ pub async fn serve(
                 tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
             )
     };
-    let reflection_v1 = reflection(tonic_reflection::server::Builder::configure())
-        .build_v1()
-        .map_err(|e| CoordinatorError::Config(format!("reflection: {e}")))?;
-    let reflection_v1alpha = reflection(tonic_reflection::server::Builder::configure())
-        .build_v1alpha()
-        .map_err(|e| CoordinatorError::Config(format!("reflection: {e}")))?;
+    let reflection_v1 = reflection(tonic_reflection::server::Builder::configure()).build_v1()?;
+    let reflection_v1alpha =
+        reflection(tonic_reflection::server::Builder::configure()).build_v1alpha()?;
 
     if let Some(health) = health {
         let health_service = health_service.clone();

@@ -28,6 +28,7 @@ use serde::Deserialize;
 use toolsrv_proto::v1::{SandboxGrant, SandboxPolicy};
 use toolsrv_tls::normalize_name;
 
+use crate::error::FileError;
 use crate::selector::{HostFacts, Selector, glob};
 
 /// What a rule does.
@@ -210,7 +211,7 @@ fn sandbox_entry(i: usize, raw: RawSandbox) -> Result<SandboxEntry, String> {
         .as_deref()
         .map(Selector::parse)
         .transpose()
-        .map_err(|e| at("hosts", e))?;
+        .map_err(|e| at("hosts", e.to_string()))?;
     for (field, paths) in [("read", &raw.read), ("write", &raw.write)] {
         if let Some(p) = paths.iter().find(|p| !Path::new(p).is_absolute()) {
             return Err(at(field, format!("`{p}` is not an absolute path")));
@@ -289,10 +290,9 @@ impl Policy {
         })
     }
 
-    pub fn load(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read policy {}: {e}", path.display()))?;
-        Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    pub fn load(path: &Path) -> Result<Self, FileError> {
+        let text = std::fs::read_to_string(path).map_err(|e| FileError::read("policy", path, e))?;
+        Self::parse(&text).map_err(|e| FileError::invalid("policy", path, e))
     }
 
     /// Whether `client` may call `tool` on `host`, at once or after an approval; the error says
@@ -587,5 +587,23 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn a_policy_file_that_cannot_be_used_keeps_the_cause() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.json");
+        match Policy::load(&missing).unwrap_err() {
+            FileError::Io { source, path, .. } => {
+                assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+                assert_eq!(path, missing);
+            }
+            other => panic!("{other:?}"),
+        }
+        let bad = dir.path().join("bad.json");
+        std::fs::write(&bad, r#"{"rules": [{"effect": "maybe"}]}"#).unwrap();
+        let err = Policy::load(&bad).unwrap_err();
+        assert!(matches!(err, FileError::Invalid { .. }));
+        assert!(err.to_string().starts_with("policy "), "{err}");
     }
 }

@@ -34,14 +34,21 @@ pub struct HostFacts<'a> {
     pub labels: &'a BTreeMap<String, String>,
 }
 
+/// A selector that does not parse; the message names the offending term.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SelectorError(String);
+
 impl Selector {
     /// Parses a selector; the error names the offending term.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, SelectorError> {
         let mut selector = Selector::default();
         for raw in text.split(',') {
             let term = raw.trim();
             if term.is_empty() {
-                return Err(format!("selector `{text}` has an empty term"));
+                return Err(SelectorError(format!(
+                    "selector `{text}` has an empty term"
+                )));
             }
             match term.split_once('=') {
                 _ if term == "all" || term == "*" => {}
@@ -53,12 +60,16 @@ impl Selector {
                     };
                     selector.pairs.entry(k.to_string()).or_default().push(v)
                 }
-                Some(_) => return Err(format!("selector term `{term}` needs KEY=VALUE")),
+                Some(_) => {
+                    return Err(SelectorError(format!(
+                        "selector term `{term}` needs KEY=VALUE"
+                    )));
+                }
                 None if valid_glob(term) => selector.hosts.push(normalize_name(term)),
                 None => {
-                    return Err(format!(
+                    return Err(SelectorError(format!(
                         "selector term `{term}` is not a host id or glob ([A-Za-z0-9_.-*?])"
-                    ));
+                    )));
                 }
             }
         }
