@@ -461,7 +461,9 @@ async fn run_command(call: &CallSide, request: &Request) -> Ran {
         .stderr(Stdio::piped());
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     if let Err(e) = call.jail.install_bypass(&mut cmd) {
-        return Ran::not_run(format!("toolsrv: approved, but cannot run `{program}`: {e}\n"));
+        return Ran::not_run(format!(
+            "toolsrv: approved, but cannot run `{program}`: {e}\n"
+        ));
     }
     let mut cmd = tokio::process::Command::from(cmd);
     cmd.kill_on_drop(true);
@@ -556,9 +558,15 @@ mod tests {
     async fn lines_are_bounded_and_a_long_one_is_skipped() {
         let input: &[u8] = b"short\nthis one is far too long\nlast";
         let mut r = BufReader::with_capacity(4, input);
-        assert_eq!(read_line(&mut r, 10).await.ok(), Some(Line::Text(b"short".to_vec())));
+        assert_eq!(
+            read_line(&mut r, 10).await.ok(),
+            Some(Line::Text(b"short".to_vec()))
+        );
         assert_eq!(read_line(&mut r, 10).await.ok(), Some(Line::TooLong));
-        assert_eq!(read_line(&mut r, 10).await.ok(), Some(Line::Text(b"last".to_vec())));
+        assert_eq!(
+            read_line(&mut r, 10).await.ok(),
+            Some(Line::Text(b"last".to_vec()))
+        );
         assert_eq!(read_line(&mut r, 10).await.ok(), Some(Line::Eof));
     }
 
@@ -582,7 +590,11 @@ mod tests {
             br#"{"argv": ["a"], "reason": 3}"#,
             br#"{"argv": ["a"], "stdin": 3}"#,
         ] {
-            assert!(Request::parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+            assert!(
+                Request::parse(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 
