@@ -218,7 +218,7 @@ fn start_broker(
         return Ok(None);
     };
     let broker = Broker::start(
-        &dir.to_path_buf(),
+        dir,
         CallSide {
             call_id: start.call_id,
             tool: start.tool.clone(),
