@@ -22,6 +22,7 @@ use toolsrv_proto::v1::{
 use toolsrv_registry::Catalog;
 
 use crate::blobs::GrpcBlobs;
+use crate::bypass::{Broker, CallSide, Pending};
 use crate::outcome::{finished, refusal_status};
 use crate::store::CatalogStore;
 
@@ -49,6 +50,8 @@ pub(crate) struct CallEnv {
     pub confiner: Arc<Confiner>,
     /// The coordinator's sandbox grants for this host (none until its SandboxPolicy arrives).
     pub grants: RwLock<Arc<Vec<Grant>>>,
+    /// The bypass decisions the calls wait for.
+    pub bypasses: Arc<Pending>,
 }
 
 /// Output bytes a call may still send: starts at the call's initial credit, grows with each
@@ -186,10 +189,65 @@ async fn run(
     }
     let timeout = invocation.timeout;
     let deadline = Instant::now() + timeout + invocation.kill_grace + CREDIT_SLACK;
-    let mut execution = match toolsrv_host::start(&start.tool, invocation, cancel.clone()) {
-        Ok(execution) => execution,
-        Err(e) => return CallResult::not_run(refusal_status(&e), e.to_string()),
+    let broker = match start_broker(env, start, &mut invocation, cancel) {
+        Ok(broker) => broker,
+        Err(e) => return CallResult::not_run(CallStatus::FailedToStart, e),
     };
+    let result = match toolsrv_host::start(&start.tool, invocation, cancel.clone()) {
+        Ok(execution) => stream(env, start, execution, cancel, credit, deadline, timeout).await,
+        Err(e) => CallResult::not_run(refusal_status(&e), e.to_string()),
+    };
+    if let Some(broker) = broker {
+        broker.stop().await;
+    }
+    result
+}
+
+/// Serves the call's bypass socket when the call can run a bypass command (it is confined, with
+/// a cgroup), and names it in the call's environment.
+fn start_broker(
+    env: &CallEnv,
+    start: &StartCall,
+    invocation: &mut Invocation,
+    cancel: &CancellationToken,
+) -> Result<Option<Broker>, String> {
+    let Some(jail) = invocation.jail.clone() else {
+        return Ok(None);
+    };
+    let Some(dir) = jail.private_dir().filter(|_| jail.can_bypass()) else {
+        return Ok(None);
+    };
+    let broker = Broker::start(
+        dir,
+        CallSide {
+            call_id: start.call_id,
+            tool: start.tool.clone(),
+            jail: jail.clone(),
+            env: invocation.env.clone(),
+            cwd: invocation.cwd.clone(),
+            deadline: Instant::now() + invocation.timeout,
+            cancel: cancel.clone(),
+            out: env.out.clone(),
+            pending: env.bypasses.clone(),
+        },
+    )?;
+    invocation.env.push((
+        "OLLIE_BYPASS_SOCKET".into(),
+        broker.path().as_os_str().to_owned(),
+    ));
+    Ok(Some(broker))
+}
+
+/// Forwards a started call's output under credit until it finishes.
+async fn stream(
+    env: &CallEnv,
+    start: &StartCall,
+    mut execution: toolsrv_exec::Execution,
+    cancel: &CancellationToken,
+    credit: &Credit,
+    deadline: Instant,
+    timeout: Duration,
+) -> CallResult {
     let mut forwarding = true;
     let mut dropped = false;
     while let Some(event) = execution.next().await {

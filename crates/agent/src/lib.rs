@@ -10,6 +10,7 @@
 
 mod backoff;
 mod blobs;
+mod bypass;
 mod calls;
 mod config;
 mod error;

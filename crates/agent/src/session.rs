@@ -141,6 +141,7 @@ pub(crate) async fn session(
         blobs,
         confiner: agent.confiner.clone(),
         grants: std::sync::RwLock::default(),
+        bypasses: Arc::default(),
     });
     let mut link = Link {
         config: &agent.config,
@@ -155,7 +156,9 @@ pub(crate) async fn session(
     };
     let end = link.serve(&mut inbound, interval, shutdown).await;
 
-    // Whatever ended the session, no call outlives it.
+    // Whatever ended the session, no call outlives it; a bypass request still waiting is told
+    // that the link is gone before its call is cancelled.
+    link.env.bypasses.close();
     link.stop_calls().await;
     keeper_stop.cancel();
     if let Err(e) = keeper_task.await {
@@ -328,10 +331,15 @@ impl Link<'_> {
             }
             Some(In::Keepalive(_)) => {}
             Some(In::Bypass(decision)) => {
-                tracing::warn!(
-                    call_id = decision.call_id,
-                    "ignoring a bypass decision: this agent sent no bypass request"
-                );
+                let (call_id, request_id) = (decision.call_id, decision.request_id);
+                if !self.env.bypasses.deliver(decision) {
+                    // The call ended, or its request stopped waiting: nobody to tell.
+                    tracing::debug!(
+                        call_id,
+                        request_id,
+                        "dropping a bypass decision nobody waits for"
+                    );
+                }
             }
             Some(In::Goodbye(goodbye)) => return Ok(Some(SessionEnd::Goodbye(goodbye.reason))),
             Some(In::Welcome(_)) => {

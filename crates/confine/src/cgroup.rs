@@ -513,6 +513,19 @@ impl CallCgroup {
         }
     }
 
+    /// Opens the `cgroup.procs` of each of the call's cgroups, for one more process to join
+    /// them (a bypass command approved for the call)
+    pub fn open_joins(&self) -> Result<Vec<OwnedFd>, ConfineError> {
+        self.dirs().map(open_procs).collect()
+    }
+
+    /// Whether `pid` is a process of the call. The call's cgroups have no children, so its
+    /// `cgroup.procs` lists every process of it; reading that list is exact where matching the
+    /// process's `/proc/<pid>/cgroup` against the mount would have to guess the mount point.
+    pub fn holds(&self, pid: i32) -> bool {
+        self.main_dir().is_some_and(|d| procs(d).contains(&pid))
+    }
+
     /// Whether a process of the call is still there
     pub fn populated(&self) -> bool {
         if let Some((dir, _)) = &self.v2

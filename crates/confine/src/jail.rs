@@ -386,6 +386,10 @@ impl Confiner {
             setup.cgroup_procs = joins;
         }
         setup.rlimits = self.rlimits(&profile, call.timeout);
+        jail.bypass = Some(BypassSetup {
+            rlimits: setup.rlimits.clone(),
+            ids: self.ids,
+        });
         #[cfg(target_os = "linux")]
         if self.abilities.landlock_abi > 0 {
             setup.landlock = self.landlock(call, &profile, &private, caller_cwd.as_deref())?;
@@ -603,7 +607,17 @@ pub struct CallJail {
     setup: Mutex<Option<Arc<ChildSetup>>>,
     cgroup: Option<CallCgroup>,
     private: Option<PathBuf>,
+    /// What an approved bypass command of the call gets: the call's limits and user, not its
+    /// Landlock rules; `None` when the call is not confined
+    bypass: Option<BypassSetup>,
     released: AtomicBool,
+}
+
+/// The part of a call's confinement a bypass command keeps
+#[derive(Debug, Clone)]
+struct BypassSetup {
+    rlimits: Vec<(Resource, u64)>,
+    ids: Option<(Uid, Gid)>,
 }
 
 impl fmt::Debug for CallJail {
@@ -625,6 +639,7 @@ impl CallJail {
             setup: Mutex::new(setup.map(Arc::new)),
             cgroup,
             private,
+            bypass: None,
             released: AtomicBool::new(false),
         }
     }
@@ -636,6 +651,54 @@ impl CallJail {
         if let Some(setup) = setup {
             crate::sys::install(cmd, setup);
         }
+    }
+
+    /// The call's private directory (its `TMPDIR` and `HOME`); `None` when not confined
+    pub fn private_dir(&self) -> Option<&Path> {
+        self.private.as_deref()
+    }
+
+    /// The user and group the call's processes run as; `None`: the agent's
+    pub fn owner(&self) -> Option<(u32, u32)> {
+        self.bypass
+            .as_ref()
+            .and_then(|b| b.ids)
+            .map(|(uid, gid)| (uid.as_raw(), gid.as_raw()))
+    }
+
+    /// Whether a bypass command can run for this call: only inside the call's cgroup, so its
+    /// limits and its end apply to it
+    pub fn can_bypass(&self) -> bool {
+        self.bypass.is_some() && self.cgroup.is_some()
+    }
+
+    /// Whether process `pid` belongs to the call (is in its cgroup); false without a cgroup
+    pub fn holds(&self, pid: i32) -> bool {
+        self.cgroup.as_ref().is_some_and(|c| c.holds(pid))
+    }
+
+    /// Makes `cmd`'s process join the call's cgroups, take its resource limits, its user and
+    /// `no_new_privs`, but not its Landlock rules: an approved bypass command. Refused when the
+    /// call has no cgroup (the command would escape the call's limits and end).
+    pub fn install_bypass(&self, cmd: &mut std::process::Command) -> Result<(), ConfineError> {
+        let (Some(bypass), Some(cgroup)) = (&self.bypass, &self.cgroup) else {
+            return Err(ConfineError::io(
+                "run a bypass command in the call's cgroup",
+                self.private.clone().unwrap_or_default(),
+                std::io::Error::other(
+                    "the call has no cgroup; give the agent a cgroup hierarchy (--cgroup) to allow bypass requests",
+                ),
+            ));
+        };
+        let setup = ChildSetup {
+            cgroup_procs: cgroup.open_joins()?,
+            rlimits: bypass.rlimits.clone(),
+            ids: bypass.ids,
+            no_new_privs: true,
+            landlock: None,
+        };
+        crate::sys::install(cmd, Arc::new(setup));
+        Ok(())
     }
 
     /// Whether the call has its own cgroup (else only its process group can be ended)

@@ -53,6 +53,8 @@ enum Command {
     Pki(PkiCommand),
     /// A coordinator, a local agent, development certificates and the example tools, in one process
     Up(crate::up::UpArgs),
+    /// Ask to run a command outside the call's sandbox: `toolsrv bypass --reason TEXT -- CMD ARGS...`
+    Bypass(crate::bypass::BypassArgs),
 }
 
 /// TLS files, shared by both roles. Each is needed, as a flag or from the environment: they are
@@ -467,6 +469,16 @@ pub fn shutdown_on_signals() -> CancellationToken {
     token
 }
 
+impl Cli {
+    /// `toolsrv bypass`, which `main` runs alone: no runtime, no logging, the command's status.
+    pub fn bypass(&self) -> Option<&crate::bypass::BypassArgs> {
+        match &self.command {
+            Command::Bypass(args) => Some(args),
+            _ => None,
+        }
+    }
+}
+
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Coordinator(args) => {
@@ -510,6 +522,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Up(args) => crate::up::run(args, shutdown_on_signals()).await,
+        // Handled by `main` before the runtime starts: it exits with the command's status.
+        Command::Bypass(_) => bail!(
+            "toolsrv bypass runs without the server's runtime; this is a bug, please report it"
+        ),
     }
 }
 

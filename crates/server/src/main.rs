@@ -1,6 +1,7 @@
 //! `toolsrv`: runs a coordinator, an agent, both at once (`up`), or manages a development PKI;
 //! started under the name `toolctl`, it is the client command line.
 
+mod bypass;
 mod cli;
 mod examples;
 mod up;
@@ -17,6 +18,9 @@ fn main() -> ExitCode {
     }
     toolsrv_tls::install_crypto_provider();
     let cli = cli::Cli::parse();
+    if let Some(args) = cli.bypass() {
+        return bypass::run(args);
+    }
     cli::init_logging(&cli.log);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -1,0 +1,308 @@
+//! The bypass path end to end: a confined tool asks through its call's socket, the coordinator
+//! decides by policy or by a person, the agent runs the approved command outside the Landlock
+//! rules but inside the call's cgroup; every outcome audited.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use toolsrv_tests::{AgentSpec, Fleet, bin, finish_child, run_bounded, text, wait_for};
+
+const POLICY: &str = r#"{"default": "allow", "rules": [
+    {"tools": ["bp_allow", "raw"], "effect": "allow", "bypass": "allow"},
+    {"tools": ["bp_deny"], "effect": "allow", "bypass": "deny"},
+    {"tools": ["bp_ask"], "effect": "allow", "bypass": "ask"},
+    {"tools": ["bp_bob"], "effect": "allow", "bypass": "ask", "approvers": ["bob"]}]}"#;
+
+/// Tries to write `$OUT` itself (the sandbox refuses), then asks for a command that writes it
+/// and says which cgroup it ran in.
+const ASKER: &str = r#"set -u
+out=$(jq -r .out)
+if (echo inside > "$out") 2>/dev/null; then echo "tool wrote=yes"; else echo "tool wrote=no"; fi
+toolsrv bypass --no-stdin --reason "write the mark" -- sh -c 'echo outside > "$1" && echo "cmd wrote=yes" && grep -c "/call-" /proc/self/cgroup | sed "s/^/cmd in call cgroup lines=/"' sh "$out"
+echo "bypass exit=$?""#;
+
+/// Speaks the wire format itself: a malformed line, then a good request, on one connection;
+/// optionally on a socket named in the arguments instead of its own.
+const RAW: &str = r#"import json, os, socket, sys
+args = json.load(sys.stdin)
+path = args.get("socket") or os.environ["OLLIE_BYPASS_SOCKET"]
+if args.get("publish"):
+    open(args["publish"], "w").write(os.environ["OLLIE_BYPASS_SOCKET"])
+    import time
+    time.sleep(args.get("linger", 0))
+s = socket.socket(socket.AF_UNIX)
+s.connect(path)
+f = s.makefile("rwb")
+for line in args["lines"]:
+    f.write(line.encode() + b"\n"); f.flush()
+    print(f.readline().decode().strip(), flush=True)
+"#;
+
+fn fleet(extra: &[&str]) -> Fleet {
+    let mut fleet = Fleet::new(&["a"]);
+    for tool in ["bp_allow", "bp_deny", "bp_ask", "bp_bob"] {
+        let meta = serde_json::json!({"description": tool, "cmd": ASKER});
+        fleet.tool(&format!("{tool}.meta"), &meta.to_string(), false);
+    }
+    fleet.tool(
+        "raw.meta",
+        &serde_json::json!({"description": "raw", "cmd": "/usr/bin/python3 -c \"$RAW\""})
+            .to_string(),
+        false,
+    );
+    let policy = fleet.work.path().join("policy.json");
+    std::fs::write(&policy, POLICY).unwrap();
+    let audit = fleet.work.path().join("audit.jsonl");
+    let mut args = vec![
+        format!("--policy={}", policy.display()),
+        format!("--audit-log={}", audit.display()),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    fleet.start_coordinator(&args);
+    // `toolsrv bypass` on the calls' PATH, readable under their Landlock rules.
+    let toolsrv = bin("toolsrv");
+    let bin_dir = toolsrv.parent().unwrap().to_path_buf();
+    fleet.start_agent(
+        "a",
+        &AgentSpec {
+            env: vec![
+                (
+                    "PATH".into(),
+                    format!("{}:/usr/bin:/bin", bin_dir.display()),
+                ),
+                ("RAW".into(), RAW.into()),
+            ],
+            args: vec![
+                format!("--sandbox-read={}", bin_dir.display()),
+                "--sandbox-env=RAW".into(),
+            ],
+            ..AgentSpec::default()
+        },
+    );
+    fleet.wait_online(&["a"], "bp_bob");
+    fleet
+}
+
+fn audit(fleet: &Fleet) -> Vec<Value> {
+    std::fs::read_to_string(fleet.work.path().join("audit.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn bypasses(fleet: &Fleet) -> Vec<(String, Option<String>)> {
+    audit(fleet)
+        .iter()
+        .filter(|r| r["event"] == "bypass")
+        .map(|r| {
+            (
+                r["decision"].as_str().unwrap().to_string(),
+                r["decided_by"].as_str().map(str::to_string),
+            )
+        })
+        .collect()
+}
+
+/// `toolctl` as `stem` in a new session: no controlling terminal to ask on.
+fn toolctl_detached(fleet: &Fleet, stem: &str, args: &[&str]) -> std::process::Output {
+    let inner = fleet.toolctl_command(stem, args);
+    let mut cmd = Command::new("setsid");
+    cmd.arg("--wait")
+        .arg(inner.get_program())
+        .args(inner.get_args());
+    for (k, v) in inner.get_envs() {
+        if let Some(v) = v {
+            cmd.env(k, v);
+        }
+    }
+    run_bounded(cmd, None, Duration::from_secs(60))
+}
+
+fn mark_args(fleet: &Fleet, name: &str) -> (std::path::PathBuf, String) {
+    let out = fleet.work.path().join(name);
+    (out.clone(), format!(r#"{{"out": "{}"}}"#, out.display()))
+}
+
+fn assert_ran(stdout: &str, mark: &std::path::Path) {
+    assert!(stdout.contains("tool wrote=no"), "{stdout}");
+    assert!(stdout.contains("cmd wrote=yes"), "{stdout}");
+    assert!(stdout.contains("cmd in call cgroup lines="), "{stdout}");
+    assert!(!stdout.contains("cmd in call cgroup lines=0"), "{stdout}");
+    assert!(stdout.contains("bypass exit=0"), "{stdout}");
+    assert_eq!(std::fs::read_to_string(mark).unwrap(), "outside\n");
+}
+
+#[test]
+fn policy_allows_or_denies_a_bypass() {
+    let fleet = fleet(&[]);
+    let (mark, args) = mark_args(&fleet, "allowed.txt");
+    let out = fleet.toolctl(&["call", "a", "bp_allow", &args]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_ran(&text(&out.stdout), &mark);
+
+    let (mark, args) = mark_args(&fleet, "denied.txt");
+    let out = fleet.toolctl(&["call", "a", "bp_deny", &args]);
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("bypass exit=77"), "{stdout}");
+    assert!(!mark.exists());
+    assert_eq!(
+        bypasses(&fleet),
+        [
+            ("approved".into(), Some("policy".into())),
+            ("denied".into(), Some("policy".into())),
+        ]
+    );
+    let record = audit(&fleet)
+        .into_iter()
+        .find(|r| r["event"] == "bypass")
+        .unwrap();
+    assert_eq!(record["bypass_reason"], "write the mark");
+    assert!(record["bypass_argv"].as_str().unwrap().starts_with("sh -c"));
+}
+
+#[test]
+fn the_caller_approves_or_denies_a_bypass() {
+    let fleet = fleet(&[]);
+    let (mark, args) = mark_args(&fleet, "asked.txt");
+    let out = toolctl_detached(
+        &fleet,
+        "client-alice",
+        &["call", "a", "bp_ask", &args, "--approve"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_ran(&text(&out.stdout), &mark);
+
+    let (mark, args) = mark_args(&fleet, "refused.txt");
+    let out = toolctl_detached(
+        &fleet,
+        "client-alice",
+        &["call", "a", "bp_ask", &args, "--deny"],
+    );
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("bypass exit=77"), "{stdout}");
+    assert!(!mark.exists());
+    assert_eq!(
+        bypasses(&fleet),
+        [
+            ("approved".into(), Some("alice".into())),
+            ("denied".into(), Some("alice".into())),
+        ]
+    );
+}
+
+#[test]
+fn an_unanswered_bypass_expires_as_a_denial() {
+    let fleet = fleet(&["--approval-timeout-secs=1"]);
+    let (mark, args) = mark_args(&fleet, "expired.txt");
+    let out = toolctl_detached(&fleet, "client-alice", &["call", "a", "bp_bob", &args]);
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("bypass exit=77"),
+        "{stdout} {}",
+        text(&out.stderr)
+    );
+    assert!(!mark.exists());
+    assert_eq!(bypasses(&fleet), [("expired".into(), None)]);
+}
+
+#[test]
+fn a_second_identity_approves_a_bypass_while_the_caller_waits() {
+    let fleet = fleet(&[]);
+    let (mark, args) = mark_args(&fleet, "bob.txt");
+    let mut caller =
+        fleet.toolctl_command("client-alice", &["call", "a", "bp_bob", &args, "--approve"]);
+    caller.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let caller = caller.spawn().unwrap();
+    let pending = wait_for("bob to see the request", Duration::from_secs(20), || {
+        let out = fleet.toolctl_as("client-bob", &["approvals", "--json"], None);
+        let list: Vec<Value> = serde_json::from_slice(&out.stdout).ok()?;
+        (!list.is_empty()).then_some(list)
+    });
+    let id = pending[0]["id"].as_str().unwrap();
+    let out = fleet.toolctl_as("client-bob", &["approve", id, "--reason", "ticket 7"], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = finish_child(caller, Duration::from_secs(30));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_ran(&text(&out.stdout), &mark);
+    assert_eq!(bypasses(&fleet), [("approved".into(), Some("bob".into()))]);
+}
+
+#[test]
+fn a_malformed_line_is_refused_and_the_connection_goes_on() {
+    let fleet = fleet(&[]);
+    let args = serde_json::json!({"lines": [
+        "not json",
+        r#"{"argv": []}"#,
+        r#"{"argv": ["echo", "hello"], "reason": "greet"}"#,
+    ]});
+    let out = fleet.toolctl(&["call", "a", "raw", &args.to_string()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let answers: Vec<Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(answers.len(), 3, "{answers:?}");
+    assert_eq!(answers[0]["approved"], false);
+    assert!(
+        answers[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not valid JSON")
+    );
+    assert_eq!(answers[1]["approved"], false);
+    assert_eq!(answers[2]["approved"], true);
+    assert_eq!(answers[2]["exit_code"], 0);
+    assert_eq!(answers[2]["stdout"], "hello\n");
+    assert_eq!(answers[2]["truncated"], false);
+}
+
+#[test]
+fn another_calls_tool_cannot_use_this_calls_socket() {
+    let fleet = fleet(&[]);
+    // The first call publishes its socket's path and stays a while; the second uses it.
+    let published = fleet.marks().join("socket-path");
+    let first = serde_json::json!({
+        "publish": published.display().to_string(), "linger": 5, "lines": [],
+    });
+    let mut holder =
+        fleet.toolctl_command("client-alice", &["call", "a", "raw", &first.to_string()]);
+    holder.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let holder = holder.spawn().unwrap();
+    let path = wait_for(
+        "the first call to publish its socket",
+        Duration::from_secs(20),
+        || {
+            std::fs::read_to_string(&published)
+                .ok()
+                .filter(|p| !p.is_empty())
+        },
+    );
+    let second = serde_json::json!({
+        "socket": path, "lines": [r#"{"argv": ["echo", "stolen"]}"#],
+    });
+    let out = fleet.toolctl(&["call", "a", "raw", &second.to_string()]);
+    let stdout = text(&out.stdout);
+    let answer: Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|_| panic!("{stdout} {}", text(&out.stderr)));
+    assert_eq!(answer["approved"], false, "{answer}");
+    assert!(
+        answer["reason"]
+            .as_str()
+            .unwrap()
+            .contains("serves only the processes of call")
+    );
+    let out = finish_child(holder, Duration::from_secs(30));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        !std::path::Path::new(&path).exists(),
+        "the socket is removed after the call"
+    );
+    assert!(
+        bypasses(&fleet).is_empty(),
+        "nothing reached the coordinator"
+    );
+}
