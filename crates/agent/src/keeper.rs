@@ -158,7 +158,7 @@ impl CatalogKeeper {
 
 /// The keeper task's connections to the session.
 #[derive(Debug)]
-pub(crate) struct KeeperLinks {
+pub(crate) struct KeeperChannels {
     pub updates: mpsc::Receiver<CatalogUpdate>,
     /// Where calls find the current catalog.
     pub catalog: watch::Sender<Arc<Catalog>>,
@@ -172,7 +172,7 @@ pub(crate) struct KeeperLinks {
 pub(crate) async fn keep_catalog(
     mut keeper: CatalogKeeper,
     source: impl BlobSource,
-    mut links: KeeperLinks,
+    mut links: KeeperChannels,
 ) {
     let mut recheck = tokio::time::interval(links.recheck_every.max(Duration::from_millis(10)));
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -37,7 +37,7 @@ use crate::calls::{CallEnv, Credit, run_call};
 use crate::config::AgentConfig;
 use crate::error::AgentError;
 use crate::facts::hello;
-use crate::keeper::{CatalogKeeper, KeeperLinks, keep_catalog};
+use crate::keeper::{CatalogKeeper, KeeperChannels, keep_catalog};
 
 use crate::reconnect::SessionEnd;
 use crate::store::CatalogStore;
@@ -119,7 +119,7 @@ pub(crate) async fn session(
     let keeper_task = tokio::spawn(keep_catalog(
         keeper,
         blobs.clone(),
-        KeeperLinks {
+        KeeperChannels {
             updates: updates_rx,
             catalog: catalog_tx,
             out: out.clone(),
@@ -143,7 +143,7 @@ pub(crate) async fn session(
         grants: std::sync::RwLock::default(),
         bypasses: Arc::default(),
     });
-    let mut link = Link {
+    let mut session = SessionLoop {
         config: &agent.config,
         out,
         updates,
@@ -154,18 +154,18 @@ pub(crate) async fn session(
         all_calls: CancellationToken::new(),
         draining: false,
     };
-    let end = link.serve(&mut inbound, interval, shutdown).await;
+    let end = session.serve(&mut inbound, interval, shutdown).await;
 
     // Whatever ended the session, no call outlives it; a bypass request still waiting is told
     // that the link is gone before its call is cancelled.
-    link.env.bypasses.close();
-    link.stop_calls().await;
+    session.env.bypasses.close();
+    session.stop_calls().await;
     keeper_stop.cancel();
     if let Err(e) = keeper_task.await {
         tracing::error!(error = %e, "the catalog keeper task failed");
     }
     if matches!(end, Ok(SessionEnd::Shutdown)) {
-        link.say_goodbye(&mut inbound).await;
+        session.say_goodbye(&mut inbound).await;
     }
     end
 }
@@ -216,8 +216,8 @@ struct Running {
     credit: Arc<Credit>,
 }
 
-/// The main loop's state.
-struct Link<'a> {
+/// The state of one session's main loop (the coordinator's side of a connection is its `Link`).
+struct SessionLoop<'a> {
     config: &'a AgentConfig,
     out: mpsc::Sender<AgentMessage>,
     updates: mpsc::Sender<CatalogUpdate>,
@@ -232,7 +232,7 @@ struct Link<'a> {
     draining: bool,
 }
 
-impl Link<'_> {
+impl SessionLoop<'_> {
     async fn serve(
         &mut self,
         inbound: &mut Streaming<CoordinatorMessage>,
