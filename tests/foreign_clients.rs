@@ -70,12 +70,11 @@ fn python() -> PathBuf {
     python
 }
 
-#[test]
-fn python_grpcio_lists_hosts_and_calls_a_tool() {
-    let python = python();
+/// Python modules generated from `proto/` with grpcio-tools, in a temporary directory.
+fn python_stubs(python: &Path) -> tempfile::TempDir {
     let proto = Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto");
     let stubs = tempfile::tempdir().unwrap();
-    let mut protoc = Command::new(&python);
+    let mut protoc = Command::new(python);
     protoc
         .args(["-m", "grpc_tools.protoc"])
         .arg(format!("-I{}", proto.display()))
@@ -93,7 +92,101 @@ fn python_grpcio_lists_hosts_and_calls_a_tool() {
         "protoc for Python failed: {}",
         text(&out.stderr)
     );
+    stubs
+}
 
+/// Runs `tests/python/client.py` as alice against `fleet`: `args` after the connection ones.
+fn python_client(python: &Path, stubs: &Path, fleet: &Fleet, args: &[&str]) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/client.py");
+    let mut client = Command::new(python);
+    client
+        .arg(&script)
+        .arg(format!("127.0.0.1:{}", fleet.port))
+        .arg(fleet.pki.path("ca.pem"))
+        .arg(fleet.pki.path("client-alice.pem"))
+        .arg(fleet.pki.path("client-alice-key.pem"))
+        .args(args)
+        .env("PYTHONPATH", stubs);
+    let out = run_bounded(client, None, Duration::from_secs(90));
+    assert!(
+        out.status.success(),
+        "python client failed: {}",
+        text(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn python_grpcio_approves_a_call_and_its_bypass() {
+    let python = python();
+    let stubs = python_stubs(&python);
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "guarded.meta",
+        r#"{"description": "Asks to run a command outside its sandbox",
+            "cmd": "toolsrv bypass --no-stdin --reason 'look outside' -- echo outside"}"#,
+        false,
+    );
+    let policy = fleet.work.path().join("policy.json");
+    std::fs::write(
+        &policy,
+        r#"{"rules": [{"tools": ["guarded"], "effect": "approve", "bypass": "ask"}]}"#,
+    )
+    .unwrap();
+    let audit = fleet.work.path().join("audit.jsonl");
+    fleet.start_coordinator(&[
+        &format!("--policy={}", policy.display()),
+        &format!("--audit-log={}", audit.display()),
+    ]);
+    // `toolsrv bypass` on the calls' PATH, readable under their Landlock rules.
+    let toolsrv = toolsrv_tests::bin("toolsrv");
+    let bin_dir = toolsrv.parent().unwrap().to_path_buf();
+    fleet.start_agent(
+        "a",
+        &AgentSpec {
+            env: vec![(
+                "PATH".into(),
+                format!("{}:/usr/bin:/bin", bin_dir.display()),
+            )],
+            args: vec![format!("--sandbox-read={}", bin_dir.display())],
+            ..AgentSpec::default()
+        },
+    );
+    fleet.wait_online(&["a"], "guarded");
+
+    let report = python_client(
+        &python,
+        stubs.path(),
+        &fleet,
+        &["a", "guarded", "{}", "approve"],
+    );
+    assert_eq!(report["status"], "CALL_STATUS_OK", "{report}");
+    assert_eq!(report["stdout"], "outside\n", "{report}");
+    let approvals = report["approvals"].as_array().unwrap();
+    assert_eq!(approvals.len(), 2, "{report}");
+    assert_eq!(approvals[0]["bypass_argv"], serde_json::json!([]));
+    assert_eq!(
+        approvals[1]["bypass_argv"],
+        serde_json::json!(["echo", "outside"])
+    );
+    let decisions: Vec<Value> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|r| r["event"] == "approval" || r["event"] == "bypass")
+        .collect();
+    assert_eq!(decisions.len(), 2, "{decisions:?}");
+    for d in &decisions {
+        assert_eq!(d["decision"], "approved");
+        assert_eq!(d["decided_by"], "alice");
+        assert_eq!(d["reason"], "python");
+    }
+}
+
+#[test]
+fn python_grpcio_lists_hosts_and_calls_a_tool() {
+    let python = python();
+    let stubs = python_stubs(&python);
     let mut fleet = Fleet::new(&["a"]);
     fleet.tool(
         "greet.meta",
@@ -105,23 +198,12 @@ fn python_grpcio_lists_hosts_and_calls_a_tool() {
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "greet");
 
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/client.py");
-    let mut client = Command::new(&python);
-    client
-        .arg(&script)
-        .arg(format!("127.0.0.1:{}", fleet.port))
-        .arg(fleet.pki.path("ca.pem"))
-        .arg(fleet.pki.path("client-alice.pem"))
-        .arg(fleet.pki.path("client-alice-key.pem"))
-        .args(["a", "greet", r#"{"name": "python"}"#])
-        .env("PYTHONPATH", stubs.path());
-    let out = run_bounded(client, None, Duration::from_secs(90));
-    assert!(
-        out.status.success(),
-        "python client failed: {}",
-        text(&out.stderr)
+    let report = python_client(
+        &python,
+        stubs.path(),
+        &fleet,
+        &["a", "greet", r#"{"name": "python"}"#],
     );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["hosts"][0]["id"], "a");
     assert_eq!(report["hosts"][0]["online"], true);
     assert_eq!(report["hosts"][0]["os"], "linux");

@@ -1,5 +1,7 @@
-"""A toolsrv client written against proto/ only, with stock grpcio: lists hosts, calls a tool,
-checks health and lists services through server reflection. Prints one JSON report."""
+"""A toolsrv client written against proto/ only, with stock grpcio: lists hosts, calls a tool
+(approving, through the Approve RPC, every approval request the call waits for when the 8th
+argument is `approve`), checks health and lists services through server reflection. Prints one
+JSON report."""
 
 import json
 import sys
@@ -13,6 +15,7 @@ from toolsrv.v1 import common_pb2, tools_pb2, tools_pb2_grpc
 
 def main():
     addr, ca, cert, key, host, tool, args = sys.argv[1:8]
+    approve = len(sys.argv) > 8 and sys.argv[8] == "approve"
     creds = grpc.ssl_channel_credentials(
         root_certificates=open(ca, "rb").read(),
         private_key=open(key, "rb").read(),
@@ -30,6 +33,7 @@ def main():
         listing = tools.ListTools(tools_pb2.ListToolsRequest(host=host), timeout=15)
         report["tools"] = [t.name for t in listing.tools]
         stdout, stderr, result = b"", b"", None
+        report["approvals"] = []
         for event in tools.Call(tools_pb2.CallRequest(host=host, tool=tool, args_json=args), timeout=30):
             kind = event.WhichOneof("event")
             if kind == "output":
@@ -37,6 +41,17 @@ def main():
                     stdout += event.output.data
                 else:
                     stderr += event.output.data
+            elif kind == "approval":
+                request = event.approval
+                report["approvals"].append(
+                    {"tool": request.tool, "bypass_argv": list(request.bypass_argv),
+                     "caller_may_decide": request.caller_may_decide}
+                )
+                if approve and request.caller_may_decide:
+                    tools.Approve(
+                        tools_pb2.ApproveRequest(id=request.id, approve=True, reason="python"),
+                        timeout=15,
+                    )
             elif kind == "result":
                 result = event.result
         report["stdout"] = stdout.decode()
