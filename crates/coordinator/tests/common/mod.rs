@@ -1,5 +1,7 @@
 //! An in-process coordinator on a loopback port with a development PKI, and gRPC clients for
-//! each identity, for tests that need the real services but no processes.
+//! each identity, for tests that need the real services but no processes. (It stays here, not
+//! in `toolsrv-testkit`: a testkit depending on this crate would be built against a second copy
+//! of it.)
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // Test fixture: fail loudly.
 
 use std::path::{Path, PathBuf};
@@ -12,7 +14,7 @@ use tonic::transport::Channel;
 use toolsrv_coordinator::CoordinatorConfig;
 use toolsrv_proto::v1::agent_link_client::AgentLinkClient;
 use toolsrv_proto::v1::tools_client::ToolsClient;
-use toolsrv_tls::{Identity, PkiOptions, Role, TlsFiles};
+use toolsrv_tls::{Identity, Role, TlsFiles};
 
 /// Every wait in these tests is bounded by this.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -32,17 +34,23 @@ impl Coordinator {
         tools: &[(&str, &str)],
         configure: impl FnOnce(&mut CoordinatorConfig, &Path),
     ) -> Self {
+        Self::start_with(&["web-1", "web-2"], tools, configure).await
+    }
+
+    /// [`Coordinator::start`] with agent certificates for `agents` instead.
+    pub async fn start_with(
+        agents: &[&str],
+        tools: &[(&str, &str)],
+        configure: impl FnOnce(&mut CoordinatorConfig, &Path),
+    ) -> Self {
         toolsrv_tls::install_crypto_provider();
         let dir = tempfile::tempdir().unwrap();
         let pki = dir.path().join("pki");
-        let mut opts = PkiOptions::new(&pki);
-        opts.agents = vec!["web-1".into(), "web-2".into()];
-        opts.clients = vec!["alice".into(), "bob".into()];
-        toolsrv_tls::init(&opts).unwrap();
+        toolsrv_testkit::write_pki(&pki, agents, &["alice", "bob"]).unwrap();
         let tools_dir = dir.path().join("tools");
         std::fs::create_dir_all(&tools_dir).unwrap();
         for (name, content) in tools {
-            std::fs::write(tools_dir.join(name), content).unwrap();
+            toolsrv_testkit::write(&tools_dir, name, content);
         }
         let mut config = CoordinatorConfig::new(
             vec![tools_dir],
@@ -76,9 +84,13 @@ impl Coordinator {
         self.dir.path().join("tools")
     }
 
+    /// The certificate files of `identity`.
+    pub fn files(&self, identity: &Identity) -> TlsFiles {
+        TlsFiles::in_dir(&self.pki(), identity)
+    }
+
     async fn channel(&self, identity: &Identity) -> Channel {
-        let files = TlsFiles::in_dir(&self.pki(), identity);
-        let config = toolsrv_tls::client_config(&files, Role::Coordinator).unwrap();
+        let config = toolsrv_tls::client_config(&self.files(identity), Role::Coordinator).unwrap();
         let mut last = None;
         // The server task may not be accepting yet.
         for _ in 0..100 {

@@ -39,6 +39,11 @@ impl Gate {
         self.0.send_replace(true);
     }
 
+    /// Holds later calls again (the ones let through stay through).
+    pub fn close(&self) {
+        self.0.send_replace(false);
+    }
+
     async fn opened(&self) {
         let mut open = self.0.subscribe();
         // Err only when the sender is gone, which cannot happen while `self` holds it.
