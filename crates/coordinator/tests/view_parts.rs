@@ -7,9 +7,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Coordinator, WAIT, agent, client};
+use common::{Coordinator, WAIT, client};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 use toolsrv_proto::limits::{MAX_MESSAGE_BYTES, MAX_VIEW_BYTES};
 use toolsrv_proto::v1::agent_message::Msg as Out;
@@ -46,27 +45,13 @@ async fn host_a(coordinator: &Coordinator) -> Option<HostInfo> {
 
 /// Attaches as agent `a`: sends the Hello, reads the Welcome and the catalog.
 async fn attach(coordinator: &Coordinator) -> Agent {
-    let mut client = coordinator
-        .agent_link(&agent("a"))
-        .await
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let (out, rx) = mpsc::channel(4);
-    let hello = Hello {
-        host_id: "a".into(),
-        agent_version: "test".into(),
-        ..Hello::default()
-    };
-    out.send(AgentMessage {
-        msg: Some(Out::Hello(hello)),
-    })
-    .await
-    .unwrap();
-    let mut inbound = client
-        .attach(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    let (out, mut inbound) = coordinator
+        .attach(Hello {
+            host_id: "a".into(),
+            agent_version: "test".into(),
+            ..Hello::default()
+        })
+        .await;
     let mut revision = None;
     while revision.is_none() {
         let msg = tokio::time::timeout(WAIT, inbound.message())

@@ -8,12 +8,17 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tonic::Streaming;
 use tonic::transport::Channel;
 use toolsrv_coordinator::CoordinatorConfig;
+use toolsrv_proto::limits::MAX_MESSAGE_BYTES;
 use toolsrv_proto::v1::agent_link_client::AgentLinkClient;
 use toolsrv_proto::v1::tools_client::ToolsClient;
+use toolsrv_proto::v1::{AgentMessage, CoordinatorMessage, Hello, agent_message};
 use toolsrv_tls::{Identity, Role, TlsFiles};
 
 /// Every wait in these tests is bounded by this.
@@ -111,6 +116,30 @@ impl Coordinator {
     /// The agent link as `identity`.
     pub async fn agent_link(&self, identity: &Identity) -> AgentLinkClient<Channel> {
         AgentLinkClient::new(self.channel(identity).await)
+    }
+
+    /// Attaches as agent `hello.host_id` with its certificate and sends `hello`; returns the
+    /// sender of the agent's next messages and the coordinator's messages.
+    pub async fn attach(
+        &self,
+        hello: Hello,
+    ) -> (mpsc::Sender<AgentMessage>, Streaming<CoordinatorMessage>) {
+        let mut link = self
+            .agent_link(&agent(&hello.host_id))
+            .await
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let (tx, rx) = mpsc::channel(4);
+        let hello = AgentMessage {
+            msg: Some(agent_message::Msg::Hello(hello)),
+        };
+        tx.send(hello).await.unwrap();
+        let inbound = link
+            .attach(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        (tx, inbound)
     }
 
     pub async fn stop(mut self) {

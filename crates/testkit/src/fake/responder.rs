@@ -162,31 +162,29 @@ impl Responder {
     /// The first answer to a call.
     fn start(&mut self, call_id: u64, initial_credit: u64) -> Vec<AgentMessage> {
         match self.answer {
-            Answer::Ok => vec![
-                output(call_id, OutputStream::Stdout, FAKE_OUTPUT.to_vec()),
-                finished(
-                    call_id,
-                    CallResult {
-                        status: CallStatus::Ok as i32,
-                        exit_code: Some(0),
-                        result_json: r#"{"content":[{"type":"text","text":"ok\n"}]}"#.into(),
-                        ..CallResult::default()
-                    },
-                ),
-            ],
-            Answer::Fail => vec![
-                output(call_id, OutputStream::Stderr, FAKE_FAILURE.to_vec()),
-                finished(
-                    call_id,
-                    CallResult {
-                        status: CallStatus::ToolError as i32,
-                        exit_code: Some(1),
-                        result_json: r#"{"content":[{"type":"text","text":"fake failure\n"}],"isError":true}"#.into(),
-                        message: "exited with code 1".into(),
-                        ..CallResult::default()
-                    },
-                ),
-            ],
+            Answer::Ok => at_once(
+                call_id,
+                (OutputStream::Stdout, FAKE_OUTPUT),
+                CallResult {
+                    status: CallStatus::Ok as i32,
+                    exit_code: Some(0),
+                    result_json: r#"{"content":[{"type":"text","text":"ok\n"}]}"#.into(),
+                    ..CallResult::default()
+                },
+            ),
+            Answer::Fail => at_once(
+                call_id,
+                (OutputStream::Stderr, FAKE_FAILURE),
+                CallResult {
+                    status: CallStatus::ToolError as i32,
+                    exit_code: Some(1),
+                    result_json:
+                        r#"{"content":[{"type":"text","text":"fake failure\n"}],"isError":true}"#
+                            .into(),
+                    message: "exited with code 1".into(),
+                    ..CallResult::default()
+                },
+            ),
             Answer::Stream { bytes, .. } => {
                 self.streams.insert(
                     call_id,
@@ -307,6 +305,18 @@ fn definition(name: &str, meta: &[u8], how: Definitions) -> ToolDefinition {
         tier: text("tier"),
         ..ToolDefinition::default()
     }
+}
+
+/// A call over at once: one chunk of output, then its end.
+fn at_once(
+    call_id: u64,
+    (stream, data): (OutputStream, &[u8]),
+    result: CallResult,
+) -> Vec<AgentMessage> {
+    vec![
+        output(call_id, stream, data.to_vec()),
+        finished(call_id, result),
+    ]
 }
 
 fn output(call_id: u64, stream: OutputStream, data: Vec<u8>) -> AgentMessage {
