@@ -33,7 +33,16 @@ pub fn try_bin(name: &str) -> Result<PathBuf> {
     if let Some((newer, changed)) = newest_source(not_built_from)
         && changed > built
     {
-        return Err(TestkitError::StaleBinary { path, newer });
+        // A lock file changed for tests only leaves the binaries as they are: cargo has
+        // nothing to relink.
+        let hint = if newer.ends_with("Cargo.lock") {
+            "; if cargo build --bins has nothing to do, the lock file changed without changing \
+             the binaries: touch a source they are built from (crates/server/src/main.rs, \
+             crates/client/src/main.rs) and build again"
+        } else {
+            ""
+        };
+        return Err(TestkitError::StaleBinary { path, newer, hint });
     }
     Ok(path)
 }

@@ -26,11 +26,15 @@ pub enum TestkitError {
     /// A workspace binary is older than a source it is built from.
     #[error(
         "{} is older than {}: rebuild the binaries (cargo build --bins), or run the tests with \
-         cargo test --workspace, which builds them",
+         cargo test --workspace, which builds them{hint}",
         path.display(),
         newer.display()
     )]
-    StaleBinary { path: PathBuf, newer: PathBuf },
+    StaleBinary {
+        path: PathBuf,
+        newer: PathBuf,
+        hint: &'static str,
+    },
     /// A bounded wait ran out.
     #[error("timed out after {limit:?} waiting for {what}")]
     Timeout { what: String, limit: Duration },
