@@ -36,7 +36,7 @@ pub fn write(dir: &Path, name: &str, body: &str) {
     );
 }
 
-/// [`write`], then mode 0755.
+/// [`write()`], then mode 0755.
 #[track_caller]
 pub fn write_executable(dir: &Path, name: &str, body: &str) {
     write(dir, name, body);
