@@ -162,28 +162,13 @@ impl Responder {
     /// The first answer to a call.
     fn start(&mut self, call_id: u64, initial_credit: u64) -> Vec<AgentMessage> {
         match self.answer {
-            Answer::Ok => at_once(
-                call_id,
-                (OutputStream::Stdout, FAKE_OUTPUT),
-                CallResult {
-                    status: CallStatus::Ok as i32,
-                    exit_code: Some(0),
-                    result_json: r#"{"content":[{"type":"text","text":"ok\n"}]}"#.into(),
-                    ..CallResult::default()
-                },
-            ),
+            Answer::Ok => at_once(call_id, OutputStream::Stdout, FAKE_OUTPUT, 0, ""),
             Answer::Fail => at_once(
                 call_id,
-                (OutputStream::Stderr, FAKE_FAILURE),
-                CallResult {
-                    status: CallStatus::ToolError as i32,
-                    exit_code: Some(1),
-                    result_json:
-                        r#"{"content":[{"type":"text","text":"fake failure\n"}],"isError":true}"#
-                            .into(),
-                    message: "exited with code 1".into(),
-                    ..CallResult::default()
-                },
+                OutputStream::Stderr,
+                FAKE_FAILURE,
+                1,
+                "exited with code 1",
             ),
             Answer::Stream { bytes, .. } => {
                 self.streams.insert(
@@ -307,12 +292,30 @@ fn definition(name: &str, meta: &[u8], how: Definitions) -> ToolDefinition {
     }
 }
 
-/// A call over at once: one chunk of output, then its end.
+/// A call over at once: one chunk of output, then its end with `exit_code` (OK when 0, else
+/// TOOL_ERROR saying `message`), the output as the result's text.
 fn at_once(
     call_id: u64,
-    (stream, data): (OutputStream, &[u8]),
-    result: CallResult,
+    stream: OutputStream,
+    data: &[u8],
+    exit_code: i32,
+    message: &str,
 ) -> Vec<AgentMessage> {
+    let text = String::from_utf8_lossy(data);
+    let mut result_json = serde_json::json!({"content": [{"type": "text", "text": text}]});
+    let status = if exit_code == 0 {
+        CallStatus::Ok
+    } else {
+        result_json["isError"] = true.into();
+        CallStatus::ToolError
+    };
+    let result = CallResult {
+        status: status as i32,
+        exit_code: Some(exit_code),
+        result_json: result_json.to_string(),
+        message: message.to_string(),
+        ..CallResult::default()
+    };
     vec![
         output(call_id, stream, data.to_vec()),
         finished(call_id, result),
