@@ -291,16 +291,9 @@ async fn the_registry_and_the_store_agree_on_tool_names() {
     );
 }
 
-/// Overwrites `path` with `content` of the same size, as a tool running as the agent's user
-/// could: make it writable, write, and put the modification time back.
+/// [`common::tamper`], and read-only again afterwards.
 fn tamper(path: &std::path::Path, content: &[u8]) {
-    let before = std::fs::metadata(path).unwrap();
-    assert_eq!(before.len(), content.len() as u64, "same size");
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-    std::io::Write::write_all(&mut &file, content).unwrap();
-    file.set_modified(before.modified().unwrap()).unwrap();
-    drop(file);
+    common::tamper(path, content);
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o555)).unwrap();
 }
 

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::fake::{Attached, call_output, serve};
-use common::{blob_ref, doc, script};
+use common::{blob_ref, doc, script, tamper};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -351,11 +351,9 @@ fn run_is_send() {
 
 #[tokio::test]
 async fn run_attaches_over_mutual_tls() {
-    use toolsrv_tls::{Identity, PkiOptions, TlsFiles};
+    use toolsrv_tls::{Identity, TlsFiles};
     let pki = tempfile::tempdir().unwrap();
-    let mut opts = PkiOptions::new(pki.path());
-    opts.agents = vec!["web-1".into()];
-    toolsrv_tls::init(&opts).unwrap();
+    toolsrv_testkit::write_pki(pki.path(), &["web-1"], &[]).unwrap();
     let stop = CancellationToken::new();
     let (addr, fake, mut attaches) = common::fake::serve_tls(
         stop.clone(),
@@ -403,18 +401,6 @@ async fn run_attaches_over_mutual_tls() {
         .unwrap()
         .unwrap();
     stop.cancel();
-}
-
-/// Overwrites `path` with same-size `content` as a tool running as the agent's user could, the
-/// modification time put back.
-fn tamper(path: &std::path::Path, content: &[u8]) {
-    use std::os::unix::fs::PermissionsExt;
-    let before = std::fs::metadata(path).unwrap();
-    assert_eq!(before.len(), content.len() as u64, "same size");
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-    std::io::Write::write_all(&mut &file, content).unwrap();
-    file.set_modified(before.modified().unwrap()).unwrap();
 }
 
 /// A tool that alters a cached executable (same size, same mtime) changes nothing that runs:

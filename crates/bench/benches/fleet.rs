@@ -1,6 +1,6 @@
 //! Fleet benchmarks: real `toolsrv coordinator` and `toolsrv agent` processes on 127.0.0.1 (release
 //! builds), the library client, `toolctl`, `ssh` as the baseline, and a load generator standing in
-//! for many hosts (`toolsrv_bench::fakeagents`).
+//! for many hosts (`toolsrv_testkit::fake`).
 //!
 //! Run it through `crates/bench/fleet-bench.sh`, which builds the binaries, writes the PKI, sets up
 //! sshd and tears everything down. Environment: `FLEET_BIN_DIR` (default: next to this bench's
@@ -12,12 +12,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use toolsrv_bench::call::{CallFixture, SpawnSetup, direct_spawn};
-use toolsrv_bench::fakeagents::{
-    Connected, Definitions, FAKE_LABEL, FakeFleet, fake_id, message_sizes,
-};
+use toolsrv_bench::messages::message_sizes;
 use toolsrv_bench::procs::{
-    self, CLIENT, Mem, MemSampler, Paths, connect, cpu_of, mem_of, raise_nofile, reset_own_peak,
-    start_agent, start_coordinator, wait_for_tool, write_tools,
+    self, CLIENT, Mem, MemSampler, Paths, ProcMem, connect, cpu_of, mem_of, raise_nofile,
+    reset_own_peak, start_agent, start_coordinator, wait_for_tool, write_tools,
 };
 use toolsrv_bench::remote::{
     BARE_SCRIPT, Route, SshTarget, concurrent_calls, connect_and_list, fan_out, library_call,
@@ -26,6 +24,8 @@ use toolsrv_bench::remote::{
 use toolsrv_bench::stats::{Summary, Table, fmt_ns, fmt_rate};
 use toolsrv_bench::{BenchError, iterations, quick};
 use toolsrv_client::{Client, HostState};
+use toolsrv_testkit::Proc;
+use toolsrv_testkit::fake::{Connected, Definitions, FAKE_LABEL, FakeAgents, fake_id};
 
 /// The trivial tool every latency figure calls: reads its arguments, answers `ok`.
 const ECHO: &str = "echo_ok";
@@ -224,7 +224,7 @@ type Section = for<'a> fn(
 async fn call_fleet(
     paths: &Paths,
     extra_agent: Option<(&str, Vec<String>)>,
-) -> Result<(procs::Coordinator, Vec<procs::Proc>, Client), BenchError> {
+) -> Result<(procs::Coordinator, Vec<Proc>, Client), BenchError> {
     let tools = paths.work.join("tools-calls");
     write_tools(&tools, &[(ECHO, remote_script()), (BARE, BARE_SCRIPT)])?;
     let coordinator = start_coordinator(paths, "coordinator-calls", &tools)?;
@@ -529,7 +529,7 @@ async fn fanout(paths: &Paths, sizes: Sizes) -> Result<(), BenchError> {
     let tools = paths.work.join("tools-fanout");
     write_tools(&tools, &[(ECHO, remote_script())])?;
     let mut coordinator = start_coordinator(paths, "coordinator-fanout", &tools)?;
-    let fleet = FakeFleet::start(
+    let fleet = FakeAgents::start(
         &coordinator.url,
         &paths.pki,
         (0..n).map(fake_id).collect(),
@@ -761,7 +761,7 @@ async fn stream(paths: &Paths, sizes: Sizes) -> Result<(), BenchError> {
             ]);
         }
         if !agent_alive {
-            println!("agent log tail:\n{}", agent.log_tail());
+            println!("agent log tail:\n{}", agent.log_tail(15));
         }
         agent.stop();
     }
@@ -781,7 +781,7 @@ async fn stream(paths: &Paths, sizes: Sizes) -> Result<(), BenchError> {
 }
 
 /// RSS of `proc` sampled `n` times a second apart; the median.
-async fn settled_rss(proc: &procs::Proc, n: usize) -> Result<Mem, BenchError> {
+async fn settled_rss(proc: &Proc, n: usize) -> Result<Mem, BenchError> {
     let mut samples = Vec::new();
     for _ in 0..n {
         samples.push(proc.mem()?);

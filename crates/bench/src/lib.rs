@@ -1,7 +1,7 @@
 //! Benchmarks of toolsrv: the measured functions, shared by the bench mains and the smoke test.
 //! The fleet bench (`benches/fleet.rs`, run by `fleet-bench.sh`) drives real coordinator and agent
 //! processes ([`procs`]), `toolctl`, `ssh` and the library ([`remote`]), and a load generator that
-//! stands in for many hosts ([`fakeagents`]).
+//! stands in for many hosts (`toolsrv_testkit::fake`; [`messages`] measures what it exchanges).
 //!
 //! Each bench in `benches/` is a plain `main` (no criterion: it would dominate compile time on
 //! two cores) that calls into these modules, times with `std::time::Instant` and prints a
@@ -9,8 +9,8 @@
 //! when a bench stops working.
 
 pub mod call;
-pub mod fakeagents;
 pub mod fixtures;
+pub mod messages;
 pub mod procs;
 pub mod remote;
 pub mod scan;

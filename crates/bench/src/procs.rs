@@ -1,15 +1,15 @@
-//! Real `toolsrv coordinator` and `toolsrv agent` processes on 127.0.0.1 for the fleet bench,
-//! the paths they need, and their memory as `/proc/PID/status` reports it.
+//! Real `toolsrv coordinator` and `toolsrv agent` processes on 127.0.0.1 for the fleet bench
+//! (started with `toolsrv-testkit`'s command lines), the paths they need, and their memory as
+//! `/proc/PID/status` reports it.
 //!
 //! Every process runs in its own process group and is killed with it when its handle drops;
 //! every wait is bounded.
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use toolsrv_client::{Client, ConnectOptions, HostInfo, HostState};
+use toolsrv_testkit::{AgentLaunch, CoordinatorLaunch, Proc, try_free_port};
 use toolsrv_tls::{Identity, TlsFiles};
 
 use crate::BenchError;
@@ -40,24 +40,18 @@ impl Paths {
     }
 
     pub fn client_tls(&self) -> TlsFiles {
-        TlsFiles::in_dir(&self.pki, &Identity::Client(CLIENT.into()))
+        self.tls(&Identity::Client(CLIENT.into()))
     }
 
-    /// `--ca/--cert/--key` of a certificate stem such as `coordinator` or `agent-real-1`.
-    pub fn tls_args(&self, identity: &Identity) -> Vec<String> {
-        let files = TlsFiles::in_dir(&self.pki, identity);
-        vec![
-            format!("--ca={}", files.ca.display()),
-            format!("--cert={}", files.cert.display()),
-            format!("--key={}", files.key.display()),
-        ]
+    /// The certificate files of `identity`.
+    pub fn tls(&self, identity: &Identity) -> TlsFiles {
+        TlsFiles::in_dir(&self.pki, identity)
     }
 }
 
 /// The release binaries next to this bench executable (`target/release/deps/fleet-*` → `target/release`).
 pub fn default_bin_dir() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    Some(exe.parent()?.parent()?.to_path_buf())
+    toolsrv_testkit::profile_dir()
 }
 
 /// Memory of a process from `/proc/PID/status`, in KiB.
@@ -91,6 +85,17 @@ pub fn mem_of(pid: &str) -> Result<Mem, BenchError> {
     })
 }
 
+/// The memory of a running [`Proc`].
+pub trait ProcMem {
+    fn mem(&self) -> Result<Mem, BenchError>;
+}
+
+impl ProcMem for Proc {
+    fn mem(&self) -> Result<Mem, BenchError> {
+        mem_of(&self.pid().to_string())
+    }
+}
+
 /// Resets VmHWM of this process to the current RSS (`echo 5 > /proc/self/clear_refs`).
 pub fn reset_own_peak() -> Result<(), BenchError> {
     std::fs::write("/proc/self/clear_refs", "5")?;
@@ -104,88 +109,6 @@ pub fn raise_nofile() -> Result<u64, BenchError> {
     let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
     setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
     Ok(hard)
-}
-
-/// A child process killed, with its process group, when dropped.
-#[derive(Debug)]
-pub struct Proc {
-    child: Child,
-    pub name: String,
-    log: PathBuf,
-}
-
-impl Proc {
-    pub fn spawn(name: &str, mut cmd: Command, log_dir: &Path) -> Result<Self, BenchError> {
-        let log = log_dir.join(format!("{name}.log"));
-        let file = std::fs::File::create(&log)?;
-        cmd.stdin(Stdio::null())
-            .stdout(file.try_clone()?)
-            .stderr(file)
-            .process_group(0);
-        let child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start {name}: {e}"))?;
-        Ok(Self {
-            child,
-            name: name.to_string(),
-            log,
-        })
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    pub fn mem(&self) -> Result<Mem, BenchError> {
-        mem_of(&self.pid().to_string())
-    }
-
-    /// The last lines of the process's log, for error messages.
-    pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(15)..].join("\n")
-    }
-
-    /// Fails with the log if the process has exited.
-    pub fn check_alive(&mut self) -> Result<(), BenchError> {
-        if let Some(status) = self.child.try_wait()? {
-            return Err(format!("{} exited ({status}):\n{}", self.name, self.log_tail()).into());
-        }
-        Ok(())
-    }
-
-    /// SIGTERM, a bounded wait, then SIGKILL to the group.
-    pub fn stop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.pid() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let pid = nix::unistd::Pid::from_raw(self.pid() as i32);
-            let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// A free port on 127.0.0.1 (bound, then released).
-pub fn free_port() -> Result<u16, BenchError> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// A running coordinator on 127.0.0.1.
@@ -202,34 +125,21 @@ pub fn start_coordinator(
     name: &str,
     tools: &Path,
 ) -> Result<Coordinator, BenchError> {
-    let port = free_port()?;
-    let mut cmd = Command::new(paths.toolsrv());
-    cmd.arg("coordinator")
-        .arg(format!("--listen=127.0.0.1:{port}"))
-        .arg(format!("--tools={}", tools.display()))
-        .args(paths.tls_args(&Identity::Coordinator))
-        // The benches drive the fleet from one client on purpose: no per-client quota.
-        .args([
-            "--max-calls-per-client=100000",
-            "--max-calls-per-client-host=100000",
-            "--max-fanout-hosts=100000",
-        ])
-        .env("TOOLSRV_LOG", "warn");
-    let mut proc = Proc::spawn(name, cmd, &paths.work)?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            break;
-        }
-        proc.check_alive()?;
-        if Instant::now() > deadline {
-            return Err(format!("{name} did not listen on 127.0.0.1:{port} within 20 s").into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut launch =
+        CoordinatorLaunch::new(try_free_port()?, tools, paths.tls(&Identity::Coordinator));
+    // The benches drive the fleet from one client on purpose: no per-client quota.
+    launch.args = [
+        "--max-calls-per-client=100000",
+        "--max-calls-per-client-host=100000",
+        "--max-fanout-hosts=100000",
+    ]
+    .map(String::from)
+    .to_vec();
+    launch.log = "warn".into();
+    let proc = launch.start(&paths.toolsrv(), name, &paths.work)?;
     Ok(Coordinator {
         proc,
-        url: format!("https://127.0.0.1:{port}"),
+        url: launch.url(),
     })
 }
 
@@ -254,29 +164,11 @@ pub fn start_agent_limited(
     address_space: Option<u64>,
 ) -> Result<Proc, BenchError> {
     let home = paths.work.join(format!("host-{id}"));
-    std::fs::create_dir_all(&home)?;
-    let mut cmd = match address_space {
-        Some(bytes) => {
-            let mut c = Command::new("prlimit");
-            c.arg(format!("--as={bytes}"))
-                .arg("--")
-                .arg(paths.toolsrv());
-            c
-        }
-        None => Command::new(paths.toolsrv()),
-    };
-    cmd.arg("agent")
-        .arg(format!("--coordinator={url}"))
-        .arg(format!("--host-id={id}"))
-        .args(paths.tls_args(&Identity::Agent(id.into())))
-        .arg(format!("--state-dir={}", home.join("state").display()))
-        .arg(format!("--workdir={}", home.display()))
-        .args(extra)
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .env("HOME", &home)
-        .env("TOOLSRV_LOG", "warn");
-    Proc::spawn(&format!("agent-{id}"), cmd, &paths.work)
+    let mut launch = AgentLaunch::new(id, url, paths.tls(&Identity::Agent(id.into())), &home);
+    launch.args = extra.to_vec();
+    launch.log = "warn".into();
+    launch.address_space = address_space;
+    Ok(launch.start(&paths.toolsrv(), &paths.work)?)
 }
 
 /// Connects the library client as `bench` (the TLS layer bounds the connect to 5 s).

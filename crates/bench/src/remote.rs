@@ -14,7 +14,8 @@ use tokio::process::Command;
 use toolsrv_client::{CallRequest, CallUpdate, Client, FanOutRequest, FanOutSummary, FanOutUpdate};
 
 use crate::BenchError;
-use crate::procs::{Paths, Proc};
+use crate::procs::Paths;
+use toolsrv_testkit::{Proc, client_env};
 
 /// The script of the trivial tool, and what the baselines run.
 pub const SCRIPT: &str = crate::call::SCRIPT;
@@ -71,11 +72,7 @@ impl Route<'_> {
     fn apply(self, paths: &Paths, cmd: &mut std::process::Command) {
         match self {
             Route::Direct(url) => {
-                let tls = paths.client_tls();
-                cmd.env("TOOLSRV_ADDR", url)
-                    .env("TOOLSRV_CA", &tls.ca)
-                    .env("TOOLSRV_CERT", &tls.cert)
-                    .env("TOOLSRV_KEY", &tls.key);
+                cmd.envs(client_env(url, &paths.client_tls()));
             }
             Route::Master(socket) => {
                 cmd.env("TOOLSRV_CONTROL", socket);
@@ -104,14 +101,14 @@ pub async fn start_master(paths: &Paths, url: &str) -> Result<(Proc, PathBuf), B
     let mut cmd = std::process::Command::new(paths.toolctl());
     cmd.args(["master", "--control"]).arg(&socket);
     Route::Direct(url).apply(paths, &mut cmd);
-    let mut master = Proc::spawn("toolctl-master", cmd, &paths.work)?;
+    let mut master = Proc::try_spawn("toolctl-master", cmd, &paths.work)?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while !socket.exists() {
         master.check_alive()?;
         if Instant::now() > deadline {
             return Err(format!(
                 "toolctl master did not serve within 10 s: {}",
-                master.log_tail()
+                master.log_tail(15)
             )
             .into());
         }

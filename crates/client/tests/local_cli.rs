@@ -1,12 +1,12 @@
 //! `toolctl local` and `toolctl lint` as a user runs them: a real binary on real tool directories.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+use std::time::Duration;
 
 use serde_json::{Value, json};
+use toolsrv_testkit::{must, text, try_run_bounded, write, write_executable as executable};
 
 fn toolctl() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_toolctl"));
@@ -16,38 +16,15 @@ fn toolctl() -> Command {
 
 /// Runs `toolctl` with a bounded wait.
 fn run(cmd: &mut Command) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            panic!("toolctl did not finish within 30 s: {cmd:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child.wait_with_output().unwrap()
+    must(try_run_bounded(cmd, None, Duration::from_secs(30)))
 }
 
 fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    text(&o.stdout)
 }
 
 fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn write(dir: &Path, name: &str, body: &str) {
-    std::fs::write(dir.join(name), body).unwrap();
-}
-
-fn executable(dir: &Path, name: &str, body: &str) {
-    write(dir, name, body);
-    std::fs::set_permissions(dir.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
+    text(&o.stderr)
 }
 
 /// A tools directory with one tool of each kind.
@@ -272,21 +249,13 @@ fn call_passes_arguments_on_stdin_with_env_and_cwd() {
 #[test]
 fn call_reads_arguments_from_stdin_with_a_dash() {
     let dir = fixture();
-    let mut child = toolctl()
-        .args(["local", "call", "--tools", &tools_arg(&dir), "echo", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(br#"{"n": 42}"#)
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let mut cmd = toolctl();
+    cmd.args(["local", "call", "--tools", &tools_arg(&dir), "echo", "-"]);
+    let out = must(try_run_bounded(
+        &mut cmd,
+        Some(r#"{"n": 42}"#),
+        Duration::from_secs(30),
+    ));
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).starts_with(r#"{"n":42}"#), "{}", stdout(&out));
 }

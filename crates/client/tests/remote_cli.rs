@@ -11,24 +11,25 @@ use tokio_util::sync::CancellationToken;
 use toolsrv_client::{
     CallRequest, CallStatus, Client, ConnectOptions, FanOutRequest, FanOutUpdate, HostState,
 };
-use toolsrv_tls::{Identity, PkiOptions, TlsFiles};
+use toolsrv_testkit::{client_env, text, write, write_pki};
+use toolsrv_tls::{Identity, TlsFiles};
 
 const HOSTS: [&str; 2] = ["web-1", "web-2"];
 
-/// A coordinator and two agents, stopped on drop.
-struct Fleet {
+/// A coordinator and two agents in this process, stopped on drop.
+struct InProcessFleet {
     dir: tempfile::TempDir,
     url: String,
     shutdown: CancellationToken,
 }
 
-impl Drop for Fleet {
+impl Drop for InProcessFleet {
     fn drop(&mut self) {
         self.shutdown.cancel();
     }
 }
 
-impl Fleet {
+impl InProcessFleet {
     fn pki(&self) -> std::path::PathBuf {
         self.dir.path().join("pki")
     }
@@ -43,13 +44,9 @@ impl Fleet {
 
     /// `toolctl` with the connection in the environment, as a user would set it up.
     fn toolctl(&self, args: &[&str]) -> tokio::process::Command {
-        let files = self.client_files();
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_toolctl"));
         cmd.args(args)
-            .env("TOOLSRV_ADDR", &self.url)
-            .env("TOOLSRV_CA", files.ca)
-            .env("TOOLSRV_CERT", files.cert)
-            .env("TOOLSRV_KEY", files.key)
+            .envs(client_env(&self.url, &self.client_files()))
             .env_remove("OLLIE_TOOLS_PATH")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -79,22 +76,11 @@ async fn run(mut cmd: tokio::process::Command) -> Output {
         .unwrap()
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn write(dir: &Path, name: &str, body: &str) {
-    std::fs::write(dir.join(name), body).unwrap();
-}
-
-async fn start() -> Fleet {
+async fn start() -> InProcessFleet {
     toolsrv_tls::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
     let pki = dir.path().join("pki");
-    let mut opts = PkiOptions::new(&pki);
-    opts.agents = HOSTS.iter().map(|h| h.to_string()).collect();
-    opts.clients = vec!["alice".into()];
-    toolsrv_tls::init(&opts).unwrap();
+    write_pki(&pki, &HOSTS, &["alice"]).unwrap();
 
     let tools = dir.path().join("tools");
     std::fs::create_dir(&tools).unwrap();
@@ -145,7 +131,7 @@ async fn start() -> Fleet {
         config.workdir = dir.path().to_path_buf();
         tokio::spawn(toolsrv_agent::run(config, shutdown.clone()));
     }
-    let fleet = Fleet { dir, url, shutdown };
+    let fleet = InProcessFleet { dir, url, shutdown };
 
     // Both agents connected and reported their views.
     let client = fleet.client().await;
@@ -489,7 +475,7 @@ async fn interrupt_slow_call(client: &Client, mut call: tokio::process::Command)
 
 /// Starts `toolctl master` on `socket` and waits until it serves; the task yields the rest of its log.
 async fn start_master(
-    fleet: &Fleet,
+    fleet: &InProcessFleet,
     socket: &Path,
     extra: &[&str],
 ) -> (tokio::process::Child, tokio::task::JoinHandle<String>) {
@@ -510,7 +496,7 @@ async fn start_master(
 }
 
 /// `toolctl` that knows only the control socket: no address, no certificate.
-fn via_control(fleet: &Fleet, socket: &Path, args: &[&str]) -> tokio::process::Command {
+fn via_control(fleet: &InProcessFleet, socket: &Path, args: &[&str]) -> tokio::process::Command {
     let mut cmd = fleet.toolctl(args);
     cmd.env("TOOLSRV_CONTROL", socket)
         .env_remove("TOOLSRV_ADDR")
@@ -727,9 +713,7 @@ async fn connection_failures_are_one_line_with_a_documented_code() {
 
     // A certificate from another CA: refused by the coordinator during or after the handshake.
     let other = fleet.dir.path().join("other");
-    let mut opts = PkiOptions::new(&other);
-    opts.clients = vec!["mallory".into()];
-    toolsrv_tls::init(&opts).unwrap();
+    write_pki(&other, &[], &["mallory"]).unwrap();
     let mallory = TlsFiles::in_dir(&other, &Identity::Client("mallory".into()));
     let mut cmd = fleet.toolctl(&["hosts"]);
     cmd.env("TOOLSRV_CERT", &mallory.cert)

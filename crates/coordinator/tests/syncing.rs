@@ -6,10 +6,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Coordinator, WAIT, agent, client};
-use tokio::sync::mpsc;
+use common::{Coordinator, WAIT, client};
 use tokio_stream::StreamExt;
-use tokio_stream::wrappers::ReceiverStream;
 use toolsrv_proto::v1::{
     AgentMessage, CallFinished, CallRequest, CallResult, CallStatus, Hello, HostState, HostView,
     ListHostsRequest, ListToolsRequest, ToolDefinition, ToolStatus, agent_message, call_event,
@@ -22,23 +20,14 @@ const VIEW_DELAY: Duration = Duration::from_millis(1500);
 
 /// An agent that attaches, waits `VIEW_DELAY`, reports `echo` visible, and answers every call OK.
 async fn slow_agent(coordinator: &Coordinator) -> tokio::task::JoinHandle<()> {
-    let mut link = coordinator.agent_link(&agent("web-1")).await;
-    let (tx, rx) = mpsc::channel(16);
-    tx.send(AgentMessage {
-        msg: Some(agent_message::Msg::Hello(Hello {
+    let (tx, mut inbound) = coordinator
+        .attach(Hello {
             host_id: "web-1".into(),
             agent_version: "test".into(),
             max_concurrent_calls: 4,
             ..Hello::default()
-        })),
-    })
-    .await
-    .unwrap();
-    let mut inbound = link
-        .attach(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+        })
+        .await;
     tokio::spawn(async move {
         let mut revision = None;
         let view_at = tokio::time::sleep(VIEW_DELAY);

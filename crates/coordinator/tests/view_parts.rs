@@ -3,138 +3,72 @@
 //! loses its link instead of growing the coordinator's memory.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
+mod common;
+
 use std::time::Duration;
 
+use common::{Coordinator, WAIT, client};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 use toolsrv_proto::limits::{MAX_MESSAGE_BYTES, MAX_VIEW_BYTES};
-use toolsrv_proto::v1::agent_link_client::AgentLinkClient;
 use toolsrv_proto::v1::agent_message::Msg as Out;
 use toolsrv_proto::v1::coordinator_message::Msg as In;
-use toolsrv_proto::v1::tools_client::ToolsClient;
 use toolsrv_proto::v1::{
     AgentMessage, CoordinatorMessage, Hello, HostInfo, HostView, ListHostsRequest,
     ListToolsRequest, ToolDefinition, ToolStatus,
 };
-use toolsrv_tls::{Identity, PkiOptions, Role, TlsFiles};
+use toolsrv_testkit::{must, wait_until};
 
-const WAIT: Duration = Duration::from_secs(20);
-
-struct Coordinator {
-    dir: tempfile::TempDir,
-    url: String,
-    shutdown: CancellationToken,
-}
-
-impl Drop for Coordinator {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
+/// A coordinator serving one tool, with agent `a` in its PKI.
 async fn coordinator() -> Coordinator {
-    toolsrv_tls::install_crypto_provider();
-    let dir = tempfile::tempdir().unwrap();
-    let pki = dir.path().join("pki");
-    let mut opts = PkiOptions::new(&pki);
-    opts.agents = vec!["a".into()];
-    opts.clients = vec!["alice".into()];
-    toolsrv_tls::init(&opts).unwrap();
-    let tools = dir.path().join("tools");
-    std::fs::create_dir(&tools).unwrap();
-    std::fs::write(
-        tools.join("one.meta"),
-        r#"{"description": "one", "cmd": "true"}"#,
-    )
-    .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("https://{}", listener.local_addr().unwrap());
-    let shutdown = CancellationToken::new();
-    let mut config = toolsrv_coordinator::CoordinatorConfig::new(
-        vec![tools],
-        TlsFiles::in_dir(&pki, &Identity::Coordinator),
-    );
-    // Parts take a while to send in a debug build; silence is not what this test is about.
-    config.lost_after = Duration::from_secs(30);
-    tokio::spawn(toolsrv_coordinator::serve(
-        config,
-        listener,
-        None,
-        shutdown.clone(),
-    ));
-    Coordinator { dir, url, shutdown }
+    let one = r#"{"description": "one", "cmd": "true"}"#;
+    Coordinator::start_with(&["a"], &[("one.meta", one)], |config, _| {
+        // Parts take a while to send in a debug build; silence is not what this test is about.
+        config.lost_after = Duration::from_secs(30);
+    })
+    .await
 }
 
-impl Coordinator {
-    fn files(&self, identity: &Identity) -> TlsFiles {
-        TlsFiles::in_dir(&self.dir.path().join("pki"), identity)
-    }
+/// Host `a` as the client API lists it.
+async fn host_a(coordinator: &Coordinator) -> Option<HostInfo> {
+    let hosts = coordinator
+        .tools(&client("alice"))
+        .await
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .list_hosts(ListHostsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .hosts;
+    hosts.into_iter().find(|h| h.host_id == "a")
+}
 
-    async fn tools_client(&self) -> ToolsClient<tonic::transport::Channel> {
-        let files = self.files(&Identity::Client("alice".into()));
-        let channel = toolsrv_tls::connect_reloading(&self.url, &files, Role::Coordinator)
-            .await
-            .unwrap();
-        ToolsClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES)
-    }
-
-    async fn host(&self) -> Option<HostInfo> {
-        let hosts = self
-            .tools_client()
-            .await
-            .list_hosts(ListHostsRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .hosts;
-        hosts.into_iter().find(|h| h.host_id == "a")
-    }
-
-    /// Attaches as agent `a`: sends the Hello, reads the Welcome and the catalog.
-    async fn attach(&self) -> Agent {
-        let files = self.files(&Identity::Agent("a".into()));
-        let channel = toolsrv_tls::connect_reloading(&self.url, &files, Role::Coordinator)
-            .await
-            .unwrap();
-        let mut client = AgentLinkClient::new(channel)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        let (out, rx) = mpsc::channel(4);
-        let hello = Hello {
+/// Attaches as agent `a`: sends the Hello, reads the Welcome and the catalog.
+async fn attach(coordinator: &Coordinator) -> Agent {
+    let (out, mut inbound) = coordinator
+        .attach(Hello {
             host_id: "a".into(),
             agent_version: "test".into(),
             ..Hello::default()
-        };
-        out.send(AgentMessage {
-            msg: Some(Out::Hello(hello)),
         })
-        .await
-        .unwrap();
-        let mut inbound = client
-            .attach(ReceiverStream::new(rx))
+        .await;
+    let mut revision = None;
+    while revision.is_none() {
+        let msg = tokio::time::timeout(WAIT, inbound.message())
             .await
+            .expect("the coordinator answers")
             .unwrap()
-            .into_inner();
-        let mut revision = None;
-        while revision.is_none() {
-            let msg = tokio::time::timeout(WAIT, inbound.message())
-                .await
-                .expect("the coordinator answers")
-                .unwrap()
-                .unwrap();
-            if let Some(In::Catalog(update)) = msg.msg
-                && !update.more
-            {
-                revision = Some(update.revision);
-            }
+            .unwrap();
+        if let Some(In::Catalog(update)) = msg.msg
+            && !update.more
+        {
+            revision = Some(update.revision);
         }
-        Agent {
-            out,
-            inbound,
-            revision: revision.unwrap_or_default(),
-        }
+    }
+    Agent {
+        out,
+        inbound,
+        revision: revision.unwrap_or_default(),
     }
 }
 
@@ -176,41 +110,30 @@ fn tool(name: &str, prompt: usize) -> ToolStatus {
     }
 }
 
-async fn wait_for<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_view_in_parts_is_stored_whole_and_endless_parts_end_the_link() {
     let coordinator = coordinator().await;
-    let mut agent = coordinator.attach().await;
+    let mut agent = attach(&coordinator).await;
 
     // The first parts are held back: nobody sees a host with half a view.
     assert!(agent.part(vec![tool("a", 10), tool("b", 10)], true).await);
     assert!(agent.part(vec![tool("c", 10)], true).await);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let host = coordinator.host().await.unwrap();
+    let host = host_a(&coordinator).await.unwrap();
     assert_eq!((host.view_revision, host.visible_tools), (0, 0));
 
     assert!(agent.part(vec![tool("d", 10)], false).await);
-    wait_for("the whole view", async || {
-        let host = coordinator.host().await?;
-        (host.visible_tools == 4).then_some(())
-    })
-    .await;
+    must(
+        wait_until("the whole view", WAIT, async || {
+            let host = host_a(&coordinator).await?;
+            (host.visible_tools == 4).then_some(())
+        })
+        .await,
+    );
     let listing = coordinator
-        .tools_client()
+        .tools(&client("alice"))
         .await
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .list_tools(ListToolsRequest {
             host: "a".into(),
             ..ListToolsRequest::default()
@@ -249,10 +172,12 @@ async fn a_view_in_parts_is_stored_whole_and_endless_parts_end_the_link() {
         "the link ends: {ended:?}"
     );
     assert!(sent <= parts_allowed + 8, "{sent} parts taken");
-    let host = wait_for("the host to go offline", async || {
-        let host = coordinator.host().await?;
-        (host.state == toolsrv_proto::v1::HostState::Offline as i32).then_some(host)
-    })
-    .await;
+    let host = must(
+        wait_until("the host to go offline", WAIT, async || {
+            let host = host_a(&coordinator).await?;
+            (host.state == toolsrv_proto::v1::HostState::Offline as i32).then_some(host)
+        })
+        .await,
+    );
     assert_eq!(host.visible_tools, 4, "the last whole view is kept");
 }

@@ -6,10 +6,7 @@ use std::time::Duration;
 
 use toolsrv_meta::{Code, Severity};
 use toolsrv_registry::{Registry, WatchOptions, split_tools_path};
-
-fn write(dir: &Path, name: &str, body: &str) {
-    std::fs::write(dir.join(name), body).unwrap();
-}
+use toolsrv_testkit::{write, write_executable};
 
 fn tool(desc: &str) -> String {
     format!(r#"{{"description": "{desc}", "cmd": "echo {desc}"}}"#)
@@ -88,7 +85,6 @@ fn a_broken_file_is_reported_and_the_others_still_load() {
 
 #[test]
 fn rescans_bump_the_revision_only_on_effective_changes() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), "a.meta", &tool("a"));
     let reg = Registry::open(vec![dir.path().into()]);
@@ -105,8 +101,7 @@ fn rescans_bump_the_revision_only_on_effective_changes() {
     write(dir.path(), "b.meta", &tool("b2"));
     assert_eq!(reg.rescan(), None, "rewritten with the same bytes");
 
-    write(dir.path(), "b", "#!/bin/sh\necho one\n");
-    std::fs::set_permissions(dir.path().join("b"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    write_executable(dir.path(), "b", "#!/bin/sh\necho one\n");
     assert_eq!(reg.rescan(), Some(4), "co-located executable appeared");
     let first = reg.catalog().tools["b"].executable.clone().unwrap();
     write(dir.path(), "b", "#!/bin/sh\necho two, longer\n");

@@ -96,3 +96,15 @@ pub fn files(dir: &std::path::Path) -> Vec<String> {
     names.sort();
     names
 }
+
+/// Overwrites `path` with same-size `content` as a tool running as the agent's user could: made
+/// writable, written, the modification time put back.
+pub fn tamper(path: &std::path::Path, content: &[u8]) {
+    use std::os::unix::fs::PermissionsExt;
+    let before = std::fs::metadata(path).unwrap();
+    assert_eq!(before.len(), content.len() as u64, "same size");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    std::io::Write::write_all(&mut &file, content).unwrap();
+    file.set_modified(before.modified().unwrap()).unwrap();
+}

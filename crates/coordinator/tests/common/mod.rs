@@ -1,18 +1,25 @@
 //! An in-process coordinator on a loopback port with a development PKI, and gRPC clients for
-//! each identity, for tests that need the real services but no processes.
+//! each identity, for tests that need the real services but no processes. (It stays here, not
+//! in `toolsrv-testkit`: a testkit depending on this crate would be built against a second copy
+//! of it.)
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // Test fixture: fail loudly.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tonic::Streaming;
 use tonic::transport::Channel;
 use toolsrv_coordinator::CoordinatorConfig;
+use toolsrv_proto::limits::MAX_MESSAGE_BYTES;
 use toolsrv_proto::v1::agent_link_client::AgentLinkClient;
 use toolsrv_proto::v1::tools_client::ToolsClient;
-use toolsrv_tls::{Identity, PkiOptions, Role, TlsFiles};
+use toolsrv_proto::v1::{AgentMessage, CoordinatorMessage, Hello, agent_message};
+use toolsrv_tls::{Identity, Role, TlsFiles};
 
 /// Every wait in these tests is bounded by this.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -32,17 +39,23 @@ impl Coordinator {
         tools: &[(&str, &str)],
         configure: impl FnOnce(&mut CoordinatorConfig, &Path),
     ) -> Self {
+        Self::start_with(&["web-1", "web-2"], tools, configure).await
+    }
+
+    /// [`Coordinator::start`] with agent certificates for `agents` instead.
+    pub async fn start_with(
+        agents: &[&str],
+        tools: &[(&str, &str)],
+        configure: impl FnOnce(&mut CoordinatorConfig, &Path),
+    ) -> Self {
         toolsrv_tls::install_crypto_provider();
         let dir = tempfile::tempdir().unwrap();
         let pki = dir.path().join("pki");
-        let mut opts = PkiOptions::new(&pki);
-        opts.agents = vec!["web-1".into(), "web-2".into()];
-        opts.clients = vec!["alice".into(), "bob".into()];
-        toolsrv_tls::init(&opts).unwrap();
+        toolsrv_testkit::write_pki(&pki, agents, &["alice", "bob"]).unwrap();
         let tools_dir = dir.path().join("tools");
         std::fs::create_dir_all(&tools_dir).unwrap();
         for (name, content) in tools {
-            std::fs::write(tools_dir.join(name), content).unwrap();
+            toolsrv_testkit::write(&tools_dir, name, content);
         }
         let mut config = CoordinatorConfig::new(
             vec![tools_dir],
@@ -76,9 +89,13 @@ impl Coordinator {
         self.dir.path().join("tools")
     }
 
+    /// The certificate files of `identity`.
+    pub fn files(&self, identity: &Identity) -> TlsFiles {
+        TlsFiles::in_dir(&self.pki(), identity)
+    }
+
     async fn channel(&self, identity: &Identity) -> Channel {
-        let files = TlsFiles::in_dir(&self.pki(), identity);
-        let config = toolsrv_tls::client_config(&files, Role::Coordinator).unwrap();
+        let config = toolsrv_tls::client_config(&self.files(identity), Role::Coordinator).unwrap();
         let mut last = None;
         // The server task may not be accepting yet.
         for _ in 0..100 {
@@ -99,6 +116,30 @@ impl Coordinator {
     /// The agent link as `identity`.
     pub async fn agent_link(&self, identity: &Identity) -> AgentLinkClient<Channel> {
         AgentLinkClient::new(self.channel(identity).await)
+    }
+
+    /// Attaches as agent `hello.host_id` with its certificate and sends `hello`; returns the
+    /// sender of the agent's next messages and the coordinator's messages.
+    pub async fn attach(
+        &self,
+        hello: Hello,
+    ) -> (mpsc::Sender<AgentMessage>, Streaming<CoordinatorMessage>) {
+        let mut link = self
+            .agent_link(&agent(&hello.host_id))
+            .await
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let (tx, rx) = mpsc::channel(4);
+        let hello = AgentMessage {
+            msg: Some(agent_message::Msg::Hello(hello)),
+        };
+        tx.send(hello).await.unwrap();
+        let inbound = link
+            .attach(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        (tx, inbound)
     }
 
     pub async fn stop(mut self) {

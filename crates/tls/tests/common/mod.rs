@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 use toolsrv_tls::{
-    AcceptTimeouts, Identity, PkiOptions, Role, TlsFiles, client_config, incoming_with, peer_of,
+    AcceptTimeouts, Identity, Role, TlsFiles, client_config, incoming_with, peer_of,
 };
 
 /// Every wait in these tests is bounded by this.
@@ -24,10 +24,7 @@ pub const WAIT: Duration = Duration::from_secs(20);
 
 /// A PKI with agent `web-1` and client `alice`.
 pub fn pki(dir: &Path) {
-    let mut opts = PkiOptions::new(dir);
-    opts.agents = vec!["web-1".into()];
-    opts.clients = vec!["alice".into()];
-    toolsrv_tls::init(&opts).unwrap();
+    toolsrv_testkit::write_pki(dir, &["web-1"], &["alice"]).unwrap();
 }
 
 pub fn files(dir: &Path, id: &Identity) -> TlsFiles {
@@ -215,24 +212,9 @@ pub fn sign_custom(
     sans: Vec<rcgen::SanType>,
     ekus: Vec<rcgen::ExtendedKeyUsagePurpose>,
 ) -> TlsFiles {
-    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
-    let ca_key = rcgen::KeyPair::from_pem(&read("ca-key.pem")).unwrap();
-    let issuer = rcgen::Issuer::from_ca_cert_pem(&read("ca.pem"), ca_key).unwrap();
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let mut params = rcgen::CertificateParams::default();
-    params.subject_alt_names = sans;
-    params.extended_key_usages = ekus;
-    let cert = params.signed_by(&key, &issuer).unwrap();
-    let files = TlsFiles {
-        ca: dir.join("ca.pem"),
-        cert: dir.join(format!("{stem}.pem")),
-        key: dir.join(format!("{stem}-key.pem")),
-    };
-    std::fs::write(&files.cert, cert.pem()).unwrap();
-    std::fs::write(&files.key, key.serialize_pem()).unwrap();
-    files
+    toolsrv_testkit::sign_with_ca(dir, stem, sans, ekus).unwrap()
 }
 
 pub fn uri_san(id: &Identity) -> rcgen::SanType {
-    rcgen::SanType::URI(id.uri().try_into().unwrap())
+    toolsrv_testkit::uri_san(id).unwrap()
 }

@@ -1,0 +1,286 @@
+//! The coordinator in process against fake agents (real mTLS links, the real protocol, nothing
+//! run): a fan-out's error budget and concurrency limit, and credit on a streaming call.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::{Coordinator, WAIT, client};
+use tokio_stream::StreamExt;
+use toolsrv_proto::v1::{
+    CallRequest, CallStatus, FanOutRequest, FanOutSummary, HostState, ListHostsRequest, call_event,
+    fan_out_event,
+};
+use toolsrv_testkit::fake::{Answer, Behaviour, Connected, FakeAgents, Gate, fake_id};
+use toolsrv_testkit::{must, wait_until};
+
+const TOOL: &str = r#"{"description": "fake", "cmd": "true"}"#;
+
+/// A coordinator serving tool `t` and `n` fake agents attached to it, each behaving as
+/// `behaviour` says, all online with their views in.
+async fn fleet(
+    n: usize,
+    configure: impl FnOnce(&mut toolsrv_coordinator::CoordinatorConfig),
+    behaviour: impl Fn(&str) -> Behaviour,
+) -> (Coordinator, FakeAgents) {
+    let ids: Vec<String> = (0..n).map(fake_id).collect();
+    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let coordinator =
+        Coordinator::start_with(&id_refs, &[("t.meta", TOOL)], |config, _| configure(config)).await;
+    let connected = must(Connected::connect(&coordinator.url, &coordinator.pki(), &ids, 4).await);
+    let agents = connected.attach_with(behaviour);
+    must(agents.wait_ready(WAIT).await);
+    let mut api = coordinator.tools(&client("alice")).await;
+    must(
+        wait_until("every fake host online with its view", WAIT, async || {
+            let hosts = api
+                .list_hosts(ListHostsRequest::default())
+                .await
+                .ok()?
+                .into_inner()
+                .hosts;
+            let ready = hosts
+                .iter()
+                .filter(|h| h.state == HostState::Online as i32 && h.visible_tools == 1)
+                .count();
+            (ready == n).then_some(())
+        })
+        .await,
+    );
+    (coordinator, agents)
+}
+
+/// What a fan-out reported: each host's status, and the summary.
+#[derive(Debug)]
+struct Outcome {
+    statuses: BTreeMap<String, (CallStatus, String)>,
+    summary: FanOutSummary,
+}
+
+impl Outcome {
+    fn count(&self, status: CallStatus) -> usize {
+        self.statuses.values().filter(|(s, _)| *s == status).count()
+    }
+}
+
+/// Fans tool `t` out to every fake host and reads the stream to its summary.
+async fn fan_out(coordinator: &Coordinator, concurrency: u32, max_errors: u32) -> Outcome {
+    let mut api = coordinator.tools(&client("alice")).await;
+    let request = FanOutRequest {
+        selector: "fleet=fake".into(),
+        tool: "t".into(),
+        concurrency,
+        max_errors,
+        ..FanOutRequest::default()
+    };
+    let mut events = api.fan_out(request).await.unwrap().into_inner();
+    let mut statuses = BTreeMap::new();
+    let summary = tokio::time::timeout(WAIT, async {
+        while let Some(event) = events.next().await {
+            let event = event.unwrap();
+            match event.event {
+                Some(fan_out_event::Event::Result(result)) => {
+                    let status = CallStatus::try_from(result.status).unwrap();
+                    let before = statuses.insert(event.host.clone(), (status, result.message));
+                    assert!(before.is_none(), "two results for {}", event.host);
+                }
+                Some(fan_out_event::Event::Summary(summary)) => return summary,
+                _ => {}
+            }
+        }
+        panic!("the fan-out ended without a summary");
+    })
+    .await
+    .expect("the fan-out ends within the wait");
+    Outcome { statuses, summary }
+}
+
+/// With `max_errors`, hosts whose turn comes after more than that many failures are not
+/// called: they end SKIPPED, and the summary counts them as failed. Without a budget, every
+/// host runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_after_the_error_budget_is_spent_are_skipped() {
+    let (coordinator, agents) = fleet(
+        6,
+        |_| {},
+        |_| Behaviour {
+            answer: Answer::Fail,
+            ..Behaviour::default()
+        },
+    )
+    .await;
+
+    // One host at a time, so the budget is spent in a known number of calls: two failures are
+    // within the budget, the third spends it, and the three hosts left are skipped.
+    let outcome = fan_out(&coordinator, 1, 2).await;
+    assert_eq!(outcome.statuses.len(), 6, "{outcome:?}");
+    assert_eq!(outcome.count(CallStatus::ToolError), 3, "{outcome:?}");
+    assert_eq!(outcome.count(CallStatus::Skipped), 3, "{outcome:?}");
+    for (status, message) in outcome.statuses.values() {
+        if *status == CallStatus::Skipped {
+            assert!(
+                message.contains("more than 2 hosts failed"),
+                "the skip says why: {message}"
+            );
+        }
+    }
+    let summary = &outcome.summary;
+    assert_eq!(
+        (summary.targeted, summary.ok, summary.failed),
+        (6, 0, 6),
+        "{summary:?}"
+    );
+    assert_eq!(
+        agents.counters.calls.load(Ordering::SeqCst),
+        3,
+        "skipped hosts are never called"
+    );
+
+    // No budget (0): every host is called and fails.
+    let outcome = fan_out(&coordinator, 1, 0).await;
+    assert_eq!(outcome.count(CallStatus::ToolError), 6, "{outcome:?}");
+    assert_eq!(agents.counters.calls.load(Ordering::SeqCst), 9);
+
+    // Failures among successes: only the failing hosts spend the budget.
+    drop(agents);
+    coordinator.stop().await;
+    let (coordinator, _agents) = fleet(
+        6,
+        |_| {},
+        |id| Behaviour {
+            answer: if id == fake_id(0) {
+                Answer::Fail
+            } else {
+                Answer::Ok
+            },
+            ..Behaviour::default()
+        },
+    )
+    .await;
+    let outcome = fan_out(&coordinator, 1, 1).await;
+    assert_eq!(outcome.count(CallStatus::Ok), 5, "{outcome:?}");
+    assert_eq!(outcome.count(CallStatus::ToolError), 1, "{outcome:?}");
+    assert_eq!((outcome.summary.ok, outcome.summary.failed), (5, 1));
+    coordinator.stop().await;
+}
+
+/// A fan-out never has more calls running than its concurrency; 0 means every host at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_out_runs_at_most_its_concurrency_at_once() {
+    let gate = Gate::closed();
+    let held = gate.clone();
+    let (coordinator, agents) = fleet(
+        6,
+        |_| {},
+        move |_| Behaviour {
+            hold: Some(held.clone()),
+            ..Behaviour::default()
+        },
+    )
+    .await;
+    let counters = agents.counters.clone();
+    let in_flight = || counters.in_flight.load(Ordering::SeqCst);
+
+    let fan = fan_out(&coordinator, 2, 0);
+    let watch = async {
+        must(
+            wait_until("two calls held on the fake hosts", WAIT, async || {
+                (in_flight() >= 2).then_some(())
+            })
+            .await,
+        );
+        // The coordinator starts no third call while two are running.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let running = in_flight();
+        gate.open();
+        assert_eq!(running, 2, "calls running at once with concurrency 2");
+    };
+    let (outcome, ()) = tokio::join!(fan, watch);
+    assert_eq!(outcome.count(CallStatus::Ok), 6, "{outcome:?}");
+    assert_eq!(counters.max_in_flight.load(Ordering::SeqCst), 2);
+
+    // Concurrency 0: every host at once.
+    gate.close();
+    let fan = fan_out(&coordinator, 0, 0);
+    let watch = async {
+        must(
+            wait_until("all six calls held at once", WAIT, async || {
+                (in_flight() == 6).then_some(())
+            })
+            .await,
+        );
+        gate.open();
+    };
+    let (outcome, ()) = tokio::join!(fan, watch);
+    assert_eq!(outcome.count(CallStatus::Ok), 6, "{outcome:?}");
+    assert_eq!(counters.max_in_flight.load(Ordering::SeqCst), 6);
+    coordinator.stop().await;
+}
+
+/// Output flows only against credit, and the coordinator hands credit back in batches of at
+/// least half its window as the caller reads, not once per chunk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credit_goes_back_in_batches_as_the_caller_reads() {
+    const WINDOW: u64 = 1024;
+    const BYTES: u64 = 16 * 1024;
+    const CHUNK: u64 = 128;
+    let (coordinator, agents) = fleet(
+        1,
+        |config| config.credit_window = WINDOW,
+        |_| Behaviour {
+            answer: Answer::Stream {
+                bytes: BYTES,
+                chunk: CHUNK,
+            },
+            ..Behaviour::default()
+        },
+    )
+    .await;
+    let mut api = coordinator.tools(&client("alice")).await;
+    let mut events = api
+        .call(CallRequest {
+            host: fake_id(0),
+            tool: "t".into(),
+            ..CallRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let (stdout, result) = tokio::time::timeout(WAIT, async {
+        let mut stdout = 0;
+        while let Some(event) = events.next().await {
+            match event.unwrap().event {
+                Some(call_event::Event::Output(chunk)) => stdout += chunk.data.len() as u64,
+                Some(call_event::Event::Result(result)) => return (stdout, result),
+                _ => {}
+            }
+        }
+        panic!("the call ended without a result");
+    })
+    .await
+    .expect("the call ends within the wait");
+    assert_eq!(result.status, CallStatus::Ok as i32, "{result:?}");
+    assert_eq!(stdout, BYTES);
+
+    let counters = &agents.counters;
+    let grants = counters.credits.load(Ordering::SeqCst) as u64;
+    let granted = counters.credit_bytes.load(Ordering::SeqCst);
+    let smallest = counters.smallest_credit.load(Ordering::SeqCst);
+    assert!(
+        granted >= BYTES - WINDOW,
+        "the agent got the credit it needed beyond its first window: {granted}"
+    );
+    assert!(
+        smallest >= WINDOW / 2,
+        "every grant is at least half a window: {smallest}"
+    );
+    assert!(
+        grants <= BYTES / (WINDOW / 2),
+        "{grants} grants for {} chunks: batched",
+        BYTES / CHUNK
+    );
+    coordinator.stop().await;
+}

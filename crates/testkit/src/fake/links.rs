@@ -1,0 +1,399 @@
+//! The network part of the fake agents: one real mutual-TLS agent link per host, each driven
+//! by its [`Responder`], many from one process.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::task::JoinSet;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use toolsrv_proto::v1::AgentMessage;
+use toolsrv_proto::v1::agent_link_client::AgentLinkClient;
+use toolsrv_proto::v1::agent_message::Msg as Out;
+use toolsrv_proto::v1::coordinator_message::Msg as In;
+use toolsrv_tls::{Identity, Role, TlsFiles};
+
+use super::responder::{Answer, Definitions, Reaction, Responder};
+use crate::error::{Result, TestkitError};
+
+/// The host id of fake agent `i`: `fake-0000`, `fake-0001`, ...
+pub fn fake_id(i: usize) -> String {
+    format!("fake-{i:04}")
+}
+
+/// Holds calls back until opened; clones share one gate.
+#[derive(Debug, Clone)]
+pub struct Gate(Arc<watch::Sender<bool>>);
+
+impl Gate {
+    /// A closed gate.
+    pub fn closed() -> Self {
+        Self(Arc::new(watch::Sender::new(false)))
+    }
+
+    /// Lets every held call (and every later one) through.
+    pub fn open(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// Holds later calls again (the ones let through stay through).
+    pub fn close(&self) {
+        self.0.send_replace(false);
+    }
+
+    async fn opened(&self) {
+        let mut open = self.0.subscribe();
+        // Err only when the sender is gone, which cannot happen while `self` holds it.
+        let _ = open.wait_for(|o| *o).await;
+    }
+}
+
+/// How one fake host behaves.
+#[derive(Debug, Clone, Default)]
+pub struct Behaviour {
+    pub definitions: Definitions,
+    pub answer: Answer,
+    /// When set, each call's first answer waits until this gate opens.
+    pub hold: Option<Gate>,
+}
+
+/// Counters shared by every link of a set of fake agents.
+#[derive(Debug)]
+pub struct Counters {
+    /// Links that got their Welcome.
+    pub welcomed: AtomicUsize,
+    /// Links that sent at least one view.
+    pub with_view: AtomicUsize,
+    /// Calls answered to their end, over all links.
+    pub calls: AtomicUsize,
+    /// Calls started and not yet finished, over all links.
+    pub in_flight: AtomicUsize,
+    /// The most calls in flight at once.
+    pub max_in_flight: AtomicUsize,
+    /// `Credit` messages received, and the bytes they granted, over all links.
+    pub credits: AtomicUsize,
+    pub credit_bytes: AtomicU64,
+    /// The smallest grant received (`u64::MAX` while none).
+    pub smallest_credit: AtomicU64,
+    /// Links that ended (error, goodbye or stop).
+    pub ended: AtomicUsize,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self {
+            welcomed: AtomicUsize::new(0),
+            with_view: AtomicUsize::new(0),
+            calls: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+            credits: AtomicUsize::new(0),
+            credit_bytes: AtomicU64::new(0),
+            smallest_credit: AtomicU64::new(u64::MAX),
+            ended: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Counters {
+    fn started(&self) {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+    }
+
+    fn finished(&self) {
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.calls.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn credited(&self, bytes: u64) {
+        self.credits.fetch_add(1, Ordering::SeqCst);
+        self.credit_bytes.fetch_add(bytes, Ordering::SeqCst);
+        self.smallest_credit.fetch_min(bytes, Ordering::SeqCst);
+    }
+}
+
+/// Connected (TLS and HTTP/2 up) but not yet attached fake agents.
+#[derive(Debug)]
+pub struct Connected {
+    links: Vec<(String, tonic::transport::Channel)>,
+}
+
+impl Connected {
+    /// Connects one channel per id to `url` with the agent certificates in `pki` (written by
+    /// `toolsrv pki init --agents ...`), at most `parallel` handshakes at a time.
+    pub async fn connect(url: &str, pki: &Path, ids: &[String], parallel: usize) -> Result<Self> {
+        toolsrv_tls::install_crypto_provider();
+        let gate = Arc::new(Semaphore::new(parallel.max(1)));
+        let mut connects = JoinSet::new();
+        for id in ids {
+            let files = TlsFiles::in_dir(pki, &Identity::Agent(id.clone()));
+            let config = toolsrv_tls::client_config(&files, Role::Coordinator)?;
+            let (url, id, gate) = (url.to_string(), id.clone(), gate.clone());
+            connects.spawn(async move {
+                let _permit = gate.acquire_owned().await;
+                let channel = toolsrv_tls::connect(&url, config)
+                    .await
+                    .map_err(|e| TestkitError::link(&id, e))?;
+                Ok::<_, TestkitError>((id, channel))
+            });
+        }
+        let mut links = Vec::with_capacity(ids.len());
+        while let Some(joined) = connects.join_next().await {
+            let link = joined.map_err(|e| TestkitError::link("?", e))??;
+            links.push(link);
+        }
+        Ok(Self { links })
+    }
+
+    /// Opens the agent link on every connection, each host answering [`Answer::Ok`] with
+    /// `definitions` in its views.
+    pub fn attach(self, definitions: Definitions) -> FakeAgents {
+        self.attach_with(|_| Behaviour {
+            definitions,
+            ..Behaviour::default()
+        })
+    }
+
+    /// Opens the agent link on every connection, each host behaving as `behaviour` says for
+    /// its id: Hello, and the session from then on.
+    pub fn attach_with(self, behaviour: impl Fn(&str) -> Behaviour) -> FakeAgents {
+        let mut agents = FakeAgents::empty();
+        for (id, channel) in self.links {
+            let behaviour = behaviour(&id);
+            agents.spawn(id, channel, behaviour);
+        }
+        agents
+    }
+
+    /// Like [`Connected::attach`], but `batch` links at a time, each batch waiting (at most
+    /// `limit` in all) until its links have reported their views: at most `batch` catalog pushes
+    /// are in flight at once, instead of all of them.
+    pub async fn attach_staggered(
+        self,
+        definitions: Definitions,
+        batch: usize,
+        limit: Duration,
+    ) -> Result<FakeAgents> {
+        let started = Instant::now();
+        let mut agents = FakeAgents::empty();
+        let mut links = self.links.into_iter().peekable();
+        while links.peek().is_some() {
+            for (id, channel) in links.by_ref().take(batch.max(1)) {
+                let behaviour = Behaviour {
+                    definitions,
+                    ..Behaviour::default()
+                };
+                agents.spawn(id, channel, behaviour);
+            }
+            let left = limit.saturating_sub(started.elapsed());
+            agents.wait_ready(left).await?;
+        }
+        Ok(agents)
+    }
+}
+
+/// Many fake agents in this process, each on its own TLS connection.
+#[derive(Debug)]
+pub struct FakeAgents {
+    pub counters: Arc<Counters>,
+    stop: CancellationToken,
+    tasks: JoinSet<Result<()>>,
+    pub ids: Vec<String>,
+}
+
+impl FakeAgents {
+    fn empty() -> Self {
+        Self {
+            counters: Arc::new(Counters::default()),
+            stop: CancellationToken::new(),
+            tasks: JoinSet::new(),
+            ids: Vec::new(),
+        }
+    }
+
+    fn spawn(&mut self, id: String, channel: tonic::transport::Channel, behaviour: Behaviour) {
+        self.ids.push(id.clone());
+        let (counters, stop) = (self.counters.clone(), self.stop.clone());
+        self.tasks.spawn(async move {
+            let result = run_link(&id, channel, behaviour, &counters, &stop).await;
+            counters.ended.fetch_add(1, Ordering::SeqCst);
+            result
+        });
+    }
+
+    /// Connects and attaches `ids.len()` fake agents that answer every call OK (see
+    /// [`Connected::connect`]); returns once every link is connected (not yet welcomed: see
+    /// [`FakeAgents::wait_ready`]).
+    pub async fn start(url: &str, pki: &Path, ids: Vec<String>, parallel: usize) -> Result<Self> {
+        Ok(Connected::connect(url, pki, &ids, parallel)
+            .await?
+            .attach(Definitions::FromMeta))
+    }
+
+    /// Waits (at most `limit`) until every link has been welcomed and has sent its view.
+    pub async fn wait_ready(&self, limit: Duration) -> Result<Duration> {
+        let started = Instant::now();
+        let n = self.ids.len();
+        loop {
+            let views = self.counters.with_view.load(Ordering::SeqCst);
+            if views >= n {
+                return Ok(started.elapsed());
+            }
+            let ended = self.counters.ended.load(Ordering::SeqCst);
+            if ended > 0 {
+                return Err(TestkitError::Failed {
+                    what: "attaching the fake agents".into(),
+                    detail: format!("{ended} links ended before all were ready"),
+                });
+            }
+            if started.elapsed() > limit {
+                return Err(TestkitError::Timeout {
+                    what: format!("{n} fake agents to report a view ({views} did)"),
+                    limit,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Links that ended so far (should stay 0 while measuring).
+    pub fn ended(&self) -> usize {
+        self.counters.ended.load(Ordering::SeqCst)
+    }
+
+    /// Closes every link and waits (bounded) for the tasks; returns the first link error, if any.
+    pub async fn stop(mut self) -> Option<TestkitError> {
+        self.stop.cancel();
+        let mut first = None;
+        let drained = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(joined) = self.tasks.join_next().await {
+                if let Ok(Err(e)) = joined {
+                    first.get_or_insert(e);
+                }
+            }
+        })
+        .await;
+        if drained.is_err() {
+            self.tasks.abort_all();
+        }
+        first
+    }
+}
+
+impl Drop for FakeAgents {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Sends `messages` in order, counting the calls they finish.
+async fn send_all(
+    id: &str,
+    tx: &mpsc::Sender<AgentMessage>,
+    messages: Vec<AgentMessage>,
+    counters: &Counters,
+) -> Result<()> {
+    for m in messages {
+        let finishes = matches!(m.msg, Some(Out::Finished(_)));
+        tx.send(m)
+            .await
+            .map_err(|_| TestkitError::link(id, "the link's queue is closed"))?;
+        if finishes {
+            counters.finished();
+        }
+    }
+    Ok(())
+}
+
+/// One fake agent's session until `stop` (or the coordinator ends it).
+async fn run_link(
+    id: &str,
+    channel: tonic::transport::Channel,
+    behaviour: Behaviour,
+    counters: &Arc<Counters>,
+    stop: &CancellationToken,
+) -> Result<()> {
+    let mut responder = Responder::new(id, behaviour.definitions).answering(behaviour.answer);
+    let (tx, rx) = mpsc::channel(16);
+    let closed = |_| TestkitError::link(id, "the link's queue is closed");
+    tx.send(responder.hello()).await.map_err(closed)?;
+    let mut client = AgentLinkClient::new(channel);
+    let mut inbound = client
+        .attach(ReceiverStream::new(rx))
+        .await
+        .map_err(|e| TestkitError::link(id, e))?
+        .into_inner();
+    let mut keepalive: Option<tokio::time::Interval> = None;
+    let mut viewed = false;
+    // Calls held at the gate, each sending its answer once the gate opens.
+    let mut held: JoinSet<Result<()>> = JoinSet::new();
+    loop {
+        let tick = async {
+            match keepalive.as_mut() {
+                Some(k) => {
+                    k.tick().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            () = tick => tx.send(Responder::keepalive()).await.map_err(closed)?,
+            Some(joined) = held.join_next(), if !held.is_empty() => {
+                joined.map_err(|e| TestkitError::link(id, e))??;
+            }
+            received = inbound.message() => {
+                let Some(message) = received.map_err(|e| TestkitError::link(id, e))? else {
+                    if stop.is_cancelled() {
+                        return Ok(());
+                    }
+                    return Err(TestkitError::link(id, "the coordinator closed the link"));
+                };
+                let is_start = matches!(message.msg, Some(In::Start(_)));
+                if is_start {
+                    counters.started();
+                }
+                if let Some(In::Credit(credit)) = &message.msg {
+                    counters.credited(credit.bytes);
+                }
+                match responder.react(message) {
+                    Reaction::Welcomed(every) => {
+                        let mut k = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+                        k.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                        keepalive = Some(k);
+                        counters.welcomed.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Reaction::Send(messages) => match (&behaviour.hold, is_start) {
+                        (Some(gate), true) => {
+                            let (id, tx, gate, counters) =
+                                (id.to_string(), tx.clone(), gate.clone(), counters.clone());
+                            held.spawn(async move {
+                                gate.opened().await;
+                                send_all(&id, &tx, messages, &counters).await
+                            });
+                        }
+                        _ => {
+                            let has_view =
+                                messages.iter().any(|m| matches!(m.msg, Some(Out::View(_))));
+                            send_all(id, &tx, messages, counters).await?;
+                            if has_view && !viewed {
+                                viewed = true;
+                                counters.with_view.fetch_add(1, Ordering::SeqCst);
+                            }
+                        }
+                    },
+                    Reaction::End(why) => {
+                        if stop.is_cancelled() {
+                            return Ok(());
+                        }
+                        return Err(TestkitError::link(id, why));
+                    }
+                }
+            }
+        }
+    }
+}

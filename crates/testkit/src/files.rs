@@ -1,0 +1,53 @@
+//! Files a test writes (tools, scripts, configuration) and the text of captured output.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use crate::error::{Result, TestkitError, must};
+
+/// Writes `content` to `path` in one step (a temporary file renamed over it), so a watcher
+/// never sees half a file, with mode 0755 when `executable`, else 0644.
+pub fn try_write_file(path: &Path, content: &str, executable: bool) -> Result<()> {
+    let tmp = path.with_extension("tmp-write");
+    let failed = |what: &str| {
+        let what = format!("cannot {what} {}", path.display());
+        move |e| TestkitError::io(what, e)
+    };
+    std::fs::write(&tmp, content).map_err(failed("write"))?;
+    let mode = if executable { 0o755 } else { 0o644 };
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
+        .map_err(failed("set the mode of"))?;
+    std::fs::rename(&tmp, path).map_err(failed("rename into"))
+}
+
+/// [`try_write_file`], failing the test on error.
+#[track_caller]
+pub fn write_file(path: &Path, content: &str, executable: bool) {
+    must(try_write_file(path, content, executable));
+}
+
+/// Writes `dir/name` in place (`std::fs::write`: the same file, truncated, when it exists).
+#[track_caller]
+pub fn write(dir: &Path, name: &str, body: &str) {
+    let path = dir.join(name);
+    must(
+        std::fs::write(&path, body)
+            .map_err(|e| TestkitError::io(format!("cannot write {}", path.display()), e)),
+    );
+}
+
+/// [`write()`], then mode 0755.
+#[track_caller]
+pub fn write_executable(dir: &Path, name: &str, body: &str) {
+    write(dir, name, body);
+    let path = dir.join(name);
+    must(
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| TestkitError::io(format!("cannot chmod {}", path.display()), e)),
+    );
+}
+
+/// Captured output as text, invalid UTF-8 replaced.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}

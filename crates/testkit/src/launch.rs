@@ -1,0 +1,187 @@
+//! The command lines of `toolsrv coordinator`, `toolsrv agent` and `toolctl`, in one place for
+//! the tests and the benches: a new flag is wired here.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use toolsrv_tls::TlsFiles;
+
+use crate::error::{Result, TestkitError};
+use crate::pki::tls_args;
+use crate::proc::Proc;
+
+/// How long a coordinator may take to listen.
+const LISTEN_WAIT: Duration = Duration::from_secs(20);
+
+/// How to start one `toolsrv coordinator` on 127.0.0.1.
+#[derive(Debug, Clone)]
+pub struct CoordinatorLaunch {
+    pub port: u16,
+    /// The tools path (`--tools`).
+    pub tools: PathBuf,
+    pub tls: TlsFiles,
+    /// `TOOLSRV_LOG`.
+    pub log: String,
+    /// Further flags.
+    pub args: Vec<String>,
+}
+
+impl CoordinatorLaunch {
+    pub fn new(port: u16, tools: &Path, tls: TlsFiles) -> Self {
+        Self {
+            port,
+            tools: tools.to_path_buf(),
+            tls,
+            log: "info".into(),
+            args: Vec::new(),
+        }
+    }
+
+    /// Where agents and clients reach it.
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// The command, run with the `toolsrv` binary `toolsrv`.
+    pub fn command(&self, toolsrv: &Path) -> Command {
+        let mut cmd = Command::new(toolsrv);
+        cmd.arg("coordinator")
+            .arg(format!("--listen=127.0.0.1:{}", self.port))
+            .arg(format!("--tools={}", self.tools.display()))
+            .args(tls_args(&self.tls))
+            .args(&self.args)
+            .env("TOOLSRV_LOG", &self.log);
+        cmd
+    }
+
+    /// Starts it as process `name` (log in `log_dir`) and waits (at most 20 s) until it accepts
+    /// connections; an error with its log if it exits first.
+    pub fn start(&self, toolsrv: &Path, name: &str, log_dir: &Path) -> Result<Proc> {
+        let mut proc = Proc::try_spawn(name, self.command(toolsrv), log_dir)?;
+        let deadline = Instant::now() + LISTEN_WAIT;
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            proc.check_alive()?;
+            if Instant::now() > deadline {
+                return Err(TestkitError::Timeout {
+                    what: format!("{name} to listen on 127.0.0.1:{}", self.port),
+                    limit: LISTEN_WAIT,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(proc)
+    }
+}
+
+/// How to start one `toolsrv agent`: its host id, certificate, home (state under
+/// `<home>/state`, working directory `<home>`), and a cleared environment but for `PATH`,
+/// `HOME`, `TOOLSRV_LOG` and `env`.
+#[derive(Debug, Clone)]
+pub struct AgentLaunch {
+    pub id: String,
+    /// The coordinator's URL.
+    pub coordinator: String,
+    pub tls: TlsFiles,
+    pub home: PathBuf,
+    /// `PATH`.
+    pub path: String,
+    /// `TOOLSRV_LOG`.
+    pub log: String,
+    /// Host-only tools (`--tools`).
+    pub tools: Option<PathBuf>,
+    /// `--label KEY=VALUE`s.
+    pub labels: Vec<(String, String)>,
+    /// `--max-concurrent-calls`.
+    pub max_concurrent: Option<u32>,
+    /// `--recheck-secs`.
+    pub recheck_secs: Option<u32>,
+    /// Further flags.
+    pub args: Vec<String>,
+    /// Further environment variables (after the ones above: they may replace them).
+    pub env: Vec<(String, String)>,
+    /// Run under `prlimit --as=BYTES`: a cap on its address space.
+    pub address_space: Option<u64>,
+}
+
+impl AgentLaunch {
+    pub fn new(id: &str, coordinator: &str, tls: TlsFiles, home: &Path) -> Self {
+        Self {
+            id: id.to_string(),
+            coordinator: coordinator.to_string(),
+            tls,
+            home: home.to_path_buf(),
+            path: "/usr/local/bin:/usr/bin:/bin".into(),
+            log: "info".into(),
+            tools: None,
+            labels: Vec::new(),
+            max_concurrent: None,
+            recheck_secs: None,
+            args: Vec::new(),
+            env: Vec::new(),
+            address_space: None,
+        }
+    }
+
+    /// The command, run with the `toolsrv` binary `toolsrv`.
+    pub fn command(&self, toolsrv: &Path) -> Command {
+        let mut cmd = match self.address_space {
+            Some(bytes) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--as={bytes}")).arg("--").arg(toolsrv);
+                c
+            }
+            None => Command::new(toolsrv),
+        };
+        cmd.arg("agent")
+            .arg(format!("--coordinator={}", self.coordinator))
+            .arg(format!("--host-id={}", self.id))
+            .args(tls_args(&self.tls))
+            .arg(format!("--state-dir={}", self.home.join("state").display()))
+            .arg(format!("--workdir={}", self.home.display()));
+        if let Some(secs) = self.recheck_secs {
+            cmd.arg(format!("--recheck-secs={secs}"));
+        }
+        if let Some(n) = self.max_concurrent {
+            cmd.arg(format!("--max-concurrent-calls={n}"));
+        }
+        for (k, v) in &self.labels {
+            cmd.arg(format!("--label={k}={v}"));
+        }
+        if let Some(tools) = &self.tools {
+            cmd.arg(format!("--tools={}", tools.display()));
+        }
+        cmd.args(&self.args)
+            .env_clear()
+            .env("PATH", &self.path)
+            .env("HOME", &self.home)
+            .env("TOOLSRV_LOG", &self.log);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    /// Creates its home and starts it as process `agent-<id>`, its log in `log_dir`.
+    pub fn start(&self, toolsrv: &Path, log_dir: &Path) -> Result<Proc> {
+        std::fs::create_dir_all(&self.home)
+            .map_err(|e| TestkitError::io(format!("cannot create {}", self.home.display()), e))?;
+        Proc::try_spawn(
+            &format!("agent-{}", self.id),
+            self.command(toolsrv),
+            log_dir,
+        )
+    }
+}
+
+/// The environment that points `toolctl` at coordinator `url` with the certificate `tls`, as a
+/// user would set it up.
+pub fn client_env(url: &str, tls: &TlsFiles) -> [(&'static str, OsString); 4] {
+    [
+        ("TOOLSRV_ADDR", url.into()),
+        ("TOOLSRV_CA", tls.ca.clone().into()),
+        ("TOOLSRV_CERT", tls.cert.clone().into()),
+        ("TOOLSRV_KEY", tls.key.clone().into()),
+    ]
+}

@@ -1,0 +1,33 @@
+//! What the tests and benches of toolsrv share: a development PKI, `toolsrv` and `toolctl`
+//! processes on loopback ports, fake agents, bounded waits and small file helpers.
+//!
+//! Every fallible step returns a [`TestkitError`] (`try_*`, for the benches and for tests
+//! that expect a failure); the plain names are wrappers that fail the test instead. Every
+//! process runs in its own process group and is killed with it when its handle drops; every
+//! wait is bounded.
+//!
+//! This crate depends only on the protocol and TLS crates, so that any crate's tests can use
+//! it without a second copy of that crate's types. Fixtures that need a coordinator or an
+//! agent in process stay in those crates' tests.
+
+mod bin;
+mod error;
+pub mod fake;
+mod files;
+mod fleet;
+mod launch;
+mod pki;
+mod proc;
+mod wait;
+
+pub use bin::{bin, profile_dir, try_bin, workspace_root};
+pub use error::{Result, TestkitError, must};
+pub use files::{text, try_write_file, write, write_executable, write_file};
+pub use fleet::{AgentSpec, TestFleet};
+pub use launch::{AgentLaunch, CoordinatorLaunch, client_env};
+pub use pki::{Pki, sign_with_ca, stem_files, tls_args, uri_san, write_pki};
+pub use proc::{Proc, free_port, try_free_port};
+pub use wait::{
+    finish_child, run_bounded, try_finish_child, try_run_bounded, try_wait_for, wait_for,
+    wait_until,
+};

@@ -1,0 +1,149 @@
+//! A development PKI for tests (`toolsrv_tls::init`, as `toolsrv pki init` writes it), and
+//! certificates signed outside its rules, as another CA might issue them.
+
+use std::path::{Path, PathBuf};
+
+use toolsrv_tls::{Identity, PkiOptions, TlsFiles};
+
+use crate::error::{Result, TestkitError, must};
+
+/// Writes a development PKI into `dir`: the CA, the coordinator, and an agent certificate per
+/// host id of `agents` and a client certificate per name of `clients`.
+pub fn write_pki(dir: &Path, agents: &[&str], clients: &[&str]) -> Result<()> {
+    let mut opts = PkiOptions::new(dir);
+    opts.agents = agents.iter().map(|a| a.to_string()).collect();
+    opts.clients = clients.iter().map(|c| c.to_string()).collect();
+    toolsrv_tls::init(&opts)?;
+    Ok(())
+}
+
+/// Signs a certificate with the CA of the PKI in `dir`, with exactly these SANs and extended
+/// key usages (none of `init`'s rules), and writes `<stem>.pem` and `<stem>-key.pem`.
+pub fn sign_with_ca(
+    dir: &Path,
+    stem: &str,
+    sans: Vec<rcgen::SanType>,
+    ekus: Vec<rcgen::ExtendedKeyUsagePurpose>,
+) -> Result<TlsFiles> {
+    let failed = |reason: String| TestkitError::Certificate {
+        stem: stem.to_string(),
+        reason,
+    };
+    let read = |name: &str| {
+        let path = dir.join(name);
+        std::fs::read_to_string(&path)
+            .map_err(|e| TestkitError::io(format!("cannot read {}", path.display()), e))
+    };
+    let ca_key = rcgen::KeyPair::from_pem(&read("ca-key.pem")?)
+        .map_err(|e| failed(format!("the CA key: {e}")))?;
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&read("ca.pem")?, ca_key)
+        .map_err(|e| failed(format!("the CA certificate: {e}")))?;
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+        .map_err(|e| failed(format!("a key: {e}")))?;
+    let mut params = rcgen::CertificateParams::default();
+    params.subject_alt_names = sans;
+    params.extended_key_usages = ekus;
+    let cert = params
+        .signed_by(&key, &issuer)
+        .map_err(|e| failed(e.to_string()))?;
+    let files = stem_files(dir, stem);
+    for (path, pem) in [(&files.cert, cert.pem()), (&files.key, key.serialize_pem())] {
+        std::fs::write(path, pem)
+            .map_err(|e| TestkitError::io(format!("cannot write {}", path.display()), e))?;
+    }
+    Ok(files)
+}
+
+/// The CA, certificate and key of certificate `stem` (`agent-web-1`, `client-alice`) in `dir`.
+pub fn stem_files(dir: &Path, stem: &str) -> TlsFiles {
+    TlsFiles {
+        ca: dir.join(toolsrv_tls::CA_CERT),
+        cert: dir.join(format!("{stem}.pem")),
+        key: dir.join(format!("{stem}-key.pem")),
+    }
+}
+
+/// `--ca/--cert/--key`, as `toolsrv` and `toolctl` take them.
+pub fn tls_args(files: &TlsFiles) -> Vec<String> {
+    vec![
+        format!("--ca={}", files.ca.display()),
+        format!("--cert={}", files.cert.display()),
+        format!("--key={}", files.key.display()),
+    ]
+}
+
+/// A URI SAN naming `identity`, as `init` writes it.
+pub fn uri_san(identity: &Identity) -> Result<rcgen::SanType> {
+    let uri = identity.uri();
+    let san = uri
+        .as_str()
+        .try_into()
+        .map_err(|e| TestkitError::Certificate {
+            stem: uri.clone(),
+            reason: format!("not a URI SAN: {e}"),
+        })?;
+    Ok(rcgen::SanType::URI(san))
+}
+
+/// A development PKI in a temporary directory, removed on drop.
+#[derive(Debug)]
+pub struct Pki {
+    pub dir: tempfile::TempDir,
+}
+
+impl Pki {
+    /// A PKI with agent certificates for `agents` and client certificates for `clients`.
+    pub fn try_new(agents: &[&str], clients: &[&str]) -> Result<Self> {
+        let dir = tempfile::tempdir()
+            .map_err(|e| TestkitError::io("cannot make a temporary directory", e))?;
+        write_pki(dir.path(), agents, clients)?;
+        Ok(Self { dir })
+    }
+
+    /// [`Pki::try_new`], failing the test on error.
+    #[track_caller]
+    pub fn new(agents: &[&str], clients: &[&str]) -> Self {
+        must(Self::try_new(agents, clients))
+    }
+
+    /// The PKI directory.
+    pub fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+
+    /// The files of `identity`.
+    pub fn files(&self, identity: &Identity) -> TlsFiles {
+        TlsFiles::in_dir(self.root(), identity)
+    }
+
+    /// `--ca/--cert/--key` for a certificate stem such as `agent-web-1` or `client-alice`.
+    pub fn tls_args(&self, stem: &str) -> Vec<String> {
+        tls_args(&stem_files(self.root(), stem))
+    }
+
+    /// Writes `<stem>.pem` and `<stem>-key.pem`: a clientAuth certificate from this PKI's CA
+    /// whose identity URI is `uri` exactly as given (`init` would write the name lowercase),
+    /// as another CA might issue it.
+    pub fn try_issue_raw(&self, stem: &str, uri: &str) -> Result<TlsFiles> {
+        let san = uri.try_into().map_err(|e| TestkitError::Certificate {
+            stem: stem.to_string(),
+            reason: format!("{uri} is not a URI SAN: {e}"),
+        })?;
+        sign_with_ca(
+            self.root(),
+            stem,
+            vec![rcgen::SanType::URI(san)],
+            vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth],
+        )
+    }
+
+    /// [`Pki::try_issue_raw`], failing the test on error.
+    #[track_caller]
+    pub fn issue_raw(&self, stem: &str, uri: &str) {
+        must(self.try_issue_raw(stem, uri));
+    }
+}

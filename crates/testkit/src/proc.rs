@@ -1,0 +1,144 @@
+//! A child process in its own process group, its output in a log file, killed with its group
+//! when its handle drops; and free loopback ports.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+
+use crate::error::{Result, TestkitError, must};
+
+/// How long [`Proc::terminate`] waits for a clean exit.
+const TERMINATE_WAIT: Duration = Duration::from_secs(20);
+/// How long [`Proc::stop`] waits for a clean exit before killing the group.
+const STOP_WAIT: Duration = Duration::from_secs(10);
+
+/// A free port on 127.0.0.1 (bound, then released: good enough for tests).
+pub fn try_free_port() -> Result<u16> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| TestkitError::io("cannot find a free port on 127.0.0.1", e))
+}
+
+/// [`try_free_port`], failing the test on error.
+#[track_caller]
+pub fn free_port() -> u16 {
+    must(try_free_port())
+}
+
+/// A child process killed (with its whole process group) on drop. When the thread is
+/// panicking, the drop prints the process's log.
+#[derive(Debug)]
+pub struct Proc {
+    pub child: Child,
+    pub name: String,
+    log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `cmd` in its own process group, output to `<log_dir>/<name>.log`.
+    pub fn try_spawn(name: &str, mut cmd: Command, log_dir: &Path) -> Result<Self> {
+        let log = log_dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log)
+            .map_err(|e| TestkitError::io(format!("cannot create {}", log.display()), e))?;
+        let out = file
+            .try_clone()
+            .map_err(|e| TestkitError::io(format!("cannot share {}", log.display()), e))?;
+        cmd.stdin(Stdio::null())
+            .stdout(out)
+            .stderr(file)
+            .process_group(0);
+        let child = cmd
+            .spawn()
+            .map_err(|e| TestkitError::io(format!("cannot start {name}"), e))?;
+        Ok(Self {
+            child,
+            name: name.to_string(),
+            log,
+        })
+    }
+
+    /// [`Proc::try_spawn`], failing the test on error.
+    #[track_caller]
+    pub fn spawn(name: &str, cmd: Command, log_dir: &Path) -> Self {
+        must(Self::try_spawn(name, cmd, log_dir))
+    }
+
+    /// The process's output so far, for failure messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The last `lines` lines of the process's output.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = self.log();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// An error, with the end of the log, if the process has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        match self.child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => Err(TestkitError::Exited {
+                name: self.name.clone(),
+                status,
+                log: self.log_tail(15),
+            }),
+            Err(e) => Err(TestkitError::io(
+                format!("cannot wait for {}", self.name),
+                e,
+            )),
+        }
+    }
+
+    /// SIGKILL to the whole group: the host vanishes without a goodbye.
+    pub fn kill(&mut self) {
+        let _ = killpg(Pid::from_raw(self.pid()), Signal::SIGKILL);
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then a bounded wait (20 s) for a clean exit; killed after that.
+    pub fn terminate(&mut self) -> Option<ExitStatus> {
+        self.terminate_within(TERMINATE_WAIT)
+    }
+
+    /// SIGTERM, then at most `limit` for a clean exit; `None` (and killed) after that.
+    pub fn terminate_within(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let _ = kill(Pid::from_raw(self.pid()), Signal::SIGTERM);
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+        None
+    }
+
+    /// [`Proc::terminate_within`] 10 s, then SIGKILL to what is left of the group.
+    pub fn stop(&mut self) {
+        self.terminate_within(STOP_WAIT);
+        let _ = killpg(Pid::from_raw(self.pid()), Signal::SIGKILL);
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill();
+        }
+        if std::thread::panicking() {
+            eprintln!("----- {} log -----\n{}", self.name, self.log());
+        }
+    }
+}
