@@ -58,8 +58,9 @@ pub fn workspace_root() -> PathBuf {
 }
 
 /// The most recently modified source a binary is built from: the crates but `skip_crates`, the
-/// protocol, and the example tools when it embeds them. The lock file is left out: it also
-/// changes for test-only dependencies, which relink nothing.
+/// protocol, and the example tools when it embeds them: Rust and proto sources only. Manifests
+/// and the lock file are left out: they also change for test-only dependencies, which relink
+/// nothing.
 fn newest_source(skip_crates: &[&str], examples: bool) -> Option<(PathBuf, SystemTime)> {
     let root = workspace_root();
     let skip: Vec<PathBuf> = skip_crates
@@ -93,7 +94,11 @@ fn newest_source(skip_crates: &[&str], examples: bool) -> Option<(PathBuf, Syste
             }
             if entry.file_type().is_ok_and(|t| t.is_dir()) {
                 dirs.push(path);
-            } else {
+            } else if path.starts_with(root.join("examples"))
+                || path.extension().is_some_and(|e| e == "rs" || e == "proto")
+            {
+                // Manifests are left out like the lock file: a test-only dependency changes
+                // them without relinking anything.
                 consider(path);
             }
         }
