@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use libfuzzer_sys::fuzz_target;
 use toolsrv_coordinator::Policy;
-use toolsrv_coordinator::selector::{HostFacts, Selector};
+use toolsrv_coordinator::selector::{Candidate, Selector};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };
@@ -16,7 +16,7 @@ fuzz_target!(|data: &[u8]| {
         ("empty".to_string(), String::new()),
     ]
     .into();
-    let host = HostFacts {
+    let host = Candidate {
         id: "db-1",
         os: "linux",
         arch: "amd64",

@@ -75,8 +75,8 @@ impl HostEntry {
     }
 
     /// What selectors match: the host's facts and its labels, trusted ones winning.
-    pub fn selector_facts(&self) -> selector::HostFacts<'_> {
-        selector::HostFacts {
+    pub fn selector_facts(&self) -> selector::Candidate<'_> {
+        selector::Candidate {
             id: &self.id,
             os: &self.facts.os,
             arch: &self.facts.arch,
@@ -89,8 +89,8 @@ impl HostEntry {
 
     /// What policy rules match: as [`Self::selector_facts`] but with only the trusted labels,
     /// so that a host cannot relabel itself out of a rule.
-    pub fn policy_facts(&self) -> selector::HostFacts<'_> {
-        selector::HostFacts {
+    pub fn policy_facts(&self) -> selector::Candidate<'_> {
+        selector::Candidate {
             labels: &self.trusted_labels,
             ..self.selector_facts()
         }

@@ -29,7 +29,7 @@ use toolsrv_proto::v1::{SandboxGrant, SandboxPolicy};
 use toolsrv_tls::normalize_name;
 
 use crate::error::FileError;
-use crate::selector::{HostFacts, Selector, glob};
+use crate::selector::{Candidate, Selector, glob};
 
 /// What a rule does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -297,7 +297,7 @@ impl Policy {
 
     /// Whether `client` may call `tool` on `host`, at once or after an approval; the error says
     /// which rule denied it.
-    pub fn check(&self, client: &str, tool: &str, host: &HostFacts<'_>) -> Result<Verdict, String> {
+    pub fn check(&self, client: &str, tool: &str, host: &Candidate<'_>) -> Result<Verdict, String> {
         let any = |list: &Option<Vec<String>>, value: &str| {
             list.as_ref()
                 .is_none_or(|l| l.iter().any(|p| glob(p, value)))
@@ -343,7 +343,7 @@ impl Policy {
 
     /// The `sandbox` entries whose host selector matches `host`, in order: what its agent is
     /// sent when it attaches.
-    pub fn sandbox_for(&self, host: &HostFacts<'_>) -> SandboxPolicy {
+    pub fn sandbox_for(&self, host: &Candidate<'_>) -> SandboxPolicy {
         SandboxPolicy {
             grants: self
                 .sandbox
@@ -371,7 +371,7 @@ mod tests {
         .unwrap();
         let db_labels: BTreeMap<String, String> = [("role".into(), "db".into())].into();
         let none = BTreeMap::new();
-        let db = HostFacts {
+        let db = Candidate {
             id: "db-1",
             os: "linux",
             arch: "amd64",
@@ -380,7 +380,7 @@ mod tests {
             sandbox: "",
             labels: &db_labels,
         };
-        let web = HostFacts {
+        let web = Candidate {
             id: "web-1",
             os: "linux",
             arch: "amd64",
@@ -408,7 +408,7 @@ mod tests {
     #[test]
     fn names_match_whatever_their_case() {
         let none = BTreeMap::new();
-        let host = |id| HostFacts {
+        let host = |id| Candidate {
             id,
             os: "linux",
             arch: "amd64",
@@ -476,7 +476,7 @@ mod tests {
         )
         .unwrap();
         let none = BTreeMap::new();
-        let host = HostFacts {
+        let host = Candidate {
             id: "h",
             os: "linux",
             arch: "amd64",
@@ -507,7 +507,7 @@ mod tests {
         .unwrap();
         let db: BTreeMap<String, String> = [("role".into(), "db".into())].into();
         let none = BTreeMap::new();
-        let host = |os, labels| HostFacts {
+        let host = |os, labels| Candidate {
             id: "h",
             os,
             arch: "amd64",
@@ -551,7 +551,7 @@ mod tests {
         )
         .unwrap();
         let none = BTreeMap::new();
-        let host = HostFacts {
+        let host = Candidate {
             id: "db-1",
             os: "linux",
             arch: "amd64",

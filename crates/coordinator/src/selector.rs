@@ -20,9 +20,10 @@ pub struct Selector {
     pairs: BTreeMap<String, Vec<String>>,
 }
 
-/// What a selector is matched against.
+/// A host as a selector or policy rule sees it (borrowed from the fleet entry; the wire type
+/// `toolsrv_proto::v1::HostFacts` is what the agent reports).
 #[derive(Debug, Clone, Copy)]
-pub struct HostFacts<'a> {
+pub struct Candidate<'a> {
     pub id: &'a str,
     pub os: &'a str,
     pub arch: &'a str,
@@ -85,7 +86,7 @@ impl Selector {
     }
 
     /// True when the host satisfies the selector.
-    pub fn matches(&self, host: &HostFacts<'_>) -> bool {
+    pub fn matches(&self, host: &Candidate<'_>) -> bool {
         let id_ok = self.hosts.is_empty() || self.hosts.iter().any(|p| glob(p, host.id));
         id_ok
             && self.pairs.iter().all(|(key, patterns)| {
@@ -157,7 +158,7 @@ mod tests {
     fn selectors() {
         let labels: BTreeMap<String, String> = [("role".to_string(), "db".to_string())].into();
         let none = BTreeMap::new();
-        let db = HostFacts {
+        let db = Candidate {
             id: "db-1",
             os: "linux",
             arch: "amd64",
@@ -166,7 +167,7 @@ mod tests {
             sandbox: "enforced",
             labels: &labels,
         };
-        let mac = HostFacts {
+        let mac = Candidate {
             id: "mac-1",
             os: "darwin",
             arch: "arm64",
@@ -212,7 +213,7 @@ mod tests {
     fn host_ids_compare_case_insensitively() {
         let none = BTreeMap::new();
         // Host ids arrive lowercase (from certificates); selectors may be typed in any case.
-        let db = HostFacts {
+        let db = Candidate {
             id: "db-1",
             os: "linux",
             arch: "amd64",
