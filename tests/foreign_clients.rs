@@ -11,7 +11,15 @@ use toolsrv_tests::{AgentSpec, Fleet, run_bounded, text};
 
 /// A Python with grpcio, grpcio-tools, grpcio-health-checking and grpcio-reflection:
 /// `$TOOLSRV_TEST_PYTHON`, or a virtualenv under `target/` created on first use.
+///
+/// Set up once per test process: the tests of this file run in parallel, and two pip installs
+/// into one new virtualenv at once break each other.
 fn python() -> PathBuf {
+    static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PYTHON.get_or_init(python_once).clone()
+}
+
+fn python_once() -> PathBuf {
     if let Some(p) = std::env::var_os("TOOLSRV_TEST_PYTHON") {
         return PathBuf::from(p);
     }
