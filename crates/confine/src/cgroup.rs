@@ -138,9 +138,18 @@ fn pid_alive(pid: i32) -> bool {
     kill(Pid::from_raw(pid), None).is_ok()
 }
 
+/// Waits between retries while the kernel lets go of a call's processes or cgroup: short at
+/// first (usually a few microseconds suffice, and a call's result waits for this), doubling to
+/// 10 ms; about half a second in all.
+fn retry_pauses() -> impl Iterator<Item = Duration> {
+    (0..u32::MAX)
+        .map(|i| Duration::from_micros(20u64 << i.min(9)).min(Duration::from_millis(10)))
+        .take(60)
+}
+
 /// SIGKILL to every process listed in `dir`, again until none is left (bounded)
 fn kill_listed(dir: &Path) {
-    for _ in 0..100 {
+    for pause in retry_pauses() {
         let pids = procs(dir);
         if pids.is_empty() {
             return;
@@ -148,20 +157,20 @@ fn kill_listed(dir: &Path) {
         for pid in pids {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
-        std::thread::sleep(Duration::from_millis(1));
+        std::thread::sleep(pause);
     }
 }
 
 /// Removes an empty cgroup directory, retrying a moment while its last processes are reaped
 fn remove_cgroup(dir: &Path) -> io::Result<()> {
     let mut last = Ok(());
-    for attempt in 0..50 {
+    for pause in retry_pauses() {
         match std::fs::remove_dir(dir) {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
             Err(e) => last = Err(e),
         }
-        std::thread::sleep(Duration::from_millis(if attempt < 10 { 1 } else { 10 }));
+        std::thread::sleep(pause);
     }
     last
 }
