@@ -2,11 +2,11 @@
 //! by a second identity with `toolctl approve ID`, or by nobody (expired); every decision audited.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, run_bounded, text, wait_for};
+use toolsrv_tests::{AgentSpec, Fleet, decisions, finish_child, json_lines, text, wait_for};
 
 const POLICY: &str = r#"{"default": "allow", "rules": [
     {"tools": ["restart"], "effect": "approve"},
@@ -37,54 +37,17 @@ fn fleet(extra: &[&str]) -> Fleet {
 }
 
 fn audit(fleet: &Fleet) -> Vec<Value> {
-    std::fs::read_to_string(fleet.work.path().join("audit.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn approvals_of(decisions: &[Value]) -> Vec<(String, Option<String>)> {
-    decisions
-        .iter()
-        .filter(|r| r["event"] == "approval")
-        .map(|r| {
-            (
-                r["decision"].as_str().unwrap().to_string(),
-                r["decided_by"].as_str().map(str::to_string),
-            )
-        })
-        .collect()
-}
-
-/// `toolctl` as `stem` in a new session: no controlling terminal to ask on.
-fn toolctl_detached(fleet: &Fleet, stem: &str, args: &[&str]) -> std::process::Output {
-    let inner = fleet.toolctl_command(stem, args);
-    let mut cmd = Command::new("setsid");
-    // --wait: the harness makes the command a group leader, so setsid forks; wait for the child.
-    cmd.arg("--wait")
-        .arg(inner.get_program())
-        .args(inner.get_args());
-    for (k, v) in inner.get_envs() {
-        if let Some(v) = v {
-            cmd.env(k, v);
-        }
-    }
-    run_bounded(cmd, None, Duration::from_secs(60))
+    json_lines(&fleet.work.path().join("audit.jsonl"))
 }
 
 #[test]
 fn the_caller_approves_or_denies_its_own_call() {
     let fleet = fleet(&[]);
-    let out = toolctl_detached(
-        &fleet,
-        "client-alice",
-        &["call", "a", "restart", "--approve"],
-    );
+    let out = fleet.toolctl_detached("client-alice", &["call", "a", "restart", "--approve"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "restart ran\n");
 
-    let out = toolctl_detached(&fleet, "client-alice", &["call", "a", "restart", "--deny"]);
+    let out = fleet.toolctl_detached("client-alice", &["call", "a", "restart", "--deny"]);
     assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("approval denied by alice"),
@@ -93,7 +56,7 @@ fn the_caller_approves_or_denies_its_own_call() {
     );
 
     // No flag and no terminal: denied, saying how to decide without one.
-    let out = toolctl_detached(&fleet, "client-alice", &["call", "a", "restart"]);
+    let out = fleet.toolctl_detached("client-alice", &["call", "a", "restart"]);
     assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("no terminal"),
@@ -107,7 +70,7 @@ fn the_caller_approves_or_denies_its_own_call() {
 
     let records = audit(&fleet);
     assert_eq!(
-        approvals_of(&records),
+        decisions(&records, "approval"),
         [
             ("approved".into(), Some("alice".into())),
             ("denied".into(), Some("alice".into())),
@@ -167,7 +130,7 @@ fn a_two_person_rule_waits_for_the_second_identity() {
     let out = fleet.toolctl_as("client-bob", &["approve", id], None);
     assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
 
-    let out = finish(caller);
+    let out = finish_child(caller, Duration::from_secs(30));
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "drop_table ran\n");
     assert!(
@@ -185,7 +148,7 @@ fn a_two_person_rule_waits_for_the_second_identity() {
 #[test]
 fn an_unanswered_request_expires_as_a_denial() {
     let fleet = fleet(&["--approval-timeout-secs=1"]);
-    let out = toolctl_detached(&fleet, "client-alice", &["call", "a", "drop_table"]);
+    let out = fleet.toolctl_detached("client-alice", &["call", "a", "drop_table"]);
     assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("not approved within 1 s by bob"),
@@ -193,15 +156,5 @@ fn an_unanswered_request_expires_as_a_denial() {
         text(&out.stderr)
     );
     let records = audit(&fleet);
-    assert_eq!(approvals_of(&records), [("expired".into(), None)]);
-}
-
-fn finish(child: std::process::Child) -> std::process::Output {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    rx.recv_timeout(Duration::from_secs(30))
-        .expect("the call did not finish within 30 s")
-        .unwrap()
+    assert_eq!(decisions(&records, "approval"), [("expired".into(), None)]);
 }

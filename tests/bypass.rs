@@ -3,11 +3,11 @@
 //! rules but inside the call's cgroup; every outcome audited.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, bin, finish_child, run_bounded, text, wait_for};
+use toolsrv_tests::{AgentSpec, Fleet, bin, decisions, finish_child, json_lines, text, wait_for};
 
 const POLICY: &str = r#"{"default": "allow", "rules": [
     {"tools": ["bp_allow", "raw"], "effect": "allow", "bypass": "allow"},
@@ -87,39 +87,11 @@ fn fleet(extra: &[&str]) -> Fleet {
 }
 
 fn audit(fleet: &Fleet) -> Vec<Value> {
-    std::fs::read_to_string(fleet.work.path().join("audit.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    json_lines(&fleet.work.path().join("audit.jsonl"))
 }
 
 fn bypasses(fleet: &Fleet) -> Vec<(String, Option<String>)> {
-    audit(fleet)
-        .iter()
-        .filter(|r| r["event"] == "bypass")
-        .map(|r| {
-            (
-                r["decision"].as_str().unwrap().to_string(),
-                r["decided_by"].as_str().map(str::to_string),
-            )
-        })
-        .collect()
-}
-
-/// `toolctl` as `stem` in a new session: no controlling terminal to ask on.
-fn toolctl_detached(fleet: &Fleet, stem: &str, args: &[&str]) -> std::process::Output {
-    let inner = fleet.toolctl_command(stem, args);
-    let mut cmd = Command::new("setsid");
-    cmd.arg("--wait")
-        .arg(inner.get_program())
-        .args(inner.get_args());
-    for (k, v) in inner.get_envs() {
-        if let Some(v) = v {
-            cmd.env(k, v);
-        }
-    }
-    run_bounded(cmd, None, Duration::from_secs(60))
+    decisions(&audit(fleet), "bypass")
 }
 
 fn mark_args(fleet: &Fleet, name: &str) -> (std::path::PathBuf, String) {
@@ -168,20 +140,12 @@ fn policy_allows_or_denies_a_bypass() {
 fn the_caller_approves_or_denies_a_bypass() {
     let fleet = fleet(&[]);
     let (mark, args) = mark_args(&fleet, "asked.txt");
-    let out = toolctl_detached(
-        &fleet,
-        "client-alice",
-        &["call", "a", "bp_ask", &args, "--approve"],
-    );
+    let out = fleet.toolctl_detached("client-alice", &["call", "a", "bp_ask", &args, "--approve"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_ran(&text(&out.stdout), &mark);
 
     let (mark, args) = mark_args(&fleet, "refused.txt");
-    let out = toolctl_detached(
-        &fleet,
-        "client-alice",
-        &["call", "a", "bp_ask", &args, "--deny"],
-    );
+    let out = fleet.toolctl_detached("client-alice", &["call", "a", "bp_ask", &args, "--deny"]);
     let stdout = text(&out.stdout);
     assert!(stdout.contains("bypass exit=77"), "{stdout}");
     assert!(!mark.exists());
@@ -198,7 +162,7 @@ fn the_caller_approves_or_denies_a_bypass() {
 fn an_unanswered_bypass_expires_as_a_denial() {
     let fleet = fleet(&["--approval-timeout-secs=1"]);
     let (mark, args) = mark_args(&fleet, "expired.txt");
-    let out = toolctl_detached(&fleet, "client-alice", &["call", "a", "bp_bob", &args]);
+    let out = fleet.toolctl_detached("client-alice", &["call", "a", "bp_bob", &args]);
     let stdout = text(&out.stdout);
     assert!(
         stdout.contains("bypass exit=77"),

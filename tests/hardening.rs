@@ -3,11 +3,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, text, wait_for};
+use toolsrv_tests::{AgentSpec, Fleet, finish_child, json_lines, text, wait_for};
 
 /// Starts `cmd` in its own process group with piped output.
 fn spawn(mut cmd: Command) -> Child {
@@ -19,29 +19,8 @@ fn spawn(mut cmd: Command) -> Child {
     cmd.spawn().unwrap()
 }
 
-/// Waits (bounded) for `child` to exit and returns its output.
-fn finish(child: Child, limit: Duration) -> Output {
-    let pid = child.id();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    rx.recv_timeout(limit)
-        .unwrap_or_else(|_| panic!("process {pid} did not finish within {limit:?}"))
-        .unwrap()
-}
-
 fn signal(child: &Child, signal: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
-}
-
-/// The audit log's records.
-fn audit(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 fn host<'a>(hosts: &'a [Value], id: &str) -> &'a Value {
@@ -89,7 +68,7 @@ fn oversized_arguments_are_refused_and_leave_other_calls_and_the_link_alone() {
             text(&out.stderr)
         );
     }
-    let bob = finish(bob, Duration::from_secs(30));
+    let bob = finish_child(bob, Duration::from_secs(30));
     assert!(bob.status.success(), "{}", text(&bob.stderr));
     assert_eq!(text(&bob.stdout).trim(), "finished");
 
@@ -154,11 +133,11 @@ fn callers_that_vanish_mid_call_are_audited_and_so_are_refusals() {
         let caller = spawn(fleet.toolctl_command("client-alice", &["call", "a", "mark", &args]));
         running(n, 1);
         signal(&caller, sig);
-        finish(caller, Duration::from_secs(20));
+        finish_child(caller, Duration::from_secs(20));
         let record = wait_for(
             &format!("the audit record of the call killed by {sig}"),
             Duration::from_secs(20),
-            || audit(&log).iter().find(records_for(n)).cloned(),
+            || json_lines(&log).iter().find(records_for(n)).cloned(),
         );
         assert_eq!(record["status"], "CALL_STATUS_CANCELLED", "{record}");
         assert_eq!(record["client"], "alice");
@@ -170,12 +149,12 @@ fn callers_that_vanish_mid_call_are_audited_and_so_are_refusals() {
         spawn(fleet.toolctl_command("client-alice", &["fanout", "a,b", "mark", r#"{"n":"fan"}"#]));
     running("fan", 2);
     signal(&fanout, nix::sys::signal::Signal::SIGKILL);
-    finish(fanout, Duration::from_secs(20));
+    finish_child(fanout, Duration::from_secs(20));
     wait_for(
         "an audit record for each host of the killed fan-out",
         Duration::from_secs(20),
         || {
-            let records = audit(&log);
+            let records = json_lines(&log);
             let fan: Vec<_> = records.iter().filter(records_for("fan")).collect();
             (fan.len() == 2).then_some(())
         },
@@ -188,7 +167,7 @@ fn callers_that_vanish_mid_call_are_audited_and_so_are_refusals() {
     assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
     let out = fleet.toolctl(&["call", "nowhere", "mark"]);
     assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
-    let records = audit(&log);
+    let records = json_lines(&log);
     let statuses: Vec<(&str, &str)> = records
         .iter()
         .map(|r| (r["host"].as_str().unwrap(), r["status"].as_str().unwrap()))
@@ -315,7 +294,7 @@ fn one_client_cannot_fill_a_host_and_others_are_served_at_once() {
     assert!(text(&out.stderr).contains("max-call-timeout"));
 
     for caller in callers {
-        let out = finish(caller, Duration::from_secs(30));
+        let out = finish_child(caller, Duration::from_secs(30));
         assert!(out.status.success(), "{}", text(&out.stderr));
     }
     // The slots came back.
@@ -351,9 +330,13 @@ fn sighup_reopens_the_audit_log_for_logrotate() {
     );
     assert!(fleet.toolctl(&["call", "a", "echo"]).status.success());
     assert_eq!(
-        audit(&rotated).len(),
+        json_lines(&rotated).len(),
         1,
         "the first call stays in the rotated file"
     );
-    assert_eq!(audit(&log).len(), 1, "the second call goes to the new file");
+    assert_eq!(
+        json_lines(&log).len(),
+        1,
+        "the second call goes to the new file"
+    );
 }

@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 use toolsrv_confine::{CallPlan, Confiner, Settings};
-use toolsrv_exec::{Event, Stream};
+use toolsrv_exec::{Event, Invocation, Stream};
 use toolsrv_host::{CallRequest, Limits, prepare, start};
 use toolsrv_meta::Host;
 use toolsrv_registry::{Catalog, Scanner};
@@ -205,6 +205,16 @@ pub async fn toolsrv_call(fixture: &CallFixture) -> Result<CallPhases, BenchErro
         &fixture.limits,
         &fixture.base_env,
     )?;
+    run_prepared(started, invocation, "toolsrv").await
+}
+
+/// Runs a prepared invocation to its `Finished` event, timing each phase from `started`;
+/// `what` names the kind of call in the error when it does not print `ok`.
+async fn run_prepared(
+    started: Instant,
+    invocation: Invocation,
+    what: &str,
+) -> Result<CallPhases, BenchError> {
     let prepared = started.elapsed();
     let mut execution = start(TOOL, invocation, CancellationToken::new())?;
     let spawned = started.elapsed();
@@ -226,7 +236,7 @@ pub async fn toolsrv_call(fixture: &CallFixture) -> Result<CallPhases, BenchErro
     };
     let finished = started.elapsed();
     if !outcome.success() || stdout != b"ok\n" {
-        return Err(format!("toolsrv call failed: {outcome:?}, stdout {stdout:?}").into());
+        return Err(format!("{what} call failed: {outcome:?}, stdout {stdout:?}").into());
     }
     Ok(CallPhases {
         prepared,
@@ -276,35 +286,7 @@ pub async fn confined_call(
         invocation.env = env;
     }
     invocation.jail = Some(Arc::new(prepared.jail));
-    let prepared = started.elapsed();
-    let mut execution = start(TOOL, invocation, CancellationToken::new())?;
-    let spawned = started.elapsed();
-    let mut stdout = Vec::new();
-    let mut output = None;
-    let outcome = loop {
-        match execution.next().await {
-            Some(Event::Output {
-                stream: Stream::Stdout,
-                data,
-            }) => {
-                output.get_or_insert_with(|| started.elapsed());
-                stdout.extend_from_slice(&data);
-            }
-            Some(Event::Output { .. }) => {}
-            Some(Event::Finished(outcome)) => break outcome,
-            None => return Err("the call ended without a Finished event".into()),
-        }
-    };
-    let finished = started.elapsed();
-    if !outcome.success() || stdout != b"ok\n" {
-        return Err(format!("confined call failed: {outcome:?}, stdout {stdout:?}").into());
-    }
-    Ok(CallPhases {
-        prepared,
-        started: spawned,
-        output: output.unwrap_or(finished),
-        finished,
-    })
+    run_prepared(started, invocation, "confined").await
 }
 
 /// Times the confiner alone, no process: preparing a call's jail, then releasing it.

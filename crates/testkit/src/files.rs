@@ -51,3 +51,31 @@ pub fn write_executable(dir: &Path, name: &str, body: &str) {
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
+
+/// The records of a JSON-lines file (an audit log), in order; none when it does not exist yet.
+/// A line that is not JSON fails the test.
+#[track_caller]
+pub fn json_lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| match serde_json::from_str(l) {
+            Ok(v) => v,
+            Err(e) => panic!("{}: a line is not JSON ({e}): {l}", path.display()),
+        })
+        .collect()
+}
+
+/// `(decision, decided_by)` of the audit records of `event` (`approval`, `bypass`), in order.
+pub fn decisions(records: &[serde_json::Value], event: &str) -> Vec<(String, Option<String>)> {
+    records
+        .iter()
+        .filter(|r| r["event"] == event)
+        .map(|r| {
+            (
+                r["decision"].as_str().unwrap_or_default().to_string(),
+                r["decided_by"].as_str().map(str::to_string),
+            )
+        })
+        .collect()
+}

@@ -184,6 +184,23 @@ impl TestFleet {
         cmd
     }
 
+    /// `toolctl` as `stem` in a new session, so that it has no controlling terminal to ask on;
+    /// bounded like [`TestFleet::toolctl_as`].
+    pub fn toolctl_detached(&self, stem: &str, args: &[&str]) -> Output {
+        let inner = self.toolctl_command(stem, args);
+        let mut cmd = Command::new("setsid");
+        // --wait: the command is made a group leader, so setsid forks; wait for the child.
+        cmd.arg("--wait")
+            .arg(inner.get_program())
+            .args(inner.get_args());
+        for (k, v) in inner.get_envs() {
+            if let Some(v) = v {
+                cmd.env(k, v);
+            }
+        }
+        run_bounded(cmd, None, Duration::from_secs(60))
+    }
+
     /// `toolctl hosts --json`, parsed.
     pub fn hosts(&self) -> Vec<Value> {
         let out = self.toolctl(&["hosts", "--json"]);

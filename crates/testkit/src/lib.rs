@@ -22,7 +22,7 @@ mod wait;
 
 pub use bin::{bin, profile_dir, try_bin, workspace_root};
 pub use error::{Result, TestkitError, must};
-pub use files::{text, try_write_file, write, write_executable, write_file};
+pub use files::{decisions, json_lines, text, try_write_file, write, write_executable, write_file};
 pub use fleet::{AgentSpec, TestFleet};
 pub use launch::{AgentLaunch, CoordinatorLaunch, client_env};
 pub use pki::{Pki, sign_with_ca, stem_files, tls_args, uri_san, write_pki};
