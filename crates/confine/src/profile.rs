@@ -131,8 +131,8 @@ pub fn parse_cpu(text: &str) -> Result<u32, String> {
     })
 }
 
-/// Shell-style glob with `*` (any run) and `?` (any one character); the same rule as the
-/// coordinator's host selectors.
+/// Shell-style glob with `*` (any run) and `?` (any one character); the coordinator's
+/// selectors and policy rules use this one too, so a pattern means the same on both sides.
 pub fn glob(pattern: &str, text: &str) -> bool {
     let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
     let (mut pi, mut ti) = (0, 0);

@@ -109,28 +109,9 @@ fn valid_glob(s: &str) -> bool {
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-' | b'*' | b'?'))
 }
 
-/// Shell-style glob with `*` (any run) and `?` (any one character).
-pub fn glob(pattern: &str, text: &str) -> bool {
-    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
-    let (mut pi, mut ti) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while ti < t.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some((pi, ti));
-            pi += 1;
-        } else if let Some((sp, st)) = star {
-            pi = sp + 1;
-            ti = st + 1;
-            star = Some((sp, st + 1));
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|&c| c == '*')
-}
+/// Shell-style glob with `*` (any run) and `?` (any one character). One rule for selectors,
+/// policy rules and the sandbox grants the agents match against tool names.
+pub use toolsrv_confine::glob;
 
 #[cfg(test)]
 mod tests {
