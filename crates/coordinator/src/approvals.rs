@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use toolsrv_proto::v1::ApprovalRequest;
 
+use crate::audit::bounded;
 use crate::selector::glob;
 
 /// The approver list that lets the caller decide its own call.
@@ -112,18 +113,6 @@ fn may_decide(request: &ApprovalRequest, decider: &str) -> Result<(), String> {
     }
 }
 
-/// `s` cut to at most `max` bytes on a character boundary, with a marker.
-fn shown(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…[{} bytes]", &s[..end], s.len())
-}
-
 /// A fresh unguessable request id.
 fn new_id() -> String {
     use std::hash::{BuildHasher, RandomState};
@@ -144,7 +133,7 @@ impl Approvals {
     pub fn file(&self, mut request: ApprovalRequest, approvers: &[String]) -> Waiting<'_> {
         let caller_may_decide = approvers.is_empty() || approvers.iter().all(|a| a == CALLER);
         request.id = new_id();
-        request.args_json = shown(&request.args_json, SHOWN_ARGS);
+        request.args_json = bounded(&request.args_json, SHOWN_ARGS);
         request.approvers = if caller_may_decide {
             vec![CALLER.to_string()]
         } else {

@@ -55,7 +55,7 @@ fn open(path: &Path, action: &'static str) -> Result<std::fs::File, FileError> {
 }
 
 /// At most `max` bytes of `s` (cut at a character boundary), with the full length noted when cut.
-fn bounded(s: &str, max: usize) -> String {
+pub(crate) fn bounded(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }
