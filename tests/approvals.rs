@@ -115,6 +115,10 @@ fn a_two_person_rule_waits_for_the_second_identity() {
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0]["caller"], "alice");
     assert_eq!(pending[0]["tool"], "drop_table");
+    assert!(
+        pending[0]["expires_unix_ms"].as_u64().unwrap() > 0,
+        "the listing says when the request expires: {pending:?}"
+    );
     assert!(list("client-alice").is_empty(), "the caller may not decide");
     let id = pending[0]["id"].as_str().unwrap();
 

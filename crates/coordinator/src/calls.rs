@@ -96,9 +96,13 @@ where
     Fut: Future<Output = bool>,
 {
     let timeout = state.config.approval_timeout;
+    // Set before filing: the pending copy is what `ListApprovals` shows and sorts by.
+    let request = ApprovalRequest {
+        expires_unix_ms: toolsrv_proto::unix_ms()
+            .saturating_add(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
+        ..request
+    };
     let mut waiting = state.approvals.file(request, approvers);
-    waiting.request.expires_unix_ms = toolsrv_proto::unix_ms()
-        .saturating_add(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
     if !emit(Event::Approval(waiting.request.clone())).await {
         state.audit.approval(&waiting.request, &Decision::Withdrawn);
         return None;
