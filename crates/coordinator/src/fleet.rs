@@ -268,8 +268,13 @@ impl Fleet {
         limit: std::time::Duration,
         ready: impl Fn(&HostEntry) -> bool,
     ) -> Option<HostEntry> {
+        // Almost every call finds its host ready: answer that without subscribing.
+        let host = self.get(id)?;
+        if !host.online() || ready(&host) {
+            return Some(host);
+        }
         let deadline = tokio::time::Instant::now() + limit;
-        // Subscribe before looking, so that no view stored in between is missed.
+        // Subscribe, then look again, so that no view stored in between is missed.
         let mut events = self.events.subscribe();
         loop {
             let host = self.get(id)?;
