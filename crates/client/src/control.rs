@@ -30,6 +30,10 @@ use toolsrv_proto::v1::{
     FanOutEvent, FanOutRequest, ListApprovalsRequest, ListApprovalsResponse, ListHostsRequest,
     ListHostsResponse, ListToolsRequest, ListToolsResponse, ToolDefinition, WatchCatalogRequest,
 };
+use toolsrv_proto::v1::{
+    CloseSessionResponse, FindToolsRequest, FindToolsResponse, GetSessionRequest, LoadToolRequest,
+    OpenSessionRequest, SessionState, UnloadToolRequest,
+};
 use tower::service_fn;
 
 use crate::client::MAX_MESSAGE_SIZE;
@@ -473,6 +477,7 @@ impl Tools for Relay {
     type CallStream = BoxStream<CallEvent>;
     type FanOutStream = BoxStream<FanOutEvent>;
     type WatchCatalogStream = BoxStream<CatalogEvent>;
+    type WatchSessionStream = BoxStream<SessionState>;
 
     async fn list_hosts(
         &self,
@@ -532,6 +537,60 @@ impl Tools for Relay {
         req: Request<ApproveRequest>,
     ) -> Result<Response<ApproveResponse>, Status> {
         self.upstream.clone().approve(req.into_inner()).await
+    }
+
+    async fn find_tools(
+        &self,
+        req: Request<FindToolsRequest>,
+    ) -> Result<Response<FindToolsResponse>, Status> {
+        self.upstream.clone().find_tools(req.into_inner()).await
+    }
+
+    async fn open_session(
+        &self,
+        req: Request<OpenSessionRequest>,
+    ) -> Result<Response<SessionState>, Status> {
+        self.upstream.clone().open_session(req.into_inner()).await
+    }
+
+    async fn load_tool(
+        &self,
+        req: Request<LoadToolRequest>,
+    ) -> Result<Response<SessionState>, Status> {
+        self.upstream.clone().load_tool(req.into_inner()).await
+    }
+
+    async fn unload_tool(
+        &self,
+        req: Request<UnloadToolRequest>,
+    ) -> Result<Response<SessionState>, Status> {
+        self.upstream.clone().unload_tool(req.into_inner()).await
+    }
+
+    async fn get_session(
+        &self,
+        req: Request<GetSessionRequest>,
+    ) -> Result<Response<SessionState>, Status> {
+        self.upstream.clone().get_session(req.into_inner()).await
+    }
+
+    async fn watch_session(
+        &self,
+        req: Request<GetSessionRequest>,
+    ) -> Result<Response<Self::WatchSessionStream>, Status> {
+        let stream = self
+            .upstream
+            .clone()
+            .watch_session(req.into_inner())
+            .await?;
+        Ok(self.relay(stream.into_inner()))
+    }
+
+    async fn close_session(
+        &self,
+        req: Request<GetSessionRequest>,
+    ) -> Result<Response<CloseSessionResponse>, Status> {
+        self.upstream.clone().close_session(req.into_inner()).await
     }
 }
 

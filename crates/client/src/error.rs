@@ -36,6 +36,9 @@ pub enum ClientError {
     /// The coordinator sent something the protocol does not allow.
     #[error("{0}")]
     Protocol(String),
+    /// A session profile file that cannot be used: the file and what is wrong.
+    #[error("profile {0}")]
+    Profile(String),
 }
 
 impl ClientError {
@@ -47,6 +50,7 @@ impl ClientError {
             Self::Control(_) => tonic::Code::Unavailable,
             Self::UntrustedControl(_) => tonic::Code::PermissionDenied,
             Self::Protocol(_) => tonic::Code::Internal,
+            Self::Profile(_) => tonic::Code::InvalidArgument,
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod cli;
 mod client;
 pub mod control;
 mod error;
+mod session;
 mod shape;
 mod status;
 
@@ -26,7 +27,8 @@ pub use client::{
     WatchStream,
 };
 pub use error::ClientError;
-pub use shape::{definition_json, list_entry};
+pub use session::{Profile, SessionWatch};
+pub use shape::{definition_json, host_state_name, list_entry, match_json, session_json};
 pub use status::{is_ok, status_name};
 
 pub use toolsrv_proto::v1::call_event::Event as CallUpdate;
@@ -34,7 +36,7 @@ pub use toolsrv_proto::v1::fan_out_event::Event as FanOutUpdate;
 pub use toolsrv_proto::v1::{
     ApprovalRequest, CallEvent, CallRequest, CallResult, CallStatus, CatalogEvent,
     CatalogEventKind, FanOutEvent, FanOutRequest, FanOutSummary, HostFacts, HostInfo, HostState,
-    InvalidTool, ListToolsResponse, OutputChunk, OutputStream, SandboxFacts, ToolDefinition,
-    ToolStatus,
+    InvalidTool, ListToolsResponse, LoadedTool, OutputChunk, OutputStream, SandboxFacts,
+    SessionHost, SessionState, ToolDefinition, ToolMatch, ToolResolution, ToolStatus,
 };
 pub use toolsrv_tls::{TlsError, TlsFiles};

@@ -3,7 +3,7 @@
 use serde::Serialize;
 use serde_json::Value;
 use toolsrv_host::ListEntry;
-use toolsrv_proto::v1::{ToolDefinition, ToolStatus};
+use toolsrv_proto::v1::{HostState, SessionState, ToolDefinition, ToolMatch, ToolStatus};
 
 use crate::ClientError;
 
@@ -68,6 +68,82 @@ pub fn definition_json(def: &ToolDefinition) -> Result<Value, ClientError> {
     };
     serde_json::to_value(described)
         .map_err(|e| ClientError::Protocol(format!("cannot encode tool `{}`: {e}", def.name)))
+}
+
+/// A session as JSON (`toolctl session show --json`, one line per state of `session watch
+/// --json`): its hosts and every loaded tool with its model-facing definitions.
+pub fn session_json(state: &SessionState) -> Result<Value, ClientError> {
+    let selected: Vec<Value> = state
+        .selected
+        .iter()
+        .map(|h| {
+            serde_json::json!({
+                "host": h.host_id,
+                "state": host_state_name(h.state),
+            })
+        })
+        .collect();
+    let mut tools = Vec::with_capacity(state.tools.len());
+    for t in &state.tools {
+        let mut resolutions = Vec::with_capacity(t.resolutions.len());
+        for r in &t.resolutions {
+            let definition = match &r.definition {
+                Some(def) => definition_json(def)?,
+                None => Value::Null,
+            };
+            resolutions.push(serde_json::json!({"hosts": r.hosts, "definition": definition}));
+        }
+        let mut tool = serde_json::json!({
+            "name": t.name,
+            "tier": t.tier,
+            "autoLoaded": t.auto_loaded,
+            "lastUsedUnixMs": t.last_used_unix_ms,
+            "hosts": t.hosts,
+            "resolutions": resolutions,
+        });
+        if !t.unavailable.is_empty() {
+            tool["unavailable"] = Value::from(t.unavailable.as_str());
+        }
+        tools.push(tool);
+    }
+    Ok(serde_json::json!({
+        "id": state.id,
+        "generation": state.generation,
+        "hosts": state.hosts,
+        "maxLoaded": state.max_loaded,
+        "selected": selected,
+        "tools": tools,
+        "watchers": state.watchers,
+        "idleExpiresUnixMs": state.idle_expires_unix_ms,
+        "catalogRevision": state.catalog_revision,
+    }))
+}
+
+/// A ranked tool as JSON (`toolctl find --json`).
+pub fn match_json(m: &ToolMatch) -> Value {
+    let mut value = serde_json::json!({
+        "name": m.name,
+        "score": m.score,
+        "description": m.description,
+        "hosts": m.hosts,
+    });
+    if let Some(lexical) = m.lexical_score {
+        value["lexical"] = Value::from(lexical);
+    }
+    if let Some(semantic) = m.semantic_score {
+        value["semantic"] = Value::from(semantic);
+    }
+    value
+}
+
+/// The lower-case word for a host state, as `toolctl hosts` prints it.
+pub fn host_state_name(state: i32) -> &'static str {
+    match HostState::try_from(state) {
+        Ok(HostState::Online) => "online",
+        Ok(HostState::Offline) => "offline",
+        Ok(HostState::Syncing) => "syncing",
+        _ => "unknown",
+    }
 }
 
 /// Proto3 strings cannot be absent: empty stands for unset.

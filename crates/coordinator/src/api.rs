@@ -18,6 +18,10 @@ use toolsrv_proto::v1::{
     ListToolsRequest, ListToolsResponse, ToolDefinition, ToolStatus, WatchCatalogRequest,
     call_event, fan_out_event,
 };
+use toolsrv_proto::v1::{
+    CloseSessionResponse, FindToolsRequest, FindToolsResponse, GetSessionRequest, LoadToolRequest,
+    OpenSessionRequest, SessionState, UnloadToolRequest,
+};
 
 use crate::State;
 
@@ -26,6 +30,7 @@ use crate::calls::{self, CallSpec, Event};
 use crate::identity::Caller;
 use crate::refusal::{self, Refusal};
 use crate::selector::Selector;
+use crate::session_api;
 use crate::views::LIST_PAGE_BYTES;
 
 /// The Tools gRPC service.
@@ -113,6 +118,7 @@ impl Tools for ToolsService {
     type CallStream = BoxStream<CallEvent>;
     type FanOutStream = BoxStream<FanOutEvent>;
     type WatchCatalogStream = BoxStream<CatalogEvent>;
+    type WatchSessionStream = BoxStream<SessionState>;
 
     async fn list_hosts(
         &self,
@@ -203,6 +209,9 @@ impl Tools for ToolsService {
             status
         };
         bounded("the host id", &req.host, toolsrv_tls::MAX_NAME_LEN).map_err(refuse)?;
+        if !req.session.is_empty() {
+            session_api::touch(&state, &client, &req.session, &req.tool).map_err(refuse)?;
+        }
         let spec = call_spec(
             &state,
             client.clone(),
@@ -361,6 +370,65 @@ impl Tools for ToolsService {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn find_tools(
+        &self,
+        req: Request<FindToolsRequest>,
+    ) -> Result<Response<FindToolsResponse>, Status> {
+        Caller::client(&req)?;
+        Err(Status::unimplemented("FindTools is not served yet"))
+    }
+
+    async fn open_session(
+        &self,
+        req: Request<OpenSessionRequest>,
+    ) -> Result<Response<SessionState>, Status> {
+        let client = Caller::client(&req)?;
+        session_api::open(&self.state, &client, req.into_inner()).map(Response::new)
+    }
+
+    async fn load_tool(
+        &self,
+        req: Request<LoadToolRequest>,
+    ) -> Result<Response<SessionState>, Status> {
+        let client = Caller::client(&req)?;
+        session_api::load(&self.state, &client, req.into_inner()).map(Response::new)
+    }
+
+    async fn unload_tool(
+        &self,
+        req: Request<UnloadToolRequest>,
+    ) -> Result<Response<SessionState>, Status> {
+        let client = Caller::client(&req)?;
+        session_api::unload(&self.state, &client, req.into_inner()).map(Response::new)
+    }
+
+    async fn get_session(
+        &self,
+        req: Request<GetSessionRequest>,
+    ) -> Result<Response<SessionState>, Status> {
+        let client = Caller::client(&req)?;
+        session_api::get(&self.state, &client, &req.into_inner().session).map(Response::new)
+    }
+
+    async fn watch_session(
+        &self,
+        req: Request<GetSessionRequest>,
+    ) -> Result<Response<Self::WatchSessionStream>, Status> {
+        let client = Caller::client(&req)?;
+        let (tx, rx) = mpsc::channel(4);
+        session_api::watch(&self.state, &client, &req.into_inner().session, tx)?;
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn close_session(
+        &self,
+        req: Request<GetSessionRequest>,
+    ) -> Result<Response<CloseSessionResponse>, Status> {
+        let client = Caller::client(&req)?;
+        session_api::close(&self.state, &client, &req.into_inner().session)?;
+        Ok(Response::new(CloseSessionResponse {}))
     }
 }
 

@@ -114,7 +114,7 @@ fn may_decide(request: &ApprovalRequest, decider: &str) -> Result<(), String> {
 }
 
 /// A fresh unguessable request id.
-fn new_id() -> String {
+pub(crate) fn new_id() -> String {
     use std::hash::{BuildHasher, RandomState};
     // Two independently keyed SipHashes: 128 bits no caller can predict.
     let (a, b) = (RandomState::new(), RandomState::new());

@@ -26,6 +26,8 @@ pub mod policy;
 mod quota;
 mod refusal;
 pub mod selector;
+mod session_api;
+mod sessions;
 mod views;
 
 use std::path::PathBuf;
@@ -46,6 +48,7 @@ pub use error::FileError;
 pub use identity::{Caller, RequireRole};
 pub use policy::Policy;
 pub use quota::Limits;
+pub use sessions::SessionLimits;
 
 /// How a coordinator runs.
 #[derive(Debug, Clone)]
@@ -68,6 +71,8 @@ pub struct CoordinatorConfig {
     pub limits: Limits,
     /// How long a call waits for an approval before it is denied.
     pub approval_timeout: Duration,
+    /// How long idle sessions live and how many a client may hold.
+    pub sessions: SessionLimits,
     pub watch: WatchOptions,
 }
 
@@ -84,6 +89,7 @@ impl CoordinatorConfig {
             host_labels: None,
             limits: Limits::default(),
             approval_timeout: Duration::from_secs(60),
+            sessions: SessionLimits::default(),
             watch: WatchOptions::default(),
         }
     }
@@ -114,6 +120,7 @@ pub(crate) struct State {
     pub host_labels: labels::HostLabels,
     pub quotas: Arc<quota::Quotas>,
     pub approvals: approvals::Approvals,
+    pub sessions: sessions::Sessions,
     pub shutdown: CancellationToken,
     /// Every task the services spawn, so shutdown can wait for them.
     pub tasks: TaskTracker,
@@ -150,6 +157,7 @@ pub async fn serve(
         host_labels,
         quotas: Arc::new(quota::Quotas::new(config.limits.clone())),
         approvals: approvals::Approvals::default(),
+        sessions: sessions::Sessions::new(config.sessions.clone()),
         shutdown: shutdown.clone(),
         tasks: tasks.clone(),
     });
@@ -159,6 +167,7 @@ pub async fn serve(
             .watch(config.watch.clone(), shutdown.clone()),
     );
     tasks.spawn(follow_registry(state.clone()));
+    tasks.spawn(reap_sessions(state.clone()));
     #[cfg(unix)]
     tasks.spawn(reopen_audit_on_hangup(state.clone()));
     let reload = creds.spawn_reload_on_change(Duration::from_secs(30), shutdown.clone());
@@ -272,6 +281,20 @@ async fn follow_registry(state: Arc<State>) {
                     state.fleet.registry_changed(next.revision, &changes);
                 }
                 last = next;
+            }
+        }
+    }
+}
+
+/// Ends sessions that have had no watcher for the idle time.
+async fn reap_sessions(state: Arc<State>) {
+    let mut ticks = tokio::time::interval(state.sessions.reap_interval());
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = state.shutdown.cancelled() => return,
+            _ = ticks.tick() => {
+                state.sessions.reap();
             }
         }
     }

@@ -45,7 +45,7 @@ pub struct LogArgs {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the catalog to agents and the client API to clients (mTLS)
-    Coordinator(CoordinatorArgs),
+    Coordinator(Box<CoordinatorArgs>),
     /// Connect this host to a coordinator, report its tools and run calls
     Agent(Box<AgentArgs>),
     /// Development certificates
@@ -161,6 +161,12 @@ pub struct CoordinatorArgs {
     /// How long (seconds) a call the policy marks `approve` waits for a decision; then it is denied
     #[arg(long, env = "TOOLSRV_APPROVAL_TIMEOUT_SECS", default_value_t = 60)]
     pub approval_timeout_secs: u64,
+    /// How long (seconds) a session lives with no `session watch` (or MCP server) attached
+    #[arg(long, env = "TOOLSRV_SESSION_IDLE_SECS", default_value_t = 300)]
+    pub session_idle_secs: u64,
+    /// Sessions one client may have open at once
+    #[arg(long, env = "TOOLSRV_MAX_SESSIONS_PER_CLIENT", default_value_t = 64)]
+    pub max_sessions_per_client: usize,
 }
 
 impl CoordinatorArgs {
@@ -193,6 +199,10 @@ impl CoordinatorArgs {
             max_call_timeout: Duration::from_secs(self.max_call_timeout_secs.max(1)),
         };
         config.approval_timeout = Duration::from_secs(self.approval_timeout_secs.max(1));
+        config.sessions = toolsrv_coordinator::SessionLimits {
+            idle: Duration::from_secs(self.session_idle_secs.max(1)),
+            per_client: self.max_sessions_per_client.max(1),
+        };
         Ok(config)
     }
 }

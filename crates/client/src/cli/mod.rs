@@ -165,6 +165,27 @@ enum Command {
         #[arg(long, value_name = "SECS")]
         idle_exit: Option<f64>,
     },
+    /// Rank the tools the hosts of a selector offer against a request in plain language
+    ///
+    /// Prints the best matches first (score, tool, hosts, description); nothing matching is
+    /// not an error (an empty array with --json).
+    Find {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Which hosts' tools to rank: a host id, `all`, or a selector as for fanout
+        selector: String,
+        /// What the tool should do, in plain language
+        query: String,
+        /// Most matches to print (1 to 1000)
+        #[arg(long, default_value_t = 5)]
+        limit: u32,
+        /// Print a JSON array, best first
+        #[arg(long)]
+        json: bool,
+    },
+    /// Sessions on the coordinator: the tools loaded for one model on a set of hosts
+    #[command(subcommand)]
+    Session(SessionCommand),
     /// Print catalog and fleet changes as they happen, until Ctrl-C
     Watch {
         #[command(flatten)]
@@ -172,6 +193,76 @@ enum Command {
         /// Print one JSON object per line
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum SessionCommand {
+    /// Open a session from a profile and print its id; it lives on the coordinator until it
+    /// is closed, or until no `watch` has been attached for the idle time
+    Open {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Profile file: {"autoLoad": ["tool", ...], "hosts": "SELECTOR", "maxLoaded": 40}
+        #[arg(long, value_name = "FILE")]
+        profile: Option<PathBuf>,
+        /// Host selector, replacing the profile's `hosts`
+        #[arg(long, value_name = "SELECTOR")]
+        hosts: Option<String>,
+        /// Print the session as a JSON object (with `id`) instead of the id alone
+        #[arg(long)]
+        json: bool,
+    },
+    /// Load a tool into a session (a full session unloads its coldest tool first)
+    Load {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Session id
+        id: String,
+        /// Tool name
+        tool: String,
+        /// Print the session as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Unload a tool from a session
+    Unload {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Session id
+        id: String,
+        /// Tool name
+        tool: String,
+        /// Print the session as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a session: its hosts and loaded tools
+    Show {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Session id
+        id: String,
+        /// Print a JSON object with every loaded tool's definitions
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the session now and again after every change, until Ctrl-C or the session ends
+    Watch {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Session id
+        id: String,
+        /// Print one JSON object per line
+        #[arg(long)]
+        json: bool,
+    },
+    /// End a session now
+    Close {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Session id
+        id: String,
     },
 }
 
@@ -379,9 +470,44 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Approve { conn, id, reason } => remote::decide(&conn, &id, true, &reason).await,
         Command::Deny { conn, id, reason } => remote::decide(&conn, &id, false, &reason).await,
         Command::Watch { conn, json } => remote::watch(&conn, json).await,
+        Command::Find {
+            conn,
+            selector,
+            query,
+            limit,
+            json,
+        } => remote::find(&conn, &selector, &query, limit, json).await,
+        Command::Session(command) => session(command).await,
         Command::Master { conn, idle_exit } => remote::master(&conn, idle_exit).await,
     };
     ExitCode::from(code)
+}
+
+async fn session(command: SessionCommand) -> u8 {
+    use remote::sessions;
+    match command {
+        SessionCommand::Open {
+            conn,
+            profile,
+            hosts,
+            json,
+        } => sessions::open(&conn, profile.as_deref(), hosts.as_deref(), json).await,
+        SessionCommand::Load {
+            conn,
+            id,
+            tool,
+            json,
+        } => sessions::load(&conn, &id, &tool, false, json).await,
+        SessionCommand::Unload {
+            conn,
+            id,
+            tool,
+            json,
+        } => sessions::load(&conn, &id, &tool, true, json).await,
+        SessionCommand::Show { conn, id, json } => sessions::show(&conn, &id, json).await,
+        SessionCommand::Watch { conn, id, json } => sessions::watch(&conn, &id, json).await,
+        SessionCommand::Close { conn, id } => sessions::close(&conn, &id).await,
+    }
 }
 
 /// The exit code after writing a command's output: a closed pipe (`| head`) is not an error.

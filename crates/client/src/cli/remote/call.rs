@@ -36,6 +36,7 @@ pub async fn call(
         args_json,
         cwd: opts.cwd.unwrap_or_default(),
         timeout_ms,
+        session: String::new(),
     };
     let what = || format!("cannot call `{tool}` on host `{host}`");
     let mut stream = match remote.client.call(request).await {

@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use crate::{HostInfo, HostState};
+use crate::HostInfo;
 use serde_json::{Value, json};
 
 use super::{ConnArgs, connect, write_json, write_table, written};
@@ -28,14 +28,7 @@ pub async fn hosts(conn: &ConnArgs, json: bool) -> u8 {
 
 use toolsrv_proto::unix_ms as now_ms;
 
-fn state_name(state: i32) -> &'static str {
-    match HostState::try_from(state) {
-        Ok(HostState::Online) => "online",
-        Ok(HostState::Offline) => "offline",
-        Ok(HostState::Syncing) => "syncing",
-        Ok(HostState::Unspecified) | Err(_) => "unknown",
-    }
-}
+use crate::host_state_name as state_name;
 
 /// One host as a JSON object; labels keep their sorted order.
 fn host_json(h: &HostInfo) -> Value {
@@ -154,6 +147,8 @@ mod tests {
     use crate::HostFacts;
 
     use super::*;
+
+    use crate::HostState;
 
     fn host(id: &str, state: HostState, labels: &[(&str, &str)], last_seen: u64) -> HostInfo {
         HostInfo {

@@ -5,6 +5,7 @@ mod call;
 mod fanout;
 mod hosts;
 mod master;
+mod session;
 mod tools;
 mod watch;
 
@@ -19,6 +20,11 @@ pub use call::{CallOptions, call};
 pub use fanout::{FanOutOptions, fan_out};
 pub use hosts::hosts;
 pub use master::master;
+pub use session::find;
+pub mod sessions {
+    //! The `toolctl session` subcommands.
+    pub use super::session::{close, load, open, show, watch};
+}
 pub use tools::{describe, tools};
 pub use watch::watch;
 
@@ -195,7 +201,8 @@ fn error_code(e: &ClientError) -> u8 {
             | Code::ResourceExhausted => exit::UNAVAILABLE,
             Code::PermissionDenied | Code::Unauthenticated => exit::DENIED,
             Code::NotFound => exit::NOT_FOUND,
-            // The only precondition the client API checks is "the tool is visible on the host".
+            // The tool is not visible on the host (or on any host of a session), or a session
+            // is full of tools that are never unloaded.
             Code::FailedPrecondition => exit::HIDDEN,
             Code::InvalidArgument => exit::USAGE,
             _ => exit::INTERNAL,
@@ -203,6 +210,7 @@ fn error_code(e: &ClientError) -> u8 {
         ClientError::Control(_) => exit::UNAVAILABLE,
         ClientError::UntrustedControl(_) => exit::DENIED,
         ClientError::Protocol(_) => exit::INTERNAL,
+        ClientError::Profile(_) => exit::USAGE,
     }
 }
 

@@ -1,0 +1,246 @@
+//! `toolctl session ...` and `toolctl find`: sessions on the coordinator, and tools ranked against
+//! a request.
+
+use std::io::Write;
+use std::path::Path;
+
+use crate::{ClientError, LoadedTool, Profile, SessionState, match_json, session_json};
+
+use super::{ConnArgs, Remote, connect, exit, interrupted, write_json, written};
+
+/// Longest request `find` sends (the coordinator's limit too).
+const MAX_QUERY_BYTES: usize = 4096;
+/// Most matches `find` may ask for.
+const MAX_LIMIT: u32 = 1000;
+
+async fn connected(conn: &ConnArgs) -> Result<Remote, u8> {
+    connect(conn).await
+}
+
+/// `toolctl session open`: prints the new session's id (or, with `--json`, its state).
+pub async fn open(conn: &ConnArgs, profile: Option<&Path>, hosts: Option<&str>, json: bool) -> u8 {
+    let profile = match profile.map(Profile::load).transpose() {
+        Ok(profile) => profile.unwrap_or_default(),
+        Err(e) => {
+            eprintln!("toolctl: {e}");
+            return exit::USAGE;
+        }
+    };
+    let remote = match connected(conn).await {
+        Ok(remote) => remote,
+        Err(code) => return code,
+    };
+    match remote.client.open_session(&profile, hosts).await {
+        Ok(state) if json => print_state(&state, true),
+        Ok(state) => written(
+            writeln!(std::io::stdout().lock(), "{}", state.id),
+            "the session id",
+        ),
+        Err(e) => remote.fail("cannot open a session", &e),
+    }
+}
+
+/// `toolctl session load` / `unload`: prints the session's state after the change.
+pub async fn load(conn: &ConnArgs, id: &str, tool: &str, unload: bool, json: bool) -> u8 {
+    let remote = match connected(conn).await {
+        Ok(remote) => remote,
+        Err(code) => return code,
+    };
+    let result = if unload {
+        remote.client.unload_tool(id, tool).await
+    } else {
+        remote.client.load_tool(id, tool).await
+    };
+    match result {
+        Ok(state) => print_state(&state, json),
+        Err(e) => {
+            let verb = if unload { "unload" } else { "load" };
+            remote.fail(&format!("cannot {verb} `{tool}` in session `{id}`"), &e)
+        }
+    }
+}
+
+/// `toolctl session show`.
+pub async fn show(conn: &ConnArgs, id: &str, json: bool) -> u8 {
+    let remote = match connected(conn).await {
+        Ok(remote) => remote,
+        Err(code) => return code,
+    };
+    match remote.client.session(id).await {
+        Ok(state) => print_state(&state, json),
+        Err(e) => remote.fail(&format!("cannot show session `{id}`"), &e),
+    }
+}
+
+/// `toolctl session close`.
+pub async fn close(conn: &ConnArgs, id: &str) -> u8 {
+    let remote = match connected(conn).await {
+        Ok(remote) => remote,
+        Err(code) => return code,
+    };
+    match remote.client.close_session(id).await {
+        Ok(()) => 0,
+        Err(e) => remote.fail(&format!("cannot close session `{id}`"), &e),
+    }
+}
+
+/// `toolctl session watch`: the state now and after every change, until Ctrl-C or the session
+/// ends (exit NOT_FOUND then, since nothing is left to watch).
+pub async fn watch(conn: &ConnArgs, id: &str, json: bool) -> u8 {
+    let remote = match connected(conn).await {
+        Ok(remote) => remote,
+        Err(code) => return code,
+    };
+    let mut states = match remote.client.watch_session(id).await {
+        Ok(states) => states,
+        Err(e) => return remote.fail(&format!("cannot watch session `{id}`"), &e),
+    };
+    loop {
+        let next = tokio::select! {
+            () = interrupted() => return 0,
+            next = states.next() => next,
+        };
+        match next {
+            Some(Ok(state)) => {
+                let code = if json {
+                    match session_json(&state) {
+                        Ok(value) => {
+                            written(writeln!(std::io::stdout().lock(), "{value}"), "the session")
+                        }
+                        Err(e) => fail_shape(&e),
+                    }
+                } else {
+                    let mut out = std::io::stdout().lock();
+                    written(
+                        write_text(&mut out, &state).and_then(|()| writeln!(out)),
+                        "the session",
+                    )
+                };
+                if code != 0 {
+                    return code;
+                }
+            }
+            Some(Err(e)) => return remote.fail(&format!("watching session `{id}`"), &e),
+            None => return 0,
+        }
+    }
+}
+
+/// `toolctl find SELECTOR QUERY`.
+pub async fn find(conn: &ConnArgs, selector: &str, query: &str, limit: u32, json: bool) -> u8 {
+    if let Err(e) = check_find(query, limit) {
+        eprintln!("toolctl: {e}");
+        return exit::USAGE;
+    }
+    let remote = match connected(conn).await {
+        Ok(remote) => remote,
+        Err(code) => return code,
+    };
+    let found = match remote.client.find_tools(selector, query, limit).await {
+        Ok(found) => found,
+        Err(e) => return remote.fail("cannot rank tools", &e),
+    };
+    let mut out = std::io::stdout().lock();
+    if json {
+        let matches: Vec<_> = found.matches.iter().map(match_json).collect();
+        return written(write_json(&mut out, &matches), "the matches");
+    }
+    if found.matches.is_empty() {
+        eprintln!("toolctl: no tool on the hosts of `{selector}` matches the request");
+        return 0;
+    }
+    let rows: Vec<Vec<String>> = found
+        .matches
+        .iter()
+        .map(|m| {
+            vec![
+                format!("{:.3}", m.score),
+                m.name.clone(),
+                hosts_text(&m.hosts),
+                m.description.clone(),
+            ]
+        })
+        .collect();
+    written(
+        super::write_table(&mut out, &["SCORE", "TOOL", "HOSTS", "DESCRIPTION"], &rows),
+        "the matches",
+    )
+}
+
+/// What `find` refuses before asking anyone.
+pub fn check_find(query: &str, limit: u32) -> Result<(), String> {
+    if query.trim().is_empty() {
+        return Err("the request is empty: say in words what the tool should do".into());
+    }
+    if query.len() > MAX_QUERY_BYTES {
+        return Err(format!(
+            "the request is {} bytes, over the limit of {MAX_QUERY_BYTES}",
+            query.len()
+        ));
+    }
+    if limit == 0 || limit > MAX_LIMIT {
+        return Err(format!("--limit must be 1 to {MAX_LIMIT}, not {limit}"));
+    }
+    Ok(())
+}
+
+fn fail_shape(e: &ClientError) -> u8 {
+    eprintln!("toolctl: {e}");
+    exit::INTERNAL
+}
+
+fn print_state(state: &SessionState, json: bool) -> u8 {
+    let mut out = std::io::stdout().lock();
+    if json {
+        match session_json(state) {
+            Ok(value) => written(write_json(&mut out, &value), "the session"),
+            Err(e) => fail_shape(&e),
+        }
+    } else {
+        written(write_text(&mut out, state), "the session")
+    }
+}
+
+/// A few hosts by name, more as a count.
+fn hosts_text(hosts: &[String]) -> String {
+    match hosts.len() {
+        0 => "-".to_string(),
+        1..=3 => hosts.join(","),
+        n => format!("{},... ({n} hosts)", hosts[..2].join(",")),
+    }
+}
+
+fn write_text(out: &mut impl Write, state: &SessionState) -> std::io::Result<()> {
+    let online = state
+        .selected
+        .iter()
+        .filter(|h| crate::host_state_name(h.state) != "offline")
+        .count();
+    writeln!(
+        out,
+        "session {}  hosts `{}`: {} selected, {online} online  loaded {}/{}",
+        state.id,
+        state.hosts,
+        state.selected.len(),
+        state.tools.len(),
+        state.max_loaded
+    )?;
+    if state.tools.is_empty() {
+        return writeln!(out, "(no tool loaded)");
+    }
+    let rows: Vec<Vec<String>> = state.tools.iter().map(tool_row).collect();
+    super::write_table(out, &["TOOL", "TIER", "HOSTS", "DESCRIPTION"], &rows)
+}
+
+fn tool_row(t: &LoadedTool) -> Vec<String> {
+    let description = match t.resolutions.first().and_then(|r| r.definition.as_ref()) {
+        Some(def) => def.description.clone(),
+        None => format!("(unavailable: {})", t.unavailable),
+    };
+    let tier = if t.auto_loaded {
+        format!("{} auto", t.tier)
+    } else {
+        t.tier.clone()
+    };
+    vec![t.name.clone(), tier, hosts_text(&t.hosts), description]
+}

@@ -1,0 +1,165 @@
+//! Sessions and discovery from the client side: profile files and the session and FindTools RPCs.
+
+use std::path::Path;
+
+use serde::Deserialize;
+use toolsrv_proto::v1::{
+    FindToolsRequest, FindToolsResponse, GetSessionRequest, LoadToolRequest, OpenSessionRequest,
+    SessionProfile, SessionState, UnloadToolRequest,
+};
+
+use crate::{Client, ClientError};
+
+/// Largest profile file read.
+const MAX_PROFILE_BYTES: u64 = 1 << 20;
+
+/// A session profile file: `{"autoLoad": ["tool", ...], "hosts": "SELECTOR", "maxLoaded": 40}`.
+/// Every key is optional; an unknown key is an error (a misspelt `autoload` would otherwise load
+/// nothing, silently).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Profile {
+    /// Tools loaded when the session opens.
+    #[serde(default)]
+    pub auto_load: Vec<String>,
+    /// Host selector; `all` when unset.
+    #[serde(default)]
+    pub hosts: Option<String>,
+    /// Most tools loaded at once; 40 when unset.
+    #[serde(default)]
+    pub max_loaded: Option<u32>,
+}
+
+impl Profile {
+    /// Reads a profile file, with errors naming the file and what is wrong.
+    pub fn load(path: &Path) -> Result<Self, ClientError> {
+        let fail = |why: String| ClientError::Profile(format!("{}: {why}", path.display()));
+        let file = std::fs::File::open(path).map_err(|e| fail(format!("cannot open: {e}")))?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(
+            &mut std::io::Read::take(file, MAX_PROFILE_BYTES + 1),
+            &mut text,
+        )
+        .map_err(|e| fail(format!("cannot read: {e}")))?;
+        if text.len() as u64 > MAX_PROFILE_BYTES {
+            return Err(fail(format!("over the limit of {MAX_PROFILE_BYTES} bytes")));
+        }
+        Self::parse(&text).map_err(fail)
+    }
+
+    /// Parses a profile's JSON text.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let profile: Self = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        if profile.max_loaded == Some(0) {
+            return Err("maxLoaded must be at least 1".to_string());
+        }
+        Ok(profile)
+    }
+
+    /// The profile as the coordinator takes it.
+    pub fn to_proto(&self) -> SessionProfile {
+        SessionProfile {
+            auto_load: self.auto_load.clone(),
+            hosts: self.hosts.clone().unwrap_or_default(),
+            max_loaded: self.max_loaded.unwrap_or(0),
+        }
+    }
+}
+
+/// A session's state updates: the state now, then one per change; endless until dropped or
+/// the session ends (an error then).
+#[derive(Debug)]
+pub struct SessionWatch {
+    inner: tonic::Streaming<SessionState>,
+}
+
+impl SessionWatch {
+    /// The next state; `None` when the coordinator ended the stream cleanly (shutting down).
+    pub async fn next(&mut self) -> Option<Result<SessionState, ClientError>> {
+        match self.inner.message().await {
+            Ok(Some(state)) => Some(Ok(state)),
+            Ok(None) => None,
+            Err(status) => Some(Err(status.into())),
+        }
+    }
+}
+
+impl Client {
+    /// Ranks the tools visible on the online hosts `selector` picks against `query`.
+    pub async fn find_tools(
+        &self,
+        selector: &str,
+        query: &str,
+        limit: u32,
+    ) -> Result<FindToolsResponse, ClientError> {
+        let request = FindToolsRequest {
+            selector: selector.to_string(),
+            query: query.to_string(),
+            limit,
+        };
+        Ok(self.inner.clone().find_tools(request).await?.into_inner())
+    }
+
+    /// Opens a session; `hosts`, when given, replaces the profile's selector.
+    pub async fn open_session(
+        &self,
+        profile: &Profile,
+        hosts: Option<&str>,
+    ) -> Result<SessionState, ClientError> {
+        let request = OpenSessionRequest {
+            profile: Some(profile.to_proto()),
+            hosts: hosts.unwrap_or_default().to_string(),
+        };
+        Ok(self.inner.clone().open_session(request).await?.into_inner())
+    }
+
+    /// Loads `tool` into session `id` (the seed's `tool_load`).
+    pub async fn load_tool(&self, id: &str, tool: &str) -> Result<SessionState, ClientError> {
+        let request = LoadToolRequest {
+            session: id.to_string(),
+            tool: tool.to_string(),
+        };
+        Ok(self.inner.clone().load_tool(request).await?.into_inner())
+    }
+
+    /// Unloads `tool` from session `id`.
+    pub async fn unload_tool(&self, id: &str, tool: &str) -> Result<SessionState, ClientError> {
+        let request = UnloadToolRequest {
+            session: id.to_string(),
+            tool: tool.to_string(),
+        };
+        Ok(self.inner.clone().unload_tool(request).await?.into_inner())
+    }
+
+    /// Session `id`'s state now.
+    pub async fn session(&self, id: &str) -> Result<SessionState, ClientError> {
+        let request = GetSessionRequest {
+            session: id.to_string(),
+        };
+        Ok(self.inner.clone().get_session(request).await?.into_inner())
+    }
+
+    /// Watches session `id`: its state now and after every change. The session does not end
+    /// while a watch is open.
+    pub async fn watch_session(&self, id: &str) -> Result<SessionWatch, ClientError> {
+        let request = GetSessionRequest {
+            session: id.to_string(),
+        };
+        let inner = self
+            .inner
+            .clone()
+            .watch_session(request)
+            .await?
+            .into_inner();
+        Ok(SessionWatch { inner })
+    }
+
+    /// Ends session `id` now.
+    pub async fn close_session(&self, id: &str) -> Result<(), ClientError> {
+        let request = GetSessionRequest {
+            session: id.to_string(),
+        };
+        self.inner.clone().close_session(request).await?;
+        Ok(())
+    }
+}
