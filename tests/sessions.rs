@@ -1,0 +1,547 @@
+//! Sessions with real processes: `toolctl session ...` and the Rust client against a coordinator
+//! and two agents that resolve tools differently. autoLoad, load, unload, `maxLoaded` eviction by
+//! tier, a `.meta` change and a host going offline reaching a watcher, two sessions independent,
+//! another client kept out, idle expiry and close.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::process::{Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use toolsrv_tests::{AgentSpec, Fleet, text, wait_for};
+
+/// A fleet of `a` and `b`: `b` has `ROLE_B` set, so `per_host` resolves differently there and
+/// `only_b` is visible only there.
+fn fleet(coordinator_args: &[&str]) -> Fleet {
+    let mut fleet = Fleet::new(&["a", "b"]);
+    let tool = |name: &str, body: &str| fleet.tool(&format!("{name}.meta"), body, false);
+    tool(
+        "pinned",
+        r#"{"description": "Always wanted", "cmd": "echo pinned", "tier": "hot"}"#,
+    );
+    tool(
+        "pinned2",
+        r#"{"description": "Also always wanted", "cmd": "echo pinned2", "tier": "hot"}"#,
+    );
+    tool(
+        "everyday",
+        r#"{"description": "Used all the time", "prompt": "Call me often.", "cmd": "echo everyday"}"#,
+    );
+    tool(
+        "everyday2",
+        r#"{"description": "Used a lot too", "cmd": "echo everyday2", "tier": "warm"}"#,
+    );
+    tool(
+        "rare1",
+        r#"{"description": "Seldom used", "cmd": "echo rare1", "tier": "cold"}"#,
+    );
+    tool(
+        "rare2",
+        r#"{"description": "Seldom used too", "cmd": "echo rare2", "tier": "cold"}"#,
+    );
+    tool(
+        "per_host",
+        r#"{"description": "Plain flavour", "cmd": "echo plain",
+            "variants": [{"match": {"env": "ROLE_B"}, "description": "B flavour"}, {"match": {}}]}"#,
+    );
+    tool(
+        "only_b",
+        r#"{"description": "Only where ROLE_B is set", "cmd": "echo b",
+            "variants": [{"match": {"env": "ROLE_B"}}]}"#,
+    );
+    tool(
+        "nowhere",
+        r#"{"description": "Needs a binary no host has", "cmd": "echo no",
+            "variants": [{"match": {"binary": "no-such-binary-anywhere"}}]}"#,
+    );
+    fleet.start_coordinator(coordinator_args);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.start_agent(
+        "b",
+        &AgentSpec {
+            env: vec![("ROLE_B".into(), "1".into())],
+            ..AgentSpec::default()
+        },
+    );
+    fleet.wait_online(&["a", "b"], "only_b");
+    fleet
+}
+
+fn profile(fleet: &Fleet, name: &str, json: &str) -> String {
+    let path = fleet.work.path().join(name);
+    std::fs::write(&path, json).unwrap();
+    path.display().to_string()
+}
+
+fn ok(out: &Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: exit {:?}, stderr: {}",
+        out.status.code(),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+fn open(fleet: &Fleet, args: &[&str]) -> String {
+    let mut all = vec!["session", "open"];
+    all.extend_from_slice(args);
+    let id = ok(&fleet.toolctl(&all), "session open").trim().to_string();
+    assert!(
+        id.len() == 32 && id.chars().all(|c| c.is_ascii_hexdigit()),
+        "`session open` prints the id alone: {id:?}"
+    );
+    id
+}
+
+fn show(fleet: &Fleet, id: &str) -> Value {
+    let out = ok(
+        &fleet.toolctl(&["session", "show", id, "--json"]),
+        "session show",
+    );
+    serde_json::from_str(&out).unwrap()
+}
+
+fn loaded(state: &Value) -> Vec<String> {
+    state["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn tool<'a>(state: &'a Value, name: &str) -> &'a Value {
+    state["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == name)
+        .unwrap_or_else(|| panic!("{name} not loaded: {state}"))
+}
+
+#[test]
+fn a_session_loads_unloads_and_evicts_by_tier() {
+    let fleet = fleet(&[]);
+    let p = profile(
+        &fleet,
+        "p.json",
+        r#"{"autoLoad": ["pinned", "everyday"], "maxLoaded": 3}"#,
+    );
+    let id = open(&fleet, &["--profile", &p]);
+    let state = show(&fleet, &id);
+    assert_eq!(loaded(&state), ["pinned", "everyday"]);
+    assert_eq!(state["hosts"], "all");
+    assert_eq!(state["maxLoaded"], 3);
+    let everyday = tool(&state, "everyday");
+    assert_eq!(everyday["autoLoaded"], true);
+    assert_eq!(everyday["tier"], "warm", "no tier is warm");
+    assert_eq!(everyday["hosts"], serde_json::json!(["a", "b"]));
+    let def = &everyday["resolutions"][0]["definition"];
+    assert_eq!(def["prompt"], "Call me often.");
+    assert_eq!(tool(&state, "pinned")["tier"], "hot");
+
+    // Full: the cold tool goes before the warm one.
+    ok(
+        &fleet.toolctl(&["session", "load", &id, "rare1"]),
+        "load rare1",
+    );
+    let out = ok(
+        &fleet.toolctl(&["session", "load", &id, "rare2", "--json"]),
+        "load rare2",
+    );
+    let state: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(loaded(&state), ["pinned", "everyday", "rare2"]);
+    assert_eq!(tool(&state, "rare2")["autoLoaded"], false);
+
+    // No cold tool left but the one just loaded: the least recently used warm one goes.
+    ok(
+        &fleet.toolctl(&["session", "unload", &id, "rare2"]),
+        "unload",
+    );
+    ok(
+        &fleet.toolctl(&["session", "load", &id, "everyday2"]),
+        "load everyday2",
+    );
+    // Loading a loaded tool marks it used: now `everyday2` is the least recently used.
+    std::thread::sleep(Duration::from_millis(5));
+    ok(
+        &fleet.toolctl(&["session", "load", &id, "everyday"]),
+        "reload everyday",
+    );
+    ok(
+        &fleet.toolctl(&["session", "load", &id, "rare1"]),
+        "load rare1",
+    );
+    assert_eq!(loaded(&show(&fleet, &id)), ["pinned", "everyday", "rare1"]);
+
+    // Unloading what is not loaded, loading what does not exist or what no host offers.
+    let out = fleet.toolctl(&["session", "unload", &id, "rare2"]);
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not loaded"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = fleet.toolctl(&["session", "load", &id, "no_such_tool"]);
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not in the catalog"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = fleet.toolctl(&["session", "load", &id, "nowhere"]);
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("offered by no host")
+            && text(&out.stderr).contains("no-such-binary"),
+        "the refusal says why: {}",
+        text(&out.stderr)
+    );
+    let out = fleet.toolctl(&["session", "load", &id, "../etc/passwd"]);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert_eq!(loaded(&show(&fleet, &id)), ["pinned", "everyday", "rare1"]);
+
+    // Only hot tools loaded and full: refused, naming the limit.
+    let p = profile(
+        &fleet,
+        "hot.json",
+        r#"{"autoLoad": ["pinned", "pinned2"], "maxLoaded": 2}"#,
+    );
+    let hot = open(&fleet, &["--profile", &p]);
+    let out = fleet.toolctl(&["session", "load", &hot, "everyday"]);
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("maxLoaded"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // The two sessions are independent.
+    assert_eq!(loaded(&show(&fleet, &hot)), ["pinned", "pinned2"]);
+    assert_eq!(loaded(&show(&fleet, &id)), ["pinned", "everyday", "rare1"]);
+}
+
+#[test]
+fn a_session_resolves_tools_per_host_and_is_its_clients_alone() {
+    let fleet = fleet(&[]);
+    let p = profile(
+        &fleet,
+        "p.json",
+        r#"{"autoLoad": ["per_host", "only_b", "nowhere"], "hosts": "a"}"#,
+    );
+    // --hosts replaces the profile's selector.
+    let id = open(&fleet, &["--profile", &p, "--hosts", "all"]);
+    let state = show(&fleet, &id);
+    assert_eq!(state["hosts"], "all");
+    let per_host = tool(&state, "per_host");
+    let resolutions = per_host["resolutions"].as_array().unwrap();
+    assert_eq!(resolutions.len(), 2, "two definitions: {per_host}");
+    let by_host: Vec<(String, String)> = resolutions
+        .iter()
+        .map(|r| {
+            (
+                r["hosts"][0].as_str().unwrap().to_string(),
+                r["definition"]["description"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        by_host.contains(&("a".into(), "Plain flavour".into())),
+        "{by_host:?}"
+    );
+    assert!(
+        by_host.contains(&("b".into(), "B flavour".into())),
+        "{by_host:?}"
+    );
+    assert_eq!(tool(&state, "only_b")["hosts"], serde_json::json!(["b"]));
+    // An autoLoad entry no host offers stays, saying why.
+    let nowhere = tool(&state, "nowhere");
+    assert_eq!(nowhere["hosts"], serde_json::json!([]));
+    assert!(
+        nowhere["unavailable"]
+            .as_str()
+            .unwrap()
+            .contains("hidden on a"),
+        "{nowhere}"
+    );
+
+    // With the profile's selector, only `a`.
+    let on_a = open(&fleet, &["--profile", &p]);
+    let state = show(&fleet, &on_a);
+    assert_eq!(
+        state["selected"],
+        serde_json::json!([{"host": "a", "state": "online"}])
+    );
+    assert_eq!(tool(&state, "only_b")["hosts"], serde_json::json!([]));
+
+    // Bob cannot see, change or close alice's session: it does not exist for him.
+    for args in [
+        vec!["session", "show", id.as_str()],
+        vec!["session", "load", id.as_str(), "pinned"],
+        vec!["session", "close", id.as_str()],
+    ] {
+        let out = fleet.toolctl_as("client-bob", &args, None);
+        assert_eq!(
+            out.status.code(),
+            Some(127),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    // A call made for alice's session by bob is refused and does not run.
+    let out = fleet.toolctl_as(
+        "client-bob",
+        &["session", "show", "x".repeat(100_000).as_str()],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).len() < 1000,
+        "a huge id does not come back whole"
+    );
+    assert_eq!(
+        loaded(&show(&fleet, &id)),
+        ["per_host", "only_b", "nowhere"]
+    );
+
+    // A bad profile is refused before anything is sent, naming the file and the key.
+    let bad = profile(&fleet, "bad.json", r#"{"autoload": ["pinned"]}"#);
+    let out = fleet.toolctl(&["session", "open", "--profile", &bad]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        text(&out.stderr).contains("bad.json") && text(&out.stderr).contains("autoload"),
+        "{}",
+        text(&out.stderr)
+    );
+    let p = profile(&fleet, "big.json", r#"{"maxLoaded": 5000}"#);
+    let out = fleet.toolctl(&["session", "open", "--profile", &p]);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    let p = profile(&fleet, "sel.json", r#"{"hosts": "os="}"#);
+    let out = fleet.toolctl(&["session", "open", "--profile", &p]);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+}
+
+/// `toolctl session watch --json`, its states arriving on a channel; killed on drop.
+struct Watch {
+    child: std::process::Child,
+    states: mpsc::Receiver<Value>,
+}
+
+impl Watch {
+    fn start(fleet: &Fleet, id: &str) -> Self {
+        let mut child = fleet
+            .toolctl_command("client-alice", &["session", "watch", id, "--json"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, states) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let Ok(state) = serde_json::from_str::<Value>(&line) else {
+                    break;
+                };
+                if tx.send(state).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { child, states }
+    }
+
+    /// The first state (within 30 s) that `pred` accepts.
+    fn until(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.states.recv_timeout(left) {
+                Ok(state) if pred(&state) => return state,
+                Ok(_) => {}
+                Err(_) => panic!("session watch: no {what} within 30 s"),
+            }
+        }
+    }
+
+    /// Waits (bounded) for the watch process to end and returns its exit code.
+    fn end(mut self) -> Option<i32> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(Instant::now() < deadline, "session watch did not end");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_watcher_sees_loads_meta_edits_and_hosts_going_away() {
+    let mut fleet = fleet(&[]);
+    let p = profile(&fleet, "p.json", r#"{"autoLoad": ["everyday"]}"#);
+    let id = open(&fleet, &["--profile", &p]);
+    let watch = Watch::start(&fleet, &id);
+    let first = watch.until("first state", |_| true);
+    assert_eq!(loaded(&first), ["everyday"]);
+    assert_eq!(first["watchers"], 1);
+    assert_eq!(first["idleExpiresUnixMs"], 0, "no idle clock while watched");
+
+    ok(
+        &fleet.toolctl(&["session", "load", &id, "per_host"]),
+        "load",
+    );
+    watch.until("the load", |s| loaded(s) == ["everyday", "per_host"]);
+
+    // A .meta edit of a loaded tool reaches the watcher with the new definition.
+    fleet.tool(
+        "everyday.meta",
+        r#"{"description": "Used all the time, now better", "cmd": "echo everyday"}"#,
+        false,
+    );
+    watch.until("the edited description", |s| {
+        tool(s, "everyday")["resolutions"][0]["definition"]["description"]
+            == "Used all the time, now better"
+    });
+
+    // A call made for the session is not a change worth a message, but it marks the tool used.
+    let before = tool(&show(&fleet, &id), "everyday")["lastUsedUnixMs"]
+        .as_u64()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        toolsrv_tls::install_crypto_provider();
+        let files = toolsrv_testkit::stem_files(fleet.pki.root(), "client-alice");
+        let client = toolsrv_client::Client::connect(&toolsrv_client::ConnectOptions {
+            addr: fleet.url(),
+            tls: files,
+        })
+        .await
+        .unwrap();
+        let outcome = client
+            .call_to_end(toolsrv_client::CallRequest {
+                host: "a".into(),
+                tool: "everyday".into(),
+                session: id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(
+            toolsrv_client::is_ok(outcome.result.status),
+            "{:?}",
+            outcome.result
+        );
+        // A session that is not the caller's refuses the call before it runs.
+        let refused = client
+            .call_to_end(toolsrv_client::CallRequest {
+                host: "a".into(),
+                tool: "everyday".into(),
+                session: "0".repeat(32),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::NotFound, "{refused}");
+    });
+    let after = tool(&show(&fleet, &id), "everyday")["lastUsedUnixMs"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        after > before,
+        "the call marked the tool used: {before} -> {after}"
+    );
+
+    // Host b goes away: the watcher hears that only `a` offers the tools now.
+    drop(fleet.agents.remove("b"));
+    let state = watch.until("b offline", |s| {
+        tool(s, "everyday")["hosts"] == serde_json::json!(["a"])
+    });
+    assert!(
+        state["selected"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!({"host": "b", "state": "offline"})),
+        "{state}"
+    );
+
+    // Closing the session ends the watch, with the not-found code.
+    ok(&fleet.toolctl(&["session", "close", &id]), "close");
+    assert_eq!(watch.end(), Some(127));
+    let out = fleet.toolctl(&["session", "show", &id]);
+    assert_eq!(out.status.code(), Some(127));
+}
+
+#[test]
+fn a_session_ends_after_the_idle_time_without_a_watcher() {
+    let fleet = fleet(&["--session-idle-secs", "2"]);
+    let unwatched = open(&fleet, &[]);
+    let watched = open(&fleet, &[]);
+    let state = show(&fleet, &unwatched);
+    assert!(state["idleExpiresUnixMs"].as_u64().unwrap() > 0, "{state}");
+    let watch = Watch::start(&fleet, &watched);
+    watch.until("first state", |_| true);
+    wait_for(
+        "the unwatched session to end",
+        Duration::from_secs(15),
+        || {
+            (fleet
+                .toolctl(&["session", "show", &unwatched])
+                .status
+                .code()
+                == Some(127))
+            .then_some(())
+        },
+    );
+    // Well past the idle time, the watched one lives.
+    std::thread::sleep(Duration::from_secs(3));
+    ok(
+        &fleet.toolctl(&["session", "show", &watched]),
+        "watched session",
+    );
+    // Once its watcher goes, its idle clock starts.
+    drop(watch);
+    wait_for(
+        "the formerly watched session to end",
+        Duration::from_secs(15),
+        || (fleet.toolctl(&["session", "show", &watched]).status.code() == Some(127)).then_some(()),
+    );
+}
+
+#[test]
+fn a_client_holds_a_bounded_number_of_sessions() {
+    let fleet = fleet(&["--max-sessions-per-client", "2"]);
+    let first = open(&fleet, &[]);
+    open(&fleet, &[]);
+    let out = fleet.toolctl(&["session", "open"]);
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--max-sessions-per-client"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Another client has its own allowance.
+    let out = fleet.toolctl_as("client-bob", &["session", "open"], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Closing one makes room.
+    ok(&fleet.toolctl(&["session", "close", &first]), "close");
+    open(&fleet, &[]);
+}
