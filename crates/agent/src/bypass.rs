@@ -40,6 +40,8 @@ pub const MAX_STDIN: usize = 1 << 20;
 pub const MAX_LINE: usize = 64 * 1024 + 6 * MAX_STDIN;
 /// The most of each of the command's stdout and stderr kept; the rest is dropped (`truncated`).
 pub const MAX_OUTPUT: usize = 1 << 20;
+/// Most bytes of a refused peer's request read (and dropped) before closing.
+const REFUSAL_DRAIN_BYTES: usize = 64 << 10;
 /// How long a refused peer is given to read its refusal.
 const REFUSAL_WRITE: Duration = Duration::from_secs(1);
 /// How long the broker's tasks may take to end once the call ended.
@@ -244,9 +246,26 @@ async fn serve(listener: UnixListener, shared: Arc<Shared>, stop: CancellationTo
     while conns.join_next().await.is_some() {}
 }
 
+/// Answers a connection from outside the call with a denial. The peer may not have written its
+/// request yet: closing at once would make that write fail (EPIPE) before it reads why, so the
+/// request is read and dropped (a bounded amount, for a bounded time) before closing.
 async fn refuse(mut stream: UnixStream, why: String) {
     let line = denied(&why);
-    let _ = tokio::time::timeout(REFUSAL_WRITE, stream.write_all(line.as_bytes())).await;
+    let _ = tokio::time::timeout(REFUSAL_WRITE, async {
+        stream.write_all(line.as_bytes()).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        let mut left = REFUSAL_DRAIN_BYTES;
+        while left > 0 {
+            let n = stream.read(&mut sink).await?;
+            if n == 0 {
+                break;
+            }
+            left = left.saturating_sub(n);
+        }
+        Ok::<(), std::io::Error>(())
+    })
+    .await;
 }
 
 /// `{"approved": false, "reason": why}` as a line.

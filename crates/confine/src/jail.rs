@@ -653,6 +653,26 @@ impl CallJail {
         }
     }
 
+    /// Starts the call's process confined without forking the agent (see [`crate::spawn`]):
+    /// `program` (absolute) with `args` (`argv[0]` first), exactly `env`, in `cwd`. `None` when
+    /// there is nothing to apply (the call is not confined, or this was done already): start it
+    /// as usual then.
+    #[cfg(target_os = "linux")]
+    pub fn spawn(
+        &self,
+        program: &Path,
+        args: &[&std::ffi::OsStr],
+        env: &[(std::ffi::OsString, std::ffi::OsString)],
+        cwd: &Path,
+    ) -> Option<std::io::Result<crate::spawn::Spawned>> {
+        let setup = self
+            .setup
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()?;
+        Some(crate::spawn::spawn(program, args, env, cwd, &setup))
+    }
+
     /// The call's private directory (its `TMPDIR` and `HOME`); `None` when not confined
     pub fn private_dir(&self) -> Option<&Path> {
         self.private.as_deref()

@@ -28,6 +28,8 @@ mod error;
 pub mod fs_rules;
 mod jail;
 mod profile;
+#[cfg(target_os = "linux")]
+pub mod spawn;
 mod sys;
 
 pub use cgroup::{Controller, LimitHit};

@@ -1,6 +1,10 @@
-//! The only unsafe code of the workspace: the steps a tool's process takes between `fork` and `exec`, and one Landlock query
+//! Unsafe code (with [`crate::spawn`] and one registration of a process descriptor in the exec crate, the only in the workspace): the steps a tool's process takes between `fork` and `exec`, and one Landlock query
 //!
-//! Why `pre_exec` rather than a helper program that confines itself and then executes the tool:
+//! Confined calls start through [`crate::spawn`], which runs [`ChildSetup::apply`] in a child
+//! that shares the agent's memory; `pre_exec` (a forked child) remains for bypass commands and
+//! where that is not available.
+//!
+//! Why steps in the child rather than a helper program that confines itself and then executes the tool:
 //! a helper costs one more `execve` of a binary per call (its loading and relocation is most of
 //! the 0.5 ms a confined call may add), has to be found and kept at the agent's version on every
 //! host, and cannot serve library users, tests and benches that run calls in process. The price
@@ -19,7 +23,7 @@ use std::os::unix::process::CommandExt;
 use std::sync::Arc;
 
 use nix::sys::resource::{Resource, setrlimit};
-use nix::unistd::{Gid, Uid, setgroups, setresgid, setresuid};
+use nix::unistd::{Gid, Uid};
 
 /// What the child does before it executes the tool, in this order: join the call's cgroups,
 /// lower its resource limits, switch user, set `no_new_privs`, restrict itself with Landlock
@@ -40,12 +44,13 @@ pub struct ChildSetup {
 impl ChildSetup {
     /// Runs in the child between fork and exec
     ///
-    /// Every call here is a thin wrapper around one system call: `write` on a descriptor opened
-    /// by the parent, `setrlimit`, `setgroups`, `setresgid`, `setresuid`, `prctl` and
-    /// `landlock_restrict_self`. None allocates, takes a lock or touches state shared with other
+    /// Runs in a forked child, or in one started by [`crate::spawn`] that shares the agent's
+    /// memory. Every call here is one system call: `write` on a descriptor opened by the
+    /// parent, `setrlimit`, `setgroups`, `setresgid`, `setresuid` (raw, see [`set_ids`]),
+    /// `prctl` and `landlock_restrict_self`. None allocates, takes a lock or touches state shared with other
     /// threads of the parent, and errors are returned as raw OS errors (an `io::Error` holding
     /// an errno does not allocate), which std reports to the parent through its exec pipe.
-    fn apply(&self) -> io::Result<()> {
+    pub(crate) fn apply(&self) -> io::Result<()> {
         for fd in &self.cgroup_procs {
             // "0" moves the writing process.
             nix::unistd::write(fd, b"0")?;
@@ -54,9 +59,7 @@ impl ChildSetup {
             setrlimit(resource, limit, limit)?;
         }
         if let Some((uid, gid)) = self.ids {
-            setgroups(&[gid])?;
-            setresgid(gid, gid, gid)?;
-            setresuid(uid, uid, uid)?;
+            set_ids(uid, gid)?;
         }
         #[cfg(target_os = "linux")]
         if self.no_new_privs {
@@ -79,6 +82,38 @@ impl ChildSetup {
         }
         Ok(())
     }
+}
+
+/// Drops supplementary groups and switches group and user, for this process alone
+///
+/// Raw system calls, not libc's wrappers: in a process with threads, glibc's `setresuid` and
+/// friends coordinate every thread of the process (walking its list of threads under a lock and
+/// signalling each), and a child started by [`crate::spawn`] shares the agent's memory, that list
+/// and lock included, which another thread of the agent may hold at that moment. The kernel's
+/// calls act on the calling process only.
+fn set_ids(uid: Uid, gid: Gid) -> io::Result<()> {
+    let gid = gid.as_raw();
+    let uid = uid.as_raw();
+    let groups = [gid];
+    let check = |rc: libc::c_long| {
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    };
+    // SAFETY: setgroups(2) reads `groups` (one entry); setresgid(2) and setresuid(2) take
+    // plain numbers.
+    unsafe {
+        check(libc::syscall(
+            libc::SYS_setgroups,
+            1 as libc::size_t,
+            groups.as_ptr(),
+        ))?;
+        check(libc::syscall(libc::SYS_setresgid, gid, gid, gid))?;
+        check(libc::syscall(libc::SYS_setresuid, uid, uid, uid))?;
+    }
+    Ok(())
 }
 
 /// Makes `cmd`'s child apply `setup` right before it executes the program

@@ -1,22 +1,29 @@
 //! Real processes confined by a real confiner: each claim proven by a shell command that tries it
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+use toolsrv_confine::spawn::Spawned;
 use toolsrv_confine::{CallPlan, Confiner, Grant, Level, Settings};
 
 struct World {
     root: tempfile::TempDir,
     confiner: Confiner,
+    /// Start tools by fork and `pre_exec` (as bypass commands are) instead of the spawner
+    fork: bool,
 }
 
 impl World {
     /// A confiner whose private files are `<root>/state` and `<root>/pki`, with `<root>` itself
     /// granted for reading, so the carving out is what keeps them unreadable
     fn new() -> Self {
+        Self::with(|_| {})
+    }
+
+    fn with(adjust: impl FnOnce(&mut Settings)) -> Self {
         let root = tempfile::tempdir().unwrap();
         for dir in ["state/catalog", "pki", "tools", "public"] {
             std::fs::create_dir_all(root.path().join(dir)).unwrap();
@@ -27,8 +34,13 @@ impl World {
         let mut settings = Settings::new(vec![root.path().join("state"), root.path().join("pki")]);
         settings.defaults.read.push(root.path().to_path_buf());
         settings.call_dir = root.path().join("calls");
+        adjust(&mut settings);
         let confiner = Confiner::new(settings).unwrap();
-        Self { root, confiner }
+        Self {
+            root,
+            confiner,
+            fork: false,
+        }
     }
 
     fn path(&self, p: &str) -> PathBuf {
@@ -52,17 +64,76 @@ impl World {
             })
             .unwrap();
         let cwd = prepared.cwd.clone().unwrap();
-        let mut cmd = Command::new("/bin/sh");
-        cmd.arg("-c")
-            .arg(script)
-            .env_clear()
-            .envs(prepared.env.clone().unwrap())
-            .current_dir(&cwd)
-            .stdin(Stdio::null());
-        prepared.jail.install(&mut cmd);
-        let out = cmd.output().unwrap();
+        let env = prepared.env.clone().unwrap();
+        let out = if self.fork {
+            let mut cmd = Command::new("/bin/sh");
+            cmd.arg("-c")
+                .arg(script)
+                .env_clear()
+                .envs(env)
+                .current_dir(&cwd)
+                .stdin(Stdio::null());
+            prepared.jail.install(&mut cmd);
+            cmd.output().unwrap()
+        } else {
+            let args = [OsStr::new("/bin/sh"), OsStr::new("-c"), OsStr::new(script)];
+            let spawned = prepared
+                .jail
+                .spawn(Path::new("/bin/sh"), &args, &env, &cwd)
+                .expect("a confined call has a set-up to apply")
+                .unwrap();
+            collect(spawned)
+        };
         prepared.jail.release();
         (out, cwd)
+    }
+}
+
+/// Waits for a spawned process, reading its (non-blocking) stdout and stderr to the end.
+fn collect(spawned: Spawned) -> Output {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    drop(spawned.stdin);
+    let mut pipes = [
+        (std::fs::File::from(spawned.stdout), Vec::new(), false),
+        (std::fs::File::from(spawned.stderr), Vec::new(), false),
+    ];
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while pipes.iter().any(|(_, _, done)| !done) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tool's output did not end"
+        );
+        let mut idle = true;
+        for (file, buf, done) in &mut pipes {
+            if *done {
+                continue;
+            }
+            let mut chunk = [0u8; 4096];
+            match file.read(&mut chunk) {
+                Ok(0) => *done = true,
+                Ok(n) => {
+                    buf.extend_from_slice(&chunk[..n]);
+                    idle = false;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("reading the tool's output: {e}"),
+            }
+        }
+        if idle {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    let status = match nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(spawned.pid), None) {
+        Ok(nix::sys::wait::WaitStatus::Exited(_, code)) => (code & 0xff) << 8,
+        Ok(nix::sys::wait::WaitStatus::Signaled(_, signal, _)) => signal as i32,
+        other => panic!("unexpected wait status {other:?}"),
+    };
+    let [(_, stdout, _), (_, stderr, _)] = pipes;
+    Output {
+        status: std::process::ExitStatus::from_raw(status),
+        stdout,
+        stderr,
     }
 }
 
@@ -217,4 +288,163 @@ fn without_network_tcp_connect_fails() {
         ..Grant::default()
     };
     assert!(!bash(Some(&offline)).contains("CONNECTED"));
+}
+
+#[test]
+fn a_forked_child_is_confined_the_same_way() {
+    let mut world = World::new();
+    world.fork = true;
+    let key = world.path("pki/agent-key.pem");
+    let outside = world.path("public/written");
+    let script = format!(
+        "cat {} && echo KEY-READ; echo c > {} && echo OUTSIDE-WRITTEN; echo \"$AGENT_SECRET\"; echo ok > \"$PWD/f\" && cat f",
+        key.display(),
+        outside.display()
+    );
+    let (out, _) = world.run(&script, None, None);
+    let stdout = text(&out.stdout);
+    assert!(
+        !stdout.contains("READ") && !stdout.contains("WRITTEN"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("hunter2"), "{stdout}");
+    assert!(stdout.ends_with("ok\n"), "{stdout} {}", text(&out.stderr));
+}
+
+/// The spawner's child shares the agent's memory; its signal handling must still be a fresh
+/// process's: SIGPIPE ends `yes` quietly (Rust programs ignore SIGPIPE, and an ignored SIGPIPE
+/// would be inherited, making `yes` fail with an error message instead).
+#[test]
+fn a_spawned_tool_gets_default_signal_handling_and_its_own_process_group() {
+    let world = World::new();
+    let (out, _) = world.run(
+        "yes | head -n 1; ps -o pgid= -p $$; ps -o pgid= -p $PPID",
+        None,
+        None,
+    );
+    let stdout = text(&out.stdout);
+    let stderr = text(&out.stderr);
+    assert!(stdout.starts_with("y\n"), "{stdout} {stderr}");
+    assert!(!stderr.contains("Broken pipe"), "{stderr}");
+    let groups: Vec<&str> = stdout.lines().skip(1).map(str::trim).collect();
+    assert_eq!(groups.len(), 2, "{stdout} {stderr}");
+    assert_ne!(
+        groups[0], groups[1],
+        "the tool leads a group of its own: {stdout}"
+    );
+}
+
+#[test]
+fn the_spawner_reports_what_kept_the_program_from_running() {
+    let world = World::new();
+    let tools = world.path("tools");
+    let agent_env: Vec<(OsString, OsString)> = vec![("PATH".into(), "/usr/bin:/bin".into())];
+    let plan = CallPlan {
+        tool_dir: &tools,
+        cwd: None,
+        grant: None,
+        agent_env: &agent_env,
+        timeout: Duration::from_secs(10),
+    };
+
+    // A program that is not there: the OS error alone, as std reports it.
+    let prepared = world.confiner.prepare(&plan).unwrap();
+    let missing = world.path("tools/missing");
+    let err = prepared
+        .jail
+        .spawn(
+            &missing,
+            &[missing.as_os_str()],
+            &[],
+            &prepared.cwd.clone().unwrap(),
+        )
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::NotFound, "{err}");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "{err}");
+    prepared.jail.release();
+
+    // A working directory that is gone: says which step failed.
+    let prepared = world.confiner.prepare(&plan).unwrap();
+    let gone = world.path("no-such-dir");
+    let err = prepared
+        .jail
+        .spawn(Path::new("/bin/true"), &[OsStr::new("true")], &[], &gone)
+        .unwrap()
+        .unwrap_err();
+    assert!(err.to_string().contains("working directory"), "{err}");
+    // The set-up was used up: a second start is not confined again, it is refused.
+    assert!(
+        prepared
+            .jail
+            .spawn(Path::new("/bin/true"), &[OsStr::new("true")], &[], &gone)
+            .is_none()
+    );
+    prepared.jail.release();
+
+    // An argument with a NUL byte cannot be passed: refused before anything starts.
+    let prepared = world.confiner.prepare(&plan).unwrap();
+    let cwd = prepared.cwd.clone().unwrap();
+    let bad = OsStr::new("a\0b");
+    let err = prepared
+        .jail
+        .spawn(
+            Path::new("/bin/echo"),
+            &[OsStr::new("echo"), bad],
+            &[],
+            &cwd,
+        )
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{err}");
+    prepared.jail.release();
+}
+
+/// The spawned child shares the agent's memory and switches user with raw system calls, which
+/// act on the child alone: after a call as `nobody`, every thread of this process is still root.
+#[test]
+fn running_a_tool_as_another_user_leaves_the_agents_threads_alone() {
+    if !nix::unistd::Uid::effective().is_root() {
+        panic!("this test needs root (to switch users)");
+    }
+    let world = World::with(|s| s.run_as = Some("nobody".into()));
+    // Threads of our own, parked while the tool runs, like an agent's runtime.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let parked: Vec<_> = (0..4)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        })
+        .collect();
+    let (out, _) = world.run("id -u; id -g; id -G", None, None);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        stdout,
+        "65534\n65534\n65534\n",
+        "{stdout} {}",
+        text(&out.stderr)
+    );
+    let mut threads = 0;
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
+        for line in status
+            .lines()
+            .filter(|l| l.starts_with("Uid:") || l.starts_with("Gid:"))
+        {
+            assert!(
+                line.split_whitespace().skip(1).all(|id| id == "0"),
+                "a thread of the agent changed identity: {line}"
+            );
+        }
+        threads += 1;
+    }
+    assert!(threads >= 5, "{threads} threads looked at");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in parked {
+        t.join().unwrap();
+    }
 }

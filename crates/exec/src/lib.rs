@@ -15,6 +15,7 @@
 //! growing memory. Output goes through a bounded channel and the pipe readers
 //! wait for room, so the tool blocks on a full pipe.
 
+mod child;
 mod error;
 mod event;
 mod group;

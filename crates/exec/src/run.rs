@@ -9,14 +9,16 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
+use tokio::io::AsyncWrite;
 use tokio::io::AsyncWriteExt;
-use tokio::process::{Child, ChildStdin, Command};
+use tokio::process::Command;
 use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use toolsrv_confine::CallJail;
 
+use crate::child::{Child, Started};
 use crate::error::{ExecError, os_reason};
 use crate::event::{Ending, Event, Exit, Outcome, Stream};
 use crate::group::{group_has_live_members, signal_group};
@@ -94,51 +96,21 @@ pub fn spawn(inv: Invocation, cancel: CancellationToken) -> Result<Execution, Ex
     }
     check_cwd(&inv)?;
 
-    let mut cmd = match &inv.program {
-        Program::Exec(path) => Command::new(path),
-        Program::Shell(script) => {
-            let mut cmd = Command::new(SHELL);
-            cmd.arg("-c").arg(script);
-            cmd
-        }
-    };
-    if let Some(jail) = &inv.jail {
-        jail.install(cmd.as_std_mut());
-    }
-    cmd.env_clear()
-        .envs(inv.env.iter().map(|(name, value)| (name, value)))
-        .current_dir(&inv.cwd)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-
     let started = Instant::now();
-    let mut child = cmd.spawn().map_err(|source| ExecError::Spawn {
-        program: program.clone(),
-        reason: os_reason(&source),
-        source,
-    })?;
-    // From here on, an early return drops `child`, which kills it (kill_on_drop)
-    // and lets tokio reap it; nothing else has started yet.
-    let pid = child.id().ok_or_else(|| ExecError::Spawn {
-        program: program.clone(),
-        reason: "exited before it could be tracked".to_owned(),
-        source: io::Error::other("no process id"),
-    })?;
+    let Started {
+        child,
+        pid,
+        stdin,
+        stdout,
+        stderr,
+    } = start(&inv, &program)?;
+    // From here on, an early return drops `child`, which kills it and reaps it in the
+    // background; nothing else has started yet.
     let pgid = Pid::from_raw(i32::try_from(pid).map_err(|_| ExecError::Spawn {
         program: program.clone(),
         reason: format!("process id {pid} is out of range"),
         source: io::Error::other("process id out of range"),
     })?);
-    let missing = |pipe| ExecError::MissingPipe {
-        program: program.clone(),
-        pipe,
-    };
-    let stdin = child.stdin.take().ok_or_else(|| missing("stdin"))?;
-    let stdout = child.stdout.take().ok_or_else(|| missing("stdout"))?;
-    let stderr = child.stderr.take().ok_or_else(|| missing("stderr"))?;
 
     let (tx, events) = mpsc::channel(CHANNEL_CAPACITY);
     let capture = Arc::new(Capture::new(inv.output_cap, inv.result_cap));
@@ -165,6 +137,79 @@ pub fn spawn(inv: Invocation, cancel: CancellationToken) -> Result<Execution, Ex
         pid,
         _cancel_on_drop: cancel.drop_guard(),
         _supervisor: tokio::spawn(call.supervise()),
+    })
+}
+
+/// Starts the tool: confined calls through the jail's spawner, which does not fork the agent
+/// (Linux, absolute programs); anything else through tokio, the jail's steps (if any) run
+/// between fork and exec.
+fn start(inv: &Invocation, program: &str) -> Result<Started, ExecError> {
+    let spawn_error = |source: io::Error| ExecError::Spawn {
+        program: program.to_owned(),
+        reason: os_reason(&source),
+        source,
+    };
+    #[cfg(target_os = "linux")]
+    if let Some(jail) = &inv.jail {
+        use std::ffi::OsStr;
+        let target = match &inv.program {
+            Program::Exec(path) if path.is_absolute() => {
+                Some((path.as_path(), vec![path.as_os_str()]))
+            }
+            Program::Shell(script) => Some((
+                std::path::Path::new(SHELL),
+                vec![
+                    OsStr::new(SHELL),
+                    OsStr::new("-c"),
+                    OsStr::new(script.as_str()),
+                ],
+            )),
+            Program::Exec(_) => None,
+        };
+        if let Some((path, args)) = target
+            && let Some(spawned) = jail.spawn(path, &args, &inv.env, &inv.cwd)
+        {
+            return crate::child::raw::adopt(spawned.map_err(spawn_error)?).map_err(spawn_error);
+        }
+    }
+    let mut cmd = match &inv.program {
+        Program::Exec(path) => Command::new(path),
+        Program::Shell(script) => {
+            let mut cmd = Command::new(SHELL);
+            cmd.arg("-c").arg(script);
+            cmd
+        }
+    };
+    if let Some(jail) = &inv.jail {
+        jail.install(cmd.as_std_mut());
+    }
+    cmd.env_clear()
+        .envs(inv.env.iter().map(|(name, value)| (name, value)))
+        .current_dir(&inv.cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().map_err(spawn_error)?;
+    let pid = child.id().ok_or_else(|| ExecError::Spawn {
+        program: program.to_owned(),
+        reason: "exited before it could be tracked".to_owned(),
+        source: io::Error::other("no process id"),
+    })?;
+    let missing = |pipe| ExecError::MissingPipe {
+        program: program.to_owned(),
+        pipe,
+    };
+    let stdin = child.stdin.take().ok_or_else(|| missing("stdin"))?;
+    let stdout = child.stdout.take().ok_or_else(|| missing("stdout"))?;
+    let stderr = child.stderr.take().ok_or_else(|| missing("stderr"))?;
+    Ok(Started {
+        child: Child::Tokio(child),
+        pid,
+        stdin: Box::new(stdin),
+        stdout: Box::new(stdout),
+        stderr: Box::new(stderr),
     })
 }
 
@@ -210,7 +255,7 @@ fn check_cwd(inv: &Invocation) -> Result<(), ExecError> {
 ///
 /// A tool may exit or close stdin without reading it all; the resulting EPIPE
 /// is expected, not an error.
-async fn feed_stdin(mut pipe: ChildStdin, data: Vec<u8>) {
+async fn feed_stdin(mut pipe: impl AsyncWrite + Unpin, data: Vec<u8>) {
     if data.is_empty() {
         return;
     }
