@@ -568,9 +568,25 @@ fn streamable_http_serves_on_loopback_only_unless_told() {
         assert_eq!(result_text(&out["greet"]), "hello http\n", "{mode}: {out}");
     }
     // Exits on SIGTERM, closing its session.
+    let log = server.log();
+    let id = log
+        .split("toolctl mcp: session ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no session id in the log: {log}"))
+        .to_string();
+    let out = fleet.toolctl(&["session", "show", &id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
         server.terminate().is_some_and(|s| s.success()),
         "{}",
         server.log()
+    );
+    let out = fleet.toolctl(&["session", "show", &id]);
+    assert_eq!(
+        out.status.code(),
+        Some(127),
+        "the session outlived toolctl mcp: {}",
+        text(&out.stdout)
     );
 }
