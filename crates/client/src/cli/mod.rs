@@ -4,6 +4,7 @@
 pub mod exit;
 mod lint;
 mod local;
+mod mcp;
 mod remote;
 
 use std::io::Write;
@@ -186,6 +187,13 @@ enum Command {
     /// Sessions on the coordinator: the tools loaded for one model on a set of hosts
     #[command(subcommand)]
     Session(SessionCommand),
+    /// Serve a session's tools to an MCP client, over stdio (or streamable HTTP with --http)
+    ///
+    /// Opens a session on the coordinator from --profile and serves its loaded tools, plus
+    /// `tool_search` and `tool_load`, to one MCP client on stdin/stdout (revisions 2026-07-28
+    /// and 2025-11-25). When the session's hosts are several, every tool takes a required
+    /// `target_host` argument naming the host to run on. Closes the session on exit.
+    Mcp(mcp::McpArgs),
     /// Print catalog and fleet changes as they happen, until Ctrl-C
     Watch {
         #[command(flatten)]
@@ -469,6 +477,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Approvals { conn, json } => remote::approvals(&conn, json).await,
         Command::Approve { conn, id, reason } => remote::decide(&conn, &id, true, &reason).await,
         Command::Deny { conn, id, reason } => remote::decide(&conn, &id, false, &reason).await,
+        Command::Mcp(args) => mcp::run(args).await,
         Command::Watch { conn, json } => remote::watch(&conn, json).await,
         Command::Find {
             conn,

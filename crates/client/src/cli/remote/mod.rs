@@ -16,11 +16,11 @@ use crate::{Client, ClientError, ConnectOptions, TlsError, TlsFiles};
 use clap::Args;
 
 pub use approve::{Answer, approvals, decide};
-pub use call::{CallOptions, call};
+pub use call::{CallOptions, call, failure_line};
 pub use fanout::{FanOutOptions, fan_out};
 pub use hosts::hosts;
 pub use master::master;
-pub use session::find;
+pub use session::{check_find, find};
 pub mod sessions {
     //! The `toolctl session` subcommands.
     pub use super::session::{close, load, open, show, watch};
@@ -164,6 +164,12 @@ async fn connect(conn: &ConnArgs) -> Result<Remote, u8> {
     connect_direct(opts).await
 }
 
+/// Connects as the other remote commands do (through a master when one answers on
+/// `--control`), for commands that keep the client: `toolctl mcp`.
+pub async fn connect_client(conn: &ConnArgs) -> Result<Client, u8> {
+    connect(conn).await.map(|remote| remote.client)
+}
+
 /// Connects with our own certificate; on failure prints one line and returns the exit code.
 async fn connect_direct(opts: ConnectOptions) -> Result<Remote, u8> {
     let addr = opts.addr.clone();
@@ -184,7 +190,7 @@ async fn connect_direct(opts: ConnectOptions) -> Result<Remote, u8> {
 }
 
 /// The exit code for an error that kept a command from getting an answer.
-fn error_code(e: &ClientError) -> u8 {
+pub(super) fn error_code(e: &ClientError) -> u8 {
     use tonic::Code;
     match e {
         ClientError::Tls(TlsError::Connect(_)) => exit::UNAVAILABLE,

@@ -1,0 +1,189 @@
+//! `toolctl mcp`: an MCP server (on the `rmcp` SDK) in front of one session on the coordinator,
+//! over stdio or streamable HTTP. It opens the session from a profile, serves its loaded tools
+//! and two of its own (`tool_search`, `tool_load`), runs calls on the fleet, and closes the
+//! session when it exits.
+
+mod call;
+mod http;
+mod keeper;
+mod own;
+mod server;
+mod tools;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use rmcp::ServiceExt;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::exit;
+use super::remote::ConnArgs;
+use crate::Profile;
+
+/// How long closing the session at exit may take.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `toolctl mcp`'s options.
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    /// Profile file: {"autoLoad": ["tool", ...], "hosts": "SELECTOR", "maxLoaded": 40}
+    #[arg(long, value_name = "FILE")]
+    profile: PathBuf,
+    /// Host selector, replacing the profile's `hosts`
+    #[arg(long, value_name = "SELECTOR")]
+    hosts: Option<String>,
+    /// Serve streamable HTTP at http://ADDR/mcp instead of stdio (a loopback address, such as
+    /// 127.0.0.1:8765, unless --http-allow-remote)
+    #[arg(long, value_name = "ADDR")]
+    http: Option<SocketAddr>,
+    /// Allow --http on an address off loopback. Nothing authenticates MCP clients: whoever
+    /// reaches the address calls tools with this command's certificate
+    #[arg(long, requires = "http")]
+    http_allow_remote: bool,
+}
+
+/// Runs the MCP server until its stdio client goes away (stdin closes), or until Ctrl-C or
+/// SIGTERM; returns the exit code.
+pub async fn run(args: McpArgs) -> u8 {
+    let profile = match Profile::load(&args.profile) {
+        Ok(profile) => profile,
+        Err(e) => {
+            eprintln!("toolctl mcp: {e}");
+            return exit::USAGE;
+        }
+    };
+    if let Some(addr) = args.http
+        && let Err(e) = http::check_addr(addr, args.http_allow_remote)
+    {
+        eprintln!("toolctl mcp: {e}");
+        return exit::USAGE;
+    }
+    let client = match super::remote::connect_client(&args.conn).await {
+        Ok(client) => client,
+        Err(code) => return code,
+    };
+    let sessions = keeper::Coordinator {
+        client: client.clone(),
+        profile,
+        hosts: args.hosts.clone(),
+    };
+    let state = match keeper::Sessions::open(&sessions).await {
+        Ok(state) => state,
+        Err(e) => {
+            eprintln!("toolctl mcp: cannot open a session: {e}");
+            return super::remote::error_code(&e);
+        }
+    };
+    eprintln!(
+        "toolctl mcp: session {} on hosts `{}` ({} selected), {} tools loaded",
+        state.id,
+        state.hosts,
+        state.selected.len(),
+        state.tools.len()
+    );
+    let (catalog, _) = watch::channel(Arc::new(tools::Catalog::from_state(&state)));
+    let shutdown = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let keeper = tokio::spawn(keeper::keep(
+        sessions,
+        catalog.clone(),
+        shutdown.clone(),
+        tokio::time::sleep,
+    ));
+    let calls = call::Calls {
+        client: client.clone(),
+        parked: call::Parked::default(),
+        tasks: tasks.clone(),
+    };
+    let server = server::Server::new(calls, catalog.clone());
+    let code = match args.http {
+        Some(addr) => serve_http(addr, args.http_allow_remote, server, shutdown.clone()).await,
+        None => serve_stdio(server).await,
+    };
+    shutdown.cancel();
+    if let Err(e) = keeper.await {
+        tracing::warn!(error = %e, "the session keeper failed");
+    }
+    let id = catalog.borrow().session.clone();
+    match tokio::time::timeout(CLOSE_TIMEOUT, client.close_session(&id)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("toolctl mcp: cannot close session {id}: {e}"),
+        Err(_) => eprintln!("toolctl mcp: closing session {id} timed out"),
+    }
+    // Parked calls and notification forwarders end with the process.
+    tasks.close();
+    code
+}
+
+/// Serves one client on stdin and stdout until it goes away or a signal comes.
+async fn serve_stdio(server: server::Server) -> u8 {
+    let running = match server.serve(rmcp::transport::stdio()).await {
+        Ok(running) => running,
+        Err(e) => {
+            eprintln!("toolctl mcp: the MCP client on stdio did not start a connection: {e}");
+            return exit::USAGE;
+        }
+    };
+    let token = running.cancellation_token();
+    tokio::select! {
+        quit = running.waiting() => {
+            if let Err(e) = quit {
+                eprintln!("toolctl mcp: the MCP service failed: {e}");
+                return exit::INTERNAL;
+            }
+            0
+        }
+        () = terminated() => {
+            token.cancel();
+            0
+        }
+    }
+}
+
+async fn serve_http(
+    addr: SocketAddr,
+    allow_remote: bool,
+    server: server::Server,
+    shutdown: CancellationToken,
+) -> u8 {
+    let serving = async {
+        let served = http::serve(addr, allow_remote, server, shutdown.clone()).await;
+        shutdown.cancel();
+        served
+    };
+    let signals = async {
+        tokio::select! {
+            () = terminated() => shutdown.cancel(),
+            () = shutdown.cancelled() => {}
+        }
+    };
+    match tokio::join!(serving, signals).0 {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("toolctl mcp: {e}");
+            exit::UNAVAILABLE
+        }
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn terminated() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

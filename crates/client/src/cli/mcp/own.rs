@@ -1,0 +1,174 @@
+//! The MCP server's own tools: `tool_search` (FindTools over the session's hosts) and
+//! `tool_load` (LoadTool into the session).
+
+use std::sync::Arc;
+
+use rmcp::model::{CallToolResult, ContentBlock, JsonObject};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use crate::{Client, ClientError, ToolMatch};
+
+use super::call::error;
+use super::keeper::publish;
+use super::tools::Catalog;
+
+/// Matches `tool_search` returns when the model names no limit.
+const DEFAULT_LIMIT: u32 = 5;
+
+/// `tool_search {"query": "...", "limit": N}`: the matches as text, and as
+/// `structuredContent` `{"results": [{"name", "description", "score", "hosts"}, ...]}` (MCP
+/// wants an object there, not an array).
+pub async fn search(client: &Client, catalog: &Catalog, args: &JsonObject) -> CallToolResult {
+    let Some(query) = args.get("query").and_then(Value::as_str) else {
+        return error("argument `query` is required: what the tool should do, in plain language");
+    };
+    let limit = match args.get("limit") {
+        None | Some(Value::Null) => DEFAULT_LIMIT,
+        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+            Some(n) => n,
+            None => return error(format!("argument `limit` must be a whole number, not {v}")),
+        },
+    };
+    if let Err(e) = crate::cli::remote::check_find(query, limit) {
+        return error(e.replace("--limit", "`limit`"));
+    }
+    let found = match client.find_tools(&catalog.selector, query, limit).await {
+        Ok(found) => found,
+        Err(e) if e.code() == tonic::Code::Unimplemented => {
+            return error(format!(
+                "tool_search is not available: the coordinator does not rank tools ({e})"
+            ));
+        }
+        Err(e) => return error(format!("cannot search the tools: {e}")),
+    };
+    search_result(&found.matches)
+}
+
+/// The matches as an MCP result.
+fn search_result(matches: &[ToolMatch]) -> CallToolResult {
+    let results: Vec<Value> = matches
+        .iter()
+        .map(|m| {
+            json!({
+                "name": m.name,
+                "description": m.description,
+                "score": m.score,
+                "hosts": m.hosts,
+            })
+        })
+        .collect();
+    let text = if matches.is_empty() {
+        "No tool of this session's hosts matches the request.".to_string()
+    } else {
+        let lines: Vec<String> = matches
+            .iter()
+            .map(|m| {
+                format!(
+                    "{} (score {:.3}, on {}): {}",
+                    m.name,
+                    m.score,
+                    m.hosts.join(", "),
+                    m.description
+                )
+            })
+            .collect();
+        format!(
+            "{}\n\nLoad one with tool_load to call it.",
+            lines.join("\n")
+        )
+    };
+    let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
+    result.structured_content = Some(json!({ "results": results }));
+    result
+}
+
+/// `tool_load {"name": "..."}`: loads the tool and returns its `prompt` (its description when it
+/// has none). The new state is published at once, so the next `tools/list` has the tool.
+pub async fn load(
+    client: &Client,
+    catalog: &Catalog,
+    tx: &watch::Sender<Arc<Catalog>>,
+    args: &JsonObject,
+) -> CallToolResult {
+    let Some(name) = args.get("name").and_then(Value::as_str) else {
+        return error("argument `name` is required: the name of the tool to load");
+    };
+    let state = match client.load_tool(&catalog.session, name).await {
+        Ok(state) => state,
+        Err(e) => return error(load_failure(name, &e)),
+    };
+    publish(tx, &state, false);
+    let Some(loaded) = state.tools.iter().find(|t| t.name == name) else {
+        return error(format!(
+            "`{name}` was not loaded: the session did not keep it"
+        ));
+    };
+    let Some(def) = loaded
+        .resolutions
+        .first()
+        .and_then(|r| r.definition.as_ref())
+    else {
+        let why = if loaded.unavailable.is_empty() {
+            "no online host of this session offers it"
+        } else {
+            loaded.unavailable.as_str()
+        };
+        return error(format!("`{name}` is not available: {why}"));
+    };
+    let text = if def.prompt.trim().is_empty() {
+        def.description.clone()
+    } else {
+        def.prompt.clone()
+    };
+    let text = if text.trim().is_empty() {
+        format!("Loaded `{name}`.")
+    } else {
+        text
+    };
+    CallToolResult::success(vec![ContentBlock::text(text)])
+}
+
+fn load_failure(name: &str, e: &ClientError) -> String {
+    match e.code() {
+        tonic::Code::NotFound | tonic::Code::FailedPrecondition => {
+            format!("cannot load `{name}`: {e}")
+        }
+        _ => format!("cannot load `{name}` (the coordinator did not answer as expected): {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn search_results_are_an_object_with_an_array() {
+        let m = ToolMatch {
+            name: "df".into(),
+            score: 0.5,
+            description: "Disk usage".into(),
+            hosts: vec!["a".into(), "b".into()],
+            ..Default::default()
+        };
+        let r = search_result(&[m]);
+        assert_eq!(
+            r.structured_content,
+            Some(
+                json!({"results": [{"name": "df", "description": "Disk usage", "score": 0.5, "hosts": ["a", "b"]}]})
+            )
+        );
+        assert!(
+            r.content[0]
+                .as_text()
+                .unwrap()
+                .text
+                .starts_with("df (score 0.500, on a, b): Disk usage")
+        );
+        assert_eq!(
+            search_result(&[]).structured_content,
+            Some(json!({"results": []}))
+        );
+    }
+}

@@ -1,0 +1,179 @@
+//! The MCP server handler: lists the session's tools and the server's own, dispatches calls,
+//! and tells clients when the tool list changes (unprompted to 2025-11-25 clients, on a
+//! `subscriptions/listen` stream to 2026-07-28 ones).
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, Implementation, InitializeResult, ListToolsResult,
+    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, SubscriptionFilter, Tool,
+};
+use rmcp::service::{NotificationContext, Peer, RequestContext, SubscriptionContext};
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use tokio::sync::watch;
+
+use super::call::{Calls, error};
+use super::own;
+use super::tools::{Catalog, HOST_ARG, LOAD, Route, SEARCH, own_tools};
+
+/// The revisions served: the newest, and the one before for clients that still use the
+/// `initialize` handshake.
+const VERSIONS: &[ProtocolVersion] =
+    &[ProtocolVersion::V_2026_07_28, ProtocolVersion::V_2025_11_25];
+
+/// One handler per MCP connection (per session or request over HTTP); clones share everything.
+#[derive(Debug, Clone)]
+pub struct Server {
+    calls: Calls,
+    catalog: watch::Sender<Arc<Catalog>>,
+    own: Arc<Vec<Tool>>,
+}
+
+impl Server {
+    pub fn new(calls: Calls, catalog: watch::Sender<Arc<Catalog>>) -> Self {
+        Self {
+            calls,
+            catalog,
+            own: Arc::new(own_tools()),
+        }
+    }
+
+    fn current(&self) -> Arc<Catalog> {
+        self.catalog.borrow().clone()
+    }
+}
+
+/// Tells a 2025-11-25 client of every change of the tool list until it goes away.
+async fn forward_changes(peer: Peer<RoleServer>, mut changes: watch::Receiver<Arc<Catalog>>) {
+    while changes.changed().await.is_ok() {
+        if peer.is_transport_closed() || peer.notify_tool_list_changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+impl ServerHandler for Server {
+    fn get_info(&self) -> InitializeResult {
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tool_list_changed()
+            .build();
+        let mut info = InitializeResult::new(capabilities).with_instructions(format!(
+            "Tools of a toolsrv session: each runs on a host of the fleet. Find more with \
+             {SEARCH} and load them with {LOAD}. When the session has several hosts, every \
+             fleet tool takes a `{HOST_ARG}` argument naming the host to run on."
+        ));
+        info.server_info = Implementation::new("toolsrv", env!("CARGO_PKG_VERSION"));
+        info
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(VERSIONS)
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        // Only clients of the handshake revisions send `initialized`: they get `list_changed`
+        // unprompted, 2026-07-28 clients through `listen`.
+        let changes = self.catalog.subscribe();
+        self.calls
+            .tasks
+            .spawn(forward_changes(context.peer, changes));
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        _requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        Some(SubscriptionFilter::builder().tools_list_changed().build())
+    }
+
+    async fn listen(&self, subscription: SubscriptionContext) -> Result<(), McpError> {
+        let mut changes = self.catalog.subscribe();
+        let wanted = subscription.accepted().tools_list_changed == Some(true);
+        loop {
+            tokio::select! {
+                () = subscription.cancelled() => return Ok(()),
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        // The server is shutting down: end the subscription gracefully.
+                        return Ok(());
+                    }
+                    if wanted && subscription.sink().notify_tool_list_changed().await.is_err() {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let catalog = self.current();
+        let tools = self
+            .own
+            .iter()
+            .cloned()
+            .chain(catalog.tools.iter().cloned())
+            .collect();
+        Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        let catalog = self.current();
+        self.own
+            .iter()
+            .chain(catalog.tools.iter())
+            .find(|t| t.name == name)
+            .cloned()
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let catalog = self.current();
+        let mut args = request.arguments.clone().unwrap_or_default();
+        let name = request.name.as_ref();
+        match name {
+            SEARCH => {
+                return Ok(own::search(&self.calls.client, &catalog, &args)
+                    .await
+                    .into());
+            }
+            LOAD => {
+                return Ok(
+                    own::load(&self.calls.client, &catalog, &self.catalog, &args)
+                        .await
+                        .into(),
+                );
+            }
+            _ => {}
+        }
+        if let Some(handle) = &request.request_state {
+            return self
+                .calls
+                .resume(name, handle, request.input_responses.as_ref(), &context)
+                .await;
+        }
+        match catalog.route(name, &mut args) {
+            None => Err(McpError::invalid_params(
+                format!(
+                    "unknown tool `{name}`: it is not loaded in this session (find tools with \
+                     {SEARCH}, load one with {LOAD})"
+                ),
+                None,
+            )),
+            Some(Route::Refused(text)) => Ok(error(text).into()),
+            Some(Route::Host(host)) => {
+                self.calls
+                    .start(&catalog.session, host, name.to_string(), args, &context)
+                    .await
+            }
+        }
+    }
+}

@@ -1,0 +1,436 @@
+//! The session's loaded tools as MCP tools (description and prompt, input schema with the host
+//! argument, `_meta`), the two tools of the server's own, and which host a call goes to.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rmcp::model::{JsonObject, MetaObject, Tool, ToolAnnotations};
+use serde_json::{Value, json};
+
+use crate::{HostState, LoadedTool, SessionState, ToolDefinition};
+
+/// The argument naming the host a call runs on, added to every tool when the session's selector
+/// picks more than one host. Prefixed so that it does not clash with a tool's own arguments in
+/// practice; should a tool declare it anyway, this one replaces it.
+pub const HOST_ARG: &str = "target_host";
+/// Ranks the tools of the session's hosts against a request (FindTools).
+pub const SEARCH: &str = "tool_search";
+/// Loads a tool into the session (LoadTool).
+pub const LOAD: &str = "tool_load";
+/// Prefix of the `_meta` keys that carry a tool's model-facing `.meta` fields.
+pub const META_PREFIX: &str = "toolsrv/";
+
+/// What the server serves from one state of the session.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Catalog {
+    /// Session id.
+    pub session: String,
+    /// The state's generation (newer states replace older ones).
+    pub generation: u64,
+    /// The session's host selector.
+    pub selector: String,
+    /// The hosts the selector picks, with whether each is online.
+    pub hosts: Vec<(String, bool)>,
+    /// The MCP tools of the loaded tools, in load order; the server's own come first and are
+    /// not in here.
+    pub tools: Vec<Tool>,
+    /// Tool name -> the online hosts of the session that offer it.
+    loaded: BTreeMap<String, Vec<String>>,
+}
+
+/// Where a call goes, or why it goes nowhere.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// Call the tool on this host.
+    Host(String),
+    /// Do not call: an error result with this text.
+    Refused(String),
+}
+
+impl Catalog {
+    /// The catalog of `state`. Tools no online host offers are left out (they come back with a
+    /// `list_changed` when a host offers them).
+    pub fn from_state(state: &SessionState) -> Self {
+        let hosts: Vec<(String, bool)> = state
+            .selected
+            .iter()
+            .map(|h| (h.host_id.clone(), h.state == HostState::Online as i32))
+            .collect();
+        let multi_host = hosts.len() > 1;
+        let mut tools = Vec::with_capacity(state.tools.len());
+        let mut loaded = BTreeMap::new();
+        for t in &state.tools {
+            if t.name == SEARCH || t.name == LOAD {
+                tracing::warn!(tool = %t.name, "a loaded tool has the name of a tool of the MCP server's own: not served");
+                continue;
+            }
+            let Some(def) = t.resolutions.first().and_then(|r| r.definition.as_ref()) else {
+                continue;
+            };
+            if t.hosts.is_empty() {
+                continue;
+            }
+            tools.push(mcp_tool(t, def, multi_host));
+            loaded.insert(t.name.clone(), t.hosts.clone());
+        }
+        Self {
+            session: state.id.clone(),
+            generation: state.generation,
+            selector: state.hosts.clone(),
+            hosts,
+            tools,
+            loaded,
+        }
+    }
+
+    /// Whether calls need [`HOST_ARG`].
+    pub fn multi_host(&self) -> bool {
+        self.hosts.len() > 1
+    }
+
+    /// Where a call of `tool` with `args` goes; `None` when the tool is not served. Takes
+    /// [`HOST_ARG`] out of `args`: the tool never sees it.
+    pub fn route(&self, tool: &str, args: &mut JsonObject) -> Option<Route> {
+        let visible = self.loaded.get(tool)?;
+        if !self.multi_host() {
+            // The single host of the session (a tool is only served while it is online there).
+            return Some(match self.hosts.first() {
+                Some((host, _)) => Route::Host(host.clone()),
+                None => Route::Refused("the session's selector picks no host".into()),
+            });
+        }
+        let names = || {
+            self.hosts
+                .iter()
+                .map(|(h, _)| h.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let host = match args.remove(HOST_ARG) {
+            Some(Value::String(host)) => host,
+            Some(other) => {
+                return Some(Route::Refused(format!(
+                    "argument `{HOST_ARG}` must be a host name (a string), not {other}"
+                )));
+            }
+            None => {
+                return Some(Route::Refused(format!(
+                    "argument `{HOST_ARG}` is required: the host to run `{tool}` on, one of {}",
+                    visible.join(", ")
+                )));
+            }
+        };
+        Some(match self.hosts.iter().find(|(h, _)| *h == host) {
+            None => Route::Refused(format!(
+                "host `{host}` is not one of this session's hosts ({})",
+                names()
+            )),
+            Some((_, false)) => Route::Refused(format!(
+                "host `{host}` is offline; `{tool}` is available on {}",
+                visible.join(", ")
+            )),
+            // A host where the tool is hidden goes to the coordinator all the same: it says why.
+            Some(_) => Route::Host(host),
+        })
+    }
+}
+
+/// One loaded tool as an MCP tool.
+fn mcp_tool(t: &LoadedTool, def: &ToolDefinition, multi_host: bool) -> Tool {
+    let mut schema = input_schema(&def.args_schema_json, &t.name);
+    if multi_host {
+        add_host_arg(&mut schema, &t.hosts);
+    }
+    let description = match (def.description.trim(), def.prompt.trim()) {
+        (d, "") => d.to_string(),
+        ("", p) => p.to_string(),
+        (d, p) => format!("{d}\n\n{p}"),
+    };
+    let description = (!description.is_empty()).then_some(Cow::Owned(description));
+    let title = title(&t.name, &def.prompt);
+    Tool::new_with_raw(t.name.clone(), description, Arc::new(schema))
+        .with_title(title.clone())
+        .with_annotations(ToolAnnotations::with_title(title))
+        .with_meta(tool_meta(def, &t.hosts))
+}
+
+/// The tool's input schema: its `args`, `{"type": "object"}` when it declares none.
+fn input_schema(args_schema_json: &str, tool: &str) -> JsonObject {
+    let mut schema = JsonObject::new();
+    if !args_schema_json.trim().is_empty() {
+        match serde_json::from_str::<Value>(args_schema_json) {
+            Ok(Value::Object(object)) => schema = object,
+            Ok(_) | Err(_) => {
+                // The registry validates schemas; an agent that sent a broken one still has
+                // its tool served, with the agent checking the arguments.
+                tracing::warn!(%tool, "the args schema is not a JSON object: serving `{{\"type\": \"object\"}}`");
+            }
+        }
+    }
+    schema
+        .entry("type")
+        .or_insert_with(|| Value::from("object"));
+    schema
+}
+
+/// Adds the required [`HOST_ARG`], an enum of the hosts where the tool is available now.
+fn add_host_arg(schema: &mut JsonObject, hosts: &[String]) {
+    let property = json!({
+        "type": "string",
+        "enum": hosts,
+        "description": "The host to run the tool on: one of the session's hosts where the \
+                        tool is available now. Added by the MCP server, not passed to the tool.",
+    });
+    let properties = schema
+        .entry("properties")
+        .or_insert_with(|| Value::Object(JsonObject::new()));
+    if let Value::Object(properties) = properties {
+        properties.insert(HOST_ARG.to_string(), property);
+    }
+    let required = schema
+        .entry("required")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if let Value::Array(required) = required
+        && !required.iter().any(|r| r == HOST_ARG)
+    {
+        required.push(Value::from(HOST_ARG));
+    }
+}
+
+/// A title for people: the heading the prompt starts with (`## Disk usage`), else the name.
+fn title(name: &str, prompt: &str) -> String {
+    let first = prompt.trim_start().lines().next().unwrap_or_default();
+    match first.trim_start_matches('#') {
+        heading if heading.len() < first.len() && !heading.trim().is_empty() => {
+            heading.trim().to_string()
+        }
+        _ => name.to_string(),
+    }
+}
+
+/// `_meta`: the `.meta` fields MCP has no place for (`toolsrv/tier`, `toolsrv/scope`,
+/// `toolsrv/outputFormat`, `toolsrv/resetsCounter`, each only when set) and `toolsrv/hosts`,
+/// the online hosts of the session that offer the tool.
+fn tool_meta(def: &ToolDefinition, hosts: &[String]) -> MetaObject {
+    let mut meta = JsonObject::new();
+    let mut put = |key: &str, value: Value| {
+        meta.insert(format!("{META_PREFIX}{key}"), value);
+    };
+    for (key, value) in [
+        ("tier", &def.tier),
+        ("scope", &def.scope),
+        ("outputFormat", &def.output_format),
+    ] {
+        if !value.is_empty() {
+            put(key, Value::from(value.as_str()));
+        }
+    }
+    if let Some(resets) = def.resets_counter {
+        put("resetsCounter", Value::from(resets));
+    }
+    put("hosts", json!(hosts));
+    MetaObject(meta)
+}
+
+/// The server's own tools, always served.
+pub fn own_tools() -> Vec<Tool> {
+    let object = |value: Value| match value {
+        Value::Object(object) => Arc::new(object),
+        _ => Arc::new(JsonObject::new()),
+    };
+    let search = Tool::new(
+        SEARCH,
+        "Find tools for a task among all the tools of this session's hosts, loaded or not: \
+         ranks them against a request in plain language, best first. Load one with tool_load \
+         to be able to call it.",
+        object(json!({
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "What the tool should do, in plain language"},
+                "limit": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 5,
+                          "description": "Most tools to return"},
+            },
+            "required": ["query"],
+        })),
+    )
+    .with_title("Find tools")
+    .with_annotations(ToolAnnotations::with_title("Find tools").read_only(true))
+    .with_raw_output_schema(object(json!({
+        "type": "object",
+        "properties": {
+            "results": {
+                "type": "array",
+                "description": "Best match first",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string"},
+                        "description": {"type": "string"},
+                        "score": {"type": "number", "description": "Relevance in (0, 1], comparable within one answer"},
+                        "hosts": {"type": "array", "items": {"type": "string"},
+                                  "description": "The session's online hosts that offer the tool"},
+                    },
+                    "required": ["name", "description", "score", "hosts"],
+                },
+            },
+        },
+        "required": ["results"],
+    })));
+    let load = Tool::new(
+        LOAD,
+        "Load a tool into this session by name (a name tool_search found): it is then listed \
+         and can be called. Returns the tool's documentation.",
+        object(json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "description": "The tool's name"},
+            },
+            "required": ["name"],
+        })),
+    )
+    .with_title("Load a tool")
+    .with_annotations(ToolAnnotations::with_title("Load a tool"));
+    vec![search, load]
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::{SessionHost, ToolResolution};
+
+    fn def(name: &str, args: &str) -> ToolDefinition {
+        ToolDefinition {
+            name: name.into(),
+            description: format!("{name} does things"),
+            args_schema_json: args.into(),
+            ..Default::default()
+        }
+    }
+
+    fn state(hosts: &[(&str, bool)], tools: Vec<(ToolDefinition, Vec<&str>)>) -> SessionState {
+        SessionState {
+            id: "s1".into(),
+            generation: 3,
+            hosts: "all".into(),
+            selected: hosts
+                .iter()
+                .map(|(h, online)| SessionHost {
+                    host_id: h.to_string(),
+                    state: if *online {
+                        HostState::Online as i32
+                    } else {
+                        HostState::Offline as i32
+                    },
+                })
+                .collect(),
+            tools: tools
+                .into_iter()
+                .map(|(def, hosts)| LoadedTool {
+                    name: def.name.clone(),
+                    hosts: hosts.iter().map(|h| h.to_string()).collect(),
+                    resolutions: if hosts.is_empty() {
+                        vec![]
+                    } else {
+                        vec![ToolResolution {
+                            definition: Some(def),
+                            hosts: hosts.iter().map(|h| h.to_string()).collect(),
+                        }]
+                    },
+                    unavailable: String::new(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn as_json(tool: &Tool) -> Value {
+        serde_json::to_value(tool).unwrap()
+    }
+
+    #[test]
+    fn one_host_tools_carry_description_prompt_schema_and_meta() {
+        let mut d = def("df", "");
+        d.prompt = "## Disk usage\n\nUse it for df.".into();
+        d.tier = "hot".into();
+        d.output_format = "text".into();
+        d.resets_counter = Some(false);
+        let catalog = Catalog::from_state(&state(&[("a", true)], vec![(d, vec!["a"])]));
+        assert_eq!(
+            as_json(&catalog.tools[0]),
+            json!({
+                "name": "df",
+                "title": "Disk usage",
+                "description": "df does things\n\n## Disk usage\n\nUse it for df.",
+                "inputSchema": {"type": "object"},
+                "annotations": {"title": "Disk usage"},
+                "_meta": {"toolsrv/tier": "hot", "toolsrv/outputFormat": "text",
+                          "toolsrv/resetsCounter": false, "toolsrv/hosts": ["a"]},
+            })
+        );
+        let mut args = JsonObject::new();
+        assert_eq!(
+            catalog.route("df", &mut args),
+            Some(Route::Host("a".into()))
+        );
+        assert_eq!(catalog.route("nope", &mut args), None);
+    }
+
+    #[test]
+    fn several_hosts_add_a_required_host_argument() {
+        let d = def(
+            "ls",
+            r#"{"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}"#,
+        );
+        let s = state(
+            &[("a", true), ("b", true), ("c", false)],
+            vec![(d, vec!["a", "b"]), (def("gone", ""), vec![])],
+        );
+        let catalog = Catalog::from_state(&s);
+        assert_eq!(
+            catalog.tools.len(),
+            1,
+            "a tool no host offers is not served"
+        );
+        let schema = &as_json(&catalog.tools[0])["inputSchema"];
+        assert_eq!(schema["required"], json!(["path", HOST_ARG]));
+        assert_eq!(schema["properties"][HOST_ARG]["enum"], json!(["a", "b"]));
+        assert_eq!(schema["properties"]["path"], json!({"type": "string"}));
+
+        let args = |v: Value| v.as_object().unwrap().clone();
+        let mut a = args(json!({"path": "/", HOST_ARG: "b"}));
+        assert_eq!(catalog.route("ls", &mut a), Some(Route::Host("b".into())));
+        assert_eq!(
+            a,
+            args(json!({"path": "/"})),
+            "the host argument is taken out"
+        );
+        let refused = |v: Value| match catalog.route("ls", &mut args(v)) {
+            Some(Route::Refused(text)) => text,
+            other => panic!("{other:?}"),
+        };
+        assert!(refused(json!({"path": "/"})).contains("is required"));
+        assert!(refused(json!({HOST_ARG: "c"})).contains("offline"));
+        assert!(refused(json!({HOST_ARG: "z"})).contains("not one of this session's hosts"));
+        assert!(refused(json!({HOST_ARG: 3})).contains("must be a host name"));
+    }
+
+    #[test]
+    fn titles_come_from_a_leading_heading() {
+        assert_eq!(title("t", "## Json value\n\ntext"), "Json value");
+        assert_eq!(title("t", "no heading"), "t");
+        assert_eq!(title("t", ""), "t");
+        assert_eq!(title("t", "##\n"), "t");
+    }
+
+    #[test]
+    fn own_tools_have_object_schemas() {
+        let tools = own_tools();
+        assert_eq!(tools.len(), 2);
+        for t in tools {
+            assert_eq!(t.input_schema["type"], "object");
+        }
+    }
+}

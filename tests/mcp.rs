@@ -1,0 +1,592 @@
+//! `toolctl mcp` driven by a client nobody here wrote: the Python `mcp` package (2.3.0) against a
+//! live coordinator and agents, over stdio (both protocol revisions) and streamable HTTP.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use toolsrv_tests::{AgentSpec, Fleet, free_port, run_bounded, text, wait_for};
+
+/// The `mcp` package version these tests hold `toolctl mcp` to.
+const MCP_PACKAGE: &str = "mcp==2.3.0";
+
+/// A Python with the `mcp` package: `$TOOLSRV_TEST_MCP_PYTHON`, or a virtualenv under
+/// `target/` created on first use (once per test process: parallel pip installs into one new
+/// virtualenv break each other).
+fn python() -> PathBuf {
+    static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PYTHON.get_or_init(python_once).clone()
+}
+
+fn python_once() -> PathBuf {
+    if let Some(p) = std::env::var_os("TOOLSRV_TEST_MCP_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/mcp-venv");
+    let python = venv.join("bin/python");
+    let ready = |py: &Path| {
+        Command::new(py)
+            .args([
+                "-c",
+                "import importlib.metadata as m; assert m.version('mcp') == '2.3.0'",
+            ])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if python.exists() && ready(&python) {
+        return python;
+    }
+    let mut venv_cmd = Command::new("python3");
+    venv_cmd.args(["-m", "venv"]).arg(&venv);
+    let out = run_bounded(venv_cmd, None, Duration::from_secs(120));
+    assert!(
+        out.status.success(),
+        "python3 -m venv failed: {}",
+        text(&out.stderr)
+    );
+    let mut pip = Command::new(&python);
+    pip.args(["-m", "pip", "install", "--quiet", MCP_PACKAGE]);
+    let out = run_bounded(pip, None, Duration::from_secs(540));
+    assert!(
+        out.status.success(),
+        "pip install {MCP_PACKAGE} failed: {}",
+        text(&out.stderr)
+    );
+    assert!(
+        ready(&python),
+        "{MCP_PACKAGE} is not importable after installing it"
+    );
+    python
+}
+
+/// `toolctl mcp ARGS` as alice, as the Python client starts it: `{"command", "args", "env"}`.
+fn server_config(fleet: &Fleet, args: &[&str]) -> Value {
+    let cmd = fleet.toolctl_command("client-alice", args);
+    let mut env = serde_json::Map::new();
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            env.insert(k.to_string_lossy().into(), v.to_string_lossy().into());
+        }
+    }
+    env.insert("TOOLCTL_LOG".into(), "info".into());
+    json!({
+        "command": cmd.get_program().to_string_lossy(),
+        "args": cmd.get_args().map(|a| a.to_string_lossy()).collect::<Vec<_>>(),
+        "env": env,
+    })
+}
+
+/// Runs a scenario of `tests/python/mcp_client.py` and returns what it printed.
+fn scenario(name: &str, config: &Value) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/mcp_client.py");
+    let mut cmd = Command::new(python());
+    cmd.arg(script).arg(name).arg(config.to_string());
+    let out = run_bounded(cmd, None, Duration::from_secs(120));
+    assert!(
+        out.status.success(),
+        "scenario {name} failed: {}\n{}",
+        text(&out.stderr),
+        text(&out.stdout)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "scenario {name} printed no JSON ({e}): {}",
+            text(&out.stdout)
+        )
+    })
+}
+
+/// The one text of a tool result.
+fn result_text(result: &Value) -> String {
+    result["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["text"].as_str())
+        .collect::<Vec<_>>()
+        .join("")
+}
+
+fn profile(fleet: &Fleet, body: &Value) -> PathBuf {
+    let path = fleet.work.path().join("profile.json");
+    std::fs::write(&path, body.to_string()).unwrap();
+    path
+}
+
+/// A tool with every model-facing field.
+const GREET: &str = r###"{"description": "Greets someone", "prompt": "## Greeting\n\nSay hello to `name`.",
+    "args": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+    "tier": "hot", "scope": "host", "outputFormat": "text", "resetsCounter": false,
+    "cmd": "jq -r '\"hello \" + .name'"}"###;
+
+/// One host, `a`, with the tools the single-host scenarios use.
+fn one_host_fleet(extra: &[&str]) -> Fleet {
+    let mut fleet = Fleet::new(&["a"]);
+    let marks = fleet.marks();
+    fleet.tool("greet.meta", GREET, false);
+    fleet.tool(
+        "jsonout.meta",
+        r#"{"description": "Prints a JSON object", "cmd": "echo '{\"answer\": 42}'"}"#,
+        false,
+    );
+    fleet.tool(
+        "fail.meta",
+        r#"{"description": "Always fails", "cmd": "echo broken >&2; exit 3"}"#,
+        false,
+    );
+    fleet.tool(
+        "slow.meta",
+        r#"{"description": "Prints three lines slowly",
+            "cmd": "for i in 1 2 3; do echo line $i; sleep 0.4; done"}"#,
+        false,
+    );
+    fleet.tool(
+        "sleeper.meta",
+        &format!(
+            r#"{{"description": "Writes its pid and sleeps",
+                "cmd": "echo $$ > {}/sleeper.pid; exec sleep 300"}}"#,
+            marks.display()
+        ),
+        false,
+    );
+    fleet.tool(
+        "extra.meta",
+        r#"{"description": "Loaded on request", "prompt": "Extra documentation.", "cmd": "echo extra"}"#,
+        false,
+    );
+    fleet.start_coordinator(extra);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "extra");
+    fleet
+}
+
+fn one_host_profile(fleet: &Fleet) -> PathBuf {
+    profile(
+        fleet,
+        &json!({"autoLoad": ["greet", "jsonout", "fail", "slow", "sleeper"], "hosts": "a"}),
+    )
+}
+
+fn check_basics(out: &Value, edited: &str) {
+    let tools = out["tools"].as_array().unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "tool_search",
+            "tool_load",
+            "greet",
+            "jsonout",
+            "fail",
+            "slow",
+            "sleeper"
+        ]
+    );
+    let greet = &tools[2];
+    assert_eq!(
+        greet["description"],
+        "Greets someone\n\n## Greeting\n\nSay hello to `name`."
+    );
+    assert_eq!(greet["title"], "Greeting");
+    assert_eq!(
+        greet["inputSchema"]["required"],
+        json!(["name"]),
+        "one host: no host argument"
+    );
+    assert_eq!(
+        greet["_meta"],
+        json!({"toolsrv/tier": "hot", "toolsrv/scope": "host", "toolsrv/outputFormat": "text",
+               "toolsrv/resetsCounter": false, "toolsrv/hosts": ["a"]})
+    );
+    assert_eq!(tools[3]["inputSchema"], json!({"type": "object"}));
+
+    assert_eq!(result_text(&out["greet"]), "hello world\n");
+    assert_eq!(out["greet"]["isError"], false);
+    assert_eq!(out["jsonout"]["structuredContent"], json!({"answer": 42}));
+    assert_eq!(out["fail"]["isError"], true, "{}", out["fail"]);
+    assert!(
+        result_text(&out["fail"]).contains("broken"),
+        "{}",
+        out["fail"]
+    );
+
+    assert_eq!(result_text(&out["slow"]), "line 1\nline 2\nline 3\n");
+    let progress = out["progress"].as_array().unwrap();
+    let messages: Vec<&str> = progress
+        .iter()
+        .filter_map(|p| p["message"].as_str())
+        .collect();
+    assert_eq!(messages, ["line 1", "line 2", "line 3"], "{progress:?}");
+    let values: Vec<f64> = progress
+        .iter()
+        .map(|p| p["progress"].as_f64().unwrap())
+        .collect();
+    assert!(
+        values.windows(2).all(|w| w[0] < w[1]),
+        "progress must grow: {values:?}"
+    );
+
+    assert_eq!(result_text(&out["load"]), "Extra documentation.");
+    assert_eq!(out["load_changed"], true, "no list_changed after tool_load");
+    assert!(
+        out["after_load"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n == "extra")
+    );
+    assert_eq!(
+        out["load_unknown"]["isError"], true,
+        "{}",
+        out["load_unknown"]
+    );
+    assert!(result_text(&out["load_unknown"]).contains("no_such_tool"));
+
+    assert_eq!(
+        out["edit_changed"], true,
+        "no list_changed after the .meta edit"
+    );
+    assert!(
+        out["edited"][0]["description"]
+            .as_str()
+            .unwrap()
+            .starts_with(edited),
+        "{}",
+        out["edited"]
+    );
+}
+
+#[test]
+fn stdio_serves_tools_calls_progress_and_changes_in_both_revisions() {
+    let fleet = one_host_fleet(&[]);
+    let profile = one_host_profile(&fleet);
+    let greet = |description: &str| {
+        json!({"description": description, "args": {"type": "object"}, "cmd": "echo hi"})
+            .to_string()
+    };
+    for (mode, protocol, edited) in [
+        ("auto", "2026-07-28", "Greets, edited for the new revision"),
+        (
+            "legacy",
+            "2025-11-25",
+            "Greets, edited for the old revision",
+        ),
+    ] {
+        // Each run starts from the original greet.
+        fleet.tool("greet.meta", GREET, false);
+        wait_for("the original greet", Duration::from_secs(20), || {
+            fleet
+                .tools("a")
+                .filter(|t| t.iter().any(|e| e["description"] == "Greets someone"))
+        });
+        let mut config = server_config(&fleet, &["mcp", "--profile", profile.to_str().unwrap()]);
+        config["mode"] = json!(mode);
+        config["edit_path"] = json!(fleet.tools.join("greet.meta"));
+        config["edit_content"] = json!(greet(edited));
+        let out = scenario("basics", &config);
+        assert_eq!(out["protocol"], protocol);
+        check_basics(&out, edited);
+    }
+}
+
+#[test]
+fn cancelling_a_call_kills_its_process_on_the_host() {
+    let fleet = one_host_fleet(&[]);
+    let profile = one_host_profile(&fleet);
+    for mode in ["auto", "legacy"] {
+        let pid_file = fleet.marks().join("sleeper.pid");
+        let _ = std::fs::remove_file(&pid_file);
+        let mut config = server_config(&fleet, &["mcp", "--profile", profile.to_str().unwrap()]);
+        config["mode"] = json!(mode);
+        config["pid_file"] = json!(pid_file);
+        let out = scenario("cancel", &config);
+        assert_eq!(out["timed_out"], false, "{out}");
+        assert_eq!(out["after"], true, "{out}");
+        let pid = out["pid"].as_i64().unwrap();
+        wait_for(
+            &format!("the cancelled call's process {pid} to end ({mode})"),
+            Duration::from_secs(10),
+            || {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                // Gone, or a zombie nobody has reaped yet: either way it no longer runs.
+                (stat.is_empty() || stat.contains(") Z ")).then_some(())
+            },
+        );
+    }
+}
+
+/// Waits on the tool ranker (FindTools): the coordinator answers UNIMPLEMENTED until it is
+/// merged, and this test fails until then.
+#[test]
+fn tool_search_returns_structured_matches() {
+    let fleet = one_host_fleet(&[]);
+    let profile = one_host_profile(&fleet);
+    let mut config = server_config(&fleet, &["mcp", "--profile", profile.to_str().unwrap()]);
+    config["query"] = json!("greet someone by name");
+    let out = scenario("search", &config);
+    let search = &out["search"];
+    assert_eq!(search["isError"], false, "{search}");
+    let results = search["structuredContent"]["results"].as_array().unwrap();
+    assert!(!results.is_empty() && results.len() <= 3, "{search}");
+    for r in results {
+        assert!(r["name"].is_string() && r["description"].is_string(), "{r}");
+        assert!(
+            r["score"].as_f64().is_some_and(|s| s > 0.0 && s <= 1.0),
+            "{r}"
+        );
+        assert!(
+            r["hosts"].as_array().unwrap().iter().all(|h| h == "a"),
+            "{r}"
+        );
+    }
+    assert_eq!(results[0]["name"], "greet", "{search}");
+}
+
+#[test]
+fn several_hosts_take_a_host_argument_kept_current() {
+    let mut fleet = Fleet::new(&["a", "b", "c"]);
+    fleet.tool(
+        "where.meta",
+        r#"{"description": "Says where it runs", "variants": [{"match": {"binary": "whereami"}}],
+            "cmd": "whereami"}"#,
+        false,
+    );
+    fleet.start_coordinator(&[]);
+    for host in ["a", "b", "c"] {
+        let mut spec = AgentSpec::default();
+        if host != "c" {
+            spec.binaries = vec![("whereami".into(), format!("#!/bin/sh\necho on {host}\n"))];
+        }
+        fleet.start_agent(host, &spec);
+    }
+    fleet.wait_online(&["a", "b", "c"], "where");
+    let profile = profile(&fleet, &json!({"autoLoad": ["where"], "hosts": "all"}));
+    let mut config = server_config(&fleet, &["mcp", "--profile", profile.to_str().unwrap()]);
+    config["calls"] = json!({
+        "on_b": {"target_host": "b"},
+        "on_c": {"target_host": "c"},
+        "no_host": {},
+        "elsewhere": {"target_host": "z"},
+    });
+    let out = scenario("multihost", &config);
+    let tool = &out["tools"][2];
+    assert_eq!(tool["name"], "where");
+    let schema = &tool["inputSchema"];
+    assert_eq!(schema["required"], json!(["target_host"]));
+    assert_eq!(
+        schema["properties"]["target_host"]["enum"],
+        json!(["a", "b"])
+    );
+    assert!(schema["properties"]["target_host"]["description"].is_string());
+    assert_eq!(result_text(&out["on_b"]), "on b\n");
+    for (call, needle) in [
+        ("on_c", "hidden"),
+        ("no_host", "target_host"),
+        ("elsewhere", "not one of"),
+    ] {
+        assert_eq!(out[call]["isError"], true, "{call}: {}", out[call]);
+        assert!(
+            result_text(&out[call]).contains(needle),
+            "{call}: {}",
+            out[call]
+        );
+    }
+
+    // Host b goes away: the enum follows, and a call naming it is an error result.
+    fleet.agents.get_mut("b").unwrap().stop();
+    wait_for("host b offline", Duration::from_secs(20), || {
+        fleet
+            .hosts()
+            .iter()
+            .any(|h| h["host_id"] == "b" && h["state"] == "offline")
+            .then_some(())
+    });
+    config["mode"] = json!("legacy");
+    config["calls"] = json!({"on_b": {"target_host": "b"}, "on_a": {"target_host": "a"}});
+    let out = scenario("multihost", &config);
+    assert_eq!(
+        out["tools"][2]["inputSchema"]["properties"]["target_host"]["enum"],
+        json!(["a"])
+    );
+    assert_eq!(out["on_b"]["isError"], true, "{}", out["on_b"]);
+    assert!(
+        result_text(&out["on_b"]).contains("offline"),
+        "{}",
+        out["on_b"]
+    );
+    assert_eq!(result_text(&out["on_a"]), "on a\n");
+}
+
+#[test]
+fn approvals_become_elicitations() {
+    let mut fleet = Fleet::new(&["a"]);
+    for tool in ["restart", "drop_table"] {
+        fleet.tool(
+            &format!("{tool}.meta"),
+            &format!(r#"{{"description": "{tool}", "cmd": "echo {tool} ran"}}"#),
+            false,
+        );
+    }
+    let policy = fleet.work.path().join("policy.json");
+    std::fs::write(
+        &policy,
+        r#"{"default": "allow", "rules": [
+            {"tools": ["restart"], "effect": "approve"},
+            {"tools": ["drop_table"], "effect": "approve", "approvers": ["bob"]}]}"#,
+    )
+    .unwrap();
+    fleet.start_coordinator(&[&format!("--policy={}", policy.display())]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "restart");
+    let profile = profile(
+        &fleet,
+        &json!({"autoLoad": ["restart", "drop_table"], "hosts": "a"}),
+    );
+    let base = server_config(&fleet, &["mcp", "--profile", profile.to_str().unwrap()]);
+
+    for mode in ["auto", "legacy"] {
+        let mut config = base.clone();
+        config["mode"] = json!(mode);
+        config["tool"] = json!("restart");
+        config["answer"] = json!(true);
+        let out = scenario("approve", &config);
+        assert_eq!(
+            result_text(&out["result"]),
+            "restart ran\n",
+            "{mode}: {out}"
+        );
+        let asked = &out["elicitations"][0];
+        assert_eq!(asked["mode"], "form", "{mode}: {out}");
+        let message = asked["message"].as_str().unwrap();
+        assert!(
+            message.contains("restart") && message.contains("`a`"),
+            "{message}"
+        );
+        assert_eq!(
+            asked["requestedSchema"]["properties"]["approve"]["type"],
+            "boolean"
+        );
+
+        config["answer"] = json!(false);
+        let out = scenario("approve", &config);
+        assert_eq!(out["result"]["isError"], true, "{mode}: {out}");
+        assert!(
+            result_text(&out["result"]).starts_with("denied"),
+            "{mode}: {out}"
+        );
+
+        // A client without elicitation: denied, saying why.
+        config.as_object_mut().unwrap().remove("answer");
+        let out = scenario("approve", &config);
+        assert_eq!(out["result"]["isError"], true, "{mode}: {out}");
+        assert!(out["elicitations"].as_array().unwrap().is_empty());
+        assert!(
+            result_text(&out["result"]).contains("elicitation is unsupported"),
+            "{out}"
+        );
+    }
+
+    // Only bob may decide drop_table: the client is told it waits, and bob approves.
+    let mut config = base.clone();
+    config["tool"] = json!("drop_table");
+    config["answer"] = json!(true);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/mcp_client.py");
+    let child = Command::new(python())
+        .arg(script)
+        .arg("approve")
+        .arg(config.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let id = wait_for(
+        "drop_table's approval request",
+        Duration::from_secs(30),
+        || {
+            let out = fleet.toolctl_as("client-bob", &["approvals", "--json"], None);
+            let list: Vec<Value> = serde_json::from_slice(&out.stdout).ok()?;
+            list.first()
+                .and_then(|r| r["id"].as_str().map(String::from))
+        },
+    );
+    let out = fleet.toolctl_as("client-bob", &["approve", &id], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = toolsrv_tests::finish_child(child, Duration::from_secs(60));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result_text(&out["result"]), "drop_table ran\n", "{out}");
+    assert!(out["elicitations"].as_array().unwrap().is_empty(), "{out}");
+    let progress = out["progress"].as_array().unwrap();
+    assert!(
+        progress.iter().any(|m| m
+            .as_str()
+            .is_some_and(|m| m.contains("waiting for approval by bob"))),
+        "{out}"
+    );
+}
+
+#[test]
+fn streamable_http_serves_on_loopback_only_unless_told() {
+    let fleet = one_host_fleet(&[]);
+    let profile = one_host_profile(&fleet);
+    let profile = profile.to_str().unwrap();
+
+    let out = fleet.toolctl(&["mcp", "--profile", profile, "--http", "0.0.0.0:0"]);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--http-allow-remote"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let command = fleet.toolctl_command(
+        "client-alice",
+        &["mcp", "--profile", profile, "--http", &addr],
+    );
+    let mut server = toolsrv_tests::Proc::spawn("mcp-http", command, fleet.work.path());
+    wait_for(
+        "the MCP HTTP server to listen",
+        Duration::from_secs(20),
+        || server.log().contains("serving MCP on").then_some(()),
+    );
+    for mode in ["auto", "legacy"] {
+        let config = json!({"url": format!("http://{addr}/mcp"), "mode": mode});
+        let out = scenario("http", &config);
+        assert!(
+            out["tools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|n| n == "greet"),
+            "{out}"
+        );
+        assert_eq!(result_text(&out["greet"]), "hello http\n", "{mode}: {out}");
+    }
+    // Exits on SIGTERM, closing its session.
+    let log = server.log();
+    let id = log
+        .split("toolctl mcp: session ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no session id in the log: {log}"))
+        .to_string();
+    let out = fleet.toolctl(&["session", "show", &id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        server.terminate().is_some_and(|s| s.success()),
+        "{}",
+        server.log()
+    );
+    let out = fleet.toolctl(&["session", "show", &id]);
+    assert_eq!(
+        out.status.code(),
+        Some(127),
+        "the session outlived toolctl mcp: {}",
+        text(&out.stdout)
+    );
+}
