@@ -377,7 +377,9 @@ impl Tools for ToolsService {
         req: Request<FindToolsRequest>,
     ) -> Result<Response<FindToolsResponse>, Status> {
         Caller::client(&req)?;
-        Err(Status::unimplemented("FindTools is not served yet"))
+        crate::finder::find(&self.state, req.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn open_session(

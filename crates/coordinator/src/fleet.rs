@@ -107,6 +107,8 @@ pub struct Fleet {
     revision: AtomicU64,
     /// Shares identical tool definitions between host views.
     interner: Interner,
+    /// Bumped whenever a host's view is stored: what derived indexes compare against.
+    views_stored: AtomicU64,
 }
 
 pub use toolsrv_proto::unix_ms as now_ms;
@@ -120,6 +122,7 @@ impl Fleet {
             generation: AtomicU64::new(1),
             revision: AtomicU64::new(revision),
             interner: Interner::default(),
+            views_stored: AtomicU64::new(0),
         }
     }
 
@@ -243,6 +246,7 @@ impl Fleet {
     /// Stores a host's new view (tools sorted by name) if `generation` is its current connection.
     pub fn set_view(&self, id: &str, generation: u64, view: HostView) {
         let view = Arc::new(self.interner.store(view));
+        self.views_stored.fetch_add(1, Ordering::Relaxed);
         let revision = view.catalog_revision;
         if self
             .with_current(id, generation, |entry| {
@@ -253,6 +257,16 @@ impl Fleet {
         {
             self.emit(CatalogEventKind::HostView, id, revision);
         }
+    }
+
+    /// How many views have been stored so far; a change means some host's view may differ.
+    pub fn views_stored(&self) -> u64 {
+        self.views_stored.load(Ordering::Relaxed)
+    }
+
+    /// Every distinct tool definition the stored views hold.
+    pub fn definitions(&self) -> Vec<Arc<toolsrv_proto::v1::ToolDefinition>> {
+        self.interner.live()
     }
 
     pub fn get(&self, id: &str) -> Option<HostEntry> {

@@ -15,6 +15,7 @@ mod audit;
 mod calls;
 mod catalog;
 mod error;
+mod finder;
 mod fleet;
 /// Public for the fuzz targets; the coordinator's own use is `AgentLinkRoutes`.
 pub mod framing;
@@ -73,6 +74,9 @@ pub struct CoordinatorConfig {
     pub approval_timeout: Duration,
     /// How long idle sessions live and how many a client may hold.
     pub sessions: SessionLimits,
+    /// A sentence encoder's directory (all-MiniLM-L6-v2: `model.safetensors`, `tokenizer.json`,
+    /// `config.json`) for FindTools to rank by meaning as well as by words; `None`: words only.
+    pub find_model: Option<PathBuf>,
     pub watch: WatchOptions,
 }
 
@@ -90,6 +94,7 @@ impl CoordinatorConfig {
             limits: Limits::default(),
             approval_timeout: Duration::from_secs(60),
             sessions: SessionLimits::default(),
+            find_model: None,
             watch: WatchOptions::default(),
         }
     }
@@ -103,6 +108,9 @@ pub enum CoordinatorError {
     /// A policy, host labels or audit file that cannot be used.
     #[error(transparent)]
     File(#[from] error::FileError),
+    /// The sentence encoder of `--find-model` cannot be loaded.
+    #[error("--find-model: {0}")]
+    FindModel(toolsrv_find::FindError),
     #[error("cannot build the reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC server failed: {0}")]
@@ -121,6 +129,7 @@ pub(crate) struct State {
     pub quotas: Arc<quota::Quotas>,
     pub approvals: approvals::Approvals,
     pub sessions: sessions::Sessions,
+    pub finder: finder::Finder,
     pub shutdown: CancellationToken,
     /// Every task the services spawn, so shutdown can wait for them.
     pub tasks: TaskTracker,
@@ -144,6 +153,14 @@ pub async fn serve(
         Some(path) => labels::HostLabels::load(path)?,
         None => labels::HostLabels::default(),
     };
+    let encoder = match &config.find_model {
+        Some(dir) => {
+            let encoder = toolsrv_find::Encoder::load(dir).map_err(CoordinatorError::FindModel)?;
+            tracing::info!(model = %dir.display(), "FindTools ranks by meaning as well as by words");
+            Some(Arc::new(encoder))
+        }
+        None => None,
+    };
     let registry = Registry::open(config.tools.clone());
     toolsrv_registry::log_problems(&registry.catalog());
     let fleet = fleet::Fleet::new(registry.catalog().revision);
@@ -158,6 +175,7 @@ pub async fn serve(
         quotas: Arc::new(quota::Quotas::new(config.limits.clone())),
         approvals: approvals::Approvals::default(),
         sessions: sessions::Sessions::new(config.sessions.clone()),
+        finder: finder::Finder::new(encoder),
         shutdown: shutdown.clone(),
         tasks: tasks.clone(),
     });

@@ -209,6 +209,17 @@ impl Interner {
         }
     }
 
+    /// Every definition some stored view holds now, each once.
+    pub fn live(&self) -> Vec<Arc<ToolDefinition>> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state
+            .defs
+            .values()
+            .flatten()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
     fn intern(&self, def: ToolDefinition) -> Arc<ToolDefinition> {
         // Entries only ever hold complete definitions, so a poisoned lock is still consistent.
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());

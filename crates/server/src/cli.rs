@@ -167,6 +167,10 @@ pub struct CoordinatorArgs {
     /// Sessions one client may have open at once
     #[arg(long, env = "TOOLSRV_MAX_SESSIONS_PER_CLIENT", default_value_t = 64)]
     pub max_sessions_per_client: usize,
+    /// A sentence encoder (all-MiniLM-L6-v2) for `toolctl find` and MCP `tool_search` to rank
+    /// by meaning as well as by words; `scripts/fetch-find-model` lays one out
+    #[arg(long, env = "TOOLSRV_FIND_MODEL", value_name = "DIR")]
+    pub find_model: Option<PathBuf>,
 }
 
 impl CoordinatorArgs {
@@ -203,6 +207,7 @@ impl CoordinatorArgs {
             idle: Duration::from_secs(self.session_idle_secs.max(1)),
             per_client: self.max_sessions_per_client.max(1),
         };
+        config.find_model = self.find_model.clone();
         Ok(config)
     }
 }

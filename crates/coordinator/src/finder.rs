@@ -1,0 +1,197 @@
+//! FindTools: the tools visible on a selector's online hosts ranked against a request.
+//!
+//! One index holds every distinct definition the hosts' views carry (a tool resolved two ways
+//! is two documents), keyed by name and a digest of its ranked texts. It follows the fleet: a
+//! request that finds views stored since the last build rebuilds it first, and the rebuild
+//! embeds only texts it has not seen. A request ranks only the documents visible on the hosts
+//! it selects, and answers one match per tool name (its best definition).
+
+use std::collections::{BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use tonic::Status;
+use toolsrv_find::{Doc, Encoder, Index};
+use toolsrv_proto::v1::{FindToolsRequest, FindToolsResponse, ToolDefinition, ToolMatch};
+
+use crate::State;
+use crate::selector::Selector;
+
+/// Matches returned when the request asks for 0.
+const DEFAULT_LIMIT: u32 = 5;
+/// Most matches a request may ask for.
+const MAX_LIMIT: u32 = 1000;
+/// Longest selector a request may give.
+const MAX_SELECTOR_BYTES: usize = 4096;
+
+/// A document: the tool's name and a digest of the texts ranked.
+type DocKey = (String, u64);
+
+/// The index and what it was built from.
+#[derive(Debug)]
+pub struct Finder {
+    index: Arc<Index<DocKey>>,
+    /// The fleet's `views_stored` when the index was last built; `None` before the first build.
+    built: tokio::sync::Mutex<Option<u64>>,
+    /// Each document's description, for the answer.
+    descriptions: std::sync::RwLock<HashMap<DocKey, String>>,
+}
+
+impl Finder {
+    pub fn new(encoder: Option<Arc<Encoder>>) -> Self {
+        Self {
+            index: Arc::new(Index::new(encoder)),
+            built: tokio::sync::Mutex::new(None),
+            descriptions: std::sync::RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// The ranker answers are made by.
+    pub fn ranker(&self) -> &'static str {
+        if self.index.has_encoder() {
+            "fused"
+        } else {
+            "lexical"
+        }
+    }
+
+    /// Rebuilds the index when views were stored since the last build.
+    async fn refresh(&self, state: &State) -> Result<(), Status> {
+        let mut built = self.built.lock().await;
+        let now = state.fleet.views_stored();
+        if *built == Some(now) {
+            return Ok(());
+        }
+        let mut docs = Vec::new();
+        let mut descriptions = HashMap::new();
+        for def in state.fleet.definitions() {
+            let key = key_of(&def);
+            if descriptions.contains_key(&key) {
+                continue;
+            }
+            descriptions.insert(key.clone(), def.description.clone());
+            docs.push((key, doc_of(&def)));
+        }
+        let index = self.index.clone();
+        // Embedding new texts runs a model: not on the runtime's threads.
+        let updated = tokio::task::spawn_blocking(move || index.update(docs))
+            .await
+            .map_err(|e| Status::internal(format!("the tool index update failed: {e}")))?
+            .map_err(|e| Status::internal(format!("cannot index the tools: {e}")))?;
+        tracing::debug!(
+            docs = updated.docs,
+            embedded = updated.embedded,
+            reused = updated.reused,
+            "tool index rebuilt"
+        );
+        *self.descriptions.write().unwrap_or_else(|p| p.into_inner()) = descriptions;
+        *built = Some(now);
+        Ok(())
+    }
+}
+
+/// The texts ranked, as the index takes them.
+fn doc_of(def: &ToolDefinition) -> Doc {
+    Doc {
+        name: def.name.clone(),
+        description: def.description.clone(),
+        prompt: def.prompt.clone(),
+        keywords: def.keywords.clone(),
+    }
+}
+
+/// A definition's document key: two definitions that rank the same share it.
+fn key_of(def: &ToolDefinition) -> DocKey {
+    // Keyed the same in every process, so a key never depends on when it was made.
+    let mut hasher = std::hash::DefaultHasher::new();
+    (&def.description, &def.prompt, &def.keywords).hash(&mut hasher);
+    (def.name.clone(), hasher.finish())
+}
+
+/// Ranks the tools visible on the online hosts `req.selector` picks against `req.query`.
+pub async fn find(state: &State, req: FindToolsRequest) -> Result<FindToolsResponse, Status> {
+    if req.query.len() > toolsrv_find::MAX_QUERY_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "the request is {} bytes, over the limit of {}",
+            req.query.len(),
+            toolsrv_find::MAX_QUERY_BYTES
+        )));
+    }
+    if req.selector.len() > MAX_SELECTOR_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "the selector is {} bytes, over the limit of {MAX_SELECTOR_BYTES}",
+            req.selector.len()
+        )));
+    }
+    let limit = match req.limit {
+        0 => DEFAULT_LIMIT,
+        n if n > MAX_LIMIT => {
+            return Err(Status::invalid_argument(format!(
+                "a limit of {n} is over the most of {MAX_LIMIT}"
+            )));
+        }
+        n => n,
+    } as usize;
+    let selector = Selector::parse(&req.selector)
+        .map_err(|e| Status::invalid_argument(format!("host selector `{}`: {e}", req.selector)))?;
+    let finder = &state.finder;
+    finder.refresh(state).await?;
+
+    // Which documents the selected hosts offer, and which hosts offer each tool.
+    let mut visible: HashMap<DocKey, ()> = HashMap::new();
+    let mut hosts_of: HashMap<String, BTreeSet<String>> = HashMap::new();
+    for host in state.fleet.select(&selector).iter().filter(|h| h.online()) {
+        let Some(view) = &host.view else { continue };
+        for tool in view.tools.iter().filter(|t| t.visible) {
+            if let Some(def) = &tool.definition {
+                visible.insert(key_of(def), ());
+                hosts_of
+                    .entry(tool.name.clone())
+                    .or_default()
+                    .insert(host.id.clone());
+            }
+        }
+    }
+    let index = finder.index.clone();
+    let query = req.query;
+    let candidates = visible.len();
+    let hits = tokio::task::spawn_blocking(move || {
+        index.search(&query, candidates.max(1), |k| visible.contains_key(k))
+    })
+    .await
+    .map_err(|e| Status::internal(format!("the tool search failed: {e}")))?
+    .map_err(|e| Status::invalid_argument(e.to_string()))?;
+
+    let descriptions = finder
+        .descriptions
+        .read()
+        .unwrap_or_else(|p| p.into_inner());
+    let mut seen = BTreeSet::new();
+    let mut matches = Vec::new();
+    for hit in hits {
+        let (name, _) = &hit.key;
+        // Hits come best first: the first of a name is its best definition.
+        if !seen.insert(name.clone()) {
+            continue;
+        }
+        matches.push(ToolMatch {
+            name: name.clone(),
+            score: hit.score,
+            description: descriptions.get(&hit.key).cloned().unwrap_or_default(),
+            hosts: hosts_of
+                .get(name)
+                .map(|h| h.iter().cloned().collect())
+                .unwrap_or_default(),
+            lexical_score: hit.lexical,
+            semantic_score: hit.semantic,
+        });
+        if matches.len() == limit {
+            break;
+        }
+    }
+    Ok(FindToolsResponse {
+        matches,
+        ranker: finder.ranker().to_string(),
+        catalog_revision: state.fleet.revision(),
+    })
+}

@@ -1,0 +1,142 @@
+//! `toolctl find` against a live coordinator and two agents: tools ranked per selector, the index
+//! following `.meta` edits, no match, and bad requests.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use toolsrv_tests::{AgentSpec, Fleet, text, wait_for};
+
+fn fleet() -> Fleet {
+    let mut fleet = Fleet::new(&["a", "b"]);
+    let tool = |name: &str, body: &str| fleet.tool(&format!("{name}.meta"), body, false);
+    tool(
+        "disk_usage",
+        r#"{"description": "Show disk usage per mounted filesystem", "keywords": ["df", "free space"], "cmd": "df -h"}"#,
+    );
+    tool(
+        "kill_process",
+        r#"{"description": "Send a signal to a process by pid", "keywords": ["terminate", "stop"], "cmd": "true"}"#,
+    );
+    tool(
+        "gpu_status",
+        r#"{"description": "Show GPU utilisation and memory", "keywords": ["nvidia", "graphics card"], "cmd": "true",
+            "variants": [{"match": {"env": "HAS_GPU"}}]}"#,
+    );
+    fleet.start_coordinator(&[]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.start_agent(
+        "b",
+        &AgentSpec {
+            env: vec![("HAS_GPU".into(), "1".into())],
+            ..AgentSpec::default()
+        },
+    );
+    fleet.wait_online(&["a", "b"], "gpu_status");
+    fleet
+}
+
+fn find(fleet: &Fleet, args: &[&str]) -> Vec<Value> {
+    let mut all = vec!["find"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let out = fleet.toolctl(&all);
+    assert!(out.status.success(), "{all:?}: {}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn find_ranks_the_tools_of_the_selected_hosts() {
+    let fleet = fleet();
+    let found = find(&fleet, &["all", "how much free space is left on the disk"]);
+    assert_eq!(found[0]["name"], "disk_usage", "{found:?}");
+    assert_eq!(found[0]["hosts"], serde_json::json!(["a", "b"]));
+    assert_eq!(
+        found[0]["description"],
+        "Show disk usage per mounted filesystem"
+    );
+    let score = found[0]["score"].as_f64().unwrap();
+    assert!(score > 0.0 && score <= 1.0, "{score}");
+    assert!(found[0]["lexical"].as_f64().is_some(), "{found:?}");
+
+    // The GPU tool is offered by b only: ranked for b, absent for a.
+    let on_b = find(&fleet, &["b", "graphics card memory"]);
+    assert_eq!(on_b[0]["name"], "gpu_status", "{on_b:?}");
+    assert_eq!(on_b[0]["hosts"], serde_json::json!(["b"]));
+    let on_a = find(&fleet, &["a", "graphics card memory"]);
+    assert!(on_a.iter().all(|m| m["name"] != "gpu_status"), "{on_a:?}");
+
+    // --limit bounds the answer; best first.
+    let one = find(&fleet, &["all", "show", "--limit", "1"]);
+    assert!(one.len() <= 1, "{one:?}");
+
+    // Nothing matching: an empty array, not an error; in text, a line on stderr.
+    assert_eq!(find(&fleet, &["all", "zyxxy qwvvq"]), Vec::<Value>::new());
+    let out = fleet.toolctl(&["find", "all", "zyxxy qwvvq"]);
+    assert!(out.status.success());
+    assert!(out.stdout.is_empty());
+    assert!(
+        text(&out.stderr).contains("no tool"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // The text table.
+    let out = fleet.toolctl(&["find", "all", "terminate a process"]);
+    let table = text(&out.stdout);
+    assert!(table.starts_with("SCORE"), "{table}");
+    assert!(
+        table.lines().nth(1).unwrap().contains("kill_process"),
+        "{table}"
+    );
+}
+
+#[test]
+fn the_index_follows_meta_edits() {
+    let fleet = fleet();
+    let before = find(&fleet, &["all", "certificate expiry"]);
+    assert!(
+        before.iter().all(|m| m["name"] != "kill_process"),
+        "{before:?}"
+    );
+    fleet.tool(
+        "kill_process.meta",
+        r#"{"description": "Report when a TLS certificate expires", "cmd": "true"}"#,
+        false,
+    );
+    wait_for(
+        "the edited tool to be found",
+        Duration::from_secs(30),
+        || {
+            let found = find(&fleet, &["all", "certificate expiry"]);
+            (found.first().map(|m| m["name"].clone()) == Some("kill_process".into())).then_some(())
+        },
+    );
+}
+
+#[test]
+fn bad_requests_are_refused_before_ranking() {
+    let fleet = fleet();
+    let long = "disk ".repeat(1000);
+    for args in [
+        vec!["find", "all", ""],
+        vec!["find", "all", "disk", "--limit", "0"],
+        vec!["find", "all", "disk", "--limit", "5000"],
+        vec!["find", "all", long.as_str()],
+        vec!["find", "os=", "disk"],
+    ] {
+        let out = fleet.toolctl(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(64),
+            "{:?}: {}",
+            &args[..3],
+            text(&out.stderr)
+        );
+    }
+    // Odd bytes and a query of punctuation only: an answer, never a failure.
+    assert_eq!(
+        find(&fleet, &["all", "?!…\u{1}\u{7f}"]),
+        Vec::<Value>::new()
+    );
+}
