@@ -82,7 +82,7 @@ pub async fn run(args: McpArgs) -> u8 {
         }
     };
     eprintln!(
-        "toolctl mcp: session {} on hosts `{}` ({} selected), {} tools loaded",
+        "toolctl mcp: session {} on hosts `{}` ({} selected), tools loaded: {}",
         state.id,
         state.hosts,
         state.selected.len(),
