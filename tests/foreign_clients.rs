@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, run_bounded, text};
+use toolsrv_tests::{AgentSpec, Fleet, Venv, run_bounded, text};
 
 /// A Python with grpcio, grpcio-tools, grpcio-health-checking and grpcio-reflection:
 /// `$TOOLSRV_TEST_PYTHON`, or a virtualenv under `target/` created on first use.
@@ -20,62 +20,18 @@ fn python() -> PathBuf {
 }
 
 fn python_once() -> PathBuf {
-    if let Some(p) = std::env::var_os("TOOLSRV_TEST_PYTHON") {
-        return PathBuf::from(p);
+    Venv {
+        env_override: "TOOLSRV_TEST_PYTHON",
+        dir: "test-venv",
+        packages: &[
+            "grpcio",
+            "grpcio-tools",
+            "grpcio-health-checking",
+            "grpcio-reflection",
+        ],
+        check: "import grpc, grpc_tools, grpc_health, grpc_reflection",
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let venv = root.join("target/test-venv");
-    let python = venv.join("bin/python");
-    let ready = |py: &Path| {
-        Command::new(py)
-            .args([
-                "-c",
-                "import grpc, grpc_tools, grpc_health, grpc_reflection",
-            ])
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if python.exists() && ready(&python) {
-        return python;
-    }
-    let out = run_bounded(
-        {
-            let mut c = Command::new("python3");
-            c.args(["-m", "venv"]).arg(&venv);
-            c
-        },
-        None,
-        Duration::from_secs(120),
-    );
-    assert!(
-        out.status.success(),
-        "python3 -m venv failed: {}",
-        text(&out.stderr)
-    );
-    let out = run_bounded(
-        {
-            let mut c = Command::new(&python);
-            c.args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "grpcio",
-                "grpcio-tools",
-                "grpcio-health-checking",
-                "grpcio-reflection",
-            ]);
-            c
-        },
-        None,
-        Duration::from_secs(540),
-    );
-    assert!(
-        out.status.success(),
-        "pip install failed: {}",
-        text(&out.stderr)
-    );
-    python
+    .python()
 }
 
 /// Python modules generated from `proto/` with grpcio-tools, in a temporary directory.

@@ -4,70 +4,13 @@
 //! back everywhere.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
-use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt;
-use std::process::Stdio;
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, text, wait_for};
+use toolsrv_tests::{AgentSpec, Fleet, LineWatch, text, wait_for};
 
 const GOOD: &str = r#"{"description": "Say hello", "cmd": "echo hello"}"#;
 const BROKEN: &str = r#"{"description": 3, "cmd": "echo hello"}"#;
-
-/// `toolctl watch --json`, its events arriving on a channel; killed on drop.
-struct Watch {
-    child: std::process::Child,
-    events: mpsc::Receiver<Value>,
-}
-
-impl Watch {
-    fn start(fleet: &Fleet) -> Self {
-        let mut cmd = fleet.toolctl_command("client-alice", &["watch", "--json"]);
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, events) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let Ok(event) = serde_json::from_str::<Value>(&line) else {
-                    break;
-                };
-                if tx.send(event).is_err() {
-                    break;
-                }
-            }
-        });
-        Self { child, events }
-    }
-
-    /// The first event (within 30 s) that `pred` accepts; the others are skipped.
-    fn until(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.events.recv_timeout(left) {
-                Ok(event) if pred(&event) => return event,
-                Ok(_) => {}
-                Err(_) => panic!("watch: no {what} within 30 s"),
-            }
-        }
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn tool_entry(fleet: &Fleet, name: &str) -> Option<Value> {
     fleet.tools("a")?.into_iter().find(|t| t["name"] == name)
@@ -99,7 +42,7 @@ fn a_tool_broken_and_repaired_while_running_says_why_and_comes_back() {
     fleet.start_coordinator(&[]);
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "hello");
-    let watch = Watch::start(&fleet);
+    let watch = LineWatch::start(fleet.toolctl_command("client-alice", &["watch", "--json"]));
     watch.until("snapshot", |e| e["kind"] == "snapshot");
 
     // Broken.

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use toolsrv_tests::{AgentSpec, Fleet, free_port, run_bounded, text, wait_for};
+use toolsrv_tests::{AgentSpec, Fleet, Venv, free_port, run_bounded, text, wait_for};
 
 /// The `mcp` package version these tests hold `toolctl mcp` to.
 const MCP_PACKAGE: &str = "mcp==2.3.0";
@@ -21,45 +21,13 @@ fn python() -> PathBuf {
 }
 
 fn python_once() -> PathBuf {
-    if let Some(p) = std::env::var_os("TOOLSRV_TEST_MCP_PYTHON") {
-        return PathBuf::from(p);
+    Venv {
+        env_override: "TOOLSRV_TEST_MCP_PYTHON",
+        dir: "mcp-venv",
+        packages: &[MCP_PACKAGE],
+        check: "import importlib.metadata as m; assert m.version('mcp') == '2.3.0'",
     }
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/mcp-venv");
-    let python = venv.join("bin/python");
-    let ready = |py: &Path| {
-        Command::new(py)
-            .args([
-                "-c",
-                "import importlib.metadata as m; assert m.version('mcp') == '2.3.0'",
-            ])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if python.exists() && ready(&python) {
-        return python;
-    }
-    let mut venv_cmd = Command::new("python3");
-    venv_cmd.args(["-m", "venv"]).arg(&venv);
-    let out = run_bounded(venv_cmd, None, Duration::from_secs(120));
-    assert!(
-        out.status.success(),
-        "python3 -m venv failed: {}",
-        text(&out.stderr)
-    );
-    let mut pip = Command::new(&python);
-    pip.args(["-m", "pip", "install", "--quiet", MCP_PACKAGE]);
-    let out = run_bounded(pip, None, Duration::from_secs(540));
-    assert!(
-        out.status.success(),
-        "pip install {MCP_PACKAGE} failed: {}",
-        text(&out.stderr)
-    );
-    assert!(
-        ready(&python),
-        "{MCP_PACKAGE} is not importable after installing it"
-    );
-    python
+    .python()
 }
 
 /// `toolctl mcp ARGS` as alice, as the Python client starts it: `{"command", "args", "env"}`.

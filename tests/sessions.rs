@@ -4,14 +4,11 @@
 //! another client kept out, idle expiry and close.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
-use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt;
-use std::process::{Output, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::Output;
+use std::time::Duration;
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, text, wait_for};
+use toolsrv_tests::{AgentSpec, Fleet, LineWatch, text, wait_for};
 
 /// A fleet of `a` and `b`: `b` has `ROLE_B` set, so `per_host` resolves differently there and
 /// `only_b` is visible only there.
@@ -325,69 +322,9 @@ fn a_session_resolves_tools_per_host_and_is_its_clients_alone() {
     assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
 }
 
-/// `toolctl session watch --json`, its states arriving on a channel; killed on drop.
-struct Watch {
-    child: std::process::Child,
-    states: mpsc::Receiver<Value>,
-}
-
-impl Watch {
-    fn start(fleet: &Fleet, id: &str) -> Self {
-        let mut child = fleet
-            .toolctl_command("client-alice", &["session", "watch", id, "--json"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, states) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let Ok(state) = serde_json::from_str::<Value>(&line) else {
-                    break;
-                };
-                if tx.send(state).is_err() {
-                    break;
-                }
-            }
-        });
-        Self { child, states }
-    }
-
-    /// The first state (within 30 s) that `pred` accepts.
-    fn until(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.states.recv_timeout(left) {
-                Ok(state) if pred(&state) => return state,
-                Ok(_) => {}
-                Err(_) => panic!("session watch: no {what} within 30 s"),
-            }
-        }
-    }
-
-    /// Waits (bounded) for the watch process to end and returns its exit code.
-    fn end(mut self) -> Option<i32> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            assert!(Instant::now() < deadline, "session watch did not end");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `toolctl session watch ID --json` as alice.
+fn watch(fleet: &Fleet, id: &str) -> LineWatch {
+    LineWatch::start(fleet.toolctl_command("client-alice", &["session", "watch", id, "--json"]))
 }
 
 #[test]
@@ -395,7 +332,7 @@ fn a_watcher_sees_loads_meta_edits_and_hosts_going_away() {
     let mut fleet = fleet(&[]);
     let p = profile(&fleet, "p.json", r#"{"autoLoad": ["everyday"]}"#);
     let id = open(&fleet, &["--profile", &p]);
-    let watch = Watch::start(&fleet, &id);
+    let watch = watch(&fleet, &id);
     let first = watch.until("first state", |_| true);
     assert_eq!(loaded(&first), ["everyday"]);
     assert_eq!(first["watchers"], 1);
@@ -497,7 +434,7 @@ fn a_session_ends_after_the_idle_time_without_a_watcher() {
     let watched = open(&fleet, &[]);
     let state = show(&fleet, &unwatched);
     assert!(state["idleExpiresUnixMs"].as_u64().unwrap() > 0, "{state}");
-    let watch = Watch::start(&fleet, &watched);
+    let watch = watch(&fleet, &watched);
     watch.until("first state", |_| true);
     wait_for(
         "the unwatched session to end",

@@ -18,7 +18,9 @@ mod fleet;
 mod launch;
 mod pki;
 mod proc;
+mod python;
 mod wait;
+mod watch;
 
 pub use bin::{bin, profile_dir, try_bin, workspace_root};
 pub use error::{Result, TestkitError, must};
@@ -27,7 +29,9 @@ pub use fleet::{AgentSpec, TestFleet};
 pub use launch::{AgentLaunch, CoordinatorLaunch, client_env};
 pub use pki::{Pki, sign_with_ca, stem_files, tls_args, uri_san, write_pki};
 pub use proc::{Proc, free_port, try_free_port};
+pub use python::Venv;
 pub use wait::{
     finish_child, run_bounded, try_finish_child, try_run_bounded, try_wait_for, wait_for,
     wait_until,
 };
+pub use watch::LineWatch;
