@@ -1,0 +1,168 @@
+//! The sentence encoder: all-MiniLM-L6-v2 (a 6-layer BERT) from a local directory, run on the
+//! CPU with candle; a text becomes the mean of its token vectors, scaled to unit length.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{BertModel, Config, DTYPE};
+use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
+
+use crate::FindError;
+
+/// The files [`Encoder::load`] reads from its directory.
+pub const MODEL_FILES: [&str; 3] = ["model.safetensors", "tokenizer.json", "config.json"];
+
+/// Longest input in tokens; the rest of a text is not read. The model was trained on at most
+/// 256 (`max_seq_length` of its sentence-transformers configuration).
+const MAX_TOKENS: usize = 256;
+
+/// Texts encoded in one forward pass when building an index: big enough to keep the matrix
+/// products busy, small enough that padding to the longest text of a batch wastes little
+/// (texts are sorted by length first).
+const BATCH: usize = 16;
+
+/// A loaded sentence encoder. Cheap to share (`Arc`); encoding takes `&self`.
+pub struct Encoder {
+    model: BertModel,
+    tokenizer: Tokenizer,
+    device: Device,
+    dir: PathBuf,
+    dims: usize,
+}
+
+impl std::fmt::Debug for Encoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Encoder")
+            .field("dir", &self.dir)
+            .field("dims", &self.dims)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Encoder {
+    /// Loads the model from `dir`, which must hold [`MODEL_FILES`] (as `scripts/fetch-find-model`
+    /// lays them out). Reads nothing from the network.
+    pub fn load(dir: &Path) -> Result<Encoder, FindError> {
+        if !dir.is_dir() {
+            return Err(FindError::ModelDir {
+                dir: dir.to_path_buf(),
+            });
+        }
+        for file in MODEL_FILES {
+            if !dir.join(file).is_file() {
+                return Err(FindError::ModelFileMissing {
+                    dir: dir.to_path_buf(),
+                    file,
+                });
+            }
+        }
+        let bad = |file: &'static str| {
+            let dir = dir.to_path_buf();
+            move |e: &dyn std::fmt::Display| FindError::ModelFile {
+                dir,
+                file,
+                reason: e.to_string(),
+            }
+        };
+        let config_text =
+            std::fs::read_to_string(dir.join("config.json")).map_err(|e| bad("config.json")(&e))?;
+        let config: Config =
+            serde_json::from_str(&config_text).map_err(|e| bad("config.json")(&e))?;
+        let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
+            .map_err(|e| bad("tokenizer.json")(&e))?;
+        // The file pads every input to 128 tokens and cuts at 128: pad a batch only to its
+        // longest text instead, and cut where the model was trained to.
+        tokenizer
+            .with_truncation(Some(TruncationParams {
+                max_length: MAX_TOKENS,
+                ..Default::default()
+            }))
+            .map_err(|e| bad("tokenizer.json")(&e))?;
+        tokenizer.with_padding(Some(PaddingParams {
+            strategy: PaddingStrategy::BatchLongest,
+            ..Default::default()
+        }));
+        let device = Device::Cpu;
+        let weights = std::fs::read(dir.join("model.safetensors"))
+            .map_err(|e| bad("model.safetensors")(&e))?;
+        let vb = VarBuilder::from_buffered_safetensors(weights, DTYPE, &device)
+            .map_err(|e| bad("model.safetensors")(&e))?;
+        let model = BertModel::load(vb, &config).map_err(|e| bad("model.safetensors")(&e))?;
+        let encoder = Encoder {
+            model,
+            tokenizer,
+            device,
+            dir: dir.to_path_buf(),
+            dims: config.hidden_size,
+        };
+        // A model that loads but cannot run (wrong shapes) fails here, naming the directory,
+        // rather than on the first search.
+        encoder
+            .embed(&["probe"])
+            .map_err(|e| bad("model.safetensors")(&e))?;
+        Ok(encoder)
+    }
+
+    /// The directory the model was loaded from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Length of every vector [`embed`](Self::embed) returns.
+    pub fn dims(&self) -> usize {
+        self.dims
+    }
+
+    /// One unit-length vector per text, in order.
+    pub fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, FindError> {
+        let mut order: Vec<usize> = (0..texts.len()).collect();
+        order.sort_by_key(|&i| texts[i].len());
+        let mut out = vec![Vec::new(); texts.len()];
+        for chunk in order.chunks(BATCH) {
+            let batch: Vec<&str> = chunk.iter().map(|&i| texts[i]).collect();
+            for (&i, v) in chunk.iter().zip(self.embed_batch(&batch)?) {
+                out[i] = v;
+            }
+        }
+        Ok(out)
+    }
+
+    fn embed_batch(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, FindError> {
+        let encodings = self
+            .tokenizer
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|e| FindError::Encode(e.to_string()))?;
+        let ids: Vec<Tensor> = encodings
+            .iter()
+            .map(|e| Tensor::new(e.get_ids(), &self.device))
+            .collect::<candle_core::Result<_>>()?;
+        let masks: Vec<Tensor> = encodings
+            .iter()
+            .map(|e| Tensor::new(e.get_attention_mask(), &self.device))
+            .collect::<candle_core::Result<_>>()?;
+        let ids = Tensor::stack(&ids, 0)?;
+        let mask = Tensor::stack(&masks, 0)?;
+        let types = ids.zeros_like()?;
+        let hidden = self.model.forward(&ids, &types, Some(&mask))?;
+        // Mean over the real tokens only: padding must not pull short texts towards each other.
+        let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
+        let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
+        let counts = mask.sum(1)?.clamp(1.0, f64::MAX)?;
+        let mean = summed.broadcast_div(&counts)?;
+        let norms = mean.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12, f64::MAX)?;
+        let unit = mean.broadcast_div(&norms)?;
+        Ok(unit.to_vec2::<f32>()?)
+    }
+}
+
+/// Dot product of two unit vectors: their cosine similarity.
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+impl From<candle_core::Error> for FindError {
+    fn from(e: candle_core::Error) -> Self {
+        FindError::Encode(e.to_string())
+    }
+}

@@ -1,0 +1,330 @@
+//! The index the coordinator keeps per catalog: documents by key, replaced as a whole by
+//! `update`, searched without waiting for an update in progress.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use sha2::{Digest, Sha256};
+
+use crate::encoder::{Encoder, cosine};
+use crate::lexical::{self, Lexical};
+use crate::text::Analyzer;
+use crate::{Doc, FindError};
+
+/// Longest request searched, in bytes.
+pub const MAX_QUERY_BYTES: usize = 4096;
+
+/// How scores are made and which hits are dropped. [`Options::default`] holds the values
+/// measured on the evaluation set (`eval/`, see BENCHMARKS.md).
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Field weights of the lexical ranker.
+    pub lexical: lexical::Params,
+    /// Share of the semantic similarity in the score when an encoder is present; the lexical
+    /// score has the rest.
+    pub semantic_weight: f32,
+    /// Lowest score returned without an encoder.
+    pub min_lexical: f32,
+    /// Lowest score returned with an encoder.
+    pub min_fused: f32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            lexical: lexical::Params::default(),
+            semantic_weight: 0.7,
+            min_lexical: 0.1,
+            min_fused: 0.3,
+        }
+    }
+}
+
+/// One ranked document.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hit<K> {
+    pub key: K,
+    /// What the hits are ranked by, in 0..1; see the crate documentation.
+    pub score: f32,
+    /// The lexical ranker's score, 0..1.
+    pub lexical: Option<f32>,
+    /// Cosine similarity of the request and the document's closest text; `None` without an
+    /// encoder.
+    pub semantic: Option<f32>,
+}
+
+/// What an [`Index::update`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Updated {
+    pub docs: usize,
+    /// Texts run through the encoder (new or changed).
+    pub embedded: usize,
+    /// Texts whose vectors were kept from the previous document set.
+    pub reused: usize,
+}
+
+type TextHash = [u8; 32];
+
+/// One immutable document set; a search holds an `Arc` of it, so an update never waits for
+/// searches and a search sees one set whole.
+#[derive(Debug)]
+struct Snapshot<K> {
+    keys: Vec<K>,
+    lexical: Lexical,
+    /// Per document, the vector of each of its texts (empty without an encoder).
+    vectors: Vec<Vec<Arc<[f32]>>>,
+    /// Vector by text, for the next update to reuse.
+    cache: HashMap<TextHash, Arc<[f32]>>,
+}
+
+impl<K> Default for Snapshot<K> {
+    fn default() -> Self {
+        Snapshot {
+            keys: Vec::new(),
+            lexical: Lexical::default(),
+            vectors: Vec::new(),
+            cache: HashMap::new(),
+        }
+    }
+}
+
+/// Documents ranked against requests. `Send + Sync` when `K` is: share it in an `Arc`.
+#[derive(Debug)]
+pub struct Index<K> {
+    encoder: Option<Arc<Encoder>>,
+    options: Options,
+    analyzer: Analyzer,
+    current: RwLock<Arc<Snapshot<K>>>,
+    /// One update at a time, so two do not both embed the same new texts.
+    updating: Mutex<()>,
+}
+
+impl<K: Clone> Index<K> {
+    /// An empty index; with an encoder it ranks by meaning as well as by words.
+    pub fn new(encoder: Option<Arc<Encoder>>) -> Self {
+        Self::with_options(encoder, Options::default())
+    }
+
+    pub fn with_options(encoder: Option<Arc<Encoder>>, options: Options) -> Self {
+        Index {
+            encoder,
+            options,
+            analyzer: Analyzer::default(),
+            current: RwLock::new(Arc::new(Snapshot::default())),
+            updating: Mutex::new(()),
+        }
+    }
+
+    /// Whether searches use the encoder.
+    pub fn has_encoder(&self) -> bool {
+        self.encoder.is_some()
+    }
+
+    fn snapshot(&self) -> Arc<Snapshot<K>> {
+        // A panic elsewhere while holding the lock cannot leave the `Arc` half-written.
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Number of documents.
+    pub fn len(&self) -> usize {
+        self.snapshot().keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Replaces the whole document set. Texts embedded for the previous set are reused, so an
+    /// update after one tool changed runs the encoder on that tool's texts only. Searches go on
+    /// against the previous set until the new one is swapped in; on error the index is
+    /// unchanged.
+    pub fn update(&self, docs: Vec<(K, Doc)>) -> Result<Updated, FindError> {
+        let _one_at_a_time = self.updating.lock().unwrap_or_else(PoisonError::into_inner);
+        let previous = self.snapshot();
+        let refs: Vec<&Doc> = docs.iter().map(|(_, d)| d).collect();
+        let lexical = Lexical::build(&self.analyzer, &refs, &self.options.lexical);
+        let mut updated = Updated {
+            docs: docs.len(),
+            ..Updated::default()
+        };
+        let mut cache = HashMap::new();
+        let mut vectors = Vec::new();
+        if let Some(encoder) = &self.encoder {
+            let texts: Vec<Vec<String>> = refs.iter().map(|d| passages(d)).collect();
+            let mut missing: Vec<(TextHash, &str)> = Vec::new();
+            for text in texts.iter().flatten() {
+                let hash = hash(text);
+                if cache.contains_key(&hash) || missing.iter().any(|(h, _)| *h == hash) {
+                    continue;
+                }
+                match previous.cache.get(&hash) {
+                    Some(v) => {
+                        cache.insert(hash, v.clone());
+                        updated.reused += 1;
+                    }
+                    None => missing.push((hash, text)),
+                }
+            }
+            let fresh = encoder.embed(&missing.iter().map(|(_, t)| *t).collect::<Vec<_>>())?;
+            updated.embedded = fresh.len();
+            for ((hash, _), v) in missing.iter().zip(fresh) {
+                cache.insert(*hash, Arc::from(v));
+            }
+            vectors = texts
+                .iter()
+                .map(|ts| {
+                    ts.iter()
+                        .filter_map(|t| cache.get(&hash(t)).cloned())
+                        .collect()
+                })
+                .collect();
+        }
+        let next = Snapshot {
+            keys: docs.into_iter().map(|(k, _)| k).collect(),
+            lexical,
+            vectors,
+            cache,
+        };
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(next);
+        Ok(updated)
+    }
+
+    /// The documents `filter` admits, best first, at most `limit`, none scoring under the
+    /// threshold (see the crate documentation). A request with no letters or digits matches
+    /// nothing.
+    pub fn search(
+        &self,
+        query: &str,
+        limit: usize,
+        filter: impl Fn(&K) -> bool,
+    ) -> Result<Vec<Hit<K>>, FindError> {
+        if query.len() > MAX_QUERY_BYTES {
+            return Err(FindError::QueryTooLong {
+                len: query.len(),
+                max: MAX_QUERY_BYTES,
+            });
+        }
+        if limit == 0 || !query.chars().any(char::is_alphanumeric) {
+            return Ok(Vec::new());
+        }
+        let snapshot = self.snapshot();
+        let lexical = snapshot.lexical.scores(&self.analyzer.terms(query));
+        let query_vector = match &self.encoder {
+            Some(encoder) if !snapshot.keys.is_empty() => {
+                encoder.embed(&[query])?.into_iter().next()
+            }
+            _ => None,
+        };
+        let w = self.options.semantic_weight;
+        let mut hits: Vec<Hit<K>> = Vec::new();
+        for (i, key) in snapshot.keys.iter().enumerate() {
+            if !filter(key) {
+                continue;
+            }
+            let lex = lexical[i];
+            let (score, semantic) = match &query_vector {
+                Some(q) => {
+                    let sem = snapshot.vectors[i]
+                        .iter()
+                        .map(|v| cosine(q, v))
+                        .fold(f32::MIN, f32::max);
+                    (w * sem.max(0.0) + (1.0 - w) * lex, Some(sem))
+                }
+                None => (lex, None),
+            };
+            let min = if semantic.is_some() {
+                self.options.min_fused
+            } else {
+                self.options.min_lexical
+            };
+            if score > 0.0 && score >= min {
+                hits.push(Hit {
+                    key: key.clone(),
+                    score,
+                    lexical: Some(lex),
+                    semantic,
+                });
+            }
+        }
+        // Ties keep document order, so a search is deterministic.
+        hits.sort_by(|a, b| b.score.total_cmp(&a.score));
+        hits.truncate(limit);
+        Ok(hits)
+    }
+}
+
+/// The texts of a document the encoder sees, each embedded on its own; a document's semantic
+/// score is its best text's. The name and one-line description say what the tool does; the
+/// keywords are how users ask for it; the prompt is the long documentation.
+fn passages(doc: &Doc) -> Vec<String> {
+    let name = doc.name.replace(['_', '-'], " ");
+    let mut texts = vec![format!("{name}: {}", doc.description)];
+    if !doc.keywords.is_empty() {
+        texts.push(doc.keywords.join(", "));
+    }
+    if !doc.prompt.trim().is_empty() {
+        texts.push(doc.prompt.clone());
+    }
+    texts
+}
+
+fn hash(text: &str) -> TextHash {
+    Sha256::digest(text.as_bytes()).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(name: &str, description: &str) -> Doc {
+        Doc {
+            name: name.into(),
+            description: description.into(),
+            ..Doc::default()
+        }
+    }
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn index_is_send_and_sync() {
+        assert_send_sync::<Index<String>>();
+    }
+
+    #[test]
+    fn search_ranks_filters_and_drops_non_matches() {
+        let index = Index::new(None);
+        index
+            .update(vec![
+                (
+                    "disk_usage".to_string(),
+                    doc("disk_usage", "Free space on a disk"),
+                ),
+                (
+                    "kill_process".to_string(),
+                    doc("kill_process", "Stop a process"),
+                ),
+            ])
+            .unwrap();
+        let hits = index.search("disk space", 5, |_| true).unwrap();
+        assert_eq!(hits.len(), 1);
+        assert_eq!(hits[0].key, "disk_usage");
+        assert!(hits[0].semantic.is_none());
+        assert!(
+            index
+                .search("disk space", 5, |k| k != "disk_usage")
+                .unwrap()
+                .is_empty()
+        );
+        assert!(index.search("bake a cake", 5, |_| true).unwrap().is_empty());
+        assert!(index.search("", 5, |_| true).unwrap().is_empty());
+        assert!(index.search("disk", 0, |_| true).unwrap().is_empty());
+        assert!(matches!(
+            index.search(&"a".repeat(MAX_QUERY_BYTES + 1), 5, |_| true),
+            Err(FindError::QueryTooLong { .. })
+        ));
+    }
+}

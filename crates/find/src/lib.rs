@@ -1,0 +1,47 @@
+//! Ranks tools against a plain-language request ("how hot is this machine running") from their
+//! `description`, `prompt` and `keywords`, so that a model or an operator finds the tool to call
+//! among hundreds.
+//!
+//! Two rankers:
+//!
+//! - **lexical**, always on: BM25F over the tool's name (`restart_service` counts as "restart
+//!   service"), description, keywords and prompt, with English stemming and stop words dropped.
+//!   It finds a tool when the request shares words with its texts.
+//! - **semantic**, when an [`Encoder`] is given: all-MiniLM-L6-v2 run locally (no network), which
+//!   also finds a tool when the request says the same thing in other words ("put process 4412
+//!   out of its misery"). Each of a tool's texts is embedded once, when it enters the index.
+//!
+//! # Score
+//!
+//! Every hit has a `score` in 0..1, higher is better:
+//!
+//! - without an encoder it is the lexical score: the IDF-weighted share of the request's words
+//!   (after stemming, stop words aside) that the tool's texts contain, each word's share growing
+//!   with how often and in which field it occurs (name and description count most, the prompt
+//!   least) and saturating as in BM25. A word no tool uses counts against every tool.
+//! - with an encoder it is `0.7 × semantic + 0.3 × lexical`, where `semantic` is the cosine
+//!   similarity (negative counted as 0) between the request and the closest of the tool's texts.
+//!
+//! Hits scoring under the threshold are not returned: 0.1 without an encoder, 0.3 with one
+//! ([`Options`]). A request that matches nothing gives an empty result, as does one with no
+//! letters or digits. Both components are also reported on each [`Hit`].
+
+mod encoder;
+mod error;
+mod index;
+pub mod lexical;
+mod text;
+
+pub use encoder::{Encoder, MODEL_FILES};
+pub use error::FindError;
+pub use index::{Hit, Index, MAX_QUERY_BYTES, Options, Updated};
+pub use text::Analyzer;
+
+/// The texts of one tool that are searched, as a host resolves its definition.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Doc {
+    pub name: String,
+    pub description: String,
+    pub prompt: String,
+    pub keywords: Vec<String>,
+}
