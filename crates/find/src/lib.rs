@@ -19,10 +19,13 @@
 //!   (after stemming, stop words aside) that the tool's texts contain, each word's share growing
 //!   with how often and in which field it occurs (name and description count most, the prompt
 //!   least) and saturating as in BM25. A word no tool uses counts against every tool.
-//! - with an encoder it is `0.7 × semantic + 0.3 × lexical`, where `semantic` is the cosine
-//!   similarity (negative counted as 0) between the request and the closest of the tool's texts.
+//! - with an encoder it is `0.8 × semantic + 0.2 × lexical`, where `semantic` (negative counted
+//!   as 0) is half the cosine similarity between the request and a summary of the tool (name,
+//!   description, first paragraph of the prompt, keywords) plus half the similarity to its
+//!   closest keyword phrase. Unrelated requests score about 0.1 to 0.2; a tool described in the
+//!   request's own words, 0.5 and more.
 //!
-//! Hits scoring under the threshold are not returned: 0.1 without an encoder, 0.3 with one
+//! Hits scoring under the threshold are not returned: 0.1 without an encoder, 0.2 with one
 //! ([`Options`]). A request that matches nothing gives an empty result, as does one with no
 //! letters or digits. Both components are also reported on each [`Hit`].
 
