@@ -35,7 +35,7 @@ impl Default for Options {
             lexical: lexical::Params::default(),
             semantic_weight: 0.8,
             min_lexical: 0.1,
-            min_fused: 0.2,
+            min_fused: 0.16,
         }
     }
 }
