@@ -2,6 +2,7 @@
 //! 1,000 tools (the evaluation catalog plus generated ones), for the lexical ranker alone and
 //! with the encoder, and the recall of each ranker there. Needs the model
 //! (`scripts/fetch-find-model`; `TOOLSRV_FIND_MODEL` for another directory).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A benchmark stops at the first failure, saying what failed.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -13,6 +14,9 @@ use common::{Measures, Query, measure, names};
 use toolsrv_find::{Encoder, Hit, Index, Options};
 
 const TOOLS: usize = 1000;
+
+/// Tool names best first for a request.
+type Ranking<'a> = dyn Fn(&str) -> Vec<String> + 'a;
 
 fn main() {
     let docs = common::big_catalog(TOOLS);
@@ -120,7 +124,7 @@ fn main() {
         });
         names(&hits)
     };
-    let rows: [(&str, Box<dyn Fn(&str) -> Vec<String>>); 3] = [
+    let rows: [(&str, Box<Ranking>); 3] = [
         ("lexical", Box::new(|q| names(&everything(&lexical, q)))),
         ("encoder", Box::new(semantic_order)),
         ("fused", Box::new(|q| names(&everything(&fused, q)))),

@@ -1,6 +1,7 @@
 //! Ranking quality on the evaluation set (`eval/`): recall@1, recall@3 and MRR of the lexical
 //! ranker, the encoder alone and the fused score, held above floors a little under what they
 //! measure. The encoder tests fetch the model with `scripts/fetch-find-model` when it is absent.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
 mod common;
 

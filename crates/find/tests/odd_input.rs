@@ -2,6 +2,7 @@
 //! unpaired surrogates turned replacement characters, control characters, random bytes read as
 //! UTF-8. No panic, scores within 0..1, and each search well within a second (lexical ranker;
 //! the encoder's input is cut to 256 tokens whatever the request).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
 mod common;
 
