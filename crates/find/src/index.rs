@@ -1,7 +1,7 @@
 //! The index the coordinator keeps per catalog: documents by key, replaced as a whole by
 //! `update`, searched without waiting for an update in progress.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use sha2::{Digest, Sha256};
@@ -154,9 +154,10 @@ impl<K: Clone> Index<K> {
         if let Some(encoder) = &self.encoder {
             let texts: Vec<Vec<String>> = refs.iter().map(|d| passages(d)).collect();
             let mut missing: Vec<(TextHash, &str)> = Vec::new();
+            let mut queued = HashSet::new();
             for text in texts.iter().flatten() {
                 let hash = hash(text);
-                if cache.contains_key(&hash) || missing.iter().any(|(h, _)| *h == hash) {
+                if cache.contains_key(&hash) || queued.contains(&hash) {
                     continue;
                 }
                 match previous.cache.get(&hash) {
@@ -164,7 +165,10 @@ impl<K: Clone> Index<K> {
                         cache.insert(hash, v.clone());
                         updated.reused += 1;
                     }
-                    None => missing.push((hash, text)),
+                    None => {
+                        queued.insert(hash);
+                        missing.push((hash, text));
+                    }
                 }
             }
             let fresh = encoder.embed(&missing.iter().map(|(_, t)| *t).collect::<Vec<_>>())?;
