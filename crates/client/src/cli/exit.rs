@@ -20,6 +20,8 @@ pub const NOT_FOUND: u8 = 127;
 pub const TIMED_OUT: u8 = 124;
 /// The call was cancelled (interrupt): 128 + SIGINT.
 pub const CANCELLED: u8 = 130;
+/// `local find`: no tool matched the request (as `grep` exits when nothing matches).
+pub const NO_MATCH: u8 = 1;
 /// `lint` found at least one error.
 pub const LINT_ERRORS: u8 = 1;
 /// `fanout`: not every targeted host ended OK, or the selector picked no host.
@@ -29,5 +31,6 @@ pub const FANOUT_FAILED: u8 = 1;
 pub const UNAVAILABLE: u8 = 75;
 /// The coordinator refused us: the policy denies the call, or our certificate is not accepted (EX_NOPERM).
 pub const DENIED: u8 = 77;
-/// Our TLS files are missing or unusable, or `master` cannot serve on its control socket (EX_CONFIG).
+/// Our TLS files are missing or unusable, `master` cannot serve on its control socket, or the
+/// `local find --model` directory is unusable (EX_CONFIG).
 pub const CONFIG: u8 = 78;

@@ -16,7 +16,7 @@ use super::exit;
 
 /// Scans the tools path once. A listing (`report_errors`) also reports rejected files on stderr;
 /// a command about one tool does not, since refusing an invalid tool says what is wrong with it.
-fn load(tools: &ToolsArgs, report_errors: bool) -> Result<(Catalog, Host), u8> {
+pub(super) fn load(tools: &ToolsArgs, report_errors: bool) -> Result<(Catalog, Host), u8> {
     let Some(path) = &tools.tools else {
         eprintln!(
             "toolctl: no tools path: give --tools DIR[:DIR...] or set OLLIE_TOOLS_PATH \

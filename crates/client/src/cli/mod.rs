@@ -2,6 +2,7 @@
 //! can also run as `toolctl` (what `toolsrv up` links into its state directory).
 
 pub mod exit;
+mod find;
 mod lint;
 mod local;
 mod mcp;
@@ -294,6 +295,26 @@ enum LocalCommand {
         /// Tool name
         name: String,
     },
+    /// Rank the tools this host offers against a request in plain words, best first
+    ///
+    /// Exits 0 when a tool matched, 1 when none did (`--json` then prints `[]`), 64 on a bad
+    /// command line, 78 when the `--model` directory is unusable.
+    Find {
+        #[command(flatten)]
+        tools: ToolsArgs,
+        /// What you want done, in your own words (at most 4096 bytes)
+        query: String,
+        /// Most tools listed, 1 to 1000
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=1000))]
+        limit: u16,
+        /// Print a JSON array of `{name, score, lexical, semantic, description}`, best first
+        #[arg(long)]
+        json: bool,
+        /// Directory of the sentence encoder, which also matches requests worded unlike the
+        /// tools' texts (`scripts/fetch-find-model DIR` lays it out); without it, words only
+        #[arg(long, env = "TOOLSRV_FIND_MODEL", value_name = "DIR")]
+        model: Option<PathBuf>,
+    },
     /// Run a tool here: live stdout and stderr, then exit with the tool's exit code
     Call {
         #[command(flatten)]
@@ -409,6 +430,13 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Lint { paths, json } => lint::run(&paths, json),
         Command::Local(LocalCommand::List { tools, all, json }) => local::list(&tools, all, json),
         Command::Local(LocalCommand::Describe { tools, name }) => local::describe(&tools, &name),
+        Command::Local(LocalCommand::Find {
+            tools,
+            query,
+            limit,
+            json,
+            model,
+        }) => find::run(&tools, &query, usize::from(limit), json, model.as_deref()),
         Command::Local(LocalCommand::Call {
             tools,
             name,

@@ -1,6 +1,7 @@
 //! The evaluation set (`eval/`) and the measures over it, shared by the tests and the benchmark.
 
-#![allow(dead_code)]
+#![allow(dead_code)] // Each test binary uses part of it.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,172 @@
+//! `toolctl local find` as a user runs it: the real binary on the evaluation catalog of
+//! toolsrv-find, with and without the sentence encoder.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use serde_json::Value;
+use toolsrv_testkit::{must, text, try_run_bounded, write};
+
+fn toolctl() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_toolctl"));
+    cmd.env_remove("OLLIE_TOOLS_PATH")
+        .env_remove("TOOLSRV_FIND_MODEL");
+    cmd
+}
+
+fn run(cmd: &mut Command) -> Output {
+    must(try_run_bounded(cmd, None, Duration::from_secs(120)))
+}
+
+fn catalog() -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../find/eval/tools");
+    root.display().to_string()
+}
+
+fn find(args: &[&str]) -> Output {
+    run(toolctl()
+        .args(["local", "find", "--tools", &catalog()])
+        .args(args))
+}
+
+fn names(out: &Output) -> Vec<String> {
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The model directory, fetched by `scripts/fetch-find-model` when absent (never skipped).
+fn model_dir() -> PathBuf {
+    let dir = match std::env::var_os("TOOLSRV_FIND_MODEL") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/toolsrv/all-MiniLM-L6-v2")
+        }
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/fetch-find-model");
+    let status = Command::new("bash")
+        .arg(&script)
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "{} {} failed",
+        script.display(),
+        dir.display()
+    );
+    dir
+}
+
+#[test]
+fn words_rank_the_tool_first_with_score_and_description() {
+    let out = find(&["restart the nginx service", "--json", "--limit", "3"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let hits = v.as_array().unwrap();
+    assert!(!hits.is_empty() && hits.len() <= 3, "{v}");
+    assert_eq!(hits[0]["name"], "restart_service");
+    assert!(hits[0]["description"].as_str().unwrap().contains("systemd"));
+    let score = hits[0]["score"].as_f64().unwrap();
+    assert!(score > 0.0 && score <= 1.0, "{v}");
+    assert!(hits[0]["semantic"].is_null());
+
+    let plain = find(&["restart the nginx service"]);
+    assert_eq!(plain.status.code(), Some(0));
+    let first = text(&plain.stdout).lines().next().unwrap_or("").to_string();
+    assert!(first.contains("restart_service"), "{first}");
+}
+
+#[test]
+fn no_match_is_an_empty_array_or_a_line_on_stderr_and_exit_1() {
+    let out = find(&["bake a chocolate cake", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out.stdout).trim(), "[]");
+    let out = find(&["bake a chocolate cake"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stdout).is_empty());
+    assert!(
+        text(&out.stderr).contains("no tool"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn only_tools_visible_here_are_ranked() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        "gpu_watch.meta",
+        r#"{"description": "GPU utilisation and memory", "variants": [{"match": {"binary": "definitely-not-installed-gpu-tool"}, "cmd": "x"}]}"#,
+    );
+    write(
+        dir.path(),
+        "gpu_docs.meta",
+        r#"{"description": "Where the GPU manuals are", "cmd": "true"}"#,
+    );
+    let out = run(toolctl()
+        .args(["local", "find", "--tools"])
+        .arg(dir.path())
+        .args(["gpu utilisation", "--json"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(names(&out), ["gpu_docs"]);
+}
+
+#[test]
+fn bad_limits_requests_and_model_directories_are_refused() {
+    for limit in ["0", "1001", "-1", "many"] {
+        let out = find(&["disk", "--limit", limit]);
+        assert_eq!(out.status.code(), Some(64), "--limit {limit}");
+    }
+    let out = find(&[&"a".repeat(4097)]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(text(&out.stderr).contains("4096"), "{}", text(&out.stderr));
+
+    let empty = tempfile::tempdir().unwrap();
+    for (dir, says) in [
+        (empty.path().join("absent"), "does not exist"),
+        (empty.path().to_path_buf(), "model.safetensors"),
+    ] {
+        let out = run(toolctl()
+            .args(["local", "find", "--tools", &catalog(), "disk"])
+            .env("TOOLSRV_FIND_MODEL", &dir));
+        assert_eq!(out.status.code(), Some(78));
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(&dir.display().to_string()) && err.contains(says),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn with_the_model_a_paraphrase_finds_its_tool() {
+    let model = model_dir();
+    let out = run(toolctl()
+        .args([
+            "local",
+            "find",
+            "--tools",
+            &catalog(),
+            "--json",
+            "--limit",
+            "3",
+        ])
+        .arg("4412 is stuck, put it out of its misery")
+        .arg("--model")
+        .arg(&model));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        names(&out).contains(&"kill_process".to_string()),
+        "{}",
+        text(&out.stdout)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v[0]["semantic"].is_number(), "{v}");
+}
