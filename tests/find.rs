@@ -5,9 +5,13 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, text, wait_for};
+use toolsrv_tests::{AgentSpec, Fleet, find_model_dir, text, wait_for};
 
 fn fleet() -> Fleet {
+    fleet_with(&[])
+}
+
+fn fleet_with(coordinator_args: &[&str]) -> Fleet {
     let mut fleet = Fleet::new(&["a", "b"]);
     let tool = |name: &str, body: &str| fleet.tool(&format!("{name}.meta"), body, false);
     tool(
@@ -23,7 +27,7 @@ fn fleet() -> Fleet {
         r#"{"description": "Show GPU utilisation and memory", "keywords": ["nvidia", "graphics card"], "cmd": "true",
             "variants": [{"match": {"env": "HAS_GPU"}}]}"#,
     );
-    fleet.start_coordinator(&[]);
+    fleet.start_coordinator(coordinator_args);
     fleet.start_agent("a", &AgentSpec::default());
     fleet.start_agent(
         "b",
@@ -36,13 +40,22 @@ fn fleet() -> Fleet {
     fleet
 }
 
+/// `toolctl find ARGS --json`, parsed; exit 1 (nothing matched) must come with `[]`.
 fn find(fleet: &Fleet, args: &[&str]) -> Vec<Value> {
     let mut all = vec!["find"];
     all.extend_from_slice(args);
     all.push("--json");
     let out = fleet.toolctl(&all);
-    assert!(out.status.success(), "{all:?}: {}", text(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
+    let found: Vec<Value> = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{all:?}: {e}: {}", text(&out.stderr)));
+    let code = if found.is_empty() { 1 } else { 0 };
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{all:?}: {}",
+        text(&out.stderr)
+    );
+    found
 }
 
 #[test]
@@ -70,10 +83,10 @@ fn find_ranks_the_tools_of_the_selected_hosts() {
     let one = find(&fleet, &["all", "show", "--limit", "1"]);
     assert!(one.len() <= 1, "{one:?}");
 
-    // Nothing matching: an empty array, not an error; in text, a line on stderr.
+    // Nothing matching: an empty array and exit 1; in text, a line on stderr.
     assert_eq!(find(&fleet, &["all", "zyxxy qwvvq"]), Vec::<Value>::new());
     let out = fleet.toolctl(&["find", "all", "zyxxy qwvvq"]);
-    assert!(out.status.success());
+    assert_eq!(out.status.code(), Some(1));
     assert!(out.stdout.is_empty());
     assert!(
         text(&out.stderr).contains("no tool"),
@@ -138,5 +151,36 @@ fn bad_requests_are_refused_before_ranking() {
     assert_eq!(
         find(&fleet, &["all", "?!…\u{1}\u{7f}"]),
         Vec::<Value>::new()
+    );
+}
+
+/// With `--find-model` the coordinator ranks by meaning too: a request sharing no word with the
+/// tool finds it, with a semantic score.
+#[test]
+fn with_the_encoder_a_request_in_other_words_finds_its_tool() {
+    let model = find_model_dir();
+    let fleet = fleet_with(&["--find-model", model.to_str().unwrap()]);
+    let found = find(&fleet, &["all", "is the storage nearly exhausted"]);
+    assert_eq!(found[0]["name"], "disk_usage", "{found:?}");
+    assert!(found[0]["semantic"].as_f64().unwrap() > 0.0, "{found:?}");
+    let found = find(&fleet, &["all", "end the runaway job with pid 4412"]);
+    assert_eq!(found[0]["name"], "kill_process", "{found:?}");
+}
+
+#[test]
+fn a_coordinator_with_an_unusable_model_directory_refuses_to_start() {
+    let mut fleet = toolsrv_tests::Fleet::new(&["a"]);
+    let dir = fleet.work.path().join("not-a-model");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), "{}").unwrap();
+    let err = fleet
+        .try_start_coordinator(&["--find-model", dir.to_str().unwrap()])
+        .expect_err("the coordinator must not start without its model");
+    let text = err.to_string();
+    assert!(
+        text.contains("--find-model")
+            && text.contains("not-a-model")
+            && text.contains("model.safetensors"),
+        "the error names the flag, the directory and the missing file: {text}"
     );
 }

@@ -90,6 +90,31 @@ impl Finder {
     }
 }
 
+/// Keeps the index current in the background, so that a request after a catalog change does not
+/// wait for the encoder: a rebuild once views stop changing for a moment.
+pub async fn follow_views(state: Arc<State>) {
+    /// Views of one catalog change arrive from every host within moments: one rebuild for all.
+    const SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
+    let mut events = state.fleet.subscribe();
+    loop {
+        tokio::select! {
+            () = state.shutdown.cancelled() => return,
+            event = events.recv() => match event {
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            },
+        }
+        tokio::select! {
+            () = state.shutdown.cancelled() => return,
+            () = tokio::time::sleep(SETTLE) => {}
+        }
+        while events.try_recv().is_ok() {}
+        if let Err(e) = state.finder.refresh(&state).await {
+            tracing::warn!(error = %e.message(), "cannot keep the tool index current; FindTools will retry");
+        }
+    }
+}
+
 /// The texts ranked, as the index takes them.
 fn doc_of(def: &ToolDefinition) -> Doc {
     Doc {

@@ -186,6 +186,7 @@ pub async fn serve(
     );
     tasks.spawn(follow_registry(state.clone()));
     tasks.spawn(reap_sessions(state.clone()));
+    tasks.spawn(finder::follow_views(state.clone()));
     #[cfg(unix)]
     tasks.spawn(reopen_audit_on_hangup(state.clone()));
     let reload = creds.spawn_reload_on_change(Duration::from_secs(30), shutdown.clone());

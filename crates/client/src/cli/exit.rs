@@ -20,7 +20,7 @@ pub const NOT_FOUND: u8 = 127;
 pub const TIMED_OUT: u8 = 124;
 /// The call was cancelled (interrupt): 128 + SIGINT.
 pub const CANCELLED: u8 = 130;
-/// `local find`: no tool matched the request (as `grep` exits when nothing matches).
+/// `find` and `local find`: no tool matched the request (as `grep` exits when nothing matches).
 pub const NO_MATCH: u8 = 1;
 /// `lint` found at least one error.
 pub const LINT_ERRORS: u8 = 1;

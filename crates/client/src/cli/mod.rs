@@ -169,8 +169,8 @@ enum Command {
     },
     /// Rank the tools the hosts of a selector offer against a request in plain language
     ///
-    /// Prints the best matches first (score, tool, hosts, description); nothing matching is
-    /// not an error (an empty array with --json).
+    /// Prints the best matches first (score, tool, hosts, description). Exits 1 when nothing
+    /// matches (printing `[]` with --json), as grep does.
     Find {
         #[command(flatten)]
         conn: ConnArgs,

@@ -156,33 +156,9 @@ pub fn rrf(hits: &[Hit<String>]) -> Vec<String> {
     fused.into_iter().map(|(k, _)| k).collect()
 }
 
-/// The model directory: `TOOLSRV_FIND_MODEL`, else the default of `scripts/fetch-find-model`,
-/// fetched there by that script when a file is missing. A test that needs the model gets it or
-/// fails; it never skips.
+/// The model directory, fetched there when missing (see `toolsrv_testkit::find_model_dir`).
 pub fn model_dir() -> PathBuf {
-    let dir = match std::env::var_os("TOOLSRV_FIND_MODEL") {
-        Some(d) => PathBuf::from(d),
-        None => {
-            let home = std::env::var_os("HOME").expect("HOME is set");
-            Path::new(&home).join(".cache/toolsrv/all-MiniLM-L6-v2")
-        }
-    };
-    if MODEL_FILES.iter().all(|f| dir.join(f).is_file()) {
-        return dir;
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/fetch-find-model");
-    let status = Command::new("bash")
-        .arg(&script)
-        .arg(&dir)
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(
-        status.success(),
-        "{} {} failed ({status}): the encoder tests need the model",
-        script.display(),
-        dir.display()
-    );
-    dir
+    toolsrv_testkit::find_model_dir()
 }
 
 /// A synthetic catalog of `n` tools (the evaluation catalog first, then made-up ones in the

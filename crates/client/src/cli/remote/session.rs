@@ -141,13 +141,23 @@ pub async fn find(conn: &ConnArgs, selector: &str, query: &str, limit: u32, json
         Err(e) => return remote.fail("cannot rank tools", &e),
     };
     let mut out = std::io::stdout().lock();
+    if found.matches.is_empty() {
+        // As `local find` (and grep): nothing matching exits 1, after `[]` for a JSON reader.
+        let printed = if json {
+            written(writeln!(out, "[]"), "the matches")
+        } else {
+            eprintln!("toolctl: no tool on the hosts of `{selector}` matches the request");
+            0
+        };
+        return if printed == 0 {
+            exit::NO_MATCH
+        } else {
+            printed
+        };
+    }
     if json {
         let matches: Vec<_> = found.matches.iter().map(match_json).collect();
         return written(write_json(&mut out, &matches), "the matches");
-    }
-    if found.matches.is_empty() {
-        eprintln!("toolctl: no tool on the hosts of `{selector}` matches the request");
-        return 0;
     }
     let rows: Vec<Vec<String>> = found
         .matches
