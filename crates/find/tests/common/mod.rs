@@ -5,9 +5,8 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use toolsrv_find::{Analyzer, Doc, Hit, MODEL_FILES};
+use toolsrv_find::{Analyzer, Doc, Hit};
 use toolsrv_meta::ToolDef;
 use toolsrv_registry::Scanner;
 
