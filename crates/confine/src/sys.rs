@@ -143,6 +143,41 @@ pub fn landlock_abi() -> i32 {
     i32::try_from(rc).ok().filter(|&v| v > 0).unwrap_or(0)
 }
 
+/// Adds a rule to a Landlock rule set: `rights` (the kernel's access bits) beneath `parent`
+#[cfg(target_os = "linux")]
+pub fn landlock_add_path_rule(
+    ruleset: std::os::fd::BorrowedFd<'_>,
+    parent: std::os::fd::BorrowedFd<'_>,
+    rights: u64,
+) -> io::Result<()> {
+    /// `struct landlock_path_beneath_attr` of the kernel's uapi (packed).
+    #[repr(C, packed)]
+    struct PathBeneathAttr {
+        allowed_access: u64,
+        parent_fd: i32,
+    }
+    const LANDLOCK_RULE_PATH_BENEATH: libc::c_int = 1;
+    let attr = PathBeneathAttr {
+        allowed_access: rights,
+        parent_fd: parent.as_raw_fd(),
+    };
+    // SAFETY: landlock_add_rule(2) reads the attribute struct, which lives on this frame, and
+    // takes two descriptors borrowed for the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset.as_raw_fd(),
+            LANDLOCK_RULE_PATH_BENEATH,
+            std::ptr::from_ref(&attr),
+            0 as libc::c_uint,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Landlock is Linux's: 0 elsewhere
 #[cfg(not(target_os = "linux"))]
 pub fn landlock_abi() -> i32 {
