@@ -129,9 +129,11 @@ fn a_confined_tool_cannot_reach_the_agents_files_nor_write_outside_nor_see_its_e
     let pwd = var("PWD");
     assert_eq!(var("TMPDIR"), pwd);
     assert_eq!(var("HOME"), pwd);
-    assert!(
-        !Path::new(pwd).exists(),
-        "the call's private directory is removed after the call"
+    // Removed right after the outcome is sent (the clean-up does not hold up the caller).
+    wait_for(
+        "the call's private directory to be removed after the call",
+        Duration::from_secs(10),
+        || (!Path::new(pwd).exists()).then_some(()),
     );
 
     // What the host enforces is in its facts and selects it.

@@ -585,6 +585,23 @@ impl CallCgroup {
     }
 
     /// Kills what is left and removes the call's cgroups
+    /// Kills what is left of the call and waits (bounded) until none of its processes is left
+    pub fn end(&self) {
+        if !self.populated() {
+            return;
+        }
+        self.kill();
+        for pause in retry_pauses() {
+            if !self.populated() {
+                return;
+            }
+            std::thread::sleep(pause);
+        }
+        for dir in self.dirs() {
+            kill_listed(dir);
+        }
+    }
+
     pub fn remove(&self) {
         if self.populated() {
             self.kill();

@@ -738,6 +738,19 @@ impl CallJail {
         self.cgroup.as_ref().map(CallCgroup::populated)
     }
 
+    /// Ends what is left of the call (waiting, bounded, until none of its processes is left)
+    /// and says which limits it ran into; what it made stays until [`CallJail::release`].
+    /// Blocking. Lets the caller learn the outcome before the clean-up, which takes longer.
+    pub fn finish(&self) -> Vec<LimitHit> {
+        match &self.cgroup {
+            Some(cgroup) => {
+                cgroup.end();
+                cgroup.limits_hit()
+            }
+            None => Vec::new(),
+        }
+    }
+
     /// Ends what is left, removes the call's cgroups and private directory, and says which
     /// limits the call ran into. Blocking (it removes what the tool wrote); runs once.
     pub fn release(&self) -> Vec<LimitHit> {

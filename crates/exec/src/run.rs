@@ -325,9 +325,10 @@ impl Call {
             ending = stopped;
         }
         self.stdin_task.abort();
-        let limits_hit = match self.jail.take() {
-            // Removing what the call left (its directory may be large) blocks: not on the runtime.
-            Some(jail) => tokio::task::spawn_blocking(move || jail.release())
+        // Every process of the call is ended before the outcome is told; removing what the
+        // call made (its cgroups, its directory, which may be large) waits until after.
+        let limits_hit = match self.jail.clone() {
+            Some(jail) => tokio::task::spawn_blocking(move || jail.finish())
                 .await
                 .unwrap_or_default(),
             None => Vec::new(),
@@ -347,6 +348,10 @@ impl Call {
         tracing::debug!(pgid = self.pgid.as_raw(), ?exit, ?ending, "tool finished");
         // A consumer that went away does not want the outcome; nothing to do then.
         let _ = self.tx.send(Event::Finished(outcome)).await;
+        if let Some(jail) = self.jail.take() {
+            // Blocking, and nobody waits for it: the supervisor's task ends with it.
+            let _ = tokio::task::spawn_blocking(move || jail.release()).await;
+        }
     }
 
     /// SIGTERM to the group, up to `kill_grace` for it to empty, then SIGKILL; reaps the leader
