@@ -6,7 +6,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, decisions, finish_child, json_lines, text, wait_for};
+use toolsrv_tests::{AgentSpec, Fleet, decisions, finish_child, text, wait_for};
 
 const POLICY: &str = r#"{"default": "allow", "rules": [
     {"tools": ["restart"], "effect": "approve"},
@@ -21,23 +21,13 @@ fn fleet(extra: &[&str]) -> Fleet {
             false,
         );
     }
-    let policy = fleet.work.path().join("policy.json");
-    std::fs::write(&policy, POLICY).unwrap();
-    let audit = fleet.work.path().join("audit.jsonl");
-    let mut args = vec![
-        format!("--policy={}", policy.display()),
-        format!("--audit-log={}", audit.display()),
-    ];
+    let mut args = vec![fleet.policy_arg(POLICY), fleet.audit_arg()];
     args.extend(extra.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     fleet.start_coordinator(&args);
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "restart");
     fleet
-}
-
-fn audit(fleet: &Fleet) -> Vec<Value> {
-    json_lines(&fleet.work.path().join("audit.jsonl"))
 }
 
 #[test]
@@ -68,7 +58,7 @@ fn the_caller_approves_or_denies_its_own_call() {
     let out = fleet.toolctl(&["fanout", "a", "restart", "--approve"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 
-    let records = audit(&fleet);
+    let records = fleet.audit_records();
     assert_eq!(
         decisions(&records, "approval"),
         [
@@ -142,7 +132,7 @@ fn a_two_person_rule_waits_for_the_second_identity() {
         "the caller sees for whom it waits: {}",
         text(&out.stderr)
     );
-    let records = audit(&fleet);
+    let records = fleet.audit_records();
     let decision = records.iter().find(|r| r["event"] == "approval").unwrap();
     assert_eq!(decision["decided_by"], "bob");
     assert_eq!(decision["client"], "alice");
@@ -159,6 +149,6 @@ fn an_unanswered_request_expires_as_a_denial() {
         "{}",
         text(&out.stderr)
     );
-    let records = audit(&fleet);
+    let records = fleet.audit_records();
     assert_eq!(decisions(&records, "approval"), [("expired".into(), None)]);
 }

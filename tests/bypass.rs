@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, bin, decisions, finish_child, json_lines, text, wait_for};
+use toolsrv_tests::{AgentSpec, Fleet, bin, decisions, finish_child, text, wait_for};
 
 const POLICY: &str = r#"{"default": "allow", "rules": [
     {"tools": ["bp_allow", "raw"], "effect": "allow", "bypass": "allow"},
@@ -52,13 +52,7 @@ fn fleet(extra: &[&str]) -> Fleet {
             .to_string(),
         false,
     );
-    let policy = fleet.work.path().join("policy.json");
-    std::fs::write(&policy, POLICY).unwrap();
-    let audit = fleet.work.path().join("audit.jsonl");
-    let mut args = vec![
-        format!("--policy={}", policy.display()),
-        format!("--audit-log={}", audit.display()),
-    ];
+    let mut args = vec![fleet.policy_arg(POLICY), fleet.audit_arg()];
     args.extend(extra.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     fleet.start_coordinator(&args);
@@ -86,12 +80,8 @@ fn fleet(extra: &[&str]) -> Fleet {
     fleet
 }
 
-fn audit(fleet: &Fleet) -> Vec<Value> {
-    json_lines(&fleet.work.path().join("audit.jsonl"))
-}
-
 fn bypasses(fleet: &Fleet) -> Vec<(String, Option<String>)> {
-    decisions(&audit(fleet), "bypass")
+    decisions(&fleet.audit_records(), "bypass")
 }
 
 fn mark_args(fleet: &Fleet, name: &str) -> (std::path::PathBuf, String) {
@@ -128,7 +118,8 @@ fn policy_allows_or_denies_a_bypass() {
             ("denied".into(), Some("policy".into())),
         ]
     );
-    let record = audit(&fleet)
+    let record = fleet
+        .audit_records()
         .into_iter()
         .find(|r| r["event"] == "bypass")
         .unwrap();

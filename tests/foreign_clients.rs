@@ -91,17 +91,9 @@ fn python_grpcio_approves_a_call_and_its_bypass() {
             "cmd": "toolsrv bypass --no-stdin --reason 'look outside' -- echo outside"}"#,
         false,
     );
-    let policy = fleet.work.path().join("policy.json");
-    std::fs::write(
-        &policy,
-        r#"{"rules": [{"tools": ["guarded"], "effect": "approve", "bypass": "ask"}]}"#,
-    )
-    .unwrap();
-    let audit = fleet.work.path().join("audit.jsonl");
-    fleet.start_coordinator(&[
-        &format!("--policy={}", policy.display()),
-        &format!("--audit-log={}", audit.display()),
-    ]);
+    let policy = fleet
+        .policy_arg(r#"{"rules": [{"tools": ["guarded"], "effect": "approve", "bypass": "ask"}]}"#);
+    fleet.start_coordinator(&[&policy, &fleet.audit_arg()]);
     // `toolsrv bypass` on the calls' PATH, readable under their Landlock rules.
     let toolsrv = toolsrv_tests::bin("toolsrv");
     let bin_dir = toolsrv.parent().unwrap().to_path_buf();
@@ -133,10 +125,9 @@ fn python_grpcio_approves_a_call_and_its_bypass() {
         approvals[1]["bypass_argv"],
         serde_json::json!(["echo", "outside"])
     );
-    let decisions: Vec<Value> = std::fs::read_to_string(&audit)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+    let decisions: Vec<Value> = fleet
+        .audit_records()
+        .into_iter()
         .filter(|r| r["event"] == "approval" || r["event"] == "bypass")
         .collect();
     assert_eq!(decisions.len(), 2, "{decisions:?}");

@@ -83,7 +83,7 @@ fn oversized_arguments_are_refused_and_leave_other_calls_and_the_link_alone() {
 #[test]
 fn callers_that_vanish_mid_call_are_audited_and_so_are_refusals() {
     let mut fleet = Fleet::new(&["a", "b"]);
-    let log = fleet.work.path().join("audit.jsonl");
+    let log = fleet.audit_log();
     let marks = fleet.work.path().join("marks");
     std::fs::create_dir_all(&marks).unwrap();
     fleet.tool(
@@ -95,7 +95,7 @@ fn callers_that_vanish_mid_call_are_audited_and_so_are_refusals() {
         ),
         false,
     );
-    fleet.start_coordinator(&[&format!("--audit-log={}", log.display())]);
+    fleet.start_coordinator(&[&fleet.audit_arg()]);
     fleet.start_agent("a", &AgentSpec::default());
     fleet.start_agent("b", &AgentSpec::default());
     fleet.wait_online(&["a", "b"], "mark");
@@ -197,16 +197,9 @@ fn a_host_cannot_relabel_itself_out_of_a_policy_rule() {
     );
     let labels = fleet.work.path().join("host-labels.json");
     std::fs::write(&labels, r#"{"db-*": {"role": "db"}}"#).unwrap();
-    let policy = fleet.work.path().join("policy.json");
-    std::fs::write(
-        &policy,
-        r#"{"rules": [{"clients": ["alice"], "hosts": "role=db", "effect": "deny"}]}"#,
-    )
-    .unwrap();
-    fleet.start_coordinator(&[
-        &format!("--host-labels={}", labels.display()),
-        &format!("--policy={}", policy.display()),
-    ]);
+    let policy = fleet
+        .policy_arg(r#"{"rules": [{"clients": ["alice"], "hosts": "role=db", "effect": "deny"}]}"#);
+    fleet.start_coordinator(&[&format!("--host-labels={}", labels.display()), &policy]);
     let says = |role: &str| AgentSpec {
         labels: vec![("role".into(), role.into())],
         ..AgentSpec::default()
@@ -305,13 +298,13 @@ fn one_client_cannot_fill_a_host_and_others_are_served_at_once() {
 #[test]
 fn sighup_reopens_the_audit_log_for_logrotate() {
     let mut fleet = Fleet::new(&["a"]);
-    let log = fleet.work.path().join("audit.jsonl");
+    let log = fleet.audit_log();
     fleet.tool(
         "echo.meta",
         r#"{"description": "echo", "cmd": "echo hi"}"#,
         false,
     );
-    fleet.start_coordinator(&[&format!("--audit-log={}", log.display())]);
+    fleet.start_coordinator(&[&fleet.audit_arg()]);
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "echo");
     assert!(fleet.toolctl(&["call", "a", "echo"]).status.success());

@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
 use std::process::Command;
 
 use toolsrv_tests::{AgentSpec, Fleet, Pki, bin, run_bounded, text};
@@ -131,20 +130,16 @@ fn policy_denies_by_proven_identity_and_every_call_is_audited() {
         r#"{"description": "Say hello", "cmd": "echo hello"}"#,
         false,
     );
-    let policy = fleet.work.path().join("policy.json");
-    std::fs::write(
-        &policy,
+    let policy = fleet.policy_arg(
         r#"{"default": "allow", "rules": [{"clients": ["bob"], "hosts": "role=db", "effect": "deny"}]}"#,
-    )
-    .unwrap();
-    let audit = fleet.work.path().join("audit.jsonl");
+    );
     // The rule matches a label the coordinator assigns: what an agent says of itself is not
     // trusted for policy.
     let labels = fleet.work.path().join("host-labels.json");
     std::fs::write(&labels, r#"{"a": {"role": "db"}}"#).unwrap();
     fleet.start_coordinator(&[
-        &format!("--policy={}", policy.display()),
-        &format!("--audit-log={}", audit.display()),
+        &policy,
+        &fleet.audit_arg(),
         &format!("--host-labels={}", labels.display()),
     ]);
     fleet.start_agent("a", &AgentSpec::default());
@@ -160,11 +155,7 @@ fn policy_denies_by_proven_identity_and_every_call_is_audited() {
     let out = fleet.toolctl(&["call", "a", "hello"]);
     assert_eq!(text(&out.stdout), "hello\n");
 
-    let lines: Vec<Value> = std::fs::read_to_string(&audit)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = fleet.audit_records();
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert_eq!(
         (lines[0]["client"].as_str(), lines[0]["status"].as_str()),
@@ -199,15 +190,12 @@ fn host_and_client_names_compare_case_insensitively() {
         )
         .unwrap();
     }
-    let policy = fleet.work.path().join("policy.json");
-    std::fs::write(
-        &policy,
+    let policy = fleet.policy_arg(
         r#"{"default": "deny", "rules": [
             {"clients": ["alice"], "hosts": "web-1", "effect": "allow"},
             {"clients": ["BOB"], "hosts": "DB-2", "effect": "allow"}]}"#,
-    )
-    .unwrap();
-    fleet.start_coordinator(&[&format!("--policy={}", policy.display())]);
+    );
+    fleet.start_coordinator(&[&policy]);
     // Cert `agent/Web-1`, hello `web-1`; cert `agent/db-2`, flag `DB-2`.
     fleet.start_agent("web-1", &AgentSpec::default());
     fleet.start_agent("DB-2", &AgentSpec::default());

@@ -398,15 +398,12 @@ fn approvals_become_elicitations() {
             false,
         );
     }
-    let policy = fleet.work.path().join("policy.json");
-    std::fs::write(
-        &policy,
+    let policy = fleet.policy_arg(
         r#"{"default": "allow", "rules": [
             {"tools": ["restart"], "effect": "approve"},
             {"tools": ["drop_table"], "effect": "approve", "approvers": ["bob"]}]}"#,
-    )
-    .unwrap();
-    fleet.start_coordinator(&[&format!("--policy={}", policy.display())]);
+    );
+    fleet.start_coordinator(&[&policy]);
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "restart");
     let profile = profile(

@@ -30,12 +30,6 @@ fn field(out: &str, key: &str) -> Option<String> {
         .find_map(|l| l.strip_prefix(&format!("{key}=")).map(str::to_owned))
 }
 
-fn policy(fleet: &Fleet, json: &str) -> String {
-    let path = fleet.work.path().join("policy.json");
-    std::fs::write(&path, json).unwrap();
-    format!("--policy={}", path.display())
-}
-
 /// Reads the key and state of its own agent, writes inside and outside its directories, and
 /// prints its environment.
 const PROBE: &str = r#"#!/bin/sh
@@ -194,10 +188,8 @@ fn a_fork_bomb_hits_its_pids_limit_and_the_host_still_answers_within_a_second() 
         r#"{"description": "echo", "cmd": "echo pong"}"#,
         false,
     );
-    let policy = policy(
-        &fleet,
-        r#"{"sandbox": [{"tools": ["bomb"], "hosts": "a", "pids": 64}]}"#,
-    );
+    let policy =
+        fleet.policy_arg(r#"{"sandbox": [{"tools": ["bomb"], "hosts": "a", "pids": 64}]}"#);
     fleet.start_coordinator(&[&policy]);
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "echo");
@@ -241,10 +233,7 @@ fn a_memory_hog_is_stopped_by_its_limit_and_the_agent_survives() {
         r#"{"description": "echo", "cmd": "echo pong"}"#,
         false,
     );
-    let policy = policy(
-        &fleet,
-        r#"{"sandbox": [{"tools": ["hog"], "memory": "64M"}]}"#,
-    );
+    let policy = fleet.policy_arg(r#"{"sandbox": [{"tools": ["hog"], "memory": "64M"}]}"#);
     fleet.start_coordinator(&[&policy]);
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "echo");
@@ -274,8 +263,7 @@ fn a_host_that_cannot_confine_refuses_a_tool_that_requires_it() {
         r#"{"description": "echo", "cmd": "echo pong"}"#,
         false,
     );
-    let policy = policy(
-        &fleet,
+    let policy = fleet.policy_arg(
         r#"{"rules": [{"tools": ["backup_*"], "effect": "allow", "require_sandbox": true}]}"#,
     );
     fleet.start_coordinator(&[&policy]);

@@ -156,6 +156,30 @@ impl TestFleet {
         self.work.path().join("marks")
     }
 
+    /// Writes `json` as a coordinator policy file (`policy.json` in the work directory) and
+    /// returns the `--policy=PATH` argument that gives it to the coordinator.
+    #[track_caller]
+    pub fn policy_arg(&self, json: &str) -> String {
+        let path = self.work.path().join("policy.json");
+        write_file(&path, json, false);
+        format!("--policy={}", path.display())
+    }
+
+    /// Where the coordinator writes its audit log when given [`TestFleet::audit_arg`].
+    pub fn audit_log(&self) -> PathBuf {
+        self.work.path().join("audit.jsonl")
+    }
+
+    /// `--audit-log=PATH` for [`TestFleet::audit_log`].
+    pub fn audit_arg(&self) -> String {
+        format!("--audit-log={}", self.audit_log().display())
+    }
+
+    /// The records of [`TestFleet::audit_log`] so far.
+    pub fn audit_records(&self) -> Vec<Value> {
+        crate::files::json_lines(&self.audit_log())
+    }
+
     /// The private bin directory of agent `id` (to install a binary while it runs).
     pub fn agent_bin(&self, id: &str) -> PathBuf {
         self.work.path().join(format!("host-{id}/bin"))
