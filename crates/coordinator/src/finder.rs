@@ -6,7 +6,7 @@
 //! embeds only texts it has not seen. A request ranks only the documents visible on the hosts
 //! it selects, and answers one match per tool name (its best definition).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -162,26 +162,12 @@ pub async fn find(state: &State, req: FindToolsRequest) -> Result<FindToolsRespo
     let finder = &state.finder;
     finder.refresh(state).await?;
 
-    // Which documents the selected hosts offer, and which hosts offer each tool.
-    let mut visible: HashMap<DocKey, ()> = HashMap::new();
-    let mut hosts_of: HashMap<String, BTreeSet<String>> = HashMap::new();
-    for host in state.fleet.select(&selector).iter().filter(|h| h.online()) {
-        let Some(view) = &host.view else { continue };
-        for tool in view.tools.iter().filter(|t| t.visible) {
-            if let Some(def) = &tool.definition {
-                visible.insert(key_of(def), ());
-                hosts_of
-                    .entry(tool.name.clone())
-                    .or_default()
-                    .insert(host.id.clone());
-            }
-        }
-    }
+    let (visible, hosts_of) = offered(state, &selector);
     let index = finder.index.clone();
     let query = req.query;
     let candidates = visible.len();
     let hits = tokio::task::spawn_blocking(move || {
-        index.search(&query, candidates.max(1), |k| visible.contains_key(k))
+        index.search(&query, candidates.max(1), |k| visible.contains(k))
     })
     .await
     .map_err(|e| Status::internal(format!("the tool search failed: {e}")))?
@@ -219,4 +205,31 @@ pub async fn find(state: &State, req: FindToolsRequest) -> Result<FindToolsRespo
         ranker: finder.ranker().to_string(),
         catalog_revision: state.fleet.revision(),
     })
+}
+
+/// The documents the online hosts of `selector` offer, and which of them offer each tool.
+fn offered(
+    state: &State,
+    selector: &Selector,
+) -> (HashSet<DocKey>, HashMap<String, BTreeSet<String>>) {
+    // Hosts share their definitions (the views intern them): each is keyed once, not once per
+    // host.
+    let mut visible: HashSet<DocKey> = HashSet::new();
+    let mut keyed: HashSet<*const ToolDefinition> = HashSet::new();
+    let mut hosts_of: HashMap<String, BTreeSet<String>> = HashMap::new();
+    for host in state.fleet.select(selector).iter().filter(|h| h.online()) {
+        let Some(view) = &host.view else { continue };
+        for tool in view.tools.iter().filter(|t| t.visible) {
+            if let Some(def) = &tool.definition {
+                if keyed.insert(Arc::as_ptr(def)) {
+                    visible.insert(key_of(def));
+                }
+                hosts_of
+                    .entry(tool.name.clone())
+                    .or_default()
+                    .insert(host.id.clone());
+            }
+        }
+    }
+    (visible, hosts_of)
 }

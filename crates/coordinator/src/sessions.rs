@@ -332,7 +332,6 @@ impl Session {
     /// it; a tool loaded already is only marked used. A full session unloads a colder tool first.
     pub fn load(&self, fleet: &Fleet, catalog: &Catalog, tool: &str) -> Result<(), SessionError> {
         check_name(tool)?;
-        let hosts = self.hosts(fleet);
         {
             let mut inner = self.lock();
             if let Some(l) = inner.loaded.iter_mut().find(|l| l.name == tool) {
@@ -351,6 +350,7 @@ impl Session {
                 },
             });
         }
+        let hosts = self.hosts(fleet);
         if definition_on(&hosts, tool, false).is_none() {
             return Err(SessionError::Unavailable {
                 tool: tool.to_string(),

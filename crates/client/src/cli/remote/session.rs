@@ -6,16 +6,12 @@ use std::path::Path;
 
 use crate::{ClientError, LoadedTool, Profile, SessionState, match_json, session_json};
 
-use super::{ConnArgs, Remote, connect, exit, interrupted, write_json, written};
+use super::{ConnArgs, connect, exit, interrupted, write_json, written};
 
 /// Longest request `find` sends (the coordinator's limit too).
 const MAX_QUERY_BYTES: usize = 4096;
 /// Most matches `find` may ask for.
 const MAX_LIMIT: u32 = 1000;
-
-async fn connected(conn: &ConnArgs) -> Result<Remote, u8> {
-    connect(conn).await
-}
 
 /// `toolctl session open`: prints the new session's id (or, with `--json`, its state).
 pub async fn open(conn: &ConnArgs, profile: Option<&Path>, hosts: Option<&str>, json: bool) -> u8 {
@@ -26,7 +22,7 @@ pub async fn open(conn: &ConnArgs, profile: Option<&Path>, hosts: Option<&str>, 
             return exit::USAGE;
         }
     };
-    let remote = match connected(conn).await {
+    let remote = match connect(conn).await {
         Ok(remote) => remote,
         Err(code) => return code,
     };
@@ -42,7 +38,7 @@ pub async fn open(conn: &ConnArgs, profile: Option<&Path>, hosts: Option<&str>, 
 
 /// `toolctl session load` / `unload`: prints the session's state after the change.
 pub async fn load(conn: &ConnArgs, id: &str, tool: &str, unload: bool, json: bool) -> u8 {
-    let remote = match connected(conn).await {
+    let remote = match connect(conn).await {
         Ok(remote) => remote,
         Err(code) => return code,
     };
@@ -62,7 +58,7 @@ pub async fn load(conn: &ConnArgs, id: &str, tool: &str, unload: bool, json: boo
 
 /// `toolctl session show`.
 pub async fn show(conn: &ConnArgs, id: &str, json: bool) -> u8 {
-    let remote = match connected(conn).await {
+    let remote = match connect(conn).await {
         Ok(remote) => remote,
         Err(code) => return code,
     };
@@ -74,7 +70,7 @@ pub async fn show(conn: &ConnArgs, id: &str, json: bool) -> u8 {
 
 /// `toolctl session close`.
 pub async fn close(conn: &ConnArgs, id: &str) -> u8 {
-    let remote = match connected(conn).await {
+    let remote = match connect(conn).await {
         Ok(remote) => remote,
         Err(code) => return code,
     };
@@ -87,7 +83,7 @@ pub async fn close(conn: &ConnArgs, id: &str) -> u8 {
 /// `toolctl session watch`: the state now and after every change, until Ctrl-C or the session
 /// ends (exit NOT_FOUND then, since nothing is left to watch).
 pub async fn watch(conn: &ConnArgs, id: &str, json: bool) -> u8 {
-    let remote = match connected(conn).await {
+    let remote = match connect(conn).await {
         Ok(remote) => remote,
         Err(code) => return code,
     };
@@ -132,7 +128,7 @@ pub async fn find(conn: &ConnArgs, selector: &str, query: &str, limit: u32, json
         eprintln!("toolctl: {e}");
         return exit::USAGE;
     }
-    let remote = match connected(conn).await {
+    let remote = match connect(conn).await {
         Ok(remote) => remote,
         Err(code) => return code,
     };
