@@ -23,6 +23,7 @@ use toolsrv_registry::Catalog;
 
 use crate::blobs::GrpcBlobs;
 use crate::bypass::{Broker, CallSide, Pending};
+use crate::metrics::AgentMetrics;
 use crate::outcome::{finished, refusal_status};
 use crate::store::CatalogStore;
 
@@ -52,6 +53,7 @@ pub(crate) struct CallEnv {
     pub grants: RwLock<Arc<Vec<Grant>>>,
     /// The bypass decisions the calls wait for.
     pub bypasses: Arc<Pending>,
+    pub metrics: AgentMetrics,
 }
 
 /// Output bytes a call may still send: starts at the call's initial credit, grows with each
@@ -103,7 +105,9 @@ pub(crate) async fn run_call(
     credit: Arc<Credit>,
 ) -> u64 {
     let id = start.call_id;
+    let meter = env.metrics.call();
     let result = run(&env, &start, &cancel, &credit).await;
+    meter.finish(&result);
     tracing::debug!(call_id = id, tool = %start.tool, status = ?result.status(), "call finished");
     let msg = Msg::Finished(CallFinished {
         call_id: id,
@@ -120,15 +124,18 @@ async fn run(
     cancel: &CancellationToken,
     credit: &Credit,
 ) -> CallResult {
+    let waiting = env.metrics.waiting();
     let permit = tokio::select! {
         permit = env.slots.clone().acquire_owned() => permit,
         () = cancel.cancelled() => {
             return CallResult::not_run(CallStatus::Cancelled, "call was cancelled while waiting for a free call slot");
         }
     };
+    drop(waiting);
     let Ok(_permit) = permit else {
         return CallResult::not_run(CallStatus::Cancelled, "agent is shutting down");
     };
+    let _running = env.metrics.running();
     if cancel.is_cancelled() {
         return CallResult::not_run(
             CallStatus::Cancelled,
@@ -254,6 +261,7 @@ async fn stream(
         match event {
             Event::Output { stream, data } => {
                 if forwarding && credit.take(data.len(), cancel, deadline).await {
+                    env.metrics.streamed(output_stream(stream), data.len());
                     let chunk = OutputChunk {
                         stream: output_stream(stream).into(),
                         data: data.to_vec(),

@@ -45,6 +45,8 @@ pub struct AgentConfig {
     /// How calls are confined. `hidden` lists private files beyond the ones the agent hides
     /// anyway: its state directory and TLS files (and the directory of its key).
     pub sandbox: toolsrv_confine::Settings,
+    /// Where to serve Prometheus metrics (`GET /metrics`, plain HTTP); off when `None`.
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl AgentConfig {
@@ -70,6 +72,7 @@ impl AgentConfig {
             backoff: Backoff::default(),
             drain_grace: DEFAULT_DRAIN_GRACE,
             sandbox: toolsrv_confine::Settings::new(Vec::new()),
+            metrics_listen: None,
         }
     }
 

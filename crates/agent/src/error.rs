@@ -48,6 +48,13 @@ pub enum AgentError {
     /// Calls cannot be confined as configured (`--sandbox enforce` on a host that cannot).
     #[error(transparent)]
     Sandbox(#[from] toolsrv_confine::ConfineError),
+    /// `--metrics-listen` cannot be served.
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Metrics {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl AgentError {

@@ -165,6 +165,7 @@ pub(crate) struct KeeperChannels {
     pub out: mpsc::Sender<AgentMessage>,
     pub recheck_every: Duration,
     pub stop: CancellationToken,
+    pub metrics: crate::AgentMetrics,
 }
 
 /// Applies updates as they come and rechecks the host periodically, until stopped or the
@@ -197,6 +198,9 @@ pub(crate) async fn keep_catalog(
             },
         };
         links.catalog.send_replace(keeper.catalog());
+        if let Some(view) = &view {
+            links.metrics.view(view);
+        }
         // A large view goes out in parts, one after the other on the outbound stream.
         for part in view.map(parts).unwrap_or_default() {
             let msg = AgentMessage {

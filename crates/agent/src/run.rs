@@ -106,6 +106,27 @@ pub async fn connect_tls(
         .map_err(|source| AgentError::Connect { url, source })
 }
 
+/// Serves the agent's metrics on `addr` until `shutdown`.
+async fn serve_metrics(
+    addr: std::net::SocketAddr,
+    metrics: &crate::AgentMetrics,
+    config: &AgentConfig,
+    shutdown: CancellationToken,
+) -> Result<(), AgentError> {
+    let failed = |source| AgentError::Metrics { addr, source };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(failed)?;
+    let mut registry = toolsrv_metrics::registry();
+    metrics.register(&mut registry);
+    registry.register_collector(Box::new(toolsrv_metrics::CertificateCollector::new(
+        config.tls.cert.clone(),
+        config.tls.ca.clone(),
+    )));
+    let served = toolsrv_metrics::MetricsServer::spawn(listener, Arc::new(registry), shutdown)
+        .map_err(failed)?;
+    tracing::info!(addr = %served.addr, "metrics at http://{}/metrics", served.addr);
+    Ok(())
+}
+
 /// [`run`] with the channel-opening step given: tests pass a plain-TCP connector to an in-process
 /// fake coordinator.
 pub async fn run_with_connector<C, F>(
@@ -136,7 +157,12 @@ where
     }
     let confiner = Confiner::new(settings)?;
     log_abilities(confiner.abilities());
+    let metrics = crate::AgentMetrics::default();
+    if let Some(addr) = config.metrics_listen {
+        serve_metrics(addr, &metrics, &config, shutdown.clone()).await?;
+    }
     let agent = Agent {
+        metrics,
         confiner: Arc::new(confiner),
         host: Host::current(),
         base_env: std::env::vars_os().collect(),

@@ -67,6 +67,7 @@ pub(crate) struct Agent {
     pub store: CatalogStore,
     /// Confines every call.
     pub confiner: Arc<Confiner>,
+    pub metrics: crate::AgentMetrics,
 }
 
 /// Runs one session over `channel`. `welcomed` is set once the coordinator sent its Welcome.
@@ -100,6 +101,8 @@ pub(crate) async fn session(
         () = shutdown.cancelled() => return Ok(SessionEnd::Shutdown),
     };
     *welcomed = true;
+    agent.metrics.attached();
+    let _detached = Detached(&agent.metrics);
     let interval = match welcome.keepalive_interval_ms {
         0 => DEFAULT_KEEPALIVE,
         ms => Duration::from_millis(u64::from(ms).max(10)),
@@ -125,6 +128,7 @@ pub(crate) async fn session(
             out: out.clone(),
             recheck_every: agent.config.recheck_every,
             stop: keeper_stop.clone(),
+            metrics: agent.metrics.clone(),
         },
     ));
     let env = Arc::new(CallEnv {
@@ -142,6 +146,7 @@ pub(crate) async fn session(
         confiner: agent.confiner.clone(),
         grants: std::sync::RwLock::default(),
         bypasses: Arc::default(),
+        metrics: agent.metrics.clone(),
     });
     let mut session = SessionLoop {
         config: &agent.config,
@@ -168,6 +173,15 @@ pub(crate) async fn session(
         session.say_goodbye(&mut inbound).await;
     }
     end
+}
+
+/// Marks the link down when a session ends, however it ends.
+struct Detached<'a>(&'a crate::AgentMetrics);
+
+impl Drop for Detached<'_> {
+    fn drop(&mut self) {
+        self.0.detached();
+    }
 }
 
 fn expect_welcome(

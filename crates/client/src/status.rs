@@ -2,29 +2,7 @@
 
 use toolsrv_proto::v1::CallStatus;
 
-/// The short name of a `CallStatus` value: `ok`, `tool_error`, `hidden`, ...; `unknown` for values
-/// this client does not know (a newer coordinator) and `unspecified` for 0.
-pub fn status_name(status: i32) -> &'static str {
-    match CallStatus::try_from(status) {
-        Ok(CallStatus::Unspecified) => "unspecified",
-        Ok(CallStatus::Ok) => "ok",
-        Ok(CallStatus::ToolError) => "tool_error",
-        Ok(CallStatus::Hidden) => "hidden",
-        Ok(CallStatus::Offline) => "offline",
-        Ok(CallStatus::Lost) => "lost",
-        Ok(CallStatus::TimedOut) => "timed_out",
-        Ok(CallStatus::Denied) => "denied",
-        Ok(CallStatus::UnknownHost) => "unknown_host",
-        Ok(CallStatus::UnknownTool) => "unknown_tool",
-        Ok(CallStatus::InvalidArgs) => "invalid_args",
-        Ok(CallStatus::Cancelled) => "cancelled",
-        Ok(CallStatus::Skipped) => "skipped",
-        Ok(CallStatus::FailedToStart) => "failed_to_start",
-        Ok(CallStatus::Busy) => "busy",
-        Ok(CallStatus::Unconfined) => "unconfined",
-        Err(_) => "unknown",
-    }
-}
+pub use toolsrv_proto::status_name;
 
 /// True when `status` is `CALL_STATUS_OK`.
 pub fn is_ok(status: i32) -> bool {

@@ -117,7 +117,7 @@ async fn start() -> InProcessFleet {
     tokio::spawn(toolsrv_coordinator::serve(
         config,
         listener,
-        None,
+        Default::default(),
         shutdown.clone(),
     ));
     for host in HOSTS {

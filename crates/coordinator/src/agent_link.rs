@@ -133,6 +133,7 @@ impl AgentLinkService {
         let mut selectable_labels: std::collections::BTreeMap<String, String> =
             facts.labels.clone().into_iter().collect();
         selectable_labels.extend(trusted_labels.clone());
+        state.metrics.attached();
         state.fleet.attach(HostEntry {
             id: id.clone(),
             facts,

@@ -468,6 +468,7 @@ async fn fan_out(
     tx: mpsc::Sender<Result<FanOutEvent, Status>>,
 ) {
     let started = Instant::now();
+    state.metrics.fanout(targets.len());
     let permits = Arc::new(Semaphore::new(concurrency.max(1)));
     let failed = Arc::new(AtomicU32::new(0));
     let ok = Arc::new(AtomicU32::new(0));
@@ -492,6 +493,7 @@ async fn fan_out(
                     CallStatus::Skipped,
                     format!("not started: more than {max_errors} hosts failed"),
                 );
+                state.metrics.call(true).finish(&result);
                 let _ = tx
                     .send(Ok(host_event(
                         &host,

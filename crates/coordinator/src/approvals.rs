@@ -128,6 +128,11 @@ impl Approvals {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Requests waiting for a decision.
+    pub fn pending(&self) -> usize {
+        self.lock().len()
+    }
+
     /// Files `request` (its id and who may decide are set here): `approvers` empty or
     /// `["caller"]` lets the caller decide, other globs a second identity.
     pub fn file(&self, mut request: ApprovalRequest, approvers: &[String]) -> Waiting<'_> {

@@ -105,10 +105,12 @@ where
     let mut waiting = state.approvals.file(request, approvers);
     if !emit(Event::Approval(waiting.request.clone())).await {
         state.audit.approval(&waiting.request, &Decision::Withdrawn);
+        state.metrics.approval(&Decision::Withdrawn);
         return None;
     }
     let decision = waiting.decision(timeout).await;
     state.audit.approval(&waiting.request, &decision);
+    state.metrics.approval(&decision);
     Some(decision)
 }
 
@@ -318,6 +320,14 @@ where
             fanout: spec.fanout.as_deref(),
         },
     );
+    let meter = state.metrics.call(spec.fanout.is_some());
+    let metrics = &state.metrics;
+    let mut emit = |event: Event| {
+        if let Event::Output(chunk) = &event {
+            metrics.streamed(chunk.stream, chunk.data.len() as u64);
+        }
+        emit(event)
+    };
     let (result, caller_present) = match start(state, host_id, spec, slot, &mut emit).await {
         Err(ended) => ended,
         Ok((handle, _slot, verdict)) => {
@@ -348,6 +358,7 @@ where
         }
     };
     audit.finish(&result);
+    meter.finish(&result);
     if caller_present {
         emit(Event::Result(result.clone())).await;
     }

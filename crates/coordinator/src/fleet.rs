@@ -51,14 +51,18 @@ impl HostEntry {
         self.view.as_ref()?.tool(name)
     }
 
+    pub fn state(&self) -> HostState {
+        match (self.online(), self.synced) {
+            (false, _) => HostState::Offline,
+            (true, false) => HostState::Syncing,
+            (true, true) => HostState::Online,
+        }
+    }
+
     pub fn info(&self) -> HostInfo {
         HostInfo {
             host_id: self.id.clone(),
-            state: match (self.online(), self.synced) {
-                (false, _) => HostState::Offline,
-                (true, false) => HostState::Syncing,
-                (true, true) => HostState::Online,
-            } as i32,
+            state: self.state() as i32,
             facts: Some(self.facts.clone()),
             agent_version: self.agent_version.clone(),
             connected_unix_ms: self.connected_unix_ms,
@@ -305,6 +309,20 @@ impl Fleet {
                 }
             }
         }
+    }
+
+    /// Hosts by state: online, syncing, offline.
+    pub fn count_by_state(&self) -> [usize; 3] {
+        let mut counts = [0; 3];
+        for host in self.read().values() {
+            let slot = match host.state() {
+                HostState::Online => 0,
+                HostState::Syncing => 1,
+                _ => 2,
+            };
+            counts[slot] += 1;
+        }
+        counts
     }
 
     /// Every host id, sorted.

@@ -23,6 +23,7 @@ mod identity;
 /// Public for the fuzz targets; the coordinator applies it when an agent attaches.
 pub mod labels;
 mod link;
+mod metrics;
 pub mod policy;
 mod quota;
 mod refusal;
@@ -113,6 +114,8 @@ pub enum CoordinatorError {
     FindModel(toolsrv_find::FindError),
     #[error("cannot build the reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error("cannot serve metrics: {0}")]
+    Metrics(std::io::Error),
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
 }
@@ -130,17 +133,27 @@ pub(crate) struct State {
     pub approvals: approvals::Approvals,
     pub sessions: sessions::Sessions,
     pub finder: finder::Finder,
+    pub metrics: metrics::Metrics,
     pub shutdown: CancellationToken,
     /// Every task the services spawn, so shutdown can wait for them.
     pub tasks: TaskTracker,
 }
 
-/// Serves the agent link and the client API on `listener` (mTLS) and, when given, gRPC health on
-/// `health` (plain text, for Kubernetes probes) until `shutdown` is cancelled.
+/// The coordinator's plain-text ports, each off when `None`.
+#[derive(Debug, Default)]
+pub struct PlainPorts {
+    /// gRPC health, for Kubernetes probes and load balancers.
+    pub health: Option<TcpListener>,
+    /// Prometheus metrics: `GET /metrics`.
+    pub metrics: Option<TcpListener>,
+}
+
+/// Serves the agent link and the client API on `listener` (mTLS) and, when given, gRPC health
+/// and metrics on `plain` until `shutdown` is cancelled.
 pub async fn serve(
     config: CoordinatorConfig,
     listener: TcpListener,
-    health: Option<TcpListener>,
+    plain: PlainPorts,
     shutdown: CancellationToken,
 ) -> Result<(), CoordinatorError> {
     let creds = ServerCreds::new(config.tls.clone())?;
@@ -176,6 +189,7 @@ pub async fn serve(
         approvals: approvals::Approvals::default(),
         sessions: sessions::Sessions::new(config.sessions.clone()),
         finder: finder::Finder::new(encoder),
+        metrics: metrics::Metrics::default(),
         shutdown: shutdown.clone(),
         tasks: tasks.clone(),
     });
@@ -209,7 +223,22 @@ pub async fn serve(
     let reflection_v1alpha =
         reflection(tonic_reflection::server::Builder::configure()).build_v1alpha()?;
 
-    if let Some(health) = health {
+    if let Some(listener) = plain.metrics {
+        let mut registry = toolsrv_metrics::registry();
+        state.metrics.register(&mut registry);
+        registry.register_collector(Box::new(metrics::StateCollector {
+            state: Arc::downgrade(&state),
+        }));
+        registry.register_collector(Box::new(toolsrv_metrics::CertificateCollector::new(
+            config.tls.cert.clone(),
+            config.tls.ca.clone(),
+        )));
+        let served =
+            toolsrv_metrics::MetricsServer::spawn(listener, Arc::new(registry), shutdown.clone())
+                .map_err(CoordinatorError::Metrics)?;
+        tracing::info!(addr = %served.addr, "metrics at http://{}/metrics", served.addr);
+    }
+    if let Some(health) = plain.health {
         let health_service = health_service.clone();
         let shutdown = shutdown.clone();
         tasks.spawn(async move {

@@ -141,6 +141,11 @@ impl Sessions {
         }
     }
 
+    /// Sessions open now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
         // Sessions are inserted and removed whole; a poisoned map is consistent.
         self.map.lock().unwrap_or_else(|p| p.into_inner())

@@ -11,6 +11,8 @@ pub mod codec;
 pub mod limits;
 mod results;
 
+pub use results::status_name;
+
 /// Version 1 of the protocol.
 pub mod v1 {
     tonic::include_proto!("toolsrv.v1");

@@ -31,6 +31,30 @@ fn bounded_text(mut text: String) -> String {
     text
 }
 
+/// The short name of a `CallStatus` value: `ok`, `tool_error`, `hidden`, ...; `unknown` for values
+/// this client does not know (a newer coordinator) and `unspecified` for 0.
+pub fn status_name(status: i32) -> &'static str {
+    match CallStatus::try_from(status) {
+        Ok(CallStatus::Unspecified) => "unspecified",
+        Ok(CallStatus::Ok) => "ok",
+        Ok(CallStatus::ToolError) => "tool_error",
+        Ok(CallStatus::Hidden) => "hidden",
+        Ok(CallStatus::Offline) => "offline",
+        Ok(CallStatus::Lost) => "lost",
+        Ok(CallStatus::TimedOut) => "timed_out",
+        Ok(CallStatus::Denied) => "denied",
+        Ok(CallStatus::UnknownHost) => "unknown_host",
+        Ok(CallStatus::UnknownTool) => "unknown_tool",
+        Ok(CallStatus::InvalidArgs) => "invalid_args",
+        Ok(CallStatus::Cancelled) => "cancelled",
+        Ok(CallStatus::Skipped) => "skipped",
+        Ok(CallStatus::FailedToStart) => "failed_to_start",
+        Ok(CallStatus::Busy) => "busy",
+        Ok(CallStatus::Unconfined) => "unconfined",
+        Err(_) => "unknown",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

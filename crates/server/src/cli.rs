@@ -121,6 +121,9 @@ pub struct CoordinatorArgs {
     /// Address of a plain-text gRPC health port for probes; off when unset
     #[arg(long, env = "TOOLSRV_HEALTH_LISTEN")]
     pub health_listen: Option<SocketAddr>,
+    /// Address of a plain-HTTP Prometheus endpoint (`GET /metrics`); off when unset
+    #[arg(long, env = "TOOLSRV_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Colon-separated tool directories; the first wins a name clash. Needed
     #[arg(long, env = "OLLIE_TOOLS_PATH", value_name = "PATH")]
     pub tools: Option<String>,
@@ -257,6 +260,9 @@ pub struct AgentArgs {
     /// Re-evaluate variants against the host this often, in seconds
     #[arg(long, env = "TOOLSRV_RECHECK_SECS", default_value_t = 3)]
     pub recheck_secs: u64,
+    /// Address of a plain-HTTP Prometheus endpoint (`GET /metrics`); off when unset
+    #[arg(long, env = "TOOLSRV_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     #[command(flatten)]
     pub sandbox: SandboxArgs,
 }
@@ -410,6 +416,7 @@ impl AgentArgs {
         }
         config.recheck_every = Duration::from_secs(self.recheck_secs.max(1));
         config.sandbox = self.sandbox.settings()?;
+        config.metrics_listen = self.metrics_listen;
         Ok(config)
     }
 }
@@ -499,12 +506,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Coordinator(args) => {
             let config = args.config()?;
             let listener = bind(args.listen, COORDINATOR_LISTEN_HINT).await?;
-            let health = match args.health_listen {
-                Some(addr) => Some(bind(addr, HEALTH_LISTEN_HINT).await?),
-                None => None,
+            let plain = toolsrv_coordinator::PlainPorts {
+                health: bind_optional(args.health_listen, HEALTH_LISTEN_HINT).await?,
+                metrics: bind_optional(args.metrics_listen, METRICS_LISTEN_HINT).await?,
             };
             tracing::info!(listen = %args.listen, tools = ?config.tools, "coordinator starting");
-            toolsrv_coordinator::serve(config, listener, health, shutdown_on_signals()).await?;
+            toolsrv_coordinator::serve(config, listener, plain, shutdown_on_signals()).await?;
             Ok(())
         }
         Command::Agent(args) => {
@@ -556,10 +563,24 @@ pub async fn bind(addr: SocketAddr, in_use_hint: &str) -> anyhow::Result<tokio::
     })
 }
 
+/// [`bind`] when an address is given.
+async fn bind_optional(
+    addr: Option<SocketAddr>,
+    in_use_hint: &str,
+) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    match addr {
+        Some(addr) => Ok(Some(bind(addr, in_use_hint).await?)),
+        None => Ok(None),
+    }
+}
+
 /// What to do when the coordinator cannot listen.
 const COORDINATOR_LISTEN_HINT: &str = "another coordinator (or `toolsrv up`) may be running \
      there, or another server uses the port: stop it, or pick another address with --listen \
      (TOOLSRV_LISTEN)";
+/// What to do when the metrics port cannot listen.
+const METRICS_LISTEN_HINT: &str =
+    "another process uses the port: pick another with --metrics-listen (TOOLSRV_METRICS_LISTEN)";
 /// What to do when the health port cannot listen.
 const HEALTH_LISTEN_HINT: &str =
     "another process uses the port: pick another with --health-listen (TOOLSRV_HEALTH_LISTEN)";

@@ -122,7 +122,7 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
     let mut coordinator = tokio::spawn(toolsrv_coordinator::serve(
         coordinator,
         listener,
-        None,
+        Default::default(),
         shutdown.clone(),
     ));
     let mut agent = tokio::spawn(toolsrv_agent::run(agent, shutdown.clone()));

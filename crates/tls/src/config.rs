@@ -66,6 +66,33 @@ pub fn certificate_identity(path: &Path) -> Result<Identity, TlsError> {
     identity_of(&certs[0]).map_err(|e| TlsError::bad_file(path, e.to_string()))
 }
 
+/// When the certificates of a PEM file expire, as seconds since the Unix epoch: the first
+/// (leaf) certificate's and the earliest of all of them (a CA bundle's first to lapse).
+pub fn certificate_expiry(path: &Path) -> Result<CertificateExpiry, TlsError> {
+    let certs = read_certs(path)?;
+    let mut expiry = CertificateExpiry {
+        leaf: i64::MAX,
+        earliest: i64::MAX,
+    };
+    for (i, der) in certs.iter().enumerate() {
+        let not_after = parse(der, path)?.validity().not_after.timestamp();
+        if i == 0 {
+            expiry.leaf = not_after;
+        }
+        expiry.earliest = expiry.earliest.min(not_after);
+    }
+    Ok(expiry)
+}
+
+/// See [`certificate_expiry`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CertificateExpiry {
+    /// The first certificate's `notAfter`.
+    pub leaf: i64,
+    /// The earliest `notAfter` in the file.
+    pub earliest: i64,
+}
+
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let bytes = std::fs::read(path).map_err(|e| TlsError::io("cannot read", path, e))?;
     PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| match e {

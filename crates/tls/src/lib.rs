@@ -20,7 +20,8 @@ pub use client::{
     lazy_channel,
 };
 pub use config::{
-    TlsFiles, certificate_identity, client_config, install_crypto_provider, provider, server_config,
+    CertificateExpiry, TlsFiles, certificate_expiry, certificate_identity, client_config,
+    install_crypto_provider, provider, server_config,
 };
 pub use creds::ServerCreds;
 pub use error::{TlsError, chain as error_chain};

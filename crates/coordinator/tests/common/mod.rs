@@ -68,7 +68,7 @@ impl Coordinator {
         let task = tokio::spawn({
             let stop = stop.clone();
             async move {
-                toolsrv_coordinator::serve(config, listener, None, stop)
+                toolsrv_coordinator::serve(config, listener, Default::default(), stop)
                     .await
                     .unwrap();
             }

@@ -1,0 +1,228 @@
+//! The coordinator's metrics (`--metrics-listen`): what it counts as calls run, and what it
+//! reads from its state at each scrape (agents by state, catalog revision, sessions, pending
+//! approvals).
+//!
+//! Labels take only a handful of values each (call kind, status, stream, decision, host
+//! state): never a host id, client name or argument, so the series do not grow with the fleet.
+
+use std::sync::Weak;
+
+use toolsrv_metrics::{
+    Counter, Encoder, Family, Gauge, Histogram, Labels, MetricsCollector, Outcome, Registry,
+    encode_gauge, encode_gauges, exponential_buckets,
+};
+use toolsrv_proto::v1::{CallResult, OutputStream};
+
+use crate::State;
+use crate::approvals::Decision;
+
+type HistogramFamily = Family<Labels<1>, Histogram, fn() -> Histogram>;
+
+/// Counters and histograms updated as the coordinator works.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    calls: Family<Labels<2>, Counter>,
+    in_flight: Family<Labels<1>, Gauge>,
+    duration: HistogramFamily,
+    fanout_hosts: Histogram,
+    streamed: Family<Labels<1>, Counter>,
+    approvals: Family<Labels<1>, Counter>,
+    attachments: Counter,
+}
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(toolsrv_metrics::duration_buckets())
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            calls: Family::default(),
+            in_flight: Family::default(),
+            duration: Family::new_with_constructor(duration_histogram),
+            // 1 to 16,384 hosts.
+            fanout_hosts: Histogram::new(exponential_buckets(1.0, 2.0, 15)),
+            streamed: Family::default(),
+            approvals: Family::default(),
+            attachments: Counter::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// Registers every metric of the coordinator in `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "calls",
+            "Host calls that ended, by kind (call: one host; fanout: one host of a fan-out) and status (ok, tool_error, denied, offline, timed_out, ...)",
+            self.calls.clone(),
+        );
+        registry.register(
+            "calls_in_flight",
+            "Host calls running now, by kind",
+            self.in_flight.clone(),
+        );
+        registry.register(
+            "call_duration_seconds",
+            "Time from a host call's arrival to its result, by kind, whatever its status",
+            self.duration.clone(),
+        );
+        registry.register(
+            "fanout_hosts",
+            "Hosts each fan-out targeted",
+            self.fanout_hosts.clone(),
+        );
+        registry.register(
+            "streamed_bytes",
+            "Output bytes streamed from agents to callers, by stream (stdout, stderr)",
+            self.streamed.clone(),
+        );
+        registry.register(
+            "approval_requests",
+            "Approval requests (policy `approve` rules and bypass requests) that ended, by decision (approved, denied, expired, withdrawn)",
+            self.approvals.clone(),
+        );
+        registry.register(
+            "agent_attachments",
+            "Agent links accepted (a reconnect counts again)",
+            self.attachments.clone(),
+        );
+    }
+
+    /// A host call begins; the guard records its end (also when the call is dropped midway,
+    /// as `cancelled`).
+    pub fn call(&self, fanout: bool) -> CallMeter {
+        let kind = if fanout { "fanout" } else { "call" };
+        self.in_flight.get_or_create(&[("kind", kind)]).inc();
+        let m = self.clone();
+        CallMeter(Outcome::new(Box::new(move |status, elapsed| {
+            m.in_flight.get_or_create(&[("kind", kind)]).dec();
+            m.calls
+                .get_or_create(&[("kind", kind), ("status", status)])
+                .inc();
+            m.duration
+                .get_or_create(&[("kind", kind)])
+                .observe(elapsed.as_secs_f64());
+        })))
+    }
+
+    pub fn fanout(&self, hosts: usize) {
+        self.fanout_hosts.observe(hosts as f64);
+    }
+
+    pub fn streamed(&self, stream: i32, bytes: u64) {
+        let name = match OutputStream::try_from(stream) {
+            Ok(OutputStream::Stderr) => "stderr",
+            _ => "stdout",
+        };
+        self.streamed
+            .get_or_create(&[("stream", name)])
+            .inc_by(bytes);
+    }
+
+    pub fn approval(&self, decision: &Decision) {
+        let name = match decision {
+            Decision::Approved { .. } => "approved",
+            Decision::Denied { .. } => "denied",
+            Decision::Expired => "expired",
+            Decision::Withdrawn => "withdrawn",
+        };
+        self.approvals.get_or_create(&[("decision", name)]).inc();
+    }
+
+    pub fn attached(&self) {
+        self.attachments.inc();
+    }
+}
+
+/// Records how a call ended.
+type Record = Box<dyn FnOnce(&'static str, std::time::Duration) + Send + Sync>;
+
+/// A host call being measured; see [`Metrics::call`].
+#[derive(Debug)]
+pub struct CallMeter(Outcome<Record>);
+
+impl CallMeter {
+    pub fn finish(self, result: &CallResult) {
+        self.0.finish(toolsrv_proto::status_name(result.status));
+    }
+}
+
+/// Reads the fleet, catalog, sessions and approvals at each scrape.
+#[derive(Debug)]
+pub struct StateCollector {
+    pub state: Weak<State>,
+}
+
+impl MetricsCollector for StateCollector {
+    fn encode(&self, mut encoder: Encoder) -> Result<(), std::fmt::Error> {
+        let Some(state) = self.state.upgrade() else {
+            return Ok(());
+        };
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        let [online, syncing, offline] = state.fleet.count_by_state().map(count);
+        encode_gauges(
+            &mut encoder,
+            "agents",
+            "Hosts the coordinator knows, by state: online (attached, view current), syncing (attached, view not yet sent for this revision), offline (no link)",
+            &[
+                ([("state", "online")], online),
+                ([("state", "syncing")], syncing),
+                ([("state", "offline")], offline),
+            ],
+        )?;
+        encode_gauge(
+            &mut encoder,
+            "catalog_revision",
+            "The catalog revision the coordinator serves",
+            i64::try_from(state.fleet.revision()).unwrap_or(i64::MAX),
+        )?;
+        encode_gauge(
+            &mut encoder,
+            "sessions",
+            "Sessions open (toolctl session, MCP servers)",
+            count(state.sessions.len()),
+        )?;
+        encode_gauge(
+            &mut encoder,
+            "approval_requests_pending",
+            "Approval requests waiting for a decision",
+            count(state.approvals.pending()),
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use toolsrv_proto::v1::CallStatus;
+
+    use super::*;
+
+    #[test]
+    fn a_dropped_call_counts_as_cancelled_and_leaves_flight() {
+        let metrics = Metrics::default();
+        let mut registry = toolsrv_metrics::registry();
+        metrics.register(&mut registry);
+        metrics
+            .call(false)
+            .finish(&CallResult::not_run(CallStatus::Denied, "no"));
+        drop(metrics.call(true));
+        let _running = metrics.call(true);
+        metrics.fanout(3);
+        metrics.streamed(OutputStream::Stderr as i32, 10);
+        let text = toolsrv_metrics::encode(&registry, false).unwrap();
+        for line in [
+            "toolsrv_calls_total{kind=\"call\",status=\"denied\"} 1",
+            "toolsrv_calls_total{kind=\"fanout\",status=\"cancelled\"} 1",
+            "toolsrv_calls_in_flight{kind=\"call\"} 0",
+            "toolsrv_calls_in_flight{kind=\"fanout\"} 1",
+            "toolsrv_call_duration_seconds_count{kind=\"fanout\"} 1",
+            "toolsrv_fanout_hosts_count 1",
+            "toolsrv_streamed_bytes_total{stream=\"stderr\"} 10",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+    }
+}
