@@ -1,4 +1,5 @@
-//! Command-line flags (each also settable from the environment) and dispatch.
+//! Command-line flags (each also settable from the environment, and from a configuration file:
+//! `config`) and dispatch.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -106,8 +107,8 @@ impl Required {
             return Ok(());
         }
         bail!(
-            "{command}: missing {}: give each as a flag or in its environment variable \
-             (`toolsrv {command} --help` lists them)",
+            "{command}: missing {}: give each as a flag, in its environment variable or in \
+             the configuration file (`toolsrv {command} --help` lists them)",
             self.missing.join(", ")
         )
     }
@@ -115,6 +116,8 @@ impl Required {
 
 #[derive(Debug, Args)]
 pub struct CoordinatorArgs {
+    #[command(flatten)]
+    pub file: crate::config::ConfigArgs,
     /// Address of the mTLS gRPC port (agents and clients)
     #[arg(long, env = "TOOLSRV_LISTEN", default_value = "0.0.0.0:7443")]
     pub listen: SocketAddr,
@@ -217,6 +220,8 @@ impl CoordinatorArgs {
 
 #[derive(Debug, Args)]
 pub struct AgentArgs {
+    #[command(flatten)]
+    pub file: crate::config::ConfigArgs,
     /// The coordinator's URL. Needed
     #[arg(long, env = "TOOLSRV_COORDINATOR", value_name = "URL")]
     pub coordinator: Option<String>,
@@ -227,7 +232,7 @@ pub struct AgentArgs {
     #[command(flatten)]
     pub tls: TlsArgs,
     /// Colon-separated host-only tool directories, served besides the coordinator's catalog
-    #[arg(long, env = "TOOLSRV_AGENT_TOOLS")]
+    #[arg(long, env = "TOOLSRV_AGENT_TOOLS", value_name = "PATH")]
     pub tools: Option<String>,
     /// A label for host selection, KEY=VALUE; repeatable (env: comma-separated)
     #[arg(long = "label", env = "TOOLSRV_LABELS", value_delimiter = ',')]
@@ -492,6 +497,16 @@ pub fn shutdown_on_signals() -> CancellationToken {
 }
 
 impl Cli {
+    /// Whether the settings would start the role, without starting anything: what
+    /// `--print-config` adds to the configuration it prints.
+    pub fn check(&self) -> anyhow::Result<()> {
+        match &self.command {
+            Command::Coordinator(args) => args.config().map(drop),
+            Command::Agent(args) => args.config().map(drop),
+            Command::Pki(_) | Command::Up(_) | Command::Bypass(_) => Ok(()),
+        }
+    }
+
     /// `toolsrv bypass`, which `main` runs alone: no runtime, no logging, the command's status.
     pub fn bypass(&self) -> Option<&crate::bypass::BypassArgs> {
         match &self.command {

@@ -3,12 +3,11 @@
 
 mod bypass;
 mod cli;
+mod config;
 mod examples;
 mod up;
 
 use std::process::ExitCode;
-
-use clap::Parser;
 
 fn main() -> ExitCode {
     // `toolsrv up` links `<state>/bin/toolctl` to this binary, so that the commands it prints
@@ -17,7 +16,11 @@ fn main() -> ExitCode {
         return toolsrv_client::cli::main();
     }
     toolsrv_tls::install_crypto_provider();
-    let cli = cli::Cli::parse();
+    // Flags, environment and the `--config` file; `--print-config` and a bad file end here.
+    let cli = match config::parse_command_line() {
+        config::Start::Run(cli) => cli,
+        config::Start::Exit(code) => return code,
+    };
     if let Some(args) = cli.bypass() {
         return bypass::run(args);
     }
@@ -32,7 +35,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(cli::run(cli)) {
+    match runtime.block_on(cli::run(*cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("toolsrv: {e:#}");

@@ -1,0 +1,135 @@
+//! A coordinator and an agent each started from a configuration file alone, relative paths in
+//! the files meaning their directory, and a real call through them.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use toolsrv_tests::{Fleet, Proc, bin, json_lines, text, wait_for, write};
+
+/// `toolsrv ROLE --config FILE`, run from `cwd` with no TOOLSRV_* variable: only the file
+/// configures it.
+fn from_file(role: &str, file: &Path, cwd: &Path) -> Command {
+    let mut cmd = Command::new(bin("toolsrv"));
+    cmd.arg(role)
+        .arg("--config")
+        .arg(file)
+        .current_dir(cwd)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", cwd);
+    cmd
+}
+
+#[test]
+fn a_coordinator_and_an_agent_from_their_files_serve_a_call() {
+    let fleet = Fleet::new(&["web-1"]);
+    let work = fleet.work.path();
+    // Each role's directory holds its file and, relative to it, everything the file names.
+    let etc = work.join("etc");
+    let coordinator_dir = etc.join("coordinator");
+    let agent_dir = etc.join("agent");
+    for dir in [&coordinator_dir, &agent_dir] {
+        std::fs::create_dir_all(dir).unwrap();
+        std::os::unix::fs::symlink(fleet.pki.root(), dir.join("pki")).unwrap();
+    }
+    let tools = coordinator_dir.join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    write(
+        &tools,
+        "hello.meta",
+        r#"{"description": "Say hello", "cmd": "echo hello"}"#,
+    );
+    write(
+        &tools,
+        "guarded.meta",
+        r#"{"description": "Refused by the policy", "cmd": "echo no"}"#,
+    );
+    write(
+        &coordinator_dir,
+        "policy.json",
+        r#"{"rules": [{"tools": ["guarded"], "effect": "deny"}]}"#,
+    );
+    write(
+        &coordinator_dir,
+        "coordinator.toml",
+        &format!(
+            "# toolsrv coordinator\n\
+             listen = \"127.0.0.1:{port}\"\n\
+             tools = \"tools\"\n\
+             ca = \"pki/ca.pem\"\n\
+             cert = \"pki/coordinator.pem\"\n\
+             key = \"pki/coordinator-key.pem\"\n\
+             policy = \"policy.json\"\n\
+             audit_log = \"audit.jsonl\"\n\
+             rescan_secs = 1\n\
+             max_calls_per_client = 8\n\
+             log_level = \"info,toolsrv_coordinator=debug\"\n",
+            port = fleet.port
+        ),
+    );
+    write(
+        &agent_dir,
+        "agent.toml",
+        &format!(
+            "coordinator = \"{url}\"\n\
+             host_id = \"web-1\"\n\
+             ca = \"pki/ca.pem\"\n\
+             cert = \"pki/agent-web-1.pem\"\n\
+             key = \"pki/agent-web-1-key.pem\"\n\
+             state_dir = \"state\"\n\
+             label = [\"role=web\", \"zone=a\"]\n\
+             recheck_secs = 1\n",
+            url = fleet.url()
+        ),
+    );
+
+    // Started from the work directory, not the files' own.
+    let mut coordinator = Proc::spawn(
+        "coordinator",
+        from_file(
+            "coordinator",
+            &coordinator_dir.join("coordinator.toml"),
+            work,
+        ),
+        work,
+    );
+    wait_for("the coordinator to listen", Duration::from_secs(20), || {
+        std::net::TcpStream::connect(("127.0.0.1", fleet.port))
+            .ok()
+            .or_else(|| {
+                coordinator.check_alive().unwrap();
+                None
+            })
+    });
+    let _agent = Proc::spawn(
+        "agent-web-1",
+        from_file("agent", &agent_dir.join("agent.toml"), work),
+        work,
+    );
+    fleet.wait_online(&["web-1"], "hello");
+
+    let out = fleet.toolctl(&["call", "web-1", "hello"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "hello");
+    let hosts = fleet.hosts();
+    let labels = &hosts[0]["labels"];
+    assert_eq!(labels["role"], "web", "{hosts:?}");
+    assert_eq!(labels["zone"], "a", "{hosts:?}");
+    // The file's policy refuses, and its audit log records, beside the file.
+    let out = fleet.toolctl(&["call", "web-1", "guarded"]);
+    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+    let audit = coordinator_dir.join("audit.jsonl");
+    let records = wait_for("two audit records", Duration::from_secs(10), || {
+        Some(json_lines(&audit)).filter(|r| r.len() >= 2)
+    });
+    assert!(
+        records.iter().any(|r| r["tool"] == "guarded"),
+        "{records:?}"
+    );
+    assert!(
+        agent_dir.join("state").is_dir(),
+        "the agent's state is beside its file"
+    );
+}
