@@ -37,6 +37,20 @@ impl Caller {
         Self::of(req.extensions(), Role::Client).map(|c| c.name.clone())
     }
 
+    /// The client name of a client-API request, which must match one of `admins` (client-name
+    /// globs, `--admin`): administration (join tokens, revocation) is refused to anyone else.
+    pub fn admin<T>(req: &tonic::Request<T>, admins: &[String]) -> Result<String, Status> {
+        let name = Self::client(req)?;
+        if admins.iter().any(|glob| crate::selector::glob(glob, &name)) {
+            Ok(name)
+        } else {
+            Err(Status::permission_denied(format!(
+                "client `{name}` is not an administrator of this coordinator: administrators are                  the clients matching --admin ({})",
+                admins.join(", ")
+            )))
+        }
+    }
+
     /// The host id of an agent-link request.
     pub fn agent<T>(req: &tonic::Request<T>) -> Result<String, Status> {
         Self::of(req.extensions(), Role::Agent).map(|c| c.name.clone())

@@ -52,6 +52,10 @@ pub use policy::Policy;
 pub use quota::Limits;
 pub use sessions::SessionLimits;
 
+/// The client allowed to administer a coordinator unless `--admin` says otherwise: the one
+/// `toolsrv up` and `toolsrv pki init --clients admin` issue.
+pub const DEFAULT_ADMIN: &str = "admin";
+
 /// How a coordinator runs.
 #[derive(Debug, Clone)]
 pub struct CoordinatorConfig {
@@ -78,6 +82,8 @@ pub struct CoordinatorConfig {
     /// A sentence encoder's directory (all-MiniLM-L6-v2: `model.safetensors`, `tokenizer.json`,
     /// `config.json`) for FindTools to rank by meaning as well as by words; `None`: words only.
     pub find_model: Option<PathBuf>,
+    /// Client-name globs allowed to administer the coordinator (join tokens, revocation).
+    pub admins: Vec<String>,
     pub watch: WatchOptions,
 }
 
@@ -96,6 +102,7 @@ impl CoordinatorConfig {
             approval_timeout: Duration::from_secs(60),
             sessions: SessionLimits::default(),
             find_model: None,
+            admins: vec![DEFAULT_ADMIN.to_string()],
             watch: WatchOptions::default(),
         }
     }

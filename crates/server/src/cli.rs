@@ -177,6 +177,15 @@ pub struct CoordinatorArgs {
     /// by meaning as well as by words; `scripts/fetch-find-model` lays one out
     #[arg(long, env = "TOOLSRV_FIND_MODEL", value_name = "DIR")]
     pub find_model: Option<PathBuf>,
+    /// A client-name glob allowed to administer this coordinator (join tokens, revocation);
+    /// repeatable (env: comma-separated)
+    #[arg(
+        long = "admin",
+        env = "TOOLSRV_ADMINS",
+        value_delimiter = ',',
+        default_value = toolsrv_coordinator::DEFAULT_ADMIN
+    )]
+    pub admins: Vec<String>,
 }
 
 impl CoordinatorArgs {
@@ -214,6 +223,12 @@ impl CoordinatorArgs {
             per_client: self.max_sessions_per_client.max(1),
         };
         config.find_model = self.find_model.clone();
+        config.admins = self
+            .admins
+            .iter()
+            .filter(|a| !a.is_empty())
+            .cloned()
+            .collect();
         Ok(config)
     }
 }

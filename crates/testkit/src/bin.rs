@@ -27,7 +27,14 @@ pub fn try_bin(name: &str) -> Result<PathBuf> {
     // The crates each binary is not built from: a change there does not relink it.
     let not_built_from: &[&str] = match name {
         "toolsrv" => &["client", "bench", "testkit"],
-        "toolctl" => &["server", "coordinator", "agent", "metrics", "bench", "testkit"],
+        "toolctl" => &[
+            "server",
+            "coordinator",
+            "agent",
+            "metrics",
+            "bench",
+            "testkit",
+        ],
         _ => &["bench", "testkit"],
     };
     // Only `toolsrv` embeds the example tools (for `toolsrv up`).
