@@ -84,6 +84,9 @@ pub struct CoordinatorConfig {
     pub find_model: Option<PathBuf>,
     /// Client-name globs allowed to administer the coordinator (join tokens, revocation).
     pub admins: Vec<String>,
+    /// Where the coordinator keeps what must outlive it (revocations, join tokens); `None`:
+    /// nothing is kept, and what needs it is refused saying so.
+    pub state_dir: Option<PathBuf>,
     pub watch: WatchOptions,
 }
 
@@ -103,6 +106,7 @@ impl CoordinatorConfig {
             sessions: SessionLimits::default(),
             find_model: None,
             admins: vec![DEFAULT_ADMIN.to_string()],
+            state_dir: None,
             watch: WatchOptions::default(),
         }
     }
