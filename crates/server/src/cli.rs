@@ -186,6 +186,9 @@ pub struct CoordinatorArgs {
         default_value = toolsrv_coordinator::DEFAULT_ADMIN
     )]
     pub admins: Vec<String>,
+    /// Where the coordinator keeps what must outlive a restart (revocations, join tokens)
+    #[arg(long, env = "TOOLSRV_COORDINATOR_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 impl CoordinatorArgs {
@@ -223,6 +226,7 @@ impl CoordinatorArgs {
             per_client: self.max_sessions_per_client.max(1),
         };
         config.find_model = self.find_model.clone();
+        config.state_dir = self.state_dir.clone();
         config.admins = self
             .admins
             .iter()
