@@ -208,6 +208,7 @@ impl Tools for ToolsService {
             state.audit.refused(&client, &req.host, &req.tool, &status);
             status
         };
+        draining(&state).map_err(refuse)?;
         bounded("the host id", &req.host, toolsrv_tls::MAX_NAME_LEN).map_err(refuse)?;
         if !req.session.is_empty() {
             session_api::touch(&state, &client, &req.session, &req.tool).map_err(refuse)?;
@@ -227,7 +228,9 @@ impl Tools for ToolsService {
             .map_err(|e| refuse(Status::resource_exhausted(e)))?;
         let (tx, rx) = mpsc::channel(16);
         let host = req.host;
+        let running = state.in_flight.token();
         self.state.tasks.spawn(async move {
+            let _running = running;
             let emit = |event: Event| {
                 let tx = tx.clone();
                 async move {
@@ -262,6 +265,7 @@ impl Tools for ToolsService {
                 .refused(&client, &req.selector, &req.tool, &status);
             status
         };
+        draining(&state).map_err(refuse)?;
         bounded("the selector", &req.selector, MAX_SELECTOR_BYTES).map_err(refuse)?;
         let selector = Selector::parse(&req.selector)
             .map_err(|e| refuse(Status::invalid_argument(e.to_string())))?;
@@ -294,7 +298,9 @@ impl Tools for ToolsService {
         spec.fanout = Some(format!("{:016x}", rand_id()));
         let (tx, rx) = mpsc::channel(64);
         let max_errors = req.max_errors;
+        let running = state.in_flight.token();
         self.state.tasks.spawn(async move {
+            let _running = running;
             let concurrency = reservation.slots;
             tokio::select! {
                 () = fan_out(state, targets, spec, (concurrency, max_errors), tx.clone()) => {}
@@ -536,6 +542,17 @@ async fn fan_out(
             event: Some(fan_out_event::Event::Summary(summary)),
         }))
         .await;
+}
+
+/// Refuses a new call or fan-out once the coordinator drains: clients retry, here once it is
+/// back or on another coordinator.
+fn draining(state: &State) -> Result<(), Status> {
+    if state.draining.is_cancelled() {
+        return Err(Status::unavailable(
+            "the coordinator is shutting down and takes no new calls: retry in a few seconds              (calls already running finish)",
+        ));
+    }
+    Ok(())
 }
 
 fn host_event(host: &str, event: fan_out_event::Event) -> FanOutEvent {

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
+
 use toolsrv_proto::v1::{
     ApprovalRequest, BypassRequest, CallResult, CallStatus, OutputChunk, StartCall,
 };
@@ -331,7 +333,8 @@ where
     let (result, caller_present) = match start(state, host_id, spec, slot, &mut emit).await {
         Err(ended) => ended,
         Ok((handle, _slot, verdict)) => {
-            let mut pump = Pump::new(handle, spec, state.quotas.limits.max_call_timeout);
+            let mut pump = Pump::new(handle, spec, state.quotas.limits.max_call_timeout)
+                .until(state.shutdown.clone());
             loop {
                 match pump.step(&mut emit).await {
                     Step::Done(result, present) => break (result, present),
@@ -379,6 +382,8 @@ enum Step {
 struct Pump {
     handle: CallHandle,
     deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// The coordinator's end: the call ends when it fires.
+    stop: CancellationToken,
 }
 
 impl Pump {
@@ -392,7 +397,14 @@ impl Pump {
         Self {
             handle,
             deadline: Box::pin(tokio::time::sleep(deadline)),
+            stop: CancellationToken::new(),
         }
+    }
+
+    /// Ends the call (cancelled on the agent) when `stop` fires.
+    fn until(mut self, stop: CancellationToken) -> Self {
+        self.stop = stop;
+        self
     }
 
     async fn step<F, Fut>(&mut self, emit: &mut F) -> Step
@@ -402,6 +414,11 @@ impl Pump {
     {
         loop {
             let event = tokio::select! {
+                // The coordinator's end first: a link closing for it must not read as LOST.
+                biased;
+                () = self.stop.cancelled() => {
+                    return Step::Done(CallResult::not_run(CallStatus::Cancelled, "the coordinator shut down before the call ended (its drain grace, --drain-grace-secs, was over); the call was cancelled on the host"), true);
+                }
                 event = self.handle.next() => event,
                 () = &mut self.deadline => {
                     // Dropping the handle cancels the call on the agent.

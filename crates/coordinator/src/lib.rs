@@ -56,6 +56,9 @@ pub use sessions::SessionLimits;
 /// `toolsrv up` and `toolsrv pki init --clients admin` issue.
 pub const DEFAULT_ADMIN: &str = "admin";
 
+/// How long calls may finish after the shutdown signal, unless `--drain-grace-secs` says.
+pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(30);
+
 /// How a coordinator runs.
 #[derive(Debug, Clone)]
 pub struct CoordinatorConfig {
@@ -84,6 +87,9 @@ pub struct CoordinatorConfig {
     pub find_model: Option<PathBuf>,
     /// Client-name globs allowed to administer the coordinator (join tokens, revocation).
     pub admins: Vec<String>,
+    /// After the shutdown signal, how long calls already running may take to finish before
+    /// they are ended; new calls are refused meanwhile.
+    pub drain_grace: Duration,
     /// Where the coordinator keeps what must outlive it (revocations, join tokens); `None`:
     /// nothing is kept, and what needs it is refused saying so.
     pub state_dir: Option<PathBuf>,
@@ -107,6 +113,7 @@ impl CoordinatorConfig {
             find_model: None,
             admins: vec![DEFAULT_ADMIN.to_string()],
             state_dir: None,
+            drain_grace: DEFAULT_DRAIN_GRACE,
             watch: WatchOptions::default(),
         }
     }
@@ -145,6 +152,13 @@ pub(crate) struct State {
     pub sessions: sessions::Sessions,
     pub finder: finder::Finder,
     pub metrics: metrics::Metrics,
+    /// Cancelled by the shutdown signal: new calls are refused from then on, while the ones
+    /// running may finish (within `drain_grace`).
+    pub draining: CancellationToken,
+    /// Every call and fan-out running, so the drain knows when they are done.
+    pub in_flight: TaskTracker,
+    /// Cancelled when the drain is over: links say goodbye, the calls still running end, the
+    /// servers stop.
     pub shutdown: CancellationToken,
     /// Every task the services spawn, so shutdown can wait for them.
     pub tasks: TaskTracker,
@@ -160,13 +174,17 @@ pub struct PlainPorts {
 }
 
 /// Serves the agent link and the client API on `listener` (mTLS) and, when given, gRPC health
-/// and metrics on `plain` until `shutdown` is cancelled.
+/// and metrics on `plain`, until `drain` is cancelled and the drain is over: from then on new
+/// calls are refused with `UNAVAILABLE` (health says NOT_SERVING) while the calls already
+/// running finish, for at most `config.drain_grace`; then the rest end with status
+/// `cancelled`, agents are told goodbye (they reconnect) and the servers stop.
 pub async fn serve(
     config: CoordinatorConfig,
     listener: TcpListener,
     plain: PlainPorts,
-    shutdown: CancellationToken,
+    drain: CancellationToken,
 ) -> Result<(), CoordinatorError> {
+    let shutdown = CancellationToken::new();
     let creds = ServerCreds::new(config.tls.clone())?;
     let policy = match &config.policy {
         Some(path) => Policy::load(path)?,
@@ -201,6 +219,8 @@ pub async fn serve(
         sessions: sessions::Sessions::new(config.sessions.clone()),
         finder: finder::Finder::new(encoder),
         metrics: metrics::Metrics::default(),
+        draining: drain.clone(),
+        in_flight: TaskTracker::new(),
         shutdown: shutdown.clone(),
         tasks: tasks.clone(),
     });
@@ -221,6 +241,7 @@ pub async fn serve(
     reporter
         .set_serving::<AgentLinkServer<AgentLinkService>>()
         .await;
+    tasks.spawn(drain_then_stop(state.clone(), reporter));
     let reflection = |builder: tonic_reflection::server::Builder<'static>| {
         builder
             .register_encoded_file_descriptor_set(toolsrv_proto::FILE_DESCRIPTOR_SET)
@@ -293,6 +314,44 @@ pub async fn serve(
     // Sessions say goodbye to their agents; give them a moment, but never hang shutdown.
     let _ = tokio::time::timeout(Duration::from_secs(5), tasks.wait()).await;
     served.map_err(CoordinatorError::from)
+}
+
+/// Waits for the drain signal, refuses new calls (health: NOT_SERVING) while the running ones
+/// finish within the grace, then stops everything.
+async fn drain_then_stop(state: Arc<State>, reporter: tonic_health::server::HealthReporter) {
+    tokio::select! {
+        () = state.draining.cancelled() => {}
+        () = state.shutdown.cancelled() => return,
+    }
+    let grace = state.config.drain_grace;
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
+    reporter
+        .set_not_serving::<ToolsServer<ToolsService>>()
+        .await;
+    reporter
+        .set_not_serving::<AgentLinkServer<AgentLinkService>>()
+        .await;
+    state.in_flight.close();
+    let running = state.in_flight.len();
+    tracing::info!(
+        calls = running,
+        ?grace,
+        "draining: new calls are refused, running calls may finish"
+    );
+    if tokio::time::timeout(grace, state.in_flight.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            calls = state.in_flight.len(),
+            "drain grace over: ending the calls still running"
+        );
+    } else if running > 0 {
+        tracing::info!("every running call finished");
+    }
+    state.shutdown.cancel();
 }
 
 /// Reopens the audit log on SIGHUP, for logrotate.

@@ -186,6 +186,10 @@ pub struct CoordinatorArgs {
         default_value = toolsrv_coordinator::DEFAULT_ADMIN
     )]
     pub admins: Vec<String>,
+    /// On SIGTERM, how long (seconds) running calls may finish while new ones are refused;
+    /// then the rest are ended. A second signal exits at once
+    #[arg(long, env = "TOOLSRV_DRAIN_GRACE_SECS", default_value_t = 30)]
+    pub drain_grace_secs: u64,
     /// Where the coordinator keeps what must outlive a restart (revocations, join tokens)
     #[arg(long, env = "TOOLSRV_COORDINATOR_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
@@ -227,6 +231,7 @@ impl CoordinatorArgs {
         };
         config.find_model = self.find_model.clone();
         config.state_dir = self.state_dir.clone();
+        config.drain_grace = Duration::from_secs(self.drain_grace_secs);
         config.admins = self
             .admins
             .iter()
@@ -287,6 +292,10 @@ pub struct AgentArgs {
     /// Address of a plain-HTTP Prometheus endpoint (`GET /metrics`); off when unset
     #[arg(long, env = "TOOLSRV_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// On SIGTERM, how long (seconds) running calls may finish (new ones are refused); then
+    /// the rest are cancelled and the agent says goodbye. A second signal exits at once
+    #[arg(long, env = "TOOLSRV_AGENT_DRAIN_GRACE_SECS", default_value_t = 10)]
+    pub drain_grace_secs: u64,
     #[command(flatten)]
     pub sandbox: SandboxArgs,
 }
@@ -441,6 +450,7 @@ impl AgentArgs {
         config.recheck_every = Duration::from_secs(self.recheck_secs.max(1));
         config.sandbox = self.sandbox.settings()?;
         config.metrics_listen = self.metrics_listen;
+        config.drain_grace = Duration::from_secs(self.drain_grace_secs);
         Ok(config)
     }
 }
