@@ -208,6 +208,8 @@ impl Tools for ToolsService {
             state.audit.refused(&client, &req.host, &req.tool, &status);
             status
         };
+        // Counted before the drain check: a drain that begins after the check waits for it.
+        let running = state.in_flight.token();
         draining(&state).map_err(refuse)?;
         bounded("the host id", &req.host, toolsrv_tls::MAX_NAME_LEN).map_err(refuse)?;
         if !req.session.is_empty() {
@@ -228,7 +230,6 @@ impl Tools for ToolsService {
             .map_err(|e| refuse(Status::resource_exhausted(e)))?;
         let (tx, rx) = mpsc::channel(16);
         let host = req.host;
-        let running = state.in_flight.token();
         self.state.tasks.spawn(async move {
             let _running = running;
             let emit = |event: Event| {
@@ -265,6 +266,7 @@ impl Tools for ToolsService {
                 .refused(&client, &req.selector, &req.tool, &status);
             status
         };
+        let running = state.in_flight.token();
         draining(&state).map_err(refuse)?;
         bounded("the selector", &req.selector, MAX_SELECTOR_BYTES).map_err(refuse)?;
         let selector = Selector::parse(&req.selector)
@@ -298,7 +300,6 @@ impl Tools for ToolsService {
         spec.fanout = Some(format!("{:016x}", rand_id()));
         let (tx, rx) = mpsc::channel(64);
         let max_errors = req.max_errors;
-        let running = state.in_flight.token();
         self.state.tasks.spawn(async move {
             let _running = running;
             let concurrency = reservation.slots;
