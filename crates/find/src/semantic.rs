@@ -235,6 +235,16 @@ mod tests {
     }
 
     #[test]
+    fn cosine_in_lanes_is_the_plain_dot_product() {
+        for len in [0, 5, 8, 19, 384] {
+            let a: Vec<f32> = (0..len).map(|i| (i % 7) as f32 / 7.0 - 0.4).collect();
+            let b: Vec<f32> = (0..len).map(|i| (i % 5) as f32 / 5.0 - 0.3).collect();
+            let plain: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+            assert!((cosine(&a, &b) - plain).abs() < 1e-4, "{len}");
+        }
+    }
+
+    #[test]
     fn a_small_catalog_is_neither_centred_nor_penalised() {
         let docs = vec![vec![unit(&[1.0, 0.0]), unit(&[1.0, 1.0])]];
         let s = Semantic::build(
