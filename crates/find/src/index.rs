@@ -6,8 +6,9 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use sha2::{Digest, Sha256};
 
-use crate::encoder::{Encoder, cosine};
+use crate::encoder::Encoder;
 use crate::lexical::{self, Lexical};
+use crate::semantic::{Correction, DocVectors, Semantic};
 use crate::text::Analyzer;
 use crate::{Doc, FindError};
 
@@ -20,12 +21,19 @@ pub const MAX_QUERY_BYTES: usize = 4096;
 pub struct Options {
     /// Field weights of the lexical ranker.
     pub lexical: lexical::Params,
-    /// Share of the semantic similarity in the score when an encoder is present; the lexical
-    /// score has the rest.
+    /// Share of the semantic score in the score when an encoder is present; the lexical score
+    /// has the rest.
     pub semantic_weight: f32,
+    /// Share of a tool's hub score (how close it comes to requests meant for other tools)
+    /// subtracted from its semantic score; 0 turns the correction off. See the crate
+    /// documentation.
+    pub hub_weight: f32,
+    /// How many of a tool's best scores against other tools' keyword phrases make its hub
+    /// score.
+    pub hub_neighbours: usize,
     /// Lowest score returned without an encoder.
     pub min_lexical: f32,
-    /// Lowest score returned with an encoder.
+    /// Lowest plain score (see the crate documentation) returned with an encoder.
     pub min_fused: f32,
 }
 
@@ -33,9 +41,11 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             lexical: lexical::Params::default(),
-            semantic_weight: 0.8,
+            semantic_weight: 0.9,
+            hub_weight: 0.25,
+            hub_neighbours: 50,
             min_lexical: 0.1,
-            min_fused: 0.16,
+            min_fused: 0.18,
         }
     }
 }
@@ -48,7 +58,8 @@ pub struct Hit<K> {
     pub score: f32,
     /// The lexical ranker's score, 0..1.
     pub lexical: Option<f32>,
-    /// The semantic score, about -1..1 (cosine similarities); `None` without an encoder.
+    /// The semantic score the hits are ranked by, about -1..1 (cosine similarities, centred and
+    /// less the tool's hub penalty); `None` without an encoder.
     pub semantic: Option<f32>,
 }
 
@@ -71,7 +82,9 @@ struct Snapshot<K> {
     keys: Vec<K>,
     lexical: Lexical,
     /// Per document, the vector of each of its texts (empty without an encoder).
-    vectors: Vec<Vec<Arc<[f32]>>>,
+    vectors: Vec<DocVectors>,
+    /// The catalog's centring and each document's hub penalty.
+    semantic: Semantic,
     /// Vector by text, for the next update to reuse.
     cache: HashMap<TextHash, Arc<[f32]>>,
 }
@@ -82,6 +95,7 @@ impl<K> Default for Snapshot<K> {
             keys: Vec::new(),
             lexical: Lexical::default(),
             vectors: Vec::new(),
+            semantic: Semantic::default(),
             cache: HashMap::new(),
         }
     }
@@ -151,6 +165,7 @@ impl<K: Clone> Index<K> {
         };
         let mut cache = HashMap::new();
         let mut vectors = Vec::new();
+        let mut semantic = Semantic::default();
         if let Some(encoder) = &self.encoder {
             let texts: Vec<Vec<String>> = refs.iter().map(|d| passages(d)).collect();
             let mut missing: Vec<(TextHash, &str)> = Vec::new();
@@ -184,11 +199,19 @@ impl<K: Clone> Index<K> {
                         .collect()
                 })
                 .collect();
+            semantic = Semantic::build(
+                &vectors,
+                &Correction {
+                    hub_weight: self.options.hub_weight,
+                    hub_neighbours: self.options.hub_neighbours,
+                },
+            )?;
         }
         let next = Snapshot {
             keys: docs.into_iter().map(|(k, _)| k).collect(),
             lexical,
             vectors,
+            semantic,
             cache,
         };
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(next);
@@ -217,7 +240,10 @@ impl<K: Clone> Index<K> {
         let lexical = snapshot.lexical.scores(&self.analyzer.terms(query));
         let query_vector = match &self.encoder {
             Some(encoder) if !snapshot.keys.is_empty() => {
-                encoder.embed(&[query])?.into_iter().next()
+                encoder.embed(&[query])?.into_iter().next().map(|plain| {
+                    let centred = snapshot.semantic.query(&plain);
+                    (plain, centred)
+                })
             }
             _ => None,
         };
@@ -228,19 +254,23 @@ impl<K: Clone> Index<K> {
                 continue;
             }
             let lex = lexical[i];
-            let (score, semantic) = match &query_vector {
-                Some(q) => {
-                    let sem = semantic(q, &snapshot.vectors[i]);
-                    (w * sem.max(0.0) + (1.0 - w) * lex, Some(sem))
+            let fuse = |sem: f32| w * sem.max(0.0) + (1.0 - w) * lex;
+            // The score ranks; `relevance` decides whether the hit is returned at all.
+            let (score, relevance, semantic) = match &query_vector {
+                Some((plain, centred)) => {
+                    let s = snapshot
+                        .semantic
+                        .scores(i, plain, centred, &snapshot.vectors[i]);
+                    let score = fuse(s.ranked);
+                    (
+                        score,
+                        fuse(s.plain) - self.options.min_fused,
+                        Some(s.ranked),
+                    )
                 }
-                None => (lex, None),
+                None => (lex, lex - self.options.min_lexical, None),
             };
-            let min = if semantic.is_some() {
-                self.options.min_fused
-            } else {
-                self.options.min_lexical
-            };
-            if score > 0.0 && score >= min {
+            if score > 0.0 && relevance >= 0.0 {
                 hits.push(Hit {
                     key: key.clone(),
                     score,
@@ -282,19 +312,6 @@ fn passages(doc: &Doc) -> Vec<String> {
             .cloned(),
     );
     texts
-}
-
-/// The semantic score of a document from the vectors of its [`passages`]: half the summary's
-/// similarity, half the best keyword's; the summary's alone when there are no keywords.
-fn semantic(query: &[f32], vectors: &[Arc<[f32]>]) -> f32 {
-    let Some((summary, keywords)) = vectors.split_first() else {
-        return 0.0;
-    };
-    let summary = cosine(query, summary);
-    match keywords.iter().map(|k| cosine(query, k)).reduce(f32::max) {
-        Some(best) => 0.5 * summary + 0.5 * best,
-        None => summary,
-    }
 }
 
 fn hash(text: &str) -> TextHash {

@@ -137,23 +137,27 @@ fn encoder_and_fusion_meet_their_floors() {
     let (_, _, fused_keyword) = results[1];
     let (_, sem_para, fused_para) = results[2];
     // Floors a little under the measures (BENCHMARKS.md). The goal for paraphrases is 0.9
-    // recall@3; this model reaches about 0.75 on requests that share no word with their tool.
-    assert!(sem_all.at3 >= 0.83, "{sem_all}");
-    assert!(sem_para.at3 >= 0.72, "{sem_para}");
-    assert!(fused_all.at3 >= 0.83, "{fused_all}");
+    // recall@3; this model, centred and corrected for hubness, reaches about 0.79 on requests
+    // that share no word with their tool.
+    assert!(sem_all.at3 >= 0.86, "{sem_all}");
+    assert!(sem_para.at3 >= 0.76, "{sem_para}");
+    assert!(fused_all.at3 >= 0.86, "{fused_all}");
     assert!(fused_keyword.at1 >= 0.93, "{fused_keyword}");
-    assert!(fused_para.at3 >= 0.70, "{fused_para}");
+    assert!(fused_para.at3 >= 0.76, "{fused_para}");
 
     // What each threshold would keep: recall@3 of the labelled requests, and how many requests
-    // about nothing would still find something.
-    for t in [0.14f32, 0.16, 0.18, 0.20, 0.22] {
-        let kept = |q: &str| {
-            let hits = unfiltered(&all, q);
-            hits.into_iter()
-                .filter(|h| h.score >= t)
-                .map(|h| h.key)
-                .collect::<Vec<_>>()
-        };
+    // about nothing would still find something. The threshold applies to the plain score (see
+    // the crate documentation), which hits do not carry: one index per threshold.
+    for t in [0.16f32, 0.18, 0.20, 0.22] {
+        let index = Index::with_options(
+            Some(encoder.clone()),
+            Options {
+                min_fused: t,
+                ..Options::default()
+            },
+        );
+        index.update(common::catalog()).unwrap();
+        let kept = |q: &str| names(&index.search(q, 3, |_| true).unwrap());
         let para = measure(of_kind(&queries, "paraphrase"), kept);
         let everything = measure(of_kind(&queries, "all"), kept);
         let noise = of_kind(&queries, "none")
@@ -165,7 +169,7 @@ fn encoder_and_fusion_meet_their_floors() {
         );
     }
 
-    // With the threshold (0.16, chosen from the table above: 0.20 would drop every unrelated
+    // With the threshold (0.18, chosen from the table above: 0.22 would drop every unrelated
     // request but a quarter of the paraphrases with them): requests about nothing find at most
     // a weak hit, the others keep their tool.
     let index = Index::new(Some(encoder));
@@ -204,5 +208,5 @@ fn encoder_and_fusion_meet_their_floors() {
         let hits = index.search(q, 5, |_| true).unwrap();
         assert!(hits.iter().all(|h| (0.0..=1.0).contains(&h.score)), "{q:?}");
     }
-    assert!(kept.at3 >= 0.82, "{kept} vs {fused_all}");
+    assert!(kept.at3 >= 0.84, "{kept} vs {fused_all}");
 }
