@@ -490,3 +490,38 @@ fn new_certificates_and_cas_are_taken_up_without_dropping_live_connections() {
         "the agent link was dropped"
     );
 }
+
+#[test]
+fn certificates_near_expiry_are_warned_about_once_and_counted() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "hello.meta",
+        r#"{"description": "Say hello", "cmd": "echo hello"}"#,
+        false,
+    );
+    // A window longer than any development certificate lives: every one is "near" expiry.
+    fleet.start_coordinator(&["--cert-expiry-warning=100000d"]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "hello");
+    for _ in 0..3 {
+        assert!(fleet.toolctl(&["hosts"]).status.success());
+    }
+    let log = coordinator_log(&fleet);
+    let warnings = |who: &str| {
+        log.lines()
+            .filter(|l| l.contains("within the warning window") && l.contains(who))
+            .count()
+    };
+    assert_eq!(
+        warnings("client/alice"),
+        1,
+        "once, not per connection:\n{log}"
+    );
+    assert_eq!(warnings("agent/a"), 1, "{log}");
+    assert_eq!(
+        warnings("coordinator.pem"),
+        1,
+        "the own certificate:\n{log}"
+    );
+    assert_eq!(warnings("ca.pem"), 1, "the CA:\n{log}");
+}
