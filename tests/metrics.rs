@@ -20,6 +20,7 @@ const BOUNDED_LABELS: &[&str] = &[
     "decision",
     "state",
     "certificate",
+    "role",
     "le",
 ];
 
@@ -147,6 +148,17 @@ fn calls_show_in_the_metrics_that_promtool_and_prometheus_accept() {
     )
     .unwrap();
     assert!(expiry > now + 86_400.0, "expiry {expiry} vs now {now}");
+    // The development certificates are far from expiry; the agents are connected.
+    for role in ["own", "ca", "agent", "client"] {
+        let series = format!(r#"toolsrv_certificates_expiring{{role="{role}"}}"#);
+        assert_eq!(sample(&coordinator, &series), Some(0.0), "{series}");
+    }
+    let agents_expire = sample(
+        &coordinator,
+        r#"toolsrv_peer_certificate_earliest_expiry_timestamp_seconds{role="agent"}"#,
+    )
+    .unwrap();
+    assert!(agents_expire > now + 86_400.0, "{agents_expire}");
     let memory = sample(&coordinator, "toolsrv_process_resident_memory_bytes").unwrap();
     assert!(memory > 1e6 && memory < 2e9, "{memory}");
 

@@ -539,6 +539,30 @@ impl Tools for Relay {
         self.upstream.clone().approve(req.into_inner()).await
     }
 
+    async fn revoke(
+        &self,
+        req: Request<toolsrv_proto::v1::RevokeRequest>,
+    ) -> Result<Response<toolsrv_proto::v1::RevokeResponse>, Status> {
+        self.upstream.clone().revoke(req.into_inner()).await
+    }
+
+    async fn unrevoke(
+        &self,
+        req: Request<toolsrv_proto::v1::UnrevokeRequest>,
+    ) -> Result<Response<toolsrv_proto::v1::UnrevokeResponse>, Status> {
+        self.upstream.clone().unrevoke(req.into_inner()).await
+    }
+
+    async fn list_revocations(
+        &self,
+        req: Request<toolsrv_proto::v1::ListRevocationsRequest>,
+    ) -> Result<Response<toolsrv_proto::v1::ListRevocationsResponse>, Status> {
+        self.upstream
+            .clone()
+            .list_revocations(req.into_inner())
+            .await
+    }
+
     async fn find_tools(
         &self,
         req: Request<FindToolsRequest>,

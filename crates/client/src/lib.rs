@@ -18,6 +18,7 @@ pub mod cli;
 mod client;
 pub mod control;
 mod error;
+mod revocation;
 mod session;
 mod shape;
 mod status;
@@ -36,7 +37,8 @@ pub use toolsrv_proto::v1::fan_out_event::Event as FanOutUpdate;
 pub use toolsrv_proto::v1::{
     ApprovalRequest, CallEvent, CallRequest, CallResult, CallStatus, CatalogEvent,
     CatalogEventKind, FanOutEvent, FanOutRequest, FanOutSummary, HostFacts, HostInfo, HostState,
-    InvalidTool, ListToolsResponse, LoadedTool, OutputChunk, OutputStream, SandboxFacts,
-    SessionHost, SessionState, ToolDefinition, ToolMatch, ToolResolution, ToolStatus,
+    InvalidTool, ListToolsResponse, LoadedTool, OutputChunk, OutputStream, Revocation,
+    RevokeResponse, SandboxFacts, SessionHost, SessionState, ToolDefinition, ToolMatch,
+    ToolResolution, ToolStatus,
 };
 pub use toolsrv_tls::{TlsError, TlsFiles};

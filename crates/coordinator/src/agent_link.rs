@@ -303,7 +303,9 @@ where
                 link.send(Msg::Goodbye(Goodbye { reason: "coordinator shutting down".into() })).await;
                 return "coordinator shutting down".into();
             }
-            () = link.closed.cancelled() => return "replaced by a new connection".into(),
+            () = link.closed.cancelled() => {
+                return link.close_reason().unwrap_or("replaced by a new connection").into();
+            }
             changed = catalogs.changed() => match changed {
                 Ok(()) => catalog_changed = true,
                 Err(_) => return "registry stopped".into(),

@@ -22,6 +22,10 @@ use toolsrv_proto::v1::{
     CloseSessionResponse, FindToolsRequest, FindToolsResponse, GetSessionRequest, LoadToolRequest,
     OpenSessionRequest, SessionState, UnloadToolRequest,
 };
+use toolsrv_proto::v1::{
+    ListRevocationsRequest, ListRevocationsResponse, RevokeRequest, RevokeResponse,
+    UnrevokeRequest, UnrevokeResponse,
+};
 
 use crate::State;
 
@@ -29,6 +33,7 @@ use crate::approvals::DecideError;
 use crate::calls::{self, CallSpec, Event};
 use crate::identity::Caller;
 use crate::refusal::{self, Refusal};
+use crate::revocation;
 use crate::selector::Selector;
 use crate::session_api;
 use crate::views::LIST_PAGE_BYTES;
@@ -438,6 +443,27 @@ impl Tools for ToolsService {
         let client = Caller::client(&req)?;
         session_api::close(&self.state, &client, &req.into_inner().session)?;
         Ok(Response::new(CloseSessionResponse {}))
+    }
+
+    async fn revoke(
+        &self,
+        req: Request<RevokeRequest>,
+    ) -> Result<Response<RevokeResponse>, Status> {
+        revocation::revoke_rpc(&self.state, req).map(Response::new)
+    }
+
+    async fn unrevoke(
+        &self,
+        req: Request<UnrevokeRequest>,
+    ) -> Result<Response<UnrevokeResponse>, Status> {
+        revocation::unrevoke_rpc(&self.state, req).map(Response::new)
+    }
+
+    async fn list_revocations(
+        &self,
+        req: Request<ListRevocationsRequest>,
+    ) -> Result<Response<ListRevocationsResponse>, Status> {
+        revocation::list_rpc(&self.state, &req).map(Response::new)
     }
 }
 

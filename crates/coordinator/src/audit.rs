@@ -125,6 +125,38 @@ impl Audit {
         }));
     }
 
+    /// Records a revocation RPC (`"event": "revocation"`): `action` is `revoke` or `unrevoke`,
+    /// `by` the client that asked, `outcome` `done`, `unchanged` (revoked already) or `refused`
+    /// (with the gRPC code and message).
+    pub fn revocation(
+        &self,
+        action: &str,
+        identity: &str,
+        by: &str,
+        reason: &str,
+        outcome: Result<&str, &tonic::Status>,
+    ) {
+        let (outcome, code, message) = match outcome {
+            Ok(outcome) => (outcome, None, String::new()),
+            Err(status) => (
+                "refused",
+                Some(format!("{:?}", status.code())),
+                bounded(status.message(), MAX_MESSAGE_FIELD),
+            ),
+        };
+        self.write(json!({
+            "ts_unix_ms": now_ms(),
+            "event": "revocation",
+            "action": action,
+            "identity": bounded(identity, MAX_NAME_FIELD),
+            "client": bounded(by, MAX_NAME_FIELD),
+            "reason": bounded(reason, MAX_MESSAGE_FIELD),
+            "outcome": outcome,
+            "code": code,
+            "message": message,
+        }));
+    }
+
     /// Records how an approval request ended: who asked, for what, who decided, how.
     pub fn approval(&self, request: &ApprovalRequest, decision: &Decision) {
         let (outcome, by, reason) = match decision {

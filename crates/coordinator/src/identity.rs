@@ -3,6 +3,7 @@
 //! proven name from the request ([`Caller`]), never from a certificate or a message itself.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tonic::Status;
@@ -10,6 +11,8 @@ use tonic::body::Body;
 use tonic::codegen::{BoxFuture, Service, http};
 use tonic::server::NamedService;
 use toolsrv_tls::Role;
+
+use crate::revocation::Revocations;
 
 /// Who called, as proven by the peer's certificate: put into every request's extensions by
 /// [`RequireRole`].
@@ -41,11 +44,18 @@ impl Caller {
     /// globs, `--admin`): administration (join tokens, revocation) is refused to anyone else.
     pub fn admin<T>(req: &tonic::Request<T>, admins: &[String]) -> Result<String, Status> {
         let name = Self::client(req)?;
-        if admins.iter().any(|glob| crate::selector::glob(glob, &name)) {
-            Ok(name)
+        Self::admin_name(&name, admins)?;
+        Ok(name)
+    }
+
+    /// [`Caller::admin`] for a client name already taken from the request.
+    pub fn admin_name(name: &str, admins: &[String]) -> Result<(), Status> {
+        if admins.iter().any(|glob| crate::selector::glob(glob, name)) {
+            Ok(())
         } else {
             Err(Status::permission_denied(format!(
-                "client `{name}` is not an administrator of this coordinator: administrators are                  the clients matching --admin ({})",
+                "client `{name}` is not an administrator of this coordinator: administrators are \
+                 the clients matching --admin ({})",
                 admins.join(", ")
             )))
         }
@@ -64,6 +74,8 @@ pub struct RequireRole<S> {
     role: Role,
     /// What the refusal says the service needs.
     needs: &'static str,
+    /// Identities refused whatever their certificate (`toolctl revoke`).
+    revocations: Option<Arc<Revocations>>,
 }
 
 impl<S> RequireRole<S> {
@@ -73,6 +85,7 @@ impl<S> RequireRole<S> {
             inner,
             role: Role::Client,
             needs: "the client API needs a client certificate (toolsrv://client/<name>)",
+            revocations: None,
         }
     }
 
@@ -82,16 +95,31 @@ impl<S> RequireRole<S> {
             inner,
             role: Role::Agent,
             needs: "the agent link needs an agent certificate (toolsrv://agent/<host-id>)",
+            revocations: None,
         }
+    }
+
+    /// Also refuses every request of a revoked identity, with PERMISSION_DENIED naming the
+    /// revocation.
+    pub(crate) fn refusing(mut self, revocations: Arc<Revocations>) -> Self {
+        self.revocations = Some(revocations);
+        self
     }
 
     /// The caller `peer` proves to be, if it has this service's role.
     fn prove(&self, peer: Option<&toolsrv_tls::PeerInfo>) -> Result<Caller, Status> {
         match peer.map(|p| &p.identity) {
-            Some(identity) if identity.role() == self.role => Ok(Caller {
-                role: self.role,
-                name: identity.name().unwrap_or_default().to_string(),
-            }),
+            Some(identity) if identity.role() == self.role => {
+                if let Some(revocations) = &self.revocations {
+                    revocations.check(identity).inspect_err(|_| {
+                        tracing::info!(%identity, remote = ?peer.map(|p| p.remote), "refused a request of a revoked identity");
+                    })?;
+                }
+                Ok(Caller {
+                    role: self.role,
+                    name: identity.name().unwrap_or_default().to_string(),
+                })
+            }
             Some(other) => Err(Status::permission_denied(format!(
                 "{}; this one is {other}",
                 self.needs

@@ -15,6 +15,7 @@ mod audit;
 mod calls;
 mod catalog;
 mod error;
+mod expiry;
 mod finder;
 mod fleet;
 /// Public for the fuzz targets; the coordinator's own use is `AgentLinkRoutes`.
@@ -27,6 +28,7 @@ mod metrics;
 pub mod policy;
 mod quota;
 mod refusal;
+mod revocation;
 pub mod selector;
 mod session_api;
 mod sessions;
@@ -47,6 +49,7 @@ use toolsrv_tls::{ServerCreds, TlsFiles};
 pub use agent_link::{AgentLinkRoutes, AgentLinkService};
 pub use api::ToolsService;
 pub use error::FileError;
+pub use expiry::{DEFAULT_WINDOW as DEFAULT_CERT_EXPIRY_WARNING, parse_duration};
 pub use identity::{Caller, RequireRole};
 pub use policy::Policy;
 pub use quota::Limits;
@@ -93,6 +96,13 @@ pub struct CoordinatorConfig {
     /// Where the coordinator keeps what must outlive it (revocations, join tokens); `None`:
     /// nothing is kept, and what needs it is refused saying so.
     pub state_dir: Option<PathBuf>,
+    /// Certificate revocation lists (PEM or DER): client certificates they list are refused at
+    /// the handshake, and open connections of ones a new CRL lists are closed.
+    pub crls: Vec<PathBuf>,
+    /// How often the certificate, key, CA bundle and CRL files are checked for changes.
+    pub tls_reload: Duration,
+    /// Warn about (and count in the metrics) certificates that expire within this; zero: off.
+    pub cert_expiry_warning: Duration,
     pub watch: WatchOptions,
 }
 
@@ -114,6 +124,9 @@ impl CoordinatorConfig {
             admins: vec![DEFAULT_ADMIN.to_string()],
             state_dir: None,
             drain_grace: DEFAULT_DRAIN_GRACE,
+            crls: Vec::new(),
+            tls_reload: Duration::from_secs(2),
+            cert_expiry_warning: expiry::DEFAULT_WINDOW,
             watch: WatchOptions::default(),
         }
     }
@@ -152,6 +165,8 @@ pub(crate) struct State {
     pub sessions: sessions::Sessions,
     pub finder: finder::Finder,
     pub metrics: metrics::Metrics,
+    /// Revoked identities (`toolctl revoke`).
+    pub revocations: Arc<revocation::Revocations>,
     /// Cancelled by the shutdown signal: new calls are refused from then on, while the ones
     /// running may finish (within `drain_grace`).
     pub draining: CancellationToken,
@@ -185,7 +200,12 @@ pub async fn serve(
     drain: CancellationToken,
 ) -> Result<(), CoordinatorError> {
     let shutdown = CancellationToken::new();
-    let creds = ServerCreds::new(config.tls.clone())?;
+    let creds = ServerCreds::with_crls(config.tls.clone(), config.crls.clone())?;
+    let revocations = Arc::new(revocation::Revocations::load(config.state_dir.as_deref())?);
+    let expiry = Arc::new(expiry::ExpiryWatch::new(
+        config.cert_expiry_warning,
+        config.tls.clone(),
+    ));
     let policy = match &config.policy {
         Some(path) => Policy::load(path)?,
         None => Policy::default(),
@@ -221,6 +241,7 @@ pub async fn serve(
         metrics: metrics::Metrics::default(),
         draining: drain.clone(),
         in_flight: TaskTracker::new(),
+        revocations: revocations.clone(),
         shutdown: shutdown.clone(),
         tasks: tasks.clone(),
     });
@@ -234,7 +255,17 @@ pub async fn serve(
     tasks.spawn(finder::follow_views(state.clone()));
     #[cfg(unix)]
     tasks.spawn(reopen_audit_on_hangup(state.clone()));
-    let reload = creds.spawn_reload_on_change(Duration::from_secs(30), shutdown.clone());
+    let reload = creds.spawn_reload_on_change(config.tls_reload, shutdown.clone());
+    let incoming = toolsrv_tls::incoming(listener, creds.subscribe());
+    let conns = incoming.connections();
+    revocations.enforce_on(conns.clone());
+    expiry.watch_peers(&conns);
+    tasks.spawn(revocation::follow_crls(
+        creds.subscribe_crls(),
+        conns,
+        expiry.clone(),
+        shutdown.clone(),
+    ));
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
     reporter.set_serving::<ToolsServer<ToolsService>>().await;
@@ -265,6 +296,9 @@ pub async fn serve(
             config.tls.cert.clone(),
             config.tls.ca.clone(),
         )));
+        registry.register_collector(Box::new(expiry::ExpiryCollector {
+            watch: expiry.clone(),
+        }));
         let served =
             toolsrv_metrics::MetricsServer::spawn(listener, Arc::new(registry), shutdown.clone())
                 .map_err(CoordinatorError::Metrics)?;
@@ -288,15 +322,16 @@ pub async fn serve(
     // Each service proves its callers' role before any handler runs.
     let agent_link = RequireRole::agents(AgentLinkRoutes::new(AgentLinkService {
         state: state.clone(),
-    }));
+    }))
+    .refusing(revocations.clone());
     let tools = RequireRole::clients(
         ToolsServer::new(ToolsService {
             state: state.clone(),
         })
         .max_decoding_message_size(toolsrv_proto::limits::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(toolsrv_proto::limits::MAX_MESSAGE_BYTES),
-    );
-    let incoming = toolsrv_tls::incoming(listener, creds.subscribe());
+    )
+    .refusing(revocations);
     let served = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))

@@ -35,6 +35,8 @@ pub struct Link {
     next_call: AtomicU64,
     /// Cancelled when the connection ends.
     pub closed: CancellationToken,
+    /// Why it was closed from this side (the first reason given to [`Link::close`]).
+    close_reason: std::sync::OnceLock<String>,
     /// Bytes of output a call may have in flight before the coordinator grants more.
     window: u64,
 }
@@ -53,8 +55,14 @@ impl Link {
             calls: Mutex::new(HashMap::new()),
             next_call: AtomicU64::new(1),
             closed: CancellationToken::new(),
+            close_reason: std::sync::OnceLock::new(),
             window,
         }
+    }
+
+    /// Why [`Link::close`] closed the link, if it did.
+    pub fn close_reason(&self) -> Option<&str> {
+        self.close_reason.get().map(String::as_str)
     }
 
     /// Queues a message for the agent; false when the connection is gone.
@@ -134,6 +142,7 @@ impl Link {
 
     /// Ends the connection: every in-flight call finishes as LOST with `reason`.
     pub fn close(&self, reason: &str) {
+        let _ = self.close_reason.set(reason.to_string());
         self.closed.cancel();
         let calls: Vec<_> = self.lock().drain().collect();
         for (_, sink) in calls {

@@ -193,6 +193,26 @@ pub struct CoordinatorArgs {
     /// Where the coordinator keeps what must outlive a restart (revocations, join tokens)
     #[arg(long, env = "TOOLSRV_COORDINATOR_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// A certificate revocation list (PEM, several CRLs allowed, or DER): client certificates
+    /// it lists are refused and their open connections closed; read again when it changes
+    /// (repeatable; env: comma-separated)
+    #[arg(
+        long = "crl",
+        env = "TOOLSRV_CRLS",
+        value_delimiter = ',',
+        value_name = "FILE"
+    )]
+    pub crls: Vec<PathBuf>,
+    /// Warn in the log and count in the metrics certificates (own, CA, peers') that expire
+    /// within this (30s, 15m, 24h, 7d, 2w; 0: never)
+    #[arg(
+        long,
+        env = "TOOLSRV_CERT_EXPIRY_WARNING",
+        value_name = "DURATION",
+        default_value = "7d",
+        value_parser = toolsrv_coordinator::parse_duration
+    )]
+    pub cert_expiry_warning: Duration,
 }
 
 impl CoordinatorArgs {
@@ -232,6 +252,8 @@ impl CoordinatorArgs {
         config.find_model = self.find_model.clone();
         config.state_dir = self.state_dir.clone();
         config.drain_grace = Duration::from_secs(self.drain_grace_secs);
+        config.crls = self.crls.clone();
+        config.cert_expiry_warning = self.cert_expiry_warning;
         config.admins = self
             .admins
             .iter()

@@ -12,6 +12,7 @@ use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, S
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 
+use crate::crl::Crls;
 use crate::usage::{ClientAuthVerifier, Usage};
 use crate::{Identity, Role, TlsError, identity_of};
 
@@ -193,6 +194,14 @@ fn check_signed_by_ca(
 /// and naming the clientAuth extended key usage is required, ALPN is `h2`,
 /// and our own certificate must carry the coordinator identity and serverAuth.
 pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
+    server_config_with(files, &Crls::default())
+}
+
+/// [`server_config`] that also refuses client certificates `crls` revoke. A certificate whose
+/// issuer has no CRL among them is accepted (the CRLs are for externally issued certificates;
+/// a development CA has none), and a CRL past its nextUpdate still counts: an old list of
+/// revoked certificates is better than none.
+pub fn server_config_with(files: &TlsFiles, crls: &Crls) -> Result<Arc<ServerConfig>, TlsError> {
     let provider = provider();
     let own = load_own(files, &provider)?;
     if own.identity != Identity::Coordinator {
@@ -209,11 +218,15 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
         .check(&own.certs[0])
         .map_err(|e| TlsError::bad_file(&files.cert, e))?;
     let roots = root_store(&files.ca)?;
-    let inner = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
-        .build()
-        .map_err(|e| {
-            TlsError::bad_file(&files.ca, format!("cannot build a client verifier: {e}"))
-        })?;
+    let mut builder = WebPkiClientVerifier::builder_with_provider(roots, provider.clone());
+    if !crls.is_empty() {
+        builder = builder
+            .with_crls(crls.ders())
+            .allow_unknown_revocation_status();
+    }
+    let inner = builder.build().map_err(|e| {
+        TlsError::bad_file(&files.ca, format!("cannot build a client verifier: {e}"))
+    })?;
     let verifier = Arc::new(ClientAuthVerifier { inner });
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

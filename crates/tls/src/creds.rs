@@ -1,5 +1,7 @@
-//! Reloadable server credentials published through a `watch` channel.
+//! Reloadable server credentials published through a `watch` channel: the certificate, its
+//! key, the CA bundle and the CRLs, read again when one of their files changes.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -8,27 +10,49 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::{TlsError, TlsFiles, server_config};
+use crate::crl::Crls;
+use crate::{TlsError, TlsFiles, server_config_with};
 
 /// The coordinator's current server config; every new handshake reads the
 /// latest one, connections already up keep theirs.
 #[derive(Debug, Clone)]
 pub struct ServerCreds {
     files: TlsFiles,
+    crl_files: Vec<PathBuf>,
     tx: watch::Sender<Arc<ServerConfig>>,
+    crls: watch::Sender<Arc<Crls>>,
 }
 
 impl ServerCreds {
     /// Loads `files` once; an error if they do not make a valid server config.
     pub fn new(files: TlsFiles) -> Result<Self, TlsError> {
-        let config = server_config(&files)?;
+        Self::with_crls(files, Vec::new())
+    }
+
+    /// Loads `files` and the CRLs of `crl_files` (see [`Crls::load`]) once; an error if they do
+    /// not make a valid server config.
+    pub fn with_crls(files: TlsFiles, crl_files: Vec<PathBuf>) -> Result<Self, TlsError> {
+        let crls = Crls::load(&crl_files)?;
+        let config = server_config_with(&files, &crls)?;
         let (tx, _rx) = watch::channel(config);
-        Ok(Self { files, tx })
+        let (crls, _rx) = watch::channel(Arc::new(crls));
+        Ok(Self {
+            files,
+            crl_files,
+            tx,
+            crls,
+        })
     }
 
     /// A receiver to hand to [`crate::incoming`].
     pub fn subscribe(&self) -> watch::Receiver<Arc<ServerConfig>> {
         self.tx.subscribe()
+    }
+
+    /// The CRLs in use, marked changed at each successful reload (to close the connections of
+    /// certificates a new CRL revokes).
+    pub fn subscribe_crls(&self) -> watch::Receiver<Arc<Crls>> {
+        self.crls.subscribe()
     }
 
     /// The config new handshakes use now.
@@ -41,18 +65,26 @@ impl ServerCreds {
         &self.files
     }
 
-    /// Re-reads the files. On error the previous config stays in use and
-    /// the error is returned.
+    /// The CRL files.
+    pub fn crl_files(&self) -> &[PathBuf] {
+        &self.crl_files
+    }
+
+    /// Re-reads the files. On error the previous config and CRLs stay in use and the error is
+    /// returned: a CRL file replaced by something unreadable never lets in what the last good
+    /// one refused.
     pub fn reload(&self) -> Result<(), TlsError> {
-        let config = server_config(&self.files)?;
+        let crls = Crls::load(&self.crl_files)?;
+        let config = server_config_with(&self.files, &crls)?;
         // send_replace, not send: it succeeds even with no receiver yet.
         self.tx.send_replace(config);
+        self.crls.send_replace(Arc::new(crls));
         Ok(())
     }
 
-    /// Polls the files' modification times every `every` and reloads when
-    /// one changes (cert-manager and `pki` rotations replace files in
-    /// place). Stops when `shutdown` is cancelled.
+    /// Polls the files' modification times and sizes every `every` and reloads when one
+    /// changes (cert-manager and `pki` rotations replace files in place; a CRL is usually
+    /// replaced whole). Stops when `shutdown` is cancelled.
     pub fn spawn_reload_on_change(
         &self,
         every: Duration,
@@ -81,26 +113,32 @@ impl ServerCreds {
                 last = now;
                 match creds.reload() {
                     Ok(()) => {
-                        tracing::info!(cert = %creds.files.cert.display(), "reloaded TLS credentials")
+                        let crls = creds.crls.borrow().clone();
+                        tracing::info!(
+                            cert = %creds.files.cert.display(),
+                            crls = crls.len(),
+                            revoked_by_crls = crls.revoked_count(),
+                            "reloaded TLS credentials"
+                        )
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "TLS credentials changed but cannot be loaded; keeping the previous ones")
+                        tracing::error!(error = %e, "TLS credentials or CRLs changed but cannot be loaded; keeping the previous ones")
                     }
                 }
             }
         })
     }
 
-    fn stamp(&self) -> [Option<(SystemTime, u64)>; 3] {
-        let one = |p: &std::path::Path| {
+    fn stamp(&self) -> Vec<Option<(SystemTime, u64)>> {
+        let one = |p: &Path| {
             std::fs::metadata(p)
                 .ok()
                 .and_then(|m| Some((m.modified().ok()?, m.len())))
         };
-        [
-            one(&self.files.ca),
-            one(&self.files.cert),
-            one(&self.files.key),
-        ]
+        [&self.files.ca, &self.files.cert, &self.files.key]
+            .into_iter()
+            .chain(&self.crl_files)
+            .map(|p| one(p))
+            .collect()
     }
 }

@@ -6,24 +6,30 @@
 //! whose verifier also checks the server's role. Credentials are reloadable
 //! ([`ServerCreds`]).
 
+mod cert_info;
 mod client;
 mod config;
+mod conns;
 mod creds;
+mod crl;
 mod error;
 mod identity;
 mod pki;
 mod server;
 mod usage;
 
+pub use cert_info::{CertInfo, certificates_in};
 pub use client::{
     CONNECT_TIMEOUT, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, connect, connect_reloading,
     lazy_channel,
 };
 pub use config::{
     CertificateExpiry, TlsFiles, certificate_expiry, certificate_identity, client_config,
-    install_crypto_provider, provider, server_config,
+    install_crypto_provider, provider, server_config, server_config_with,
 };
+pub use conns::Connections;
 pub use creds::ServerCreds;
+pub use crl::Crls;
 pub use error::{TlsError, chain as error_chain};
 pub use identity::{
     Identity, MAX_NAME_LEN, Role, URI_SCHEME, identity_of, normalize_name, validate_name,

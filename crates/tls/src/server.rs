@@ -6,6 +6,7 @@
 //! every request's extensions; [`peer_of`] reads it back in a handler or
 //! interceptor.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -21,8 +22,10 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_stream::Stream;
+use tokio_util::sync::WaitForCancellationFutureOwned;
 use tonic::transport::server::Connected;
 
+use crate::conns::{Connections, Registration};
 use crate::{Identity, identity_of};
 
 /// A handshake that takes longer than this is abandoned, so a peer that
@@ -68,12 +71,33 @@ pub struct PeerInfo {
 
 /// An accepted, handshaken mTLS connection whose peer has an identity and has sent the HTTP/2
 /// preface (read here, and replayed to whoever reads the connection).
-#[derive(Debug)]
 pub struct TlsConn {
     stream: TlsStream<TcpStream>,
     peer: PeerInfo,
     /// How much of [`H2_PREFACE`] has been replayed to the reader.
     replayed: usize,
+    /// Its place among the open [`Connections`]; cancelled to close it.
+    registration: Registration,
+    /// Resolves when `registration.close` is cancelled; polled by reads, so a connection that
+    /// only waits for the peer still notices.
+    closing: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+impl std::fmt::Debug for TlsConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsConn")
+            .field("peer", &self.peer)
+            .field("closed", &self.registration.close.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The error a closed connection's reads and writes return.
+fn closed_by_server() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "the server closed this connection: the peer's certificate is no longer accepted",
+    )
 }
 
 impl TlsConn {
@@ -102,6 +126,9 @@ impl AsyncRead for TlsConn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if self.closing.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(closed_by_server()));
+        }
         if let Some(rest) = H2_PREFACE.get(self.replayed..).filter(|r| !r.is_empty()) {
             let n = rest.len().min(buf.remaining());
             buf.put_slice(&rest[..n]);
@@ -118,6 +145,9 @@ impl AsyncWrite for TlsConn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if self.registration.close.is_cancelled() {
+            return Poll::Ready(Err(closed_by_server()));
+        }
         Pin::new(&mut self.stream).poll_write(cx, buf)
     }
 
@@ -134,6 +164,9 @@ impl AsyncWrite for TlsConn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if self.registration.close.is_cancelled() {
+            return Poll::Ready(Err(closed_by_server()));
+        }
         Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
     }
 
@@ -159,6 +192,15 @@ pub fn peer_of<T>(req: &tonic::Request<T>) -> Option<&PeerInfo> {
 pub struct TlsIncoming {
     rx: mpsc::Receiver<TlsConn>,
     accept: JoinHandle<()>,
+    conns: Connections,
+}
+
+impl TlsIncoming {
+    /// The connections this stream handed over that are still open: to close those of a peer
+    /// no longer accepted.
+    pub fn connections(&self) -> Connections {
+        self.conns.clone()
+    }
 }
 
 impl Stream for TlsIncoming {
@@ -193,14 +235,16 @@ pub fn incoming_with(
     timeouts: AcceptTimeouts,
 ) -> TlsIncoming {
     let (tx, rx) = mpsc::channel(QUEUE);
-    let accept = tokio::spawn(accept_loop(listener, creds, timeouts, tx));
-    TlsIncoming { rx, accept }
+    let conns = Connections::default();
+    let accept = tokio::spawn(accept_loop(listener, creds, timeouts, conns.clone(), tx));
+    TlsIncoming { rx, accept, conns }
 }
 
 async fn accept_loop(
     listener: TcpListener,
     creds: watch::Receiver<Arc<ServerConfig>>,
     timeouts: AcceptTimeouts,
+    conns: Connections,
     tx: mpsc::Sender<TlsConn>,
 ) {
     // Owned here so that aborting this task aborts every pending handshake.
@@ -212,7 +256,7 @@ async fn accept_loop(
             accepted = listener.accept() => match accepted {
                 Ok((tcp, remote)) => {
                     let acceptor = TlsAcceptor::from(creds.borrow().clone());
-                    handshakes.spawn(handshake(acceptor, tcp, remote, timeouts, tx.clone()));
+                    handshakes.spawn(handshake(acceptor, tcp, remote, timeouts, conns.clone(), tx.clone()));
                 }
                 Err(e) => {
                     // Usually out of file descriptors: back off instead of
@@ -230,6 +274,7 @@ async fn handshake(
     tcp: TcpStream,
     remote: SocketAddr,
     timeouts: AcceptTimeouts,
+    conns: Connections,
     tx: mpsc::Sender<TlsConn>,
 ) {
     if let Err(e) = tcp.set_nodelay(true) {
@@ -246,12 +291,13 @@ async fn handshake(
             return;
         }
     };
-    let identity = match stream
+    let leaf = stream
         .get_ref()
         .1
         .peer_certificates()
         .and_then(|c| c.first())
-    {
+        .map(|c| c.clone().into_owned());
+    let identity = match &leaf {
         Some(leaf) => identity_of(leaf),
         None => {
             tracing::info!(%remote, "peer sent no client certificate; connection dropped");
@@ -284,10 +330,18 @@ async fn handshake(
         }
     }
     tracing::debug!(%remote, %identity, "mTLS connection accepted");
+    let peer = PeerInfo { identity, remote };
+    let Some(leaf) = leaf else {
+        return; // checked above: no identity without a leaf certificate
+    };
+    let registration = conns.register(&peer, leaf);
+    let closing = Box::pin(registration.close.clone().cancelled_owned());
     let conn = TlsConn {
         stream,
-        peer: PeerInfo { identity, remote },
+        peer,
         replayed: 0,
+        registration,
+        closing,
     };
     // An error means the server is gone; the connection just closes.
     let _ = tx.send(conn).await;

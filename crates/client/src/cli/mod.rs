@@ -154,6 +154,38 @@ enum Command {
         #[arg(long, default_value = "")]
         reason: String,
     },
+    /// Revoke an identity (administrators): every certificate naming it is refused from now on
+    /// and its open connections are closed within seconds
+    ///
+    /// IDENTITY is `agent/<host-id>` or `client/<name>`. The coordinator keeps the revocation
+    /// in its --state-dir (and refuses without one). `--undo` lifts it, as `unrevoke` does.
+    Revoke {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// `agent/<host-id>` or `client/<name>`
+        identity: String,
+        /// Why, for the record, the audit log and the refusal the identity gets
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// Lift the revocation instead
+        #[arg(long, conflicts_with = "reason")]
+        undo: bool,
+    },
+    /// Lift the revocation of an identity (administrators)
+    Unrevoke {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// `agent/<host-id>` or `client/<name>`
+        identity: String,
+    },
+    /// The revoked identities (administrators)
+    Revocations {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Print a JSON array of {identity, reason, revoked_by, revoked_unix_ms}
+        #[arg(long)]
+        json: bool,
+    },
     /// Hold one connection to the coordinator and serve it on a control socket (`--control`)
     ///
     /// Serves on the default socket when `--control` (TOOLSRV_CONTROL) is not given or is
@@ -505,6 +537,20 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Approvals { conn, json } => remote::approvals(&conn, json).await,
         Command::Approve { conn, id, reason } => remote::decide(&conn, &id, true, &reason).await,
         Command::Deny { conn, id, reason } => remote::decide(&conn, &id, false, &reason).await,
+        Command::Revoke {
+            conn,
+            identity,
+            reason,
+            undo,
+        } => {
+            if undo {
+                remote::unrevoke(&conn, &identity).await
+            } else {
+                remote::revoke(&conn, &identity, &reason).await
+            }
+        }
+        Command::Unrevoke { conn, identity } => remote::unrevoke(&conn, &identity).await,
+        Command::Revocations { conn, json } => remote::revocations(&conn, json).await,
         Command::Mcp(args) => mcp::run(args).await,
         Command::Watch { conn, json } => remote::watch(&conn, json).await,
         Command::Find {

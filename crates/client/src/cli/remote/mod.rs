@@ -5,6 +5,7 @@ mod call;
 mod fanout;
 mod hosts;
 mod master;
+mod revoke;
 mod session;
 mod tools;
 mod watch;
@@ -20,6 +21,7 @@ pub use call::{CallOptions, call, failure_line};
 pub use fanout::{FanOutOptions, fan_out};
 pub use hosts::hosts;
 pub use master::master;
+pub use revoke::{revocations, revoke, unrevoke};
 pub use session::{check_find, find};
 pub mod sessions {
     //! The `toolctl session` subcommands.

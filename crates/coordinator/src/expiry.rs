@@ -1,0 +1,275 @@
+//! Certificates about to expire (`--cert-expiry-warning`): the coordinator's own, the CAs of its
+//! bundle, and every peer certificate presented at a handshake. Each one inside the window is
+//! logged as a warning once a day (not once per connection), and counted in the metrics
+//! `toolsrv_certificates_expiring{role}` and
+//! `toolsrv_peer_certificate_earliest_expiry_timestamp_seconds{role}` (roles: own, ca, agent,
+//! client: never a host id).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use toolsrv_metrics::{Encoder, MetricsCollector, encode_gauges};
+use toolsrv_tls::{CertInfo, Connections, Identity, Role, TlsFiles};
+
+/// The default window: a week gives a weekend and a holiday to renew.
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(7 * 86_400);
+/// A certificate is warned about at most this often.
+const WARN_EVERY_SECS: i64 = 86_400;
+/// How often the coordinator's own certificate and CA bundle are looked at again.
+pub const OWN_CHECK_EVERY: Duration = Duration::from_secs(3600);
+/// Certificates remembered as warned about; beyond, the oldest warnings are forgotten (a peer
+/// could otherwise grow the map with fresh certificates).
+const MAX_REMEMBERED: usize = 10_000;
+
+/// Reads a duration such as `30s`, `15m`, `24h`, `7d` or `2w` (a number and one unit); `0`
+/// turns the warning off.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{text:?} has no unit: write it as 30s, 15m, 24h, 7d or 2w"))?;
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} does not start with a number: write it as 24h or 7d"))?;
+    let seconds = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 7 * 86_400,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?}: use s, m, h, d or w"
+            ));
+        }
+    };
+    number
+        .checked_mul(seconds)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{text:?} is too long"))
+}
+
+fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// Which certificate this is to the coordinator, the metrics' `role` label.
+fn role_label(identity: &Identity) -> &'static str {
+    match identity.role() {
+        Role::Agent => "agent",
+        Role::Client => "client",
+        Role::Coordinator => "coordinator",
+    }
+}
+
+/// Watches certificates for their expiry.
+#[derive(Debug)]
+pub struct ExpiryWatch {
+    window: Duration,
+    tls: TlsFiles,
+    /// When each certificate (role, issuer-relative serial and subject) was last warned about.
+    warned: Mutex<HashMap<(String, CertInfo), i64>>,
+    conns: OnceLock<Connections>,
+}
+
+impl ExpiryWatch {
+    pub fn new(window: Duration, tls: TlsFiles) -> Self {
+        Self {
+            window,
+            tls,
+            warned: Mutex::new(HashMap::new()),
+            conns: OnceLock::new(),
+        }
+    }
+
+    /// Follows the peers of `conns`: each certificate presented at a handshake is checked,
+    /// and the open connections are what the peer metrics report.
+    pub fn watch_peers(self: &Arc<Self>, conns: &Connections) {
+        let _ = self.conns.set(conns.clone());
+        let me: Weak<Self> = Arc::downgrade(self);
+        conns.observe(move |peer, leaf| {
+            if let (Some(me), Some(info)) = (me.upgrade(), CertInfo::of(leaf)) {
+                me.check(
+                    role_label(&peer.identity),
+                    &peer.identity.to_string(),
+                    &info,
+                );
+            }
+        });
+    }
+
+    fn within(&self, info: &CertInfo, now: i64) -> bool {
+        !self.window.is_zero()
+            && info.not_after - now <= i64::try_from(self.window.as_secs()).unwrap_or(i64::MAX)
+    }
+
+    /// Warns about `info` (whose holder `who` is, in role `role`) if it expires within the
+    /// window and was not warned about in the last day.
+    fn check(&self, role: &str, who: &str, info: &CertInfo) {
+        let now = now_secs();
+        if !self.within(info, now) {
+            return;
+        }
+        {
+            let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+            let key = (role.to_string(), info.clone());
+            if warned
+                .get(&key)
+                .is_some_and(|last| now - last < WARN_EVERY_SECS)
+            {
+                return;
+            }
+            if warned.len() >= MAX_REMEMBERED {
+                warned.retain(|_, last| now - *last < WARN_EVERY_SECS);
+                if warned.len() >= MAX_REMEMBERED {
+                    warned.clear();
+                }
+            }
+            warned.insert(key, now);
+        }
+        let left = info.not_after - now;
+        let (when, days) = if left <= 0 {
+            ("expired", -left / 86_400)
+        } else {
+            ("expires", left / 86_400)
+        };
+        tracing::warn!(
+            role,
+            who,
+            subject = %info.subject,
+            serial = %info.serial,
+            not_after_unix = info.not_after,
+            "a certificate {when} within the warning window ({} days {}): renew it",
+            days,
+            if left <= 0 { "ago" } else { "from now" },
+        );
+    }
+
+    /// Checks the coordinator's own certificate and every CA of its bundle (at start, after a
+    /// reload, and every hour).
+    pub fn check_own(&self) {
+        for (role, path) in [("own", &self.tls.cert), ("ca", &self.tls.ca)] {
+            match toolsrv_tls::certificates_in(path) {
+                Ok(certs) => {
+                    // The certificate file's intermediates are the CA's business, not "own".
+                    let take = if role == "own" { 1 } else { certs.len() };
+                    for info in certs.iter().take(take) {
+                        self.check(role, &path.display().to_string(), info);
+                    }
+                }
+                // The reload logs why the file does not read.
+                Err(e) => {
+                    tracing::debug!(file = %path.display(), error = %e, "cannot read for the expiry check")
+                }
+            }
+        }
+    }
+
+    /// What the metrics report now: per role, how many certificates expire within the window,
+    /// and for agents and clients the earliest expiry among the open connections.
+    fn snapshot(&self) -> ([i64; 4], [Option<i64>; 2]) {
+        let now = now_secs();
+        let mut expiring = [0i64; 4];
+        for (i, path) in [&self.tls.cert, &self.tls.ca].into_iter().enumerate() {
+            if let Ok(certs) = toolsrv_tls::certificates_in(path) {
+                let take = if i == 0 { 1 } else { certs.len() };
+                expiring[i] = certs
+                    .iter()
+                    .take(take)
+                    .filter(|c| self.within(c, now))
+                    .count() as i64;
+            }
+        }
+        let mut earliest = [None::<i64>; 2];
+        let mut seen: HashSet<CertInfo> = HashSet::new();
+        if let Some(conns) = self.conns.get() {
+            conns.for_each(|peer, leaf| {
+                let slot = match peer.identity.role() {
+                    Role::Agent => 0,
+                    Role::Client => 1,
+                    Role::Coordinator => return,
+                };
+                let Some(info) = CertInfo::of(leaf) else {
+                    return;
+                };
+                earliest[slot] =
+                    Some(earliest[slot].map_or(info.not_after, |e: i64| e.min(info.not_after)));
+                if self.within(&info, now) && seen.insert(info) {
+                    expiring[2 + slot] += 1;
+                }
+            });
+        }
+        (expiring, earliest)
+    }
+}
+
+/// The expiry metrics, computed at each scrape.
+#[derive(Debug)]
+pub struct ExpiryCollector {
+    pub watch: Arc<ExpiryWatch>,
+}
+
+impl MetricsCollector for ExpiryCollector {
+    fn encode(&self, mut encoder: Encoder) -> Result<(), std::fmt::Error> {
+        let (expiring, earliest) = self.watch.snapshot();
+        encode_gauges(
+            &mut encoder,
+            "certificates_expiring",
+            "Certificates that expire within --cert-expiry-warning (or have expired), by role: own (the coordinator's), ca (its bundle), agent and client (presented by the peers connected now)",
+            &[
+                ([("role", "own")], expiring[0]),
+                ([("role", "ca")], expiring[1]),
+                ([("role", "agent")], expiring[2]),
+                ([("role", "client")], expiring[3]),
+            ],
+        )?;
+        let peers: Vec<_> = [("agent", earliest[0]), ("client", earliest[1])]
+            .into_iter()
+            .filter_map(|(role, at)| at.map(|at| ([("role", role)], at)))
+            .collect();
+        encode_gauges(
+            &mut encoder,
+            "peer_certificate_earliest_expiry_timestamp_seconds",
+            "The earliest notAfter (Unix time) among the certificates of the peers connected now, by role (agent, client); absent when none is connected",
+            &peers,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn durations() {
+        for (text, secs) in [
+            ("30s", Some(30)),
+            ("15m", Some(900)),
+            ("24h", Some(86_400)),
+            ("7d", Some(604_800)),
+            ("2w", Some(1_209_600)),
+            ("0", Some(0)),
+            ("7", None),
+            ("d", None),
+            ("7y", None),
+            ("-1d", None),
+            ("1.5d", None),
+            ("99999999999999999999d", None),
+        ] {
+            assert_eq!(
+                parse_duration(text).ok().map(|d| d.as_secs()),
+                secs,
+                "{text}"
+            );
+        }
+    }
+}

@@ -1,0 +1,531 @@
+//! Revoked identities (`toolctl revoke`): a deny-list of `agent/<id>` and `client/<name>`,
+//! kept in `<state-dir>/revocations.json`, checked by [`crate::RequireRole`] on every request,
+//! and enforced on connections already open by closing them.
+//!
+//! An identity is revoked by name, so every certificate that names it is refused, whoever
+//! issued it and whenever; a single certificate is revoked with a CRL (`--crl`) instead.
+//!
+//! Architecture invariant: a revocation is on disk before it is in force, and in force before
+//! the revoked identity's connections are closed, so no request checked after the RPC answers
+//! gets through, and a restart forgets nothing that was answered as revoked.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+use toolsrv_proto::v1::{
+    ListRevocationsRequest, ListRevocationsResponse, Revocation, RevokeRequest, RevokeResponse,
+    UnrevokeRequest, UnrevokeResponse,
+};
+use toolsrv_tls::{Connections, Crls, Identity};
+
+use crate::State;
+use crate::error::FileError;
+use crate::expiry::{ExpiryWatch, OWN_CHECK_EVERY};
+use crate::fleet::now_ms;
+use crate::identity::Caller;
+
+/// The file in `--state-dir`.
+pub const FILE_NAME: &str = "revocations.json";
+/// Longest reason kept.
+const MAX_REASON_BYTES: usize = 1024;
+/// Longest identity a request may name (`client/` and a name of at most 253 characters).
+const MAX_IDENTITY_BYTES: usize = 300;
+
+/// One revoked identity, as kept on disk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    identity: String,
+    #[serde(default)]
+    reason: String,
+    revoked_by: String,
+    revoked_unix_ms: u64,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OnDisk {
+    revocations: Vec<Entry>,
+}
+
+impl Entry {
+    fn proto(&self) -> Revocation {
+        Revocation {
+            identity: self.identity.clone(),
+            reason: self.reason.clone(),
+            revoked_by: self.revoked_by.clone(),
+            revoked_unix_ms: self.revoked_unix_ms,
+        }
+    }
+}
+
+/// The deny-list of a coordinator.
+#[derive(Debug)]
+pub struct Revocations {
+    /// `<state-dir>/revocations.json`; `None` without `--state-dir`, when revoking is refused.
+    path: Option<PathBuf>,
+    list: Mutex<BTreeMap<String, Entry>>,
+    /// The open connections, to close a revoked identity's; set once the server listens.
+    conns: OnceLock<Connections>,
+}
+
+/// What [`Revocations::revoke`] did.
+#[derive(Debug)]
+pub struct Revoked {
+    pub revocation: Revocation,
+    pub already: bool,
+    pub closed: usize,
+}
+
+/// Reads `agent/<id>` or `client/<name>` (or the whole `toolsrv://` URI) as an identity that can
+/// be revoked: validated and lowercase; the coordinator's own identity is refused.
+pub fn parse_identity(text: &str) -> Result<Identity, Status> {
+    if text.len() > MAX_IDENTITY_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "the identity is {} bytes, over the limit of {MAX_IDENTITY_BYTES} bytes",
+            text.len()
+        )));
+    }
+    let uri = if text.starts_with(toolsrv_tls::URI_SCHEME) {
+        text.to_string()
+    } else {
+        format!("{}{text}", toolsrv_tls::URI_SCHEME)
+    };
+    match Identity::parse_uri(&uri) {
+        Ok(Identity::Coordinator) => Err(Status::invalid_argument(
+            "the coordinator's own identity cannot be revoked: replace its certificate instead",
+        )),
+        Ok(identity) => Ok(identity),
+        Err(_) => Err(Status::invalid_argument(format!(
+            "{text:?} is not an identity to revoke: give agent/<host-id> or client/<name> \
+             (names of A-Z a-z 0-9 _ . -)"
+        ))),
+    }
+}
+
+impl Revocations {
+    /// The deny-list kept in `state_dir` (empty when the file does not exist yet). A file that
+    /// cannot be read or parsed stops the coordinator: starting without it would let revoked
+    /// identities back in.
+    pub fn load(state_dir: Option<&Path>) -> Result<Self, FileError> {
+        let path = state_dir.map(|dir| dir.join(FILE_NAME));
+        let mut list = BTreeMap::new();
+        if let Some(path) = &path {
+            match std::fs::read(path) {
+                Ok(bytes) => {
+                    let disk: OnDisk = serde_json::from_slice(&bytes).map_err(|e| {
+                        FileError::invalid(
+                            "revocations file",
+                            path,
+                            format!("{e}; fix or restore it (it lists revoked identities)"),
+                        )
+                    })?;
+                    for entry in disk.revocations {
+                        let identity = parse_identity(&entry.identity).map_err(|e| {
+                            FileError::invalid("revocations file", path, e.message().to_string())
+                        })?;
+                        list.insert(identity.to_string(), entry);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(FileError::read("revocations file", path, e)),
+            }
+            if !list.is_empty() {
+                tracing::info!(revoked = list.len(), file = %path.display(), "revoked identities loaded");
+            }
+        }
+        Ok(Self {
+            path,
+            list: Mutex::new(list),
+            conns: OnceLock::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Entry>> {
+        // Every change is made whole under the lock; a panic elsewhere leaves it consistent.
+        self.list.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The connections to close when an identity is revoked.
+    pub fn enforce_on(&self, conns: Connections) {
+        let _ = self.conns.set(conns);
+    }
+
+    /// Refuses a revoked identity: PERMISSION_DENIED naming the revocation.
+    pub fn check(&self, identity: &Identity) -> Result<(), Status> {
+        match self.lock().get(&identity.to_string()) {
+            None => Ok(()),
+            Some(entry) => Err(Status::permission_denied(refusal(entry))),
+        }
+    }
+
+    /// Whether `identity` is revoked.
+    #[cfg(test)]
+    pub fn is_revoked(&self, identity: &Identity) -> bool {
+        self.lock().contains_key(&identity.to_string())
+    }
+
+    /// Every revocation, sorted by identity.
+    pub fn list(&self) -> Vec<Revocation> {
+        self.lock().values().map(Entry::proto).collect()
+    }
+
+    /// Revokes `identity` on behalf of administrator `by`: saved, then in force, then
+    /// `before_closing` runs (to end an agent's link with the revocation as its reason), then its
+    /// open connections are closed.
+    pub fn revoke(
+        &self,
+        identity: &Identity,
+        reason: &str,
+        by: &str,
+        before_closing: impl FnOnce(),
+    ) -> Result<Revoked, Status> {
+        let path = self.persistent()?;
+        if reason.len() > MAX_REASON_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "the reason is {} bytes, over the limit of {MAX_REASON_BYTES} bytes",
+                reason.len()
+            )));
+        }
+        if reason.chars().any(char::is_control) {
+            return Err(Status::invalid_argument(
+                "the reason has control characters (a line break?): give one line of text",
+            ));
+        }
+        let mut list = self.lock();
+        let (entry, already) = match list.get(&identity.to_string()) {
+            Some(entry) => (entry.clone(), true),
+            None => {
+                let entry = Entry {
+                    identity: identity.to_string(),
+                    reason: reason.to_string(),
+                    revoked_by: by.to_string(),
+                    revoked_unix_ms: now_ms(),
+                };
+                let mut next = list.clone();
+                next.insert(identity.to_string(), entry.clone());
+                save(path, &next)?;
+                *list = next;
+                (entry, false)
+            }
+        };
+        before_closing();
+        // Still under the lock: a connection registered after this scan is one whose requests
+        // will all be checked against the list that now holds the identity.
+        let closed = self.close(identity);
+        drop(list);
+        Ok(Revoked {
+            revocation: entry.proto(),
+            already,
+            closed,
+        })
+    }
+
+    /// Lifts the revocation of `identity`; NOT_FOUND if it is not revoked.
+    pub fn unrevoke(&self, identity: &Identity) -> Result<Revocation, Status> {
+        let path = self.persistent()?;
+        let mut list = self.lock();
+        let Some(entry) = list.get(&identity.to_string()).cloned() else {
+            return Err(Status::not_found(format!(
+                "{identity} is not revoked on this coordinator (`toolctl revocations` lists \
+                 what is)"
+            )));
+        };
+        let mut next = list.clone();
+        next.remove(&identity.to_string());
+        save(path, &next)?;
+        *list = next;
+        Ok(entry.proto())
+    }
+
+    /// Closes the open connections of `identity`; how many there were.
+    fn close(&self, identity: &Identity) -> usize {
+        self.conns
+            .get()
+            .map(|conns| conns.close_where(|peer, _| &peer.identity == identity))
+            .unwrap_or(0)
+    }
+
+    fn persistent(&self) -> Result<&Path, Status> {
+        self.path.as_deref().ok_or_else(|| {
+            Status::failed_precondition(
+                "this coordinator has no --state-dir, so a revocation would not survive a \
+                 restart: start it with --state-dir DIR to revoke identities (or revoke single \
+                 certificates with a CRL, --crl FILE)",
+            )
+        })
+    }
+}
+
+/// Follows the server credentials: at start, after each reload and every hour, checks the
+/// coordinator's own certificate and CA bundle for expiry; after each reload, closes the open
+/// connections whose certificate a CRL now lists (the handshake refuses new ones).
+pub async fn follow_crls(
+    mut crls: watch::Receiver<Arc<Crls>>,
+    conns: Connections,
+    expiry: Arc<ExpiryWatch>,
+    shutdown: CancellationToken,
+) {
+    expiry.check_own();
+    let mut hourly = tokio::time::interval(OWN_CHECK_EVERY);
+    hourly.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    hourly.tick().await; // the first tick is immediate: checked above
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = hourly.tick() => expiry.check_own(),
+            changed = crls.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let current = crls.borrow_and_update().clone();
+                expiry.check_own();
+                if current.is_empty() {
+                    continue;
+                }
+                let mut revoked = Vec::new();
+                let closed = conns.close_where(|peer, leaf| {
+                    let hit = current.revokes(leaf);
+                    if hit {
+                        revoked.push(peer.identity.to_string());
+                    }
+                    hit
+                });
+                if closed > 0 {
+                    tracing::warn!(closed, identities = ?revoked, "closed connections whose certificate a CRL now revokes");
+                }
+            }
+        }
+    }
+}
+
+/// `Revoke`: administrators only; audited whatever the outcome. An agent's link is ended first
+/// with the revocation as its reason, so its calls end saying why; then the connection goes.
+pub(crate) fn revoke_rpc(
+    state: &State,
+    req: tonic::Request<RevokeRequest>,
+) -> Result<RevokeResponse, Status> {
+    let caller = Caller::client(&req)?;
+    let req = req.into_inner();
+    // Audited under the identity as read (lowercase) once it is valid, as given otherwise.
+    let audit = |identity: &str, outcome: Result<&str, &Status>| {
+        state
+            .audit
+            .revocation("revoke", identity, &caller, &req.reason, outcome)
+    };
+    let done = (|| {
+        Caller::admin_name(&caller, &state.config.admins)?;
+        let identity = parse_identity(&req.identity)?;
+        if identity == Identity::Client(caller.clone()) {
+            return Err(Status::invalid_argument(format!(
+                "client/{caller} is the identity this request comes from: revoking it would                  lock you out; ask another administrator"
+            )));
+        }
+        state
+            .revocations
+            .revoke(&identity, &req.reason, &caller, || {
+                if let Identity::Agent(host) = &identity
+                    && let Some(link) = state.fleet.get(host).and_then(|h| h.link)
+                {
+                    link.close(&format!("its identity {identity} was revoked by {caller}"));
+                }
+            })
+    })();
+    match done {
+        Ok(done) => {
+            audit(
+                &done.revocation.identity,
+                Ok(if done.already { "unchanged" } else { "done" }),
+            );
+            tracing::warn!(
+                identity = %done.revocation.identity,
+                by = %caller,
+                reason = %done.revocation.reason,
+                connections_closed = done.closed,
+                already = done.already,
+                "identity revoked"
+            );
+            Ok(RevokeResponse {
+                revocation: Some(done.revocation),
+                already: done.already,
+                connections_closed: u32::try_from(done.closed).unwrap_or(u32::MAX),
+            })
+        }
+        Err(status) => {
+            audit(&req.identity, Err(&status));
+            Err(status)
+        }
+    }
+}
+
+/// `Unrevoke`: administrators only; audited whatever the outcome.
+pub(crate) fn unrevoke_rpc(
+    state: &State,
+    req: tonic::Request<UnrevokeRequest>,
+) -> Result<UnrevokeResponse, Status> {
+    let caller = Caller::client(&req)?;
+    let req = req.into_inner();
+    let done = (|| {
+        Caller::admin_name(&caller, &state.config.admins)?;
+        let identity = parse_identity(&req.identity)?;
+        state.revocations.unrevoke(&identity)
+    })();
+    match done {
+        Ok(removed) => {
+            state
+                .audit
+                .revocation("unrevoke", &removed.identity, &caller, "", Ok("done"));
+            tracing::warn!(identity = %removed.identity, by = %caller, "revocation lifted");
+            Ok(UnrevokeResponse {
+                removed: Some(removed),
+            })
+        }
+        Err(status) => {
+            state
+                .audit
+                .revocation("unrevoke", &req.identity, &caller, "", Err(&status));
+            Err(status)
+        }
+    }
+}
+
+/// `ListRevocations`: administrators only.
+pub(crate) fn list_rpc(
+    state: &State,
+    req: &tonic::Request<ListRevocationsRequest>,
+) -> Result<ListRevocationsResponse, Status> {
+    Caller::admin(req, &state.config.admins)?;
+    Ok(ListRevocationsResponse {
+        revocations: state.revocations.list(),
+    })
+}
+
+/// The refusal a revoked identity gets.
+fn refusal(entry: &Entry) -> String {
+    let why = if entry.reason.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", entry.reason)
+    };
+    format!(
+        "the identity {} is revoked on this coordinator (by {}{why}); an administrator can \
+         lift it with `toolctl unrevoke {}`",
+        entry.identity, entry.revoked_by, entry.identity
+    )
+}
+
+/// Writes the list to a temporary file beside `path`, flushes it to disk and renames it over
+/// `path`, so that a crash leaves the old list or the new one, never half of one.
+fn save(path: &Path, list: &BTreeMap<String, Entry>) -> Result<(), Status> {
+    let disk = OnDisk {
+        revocations: list.values().cloned().collect(),
+    };
+    let failed = |what: &str, e: &dyn std::fmt::Display| {
+        tracing::error!(file = %path.display(), error = %e, "cannot save the revocations");
+        Status::internal(format!(
+            "cannot {what} {}: {e}; nothing was changed",
+            path.display()
+        ))
+    };
+    let mut bytes = serde_json::to_vec_pretty(&disk).map_err(|e| failed("encode", &e))?;
+    bytes.push(b'\n');
+    let tmp = path.with_extension("json.tmp");
+    let write = || -> std::io::Result<()> {
+        use std::io::Write;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(&bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        if let Some(dir) = path.parent() {
+            // The rename is durable once the directory is.
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    };
+    write().map_err(|e| failed("write", &e))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn identities_are_read_in_lowercase_and_odd_ones_refused() {
+        for (text, want) in [
+            ("agent/Web-1", Some("agent/web-1")),
+            ("client/ALICE", Some("client/alice")),
+            ("toolsrv://client/bob", Some("client/bob")),
+            ("coordinator", None),
+            ("agent/", None),
+            ("agent/a b", None),
+            ("agent/a\0", None),
+            ("agent/a/b", None),
+            ("admin", None),
+            ("client/é", None),
+            ("", None),
+        ] {
+            let got = parse_identity(text).ok().map(|i| i.to_string());
+            assert_eq!(got.as_deref(), want, "{text:?}");
+        }
+        assert!(parse_identity(&format!("client/{}", "a".repeat(400))).is_err());
+    }
+
+    #[test]
+    fn revocations_are_kept_across_restarts_and_need_a_state_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let bob = Identity::client("bob").unwrap();
+        let revs = Revocations::load(Some(dir.path())).unwrap();
+        let done = revs.revoke(&bob, "left the team", "admin", || {}).unwrap();
+        assert!(!done.already);
+        assert!(revs.revoke(&bob, "again", "admin", || {}).unwrap().already);
+        let err = revs.check(&bob).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::PermissionDenied);
+        assert!(err.message().contains("client/bob") && err.message().contains("left the team"));
+
+        let again = Revocations::load(Some(dir.path())).unwrap();
+        assert!(again.is_revoked(&bob));
+        assert_eq!(again.list()[0].reason, "left the team");
+        again.unrevoke(&bob).unwrap();
+        assert_eq!(
+            again.unrevoke(&bob).unwrap_err().code(),
+            tonic::Code::NotFound
+        );
+        assert!(
+            !Revocations::load(Some(dir.path()))
+                .unwrap()
+                .is_revoked(&bob)
+        );
+
+        let none = Revocations::load(None).unwrap();
+        let err = none.revoke(&bob, "", "admin", || {}).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+        assert!(err.message().contains("--state-dir"), "{}", err.message());
+        assert!(none.check(&bob).is_ok());
+
+        let carol = Identity::client("carol").unwrap();
+        assert!(revs.revoke(&carol, "two\nlines", "admin", || {}).is_err());
+    }
+
+    #[test]
+    fn a_broken_file_stops_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(FILE_NAME), "{not json").unwrap();
+        let err = Revocations::load(Some(dir.path())).unwrap_err();
+        assert!(err.to_string().contains(FILE_NAME), "{err}");
+        std::fs::write(
+            dir.path().join(FILE_NAME),
+            r#"{"revocations": [{"identity": "coordinator", "revoked_by": "x", "revoked_unix_ms": 1}]}"#,
+        )
+        .unwrap();
+        assert!(Revocations::load(Some(dir.path())).is_err());
+    }
+}

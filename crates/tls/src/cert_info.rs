@@ -1,0 +1,43 @@
+//! What the coordinator reports about a certificate it uses or sees: who it is for, its serial,
+//! and when it expires.
+
+use std::path::Path;
+
+use rustls_pki_types::CertificateDer;
+
+use crate::TlsError;
+use crate::config::read_certs;
+
+/// A certificate, summarised for logs and expiry checks.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CertInfo {
+    /// The subject's distinguished name, as text.
+    pub subject: String,
+    /// The serial number, lowercase hex with `:` between bytes (as `openssl x509 -serial`
+    /// prints it, but for the colons).
+    pub serial: String,
+    /// `notAfter`, seconds since the Unix epoch.
+    pub not_after: i64,
+}
+
+impl CertInfo {
+    /// Reads a DER certificate; `None` if it does not parse.
+    pub fn of(der: &[u8]) -> Option<Self> {
+        let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+        Some(Self {
+            subject: cert.subject().to_string(),
+            serial: cert.raw_serial_as_string(),
+            not_after: cert.validity().not_after.timestamp(),
+        })
+    }
+}
+
+/// Every certificate of a PEM file, summarised (the leaf first for a certificate file).
+pub fn certificates_in(path: &Path) -> Result<Vec<CertInfo>, TlsError> {
+    read_certs(path)?
+        .iter()
+        .map(|der: &CertificateDer<'_>| {
+            CertInfo::of(der).ok_or_else(|| TlsError::bad_file(path, "cannot parse a certificate"))
+        })
+        .collect()
+}

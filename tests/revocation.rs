@@ -1,0 +1,527 @@
+//! Revocation and credential reloads with real processes: `toolctl revoke` closes a revoked
+//! agent's link and a revoked client's streams within seconds and refuses both afterwards, a CRL
+//! refuses the certificates it lists (and closes their connections), and replaced certificate,
+//! key and CA files are taken up without dropping the connections already open.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use toolsrv_tests::{AgentSpec, Fleet, Pki, bin, finish_child, run_bounded, text, wait_for};
+use toolsrv_tls::Identity;
+
+/// A tool that prints `started`, then runs for a minute unless ended.
+const SLOW: &str = r#"{"description": "Run a while", "cmd": "echo started; sleep 60"}"#;
+
+fn spawn(mut cmd: Command) -> Child {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .expect("cannot start toolctl")
+}
+
+/// Waits until `child` has ended by itself (within `limit`) and returns its output.
+fn ended_within(child: Child, limit: Duration, what: &str) -> std::process::Output {
+    let started = Instant::now();
+    let out = finish_child(child, limit + Duration::from_secs(5));
+    assert!(
+        started.elapsed() < limit,
+        "{what} took {:?} to end: {}",
+        started.elapsed(),
+        text(&out.stderr)
+    );
+    out
+}
+
+/// A fleet whose coordinator keeps its state in `work/state` and takes alice as administrator.
+fn admin_fleet(agents: &[&str], extra: &[&str]) -> Fleet {
+    let mut fleet = Fleet::new(agents);
+    fleet.tool("slow.meta", SLOW, false);
+    fleet.tool(
+        "hello.meta",
+        r#"{"description": "Say hello", "cmd": "echo hello"}"#,
+        false,
+    );
+    let state = format!("--state-dir={}", fleet.work.path().join("state").display());
+    let audit = fleet.audit_arg();
+    let mut args = vec!["--admin=alice", state.as_str(), audit.as_str()];
+    args.extend_from_slice(extra);
+    fleet.start_coordinator(&args);
+    for agent in agents {
+        fleet.start_agent(agent, &AgentSpec::default());
+    }
+    fleet.wait_online(agents, "hello");
+    fleet
+}
+
+fn host_state(fleet: &Fleet, host: &str) -> String {
+    fleet
+        .hosts()
+        .iter()
+        .find(|h| h["host_id"] == host)
+        .map(|h| h["state"].as_str().unwrap_or_default().to_string())
+        .unwrap_or_default()
+}
+
+fn coordinator_log(fleet: &Fleet) -> String {
+    fleet.coordinator.as_ref().unwrap().log()
+}
+
+#[test]
+fn revoking_closes_a_live_agent_and_a_live_client_and_refuses_them_after() {
+    let mut fleet = admin_fleet(&["a", "b"], &[]);
+
+    // bob: a watch stream and a running call; alice: a running call on host a.
+    let bob_watch = spawn(fleet.toolctl_command("client-bob", &["watch", "--json"]));
+    let bob_call = spawn(fleet.toolctl_command("client-bob", &["call", "b", "slow"]));
+    let alice_call = spawn(fleet.toolctl_command("client-alice", &["call", "a", "slow"]));
+    // Time for the calls to start on their hosts.
+    std::thread::sleep(Duration::from_secs(3));
+
+    // Revoke the client: both of its streams end within seconds.
+    let out = fleet.toolctl(&["revoke", "client/bob", "--reason", "laptop stolen"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("revoked client/bob"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = ended_within(bob_call, Duration::from_secs(5), "bob's call");
+    assert!(!out.status.success(), "bob's call went on: {out:?}");
+    let out = ended_within(bob_watch, Duration::from_secs(5), "bob's watch");
+    assert!(!out.status.success());
+
+    // A fresh connection of bob's: refused, naming the revocation.
+    let out = fleet.toolctl_as("client-bob", &["hosts"], None);
+    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("client/bob is revoked") && err.contains("laptop stolen"),
+        "{err}"
+    );
+    let out = fleet.toolctl_as("client-bob", &["call", "a", "hello"], None);
+    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+
+    // Revoke an agent, in another case: its link ends, its call ends with a status, the host
+    // goes offline and stays so (the agent's retries are refused).
+    let out = fleet.toolctl(&["revoke", "agent/A", "--reason", "decommissioned"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = ended_within(alice_call, Duration::from_secs(5), "the call on a");
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("revoked"),
+        "the call says why: {}",
+        text(&out.stderr)
+    );
+    wait_for("host a to be offline", Duration::from_secs(10), || {
+        (host_state(&fleet, "a") == "offline").then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(host_state(&fleet, "a"), "offline", "a came back");
+    let agent_log = fleet.agents["a"].log();
+    assert!(
+        agent_log.contains("agent/a is revoked"),
+        "the agent is told why: {agent_log}"
+    );
+    // Host b and alice are untouched.
+    assert_eq!(host_state(&fleet, "b"), "online");
+    let out = fleet.toolctl(&["call", "b", "hello"]);
+    assert_eq!(text(&out.stdout), "hello\n");
+
+    // Listed, in lowercase.
+    let out = fleet.toolctl(&["revocations", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let list: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<&str> = list
+        .iter()
+        .map(|r| r["identity"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["agent/a", "client/bob"]);
+    assert_eq!(list[1]["revoked_by"], "alice");
+    assert_eq!(list[1]["reason"], "laptop stolen");
+
+    // A restart forgets nothing.
+    let state = format!("--state-dir={}", fleet.work.path().join("state").display());
+    fleet.coordinator.as_mut().unwrap().stop();
+    fleet.start_coordinator(&["--admin=alice", &state, &fleet.audit_arg()]);
+    let out = fleet.toolctl_as("client-bob", &["hosts"], None);
+    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+
+    // Lifted: bob is back at once; agent a once restarted (it waits minutes after a refusal).
+    for args in [
+        &["unrevoke", "client/bob"][..],
+        &["revoke", "--undo", "agent/a"],
+    ] {
+        let out = fleet.toolctl(args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    }
+    let out = fleet.toolctl_as("client-bob", &["hosts"], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    fleet.agents.get_mut("a").unwrap().stop();
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "hello");
+
+    let events: Vec<(String, String, String)> = fleet
+        .audit_records()
+        .iter()
+        .filter(|r| r["event"] == "revocation")
+        .map(|r| {
+            (
+                r["action"].as_str().unwrap().to_string(),
+                r["identity"].as_str().unwrap().to_string(),
+                r["outcome"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let want = [
+        ("revoke", "client/bob", "done"),
+        ("revoke", "agent/a", "done"),
+        ("unrevoke", "client/bob", "done"),
+        ("unrevoke", "agent/a", "done"),
+    ]
+    .map(|(a, i, o)| (a.to_string(), i.to_string(), o.to_string()));
+    assert_eq!(events, want);
+}
+
+#[test]
+fn only_administrators_revoke_and_odd_identities_are_refused() {
+    let fleet = admin_fleet(&["a"], &[]);
+
+    // bob is no administrator.
+    for args in [
+        &["revoke", "client/alice"][..],
+        &["unrevoke", "client/alice"],
+        &["revocations"],
+    ] {
+        let out = fleet.toolctl_as("client-bob", args, None);
+        assert_eq!(
+            out.status.code(),
+            Some(77),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains("not an administrator"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    let out = fleet.toolctl(&["call", "a", "hello"]);
+    assert_eq!(text(&out.stdout), "hello\n", "alice is not revoked");
+
+    // Identities that are not ones, and one's own.
+    for identity in [
+        "coordinator",
+        "agent/a/b",
+        "agent/a b",
+        "client/bob\u{1}",
+        "client/bób",
+        "bob",
+        "agent/",
+        "client/alice",
+        "client/ALICE",
+    ] {
+        let out = fleet.toolctl(&["revoke", identity]);
+        assert_eq!(
+            out.status.code(),
+            Some(64),
+            "{identity:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    let out = fleet.toolctl(&["revoke", "client/bob", "--reason", "two\nlines"]);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    let out = fleet.toolctl(&["unrevoke", "client/bob"]);
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("is not revoked"));
+    let out = fleet.toolctl(&["revocations", "--json"]);
+    assert_eq!(text(&out.stdout).trim(), "[]");
+
+    // Revoking twice keeps the first record.
+    assert!(
+        fleet
+            .toolctl(&["revoke", "client/Bob", "--reason", "first"])
+            .status
+            .success()
+    );
+    let out = fleet.toolctl(&["revoke", "client/bob", "--reason", "second"]);
+    assert!(out.status.success());
+    assert!(
+        text(&out.stderr).contains("revoked already"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = fleet.toolctl(&["revocations", "--json"]);
+    let list: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0]["reason"], "first");
+
+    let refused = fleet
+        .audit_records()
+        .iter()
+        .filter(|r| r["event"] == "revocation" && r["outcome"] == "refused")
+        .count();
+    assert!(
+        refused >= 3 + 9,
+        "every refused attempt is audited: {refused}"
+    );
+}
+
+#[test]
+fn without_a_state_dir_revoking_is_refused_saying_why() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.start_coordinator(&["--admin=alice"]);
+    let out = fleet.toolctl(&["revoke", "client/bob"]);
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("--state-dir") && err.contains("would not survive a restart"),
+        "{err}"
+    );
+    let out = fleet.toolctl_as("client-bob", &["hosts"], None);
+    assert!(
+        out.status.success(),
+        "bob was not revoked: {}",
+        text(&out.stderr)
+    );
+}
+
+/// A CRL of the fleet's CA listing the certificates of `revoked` (PEM files), PEM or DER.
+fn crl(pki: &Pki, revoked: &[&str], pem: bool) -> Vec<u8> {
+    let read = |name: &str| std::fs::read_to_string(pki.path(name)).unwrap();
+    let key = rcgen::KeyPair::from_pem(&read("ca-key.pem")).unwrap();
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&read("ca.pem"), key).unwrap();
+    let revoked_certs = revoked
+        .iter()
+        .map(|file| {
+            let serial = &toolsrv_tls::certificates_in(&pki.path(file)).unwrap()[0].serial;
+            let bytes: Vec<u8> = serial
+                .split(':')
+                .map(|b| u8::from_str_radix(b, 16).unwrap())
+                .collect();
+            rcgen::RevokedCertParams {
+                serial_number: rcgen::SerialNumber::from(bytes),
+                revocation_time: rcgen::date_time_ymd(2025, 1, 1),
+                reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                invalidity_date: None,
+            }
+        })
+        .collect();
+    let params = rcgen::CertificateRevocationListParams {
+        this_update: rcgen::date_time_ymd(2025, 1, 1),
+        next_update: rcgen::date_time_ymd(2099, 1, 1),
+        crl_number: rcgen::SerialNumber::from(1u64),
+        issuing_distribution_point: None,
+        revoked_certs,
+        key_identifier_method: rcgen::KeyIdMethod::Sha256,
+    };
+    let crl = params.signed_by(&issuer).unwrap();
+    if pem {
+        crl.pem().unwrap().into_bytes()
+    } else {
+        crl.der().to_vec()
+    }
+}
+
+/// Replaces `path` whole (write beside, rename), as a CRL distribution job would.
+fn replace(path: &Path, bytes: &[u8]) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+#[test]
+fn a_crl_refuses_what_it_lists_closes_it_live_and_survives_garbage() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "hello.meta",
+        r#"{"description": "Say hello", "cmd": "echo hello"}"#,
+        false,
+    );
+    let crl_path = fleet.work.path().join("ca.crl");
+    std::fs::write(&crl_path, crl(&fleet.pki, &[], true)).unwrap();
+    fleet.start_coordinator(&[&format!("--crl={}", crl_path.display())]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "hello");
+
+    let bob_watch = spawn(fleet.toolctl_command("client-bob", &["watch", "--json"]));
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        fleet
+            .toolctl_as("client-bob", &["hosts"], None)
+            .status
+            .success()
+    );
+
+    // bob's certificate is listed: the watch ends, new handshakes fail.
+    replace(&crl_path, &crl(&fleet.pki, &["client-bob.pem"], true));
+    let out = ended_within(bob_watch, Duration::from_secs(8), "bob's watch");
+    assert!(!out.status.success());
+    let out = fleet.toolctl_as("client-bob", &["hosts"], None);
+    assert!(!out.status.success(), "bob got in: {}", text(&out.stdout));
+    // The client sees its connection closed (TLS 1.3 sends the alert after the client's side of
+    // the handshake is done); the coordinator says why.
+    assert!(
+        coordinator_log(&fleet).contains("invalid peer certificate: Revoked"),
+        "{}",
+        coordinator_log(&fleet)
+    );
+    assert_eq!(host_state(&fleet, "a"), "online", "the agent is not listed");
+    assert!(
+        coordinator_log(&fleet).contains("closed connections whose certificate a CRL now revokes")
+    );
+
+    // Garbage in the file: logged, and the last good CRL stays in force.
+    replace(
+        &crl_path,
+        b"-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n",
+    );
+    wait_for("the reload error", Duration::from_secs(10), || {
+        coordinator_log(&fleet)
+            .contains("cannot be loaded; keeping the previous ones")
+            .then_some(())
+    });
+    let out = fleet.toolctl_as("client-bob", &["hosts"], None);
+    assert!(
+        !out.status.success(),
+        "garbage let bob in: {}",
+        text(&out.stdout)
+    );
+    std::fs::remove_file(&crl_path).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let out = fleet.toolctl_as("client-bob", &["hosts"], None);
+    assert!(!out.status.success(), "a missing CRL let bob in");
+    assert!(fleet.toolctl(&["hosts"]).status.success(), "alice is fine");
+
+    // A DER CRL that lists nothing lets bob back in.
+    replace(&crl_path, &crl(&fleet.pki, &[], false));
+    wait_for("bob to be accepted again", Duration::from_secs(10), || {
+        fleet
+            .toolctl_as("client-bob", &["hosts"], None)
+            .status
+            .success()
+            .then_some(())
+    });
+}
+
+/// The certificate the coordinator on `port` presents, as PEM (`openssl s_client`).
+fn served_certificate(port: u16) -> String {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c").arg(format!(
+        "openssl s_client -connect 127.0.0.1:{port} -alpn h2 </dev/null 2>/dev/null \
+         | openssl x509"
+    ));
+    text(&run_bounded(cmd, None, Duration::from_secs(20)).stdout)
+}
+
+#[test]
+fn new_certificates_and_cas_are_taken_up_without_dropping_live_connections() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "tick.meta",
+        r#"{"description": "Tick", "cmd": "for i in 1 2 3 4 5 6 7 8; do echo tick $i; sleep 1; done"}"#,
+        false,
+    );
+    fleet.start_coordinator(&[]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "tick");
+    let call = spawn(fleet.toolctl_command("client-alice", &["call", "a", "tick"]));
+    std::thread::sleep(Duration::from_secs(1));
+
+    // A new coordinator certificate from the same CA, and a second CA in the bundle.
+    let fresh = tempfile::tempdir().unwrap();
+    for name in ["ca.pem", "ca-key.pem"] {
+        std::fs::copy(fleet.pki.path(name), fresh.path().join(name)).unwrap();
+    }
+    toolsrv_tls::issue(fresh.path(), &Identity::Coordinator, &[]).unwrap();
+    for name in ["coordinator.pem", "coordinator-key.pem"] {
+        std::fs::copy(fresh.path().join(name), fleet.pki.path(name)).unwrap();
+    }
+    let other = Pki::new(&[], &["mallory"]);
+    let mut bundle = std::fs::read_to_string(fleet.pki.path("ca.pem")).unwrap();
+    bundle.push_str(&std::fs::read_to_string(other.path("ca.pem")).unwrap());
+    replace(&fleet.pki.path("ca.pem"), bundle.as_bytes());
+
+    // New connections: a client of the new CA gets in once the files are read again, and the
+    // coordinator presents its new certificate.
+    wait_for(
+        "a client of the new CA to get in",
+        Duration::from_secs(15),
+        || {
+            let mut cmd = Command::new(bin("toolctl"));
+            cmd.arg("hosts")
+                .env("TOOLSRV_ADDR", fleet.url())
+                .env("TOOLSRV_CA", fleet.pki.path("ca.pem"))
+                .env("TOOLSRV_CERT", other.path("client-mallory.pem"))
+                .env("TOOLSRV_KEY", other.path("client-mallory-key.pem"));
+            run_bounded(cmd, None, Duration::from_secs(30))
+                .status
+                .success()
+                .then_some(())
+        },
+    );
+    assert!(coordinator_log(&fleet).contains("reloaded TLS credentials"));
+    assert!(fleet.toolctl(&["hosts"]).status.success());
+    let presented = served_certificate(fleet.port);
+    let issued = std::fs::read_to_string(fresh.path().join("coordinator.pem")).unwrap();
+    assert_eq!(
+        presented.trim(),
+        issued.trim(),
+        "the old certificate is still served"
+    );
+
+    // The call that was running finished whole, and the agent never re-attached.
+    let out = finish_child(call, Duration::from_secs(30));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout).lines().count(),
+        8,
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(
+        coordinator_log(&fleet).matches("agent attached").count(),
+        1,
+        "the agent link was dropped"
+    );
+}
+
+#[test]
+fn certificates_near_expiry_are_warned_about_once_and_counted() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "hello.meta",
+        r#"{"description": "Say hello", "cmd": "echo hello"}"#,
+        false,
+    );
+    // A window longer than any development certificate lives: every one is "near" expiry.
+    fleet.start_coordinator(&["--cert-expiry-warning=100000d"]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "hello");
+    for _ in 0..3 {
+        assert!(fleet.toolctl(&["hosts"]).status.success());
+    }
+    let log = coordinator_log(&fleet);
+    let warnings = |who: &str| {
+        log.lines()
+            .filter(|l| l.contains("within the warning window") && l.contains(who))
+            .count()
+    };
+    assert_eq!(
+        warnings("client/alice"),
+        1,
+        "once, not per connection:\n{log}"
+    );
+    assert_eq!(warnings("agent/a"), 1, "{log}");
+    assert_eq!(
+        warnings("coordinator.pem"),
+        1,
+        "the own certificate:\n{log}"
+    );
+    assert_eq!(warnings("ca.pem"), 1, "the CA:\n{log}");
+}
