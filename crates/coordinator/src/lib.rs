@@ -14,6 +14,7 @@ mod approvals;
 mod audit;
 mod calls;
 mod catalog;
+mod enroll;
 mod error;
 mod finder;
 mod fleet;
@@ -40,12 +41,16 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolsrv_proto::v1::agent_link_server::AgentLinkServer;
+use toolsrv_proto::v1::enrollment_server::EnrollmentServer;
+use toolsrv_proto::v1::join_tokens_server::JoinTokensServer;
+use toolsrv_proto::v1::renewal_server::RenewalServer;
 use toolsrv_proto::v1::tools_server::ToolsServer;
 use toolsrv_registry::{Registry, WatchOptions};
 use toolsrv_tls::{ServerCreds, TlsFiles};
 
 pub use agent_link::{AgentLinkRoutes, AgentLinkService};
 pub use api::ToolsService;
+pub use enroll::{DEFAULT_AGENT_CERT_TTL, SigningCa};
 pub use error::FileError;
 pub use identity::{Caller, RequireRole};
 pub use policy::Policy;
@@ -87,6 +92,11 @@ pub struct CoordinatorConfig {
     /// Where the coordinator keeps what must outlive it (revocations, join tokens); `None`:
     /// nothing is kept, and what needs it is refused saying so.
     pub state_dir: Option<PathBuf>,
+    /// The CA (or intermediate) that signs enrolled agents' certificates; enrollment is off
+    /// without it.
+    pub signing_ca: Option<SigningCa>,
+    /// Lifetime of the certificates enrollment and renewal issue.
+    pub agent_cert_ttl: Duration,
     pub watch: WatchOptions,
 }
 
@@ -107,6 +117,8 @@ impl CoordinatorConfig {
             find_model: None,
             admins: vec![DEFAULT_ADMIN.to_string()],
             state_dir: None,
+            signing_ca: None,
+            agent_cert_ttl: DEFAULT_AGENT_CERT_TTL,
             watch: WatchOptions::default(),
         }
     }
@@ -123,6 +135,9 @@ pub enum CoordinatorError {
     /// The sentence encoder of `--find-model` cannot be loaded.
     #[error("--find-model: {0}")]
     FindModel(toolsrv_find::FindError),
+    /// The join tokens kept in the state directory cannot be read.
+    #[error("enrollment: {0}")]
+    Enrollment(String),
     #[error("cannot build the reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("cannot serve metrics: {0}")]
@@ -145,6 +160,8 @@ pub(crate) struct State {
     pub sessions: sessions::Sessions,
     pub finder: finder::Finder,
     pub metrics: metrics::Metrics,
+    /// Join tokens and the signer; `None` when enrollment is off.
+    pub enrollment: Option<enroll::Enrollment>,
     pub shutdown: CancellationToken,
     /// Every task the services spawn, so shutdown can wait for them.
     pub tasks: TaskTracker,
@@ -167,7 +184,10 @@ pub async fn serve(
     plain: PlainPorts,
     shutdown: CancellationToken,
 ) -> Result<(), CoordinatorError> {
-    let creds = ServerCreds::new(config.tls.clone())?;
+    let enrollment = enroll::Enrollment::open(&config)?;
+    // A joining host has no certificate yet: with enrollment on, the port also accepts peers
+    // without one, whose requests carry no proven identity and reach only `Enrollment`.
+    let creds = ServerCreds::with_anonymous(config.tls.clone(), enrollment.is_some())?;
     let policy = match &config.policy {
         Some(path) => Policy::load(path)?,
         None => Policy::default(),
@@ -201,6 +221,7 @@ pub async fn serve(
         sessions: sessions::Sessions::new(config.sessions.clone()),
         finder: finder::Finder::new(encoder),
         metrics: metrics::Metrics::default(),
+        enrollment,
         shutdown: shutdown.clone(),
         tasks: tasks.clone(),
     });
@@ -275,6 +296,16 @@ pub async fn serve(
         .max_decoding_message_size(toolsrv_proto::limits::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(toolsrv_proto::limits::MAX_MESSAGE_BYTES),
     );
+    let join_tokens = RequireRole::clients(JoinTokensServer::new(enroll::JoinTokensService {
+        state: state.clone(),
+    }));
+    let renewal = RequireRole::agents(RenewalServer::new(enroll::RenewalService {
+        state: state.clone(),
+    }));
+    // The one service a peer without a certificate reaches (see `enroll`).
+    let enrollment = EnrollmentServer::new(enroll::EnrollmentService {
+        state: state.clone(),
+    });
     let incoming = toolsrv_tls::incoming(listener, creds.subscribe());
     let served = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
@@ -282,9 +313,12 @@ pub async fn serve(
         .tcp_nodelay(true)
         .add_service(agent_link)
         .add_service(tools)
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
+        .add_service(join_tokens)
+        .add_service(renewal)
+        .add_service(enrollment)
+        .add_service(RequireRole::authenticated(health_service))
+        .add_service(RequireRole::authenticated(reflection_v1))
+        .add_service(RequireRole::authenticated(reflection_v1alpha))
         .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
         .await;
     shutdown.cancel();

@@ -8,22 +8,34 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::{TlsError, TlsFiles, server_config};
+use crate::{TlsError, TlsFiles, server_config_with};
 
 /// The coordinator's current server config; every new handshake reads the
 /// latest one, connections already up keep theirs.
 #[derive(Debug, Clone)]
 pub struct ServerCreds {
     files: TlsFiles,
+    /// Whether peers without a certificate are accepted (enrollment on).
+    anonymous: bool,
     tx: watch::Sender<Arc<ServerConfig>>,
 }
 
 impl ServerCreds {
     /// Loads `files` once; an error if they do not make a valid server config.
     pub fn new(files: TlsFiles) -> Result<Self, TlsError> {
-        let config = server_config(&files)?;
+        Self::with_anonymous(files, false)
+    }
+
+    /// [`ServerCreds::new`], also accepting peers without a certificate when `anonymous` (see
+    /// [`server_config_with`]).
+    pub fn with_anonymous(files: TlsFiles, anonymous: bool) -> Result<Self, TlsError> {
+        let config = server_config_with(&files, anonymous)?;
         let (tx, _rx) = watch::channel(config);
-        Ok(Self { files, tx })
+        Ok(Self {
+            files,
+            anonymous,
+            tx,
+        })
     }
 
     /// A receiver to hand to [`crate::incoming`].
@@ -44,7 +56,7 @@ impl ServerCreds {
     /// Re-reads the files. On error the previous config stays in use and
     /// the error is returned.
     pub fn reload(&self) -> Result<(), TlsError> {
-        let config = server_config(&self.files)?;
+        let config = server_config_with(&self.files, self.anonymous)?;
         // send_replace, not send: it succeeds even with no receiver yet.
         self.tx.send_replace(config);
         Ok(())

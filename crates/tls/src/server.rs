@@ -6,6 +6,7 @@
 //! every request's extensions; [`peer_of`] reads it back in a handler or
 //! interceptor.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -23,6 +24,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_stream::Stream;
 use tonic::transport::server::Connected;
 
+use crate::enroll::labels_of;
 use crate::{Identity, identity_of};
 
 /// A handshake that takes longer than this is abandoned, so a peer that
@@ -64,6 +66,20 @@ pub struct PeerInfo {
     pub identity: Identity,
     /// The peer's address.
     pub remote: SocketAddr,
+    /// The labels the peer's certificate carries (`toolsrv://label/<k>=<v>` URI SANs, written
+    /// by the CA at enrollment): trusted labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// What tonic puts into every request of a connection: the proven peer, or none for a peer
+/// that sent no certificate (accepted only when the server config allows it, for enrollment).
+/// [`peer`] reads the proven peer back; nothing else should look at this.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnInfo {
+    /// The peer proven by its certificate; `None` on an unauthenticated connection.
+    pub peer: Option<PeerInfo>,
+    /// The peer's address.
+    pub remote: SocketAddr,
 }
 
 /// An accepted, handshaken mTLS connection whose peer has an identity and has sent the HTTP/2
@@ -71,15 +87,15 @@ pub struct PeerInfo {
 #[derive(Debug)]
 pub struct TlsConn {
     stream: TlsStream<TcpStream>,
-    peer: PeerInfo,
+    info: ConnInfo,
     /// How much of [`H2_PREFACE`] has been replayed to the reader.
     replayed: usize,
 }
 
 impl TlsConn {
-    /// Who the peer is.
-    pub fn peer(&self) -> &PeerInfo {
-        &self.peer
+    /// Who the peer is; `None` when it sent no certificate.
+    pub fn peer(&self) -> Option<&PeerInfo> {
+        self.info.peer.as_ref()
     }
 
     /// The underlying TLS stream (negotiated protocol, certificates...).
@@ -89,10 +105,10 @@ impl TlsConn {
 }
 
 impl Connected for TlsConn {
-    type ConnectInfo = PeerInfo;
+    type ConnectInfo = ConnInfo;
 
-    fn connect_info(&self) -> PeerInfo {
-        self.peer.clone()
+    fn connect_info(&self) -> ConnInfo {
+        self.info.clone()
     }
 }
 
@@ -142,10 +158,12 @@ impl AsyncWrite for TlsConn {
     }
 }
 
-/// The identity tonic stored in a request's extensions, if it came through
-/// [`incoming`].
+/// The identity tonic stored in a request's extensions, if it came through [`incoming`] on a
+/// connection whose peer presented a verified certificate.
 pub fn peer(req_extensions: &tonic::Extensions) -> Option<&PeerInfo> {
-    req_extensions.get::<PeerInfo>()
+    req_extensions
+        .get::<ConnInfo>()
+        .and_then(|c| c.peer.as_ref())
 }
 
 /// The identity of the peer that sent `req`, if it came through [`incoming`].
@@ -177,7 +195,8 @@ impl Drop for TlsIncoming {
 
 /// Accepts TCP connections on `listener` and yields those whose mTLS
 /// handshake (with the config current in `creds` at accept time) succeeds,
-/// whose client certificate names an identity, and which then send the
+/// whose client certificate names an identity (or who sent none, when the
+/// config allows that: see [`crate::server_config_with`]), and which then send the
 /// HTTP/2 preface. Each connection is set up in its own task, within
 /// [`HANDSHAKE_TIMEOUT`] for the handshake and [`PREFACE_TIMEOUT`] for the
 /// preface; failures are logged and dropped, never ending the stream. Must be
@@ -246,25 +265,30 @@ async fn handshake(
             return;
         }
     };
-    let identity = match stream
+    // A peer without a certificate gets here only when the config allows it (enrollment on):
+    // its requests carry no `PeerInfo`, so every service but enrollment refuses them.
+    let peer = match stream
         .get_ref()
         .1
         .peer_certificates()
         .and_then(|c| c.first())
     {
-        Some(leaf) => identity_of(leaf),
-        None => {
-            tracing::info!(%remote, "peer sent no client certificate; connection dropped");
-            return;
-        }
+        Some(leaf) => match identity_of(leaf).and_then(|id| Ok((id, labels_of(leaf)?))) {
+            Ok((identity, labels)) => Some(PeerInfo {
+                identity,
+                remote,
+                labels,
+            }),
+            Err(e) => {
+                tracing::info!(%remote, error = %e, "peer certificate has no usable identity; connection dropped");
+                return;
+            }
+        },
+        None => None,
     };
-    let identity = match identity {
-        Ok(id) => id,
-        Err(e) => {
-            tracing::info!(%remote, error = %e, "peer certificate has no usable identity; connection dropped");
-            return;
-        }
-    };
+    let identity = peer
+        .as_ref()
+        .map_or_else(|| "unauthenticated".to_string(), |p| p.identity.to_string());
     // hyper waits for the preface without a deadline (its keepalive pings start only after it),
     // so an authenticated peer that goes quiet here would hold the connection forever.
     let mut preface = [0u8; H2_PREFACE.len()];
@@ -283,10 +307,10 @@ async fn handshake(
             return;
         }
     }
-    tracing::debug!(%remote, %identity, "mTLS connection accepted");
+    tracing::debug!(%remote, %identity, "TLS connection accepted");
     let conn = TlsConn {
         stream,
-        peer: PeerInfo { identity, remote },
+        info: ConnInfo { peer, remote },
         replayed: 0,
     };
     // An error means the server is gone; the connection just closes.

@@ -6,6 +6,7 @@ mod fanout;
 mod hosts;
 mod master;
 mod session;
+pub mod token;
 mod tools;
 mod watch;
 
