@@ -30,7 +30,10 @@ fn start_enrolling(fleet: &mut Fleet, extra: &[&str]) {
     let state = fleet.work.path().join("coordinator-state");
     let mut args = vec![
         format!("--signing-ca-cert={}", fleet.pki.path("ca.pem").display()),
-        format!("--signing-ca-key={}", fleet.pki.path("ca-key.pem").display()),
+        format!(
+            "--signing-ca-key={}",
+            fleet.pki.path("ca-key.pem").display()
+        ),
         format!("--state-dir={}", state.display()),
         "--admin=alice".to_string(),
         format!("--audit-log={}", fleet.audit_log().display()),
@@ -137,8 +140,7 @@ fn a_host_joins_with_a_token_and_later_starts_without_one() {
     assert!(tok.starts_with("tsj_") && tok.len() >= 36, "{tok}");
     assert_eq!(
         pin,
-        toolsrv_tls::enroll::pin_for(&fleet.pki.path("ca.pem"), &fleet.pki.path("ca.pem"))
-            .unwrap(),
+        toolsrv_tls::enroll::pin_for(&fleet.pki.path("ca.pem"), &fleet.pki.path("ca.pem")).unwrap(),
         "the pin is the CA certificate's"
     );
     fleet.start_agent("web-9", &join_spec(&tok, &pin));
@@ -148,7 +150,10 @@ fn a_host_joins_with_a_token_and_later_starts_without_one() {
     // and the key kept beside it, readable by the agent's user only.
     let file = identity_file(&fleet, "web-9");
     let pem = std::fs::read_to_string(&file).unwrap();
-    assert!(pem.contains("PRIVATE KEY"), "the key stays in the state directory");
+    assert!(
+        pem.contains("PRIVATE KEY"),
+        "the key stays in the state directory"
+    );
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
         std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
@@ -201,7 +206,12 @@ fn a_host_joins_with_a_token_and_later_starts_without_one() {
     assert_eq!(created.len(), 1);
     assert_eq!(created[0]["client"], "alice");
     assert_eq!(created[0]["outcome"], "granted");
-    assert!(!fleet.audit_records().iter().any(|r| r.to_string().contains(&tok)));
+    assert!(
+        !fleet
+            .audit_records()
+            .iter()
+            .any(|r| r.to_string().contains(&tok))
+    );
     let joins = audit(&fleet, "join");
     assert_eq!(joins.len(), 2, "{joins:?}");
     assert_eq!(joins[0]["outcome"], "granted");
@@ -333,17 +343,30 @@ fn a_signing_ca_that_does_not_chain_to_the_bundle_stops_the_coordinator() {
     let fleet = Fleet::new(&["a"]);
     let other = toolsrv_tests::Pki::new(&[], &[]);
     let mut cmd = toolsrv_testkit_command(&fleet);
-    cmd.arg(format!("--signing-ca-cert={}", other.path("ca.pem").display()))
-        .arg(format!("--signing-ca-key={}", other.path("ca-key.pem").display()));
+    cmd.arg(format!(
+        "--signing-ca-cert={}",
+        other.path("ca.pem").display()
+    ))
+    .arg(format!(
+        "--signing-ca-key={}",
+        other.path("ca-key.pem").display()
+    ));
     let out = run_bounded(cmd, None, Duration::from_secs(20));
     let log = text(&out.stderr);
     assert!(!out.status.success(), "{log}");
     assert!(log.contains("does not chain to the CA bundle"), "{log}");
 
     let mut cmd = toolsrv_testkit_command(&fleet);
-    cmd.arg(format!("--signing-ca-cert={}", fleet.pki.path("ca.pem").display()));
+    cmd.arg(format!(
+        "--signing-ca-cert={}",
+        fleet.pki.path("ca.pem").display()
+    ));
     let out = run_bounded(cmd, None, Duration::from_secs(20));
-    assert!(text(&out.stderr).contains("go together"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("go together"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 fn toolsrv_testkit_command(fleet: &Fleet) -> Command {
@@ -403,9 +426,11 @@ fn renewal_under_a_short_lifetime_keeps_a_running_call_and_the_link() {
         .spawn()
         .unwrap();
     // Renewed at two thirds of 6 s, while the call runs.
-    wait_for("the certificate to be renewed", Duration::from_secs(10), || {
-        (std::fs::read_to_string(&file).unwrap() != first).then_some(())
-    });
+    wait_for(
+        "the certificate to be renewed",
+        Duration::from_secs(10),
+        || (std::fs::read_to_string(&file).unwrap() != first).then_some(()),
+    );
     let out = toolsrv_tests::finish_child(call, Duration::from_secs(30));
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("done"), "{}", text(&out.stdout));
@@ -422,7 +447,9 @@ fn renewal_under_a_short_lifetime_keeps_a_running_call_and_the_link() {
     );
     let renewals = audit(&fleet, "renewal");
     assert!(
-        renewals.iter().any(|r| r["outcome"] == "granted" && r["host"] == "r-1"),
+        renewals
+            .iter()
+            .any(|r| r["outcome"] == "granted" && r["host"] == "r-1"),
         "{renewals:?}"
     );
     // The first certificate has long expired: a new connection works only with a renewed one.
@@ -452,8 +479,9 @@ mod wire {
     }
 
     async fn anonymous(fleet: &Fleet) -> tonic::transport::Channel {
-        let tls = toolsrv_tls::anonymous_client_config(&fleet.pki.path("ca.pem"), Role::Coordinator)
-            .unwrap();
+        let tls =
+            toolsrv_tls::anonymous_client_config(&fleet.pki.path("ca.pem"), Role::Coordinator)
+                .unwrap();
         toolsrv_tls::connect(&fleet.url(), tls).await.unwrap()
     }
 
@@ -556,10 +584,18 @@ mod wire {
             let err = client.join(join(bad)).await.unwrap_err();
             assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
             // Asking for another host's identity, or a client's.
-            for other in ["toolsrv://agent/h-2", "toolsrv://client/alice", "toolsrv://coordinator"] {
+            for other in [
+                "toolsrv://agent/h-2",
+                "toolsrv://client/alice",
+                "toolsrv://coordinator",
+            ] {
                 let (_, der) = csr(vec![uri(other)]);
                 let err = client.join(join(der)).await.unwrap_err();
-                assert_eq!(err.code(), tonic::Code::PermissionDenied, "{other}: {err:?}");
+                assert_eq!(
+                    err.code(),
+                    tonic::Code::PermissionDenied,
+                    "{other}: {err:?}"
+                );
             }
             // Extra names and labels are ignored: the certificate has the token's only.
             let (key, der) = csr(vec![

@@ -166,7 +166,10 @@ pub async fn prepare(
                 config.tls = files;
                 return Ok(true);
             }
-            Err(e) if e.needs_operator() || matches!(&e, AgentError::Rpc { status, .. } if status.code() == tonic::Code::InvalidArgument) => {
+            Err(e)
+                if e.needs_operator()
+                    || matches!(&e, AgentError::Rpc { status, .. } if status.code() == tonic::Code::InvalidArgument) =>
+            {
                 return Err(e);
             }
             Err(e) => {
@@ -213,7 +216,9 @@ async fn join(
             // Nothing secret goes over this connection: only the CA bundle comes back, and
             // only its certificates with the pin are kept.
             let tls = toolsrv_tls::unverified_client_config().map_err(connect_failed)?;
-            let channel = toolsrv_tls::connect(url, tls).await.map_err(connect_failed)?;
+            let channel = toolsrv_tls::connect(url, tls)
+                .await
+                .map_err(connect_failed)?;
             let bundle = EnrollmentClient::new(channel)
                 .get_ca_bundle(timed(GetCaBundleRequest {}))
                 .await
@@ -227,10 +232,13 @@ async fn join(
         }
     };
     write_file(&files.ca, ca_pem.as_bytes())?;
-    let tls =
-        toolsrv_tls::anonymous_client_config(&files.ca, Role::Coordinator).map_err(connect_failed)?;
-    let channel = toolsrv_tls::connect(url, tls).await.map_err(connect_failed)?;
-    let (key_pem, csr_der) = pki::new_key_and_csr().map_err(|e| AgentError::Identity(e.to_string()))?;
+    let tls = toolsrv_tls::anonymous_client_config(&files.ca, Role::Coordinator)
+        .map_err(connect_failed)?;
+    let channel = toolsrv_tls::connect(url, tls)
+        .await
+        .map_err(connect_failed)?;
+    let (key_pem, csr_der) =
+        pki::new_key_and_csr().map_err(|e| AgentError::Identity(e.to_string()))?;
     let response = EnrollmentClient::new(channel)
         .join(timed(JoinRequest {
             token: token.to_string(),
@@ -377,7 +385,8 @@ pub async fn keep_renewed(
 }
 
 async fn renew_once(channel: Channel, host_id: &str, files: &TlsFiles) -> Result<i64, AgentError> {
-    let (key_pem, csr_der) = pki::new_key_and_csr().map_err(|e| AgentError::Identity(e.to_string()))?;
+    let (key_pem, csr_der) =
+        pki::new_key_and_csr().map_err(|e| AgentError::Identity(e.to_string()))?;
     let response = RenewalClient::new(channel)
         .renew(timed(RenewRequest {
             csr_der,
@@ -418,5 +427,4 @@ mod tests {
         assert_eq!(retry_after(100_000, 0), Duration::from_secs(30));
         assert_eq!(retry_after(0, 100), Duration::from_secs(1));
     }
-
 }

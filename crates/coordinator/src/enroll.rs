@@ -59,7 +59,9 @@ pub(crate) struct Enrollment {
 
 impl Enrollment {
     /// Loads the signing CA and the tokens; `None` when enrollment is off.
-    pub fn open(config: &crate::CoordinatorConfig) -> Result<Option<Self>, crate::CoordinatorError> {
+    pub fn open(
+        config: &crate::CoordinatorConfig,
+    ) -> Result<Option<Self>, crate::CoordinatorError> {
         let Some(signing) = &config.signing_ca else {
             tracing::info!(
                 "enrollment is off (no --signing-ca-cert and --signing-ca-key): hosts need \
@@ -169,7 +171,9 @@ impl EnrollmentService {
         if token.is_empty() || token.len() > MAX_TOKEN_LEN {
             return Err((
                 String::new(),
-                Status::invalid_argument("no join token, or not one: give the token `toolctl token create` printed"),
+                Status::invalid_argument(
+                    "no join token, or not one: give the token `toolctl token create` printed",
+                ),
             ));
         }
         let now = now_unix();
@@ -182,7 +186,12 @@ impl EnrollmentService {
         // certificate out: a certificate is only ever returned for a token marked used on disk.
         let issued = enrollment
             .signer
-            .issue_agent(&req.csr_der, &record.host_id, &record.labels, enrollment.ttl)
+            .issue_agent(
+                &req.csr_der,
+                &record.host_id,
+                &record.labels,
+                enrollment.ttl,
+            )
             .map_err(|e| (host.clone(), Status::from(e)))?;
         enrollment
             .tokens
@@ -286,7 +295,9 @@ impl JoinTokensService {
         };
         enrollment.tokens.add(record.clone(), now).map_err(|e| {
             tracing::error!(error = %e, "cannot keep a join token");
-            Status::unavailable("the coordinator cannot keep the token (see its log); try again later")
+            Status::unavailable(
+                "the coordinator cannot keep the token (see its log); try again later",
+            )
         })?;
         Ok((token, record))
     }
@@ -314,7 +325,9 @@ impl Renewal for RenewalService {
                    "labels": caller.labels, "message": message}),
         );
         match &result {
-            Ok(r) => tracing::info!(host = %caller.name, not_after = r.not_after_unix, "agent certificate renewed"),
+            Ok(r) => {
+                tracing::info!(host = %caller.name, not_after = r.not_after_unix, "agent certificate renewed")
+            }
             Err(s) => tracing::info!(host = %caller.name, reason = %s.message(), "renewal refused"),
         }
         result.map(Response::new)
@@ -331,9 +344,12 @@ impl RenewalService {
                 req.host_id, caller.name
             )));
         }
-        let issued = enrollment
-            .signer
-            .issue_agent(&req.csr_der, &caller.name, &caller.labels, enrollment.ttl)?;
+        let issued = enrollment.signer.issue_agent(
+            &req.csr_der,
+            &caller.name,
+            &caller.labels,
+            enrollment.ttl,
+        )?;
         Ok(RenewResponse {
             certificate_chain_pem: issued.chain_pem,
             ca_bundle_pem: ca_bundle(&self.state)?,

@@ -480,7 +480,8 @@ impl AgentArgs {
         let trust = match (&self.ca_pin, &self.tls.ca) {
             (Some(_), Some(_)) => bail!("agent: give --ca-pin or --ca, not both"),
             (Some(pin), None) => Some(toolsrv_agent::enroll::CaTrust::Pin(
-                toolsrv_tls::enroll::parse_pin(pin).map_err(|e| anyhow::anyhow!("--ca-pin: {e}"))?,
+                toolsrv_tls::enroll::parse_pin(pin)
+                    .map_err(|e| anyhow::anyhow!("--ca-pin: {e}"))?,
             )),
             (None, Some(ca)) => Some(toolsrv_agent::enroll::CaTrust::File(ca.clone())),
             (None, None) => None,

@@ -200,7 +200,10 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
 /// host joining with a token has none yet). A certificate that is presented is verified all
 /// the same; such connections carry no [`crate::PeerInfo`], so only services that need no
 /// identity serve them.
-pub fn server_config_with(files: &TlsFiles, anonymous: bool) -> Result<Arc<ServerConfig>, TlsError> {
+pub fn server_config_with(
+    files: &TlsFiles,
+    anonymous: bool,
+) -> Result<Arc<ServerConfig>, TlsError> {
     let provider = provider();
     let own = load_own(files, &provider)?;
     if own.identity != Identity::Coordinator {

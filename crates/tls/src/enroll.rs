@@ -156,7 +156,10 @@ pub fn labels_of(cert_der: &[u8]) -> Result<BTreeMap<String, String>, TlsError> 
 /// The pin of a CA certificate: `sha256:` and the lowercase hex SHA-256 of its DER encoding
 /// (what `openssl x509 -in ca.pem -outform DER | sha256sum` prints).
 pub fn ca_pin(cert_der: &[u8]) -> String {
-    format!("sha256:{}", hex(ring::digest::digest(&ring::digest::SHA256, cert_der).as_ref()))
+    format!(
+        "sha256:{}",
+        hex(ring::digest::digest(&ring::digest::SHA256, cert_der).as_ref())
+    )
 }
 
 /// Checks the spelling of a pin (`sha256:` and 64 hex digits) and returns it normalised.
@@ -249,7 +252,9 @@ pub fn pin_for(ca_path: &Path, cert_path: &Path) -> Result<String, TlsError> {
             return Ok(ca_pin(ca));
         }
         if let Ok(parsed) = parse_der(ca)
-            && parsed_top.verify_signature(Some(parsed.public_key())).is_ok()
+            && parsed_top
+                .verify_signature(Some(parsed.public_key()))
+                .is_ok()
         {
             return Ok(ca_pin(ca));
         }
@@ -457,7 +462,8 @@ impl Signer {
         if let Some(intermediate) = &self.intermediate_pem {
             chain_pem.push_str(intermediate);
         }
-        let not_after = i64::try_from(now.as_secs().saturating_add(ttl.as_secs())).unwrap_or(i64::MAX);
+        let not_after =
+            i64::try_from(now.as_secs().saturating_add(ttl.as_secs())).unwrap_or(i64::MAX);
         Ok(Issued {
             chain_pem,
             not_after,
@@ -594,7 +600,11 @@ mod tests {
             ("7d", 604_800),
             ("24h", 86_400),
         ] {
-            assert_eq!(parse_duration(text).unwrap(), Duration::from_secs(secs), "{text}");
+            assert_eq!(
+                parse_duration(text).unwrap(),
+                Duration::from_secs(secs),
+                "{text}"
+            );
         }
         for bad in ["", "h", "1x", "1h30", "-1s", "1.5h"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
@@ -610,14 +620,13 @@ mod tests {
 
     #[test]
     fn label_uris_round_trip() {
-        for (k, v) in [
-            ("role", "db"),
-            ("team/owner", "a b&c=d%é"),
-            ("empty", ""),
-        ] {
+        for (k, v) in [("role", "db"), ("team/owner", "a b&c=d%é"), ("empty", "")] {
             let uri = label_uri(k, v);
             assert!(uri.is_ascii(), "{uri}");
-            assert_eq!(parse_label_uri(&uri).unwrap(), (k.to_string(), v.to_string()));
+            assert_eq!(
+                parse_label_uri(&uri).unwrap(),
+                (k.to_string(), v.to_string())
+            );
         }
         assert!(parse_label_uri("toolsrv://label/bad key=x").is_err());
         assert!(parse_label_uri("toolsrv://label/k=%zz").is_err());

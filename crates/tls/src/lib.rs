@@ -21,9 +21,9 @@ pub use client::{
     lazy_channel,
 };
 pub use config::{
-    CertificateExpiry, TlsFiles, anonymous_client_config, certificate_expiry,
-    certificate_identity, client_config, install_crypto_provider, provider, server_config,
-    server_config_with, unverified_client_config,
+    CertificateExpiry, TlsFiles, anonymous_client_config, certificate_expiry, certificate_identity,
+    client_config, install_crypto_provider, provider, server_config, server_config_with,
+    unverified_client_config,
 };
 pub use creds::ServerCreds;
 pub use error::{TlsError, chain as error_chain};
@@ -32,6 +32,6 @@ pub use identity::{
 };
 pub use pki::{CA_CERT, CA_KEY, DEFAULT_VALID_DAYS, PkiOptions, file_stem, init, issue};
 pub use server::{
-    AcceptTimeouts, ConnInfo, HANDSHAKE_TIMEOUT, PREFACE_TIMEOUT, PeerInfo, TlsConn, TlsIncoming, incoming,
-    incoming_with, peer, peer_of,
+    AcceptTimeouts, ConnInfo, HANDSHAKE_TIMEOUT, PREFACE_TIMEOUT, PeerInfo, TlsConn, TlsIncoming,
+    incoming, incoming_with, peer, peer_of,
 };

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -44,10 +44,17 @@ struct TokenFile {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
     Unknown,
-    Used { used_unix: i64 },
-    Expired { expires_unix: i64 },
+    Used {
+        used_unix: i64,
+    },
+    Expired {
+        expires_unix: i64,
+    },
     /// The agent expects another host id than the token binds.
-    OtherHost { token_host: String, asked: String },
+    OtherHost {
+        token_host: String,
+        asked: String,
+    },
 }
 
 impl std::fmt::Display for Refusal {
@@ -96,6 +103,11 @@ impl Tokens {
                 records: Mutex::new(Vec::new()),
             });
         };
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| format!("cannot create the state directory {}: {e}", dir.display()))?;
         let path = dir.join(TOKENS_FILE);
         let records = match std::fs::read_to_string(&path) {
             Ok(text) => {
@@ -281,9 +293,14 @@ mod tests {
         tokens.add(record("t2", "b", 1000), 0).unwrap();
         tokens.consume("t1", "", 5).unwrap();
         let text = std::fs::read_to_string(dir.path().join(TOKENS_FILE)).unwrap();
-        assert!(!text.contains("\"t1\"") && text.contains(&toolsrv_tls::enroll::token_digest("t1")));
+        assert!(
+            !text.contains("\"t1\"") && text.contains(&toolsrv_tls::enroll::token_digest("t1"))
+        );
         let again = Tokens::open(Some(dir.path())).unwrap();
-        assert!(matches!(again.check("t1", "", 6), Err(Refusal::Used { .. })));
+        assert!(matches!(
+            again.check("t1", "", 6),
+            Err(Refusal::Used { .. })
+        ));
         assert_eq!(again.check("t2", "", 6).unwrap().host_id, "b");
     }
 }

@@ -8,12 +8,7 @@ use crate::cli::exit;
 
 /// Creates a token for `host_id`; prints it on stdout, and on stderr when it expires, the CA pin
 /// and the command that joins the host.
-pub async fn create(
-    conn: &ConnArgs,
-    host_id: &str,
-    ttl: Option<&str>,
-    labels: &[String],
-) -> u8 {
+pub async fn create(conn: &ConnArgs, host_id: &str, ttl: Option<&str>, labels: &[String]) -> u8 {
     let ttl = match ttl.map(toolsrv_tls::enroll::parse_duration).transpose() {
         Ok(Some(t)) if t < Duration::from_secs(1) => {
             eprintln!("toolctl: --ttl must be at least 1s");
