@@ -311,6 +311,35 @@ fn only_administrators_create_tokens() {
     // An agent certificate is no client at all.
     let out = create_token(&fleet, "agent-a", &["--host-id", "z"]).unwrap_err();
     assert!(!out.status.success());
+
+    // Through alice's `toolctl master`, with no certificate of its own.
+    let socket = fleet.work.path().join("ctl.sock");
+    let socket_arg = socket.display().to_string();
+    let mut master = fleet
+        .toolctl_command("client-alice", &["master", "--control", &socket_arg])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the master's socket", Duration::from_secs(10), || {
+        socket.exists().then_some(())
+    });
+    let mut cmd = Command::new(bin("toolctl"));
+    cmd.args([
+        "token",
+        "create",
+        "--control",
+        &socket_arg,
+        "--host-id",
+        "m-1",
+    ])
+    .env_clear()
+    .env("PATH", "/usr/bin:/bin");
+    let out = run_bounded(cmd, None, Duration::from_secs(20));
+    let _ = master.kill();
+    let _ = master.wait();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).starts_with("tsj_"));
 }
 
 #[test]
@@ -678,4 +707,38 @@ mod wire {
         assert_eq!(renewals.len(), 3, "{renewals:?}");
         assert_eq!(renewals[2]["outcome"], "granted");
     }
+}
+
+#[test]
+fn an_expired_certificate_needs_a_new_token() {
+    let mut fleet = enrolling_fleet(&["a"], &["--agent-cert-ttl=5s"]);
+    let (tok, pin) = token(&fleet, "e-1", &[]);
+    fleet.start_agent("e-1", &join_spec(&tok, &pin));
+    fleet.wait_online(&["e-1"], "hello");
+    fleet.agents.remove("e-1");
+    let state = fleet.work.path().join("host-e-1/state");
+
+    // Another --host-id than the enrolled one is refused at once.
+    let out = run_agent(&fleet, &state, &["--host-id=e-2".to_string()]);
+    let log = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("--host-id e-2 differs from the host id `e-1`"),
+        "{log}"
+    );
+
+    // Stopped past its certificate's end, nothing can renew it.
+    std::thread::sleep(Duration::from_secs(6));
+    let out = run_agent(&fleet, &state, &[]);
+    let log = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("expired") && log.contains("toolctl token create --host-id e-1"),
+        "{log}"
+    );
+
+    // A new token enrolls it again.
+    let (tok, pin) = token(&fleet, "e-1", &[]);
+    fleet.start_agent("e-1", &join_spec(&tok, &pin));
+    fleet.wait_online(&["e-1"], "hello");
 }

@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use tonic::{Request, Response, Status};
 use toolsrv_proto::v1::join_tokens_client::JoinTokensClient;
+use toolsrv_proto::v1::join_tokens_server::{JoinTokens, JoinTokensServer};
 use toolsrv_proto::v1::{CreateJoinTokenRequest, CreateJoinTokenResponse};
 
 use crate::{Client, ClientError};
@@ -27,5 +29,31 @@ impl Client {
             .create_join_token(request)
             .await?;
         Ok(response.into_inner())
+    }
+}
+
+/// `JoinTokens` passed on unchanged over a `toolctl master`'s connection (see
+/// [`crate::control`]), as the `Tools` RPCs are.
+pub(crate) fn relay(upstream: tonic::transport::Channel) -> JoinTokensServer<TokenRelay> {
+    JoinTokensServer::new(TokenRelay {
+        upstream: JoinTokensClient::new(upstream),
+    })
+}
+
+#[derive(Debug)]
+pub(crate) struct TokenRelay {
+    upstream: JoinTokensClient<tonic::transport::Channel>,
+}
+
+#[tonic::async_trait]
+impl JoinTokens for TokenRelay {
+    async fn create_join_token(
+        &self,
+        req: Request<CreateJoinTokenRequest>,
+    ) -> Result<Response<CreateJoinTokenResponse>, Status> {
+        self.upstream
+            .clone()
+            .create_join_token(req.into_inner())
+            .await
     }
 }
