@@ -18,6 +18,7 @@ fn generate(protoc: Option<PathBuf>) -> Result<(), Box<dyn std::error::Error>> {
         "toolsrv/v1/common.proto",
         "toolsrv/v1/agent.proto",
         "toolsrv/v1/tools.proto",
+        "toolsrv/v1/enroll.proto",
     ]
     .map(|f| root.join(f));
     let out = PathBuf::from(std::env::var("OUT_DIR")?);

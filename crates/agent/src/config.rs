@@ -47,6 +47,10 @@ pub struct AgentConfig {
     pub sandbox: toolsrv_confine::Settings,
     /// Where to serve Prometheus metrics (`GET /metrics`, plain HTTP); off when `None`.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Enrollment (`--join`, or a certificate enrolled earlier in the state directory): `tls`
+    /// and `host_id` then come from `<state>/enroll/`, and the certificate is kept renewed.
+    /// `None`: the certificate files of `tls` are used as they are.
+    pub enroll: Option<crate::enroll::EnrollConfig>,
 }
 
 impl AgentConfig {
@@ -73,6 +77,7 @@ impl AgentConfig {
             drain_grace: DEFAULT_DRAIN_GRACE,
             sandbox: toolsrv_confine::Settings::new(Vec::new()),
             metrics_listen: None,
+            enroll: None,
         }
     }
 

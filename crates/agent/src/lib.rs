@@ -13,6 +13,7 @@ mod blobs;
 mod bypass;
 mod calls;
 mod config;
+pub mod enroll;
 mod error;
 mod facts;
 mod keeper;

@@ -53,16 +53,43 @@ fn log_abilities(a: &toolsrv_confine::Abilities) {
 ///
 /// Fails at once when the agent certificate names another host than `host_id` (or is no agent
 /// certificate): the coordinator would refuse every attempt, so retrying would only hide it.
-pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> Result<(), AgentError> {
+///
+/// With enrollment (`config.enroll`), the certificate in the state directory is used, after
+/// joining with the token when there is none yet, and renewed while the agent runs.
+pub async fn run(mut config: AgentConfig, shutdown: CancellationToken) -> Result<(), AgentError> {
     toolsrv_tls::install_crypto_provider();
+    if let Some(enroll) = config.enroll.clone()
+        && !crate::enroll::prepare(&mut config, &enroll, &shutdown).await?
+    {
+        return Ok(());
+    }
     check_identity(&config.tls, &config.host_id)?;
     let url = config.coordinator.clone();
     let tls = config.tls.clone();
     let host_id = config.host_id.clone();
-    run_with_connector(config, shutdown, move || {
-        connect_tls(url.clone(), tls.clone(), host_id.clone())
+    // The latest channel, for renewals over the agent's own connection.
+    let (channels, latest) = tokio::sync::watch::channel(None);
+    let renewal = config.enroll.is_some().then(|| {
+        tokio::spawn(crate::enroll::keep_renewed(
+            config.state_dir.clone(),
+            latest,
+            shutdown.clone(),
+        ))
+    });
+    let result = run_with_connector(config, shutdown, move || {
+        let connecting = connect_tls(url.clone(), tls.clone(), host_id.clone());
+        let channels = channels.clone();
+        async move {
+            let channel = connecting.await?;
+            channels.send_replace(Some(channel.clone()));
+            Ok(channel)
+        }
     })
-    .await
+    .await;
+    if let Some(renewal) = renewal {
+        renewal.abort();
+    }
+    result
 }
 
 /// Refuses a certificate that names another identity than `toolsrv://agent/<host_id>`. One

@@ -31,6 +31,8 @@ pub struct ConnectOptions {
 #[derive(Debug, Clone)]
 pub struct Client {
     pub(crate) inner: ToolsClient<Channel>,
+    /// The connection, for the services besides `Tools` (join tokens).
+    pub(crate) channel: Channel,
 }
 
 impl Client {
@@ -54,9 +56,10 @@ impl Client {
     /// Wraps a channel built elsewhere, such as [`toolsrv_tls::lazy_channel`].
     pub fn from_channel(channel: Channel) -> Self {
         Self {
-            inner: ToolsClient::new(channel)
+            inner: ToolsClient::new(channel.clone())
                 .max_decoding_message_size(MAX_MESSAGE_SIZE)
                 .max_encoding_message_size(MAX_MESSAGE_SIZE),
+            channel,
         }
     }
 

@@ -237,6 +237,7 @@ pub async fn serve_master(
         .max_encoding_message_size(MAX_MESSAGE_SIZE);
     let server = Server::builder()
         .add_service(service)
+        .add_service(crate::enroll::relay(upstream.channel.clone()))
         .serve_with_incoming_shutdown(
             ReceiverStream::new(incoming),
             stop.clone().cancelled_owned(),

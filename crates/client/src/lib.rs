@@ -17,6 +17,7 @@
 pub mod cli;
 mod client;
 pub mod control;
+mod enroll;
 mod error;
 mod revocation;
 mod session;

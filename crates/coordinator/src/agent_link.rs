@@ -55,8 +55,8 @@ impl AgentLink for AgentLinkService {
     ) -> Result<Response<Self::AttachStream>, Status> {
         // Served through `AgentLinkRoutes`, which frames the stream itself; this path serves the
         // same session for anyone mounting the generated server directly.
-        let id = Caller::agent(&req)?;
-        let outbound = self.open(id, req.into_inner()).await?;
+        let caller = Caller::of(req.extensions(), toolsrv_tls::Role::Agent)?.clone();
+        let outbound = self.open(caller, req.into_inner()).await?;
         Ok(Response::new(Box::pin(outbound.map(Ok))))
     }
 
@@ -111,12 +111,13 @@ impl AgentLinkService {
     /// stream is what goes back to the agent.
     async fn open<S>(
         &self,
-        id: String,
+        caller: Caller,
         mut inbound: S,
     ) -> Result<ReceiverStream<CoordinatorMessage>, Status>
     where
         S: Stream<Item = Result<AgentMessage, Status>> + Unpin + Send + 'static,
     {
+        let id = caller.name;
         let hello = read_hello(&mut inbound, &id).await?;
         let (tx, rx) = mpsc::channel(256);
         let state = self.state.clone();
@@ -129,7 +130,10 @@ impl AgentLinkService {
         ));
         tracing::info!(host = %id, version = ?hello.agent_version, "agent attached");
         let facts = hello.facts.clone().unwrap_or_default();
-        let trusted_labels = state.host_labels.of(&id);
+        // Trusted: the labels the certificate carries (bound at enrollment), with the ones
+        // `--host-labels` assigns over them.
+        let mut trusted_labels = caller.labels;
+        trusted_labels.extend(state.host_labels.of(&id));
         let mut selectable_labels: std::collections::BTreeMap<String, String> =
             facts.labels.clone().into_iter().collect();
         selectable_labels.extend(trusted_labels.clone());
@@ -167,11 +171,9 @@ impl AgentLinkService {
         req: http::Request<Body>,
     ) -> Result<http::Response<Body>, Status> {
         let (parts, body) = req.into_parts();
-        let id = Caller::of(&parts.extensions, toolsrv_tls::Role::Agent)?
-            .name
-            .clone();
+        let caller = Caller::of(&parts.extensions, toolsrv_tls::Role::Agent)?.clone();
         let inbound = Inbound::new(body, MAX_MESSAGE_BYTES);
-        let outbound = self.open(id, inbound).await?;
+        let outbound = self.open(caller, inbound).await?;
         Ok(framing::response(outbound.map(Ok), MAX_MESSAGE_BYTES))
     }
 }

@@ -185,6 +185,24 @@ impl Audit {
         }));
     }
 
+    /// Records an enrollment event (`join_token`, `join`, `renewal`): `fields` are added to the
+    /// record's time and event name, strings cut as in other records.
+    pub fn enrollment(&self, event: &str, fields: serde_json::Value) {
+        let mut line = json!({"ts_unix_ms": now_ms(), "event": event});
+        if let (Some(line), serde_json::Value::Object(fields)) = (line.as_object_mut(), fields) {
+            for (k, v) in fields {
+                let v = match v {
+                    serde_json::Value::String(s) => {
+                        serde_json::Value::String(bounded(&s, MAX_MESSAGE_FIELD))
+                    }
+                    other => other,
+                };
+                line.insert(k, v);
+            }
+        }
+        self.write(line);
+    }
+
     fn write(&self, line: serde_json::Value) {
         match &self.file {
             Some((path, file)) => {

@@ -21,6 +21,8 @@ pub struct Caller {
     pub role: Role,
     /// The host id (agents) or client name (clients).
     pub name: String,
+    /// The labels the caller's certificate carries (bound at enrollment): trusted labels.
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 impl Caller {
@@ -71,7 +73,8 @@ impl Caller {
 #[derive(Debug, Clone)]
 pub struct RequireRole<S> {
     inner: S,
-    role: Role,
+    /// `None`: any proven identity (services that need no particular role, such as health).
+    role: Option<Role>,
     /// What the refusal says the service needs.
     needs: &'static str,
     /// Identities refused whatever their certificate (`toolctl revoke`).
@@ -83,7 +86,7 @@ impl<S> RequireRole<S> {
     pub fn clients(inner: S) -> Self {
         Self {
             inner,
-            role: Role::Client,
+            role: Some(Role::Client),
             needs: "the client API needs a client certificate (toolsrv://client/<name>)",
             revocations: None,
         }
@@ -93,7 +96,7 @@ impl<S> RequireRole<S> {
     pub fn agents(inner: S) -> Self {
         Self {
             inner,
-            role: Role::Agent,
+            role: Some(Role::Agent),
             needs: "the agent link needs an agent certificate (toolsrv://agent/<host-id>)",
             revocations: None,
         }
@@ -106,26 +109,39 @@ impl<S> RequireRole<S> {
         self
     }
 
+    /// Any peer with a verified certificate, whatever its role: for health and reflection on
+    /// the mTLS port, which a peer without a certificate (a host joining) must not reach.
+    pub fn authenticated(inner: S) -> Self {
+        Self {
+            inner,
+            role: None,
+            needs: "this service needs a verified certificate",
+            revocations: None,
+        }
+    }
+
     /// The caller `peer` proves to be, if it has this service's role.
     fn prove(&self, peer: Option<&toolsrv_tls::PeerInfo>) -> Result<Caller, Status> {
-        match peer.map(|p| &p.identity) {
-            Some(identity) if identity.role() == self.role => {
+        match peer {
+            Some(p) if self.role.is_none_or(|role| p.identity.role() == role) => {
                 if let Some(revocations) = &self.revocations {
-                    revocations.check(identity).inspect_err(|_| {
-                        tracing::info!(%identity, remote = ?peer.map(|p| p.remote), "refused a request of a revoked identity");
+                    revocations.check(&p.identity).inspect_err(|_| {
+                        tracing::info!(identity = %p.identity, remote = ?p.remote, "refused a request of a revoked identity");
                     })?;
                 }
                 Ok(Caller {
-                    role: self.role,
-                    name: identity.name().unwrap_or_default().to_string(),
+                    role: p.identity.role(),
+                    name: p.identity.name().unwrap_or_default().to_string(),
+                    labels: p.labels.clone(),
                 })
             }
             Some(other) => Err(Status::permission_denied(format!(
-                "{}; this one is {other}",
-                self.needs
+                "{}; this one is {}",
+                self.needs, other.identity
             ))),
             None => Err(Status::unauthenticated(
-                "no verified certificate on this connection",
+                "no verified certificate on this connection: only enrollment (joining with a \
+                 token) is served without one",
             )),
         }
     }
@@ -149,7 +165,7 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
-        match self.prove(req.extensions().get::<toolsrv_tls::PeerInfo>()) {
+        match self.prove(toolsrv_tls::peer(req.extensions())) {
             Ok(caller) => {
                 req.extensions_mut().insert(caller);
                 let fut = self.inner.call(req);

@@ -14,6 +14,7 @@ mod approvals;
 mod audit;
 mod calls;
 mod catalog;
+mod enroll;
 mod error;
 mod expiry;
 mod finder;
@@ -42,12 +43,16 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolsrv_proto::v1::agent_link_server::AgentLinkServer;
+use toolsrv_proto::v1::enrollment_server::EnrollmentServer;
+use toolsrv_proto::v1::join_tokens_server::JoinTokensServer;
+use toolsrv_proto::v1::renewal_server::RenewalServer;
 use toolsrv_proto::v1::tools_server::ToolsServer;
 use toolsrv_registry::{Registry, WatchOptions};
 use toolsrv_tls::{ServerCreds, TlsFiles};
 
 pub use agent_link::{AgentLinkRoutes, AgentLinkService};
 pub use api::ToolsService;
+pub use enroll::{DEFAULT_AGENT_CERT_TTL, SigningCa};
 pub use error::FileError;
 pub use expiry::{DEFAULT_WINDOW as DEFAULT_CERT_EXPIRY_WARNING, parse_duration};
 pub use identity::{Caller, RequireRole};
@@ -103,6 +108,11 @@ pub struct CoordinatorConfig {
     pub tls_reload: Duration,
     /// Warn about (and count in the metrics) certificates that expire within this; zero: off.
     pub cert_expiry_warning: Duration,
+    /// The CA (or intermediate) that signs enrolled agents' certificates; enrollment is off
+    /// without it.
+    pub signing_ca: Option<SigningCa>,
+    /// Lifetime of the certificates enrollment and renewal issue.
+    pub agent_cert_ttl: Duration,
     pub watch: WatchOptions,
 }
 
@@ -127,6 +137,8 @@ impl CoordinatorConfig {
             crls: Vec::new(),
             tls_reload: Duration::from_secs(2),
             cert_expiry_warning: expiry::DEFAULT_WINDOW,
+            signing_ca: None,
+            agent_cert_ttl: DEFAULT_AGENT_CERT_TTL,
             watch: WatchOptions::default(),
         }
     }
@@ -143,6 +155,9 @@ pub enum CoordinatorError {
     /// The sentence encoder of `--find-model` cannot be loaded.
     #[error("--find-model: {0}")]
     FindModel(toolsrv_find::FindError),
+    /// The join tokens kept in the state directory cannot be read.
+    #[error("enrollment: {0}")]
+    Enrollment(String),
     #[error("cannot build the reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("cannot serve metrics: {0}")]
@@ -165,6 +180,8 @@ pub(crate) struct State {
     pub sessions: sessions::Sessions,
     pub finder: finder::Finder,
     pub metrics: metrics::Metrics,
+    /// Join tokens and the signer; `None` when enrollment is off.
+    pub enrollment: Option<enroll::Enrollment>,
     /// Revoked identities (`toolctl revoke`).
     pub revocations: Arc<revocation::Revocations>,
     /// Cancelled by the shutdown signal: new calls are refused from then on, while the ones
@@ -200,12 +217,19 @@ pub async fn serve(
     drain: CancellationToken,
 ) -> Result<(), CoordinatorError> {
     let shutdown = CancellationToken::new();
-    let creds = ServerCreds::with_crls(config.tls.clone(), config.crls.clone())?;
     let revocations = Arc::new(revocation::Revocations::load(config.state_dir.as_deref())?);
     let expiry = Arc::new(expiry::ExpiryWatch::new(
         config.cert_expiry_warning,
         config.tls.clone(),
     ));
+    let enrollment = enroll::Enrollment::open(&config)?;
+    // A joining host has no certificate yet: with enrollment on, the port also accepts peers
+    // without one, whose requests carry no proven identity and reach only `Enrollment`.
+    let creds = ServerCreds::with_options(
+        config.tls.clone(),
+        config.crls.clone(),
+        enrollment.is_some(),
+    )?;
     let policy = match &config.policy {
         Some(path) => Policy::load(path)?,
         None => Policy::default(),
@@ -242,6 +266,7 @@ pub async fn serve(
         draining: drain.clone(),
         in_flight: TaskTracker::new(),
         revocations: revocations.clone(),
+        enrollment,
         shutdown: shutdown.clone(),
         tasks: tasks.clone(),
     });
@@ -331,16 +356,31 @@ pub async fn serve(
         .max_decoding_message_size(toolsrv_proto::limits::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(toolsrv_proto::limits::MAX_MESSAGE_BYTES),
     )
+    .refusing(revocations.clone());
+    let join_tokens = RequireRole::clients(JoinTokensServer::new(enroll::JoinTokensService {
+        state: state.clone(),
+    }))
+    .refusing(revocations.clone());
+    let renewal = RequireRole::agents(RenewalServer::new(enroll::RenewalService {
+        state: state.clone(),
+    }))
     .refusing(revocations);
+    // The one service a peer without a certificate reaches (see `enroll`).
+    let enrollment = EnrollmentServer::new(enroll::EnrollmentService {
+        state: state.clone(),
+    });
     let served = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))
         .tcp_nodelay(true)
         .add_service(agent_link)
         .add_service(tools)
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
+        .add_service(join_tokens)
+        .add_service(renewal)
+        .add_service(enrollment)
+        .add_service(RequireRole::authenticated(health_service))
+        .add_service(RequireRole::authenticated(reflection_v1))
+        .add_service(RequireRole::authenticated(reflection_v1alpha))
         .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
         .await;
     shutdown.cancel();

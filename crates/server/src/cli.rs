@@ -213,6 +213,32 @@ pub struct CoordinatorArgs {
         value_parser = toolsrv_coordinator::parse_duration
     )]
     pub cert_expiry_warning: Duration,
+    /// CA certificate (PEM) that signs the certificates of hosts enrolled with join tokens: the
+    /// CA of --ca or an intermediate it signed. Enrollment is off without it
+    #[arg(long, env = "TOOLSRV_SIGNING_CA_CERT", value_name = "FILE")]
+    pub signing_ca_cert: Option<PathBuf>,
+    /// The signing CA's private key (PEM)
+    #[arg(long, env = "TOOLSRV_SIGNING_CA_KEY", value_name = "FILE")]
+    pub signing_ca_key: Option<PathBuf>,
+    /// Lifetime of the certificates enrollment and renewal issue (`24h`, `90s`, `1h30m`);
+    /// agents renew at two thirds of it
+    #[arg(
+        long,
+        env = "TOOLSRV_AGENT_CERT_TTL",
+        value_name = "DURATION",
+        default_value = "24h",
+        value_parser = parse_agent_cert_ttl
+    )]
+    pub agent_cert_ttl: Duration,
+}
+
+/// `--agent-cert-ttl`: a duration from 5 s to 365 days.
+fn parse_agent_cert_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = toolsrv_tls::enroll::parse_duration(text)?;
+    if ttl < Duration::from_secs(5) || ttl > Duration::from_secs(365 * 86_400) {
+        return Err(format!("{text}: use 5s to 365d"));
+    }
+    Ok(ttl)
 }
 
 impl CoordinatorArgs {
@@ -254,6 +280,18 @@ impl CoordinatorArgs {
         config.drain_grace = Duration::from_secs(self.drain_grace_secs);
         config.crls = self.crls.clone();
         config.cert_expiry_warning = self.cert_expiry_warning;
+        config.signing_ca = match (&self.signing_ca_cert, &self.signing_ca_key) {
+            (Some(cert), Some(key)) => Some(toolsrv_coordinator::SigningCa {
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            (None, None) => None,
+            _ => bail!(
+                "--signing-ca-cert and --signing-ca-key go together: give both to turn \
+                 enrollment on, or neither"
+            ),
+        };
+        config.agent_cert_ttl = self.agent_cert_ttl;
         config.admins = self
             .admins
             .iter()
@@ -272,11 +310,20 @@ pub struct AgentArgs {
     #[arg(long, env = "TOOLSRV_COORDINATOR", value_name = "URL")]
     pub coordinator: Option<String>,
     /// This host's id; must match the agent certificate (`toolsrv://agent/<id>`), in any case.
-    /// Needed
+    /// Needed, except for an enrolled agent (`--join`), whose id comes from its token
     #[arg(long, env = "TOOLSRV_HOST_ID", value_name = "ID")]
     pub host_id: Option<String>,
     #[command(flatten)]
     pub tls: TlsArgs,
+    /// Enroll this host with a one-time join token (`toolctl token create`): the agent makes
+    /// its key, gets a certificate from the coordinator and keeps both in --state-dir; later
+    /// starts use them, without a token. Instead of --cert and --key
+    #[arg(long = "join", env = "TOOLSRV_JOIN_TOKEN", value_name = "TOKEN")]
+    pub join: Option<String>,
+    /// For --join without --ca: the pin of the coordinator's CA, `sha256:HEX` (SHA-256 of the
+    /// CA certificate's DER; `toolctl token create` prints it)
+    #[arg(long, env = "TOOLSRV_CA_PIN", value_name = "PIN")]
+    pub ca_pin: Option<String>,
     /// Colon-separated host-only tool directories, served besides the coordinator's catalog
     #[arg(long, env = "TOOLSRV_AGENT_TOOLS", value_name = "PATH")]
     pub tools: Option<String>,
@@ -444,7 +491,70 @@ impl SandboxArgs {
 }
 
 impl AgentArgs {
+    /// Whether the agent runs enrolled: `--join`, or no `--cert`/`--key` and a certificate
+    /// enrolled earlier in the state directory.
+    fn enrolling(&self) -> bool {
+        let join = self.join.as_deref().is_some_and(|t| !t.is_empty());
+        join || (self.tls.cert.is_none()
+            && self.tls.key.is_none()
+            && toolsrv_agent::enroll::is_enrolled(&self.state_dir))
+    }
+
+    /// The configuration of an enrolled agent (see [`Self::enrolling`]).
+    fn enrolled_config(&self) -> anyhow::Result<AgentConfig> {
+        if self.tls.cert.is_some() || self.tls.key.is_some() {
+            bail!(
+                "agent: --join and --cert/--key exclude each other: an enrolled agent makes its \
+                 own key and keeps its certificate in --state-dir"
+            );
+        }
+        let trust = match (&self.ca_pin, &self.tls.ca) {
+            (Some(_), Some(_)) => bail!("agent: give --ca-pin or --ca, not both"),
+            (Some(pin), None) => Some(toolsrv_agent::enroll::CaTrust::Pin(
+                toolsrv_tls::enroll::parse_pin(pin)
+                    .map_err(|e| anyhow::anyhow!("--ca-pin: {e}"))?,
+            )),
+            (None, Some(ca)) => Some(toolsrv_agent::enroll::CaTrust::File(ca.clone())),
+            (None, None) => None,
+        };
+        let token = self.join.clone().filter(|t| !t.is_empty());
+        if token.is_some()
+            && trust.is_none()
+            && !toolsrv_agent::enroll::is_enrolled(&self.state_dir)
+        {
+            bail!(
+                "agent: --join needs a way to trust the coordinator: --ca-pin sha256:HEX \
+                 (`toolctl token create` prints it) or --ca FILE"
+            );
+        }
+        let mut needed = Required::default();
+        let coordinator = needed.take(&self.coordinator, "--coordinator", "TOOLSRV_COORDINATOR");
+        needed.check("agent")?;
+        let Some(coordinator) = coordinator else {
+            bail!("agent: a needed setting is missing");
+        };
+        let host_id = self.host_id.clone().unwrap_or_default();
+        let tls = toolsrv_agent::enroll::enrolled_files(&self.state_dir);
+        let mut config = AgentConfig::new(coordinator, host_id, tls, self.state_dir.clone());
+        config.enroll = Some(toolsrv_agent::enroll::EnrollConfig { token, trust });
+        Ok(config)
+    }
+
     pub fn config(&self) -> anyhow::Result<AgentConfig> {
+        let mut config = if self.enrolling() {
+            self.enrolled_config()?
+        } else {
+            if self.ca_pin.is_some() {
+                bail!("agent: --ca-pin is only for --join");
+            }
+            self.certificate_config()?
+        };
+        self.apply(&mut config)?;
+        Ok(config)
+    }
+
+    /// The configuration of an agent given its certificate files.
+    fn certificate_config(&self) -> anyhow::Result<AgentConfig> {
         let mut needed = Required::default();
         let coordinator = needed.take(&self.coordinator, "--coordinator", "TOOLSRV_COORDINATOR");
         let host_id = needed.take(&self.host_id, "--host-id", "TOOLSRV_HOST_ID");
@@ -453,7 +563,16 @@ impl AgentArgs {
         let (Some(coordinator), Some(host_id), Some(tls)) = (coordinator, host_id, tls) else {
             bail!("agent: a needed setting is missing");
         };
-        let mut config = AgentConfig::new(coordinator, host_id, tls, self.state_dir.clone());
+        Ok(AgentConfig::new(
+            coordinator,
+            host_id,
+            tls,
+            self.state_dir.clone(),
+        ))
+    }
+
+    /// Everything but the identity.
+    fn apply(&self, config: &mut AgentConfig) -> anyhow::Result<()> {
         config.tools = self
             .tools
             .as_deref()
@@ -473,7 +592,7 @@ impl AgentArgs {
         config.sandbox = self.sandbox.settings()?;
         config.metrics_listen = self.metrics_listen;
         config.drain_grace = Duration::from_secs(self.drain_grace_secs);
-        Ok(config)
+        Ok(())
     }
 }
 
@@ -607,6 +726,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             for path in written {
                 println!("wrote {}", path.display());
             }
+            let ca = dir.join(toolsrv_tls::CA_CERT);
+            let pin = toolsrv_tls::enroll::pin_for(&ca, &ca)?;
+            println!("CA pin (for `toolsrv agent --join ... --ca-pin`): {pin}");
             Ok(())
         }
         Command::Up(args) => crate::up::run(args, shutdown_on_signals()).await,

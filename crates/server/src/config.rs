@@ -240,12 +240,16 @@ impl Setting {
         }
     }
 
-    /// Whether the flag's value is a secret, never printed: its name says token, secret or
-    /// password.
+    /// Whether the flag's value is a secret, never printed: its name or its value's name
+    /// (`--join TOKEN`) says token, secret or password.
     pub fn is_secret(&self) -> bool {
-        ["token", "secret", "password"]
-            .iter()
-            .any(|word| self.key.contains(word))
+        let names = self.arg.get_value_names().unwrap_or_default();
+        ["token", "secret", "password"].iter().any(|word| {
+            self.key.contains(word)
+                || names
+                    .iter()
+                    .any(|n| n.as_str().to_ascii_lowercase().contains(word))
+        })
     }
 
     /// `value` with its relative paths taken from `base` (a value that is not a path as is).

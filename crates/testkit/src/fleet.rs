@@ -43,6 +43,9 @@ pub struct AgentSpec {
     pub max_concurrent: Option<u32>,
     /// Extra command-line arguments (`--sandbox off`, `--run-as nobody`, ...).
     pub args: Vec<String>,
+    /// Run enrolled (see `AgentLaunch::enroll`): `--join TOKEN --ca-pin PIN`, or nothing for an
+    /// agent whose state directory holds its certificate already.
+    pub enroll: Option<Vec<String>>,
 }
 
 impl TestFleet {
@@ -127,6 +130,7 @@ impl TestFleet {
         launch.max_concurrent = spec.max_concurrent;
         launch.labels.clone_from(&spec.labels);
         launch.env.clone_from(&spec.env);
+        launch.enroll.clone_from(&spec.enroll);
         // Agents are confined: test tools leave marks in the one directory they may write.
         launch.args = std::iter::once(format!("--sandbox-write={}", self.marks().display()))
             .chain(spec.args.iter().cloned())

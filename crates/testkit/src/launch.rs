@@ -103,6 +103,10 @@ pub struct AgentLaunch {
     pub env: Vec<(String, String)>,
     /// Run under `prlimit --as=BYTES`: a cap on its address space.
     pub address_space: Option<u64>,
+    /// Run enrolled: these flags (`--join TOKEN`, `--ca-pin PIN`, or none for an agent enrolled
+    /// before) instead of `--host-id` and the certificate files, which come from the state
+    /// directory.
+    pub enroll: Option<Vec<String>>,
 }
 
 impl AgentLaunch {
@@ -121,6 +125,7 @@ impl AgentLaunch {
             args: Vec::new(),
             env: Vec::new(),
             address_space: None,
+            enroll: None,
         }
     }
 
@@ -135,10 +140,14 @@ impl AgentLaunch {
             None => Command::new(toolsrv),
         };
         cmd.arg("agent")
-            .arg(format!("--coordinator={}", self.coordinator))
-            .arg(format!("--host-id={}", self.id))
-            .args(tls_args(&self.tls))
-            .arg(format!("--state-dir={}", self.home.join("state").display()))
+            .arg(format!("--coordinator={}", self.coordinator));
+        match &self.enroll {
+            Some(flags) => cmd.args(flags),
+            None => cmd
+                .arg(format!("--host-id={}", self.id))
+                .args(tls_args(&self.tls)),
+        };
+        cmd.arg(format!("--state-dir={}", self.home.join("state").display()))
             .arg(format!("--workdir={}", self.home.display()));
         if let Some(secs) = self.recheck_secs {
             cmd.arg(format!("--recheck-secs={secs}"));

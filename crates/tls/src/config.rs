@@ -194,14 +194,22 @@ fn check_signed_by_ca(
 /// and naming the clientAuth extended key usage is required, ALPN is `h2`,
 /// and our own certificate must carry the coordinator identity and serverAuth.
 pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
-    server_config_with(files, &Crls::default())
+    server_config_with(files, &Crls::default(), false)
 }
 
-/// [`server_config`] that also refuses client certificates `crls` revoke. A certificate whose
-/// issuer has no CRL among them is accepted (the CRLs are for externally issued certificates;
-/// a development CA has none), and a CRL past its nextUpdate still counts: an old list of
-/// revoked certificates is better than none.
-pub fn server_config_with(files: &TlsFiles, crls: &Crls) -> Result<Arc<ServerConfig>, TlsError> {
+/// [`server_config`] that also refuses client certificates `crls` revoke, and accepts peers that
+/// present no certificate when `anonymous` (a host joining with a token has none yet).
+///
+/// A certificate whose issuer has no CRL among `crls` is accepted (the CRLs are for externally
+/// issued certificates; a development CA has none), and a CRL past its nextUpdate still counts:
+/// an old list of revoked certificates is better than none. A certificate that is presented is
+/// verified all the same when `anonymous`; connections without one carry no
+/// [`crate::PeerInfo`], so only services that need no identity serve them.
+pub fn server_config_with(
+    files: &TlsFiles,
+    crls: &Crls,
+    anonymous: bool,
+) -> Result<Arc<ServerConfig>, TlsError> {
     let provider = provider();
     let own = load_own(files, &provider)?;
     if own.identity != Identity::Coordinator {
@@ -223,6 +231,9 @@ pub fn server_config_with(files: &TlsFiles, crls: &Crls) -> Result<Arc<ServerCon
         builder = builder
             .with_crls(crls.ders())
             .allow_unknown_revocation_status();
+    }
+    if anonymous {
+        builder = builder.allow_unauthenticated();
     }
     let inner = builder.build().map_err(|e| {
         TlsError::bad_file(&files.ca, format!("cannot build a client verifier: {e}"))
@@ -275,6 +286,90 @@ pub fn client_config(files: &TlsFiles, expect: Role) -> Result<Arc<ClientConfig>
         })?;
     config.alpn_protocols = vec![ALPN_H2.to_vec()];
     Ok(Arc::new(config))
+}
+
+/// A client config without a certificate of our own, verifying the server against the CA file
+/// `ca` as [`client_config`] does: what a joining agent uses before it has a certificate.
+pub fn anonymous_client_config(ca: &Path, expect: Role) -> Result<Arc<ClientConfig>, TlsError> {
+    let provider = provider();
+    let roots = root_store(ca)?;
+    let inner = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+        .build()
+        .map_err(|e| TlsError::bad_file(ca, format!("cannot build a server verifier: {e}")))?;
+    let verifier = Arc::new(RoleVerifier { inner, expect });
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|source| TlsError::Config {
+            side: "client",
+            source,
+        })?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// A client config that accepts any server certificate (the handshake's signatures are still
+/// checked against it), without one of our own. Only for fetching a CA bundle that is checked
+/// against a pin before anything trusts it: nothing secret may be sent over it.
+pub fn unverified_client_config() -> Result<Arc<ClientConfig>, TlsError> {
+    let provider = provider();
+    let verifier = Arc::new(AnyServer {
+        algorithms: provider.signature_verification_algorithms,
+    });
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|source| TlsError::Config {
+            side: "client",
+            source,
+        })?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// See [`unverified_client_config`].
+#[derive(Debug)]
+struct AnyServer {
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+impl ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
 }
 
 /// The webpki server verifier plus a check of the leaf's role and of its serverAuth EKU.

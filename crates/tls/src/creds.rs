@@ -19,6 +19,8 @@ use crate::{TlsError, TlsFiles, server_config_with};
 pub struct ServerCreds {
     files: TlsFiles,
     crl_files: Vec<PathBuf>,
+    /// Whether peers without a certificate are accepted (enrollment on).
+    anonymous: bool,
     tx: watch::Sender<Arc<ServerConfig>>,
     crls: watch::Sender<Arc<Crls>>,
 }
@@ -26,19 +28,25 @@ pub struct ServerCreds {
 impl ServerCreds {
     /// Loads `files` once; an error if they do not make a valid server config.
     pub fn new(files: TlsFiles) -> Result<Self, TlsError> {
-        Self::with_crls(files, Vec::new())
+        Self::with_options(files, Vec::new(), false)
     }
 
     /// Loads `files` and the CRLs of `crl_files` (see [`Crls::load`]) once; an error if they do
-    /// not make a valid server config.
-    pub fn with_crls(files: TlsFiles, crl_files: Vec<PathBuf>) -> Result<Self, TlsError> {
+    /// not make a valid server config. With `anonymous`, peers without a certificate are
+    /// accepted too (see [`server_config_with`]).
+    pub fn with_options(
+        files: TlsFiles,
+        crl_files: Vec<PathBuf>,
+        anonymous: bool,
+    ) -> Result<Self, TlsError> {
         let crls = Crls::load(&crl_files)?;
-        let config = server_config_with(&files, &crls)?;
+        let config = server_config_with(&files, &crls, anonymous)?;
         let (tx, _rx) = watch::channel(config);
         let (crls, _rx) = watch::channel(Arc::new(crls));
         Ok(Self {
             files,
             crl_files,
+            anonymous,
             tx,
             crls,
         })
@@ -75,7 +83,7 @@ impl ServerCreds {
     /// one refused.
     pub fn reload(&self) -> Result<(), TlsError> {
         let crls = Crls::load(&self.crl_files)?;
-        let config = server_config_with(&self.files, &crls)?;
+        let config = server_config_with(&self.files, &crls, self.anonymous)?;
         // send_replace, not send: it succeeds even with no receiver yet.
         self.tx.send_replace(config);
         self.crls.send_replace(Arc::new(crls));

@@ -154,7 +154,7 @@ pub fn validate_name(what: &'static str, name: &str) -> Result<(), TlsError> {
 }
 
 /// Reads the identity from a DER certificate: its one `toolsrv://` URI SAN.
-/// Other URI SANs (a SPIFFE id, say) are ignored; none or several
+/// Other URI SANs (a SPIFFE id, say, or the labels of `toolsrv://label/...`) are ignored; none or several
 /// `toolsrv://` URIs is an error.
 pub fn identity_of(cert_der: &[u8]) -> Result<Identity, TlsError> {
     let (_, cert) = x509_parser::parse_x509_certificate(cert_der)
@@ -171,7 +171,11 @@ pub fn identity_of(cert_der: &[u8]) -> Result<Identity, TlsError> {
                 .general_names
                 .iter()
                 .filter_map(|n| match n {
-                    x509_parser::extensions::GeneralName::URI(u) if u.starts_with(URI_SCHEME) => {
+                    // Label URIs (`toolsrv://label/...`, see `enroll`) name no identity.
+                    x509_parser::extensions::GeneralName::URI(u)
+                        if u.starts_with(URI_SCHEME)
+                            && !u.starts_with(crate::enroll::LABEL_URI_PREFIX) =>
+                    {
                         Some(*u)
                     }
                     _ => None,

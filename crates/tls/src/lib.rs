@@ -12,6 +12,7 @@ mod config;
 mod conns;
 mod creds;
 mod crl;
+pub mod enroll;
 mod error;
 mod identity;
 mod pki;
@@ -24,8 +25,9 @@ pub use client::{
     lazy_channel,
 };
 pub use config::{
-    CertificateExpiry, TlsFiles, certificate_expiry, certificate_identity, client_config,
-    install_crypto_provider, provider, server_config, server_config_with,
+    CertificateExpiry, TlsFiles, anonymous_client_config, certificate_expiry, certificate_identity,
+    client_config, install_crypto_provider, provider, server_config, server_config_with,
+    unverified_client_config,
 };
 pub use conns::Connections;
 pub use creds::ServerCreds;
@@ -36,6 +38,6 @@ pub use identity::{
 };
 pub use pki::{CA_CERT, CA_KEY, DEFAULT_VALID_DAYS, PkiOptions, file_stem, init, issue};
 pub use server::{
-    AcceptTimeouts, HANDSHAKE_TIMEOUT, PREFACE_TIMEOUT, PeerInfo, TlsConn, TlsIncoming, incoming,
-    incoming_with, peer, peer_of,
+    AcceptTimeouts, ConnInfo, HANDSHAKE_TIMEOUT, PREFACE_TIMEOUT, PeerInfo, TlsConn, TlsIncoming,
+    incoming, incoming_with, peer, peer_of,
 };

@@ -6,6 +6,7 @@
 //! every request's extensions; [`peer_of`] reads it back in a handler or
 //! interceptor.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -26,6 +27,7 @@ use tokio_util::sync::WaitForCancellationFutureOwned;
 use tonic::transport::server::Connected;
 
 use crate::conns::{Connections, Registration};
+use crate::enroll::labels_of;
 use crate::{Identity, identity_of};
 
 /// A handshake that takes longer than this is abandoned, so a peer that
@@ -67,28 +69,52 @@ pub struct PeerInfo {
     pub identity: Identity,
     /// The peer's address.
     pub remote: SocketAddr,
+    /// The labels the peer's certificate carries (`toolsrv://label/<k>=<v>` URI SANs, written
+    /// by the CA at enrollment): trusted labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// What tonic puts into every request of a connection: the proven peer, or none for a peer
+/// that sent no certificate (accepted only when the server config allows it, for enrollment).
+/// [`peer`] reads the proven peer back; nothing else should look at this.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnInfo {
+    /// The peer proven by its certificate; `None` on an unauthenticated connection.
+    pub peer: Option<PeerInfo>,
+    /// The peer's address.
+    pub remote: SocketAddr,
 }
 
 /// An accepted, handshaken mTLS connection whose peer has an identity and has sent the HTTP/2
 /// preface (read here, and replayed to whoever reads the connection).
 pub struct TlsConn {
     stream: TlsStream<TcpStream>,
-    peer: PeerInfo,
+    info: ConnInfo,
     /// How much of [`H2_PREFACE`] has been replayed to the reader.
     replayed: usize,
-    /// Its place among the open [`Connections`]; cancelled to close it.
-    registration: Registration,
+    /// Its place among the open [`Connections`]; cancelled to close it. `None` for a peer
+    /// without a certificate (enrollment), which has no identity to revoke.
+    registration: Option<Registration>,
     /// Resolves when `registration.close` is cancelled; polled by reads, so a connection that
     /// only waits for the peer still notices.
-    closing: Pin<Box<WaitForCancellationFutureOwned>>,
+    closing: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
 }
 
 impl std::fmt::Debug for TlsConn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TlsConn")
-            .field("peer", &self.peer)
-            .field("closed", &self.registration.close.is_cancelled())
+            .field("info", &self.info)
+            .field("closed", &self.closed())
             .finish_non_exhaustive()
+    }
+}
+
+impl TlsConn {
+    /// Whether the server closed this connection (its peer was revoked).
+    fn closed(&self) -> bool {
+        self.registration
+            .as_ref()
+            .is_some_and(|r| r.close.is_cancelled())
     }
 }
 
@@ -101,9 +127,9 @@ fn closed_by_server() -> io::Error {
 }
 
 impl TlsConn {
-    /// Who the peer is.
-    pub fn peer(&self) -> &PeerInfo {
-        &self.peer
+    /// Who the peer is; `None` when it sent no certificate.
+    pub fn peer(&self) -> Option<&PeerInfo> {
+        self.info.peer.as_ref()
     }
 
     /// The underlying TLS stream (negotiated protocol, certificates...).
@@ -113,10 +139,10 @@ impl TlsConn {
 }
 
 impl Connected for TlsConn {
-    type ConnectInfo = PeerInfo;
+    type ConnectInfo = ConnInfo;
 
-    fn connect_info(&self) -> PeerInfo {
-        self.peer.clone()
+    fn connect_info(&self) -> ConnInfo {
+        self.info.clone()
     }
 }
 
@@ -126,7 +152,9 @@ impl AsyncRead for TlsConn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if self.closing.as_mut().poll(cx).is_ready() {
+        if let Some(closing) = self.closing.as_mut()
+            && closing.as_mut().poll(cx).is_ready()
+        {
             return Poll::Ready(Err(closed_by_server()));
         }
         if let Some(rest) = H2_PREFACE.get(self.replayed..).filter(|r| !r.is_empty()) {
@@ -145,7 +173,7 @@ impl AsyncWrite for TlsConn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if self.registration.close.is_cancelled() {
+        if self.closed() {
             return Poll::Ready(Err(closed_by_server()));
         }
         Pin::new(&mut self.stream).poll_write(cx, buf)
@@ -164,7 +192,7 @@ impl AsyncWrite for TlsConn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if self.registration.close.is_cancelled() {
+        if self.closed() {
             return Poll::Ready(Err(closed_by_server()));
         }
         Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
@@ -175,10 +203,12 @@ impl AsyncWrite for TlsConn {
     }
 }
 
-/// The identity tonic stored in a request's extensions, if it came through
-/// [`incoming`].
+/// The identity tonic stored in a request's extensions, if it came through [`incoming`] on a
+/// connection whose peer presented a verified certificate.
 pub fn peer(req_extensions: &tonic::Extensions) -> Option<&PeerInfo> {
-    req_extensions.get::<PeerInfo>()
+    req_extensions
+        .get::<ConnInfo>()
+        .and_then(|c| c.peer.as_ref())
 }
 
 /// The identity of the peer that sent `req`, if it came through [`incoming`].
@@ -219,7 +249,8 @@ impl Drop for TlsIncoming {
 
 /// Accepts TCP connections on `listener` and yields those whose mTLS
 /// handshake (with the config current in `creds` at accept time) succeeds,
-/// whose client certificate names an identity, and which then send the
+/// whose client certificate names an identity (or who sent none, when the
+/// config allows that: see [`crate::server_config_with`]), and which then send the
 /// HTTP/2 preface. Each connection is set up in its own task, within
 /// [`HANDSHAKE_TIMEOUT`] for the handshake and [`PREFACE_TIMEOUT`] for the
 /// preface; failures are logged and dropped, never ending the stream. Must be
@@ -291,26 +322,31 @@ async fn handshake(
             return;
         }
     };
+    // A peer without a certificate gets here only when the config allows it (enrollment on):
+    // its requests carry no `PeerInfo`, so every service but enrollment refuses them.
     let leaf = stream
         .get_ref()
         .1
         .peer_certificates()
         .and_then(|c| c.first())
         .map(|c| c.clone().into_owned());
-    let identity = match &leaf {
-        Some(leaf) => identity_of(leaf),
-        None => {
-            tracing::info!(%remote, "peer sent no client certificate; connection dropped");
-            return;
-        }
+    let peer = match &leaf {
+        Some(leaf) => match identity_of(leaf).and_then(|id| Ok((id, labels_of(leaf)?))) {
+            Ok((identity, labels)) => Some(PeerInfo {
+                identity,
+                remote,
+                labels,
+            }),
+            Err(e) => {
+                tracing::info!(%remote, error = %e, "peer certificate has no usable identity; connection dropped");
+                return;
+            }
+        },
+        None => None,
     };
-    let identity = match identity {
-        Ok(id) => id,
-        Err(e) => {
-            tracing::info!(%remote, error = %e, "peer certificate has no usable identity; connection dropped");
-            return;
-        }
-    };
+    let identity = peer
+        .as_ref()
+        .map_or_else(|| "unauthenticated".to_string(), |p| p.identity.to_string());
     // hyper waits for the preface without a deadline (its keepalive pings start only after it),
     // so an authenticated peer that goes quiet here would hold the connection forever.
     let mut preface = [0u8; H2_PREFACE.len()];
@@ -329,16 +365,19 @@ async fn handshake(
             return;
         }
     }
-    tracing::debug!(%remote, %identity, "mTLS connection accepted");
-    let peer = PeerInfo { identity, remote };
-    let Some(leaf) = leaf else {
-        return; // checked above: no identity without a leaf certificate
+    tracing::debug!(%remote, %identity, "TLS connection accepted");
+    // Connections with a proven peer are tracked, so they can be closed when it is revoked;
+    // an unauthenticated one can do nothing but enroll.
+    let registration = match (&peer, leaf) {
+        (Some(peer), Some(leaf)) => Some(conns.register(peer, leaf)),
+        _ => None,
     };
-    let registration = conns.register(&peer, leaf);
-    let closing = Box::pin(registration.close.clone().cancelled_owned());
+    let closing = registration
+        .as_ref()
+        .map(|r| Box::pin(r.close.clone().cancelled_owned()));
     let conn = TlsConn {
         stream,
-        peer,
+        info: ConnInfo { peer, remote },
         replayed: 0,
         registration,
         closing,

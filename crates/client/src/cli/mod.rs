@@ -125,6 +125,9 @@ enum Command {
         #[command(flatten)]
         answer: AnswerArgs,
     },
+    /// Join tokens: enroll a host without handing it a certificate (administrators only)
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// The pending approval requests this identity may decide (calls the policy marks
     /// `approve` that wait for you)
     Approvals {
@@ -456,6 +459,26 @@ pub fn main() -> ExitCode {
     runtime.block_on(run(args))
 }
 
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Create a one-time join token for a host and print it alone on stdout (the CA pin and
+    /// the agent's command line go to stderr); `toolsrv agent --join TOKEN` enrolls the host
+    Create {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// The host id the certificate will name
+        #[arg(long, value_name = "ID")]
+        host_id: String,
+        /// How long the token may be used (`1h`, `30m`, `7d`; at most 30 days) [default: 1h]
+        #[arg(long, value_name = "DURATION")]
+        ttl: Option<String>,
+        /// A label to bind to the host's certificate, KEY=VALUE: a trusted label, which policy
+        /// rules may match; repeatable
+        #[arg(long = "label", value_name = "KEY=VALUE")]
+        labels: Vec<String>,
+    },
+}
+
 /// Runs the parsed command and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {
     let code = match cli.command {
@@ -534,6 +557,12 @@ pub async fn run(cli: Cli) -> ExitCode {
             };
             remote::fan_out(&conn, &selector, &tool, args.as_deref(), opts).await
         }
+        Command::Token(TokenCommand::Create {
+            conn,
+            host_id,
+            ttl,
+            labels,
+        }) => remote::token::create(&conn, &host_id, ttl.as_deref(), &labels).await,
         Command::Approvals { conn, json } => remote::approvals(&conn, json).await,
         Command::Approve { conn, id, reason } => remote::decide(&conn, &id, true, &reason).await,
         Command::Deny { conn, id, reason } => remote::decide(&conn, &id, false, &reason).await,

@@ -7,6 +7,7 @@ mod hosts;
 mod master;
 mod revoke;
 mod session;
+pub mod token;
 mod tools;
 mod watch;
 

@@ -1,0 +1,430 @@
+//! Enrollment on the agent: joining with a token (`--join`), and keeping the certificate
+//! renewed over the agent's connection.
+//!
+//! Everything lives in `<state>/enroll/` (0700): `identity.pem` holds the certificate chain and
+//! then the private key, one file replaced by a rename, so that a connection never reads a
+//! certificate with the other key; `ca.pem` the CA bundle the coordinator is verified with.
+//! The key is made here and never leaves the host; each renewal makes a fresh one.
+
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use toolsrv_proto::v1::enrollment_client::EnrollmentClient;
+use toolsrv_proto::v1::renewal_client::RenewalClient;
+use toolsrv_proto::v1::{GetCaBundleRequest, JoinRequest, RenewRequest};
+use toolsrv_tls::enroll as pki;
+use toolsrv_tls::enroll::utc;
+use toolsrv_tls::{Identity, Role, TlsFiles};
+
+use crate::config::AgentConfig;
+use crate::error::AgentError;
+
+/// The directory of the enrollment files, in the state directory.
+pub const ENROLL_DIR: &str = "enroll";
+/// Certificate chain, then key.
+pub const IDENTITY_FILE: &str = "identity.pem";
+/// The CA bundle.
+pub const CA_FILE: &str = "ca.pem";
+/// How long one enrollment RPC may take.
+const RPC_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How to trust the coordinator before the agent has its CA bundle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CaTrust {
+    /// `--ca-pin sha256:HEX`: the CA bundle is fetched and kept only if a certificate in it has
+    /// this pin (SHA-256 of the CA certificate's DER).
+    Pin(String),
+    /// `--ca FILE`: the CA bundle to verify the coordinator with.
+    File(PathBuf),
+}
+
+/// What enrollment needs from the flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnrollConfig {
+    /// The join token; only read when the state directory holds no usable certificate.
+    pub token: Option<String>,
+    /// How to trust the coordinator for the join.
+    pub trust: Option<CaTrust>,
+}
+
+/// The TLS files of an enrolled agent with state directory `state_dir`.
+pub fn enrolled_files(state_dir: &Path) -> TlsFiles {
+    let dir = state_dir.join(ENROLL_DIR);
+    TlsFiles {
+        ca: dir.join(CA_FILE),
+        cert: dir.join(IDENTITY_FILE),
+        key: dir.join(IDENTITY_FILE),
+    }
+}
+
+/// Whether `state_dir` holds an enrolled certificate (valid or not).
+pub fn is_enrolled(state_dir: &Path) -> bool {
+    enrolled_files(state_dir).cert.exists()
+}
+
+fn now_unix() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// The stored certificate's host id and validity.
+struct Stored {
+    host_id: String,
+    not_before: i64,
+    not_after: i64,
+}
+
+fn read_stored(files: &TlsFiles) -> Result<Stored, AgentError> {
+    let bad = |msg: String| AgentError::Identity(format!("{}: {msg}", files.cert.display()));
+    let text = std::fs::read_to_string(&files.cert)
+        .map_err(|e| AgentError::io("cannot read", &files.cert, e))?;
+    let certs = pki::certs_from_pem(&text).map_err(bad)?;
+    let host_id = match toolsrv_tls::identity_of(&certs[0]) {
+        Ok(Identity::Agent(id)) => id,
+        Ok(other) => return Err(bad(format!("names {other}, not an agent"))),
+        Err(e) => return Err(bad(e.to_string())),
+    };
+    let (not_before, not_after) = pki::validity_of(&certs[0]).map_err(bad)?;
+    Ok(Stored {
+        host_id,
+        not_before,
+        not_after,
+    })
+}
+
+/// Makes `config` use the enrolled certificate: the one in the state directory while it is
+/// valid, else a new one from joining with the token. Returns false when `shutdown` fired
+/// during the join.
+pub async fn prepare(
+    config: &mut AgentConfig,
+    enroll: &EnrollConfig,
+    shutdown: &CancellationToken,
+) -> Result<bool, AgentError> {
+    let files = enrolled_files(&config.state_dir);
+    let dir = config.state_dir.join(ENROLL_DIR);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| AgentError::io("cannot create", &dir, e))?;
+    if files.cert.exists() {
+        let stored = read_stored(&files)?;
+        if now_unix() < stored.not_after {
+            check_host(&config.host_id, &stored.host_id, &files.cert)?;
+            if enroll.token.is_some() {
+                tracing::info!(
+                    host_id = %stored.host_id,
+                    "already enrolled: --join is not needed and was not used"
+                );
+            }
+            config.host_id = stored.host_id;
+            config.tls = files;
+            return Ok(true);
+        }
+        if enroll.token.is_none() {
+            return Err(AgentError::Identity(format!(
+                "the enrolled certificate {} (host `{}`) expired at {} UTC, and an expired \
+                 certificate cannot be renewed: create a new token (`toolctl token create \
+                 --host-id {}`) and start the agent with --join TOKEN",
+                files.cert.display(),
+                stored.host_id,
+                utc(stored.not_after),
+                stored.host_id
+            )));
+        }
+        tracing::warn!(host_id = %stored.host_id, "the enrolled certificate expired; joining again with --join");
+    }
+    let Some(token) = enroll.token.as_deref() else {
+        return Err(AgentError::Identity(format!(
+            "{} holds no enrolled certificate: start the agent with --join TOKEN (`toolctl token \
+             create --host-id ID` prints one), or give --cert and --key",
+            dir.display()
+        )));
+    };
+    let Some(trust) = &enroll.trust else {
+        return Err(AgentError::Identity(
+            "--join needs a way to trust the coordinator: --ca-pin sha256:HEX (`toolctl token \
+             create` prints it) or --ca FILE"
+                .into(),
+        ));
+    };
+    let mut delay = Duration::from_millis(500);
+    loop {
+        let attempt = join(config, token, trust, &files);
+        let result = tokio::select! {
+            r = attempt => r,
+            () = shutdown.cancelled() => return Ok(false),
+        };
+        match result {
+            Ok(host_id) => {
+                config.host_id = host_id;
+                config.tls = files;
+                return Ok(true);
+            }
+            Err(e)
+                if e.needs_operator()
+                    || matches!(&e, AgentError::Rpc { status, .. } if status.code() == tonic::Code::InvalidArgument) =>
+            {
+                return Err(e);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?delay, "cannot join yet; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = shutdown.cancelled() => return Ok(false),
+                }
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+fn check_host(asked: &str, cert_host: &str, cert: &Path) -> Result<(), AgentError> {
+    if asked.is_empty() || asked == cert_host {
+        return Ok(());
+    }
+    Err(AgentError::Identity(format!(
+        "--host-id {asked} differs from the host id `{cert_host}` this agent was enrolled as \
+         ({}): drop --host-id, or enroll `{asked}` with its own state directory and token",
+        cert.display()
+    )))
+}
+
+/// One join: the CA (checked against the pin), then the token and a CSR for a new key over a
+/// connection that verifies the coordinator. Writes the files and returns the host id.
+async fn join(
+    config: &AgentConfig,
+    token: &str,
+    trust: &CaTrust,
+    files: &TlsFiles,
+) -> Result<String, AgentError> {
+    let url = &config.coordinator;
+    let connect_failed = |source| AgentError::Connect {
+        url: url.clone(),
+        source,
+    };
+    let ca_pem = match trust {
+        CaTrust::File(path) => {
+            std::fs::read_to_string(path).map_err(|e| AgentError::io("cannot read", path, e))?
+        }
+        CaTrust::Pin(pin) => {
+            // Nothing secret goes over this connection: only the CA bundle comes back, and
+            // only its certificates with the pin are kept.
+            let tls = toolsrv_tls::unverified_client_config().map_err(connect_failed)?;
+            let channel = toolsrv_tls::connect(url, tls)
+                .await
+                .map_err(connect_failed)?;
+            let bundle = EnrollmentClient::new(channel)
+                .get_ca_bundle(timed(GetCaBundleRequest {}))
+                .await
+                .map_err(|status| AgentError::Rpc {
+                    what: "fetching the coordinator's CA bundle",
+                    status,
+                })?
+                .into_inner()
+                .ca_bundle_pem;
+            pki::pinned_certs(&bundle, pin).map_err(AgentError::Identity)?
+        }
+    };
+    write_file(&files.ca, ca_pem.as_bytes())?;
+    let tls = toolsrv_tls::anonymous_client_config(&files.ca, Role::Coordinator)
+        .map_err(connect_failed)?;
+    let channel = toolsrv_tls::connect(url, tls)
+        .await
+        .map_err(connect_failed)?;
+    let (key_pem, csr_der) =
+        pki::new_key_and_csr().map_err(|e| AgentError::Identity(e.to_string()))?;
+    let response = EnrollmentClient::new(channel)
+        .join(timed(JoinRequest {
+            token: token.to_string(),
+            csr_der,
+            host_id: config.host_id.clone(),
+        }))
+        .await
+        .map_err(|status| AgentError::Rpc {
+            what: "joining with the token",
+            status,
+        })?
+        .into_inner();
+    let host_id = check_issued(&response.certificate_chain_pem, &key_pem)?;
+    check_host(&config.host_id, &host_id, &files.cert)?;
+    let mut identity = response.certificate_chain_pem;
+    identity.push_str(&key_pem);
+    write_file(&files.cert, identity.as_bytes())?;
+    if !response.ca_bundle_pem.is_empty() {
+        write_file(&files.ca, response.ca_bundle_pem.as_bytes())?;
+    }
+    tracing::info!(
+        host_id = %host_id,
+        labels = ?response.labels,
+        not_after = %utc(response.not_after_unix),
+        "joined: certificate issued and kept in the state directory"
+    );
+    Ok(host_id)
+}
+
+fn timed<T>(msg: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.set_timeout(RPC_TIMEOUT);
+    req
+}
+
+/// Checks that an issued chain is an agent certificate for our key; its host id.
+fn check_issued(chain_pem: &str, key_pem: &str) -> Result<String, AgentError> {
+    let bad = |msg: String| AgentError::Protocol(format!("the issued certificate: {msg}"));
+    let certs = pki::certs_from_pem(chain_pem).map_err(bad)?;
+    let ours = pki::public_key_of(key_pem).map_err(bad)?;
+    if pki::certificate_public_key(&certs[0]).map_err(bad)? != ours {
+        return Err(bad("it is not for the key this agent sent".into()));
+    }
+    match toolsrv_tls::identity_of(&certs[0]) {
+        Ok(Identity::Agent(id)) => Ok(id),
+        Ok(other) => Err(bad(format!("it names {other}, not an agent"))),
+        Err(e) => Err(bad(e.to_string())),
+    }
+}
+
+/// Writes `bytes` to `path` (0600) by a rename, so readers see the old or the new file.
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), AgentError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name().unwrap_or_default().to_string_lossy()
+    ));
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    };
+    write().map_err(|e| AgentError::io("cannot write", path, e))
+}
+
+/// When to renew a certificate valid from `not_before` to `not_after`: at two thirds of its
+/// lifetime, as Unix seconds.
+pub fn renewal_due(not_before: i64, not_after: i64) -> i64 {
+    not_before + (not_after - not_before).max(0) * 2 / 3
+}
+
+/// How long to wait before trying a failed renewal again: a tenth of what is left, between 1 s
+/// and 30 s.
+fn retry_after(not_after: i64, now: i64) -> Duration {
+    let left = u64::try_from(not_after - now).unwrap_or(0);
+    Duration::from_secs((left / 10).clamp(1, 30))
+}
+
+/// Renews the enrolled certificate at two thirds of its lifetime, for as long as the agent runs,
+/// over the latest channel the agent opened (its link's connection). The new certificate and
+/// key replace the old in one rename; the live link goes on with the connection it has, and
+/// the next connection presents the new certificate.
+pub async fn keep_renewed(
+    state_dir: PathBuf,
+    channels: watch::Receiver<Option<Channel>>,
+    shutdown: CancellationToken,
+) {
+    let files = enrolled_files(&state_dir);
+    let mut wait = None;
+    loop {
+        let stored = match read_stored(&files) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the enrolled certificate; renewal stops");
+                return;
+            }
+        };
+        let now = now_unix();
+        let sleep = wait.take().unwrap_or_else(|| {
+            Duration::from_secs(
+                u64::try_from(renewal_due(stored.not_before, stored.not_after) - now).unwrap_or(0),
+            )
+        });
+        tokio::select! {
+            () = tokio::time::sleep(sleep) => {}
+            () = shutdown.cancelled() => return,
+        }
+        let Some(channel) = channels.borrow().clone() else {
+            wait = Some(Duration::from_secs(1));
+            continue;
+        };
+        match renew_once(channel, &stored.host_id, &files).await {
+            Ok(not_after) => {
+                tracing::info!(host_id = %stored.host_id, not_after = %utc(not_after), "certificate renewed");
+            }
+            Err(e) => {
+                let now = now_unix();
+                if now >= stored.not_after {
+                    tracing::error!(
+                        error = %e,
+                        "the certificate expired before it could be renewed: the agent needs a \
+                         new token (`toolctl token create --host-id {}`, then --join)",
+                        stored.host_id
+                    );
+                    wait = Some(Duration::from_secs(60));
+                } else {
+                    let retry = retry_after(stored.not_after, now);
+                    tracing::warn!(error = %e, retry_in = ?retry, "cannot renew the certificate yet");
+                    wait = Some(retry);
+                }
+            }
+        }
+    }
+}
+
+async fn renew_once(channel: Channel, host_id: &str, files: &TlsFiles) -> Result<i64, AgentError> {
+    let (key_pem, csr_der) =
+        pki::new_key_and_csr().map_err(|e| AgentError::Identity(e.to_string()))?;
+    let response = RenewalClient::new(channel)
+        .renew(timed(RenewRequest {
+            csr_der,
+            host_id: host_id.to_string(),
+        }))
+        .await
+        .map_err(|status| AgentError::Rpc {
+            what: "renewing the certificate",
+            status,
+        })?
+        .into_inner();
+    let issued = check_issued(&response.certificate_chain_pem, &key_pem)?;
+    if issued != host_id {
+        return Err(AgentError::Protocol(format!(
+            "the renewed certificate names host `{issued}`, not `{host_id}`"
+        )));
+    }
+    if !response.ca_bundle_pem.is_empty() {
+        write_file(&files.ca, response.ca_bundle_pem.as_bytes())?;
+    }
+    let mut identity = response.certificate_chain_pem;
+    identity.push_str(&key_pem);
+    write_file(&files.cert, identity.as_bytes())?;
+    Ok(response.not_after_unix)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renewal_at_two_thirds() {
+        assert_eq!(renewal_due(1000, 1090), 1060);
+        assert_eq!(renewal_due(0, 86_400), 57_600);
+        assert_eq!(renewal_due(10, 5), 10);
+        assert_eq!(retry_after(100, 0), Duration::from_secs(10));
+        assert_eq!(retry_after(100, 99), Duration::from_secs(1));
+        assert_eq!(retry_after(100_000, 0), Duration::from_secs(30));
+        assert_eq!(retry_after(0, 100), Duration::from_secs(1));
+    }
+}

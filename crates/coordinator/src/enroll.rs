@@ -1,0 +1,359 @@
+//! Enrollment: join tokens, joins and renewals (`proto/toolsrv/v1/enroll.proto`).
+//!
+//! - `JoinTokens` (clients matching `--admin`): creates a one-time token bound to a host id and
+//!   labels; only its SHA-256 is kept ([`tokens`]).
+//! - `Enrollment` (also served to peers without a certificate, the only service that is): the
+//!   CA bundle, and `Join`, which exchanges a token and a CSR for a short-lived agent
+//!   certificate signed with `--signing-ca-cert`/`--signing-ca-key`.
+//! - `Renewal` (agents): a new certificate for the caller's own host id and labels, as proven
+//!   by its current certificate.
+//!
+//! Every token creation, join and renewal, granted or refused, is audited.
+
+pub mod tokens;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tonic::{Request, Response, Status};
+use toolsrv_proto::v1::enrollment_server::Enrollment as EnrollmentRpc;
+use toolsrv_proto::v1::join_tokens_server::JoinTokens;
+use toolsrv_proto::v1::renewal_server::Renewal;
+use toolsrv_proto::v1::{
+    CreateJoinTokenRequest, CreateJoinTokenResponse, GetCaBundleRequest, GetCaBundleResponse,
+    JoinRequest, JoinResponse, RenewRequest, RenewResponse,
+};
+use toolsrv_tls::enroll::{Signer, check_label, new_token, pin_for};
+
+use crate::State;
+use crate::identity::Caller;
+use tokens::{ConsumeError, TokenRecord, Tokens};
+
+/// A token's lifetime when the request names none.
+pub const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(3600);
+/// The longest lifetime a token may ask for.
+pub const MAX_TOKEN_TTL: Duration = Duration::from_secs(30 * 86_400);
+/// The default lifetime of enrolled agents' certificates (`--agent-cert-ttl`).
+pub const DEFAULT_AGENT_CERT_TTL: Duration = Duration::from_secs(86_400);
+/// Longest token we read; real ones are 52 characters.
+const MAX_TOKEN_LEN: usize = 256;
+
+/// Where the signing CA is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SigningCa {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+}
+
+/// Enrollment as a running coordinator has it: on when a signing CA was given.
+#[derive(Debug)]
+pub(crate) struct Enrollment {
+    signer: Signer,
+    ttl: Duration,
+    tokens: Tokens,
+    /// What `toolsrv agent --ca-pin` takes: the pin of the CA the coordinator's certificate
+    /// chains to.
+    pin: String,
+}
+
+impl Enrollment {
+    /// Loads the signing CA and the tokens; `None` when enrollment is off.
+    pub fn open(
+        config: &crate::CoordinatorConfig,
+    ) -> Result<Option<Self>, crate::CoordinatorError> {
+        let Some(signing) = &config.signing_ca else {
+            tracing::info!(
+                "enrollment is off (no --signing-ca-cert and --signing-ca-key): hosts need \
+                 certificates issued elsewhere"
+            );
+            return Ok(None);
+        };
+        let signer = Signer::load(&signing.cert, &signing.key, &config.tls.ca)?;
+        let tokens = Tokens::open(config.state_dir.as_deref())
+            .map_err(crate::CoordinatorError::Enrollment)?;
+        if !tokens.persistent() {
+            tracing::warn!(
+                "no --state-dir: join tokens are kept in memory only; a restart forgets them \
+                 (tokens not yet used stop working), give --state-dir to keep them"
+            );
+        }
+        let pin = pin_for(&config.tls.ca, &config.tls.cert)?;
+        tracing::info!(
+            signing_ca = %signing.cert.display(),
+            agent_cert_ttl = ?config.agent_cert_ttl,
+            ca_pin = %pin,
+            "enrollment is on: hosts may join with tokens"
+        );
+        Ok(Some(Self {
+            signer,
+            ttl: config.agent_cert_ttl,
+            tokens,
+            pin,
+        }))
+    }
+}
+
+fn enrollment(state: &State) -> Result<&Enrollment, Status> {
+    state.enrollment.as_ref().ok_or_else(|| {
+        Status::failed_precondition(
+            "enrollment is off on this coordinator: start it with --signing-ca-cert and \
+             --signing-ca-key",
+        )
+    })
+}
+
+fn now_unix() -> i64 {
+    i64::try_from(toolsrv_proto::unix_ms() / 1000).unwrap_or(i64::MAX)
+}
+
+fn ca_bundle(state: &State) -> Result<String, Status> {
+    std::fs::read_to_string(&state.config.tls.ca).map_err(|e| {
+        tracing::error!(error = %e, path = %state.config.tls.ca.display(), "cannot read the CA bundle");
+        Status::internal("the coordinator cannot read its CA bundle; see its log")
+    })
+}
+
+fn remote<T>(req: &Request<T>) -> String {
+    req.extensions()
+        .get::<toolsrv_tls::ConnInfo>()
+        .map(|c| c.remote.to_string())
+        .unwrap_or_default()
+}
+
+/// The `Enrollment` service: served to anyone who reaches the port.
+#[derive(Debug, Clone)]
+pub struct EnrollmentService {
+    pub(crate) state: Arc<State>,
+}
+
+#[tonic::async_trait]
+impl EnrollmentRpc for EnrollmentService {
+    async fn get_ca_bundle(
+        &self,
+        _req: Request<GetCaBundleRequest>,
+    ) -> Result<Response<GetCaBundleResponse>, Status> {
+        enrollment(&self.state)?;
+        Ok(Response::new(GetCaBundleResponse {
+            ca_bundle_pem: ca_bundle(&self.state)?,
+        }))
+    }
+
+    async fn join(&self, req: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
+        let from = remote(&req);
+        let body = req.into_inner();
+        let result = self.inner_join(&body);
+        let audit = |outcome: &str, host: &str, message: &str| {
+            self.state.audit.enrollment(
+                "join",
+                json!({"outcome": outcome, "host": host, "remote": from, "asked_host": body.host_id, "message": message}),
+            );
+        };
+        match &result {
+            Ok(resp) => {
+                tracing::info!(host = %resp.host_id, remote = %from, "host joined with a token");
+                audit("granted", &resp.host_id, "");
+            }
+            Err((host, status)) => {
+                tracing::info!(host = %host, remote = %from, reason = %status.message(), "join refused");
+                audit("refused", host, status.message());
+            }
+        }
+        result.map(Response::new).map_err(|(_, status)| status)
+    }
+}
+
+impl EnrollmentService {
+    /// A join; on refusal, the token's host id when known (for the audit record) and why.
+    fn inner_join(&self, req: &JoinRequest) -> Result<JoinResponse, (String, Status)> {
+        let enrollment = enrollment(&self.state).map_err(|s| (String::new(), s))?;
+        let token = req.token.trim();
+        if token.is_empty() || token.len() > MAX_TOKEN_LEN {
+            return Err((
+                String::new(),
+                Status::invalid_argument(
+                    "no join token, or not one: give the token `toolctl token create` printed",
+                ),
+            ));
+        }
+        let now = now_unix();
+        let record = enrollment
+            .tokens
+            .check(token, &req.host_id, now)
+            .map_err(|r| (String::new(), Status::permission_denied(r.to_string())))?;
+        let host = record.host_id.clone();
+        // Sign first (a bad CSR leaves the token usable), use the token, then hand the
+        // certificate out: a certificate is only ever returned for a token marked used on disk.
+        let issued = enrollment
+            .signer
+            .issue_agent(
+                &req.csr_der,
+                &record.host_id,
+                &record.labels,
+                enrollment.ttl,
+            )
+            .map_err(|e| (host.clone(), Status::from(e)))?;
+        enrollment
+            .tokens
+            .consume(token, &req.host_id, now)
+            .map_err(|e| match e {
+                ConsumeError::Refused(r) => (host.clone(), Status::permission_denied(r.to_string())),
+                ConsumeError::Store(msg) => {
+                    tracing::error!(error = %msg, "cannot record a join token as used; join refused");
+                    (
+                        host.clone(),
+                        Status::unavailable("the coordinator cannot record the token as used; try again later"),
+                    )
+                }
+            })?;
+        Ok(JoinResponse {
+            certificate_chain_pem: issued.chain_pem,
+            ca_bundle_pem: ca_bundle(&self.state).map_err(|s| (host.clone(), s))?,
+            host_id: record.host_id,
+            labels: record.labels,
+            not_after_unix: issued.not_after,
+        })
+    }
+}
+
+/// The `JoinTokens` service: administrators only.
+#[derive(Debug, Clone)]
+pub struct JoinTokensService {
+    pub(crate) state: Arc<State>,
+}
+
+#[tonic::async_trait]
+impl JoinTokens for JoinTokensService {
+    async fn create_join_token(
+        &self,
+        req: Request<CreateJoinTokenRequest>,
+    ) -> Result<Response<CreateJoinTokenResponse>, Status> {
+        let client = Caller::client(&req).unwrap_or_default();
+        let admin = Caller::admin(&req, &self.state.config.admins);
+        let body = req.into_inner();
+        let result = admin.and_then(|admin| self.inner_create(&admin, &body));
+        let (outcome, message, expires) = match &result {
+            Ok((_, record)) => ("granted", String::new(), Some(record.expires_unix)),
+            Err(status) => ("refused", status.message().to_string(), None),
+        };
+        self.state.audit.enrollment(
+            "join_token",
+            json!({"outcome": outcome, "client": client, "host": body.host_id,
+                   "labels": body.labels, "expires_unix": expires, "message": message}),
+        );
+        let (token, record) = result?;
+        tracing::info!(host = %record.host_id, by = %client, "join token created");
+        Ok(Response::new(CreateJoinTokenResponse {
+            token,
+            expires_unix: record.expires_unix,
+            ca_pin: enrollment(&self.state)?.pin.clone(),
+        }))
+    }
+}
+
+impl JoinTokensService {
+    fn inner_create(
+        &self,
+        admin: &str,
+        req: &CreateJoinTokenRequest,
+    ) -> Result<(String, TokenRecord), Status> {
+        let enrollment = enrollment(&self.state)?;
+        let host = toolsrv_tls::Identity::agent(&req.host_id)
+            .map_err(|e| Status::invalid_argument(format!("--host-id: {e}")))?;
+        let host_id = host.name().unwrap_or_default().to_string();
+        let ttl = match req.ttl_seconds {
+            0 => DEFAULT_TOKEN_TTL,
+            secs => Duration::from_secs(secs),
+        };
+        if ttl > MAX_TOKEN_TTL {
+            return Err(Status::invalid_argument(format!(
+                "--ttl of {} s is over the longest a token may live, {} days",
+                ttl.as_secs(),
+                MAX_TOKEN_TTL.as_secs() / 86_400
+            )));
+        }
+        if req.labels.len() > toolsrv_tls::enroll::MAX_CERT_LABELS {
+            return Err(Status::invalid_argument(format!(
+                "{} labels, over the limit of {}",
+                req.labels.len(),
+                toolsrv_tls::enroll::MAX_CERT_LABELS
+            )));
+        }
+        for (k, v) in &req.labels {
+            check_label(k, v).map_err(|e| Status::invalid_argument(format!("--label: {e}")))?;
+        }
+        let token = new_token().map_err(|e| Status::internal(e.to_string()))?;
+        let now = now_unix();
+        let record = TokenRecord {
+            sha256: toolsrv_tls::enroll::token_digest(&token),
+            host_id,
+            labels: req.labels.clone(),
+            created_by: admin.to_string(),
+            created_unix: now,
+            expires_unix: now.saturating_add(i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX)),
+            used_unix: None,
+        };
+        enrollment.tokens.add(record.clone(), now).map_err(|e| {
+            tracing::error!(error = %e, "cannot keep a join token");
+            Status::unavailable(
+                "the coordinator cannot keep the token (see its log); try again later",
+            )
+        })?;
+        Ok((token, record))
+    }
+}
+
+/// The `Renewal` service: agents, for their own host id.
+#[derive(Debug, Clone)]
+pub struct RenewalService {
+    pub(crate) state: Arc<State>,
+}
+
+#[tonic::async_trait]
+impl Renewal for RenewalService {
+    async fn renew(&self, req: Request<RenewRequest>) -> Result<Response<RenewResponse>, Status> {
+        let caller = Caller::of(req.extensions(), toolsrv_tls::Role::Agent)?.clone();
+        let body = req.into_inner();
+        let result = self.inner_renew(&caller, &body);
+        let (outcome, message) = match &result {
+            Ok(_) => ("granted", String::new()),
+            Err(status) => ("refused", status.message().to_string()),
+        };
+        self.state.audit.enrollment(
+            "renewal",
+            json!({"outcome": outcome, "host": caller.name, "asked_host": body.host_id,
+                   "labels": caller.labels, "message": message}),
+        );
+        match &result {
+            Ok(r) => {
+                tracing::info!(host = %caller.name, not_after = r.not_after_unix, "agent certificate renewed")
+            }
+            Err(s) => tracing::info!(host = %caller.name, reason = %s.message(), "renewal refused"),
+        }
+        result.map(Response::new)
+    }
+}
+
+impl RenewalService {
+    fn inner_renew(&self, caller: &Caller, req: &RenewRequest) -> Result<RenewResponse, Status> {
+        let enrollment = enrollment(&self.state)?;
+        if !req.host_id.is_empty() && toolsrv_tls::normalize_name(&req.host_id) != caller.name {
+            return Err(Status::permission_denied(format!(
+                "a renewal for host `{}` over the connection of `{}` is refused: an agent renews \
+                 only its own certificate",
+                req.host_id, caller.name
+            )));
+        }
+        let issued = enrollment.signer.issue_agent(
+            &req.csr_der,
+            &caller.name,
+            &caller.labels,
+            enrollment.ttl,
+        )?;
+        Ok(RenewResponse {
+            certificate_chain_pem: issued.chain_pem,
+            ca_bundle_pem: ca_bundle(&self.state)?,
+            not_after_unix: issued.not_after,
+        })
+    }
+}
