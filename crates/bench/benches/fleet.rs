@@ -6,7 +6,12 @@
 //! sshd and tears everything down. Environment: `FLEET_BIN_DIR` (default: next to this bench's
 //! executable), `FLEET_PKI` (default: a fresh PKI written here), `FLEET_EXAMPLES`, `FLEET_WORK`,
 //! `FLEET_SSH_CONFIG` + `FLEET_SSH_HOST` or `FLEET_SSH_SKIP`, `FLEET_ONLY=latency,concurrency,
-//! fanout,stream,memory`, `BENCH_QUICK=1`.
+//! fanout,stream,memory,scale` (`scale` runs only when named: `FLEET_SCALE_AGENTS`, default
+//! 10,000, `FLEET_SCALE_PARALLEL`, `FLEET_SCALE_KEEPALIVE_MS`, `FLEET_SCALE_RUNS`), `BENCH_QUICK=1`.
+
+// In a directory of its own: a file beside this one would be a bench target of its own.
+#[path = "fleet/scale.rs"]
+mod scale;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -59,9 +64,25 @@ struct Sizes {
     stream_reps: usize,
     memory_agents: usize,
     settle: Duration,
+    scale_agents: usize,
 }
 
-fn sizes() -> Sizes {
+/// Whether `FLEET_ONLY` names section `name`.
+fn named(name: &str) -> bool {
+    std::env::var("FLEET_ONLY").is_ok_and(|only| only.split(',').any(|o| o == name))
+}
+
+fn sizes() -> Result<Sizes, BenchError> {
+    let mut sizes = default_sizes();
+    if let Ok(n) = std::env::var("FLEET_SCALE_AGENTS") {
+        sizes.scale_agents = n
+            .parse()
+            .map_err(|e| format!("FLEET_SCALE_AGENTS={n}: not a number: {e}"))?;
+    }
+    Ok(sizes)
+}
+
+fn default_sizes() -> Sizes {
     if quick() {
         Sizes {
             ssh_pairs: 20,
@@ -73,6 +94,7 @@ fn sizes() -> Sizes {
             stream_reps: 1,
             memory_agents: 50,
             settle: Duration::from_secs(2),
+            scale_agents: 200,
         }
     } else {
         Sizes {
@@ -85,6 +107,7 @@ fn sizes() -> Sizes {
             stream_reps: 3,
             memory_agents: 1000,
             settle: Duration::from_secs(8),
+            scale_agents: 10_000,
         }
     }
 }
@@ -146,7 +169,17 @@ fn setup(sizes: &Sizes) -> Result<Option<Setup>, BenchError> {
             opts.agents = [CALL_AGENT, DEFAULT_AGENT, STREAM_AGENT, IDLE_AGENT]
                 .map(String::from)
                 .into_iter()
-                .chain((0..sizes.memory_agents.max(sizes.fanout_agents)).map(fake_id))
+                .chain(
+                    (0..sizes
+                        .memory_agents
+                        .max(sizes.fanout_agents)
+                        .max(if named("scale") {
+                            sizes.scale_agents
+                        } else {
+                            0
+                        }))
+                        .map(fake_id),
+                )
                 .collect();
             opts.clients = vec![CLIENT.into()];
             println!("writing a PKI with {} agents...", opts.agents.len());
@@ -168,14 +201,15 @@ fn setup(sizes: &Sizes) -> Result<Option<Setup>, BenchError> {
 }
 
 async fn run() -> Result<(), BenchError> {
-    let sizes = sizes();
+    let sizes = sizes()?;
     let nofile = raise_nofile()?;
     let Some(setup) = setup(&sizes)? else {
         return Ok(());
     };
     let paths = &setup.paths;
     let only = std::env::var("FLEET_ONLY").unwrap_or_default();
-    let wanted = |s: &str| only.is_empty() || only.split(',').any(|o| o == s);
+    // `scale` needs a PKI with as many stand-in hosts and several minutes: only when named.
+    let wanted = |s: &str| (only.is_empty() && s != "scale") || named(s);
     println!(
         "fleet{}: binaries {}, open-file limit {nofile}, {} cores",
         if quick() { " (BENCH_QUICK)" } else { "" },
@@ -183,7 +217,7 @@ async fn run() -> Result<(), BenchError> {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
     let mut failures = Vec::new();
-    let sections: [(&str, Section); 5] = [
+    let sections: [(&str, Section); 6] = [
         ("latency", |p, s| {
             Box::pin(latency_and_concurrency(p, s, true))
         }),
@@ -193,6 +227,7 @@ async fn run() -> Result<(), BenchError> {
         ("fanout", |p, s| Box::pin(fanout(p, s))),
         ("stream", |p, s| Box::pin(stream(p, s))),
         ("memory", |p, s| Box::pin(memory(p, s))),
+        ("scale", |p, s| Box::pin(scale::scale(p, s))),
     ];
     for (name, section) in sections {
         if !wanted(name) {

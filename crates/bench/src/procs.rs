@@ -125,17 +125,28 @@ pub fn start_coordinator(
     name: &str,
     tools: &Path,
 ) -> Result<Coordinator, BenchError> {
-    let mut launch =
-        CoordinatorLaunch::new(try_free_port()?, tools, paths.tls(&Identity::Coordinator));
     // The benches drive the fleet from one client on purpose: no per-client quota.
-    launch.args = [
+    let args = [
         "--max-calls-per-client=100000",
         "--max-calls-per-client-host=100000",
         "--max-fanout-hosts=100000",
     ]
-    .map(String::from)
-    .to_vec();
-    launch.log = "warn".into();
+    .map(String::from);
+    start_coordinator_on(paths, name, tools, (try_free_port()?, "warn"), &args)
+}
+
+/// Starts `toolsrv coordinator` serving `tools` on loopback port `port` with the flags `args`
+/// and `TOOLSRV_LOG=log`, and waits (at most 20 s) until it accepts connections.
+pub fn start_coordinator_on(
+    paths: &Paths,
+    name: &str,
+    tools: &Path,
+    (port, log): (u16, &str),
+    args: &[String],
+) -> Result<Coordinator, BenchError> {
+    let mut launch = CoordinatorLaunch::new(port, tools, paths.tls(&Identity::Coordinator));
+    launch.args = args.to_vec();
+    launch.log = log.into();
     let proc = launch.start(&paths.toolsrv(), name, &paths.work)?;
     Ok(Coordinator {
         proc,

@@ -1,11 +1,14 @@
 //! The network part of the fake agents: one real mutual-TLS agent link per host, each driven
 //! by its [`Responder`], many from one process.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use rustls::ClientConfig;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::ReceiverStream;
@@ -78,8 +81,16 @@ pub struct Counters {
     pub credit_bytes: AtomicU64,
     /// The smallest grant received (`u64::MAX` while none).
     pub smallest_credit: AtomicU64,
-    /// Links that ended (error, goodbye or stop).
+    /// Links that ended (error, goodbye or stop); a reconnecting link counts only its last end.
     pub ended: AtomicUsize,
+    /// Links whose current session has reported its view (falls when a session ends).
+    pub synced: AtomicUsize,
+    /// Sessions that ended, counting every session of a reconnecting link.
+    pub sessions_ended: AtomicUsize,
+    /// Connection attempts of reconnecting links that failed (TCP, TLS or the Attach call).
+    pub failed_connects: AtomicUsize,
+    /// For each catalog revision: how many sessions reported a view of it.
+    pub views_of: Mutex<BTreeMap<u64, usize>>,
 }
 
 impl Default for Counters {
@@ -94,6 +105,10 @@ impl Default for Counters {
             credit_bytes: AtomicU64::new(0),
             smallest_credit: AtomicU64::new(u64::MAX),
             ended: AtomicUsize::new(0),
+            synced: AtomicUsize::new(0),
+            sessions_ended: AtomicUsize::new(0),
+            failed_connects: AtomicUsize::new(0),
+            views_of: Mutex::new(BTreeMap::new()),
         }
     }
 }
@@ -109,6 +124,17 @@ impl Counters {
         self.calls.fetch_add(1, Ordering::SeqCst);
     }
 
+    /// Sessions that reported a view of catalog revision `revision`.
+    pub fn views_of(&self, revision: u64) -> usize {
+        let views = self.views_of.lock().unwrap_or_else(PoisonError::into_inner);
+        views.get(&revision).copied().unwrap_or(0)
+    }
+
+    fn viewed(&self, revision: u64) {
+        let mut views = self.views_of.lock().unwrap_or_else(PoisonError::into_inner);
+        *views.entry(revision).or_default() += 1;
+    }
+
     fn credited(&self, bytes: u64) {
         self.credits.fetch_add(1, Ordering::SeqCst);
         self.credit_bytes.fetch_add(bytes, Ordering::SeqCst);
@@ -119,8 +145,22 @@ impl Counters {
 /// Connected (TLS and HTTP/2 up) but not yet attached fake agents.
 #[derive(Debug)]
 pub struct Connected {
-    links: Vec<(String, tonic::transport::Channel)>,
+    url: String,
+    links: Vec<Link>,
 }
+
+/// One connected fake host: its id, its TLS configuration (to dial again) and its channel.
+#[derive(Debug)]
+struct Link {
+    id: String,
+    config: Arc<ClientConfig>,
+    channel: tonic::transport::Channel,
+}
+
+/// How a reconnecting fake host waits before its next attempt: `delay(attempt)`, `attempt`
+/// counting the sessions that ended since the last one that got a Welcome (as the real agent's
+/// reconnect loop does). The bench passes the agent's own backoff and jitter.
+pub type Delay = Arc<dyn Fn(u32) -> Duration + Send + Sync>;
 
 impl Connected {
     /// Connects one channel per id to `url` with the agent certificates in `pki` (written by
@@ -135,10 +175,14 @@ impl Connected {
             let (url, id, gate) = (url.to_string(), id.clone(), gate.clone());
             connects.spawn(async move {
                 let _permit = gate.acquire_owned().await;
-                let channel = toolsrv_tls::connect(&url, config)
+                let channel = toolsrv_tls::connect(&url, config.clone())
                     .await
                     .map_err(|e| TestkitError::link(&id, e))?;
-                Ok::<_, TestkitError>((id, channel))
+                Ok::<_, TestkitError>(Link {
+                    id,
+                    config,
+                    channel,
+                })
             });
         }
         let mut links = Vec::with_capacity(ids.len());
@@ -146,7 +190,10 @@ impl Connected {
             let link = joined.map_err(|e| TestkitError::link("?", e))??;
             links.push(link);
         }
-        Ok(Self { links })
+        Ok(Self {
+            url: url.to_string(),
+            links,
+        })
     }
 
     /// Opens the agent link on every connection, each host answering [`Answer::Ok`] with
@@ -162,9 +209,28 @@ impl Connected {
     /// its id: Hello, and the session from then on.
     pub fn attach_with(self, behaviour: impl Fn(&str) -> Behaviour) -> FakeAgents {
         let mut agents = FakeAgents::empty();
-        for (id, channel) in self.links {
-            let behaviour = behaviour(&id);
-            agents.spawn(id, channel, behaviour);
+        for link in self.links {
+            let behaviour = behaviour(&link.id);
+            agents.spawn(link, behaviour, None);
+        }
+        agents
+    }
+
+    /// Like [`Connected::attach`], but each host comes back when its link ends (the coordinator
+    /// went away, said goodbye, or refused the connection): it waits `delay(attempt)`, dials
+    /// again (TCP, TLS, HTTP/2, bounded as the agent's dial is) and attaches, until stopped.
+    pub fn attach_reconnecting(self, definitions: Definitions, delay: Delay) -> FakeAgents {
+        let mut agents = FakeAgents::empty();
+        for link in self.links {
+            let behaviour = Behaviour {
+                definitions,
+                ..Behaviour::default()
+            };
+            let redial = Redial {
+                url: self.url.clone(),
+                delay: delay.clone(),
+            };
+            agents.spawn(link, behaviour, Some(redial));
         }
         agents
     }
@@ -182,12 +248,12 @@ impl Connected {
         let mut agents = FakeAgents::empty();
         let mut links = self.links.into_iter().peekable();
         while links.peek().is_some() {
-            for (id, channel) in links.by_ref().take(batch.max(1)) {
+            for link in links.by_ref().take(batch.max(1)) {
                 let behaviour = Behaviour {
                     definitions,
                     ..Behaviour::default()
                 };
-                agents.spawn(id, channel, behaviour);
+                agents.spawn(link, behaviour, None);
             }
             let left = limit.saturating_sub(started.elapsed());
             agents.wait_ready(left).await?;
@@ -215,11 +281,11 @@ impl FakeAgents {
         }
     }
 
-    fn spawn(&mut self, id: String, channel: tonic::transport::Channel, behaviour: Behaviour) {
-        self.ids.push(id.clone());
+    fn spawn(&mut self, link: Link, behaviour: Behaviour, redial: Option<Redial>) {
+        self.ids.push(link.id.clone());
         let (counters, stop) = (self.counters.clone(), self.stop.clone());
         self.tasks.spawn(async move {
-            let result = run_link(&id, channel, behaviour, &counters, &stop).await;
+            let result = run_host(link, &behaviour, redial, &counters, &stop).await;
             counters.ended.fetch_add(1, Ordering::SeqCst);
             result
         });
@@ -309,26 +375,103 @@ async fn send_all(
     Ok(())
 }
 
-/// One fake agent's session until `stop` (or the coordinator ends it).
+/// Where and when a reconnecting fake host dials again.
+#[derive(Clone)]
+struct Redial {
+    url: String,
+    delay: Delay,
+}
+
+/// One fake host: its first session on `link`, then, with `redial`, a new connection and
+/// session after each end, until `stop`.
+async fn run_host(
+    link: Link,
+    behaviour: &Behaviour,
+    redial: Option<Redial>,
+    counters: &Arc<Counters>,
+    stop: &CancellationToken,
+) -> Result<()> {
+    let Link {
+        id,
+        config,
+        channel,
+    } = link;
+    let mut channel = Some(channel);
+    let mut attempt: u32 = 0;
+    let mut flags = Flags::default();
+    loop {
+        flags.welcomed = false;
+        flags.synced = false;
+        let result = match channel.take() {
+            Some(channel) => {
+                let result = run_link(&id, channel, behaviour, counters, stop, &mut flags).await;
+                if flags.synced {
+                    counters.synced.fetch_sub(1, Ordering::SeqCst);
+                }
+                counters.sessions_ended.fetch_add(1, Ordering::SeqCst);
+                result
+            }
+            None => Err(TestkitError::link(&id, "not connected")),
+        };
+        let Some(redial) = &redial else {
+            return result;
+        };
+        if stop.is_cancelled() {
+            return Ok(());
+        }
+        if flags.welcomed {
+            attempt = 0;
+        }
+        let delay = (redial.delay)(attempt);
+        attempt = attempt.saturating_add(1);
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = stop.cancelled() => return Ok(()),
+        }
+        // The agent's dial: TCP, TLS and HTTP/2 within the same bound.
+        match toolsrv_tls::connect(&redial.url, config.clone()).await {
+            Ok(c) => channel = Some(c),
+            Err(_) => {
+                counters.failed_connects.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+/// What a fake host's sessions have got so far.
+#[derive(Debug, Default)]
+struct Flags {
+    /// This session got its Welcome.
+    welcomed: bool,
+    /// This session reported a view (counted in `Counters::synced` until it ends).
+    synced: bool,
+    /// Some session of this host reported a view (counted once in `Counters::with_view`).
+    viewed: bool,
+}
+
+/// One fake agent's session until `stop` (or the coordinator ends it), noting in `flags` what
+/// it got.
 async fn run_link(
     id: &str,
     channel: tonic::transport::Channel,
-    behaviour: Behaviour,
+    behaviour: &Behaviour,
     counters: &Arc<Counters>,
     stop: &CancellationToken,
+    flags: &mut Flags,
 ) -> Result<()> {
     let mut responder = Responder::new(id, behaviour.definitions).answering(behaviour.answer);
     let (tx, rx) = mpsc::channel(16);
     let closed = |_| TestkitError::link(id, "the link's queue is closed");
     tx.send(responder.hello()).await.map_err(closed)?;
     let mut client = AgentLinkClient::new(channel);
-    let mut inbound = client
-        .attach(ReceiverStream::new(rx))
-        .await
-        .map_err(|e| TestkitError::link(id, e))?
-        .into_inner();
+    let mut inbound = match client.attach(ReceiverStream::new(rx)).await {
+        Ok(response) => response.into_inner(),
+        Err(e) => {
+            counters.failed_connects.fetch_add(1, Ordering::SeqCst);
+            return Err(TestkitError::link(id, e));
+        }
+    };
     let mut keepalive: Option<tokio::time::Interval> = None;
-    let mut viewed = false;
     // Calls held at the gate, each sending its answer once the gate opens.
     let mut held: JoinSet<Result<()>> = JoinSet::new();
     loop {
@@ -365,6 +508,7 @@ async fn run_link(
                         let mut k = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
                         k.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                         keepalive = Some(k);
+                        flags.welcomed = true;
                         counters.welcomed.fetch_add(1, Ordering::SeqCst);
                     }
                     Reaction::Send(messages) => match (&behaviour.hold, is_start) {
@@ -377,12 +521,21 @@ async fn run_link(
                             });
                         }
                         _ => {
-                            let has_view =
-                                messages.iter().any(|m| matches!(m.msg, Some(Out::View(_))));
+                            let revision = messages.iter().find_map(|m| match &m.msg {
+                                Some(Out::View(v)) => Some(v.catalog_revision),
+                                _ => None,
+                            });
                             send_all(id, &tx, messages, counters).await?;
-                            if has_view && !viewed {
-                                viewed = true;
-                                counters.with_view.fetch_add(1, Ordering::SeqCst);
+                            if let Some(revision) = revision {
+                                counters.viewed(revision);
+                                if !flags.synced {
+                                    flags.synced = true;
+                                    counters.synced.fetch_add(1, Ordering::SeqCst);
+                                }
+                                if !flags.viewed {
+                                    flags.viewed = true;
+                                    counters.with_view.fetch_add(1, Ordering::SeqCst);
+                                }
                             }
                         }
                     },
