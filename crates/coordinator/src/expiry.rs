@@ -22,37 +22,9 @@ pub const OWN_CHECK_EVERY: Duration = Duration::from_secs(3600);
 /// could otherwise grow the map with fresh certificates).
 const MAX_REMEMBERED: usize = 10_000;
 
-/// Reads a duration such as `30s`, `15m`, `24h`, `7d` or `2w` (a number and one unit); `0`
-/// turns the warning off.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    if text == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| format!("{text:?} has no unit: write it as 30s, 15m, 24h, 7d or 2w"))?;
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} does not start with a number: write it as 24h or 7d"))?;
-    let seconds = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        "w" => 7 * 86_400,
-        other => {
-            return Err(format!(
-                "unknown unit {other:?} in {text:?}: use s, m, h, d or w"
-            ));
-        }
-    };
-    number
-        .checked_mul(seconds)
-        .map(Duration::from_secs)
-        .ok_or_else(|| format!("{text:?} is too long"))
-}
+/// The duration grammar of every toolsrv flag (`30s`, `15m`, `24h`, `7d`, `2w`; `0` turns the
+/// warning off).
+pub use toolsrv_tls::enroll::parse_duration;
 
 fn now_secs() -> i64 {
     std::time::SystemTime::now()
@@ -258,7 +230,7 @@ mod tests {
             ("7d", Some(604_800)),
             ("2w", Some(1_209_600)),
             ("0", Some(0)),
-            ("7", None),
+            ("7", Some(7)),
             ("d", None),
             ("7y", None),
             ("-1d", None),

@@ -545,10 +545,13 @@ pub fn utc(unix: i64) -> String {
     )
 }
 
-/// Parses a duration such as `90s`, `15m`, `1h`, `1h30m`, `7d` (a bare number is seconds).
+/// Parses a duration such as `90s`, `15m`, `1h`, `1h30m`, `7d`, `2w` (a bare number is seconds;
+/// `0` is zero). Every duration flag of toolsrv reads this grammar.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let bad = || {
-        format!("{text:?} is not a duration: use a number with s, m, h or d (`90s`, `1h30m`, `7d`)")
+        format!(
+            "{text:?} is not a duration: use a number with s, m, h, d or w (`90s`, `1h30m`, `7d`)"
+        )
     };
     let text = text.trim();
     if text.is_empty() {
@@ -569,6 +572,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             'm' => 60,
             'h' => 3600,
             'd' => 86_400,
+            'w' => 7 * 86_400,
             _ => return Err(bad()),
         };
         let n: u64 = number.parse().map_err(|_| bad())?;
@@ -599,6 +603,8 @@ mod tests {
             ("1h30m", 5400),
             ("7d", 604_800),
             ("24h", 86_400),
+            ("2w", 1_209_600),
+            ("0", 0),
         ] {
             assert_eq!(
                 parse_duration(text).unwrap(),
@@ -606,7 +612,16 @@ mod tests {
                 "{text}"
             );
         }
-        for bad in ["", "h", "1x", "1h30", "-1s", "1.5h"] {
+        for bad in [
+            "",
+            "h",
+            "1x",
+            "1h30",
+            "-1s",
+            "1.5h",
+            "7y",
+            "99999999999999999999d",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }
