@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use toolsrv_proto::v1::Hello;
+// The same rules as labels bound at enrollment: one check for both.
+use toolsrv_tls::enroll::check_label;
 
 use crate::error::FileError;
 use crate::selector::glob;
@@ -60,25 +62,6 @@ impl HostLabels {
         }
         labels
     }
-}
-
-fn check_label(key: &str, value: &str) -> Result<(), String> {
-    let ok_key = !key.is_empty()
-        && key.len() <= MAX_LABEL_KEY
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_.-/".contains(&b));
-    if !ok_key {
-        return Err(format!(
-            "label key {key:?} must be 1 to {MAX_LABEL_KEY} characters of [A-Za-z0-9_.-/]"
-        ));
-    }
-    if value.len() > MAX_FIELD || value.chars().any(char::is_control) {
-        return Err(format!(
-            "label {key}: the value must be at most {MAX_FIELD} bytes without control characters"
-        ));
-    }
-    Ok(())
 }
 
 /// Refuses a hello whose facts, labels or version are over the bounds or carry control

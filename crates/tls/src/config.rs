@@ -297,17 +297,7 @@ pub fn anonymous_client_config(ca: &Path, expect: Role) -> Result<Arc<ClientConf
         .build()
         .map_err(|e| TlsError::bad_file(ca, format!("cannot build a server verifier: {e}")))?;
     let verifier = Arc::new(RoleVerifier { inner, expect });
-    let mut config = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|source| TlsError::Config {
-            side: "client",
-            source,
-        })?
-        .dangerous()
-        .with_custom_certificate_verifier(verifier)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![ALPN_H2.to_vec()];
-    Ok(Arc::new(config))
+    without_client_auth(provider, verifier)
 }
 
 /// A client config that accepts any server certificate (the handshake's signatures are still
@@ -318,6 +308,15 @@ pub fn unverified_client_config() -> Result<Arc<ClientConfig>, TlsError> {
     let verifier = Arc::new(AnyServer {
         algorithms: provider.signature_verification_algorithms,
     });
+    without_client_auth(provider, verifier)
+}
+
+/// A client config (h2) that verifies the server with `verifier` and has no certificate of its
+/// own: what both configs of a joining agent share.
+fn without_client_auth(
+    provider: Arc<CryptoProvider>,
+    verifier: Arc<dyn ServerCertVerifier>,
+) -> Result<Arc<ClientConfig>, TlsError> {
     let mut config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|source| TlsError::Config {
