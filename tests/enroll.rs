@@ -599,7 +599,7 @@ mod wire {
             let join = |csr_der: Vec<u8>| JoinRequest {
                 token: tok.clone(),
                 csr_der,
-                host_id: String::new(),
+                ..JoinRequest::default()
             };
             // Garbage: refused, and the token stays usable.
             let err = client.join(join(b"not a csr".to_vec())).await.unwrap_err();

@@ -1,5 +1,6 @@
-//! Enrollment on the agent: joining with a token (`--join`), and keeping the certificate
-//! renewed over the agent's connection.
+//! Enrollment on the agent: joining with a token (`--join`) or, on Kubernetes, with the pod's
+//! projected service account token (`--k8s-token-file`), and keeping the certificate renewed
+//! over the agent's connection.
 //!
 //! Everything lives in `<state>/enroll/` (0700): `identity.pem` holds the certificate chain and
 //! then the private key, one file replaced by a rename, so that a connection never reads a
@@ -42,11 +43,32 @@ pub enum CaTrust {
     File(PathBuf),
 }
 
+/// What the agent joins with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JoinCredential {
+    /// `--join TOKEN`: a one-time join token.
+    Token(String),
+    /// `--k8s-token-file FILE`: the pod's projected service account token, read at each
+    /// join (the kubelet rotates it); it may be used again, so an expired certificate is
+    /// replaced by joining again.
+    KubernetesTokenFile(PathBuf),
+}
+
+impl JoinCredential {
+    /// The flag that gave it, for messages.
+    fn flag(&self) -> &'static str {
+        match self {
+            JoinCredential::Token(_) => "--join",
+            JoinCredential::KubernetesTokenFile(_) => "--k8s-token-file",
+        }
+    }
+}
+
 /// What enrollment needs from the flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EnrollConfig {
-    /// The join token; only read when the state directory holds no usable certificate.
-    pub token: Option<String>,
+    /// What to join with; only used when the state directory holds no usable certificate.
+    pub credential: Option<JoinCredential>,
     /// How to trust the coordinator for the join.
     pub trust: Option<CaTrust>,
 }
@@ -116,7 +138,7 @@ pub async fn prepare(
         let stored = read_stored(&files)?;
         if now_unix() < stored.not_after {
             check_host(&config.host_id, &stored.host_id, &files.cert)?;
-            if enroll.token.is_some() {
+            if let Some(JoinCredential::Token(_)) = &enroll.credential {
                 tracing::info!(
                     host_id = %stored.host_id,
                     "already enrolled: --join is not needed and was not used"
@@ -126,7 +148,7 @@ pub async fn prepare(
             config.tls = files;
             return Ok(true);
         }
-        if enroll.token.is_none() {
+        if enroll.credential.is_none() {
             return Err(AgentError::Identity(format!(
                 "the enrolled certificate {} (host `{}`) expired at {} UTC, and an expired \
                  certificate cannot be renewed: create a new token (`toolctl token create \
@@ -137,9 +159,13 @@ pub async fn prepare(
                 stored.host_id
             )));
         }
-        tracing::warn!(host_id = %stored.host_id, "the enrolled certificate expired; joining again with --join");
+        let flag = enroll
+            .credential
+            .as_ref()
+            .map_or("--join", JoinCredential::flag);
+        tracing::warn!(host_id = %stored.host_id, "the enrolled certificate expired; joining again with {flag}");
     }
-    let Some(token) = enroll.token.as_deref() else {
+    let Some(credential) = &enroll.credential else {
         return Err(AgentError::Identity(format!(
             "{} holds no enrolled certificate: start the agent with --join TOKEN (`toolctl token \
              create --host-id ID` prints one), or give --cert and --key",
@@ -147,15 +173,15 @@ pub async fn prepare(
         )));
     };
     let Some(trust) = &enroll.trust else {
-        return Err(AgentError::Identity(
-            "--join needs a way to trust the coordinator: --ca-pin sha256:HEX (`toolctl token \
-             create` prints it) or --ca FILE"
-                .into(),
-        ));
+        return Err(AgentError::Identity(format!(
+            "{} needs a way to trust the coordinator: --ca-pin sha256:HEX (`toolctl token \
+             create` prints it) or --ca FILE",
+            credential.flag()
+        )));
     };
     let mut delay = Duration::from_millis(500);
     loop {
-        let attempt = join(config, token, trust, &files);
+        let attempt = join(config, credential, trust, &files);
         let result = tokio::select! {
             r = attempt => r,
             () = shutdown.cancelled() => return Ok(false),
@@ -168,7 +194,12 @@ pub async fn prepare(
             }
             Err(e)
                 if e.needs_operator()
-                    || matches!(&e, AgentError::Rpc { status, .. } if status.code() == tonic::Code::InvalidArgument) =>
+                    || matches!(&e, AgentError::Rpc { status, .. } if matches!(
+                        status.code(),
+                        // A bad request, or a coordinator that does not enroll this way: only
+                        // an operator changes either.
+                        tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition
+                    )) =>
             {
                 return Err(e);
             }
@@ -199,7 +230,7 @@ fn check_host(asked: &str, cert_host: &str, cert: &Path) -> Result<(), AgentErro
 /// connection that verifies the coordinator. Writes the files and returns the host id.
 async fn join(
     config: &AgentConfig,
-    token: &str,
+    credential: &JoinCredential,
     trust: &CaTrust,
     files: &TlsFiles,
 ) -> Result<String, AgentError> {
@@ -239,17 +270,25 @@ async fn join(
         .map_err(connect_failed)?;
     let (key_pem, csr_der) =
         pki::new_key_and_csr().map_err(|e| AgentError::Identity(e.to_string()))?;
+    let mut request = JoinRequest {
+        csr_der,
+        host_id: config.host_id.clone(),
+        ..JoinRequest::default()
+    };
+    let what = match credential {
+        JoinCredential::Token(token) => {
+            request.token = token.clone();
+            "joining with the token"
+        }
+        JoinCredential::KubernetesTokenFile(path) => {
+            request.kubernetes_token = read_service_account_token(path)?;
+            "joining with the Kubernetes service account token"
+        }
+    };
     let response = EnrollmentClient::new(channel)
-        .join(timed(JoinRequest {
-            token: token.to_string(),
-            csr_der,
-            host_id: config.host_id.clone(),
-        }))
+        .join(timed(request))
         .await
-        .map_err(|status| AgentError::Rpc {
-            what: "joining with the token",
-            status,
-        })?
+        .map_err(|status| AgentError::Rpc { what, status })?
         .into_inner();
     let host_id = check_issued(&response.certificate_chain_pem, &key_pem)?;
     check_host(&config.host_id, &host_id, &files.cert)?;
@@ -266,6 +305,25 @@ async fn join(
         "joined: certificate issued and kept in the state directory"
     );
     Ok(host_id)
+}
+
+/// The projected token, as the kubelet last wrote it. Bounded: a token is a few KiB.
+fn read_service_account_token(path: &Path) -> Result<String, AgentError> {
+    use std::io::Read;
+    const MAX: u64 = 64 * 1024;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX + 1).read_to_string(&mut text))
+        .map_err(|e| AgentError::io("cannot read the service account token", path, e))?;
+    let token = text.trim();
+    if token.is_empty() || text.len() as u64 > MAX {
+        return Err(AgentError::Identity(format!(
+            "--k8s-token-file {}: not a service account token (empty, or over {} KiB)",
+            path.display(),
+            MAX / 1024
+        )));
+    }
+    Ok(token.to_string())
 }
 
 fn timed<T>(msg: T) -> tonic::Request<T> {

@@ -3,13 +3,15 @@
 //! - `JoinTokens` (clients matching `--admin`): creates a one-time token bound to a host id and
 //!   labels; only its SHA-256 is kept ([`tokens`]).
 //! - `Enrollment` (also served to peers without a certificate, the only service that is): the
-//!   CA bundle, and `Join`, which exchanges a token and a CSR for a short-lived agent
-//!   certificate signed with `--signing-ca-cert`/`--signing-ca-key`.
+//!   CA bundle, and `Join`, which exchanges a token (or a Kubernetes service account token the
+//!   API vouches for, [`kubernetes`]) and a CSR for a short-lived agent certificate signed with
+//!   `--signing-ca-cert`/`--signing-ca-key`.
 //! - `Renewal` (agents): a new certificate for the caller's own host id and labels, as proven
 //!   by its current certificate.
 //!
 //! Every token creation, join and renewal, granted or refused, is audited.
 
+pub mod kubernetes;
 pub mod tokens;
 
 use std::sync::Arc;
@@ -28,6 +30,7 @@ use toolsrv_tls::enroll::{Signer, check_label, new_token, pin_for};
 
 use crate::State;
 use crate::identity::Caller;
+use kubernetes::Reviewer;
 use tokens::{ConsumeError, TokenRecord, Tokens};
 
 /// A token's lifetime when the request names none.
@@ -55,6 +58,8 @@ pub(crate) struct Enrollment {
     /// What `toolsrv agent --ca-pin` takes: the pin of the CA the coordinator's certificate
     /// chains to.
     pin: String,
+    /// Joins with Kubernetes service account tokens; `None` when off.
+    kubernetes: Option<Reviewer>,
 }
 
 impl Enrollment {
@@ -63,6 +68,13 @@ impl Enrollment {
         config: &crate::CoordinatorConfig,
     ) -> Result<Option<Self>, crate::CoordinatorError> {
         let Some(signing) = &config.signing_ca else {
+            if config.kubernetes_join.is_some() {
+                return Err(crate::CoordinatorError::Enrollment(
+                    "--k8s-join-service-account needs a CA to sign with: give \
+                     --signing-ca-cert and --signing-ca-key"
+                        .into(),
+                ));
+            }
             tracing::info!(
                 "enrollment is off (no --signing-ca-cert and --signing-ca-key): hosts need \
                  certificates issued elsewhere"
@@ -85,11 +97,26 @@ impl Enrollment {
             ca_pin = %pin,
             "enrollment is on: hosts may join with tokens"
         );
+        let kubernetes = match &config.kubernetes_join {
+            Some(k8s) => {
+                let reviewer =
+                    Reviewer::new(k8s.clone()).map_err(crate::CoordinatorError::Enrollment)?;
+                tracing::info!(
+                    api = %k8s.api_url,
+                    audience = %k8s.audience,
+                    service_accounts = ?k8s.service_accounts,
+                    "pods may join with Kubernetes service account tokens"
+                );
+                Some(reviewer)
+            }
+            None => None,
+        };
         Ok(Some(Self {
             signer,
             ttl: config.agent_cert_ttl,
             tokens,
             pin,
+            kubernetes,
         }))
     }
 }
@@ -142,20 +169,31 @@ impl EnrollmentRpc for EnrollmentService {
     async fn join(&self, req: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
         let from = remote(&req);
         let body = req.into_inner();
-        let result = self.inner_join(&body);
+        let with = if body.kubernetes_token.is_empty() {
+            "join_token"
+        } else {
+            "kubernetes"
+        };
+        let mut by = serde_json::Value::Null;
+        let result = if body.kubernetes_token.is_empty() {
+            self.inner_join(&body)
+        } else {
+            self.inner_kubernetes_join(&body, &mut by).await
+        };
         let audit = |outcome: &str, host: &str, message: &str| {
             self.state.audit.enrollment(
                 "join",
-                json!({"outcome": outcome, "host": host, "remote": from, "asked_host": body.host_id, "message": message}),
+                json!({"outcome": outcome, "host": host, "remote": from, "asked_host": body.host_id,
+                       "with": with, "kubernetes": by, "message": message}),
             );
         };
         match &result {
             Ok(resp) => {
-                tracing::info!(host = %resp.host_id, remote = %from, "host joined with a token");
+                tracing::info!(host = %resp.host_id, remote = %from, with, "host joined");
                 audit("granted", &resp.host_id, "");
             }
             Err((host, status)) => {
-                tracing::info!(host = %host, remote = %from, reason = %status.message(), "join refused");
+                tracing::info!(host = %host, remote = %from, with, reason = %status.message(), "join refused");
                 audit("refused", host, status.message());
             }
         }
@@ -164,6 +202,62 @@ impl EnrollmentRpc for EnrollmentService {
 }
 
 impl EnrollmentService {
+    /// A join with a Kubernetes service account token: the API reviews it, the node it names
+    /// is the host id. Sets `by` to what the review said, for the audit record.
+    async fn inner_kubernetes_join(
+        &self,
+        req: &JoinRequest,
+        by: &mut serde_json::Value,
+    ) -> Result<JoinResponse, (String, Status)> {
+        let enrollment = enrollment(&self.state).map_err(|s| (String::new(), s))?;
+        let refuse = |s: Status| (String::new(), s);
+        let Some(reviewer) = &enrollment.kubernetes else {
+            return Err(refuse(Status::failed_precondition(
+                "this coordinator does not accept Kubernetes service account tokens: start it \
+                 with --k8s-join-service-account NAMESPACE/NAME, or join with a token from \
+                 `toolctl token create`",
+            )));
+        };
+        if !req.token.is_empty() {
+            return Err(refuse(Status::invalid_argument(
+                "a join token and a Kubernetes service account token were both given: send one",
+            )));
+        }
+        let token = req.kubernetes_token.trim();
+        if token.len() > kubernetes::MAX_TOKEN_LEN || token.contains(char::is_whitespace) {
+            return Err(refuse(Status::invalid_argument(format!(
+                "not a service account token (a JWT of at most {} bytes)",
+                kubernetes::MAX_TOKEN_LEN
+            ))));
+        }
+        let reviewed = reviewer.review(token).await.map_err(|e| refuse(e.into()))?;
+        *by = json!({"service_account": reviewed.service_account, "pod": reviewed.pod});
+        let host = reviewed.host_id;
+        if !req.host_id.is_empty() && toolsrv_tls::normalize_name(&req.host_id) != host {
+            return Err((
+                host.clone(),
+                Status::permission_denied(format!(
+                    "the service account token is bound to a pod on node `{host}`, but this agent \
+                     was started with --host-id {}: on Kubernetes the host id is the node name \
+                     (spec.nodeName)",
+                    req.host_id
+                )),
+            ));
+        }
+        let labels = reviewer.labels().clone();
+        let issued = enrollment
+            .signer
+            .issue_agent(&req.csr_der, &host, &labels, enrollment.ttl)
+            .map_err(|e| (host.clone(), Status::from(e)))?;
+        Ok(JoinResponse {
+            certificate_chain_pem: issued.chain_pem,
+            ca_bundle_pem: ca_bundle(&self.state).map_err(|s| (host.clone(), s))?,
+            host_id: host,
+            labels,
+            not_after_unix: issued.not_after,
+        })
+    }
+
     /// A join; on refusal, the token's host id when known (for the audit record) and why.
     fn inner_join(&self, req: &JoinRequest) -> Result<JoinResponse, (String, Status)> {
         let enrollment = enrollment(&self.state).map_err(|s| (String::new(), s))?;

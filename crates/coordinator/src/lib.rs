@@ -52,6 +52,7 @@ use toolsrv_tls::{ServerCreds, TlsFiles};
 
 pub use agent_link::{AgentLinkRoutes, AgentLinkService};
 pub use api::ToolsService;
+pub use enroll::kubernetes::{self as kubernetes_join, KubernetesJoin};
 pub use enroll::{DEFAULT_AGENT_CERT_TTL, SigningCa};
 pub use error::FileError;
 pub use expiry::{DEFAULT_WINDOW as DEFAULT_CERT_EXPIRY_WARNING, parse_duration};
@@ -113,6 +114,9 @@ pub struct CoordinatorConfig {
     pub signing_ca: Option<SigningCa>,
     /// Lifetime of the certificates enrollment and renewal issue.
     pub agent_cert_ttl: Duration,
+    /// Joins with Kubernetes service account tokens, reviewed by the Kubernetes API; `None`:
+    /// join tokens only.
+    pub kubernetes_join: Option<KubernetesJoin>,
     pub watch: WatchOptions,
 }
 
@@ -139,6 +143,7 @@ impl CoordinatorConfig {
             cert_expiry_warning: expiry::DEFAULT_WINDOW,
             signing_ca: None,
             agent_cert_ttl: DEFAULT_AGENT_CERT_TTL,
+            kubernetes_join: None,
             watch: WatchOptions::default(),
         }
     }

@@ -230,6 +230,52 @@ pub struct CoordinatorArgs {
         value_parser = parse_agent_cert_ttl
     )]
     pub agent_cert_ttl: Duration,
+    /// Let pods of this Kubernetes service account (NAMESPACE/NAME) join with their projected
+    /// service account token, checked with the Kubernetes API (TokenReview); the host id is
+    /// the pod's node. Repeatable (env: comma-separated); needs --signing-ca-cert
+    #[arg(
+        long = "k8s-join-service-account",
+        env = "TOOLSRV_K8S_JOIN_SERVICE_ACCOUNTS",
+        value_delimiter = ',',
+        value_name = "NS/NAME"
+    )]
+    pub k8s_join_service_accounts: Vec<String>,
+    /// The audience agents' projected tokens must be for
+    #[arg(
+        long,
+        env = "TOOLSRV_K8S_JOIN_AUDIENCE",
+        value_name = "AUDIENCE",
+        default_value = "toolsrv"
+    )]
+    pub k8s_join_audience: String,
+    /// A label KEY=VALUE bound to the certificate of every host joining with a service account
+    /// token (a trusted label); repeatable (env: comma-separated)
+    #[arg(
+        long = "k8s-join-label",
+        env = "TOOLSRV_K8S_JOIN_LABELS",
+        value_delimiter = ','
+    )]
+    pub k8s_join_labels: Vec<String>,
+    /// The Kubernetes API's URL (default: in the cluster, from KUBERNETES_SERVICE_HOST and
+    /// KUBERNETES_SERVICE_PORT)
+    #[arg(long, env = "TOOLSRV_K8S_API", value_name = "URL")]
+    pub k8s_api: Option<String>,
+    /// The CA bundle of the Kubernetes API's certificate
+    #[arg(
+        long,
+        env = "TOOLSRV_K8S_API_CA",
+        value_name = "FILE",
+        default_value = toolsrv_coordinator::kubernetes_join::IN_CLUSTER_CA
+    )]
+    pub k8s_api_ca: PathBuf,
+    /// The coordinator's own bearer token for the Kubernetes API (read for every review)
+    #[arg(
+        long,
+        env = "TOOLSRV_K8S_API_TOKEN_FILE",
+        value_name = "FILE",
+        default_value = toolsrv_coordinator::kubernetes_join::IN_CLUSTER_TOKEN
+    )]
+    pub k8s_api_token_file: PathBuf,
 }
 
 /// `--agent-cert-ttl`: a duration from 5 s to 365 days.
@@ -242,6 +288,43 @@ fn parse_agent_cert_ttl(text: &str) -> Result<Duration, String> {
 }
 
 impl CoordinatorArgs {
+    /// Joins with Kubernetes service account tokens, when a service account is named.
+    fn kubernetes_join(&self) -> anyhow::Result<Option<toolsrv_coordinator::KubernetesJoin>> {
+        let service_accounts: Vec<String> = self
+            .k8s_join_service_accounts
+            .iter()
+            .filter(|a| !a.is_empty())
+            .cloned()
+            .collect();
+        if service_accounts.is_empty() {
+            return Ok(None);
+        }
+        let Some(api_url) = self
+            .k8s_api
+            .clone()
+            .or_else(toolsrv_coordinator::kubernetes_join::in_cluster_url)
+        else {
+            bail!(
+                "--k8s-join-service-account needs the Kubernetes API: give --k8s-api URL (in a \
+                 pod it comes from KUBERNETES_SERVICE_HOST)"
+            );
+        };
+        let labels = parse_labels(&self.k8s_join_labels)
+            .map_err(|e| anyhow::anyhow!("--k8s-join-label: {e}"))?;
+        for (k, v) in &labels {
+            toolsrv_tls::enroll::check_label(k, v)
+                .map_err(|e| anyhow::anyhow!("--k8s-join-label {k}={v}: {e}"))?;
+        }
+        Ok(Some(toolsrv_coordinator::KubernetesJoin {
+            api_url,
+            api_ca: self.k8s_api_ca.clone(),
+            api_token_file: self.k8s_api_token_file.clone(),
+            audience: self.k8s_join_audience.clone(),
+            service_accounts,
+            labels,
+        }))
+    }
+
     pub fn config(&self) -> anyhow::Result<CoordinatorConfig> {
         if self.lost_after_ms <= self.keepalive_ms {
             bail!(
@@ -292,6 +375,7 @@ impl CoordinatorArgs {
             ),
         };
         config.agent_cert_ttl = self.agent_cert_ttl;
+        config.kubernetes_join = self.kubernetes_join()?;
         config.admins = self
             .admins
             .iter()
@@ -320,6 +404,16 @@ pub struct AgentArgs {
     /// starts use them, without a token. Instead of --cert and --key
     #[arg(long = "join", env = "TOOLSRV_JOIN_TOKEN", value_name = "TOKEN")]
     pub join: Option<String>,
+    /// On Kubernetes, instead of --join: enroll with the pod's projected service account token
+    /// in FILE (audience as the coordinator's --k8s-join-audience). Read again whenever the
+    /// agent must join, so a pod whose certificate expired joins again by itself
+    #[arg(
+        long,
+        env = "TOOLSRV_K8S_TOKEN_FILE",
+        value_name = "FILE",
+        conflicts_with = "join"
+    )]
+    pub k8s_token_file: Option<PathBuf>,
     /// For --join without --ca: the pin of the coordinator's CA, `sha256:HEX` (SHA-256 of the
     /// CA certificate's DER; `toolctl token create` prints it)
     #[arg(long, env = "TOOLSRV_CA_PIN", value_name = "PIN")]
@@ -495,9 +589,10 @@ impl AgentArgs {
     /// enrolled earlier in the state directory.
     fn enrolling(&self) -> bool {
         let join = self.join.as_deref().is_some_and(|t| !t.is_empty());
-        join || (self.tls.cert.is_none()
-            && self.tls.key.is_none()
-            && toolsrv_agent::enroll::is_enrolled(&self.state_dir))
+        join || self.k8s_token_file.is_some()
+            || (self.tls.cert.is_none()
+                && self.tls.key.is_none()
+                && toolsrv_agent::enroll::is_enrolled(&self.state_dir))
     }
 
     /// The configuration of an enrolled agent (see [`Self::enrolling`]).
@@ -517,7 +612,15 @@ impl AgentArgs {
             (None, Some(ca)) => Some(toolsrv_agent::enroll::CaTrust::File(ca.clone())),
             (None, None) => None,
         };
-        let token = self.join.clone().filter(|t| !t.is_empty());
+        let token = match (&self.join, &self.k8s_token_file) {
+            (Some(t), _) if !t.is_empty() => {
+                Some(toolsrv_agent::enroll::JoinCredential::Token(t.clone()))
+            }
+            (_, Some(file)) => Some(toolsrv_agent::enroll::JoinCredential::KubernetesTokenFile(
+                file.clone(),
+            )),
+            _ => None,
+        };
         if token.is_some()
             && trust.is_none()
             && !toolsrv_agent::enroll::is_enrolled(&self.state_dir)
@@ -536,7 +639,10 @@ impl AgentArgs {
         let host_id = self.host_id.clone().unwrap_or_default();
         let tls = toolsrv_agent::enroll::enrolled_files(&self.state_dir);
         let mut config = AgentConfig::new(coordinator, host_id, tls, self.state_dir.clone());
-        config.enroll = Some(toolsrv_agent::enroll::EnrollConfig { token, trust });
+        config.enroll = Some(toolsrv_agent::enroll::EnrollConfig {
+            credential: token,
+            trust,
+        });
         Ok(config)
     }
 

@@ -300,6 +300,24 @@ pub fn anonymous_client_config(ca: &Path, expect: Role) -> Result<Arc<ClientConf
     without_client_auth(provider, verifier)
 }
 
+/// A plain HTTPS (HTTP/1.1) client config that verifies the server against the CA file `ca`
+/// by the usual web PKI rules (its name, or IP address, in the certificate): what the
+/// coordinator reaches the Kubernetes API with. No certificate of our own.
+pub fn https_client_config(ca: &Path) -> Result<Arc<ClientConfig>, TlsError> {
+    let provider = provider();
+    let roots = root_store(ca)?;
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|source| TlsError::Config {
+            side: "client",
+            source,
+        })?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
 /// A client config that accepts any server certificate (the handshake's signatures are still
 /// checked against it), without one of our own. Only for fetching a CA bundle that is checked
 /// against a pin before anything trusts it: nothing secret may be sent over it.
