@@ -742,3 +742,91 @@ fn an_expired_certificate_needs_a_new_token() {
     fleet.start_agent("e-1", &join_spec(&tok, &pin));
     fleet.wait_online(&["e-1"], "hello");
 }
+
+#[test]
+fn tokens_are_listed_by_id_and_an_unused_one_can_be_revoked() {
+    let mut fleet = enrolling_fleet(&["a"], &[]);
+    let (keep, pin) = token(&fleet, "keep-1", &["--label", "role=db"]);
+    let (drop, _) = token(&fleet, "drop-1", &[]);
+    let id_of = |tok: &str| toolsrv_tls::enroll::token_digest(tok)[..16].to_string();
+
+    let out = fleet.toolctl_as("client-alice", &["token", "list", "--json"], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listed: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert_eq!(listed[0]["host_id"], "drop-1", "newest first");
+    let kept = listed.iter().find(|t| t["host_id"] == "keep-1").unwrap();
+    assert_eq!(kept["id"], id_of(&keep).as_str());
+    assert_eq!(kept["state"], "usable");
+    assert_eq!(kept["labels"]["role"], "db");
+    assert_eq!(kept["created_by"], "alice");
+    assert!(
+        !text(&out.stdout).contains(&keep),
+        "the token itself is never shown"
+    );
+    let table = fleet.toolctl_as("client-alice", &["token", "list"], None);
+    assert!(
+        text(&table.stdout).starts_with("ID"),
+        "{}",
+        text(&table.stdout)
+    );
+
+    // Only administrators list or revoke.
+    let out = fleet.toolctl_as("client-bob", &["token", "list"], None);
+    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+    let out = fleet.toolctl_as("client-bob", &["token", "revoke", &id_of(&drop)], None);
+    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+
+    // Revoked by a prefix of its id: a join with it is refused, saying so.
+    let out = fleet.toolctl_as(
+        "client-alice",
+        &["token", "revoke", &id_of(&drop)[..8]],
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("revoked"),
+        "{}",
+        text(&out.stderr)
+    );
+    let state = fleet.work.path().join("drop-state");
+    let out = run_agent(
+        &fleet,
+        &state,
+        &[format!("--join={drop}"), format!("--ca-pin={pin}")],
+    );
+    let log = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(log.contains("join token revoked"), "{log}");
+
+    // Nothing to revoke twice, nor a used token, nor an unknown or too short id.
+    fleet.start_agent("keep-1", &join_spec(&keep, &pin));
+    fleet.wait_online(&["keep-1"], "hello");
+    for (id, expect) in [
+        (id_of(&drop), "revoked already"),
+        (id_of(&keep), "used already"),
+        ("ffffffffffffffff".to_string(), "no join token"),
+        ("abc".to_string(), "not a token id"),
+    ] {
+        let out = fleet.toolctl_as("client-alice", &["token", "revoke", &id], None);
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{id}: {err}");
+        assert!(err.contains(expect), "{id}: expected {expect:?} in {err}");
+    }
+    let out = fleet.toolctl_as("client-alice", &["token", "list", "--json"], None);
+    let listed: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let states: Vec<(&str, &str)> = listed
+        .iter()
+        .map(|t| (t["host_id"].as_str().unwrap(), t["state"].as_str().unwrap()))
+        .collect();
+    assert!(
+        states.contains(&("drop-1", "revoked")) && states.contains(&("keep-1", "used")),
+        "{states:?}"
+    );
+    let revoked = audit(&fleet, "join_token_revoked");
+    assert_eq!(
+        revoked.iter().filter(|r| r["outcome"] == "granted").count(),
+        1,
+        "{revoked:?}"
+    );
+}

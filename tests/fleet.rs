@@ -571,3 +571,74 @@ fn host_only_tools_and_the_concurrency_limit() {
         "two calls through one slot took only {elapsed:?}"
     );
 }
+
+#[test]
+fn keepalives_are_spaced_as_the_fleet_grows_and_a_frozen_host_is_still_lost() {
+    // At most 2 keepalives a second each way: 1 or 2 links get 1 s, 3 links 2 s (whole
+    // seconds); --lost-after-ms grows with the interval (600 ms at 200 ms: three intervals).
+    let mut fleet = Fleet::new(&["p1", "p2", "p3"]);
+    fleet.tool(
+        "hello.meta",
+        r#"{"description": "Say hello", "cmd": "echo hello"}"#,
+        false,
+    );
+    fleet.start_coordinator(&[
+        "--keepalive-ms=200",
+        "--lost-after-ms=600",
+        "--max-keepalive-rate=2",
+    ]);
+    fleet.start_agent("p1", &AgentSpec::default());
+    fleet.wait_online(&["p1"], "hello");
+    assert!(
+        fleet.agents["p1"].log().contains("keepalive=1s"),
+        "{}",
+        fleet.agents["p1"].log()
+    );
+    for id in ["p2", "p3"] {
+        fleet.start_agent(id, &AgentSpec::default());
+    }
+    fleet.wait_online(&["p1", "p2", "p3"], "hello");
+    wait_for(
+        "p1 told to keep alive every 2 s",
+        Duration::from_secs(10),
+        || {
+            fleet.agents["p1"]
+                .log()
+                .contains("changed the keepalive interval keepalive=2s")
+                .then_some(())
+        },
+    );
+    // Links at the slower pace stay up: nobody is lost for being quieter.
+    std::thread::sleep(Duration::from_secs(5));
+    let coordinator = fleet.coordinator.as_ref().unwrap().log();
+    assert!(!coordinator.contains("nothing heard"), "{coordinator}");
+
+    // The fleet shrinks: the pace comes back down.
+    fleet.agents.remove("p2");
+    fleet.agents.remove("p3");
+    wait_for(
+        "p1 told to keep alive every 1 s",
+        Duration::from_secs(10),
+        || {
+            fleet.agents["p1"]
+                .log()
+                .contains("changed the keepalive interval keepalive=1s")
+                .then_some(())
+        },
+    );
+
+    // A frozen host is lost within its scaled silence (3 s) and a tick.
+    let agent = nix::unistd::Pid::from_raw(fleet.agents["p1"].pid());
+    nix::sys::signal::kill(agent, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let frozen = Instant::now();
+    wait_for("p1 offline", Duration::from_secs(15), || {
+        fleet
+            .hosts()
+            .iter()
+            .any(|h| h["host_id"] == "p1" && h["state"] == "offline")
+            .then_some(())
+    });
+    let detected = frozen.elapsed();
+    nix::sys::signal::kill(agent, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert!(detected < Duration::from_secs(8), "lost after {detected:?}");
+}

@@ -158,6 +158,7 @@ pub(crate) async fn session(
         task_calls: HashMap::new(),
         all_calls: CancellationToken::new(),
         draining: false,
+        paced: None,
     };
     let end = session.serve(&mut inbound, interval, shutdown).await;
 
@@ -244,6 +245,8 @@ struct SessionLoop<'a> {
     all_calls: CancellationToken,
     /// Shutdown was requested: no new calls start.
     draining: bool,
+    /// A keepalive interval the coordinator asked for, not applied yet.
+    paced: Option<Duration>,
 }
 
 impl SessionLoop<'_> {
@@ -255,13 +258,16 @@ impl SessionLoop<'_> {
     ) -> Result<SessionEnd, AgentError> {
         let mut keepalive = tokio::time::interval(interval);
         keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let silence = interval * SILENT_INTERVALS;
+        let mut silence = interval * SILENT_INTERVALS;
         let mut last_heard = Instant::now();
         // While draining: when in-flight calls get cancelled, then when waiting for them stops.
         let mut cancel_at: Option<Instant> = None;
         let mut abandon_at: Option<Instant> = None;
         loop {
+            // Biased: a message waiting is read before the silence timer is looked at, so a
+            // busy agent does not call a link lost whose keepalive has arrived.
             tokio::select! {
+                biased;
                 () = shutdown.cancelled(), if !self.draining => {
                     self.draining = true;
                     tracing::info!(
@@ -299,13 +305,19 @@ impl SessionLoop<'_> {
                     }
                 }
                 _ = keepalive.tick() => {
-                    self.send(Out::Keepalive(Keepalive { sent_unix_ms: unix_ms() })).await?;
+                    self.send(Out::Keepalive(Keepalive { sent_unix_ms: unix_ms(), interval_ms: 0 })).await?;
                 }
                 () = sleep_until(last_heard + silence) => {
                     return Err(AgentError::LinkLost(format!(
                         "nothing heard from the coordinator for {silence:?} ({SILENT_INTERVALS} keepalive intervals)"
                     )));
                 }
+            }
+            if let Some(every) = self.paced.take() {
+                tracing::debug!(keepalive = ?every, "the coordinator changed the keepalive interval");
+                keepalive = tokio::time::interval_at(Instant::now() + every, every);
+                keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                silence = every * SILENT_INTERVALS;
             }
             if self.draining && self.tasks.is_empty() {
                 return Ok(SessionEnd::Shutdown);
@@ -343,7 +355,11 @@ impl SessionLoop<'_> {
                 tracing::info!(grants = grants.len(), "sandbox grants from the coordinator");
                 *self.env.grants.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(grants);
             }
-            Some(In::Keepalive(_)) => {}
+            Some(In::Keepalive(k)) => {
+                if k.interval_ms != 0 {
+                    self.paced = Some(Duration::from_millis(u64::from(k.interval_ms).max(10)));
+                }
+            }
             Some(In::Bypass(decision)) => {
                 let (call_id, request_id) = (decision.call_id, decision.request_id);
                 if !self.env.bypasses.deliver(decision) {

@@ -306,8 +306,11 @@ async fn reconnects_after_refusal_silence_goodbye_and_bad_first_message() {
     // such as a certificate of another host, waits minutes instead, see `reconnect`); the next
     // one gets a non-Welcome first message.
     let link = h.attach().await;
-    link.send(In::Keepalive(Keepalive { sent_unix_ms: 0 }))
-        .await;
+    link.send(In::Keepalive(Keepalive {
+        sent_unix_ms: 0,
+        interval_ms: 0,
+    }))
+    .await;
     drop(link);
 
     // A silent coordinator is given up on after three keepalive intervals, and its calls stop.
@@ -432,8 +435,11 @@ async fn an_altered_cached_executable_never_runs() {
     // Keep the link alive (the agent expects to hear from the coordinator) while the file settles.
     let settled = tokio::time::Instant::now() + toolsrv_agent::SETTLE + Duration::from_millis(500);
     while tokio::time::Instant::now() < settled {
-        link.send(In::Keepalive(Keepalive { sent_unix_ms: 0 }))
-            .await;
+        link.send(In::Keepalive(Keepalive {
+            sent_unix_ms: 0,
+            interval_ms: 0,
+        }))
+        .await;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(call(&mut link).await, "{\"n\":1}\n");

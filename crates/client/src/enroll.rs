@@ -1,4 +1,5 @@
-//! Enrollment administration through the client API: join tokens (`toolctl token create`).
+//! Enrollment administration through the client API: join tokens (`toolctl token create`,
+//! `list`, `revoke`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -6,7 +7,10 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 use toolsrv_proto::v1::join_tokens_client::JoinTokensClient;
 use toolsrv_proto::v1::join_tokens_server::{JoinTokens, JoinTokensServer};
-use toolsrv_proto::v1::{CreateJoinTokenRequest, CreateJoinTokenResponse};
+use toolsrv_proto::v1::{
+    CreateJoinTokenRequest, CreateJoinTokenResponse, JoinTokenInfo, ListJoinTokensRequest,
+    ListJoinTokensResponse, RevokeJoinTokenRequest, RevokeJoinTokenResponse,
+};
 
 use crate::{Client, ClientError};
 
@@ -29,6 +33,22 @@ impl Client {
             .create_join_token(request)
             .await?;
         Ok(response.into_inner())
+    }
+
+    /// The join tokens the coordinator keeps, newest first (administrators only).
+    pub async fn join_tokens(&self) -> Result<Vec<JoinTokenInfo>, ClientError> {
+        let response = JoinTokensClient::new(self.channel.clone())
+            .list_join_tokens(ListJoinTokensRequest {})
+            .await?;
+        Ok(response.into_inner().tokens)
+    }
+
+    /// Revokes the unused token `id` (its id, or at least 8 of its first hex digits).
+    pub async fn revoke_join_token(&self, id: &str) -> Result<JoinTokenInfo, ClientError> {
+        let response = JoinTokensClient::new(self.channel.clone())
+            .revoke_join_token(RevokeJoinTokenRequest { id: id.to_string() })
+            .await?;
+        Ok(response.into_inner().token.unwrap_or_default())
     }
 }
 
@@ -54,6 +74,26 @@ impl JoinTokens for TokenRelay {
         self.upstream
             .clone()
             .create_join_token(req.into_inner())
+            .await
+    }
+
+    async fn list_join_tokens(
+        &self,
+        req: Request<ListJoinTokensRequest>,
+    ) -> Result<Response<ListJoinTokensResponse>, Status> {
+        self.upstream
+            .clone()
+            .list_join_tokens(req.into_inner())
+            .await
+    }
+
+    async fn revoke_join_token(
+        &self,
+        req: Request<RevokeJoinTokenRequest>,
+    ) -> Result<Response<RevokeJoinTokenResponse>, Status> {
+        self.upstream
+            .clone()
+            .revoke_join_token(req.into_inner())
             .await
     }
 }

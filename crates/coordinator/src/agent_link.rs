@@ -264,7 +264,9 @@ async fn session<S>(
 where
     S: Stream<Item = Result<AgentMessage, Status>> + Unpin,
 {
-    let keepalive = state.config.keepalive;
+    let _counted = state.pace.count();
+    let mut keepalive = state.pace.interval(None);
+    let mut lost_after = state.pace.lost_after(keepalive);
     let welcome = Welcome {
         keepalive_interval_ms: keepalive.as_millis() as u32,
         coordinator_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -300,24 +302,16 @@ where
                 }
             }
         }
+        // Biased: what the agent sent is read before the timer judges its silence, so a
+        // coordinator slow to poll does not declare lost a link whose keepalive is waiting.
         tokio::select! {
+            biased;
             () = state.shutdown.cancelled() => {
                 link.send(Msg::Goodbye(Goodbye { reason: "coordinator shutting down".into() })).await;
                 return "coordinator shutting down".into();
             }
             () = link.closed.cancelled() => {
                 return link.close_reason().unwrap_or("replaced by a new connection").into();
-            }
-            changed = catalogs.changed() => match changed {
-                Ok(()) => catalog_changed = true,
-                Err(_) => return "registry stopped".into(),
-            },
-            _ = tick.tick() => {
-                let silent = heard.elapsed();
-                if silent > state.config.lost_after {
-                    return format!("lost: nothing heard for {} ms", silent.as_millis());
-                }
-                link.send(Msg::Keepalive(Keepalive { sent_unix_ms: now_ms() })).await;
             }
             msg = inbound.next() => match msg {
                 Some(Ok(msg)) => {
@@ -330,6 +324,30 @@ where
                 None => return "the agent closed the link".into(),
                 Some(Err(status)) => return format!("link error: {}", status.message()),
             },
+            changed = catalogs.changed() => match changed {
+                Ok(()) => catalog_changed = true,
+                Err(_) => return "registry stopped".into(),
+            },
+            _ = tick.tick() => {
+                let silent = heard.elapsed();
+                if silent > lost_after {
+                    return format!("lost: nothing heard for {} ms", silent.as_millis());
+                }
+                let paced = state.pace.interval(Some(keepalive));
+                let mut interval_ms = 0;
+                if paced != keepalive {
+                    // The agent learns the new interval with this keepalive; silence is judged
+                    // by the longer of the two until it has.
+                    lost_after = lost_after.max(state.pace.lost_after(paced));
+                    keepalive = paced;
+                    interval_ms = paced.as_millis() as u32;
+                    tick = tokio::time::interval_at(tokio::time::Instant::now() + paced, paced);
+                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                } else {
+                    lost_after = state.pace.lost_after(keepalive);
+                }
+                link.send(Msg::Keepalive(Keepalive { sent_unix_ms: now_ms(), interval_ms })).await;
+            }
         }
     }
 }

@@ -24,14 +24,15 @@ use toolsrv_proto::v1::join_tokens_server::JoinTokens;
 use toolsrv_proto::v1::renewal_server::Renewal;
 use toolsrv_proto::v1::{
     CreateJoinTokenRequest, CreateJoinTokenResponse, GetCaBundleRequest, GetCaBundleResponse,
-    JoinRequest, JoinResponse, RenewRequest, RenewResponse,
+    JoinRequest, JoinResponse, JoinTokenInfo, ListJoinTokensRequest, ListJoinTokensResponse,
+    RenewRequest, RenewResponse, RevokeJoinTokenRequest, RevokeJoinTokenResponse,
 };
 use toolsrv_tls::enroll::{Signer, check_label, new_token, pin_for};
 
 use crate::State;
 use crate::identity::Caller;
 use kubernetes::Reviewer;
-use tokens::{ConsumeError, TokenRecord, Tokens};
+use tokens::{ConsumeError, RevokeError, TokenRecord, Tokens};
 
 /// A token's lifetime when the request names none.
 pub const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(3600);
@@ -341,7 +342,86 @@ impl JoinTokens for JoinTokensService {
             token,
             expires_unix: record.expires_unix,
             ca_pin: enrollment(&self.state)?.pin.clone(),
+            id: record.id().to_string(),
         }))
+    }
+
+    async fn list_join_tokens(
+        &self,
+        req: Request<ListJoinTokensRequest>,
+    ) -> Result<Response<ListJoinTokensResponse>, Status> {
+        Caller::admin(&req, &self.state.config.admins)?;
+        let enrollment = enrollment(&self.state)?;
+        let now = now_unix();
+        let tokens = enrollment
+            .tokens
+            .list()
+            .iter()
+            .map(|r| token_info(r, now))
+            .collect();
+        Ok(Response::new(ListJoinTokensResponse { tokens }))
+    }
+
+    async fn revoke_join_token(
+        &self,
+        req: Request<RevokeJoinTokenRequest>,
+    ) -> Result<Response<RevokeJoinTokenResponse>, Status> {
+        let client = Caller::client(&req).unwrap_or_default();
+        let admin = Caller::admin(&req, &self.state.config.admins);
+        let id = req.into_inner().id;
+        let result = admin.and_then(|admin| {
+            let now = now_unix();
+            let enrollment = enrollment(&self.state)?;
+            enrollment
+                .tokens
+                .revoke(&id, &admin, now)
+                .map(|r| token_info(&r, now))
+                .map_err(|e| match e {
+                    RevokeError::NotFound(m) => Status::not_found(m),
+                    RevokeError::NotUsable(r) => Status::failed_precondition(format!(
+                        "join token {} (host `{}`) is {} already: nothing to revoke",
+                        r.id(),
+                        r.host_id,
+                        r.state(now)
+                    )),
+                    RevokeError::Store(m) => {
+                        tracing::error!(error = %m, "cannot record a join token's revocation");
+                        Status::unavailable(
+                            "the coordinator cannot record the revocation (see its log); the \
+                             token is unchanged",
+                        )
+                    }
+                })
+        });
+        let (outcome, message, host) = match &result {
+            Ok(t) => ("granted", String::new(), t.host_id.clone()),
+            Err(s) => ("refused", s.message().to_string(), String::new()),
+        };
+        self.state.audit.enrollment(
+            "join_token_revoked",
+            json!({"outcome": outcome, "client": client, "id": id, "host": host, "message": message}),
+        );
+        let token = result?;
+        tracing::info!(id = %token.id, host = %token.host_id, by = %client, "join token revoked");
+        Ok(Response::new(RevokeJoinTokenResponse {
+            token: Some(token),
+        }))
+    }
+}
+
+/// A kept token as the API shows it.
+fn token_info(r: &TokenRecord, now: i64) -> JoinTokenInfo {
+    JoinTokenInfo {
+        id: r.id().to_string(),
+        host_id: r.host_id.clone(),
+        labels: r.labels.clone().into_iter().collect(),
+        created_by: r.created_by.clone(),
+        created_unix: r.created_unix,
+        expires_unix: r.expires_unix,
+        used_unix: r.used_unix.unwrap_or(0),
+        revoked_unix: r.revoked_unix.unwrap_or(0),
+        revoked_by: r.revoked_by.clone().unwrap_or_default(),
+        state: r.state(now).to_string(),
     }
 }
 
@@ -386,6 +466,8 @@ impl JoinTokensService {
             created_unix: now,
             expires_unix: now.saturating_add(i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX)),
             used_unix: None,
+            revoked_unix: None,
+            revoked_by: None,
         };
         enrollment.tokens.add(record.clone(), now).map_err(|e| {
             tracing::error!(error = %e, "cannot keep a join token");

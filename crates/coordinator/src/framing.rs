@@ -287,7 +287,10 @@ mod tests {
 
     fn keepalive(ms: u64) -> AgentMessage {
         AgentMessage {
-            msg: Some(Msg::Keepalive(Keepalive { sent_unix_ms: ms })),
+            msg: Some(Msg::Keepalive(Keepalive {
+                sent_unix_ms: ms,
+                interval_ms: 0,
+            })),
         }
     }
 

@@ -26,6 +26,7 @@ mod identity;
 pub mod labels;
 mod link;
 mod metrics;
+mod pace;
 pub mod policy;
 mod quota;
 mod refusal;
@@ -65,6 +66,10 @@ pub use sessions::SessionLimits;
 /// `toolsrv up` and `toolsrv pki init --clients admin` issue.
 pub const DEFAULT_ADMIN: &str = "admin";
 
+/// Keepalives per second each way a coordinator stays under unless `--max-keepalive-rate`
+/// says: at the default 1 s interval, links beyond 2,000 are spaced out.
+pub const DEFAULT_MAX_KEEPALIVE_RATE: u32 = 2000;
+
 /// How long calls may finish after the shutdown signal, unless `--drain-grace-secs` says.
 pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(30);
 
@@ -78,6 +83,9 @@ pub struct CoordinatorConfig {
     pub keepalive: Duration,
     /// An agent silent for this long is lost; its in-flight calls end as LOST.
     pub lost_after: Duration,
+    /// Keepalives per second each way the coordinator spaces links' intervals to stay under
+    /// (the interval grows in whole seconds as the fleet does; `lost_after` with it); 0: never.
+    pub max_keepalive_rate: u32,
     /// Output bytes a call may have in flight between agent and caller.
     pub credit_window: u64,
     pub policy: Option<PathBuf>,
@@ -127,6 +135,7 @@ impl CoordinatorConfig {
             tls,
             keepalive: Duration::from_secs(1),
             lost_after: Duration::from_secs(3),
+            max_keepalive_rate: DEFAULT_MAX_KEEPALIVE_RATE,
             credit_window: 1 << 20,
             policy: None,
             audit_log: None,
@@ -185,6 +194,8 @@ pub(crate) struct State {
     pub sessions: sessions::Sessions,
     pub finder: finder::Finder,
     pub metrics: metrics::Metrics,
+    /// Every link's keepalive interval.
+    pub pace: pace::Pace,
     /// Join tokens and the signer; `None` when enrollment is off.
     pub enrollment: Option<enroll::Enrollment>,
     /// Revoked identities (`toolctl revoke`).
@@ -268,6 +279,11 @@ pub async fn serve(
         sessions: sessions::Sessions::new(config.sessions.clone()),
         finder: finder::Finder::new(encoder),
         metrics: metrics::Metrics::default(),
+        pace: pace::Pace::new(
+            config.keepalive,
+            config.lost_after,
+            config.max_keepalive_rate,
+        ),
         draining: drain.clone(),
         in_flight: TaskTracker::new(),
         revocations: revocations.clone(),

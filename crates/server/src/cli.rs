@@ -144,6 +144,16 @@ pub struct CoordinatorArgs {
     /// An agent silent this long (milliseconds) is lost and its calls end as LOST
     #[arg(long, env = "TOOLSRV_LOST_AFTER_MS", default_value_t = 3000)]
     pub lost_after_ms: u64,
+    /// Keepalives per second (each way) to stay under: beyond this many links, their keepalive
+    /// interval (and --lost-after-ms with it) grows in whole seconds, and shrinks back as the
+    /// fleet does. 0: always --keepalive-ms
+    #[arg(
+        long,
+        env = "TOOLSRV_MAX_KEEPALIVE_RATE",
+        value_name = "PER_SECOND",
+        default_value_t = toolsrv_coordinator::DEFAULT_MAX_KEEPALIVE_RATE
+    )]
+    pub max_keepalive_rate: u32,
     /// Rescan the tools path this often (seconds) even without file events
     #[arg(long, env = "TOOLSRV_RESCAN_SECS", default_value_t = 30)]
     pub rescan_secs: u64,
@@ -343,6 +353,7 @@ impl CoordinatorArgs {
         let mut config = CoordinatorConfig::new(split_tools_path(&tools), tls);
         config.keepalive = Duration::from_millis(self.keepalive_ms.max(1));
         config.lost_after = Duration::from_millis(self.lost_after_ms);
+        config.max_keepalive_rate = self.max_keepalive_rate;
         config.policy = self.policy.clone();
         config.audit_log = self.audit_log.clone();
         config.watch.rescan_every = Duration::from_secs(self.rescan_secs.max(1));
@@ -740,8 +751,12 @@ enum PkiCommand {
 pub fn init_logging(args: &LogArgs) {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only for a person at a terminal: a journal, a file or a pipe gets plain text.
+    use std::io::IsTerminal;
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     if args.log_format == "json" {
         builder.json().init();

@@ -424,11 +424,13 @@ Exit codes:
 /// `toolctl`'s `main`: parses the command line of this process and runs it.
 pub fn main() -> ExitCode {
     toolsrv_tls::install_crypto_provider();
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TOOLCTL_LOG")
                 .unwrap_or_else(|_| "warn".into()),
         )
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .with_writer(std::io::stderr)
         .init();
     // A bad command line exits with the documented usage code, not clap's 2; help and version
@@ -476,6 +478,22 @@ enum TokenCommand {
         /// rules may match; repeatable
         #[arg(long = "label", value_name = "KEY=VALUE")]
         labels: Vec<String>,
+    },
+    /// List the join tokens the coordinator keeps (by id; the tokens themselves are not kept):
+    /// host, labels, who created them, expiry, and whether used, expired or revoked
+    List {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Print a JSON array instead of a table
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a join token that was not used yet, by its id (`token list`; at least 8 digits)
+    Revoke {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// The token's id
+        id: String,
     },
 }
 
@@ -563,6 +581,10 @@ pub async fn run(cli: Cli) -> ExitCode {
             ttl,
             labels,
         }) => remote::token::create(&conn, &host_id, ttl.as_deref(), &labels).await,
+        Command::Token(TokenCommand::List { conn, json }) => remote::token::list(&conn, json).await,
+        Command::Token(TokenCommand::Revoke { conn, id }) => {
+            remote::token::revoke(&conn, &id).await
+        }
         Command::Approvals { conn, json } => remote::approvals(&conn, json).await,
         Command::Approve { conn, id, reason } => remote::decide(&conn, &id, true, &reason).await,
         Command::Deny { conn, id, reason } => remote::decide(&conn, &id, false, &reason).await,

@@ -32,6 +32,47 @@ pub struct TokenRecord {
     /// When it was used; `None` while it is still usable.
     #[serde(default)]
     pub used_unix: Option<i64>,
+    /// When an administrator revoked it, and who.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_unix: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_by: Option<String>,
+}
+
+/// Hex digits of a token's SHA-256 that make its id.
+pub const ID_LEN: usize = 16;
+/// The shortest id prefix `revoke` takes.
+pub const MIN_ID_PREFIX: usize = 8;
+
+impl TokenRecord {
+    /// The id shown for it: the start of its SHA-256.
+    pub fn id(&self) -> &str {
+        &self.sha256[..ID_LEN.min(self.sha256.len())]
+    }
+
+    /// `usable`, `used`, `expired` or `revoked` at `now`.
+    pub fn state(&self, now: i64) -> &'static str {
+        if self.revoked_unix.is_some() {
+            "revoked"
+        } else if self.used_unix.is_some() {
+            "used"
+        } else if now >= self.expires_unix {
+            "expired"
+        } else {
+            "usable"
+        }
+    }
+}
+
+/// Why a token cannot be revoked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RevokeError {
+    /// No token has this id (or prefix), or the prefix is too short or names several.
+    NotFound(String),
+    /// The token is used, expired or revoked already.
+    NotUsable(Box<TokenRecord>),
+    /// The revocation could not be written.
+    Store(String),
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -49,6 +90,9 @@ pub enum Refusal {
     },
     Expired {
         expires_unix: i64,
+    },
+    Revoked {
+        revoked_unix: i64,
     },
     /// The agent expects another host id than the token binds.
     OtherHost {
@@ -69,6 +113,11 @@ impl std::fmt::Display for Refusal {
                 "join token already used (at {} UTC): a token enrolls one host once; create a \
                  new one with `toolctl token create`",
                 utc(*used_unix)
+            ),
+            Refusal::Revoked { revoked_unix } => write!(
+                f,
+                "join token revoked (at {} UTC): create a new one with `toolctl token create`",
+                utc(*revoked_unix)
             ),
             Refusal::Expired { expires_unix } => write!(
                 f,
@@ -171,6 +220,58 @@ impl Tokens {
         Ok(record)
     }
 
+    /// Every record, newest first.
+    pub fn list(&self) -> Vec<TokenRecord> {
+        // Records are kept in creation order: reversed, then sorted (stably), ties stay newest
+        // first.
+        let mut records = self.lock().clone();
+        records.reverse();
+        records.sort_by_key(|r| std::cmp::Reverse(r.created_unix));
+        records
+    }
+
+    /// Revokes the usable token whose id starts with `id` (at least [`MIN_ID_PREFIX`] hex
+    /// digits, naming one token), on disk first.
+    pub fn revoke(&self, id: &str, by: &str, now: i64) -> Result<TokenRecord, RevokeError> {
+        let id = id.trim().to_ascii_lowercase();
+        if id.len() < MIN_ID_PREFIX || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(RevokeError::NotFound(format!(
+                "`{id}` is not a token id: give the id `toolctl token list` shows (at least \
+                 {MIN_ID_PREFIX} of its hex digits)"
+            )));
+        }
+        let mut records = self.lock();
+        let matching: Vec<usize> = records
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.sha256.starts_with(&id))
+            .map(|(i, _)| i)
+            .collect();
+        let index = match matching.as_slice() {
+            [one] => *one,
+            [] => {
+                return Err(RevokeError::NotFound(format!(
+                    "no join token with id `{id}`: `toolctl token list` shows them"
+                )));
+            }
+            _ => {
+                return Err(RevokeError::NotFound(format!(
+                    "`{id}` names {} tokens: give more of the id",
+                    matching.len()
+                )));
+            }
+        };
+        if records[index].state(now) != "usable" {
+            return Err(RevokeError::NotUsable(Box::new(records[index].clone())));
+        }
+        let mut next = records.clone();
+        next[index].revoked_unix = Some(now);
+        next[index].revoked_by = Some(by.to_string());
+        self.save(&next).map_err(RevokeError::Store)?;
+        *records = next;
+        Ok(records[index].clone())
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<TokenRecord>> {
         self.records.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -208,6 +309,9 @@ fn check_one<'a>(
         .iter()
         .find(|r| r.sha256 == digest)
         .ok_or(Refusal::Unknown)?;
+    if let Some(revoked_unix) = record.revoked_unix {
+        return Err(Refusal::Revoked { revoked_unix });
+    }
     if let Some(used_unix) = record.used_unix {
         return Err(Refusal::Used { used_unix });
     }
@@ -261,7 +365,51 @@ mod tests {
             created_unix: 0,
             expires_unix: expires,
             used_unix: None,
+            revoked_unix: None,
+            revoked_by: None,
         }
+    }
+
+    #[test]
+    fn a_revoked_token_is_refused_and_stays_revoked_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = Tokens::open(Some(dir.path())).unwrap();
+        tokens.add(record("t1", "a", 1000), 0).unwrap();
+        tokens.add(record("t2", "b", 1000), 0).unwrap();
+        tokens.add(record("t3", "c", 1000), 0).unwrap();
+        tokens.consume("t3", "", 1).unwrap();
+        let id = toolsrv_tls::enroll::token_digest("t1");
+        assert!(matches!(
+            tokens.revoke(&id[..4], "admin", 2),
+            Err(RevokeError::NotFound(m)) if m.contains("not a token id")
+        ));
+        assert!(matches!(
+            tokens.revoke("ffffffffffff", "admin", 2),
+            Err(RevokeError::NotFound(m)) if m.contains("no join token")
+        ));
+        let used = toolsrv_tls::enroll::token_digest("t3");
+        assert!(matches!(
+            tokens.revoke(&used[..8], "admin", 2),
+            Err(RevokeError::NotUsable(r)) if r.state(2) == "used"
+        ));
+        let revoked = tokens.revoke(&id[..10].to_uppercase(), "admin", 2).unwrap();
+        assert_eq!(revoked.host_id, "a");
+        assert_eq!(revoked.state(2), "revoked");
+        assert!(matches!(
+            tokens.check("t1", "", 3),
+            Err(Refusal::Revoked { revoked_unix: 2 })
+        ));
+        let again = Tokens::open(Some(dir.path())).unwrap();
+        assert!(matches!(
+            again.consume("t1", "", 4),
+            Err(ConsumeError::Refused(Refusal::Revoked { .. }))
+        ));
+        assert_eq!(again.check("t2", "", 4).unwrap().host_id, "b");
+        let listed: Vec<_> = again.list().iter().map(|r| r.state(4)).collect();
+        assert_eq!(listed.len(), 3);
+        assert!(
+            listed.contains(&"revoked") && listed.contains(&"used") && listed.contains(&"usable")
+        );
     }
 
     #[test]

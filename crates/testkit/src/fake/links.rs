@@ -505,12 +505,11 @@ async fn run_link(
                 }
                 match responder.react(message) {
                     Reaction::Welcomed(every) => {
-                        let mut k = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-                        k.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                        keepalive = Some(k);
+                        keepalive = Some(keepalive_every(every));
                         flags.welcomed = true;
                         counters.welcomed.fetch_add(1, Ordering::SeqCst);
                     }
+                    Reaction::Paced(every) => keepalive = Some(keepalive_every(every)),
                     Reaction::Send(messages) => match (&behaviour.hold, is_start) {
                         (Some(gate), true) => {
                             let (id, tx, gate, counters) =
@@ -549,4 +548,11 @@ async fn run_link(
             }
         }
     }
+}
+
+/// A keepalive timer whose first tick is one interval from now.
+fn keepalive_every(every: Duration) -> tokio::time::Interval {
+    let mut k = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    k.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    k
 }

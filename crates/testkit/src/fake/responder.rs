@@ -51,6 +51,8 @@ pub enum Reaction {
     Send(Vec<AgentMessage>),
     /// The Welcome: keep alive at this interval from now on.
     Welcomed(Duration),
+    /// A keepalive naming a new interval: keep alive at it from now on.
+    Paced(Duration),
     /// The coordinator said goodbye or broke the protocol: end the link.
     End(String),
 }
@@ -116,6 +118,7 @@ impl Responder {
             sent_unix_ms: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
+            interval_ms: 0,
         }))
     }
 
@@ -155,8 +158,12 @@ impl Responder {
                 Reaction::Send(cancelled.into_iter().collect())
             }
             Some(In::Goodbye(g)) => Reaction::End(format!("goodbye: {}", g.reason)),
-            // Keepalives need no answer (ours go out on a timer); fake tools ask for no bypass
-            // and run in no sandbox.
+            // A keepalive may change the interval, as it does for a real agent.
+            Some(In::Keepalive(k)) if k.interval_ms != 0 => {
+                Reaction::Paced(Duration::from_millis(u64::from(k.interval_ms).max(10)))
+            }
+            // Other keepalives need no answer (ours go out on a timer); fake tools ask for no
+            // bypass and run in no sandbox.
             Some(In::Keepalive(_) | In::Bypass(_) | In::Sandbox(_)) | None => {
                 Reaction::Send(vec![])
             }
