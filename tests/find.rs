@@ -169,14 +169,26 @@ fn with_the_encoder_a_request_in_other_words_finds_its_tool() {
 
 #[test]
 fn a_coordinator_with_an_unusable_model_directory_refuses_to_start() {
-    let mut fleet = toolsrv_tests::Fleet::new(&["a"]);
+    // Run to its exit, not "until it listens": a port found free may be someone else's by then.
+    let fleet = toolsrv_tests::Fleet::new(&["a"]);
     let dir = fleet.work.path().join("not-a-model");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("config.json"), "{}").unwrap();
-    let err = fleet
-        .try_start_coordinator(&["--find-model", dir.to_str().unwrap()])
-        .expect_err("the coordinator must not start without its model");
-    let text = err.to_string();
+    let mut cmd = std::process::Command::new(toolsrv_tests::bin("toolsrv"));
+    cmd.arg("coordinator")
+        .arg("--listen=127.0.0.1:0")
+        .arg(format!(
+            "--tools={}",
+            fleet.work.path().join("tools").display()
+        ))
+        .args(fleet.pki.tls_args("coordinator"))
+        .args(["--find-model", dir.to_str().unwrap()]);
+    let out = toolsrv_tests::run_bounded(cmd, None, Duration::from_secs(20));
+    assert!(
+        !out.status.success(),
+        "the coordinator must not start without its model"
+    );
+    let text = text(&out.stderr);
     assert!(
         text.contains("--find-model")
             && text.contains("not-a-model")
