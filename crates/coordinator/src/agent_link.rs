@@ -328,9 +328,14 @@ where
                 Ok(()) => catalog_changed = true,
                 Err(_) => return "registry stopped".into(),
             },
-            _ = tick.tick() => {
+            scheduled = tick.tick() => {
                 let silent = heard.elapsed();
-                if silent > lost_after {
+                // A tick that fires late says this process is behind (a reconnect storm's
+                // handshakes, a busy machine): the agent's keepalive may be waiting unread in
+                // the connection. Silence is judged only on a tick on time; a dead connection
+                // still ends through HTTP/2 keepalive pings meanwhile.
+                let behind = scheduled.elapsed() > keepalive / 2;
+                if silent > lost_after && !behind {
                     return format!("lost: nothing heard for {} ms", silent.as_millis());
                 }
                 let paced = state.pace.interval(Some(keepalive));

@@ -626,5 +626,19 @@ async fn storm(
         gen_cpu.as_secs_f64(),
         load()
     );
+    // Why links ended and handshakes failed on the new coordinator, from its log.
+    let log = new.proc.log();
+    let count = |needle: &str| log.lines().filter(|l| l.contains(needle)).count();
+    println!(
+        "new coordinator's log: {} attached, {} detached ({} lost for silence, {} link errors, \
+         {} closed by the agent); TLS handshakes timed out {}, failed {}",
+        count("agent attached"),
+        count("agent detached"),
+        count("lost: nothing heard"),
+        count("link error"),
+        count("the agent closed the link"),
+        count("TLS handshake timed out"),
+        count("TLS handshake failed"),
+    );
     Ok(new)
 }
