@@ -1,0 +1,178 @@
+//! Following etcd into the routing table: a watch on the whole prefix from the revision after
+//! the last listing; on compaction, cancellation (etcd cancels watches that require a leader
+//! when it loses it) or a failed stream, a new listing replaces the table, then a new watch.
+//! While etcd is out of reach the table keeps what it had.
+
+use std::sync::Arc;
+
+use etcd_client::{EventType, WatchOptions};
+
+use crate::cluster::Shared;
+use crate::error::classify;
+use crate::etcd;
+use crate::health::Condition;
+use crate::lease::describe;
+use crate::table::{Change, ClusterEvent};
+
+/// The watcher task: `revision` is the one the table was listed at.
+pub(crate) async fn follow(shared: Arc<Shared>, mut revision: i64) {
+    let prefix = shared.keys.prefix().to_string();
+    let mut failures = 0u32;
+    // Set when the table must be listed again before the next watch.
+    let mut stale = false;
+    loop {
+        if std::mem::take(&mut stale) {
+            match etcd::list(&shared.client, &prefix).await {
+                Ok((listing, listed_at)) => {
+                    let events = shared.table_mut().replace(&shared.keys, listing, listed_at);
+                    dispatch(&shared, events);
+                    revision = listed_at;
+                }
+                Err(fault) => {
+                    shared.health.fail(
+                        Condition::Watch,
+                        format!("cannot list {prefix}: {}", describe(&fault)),
+                        None,
+                    );
+                    stale = true;
+                    failures += 1;
+                    if pause(&shared, failures).await {
+                        return;
+                    }
+                    continue;
+                }
+            }
+        }
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision + 1);
+        let mut stream = match shared
+            .client
+            .watch_client()
+            .watch(prefix.as_str(), Some(options))
+            .await
+        {
+            Ok(stream) => stream,
+            Err(e) => {
+                let fault = classify(&e);
+                shared.health.fail(
+                    Condition::Watch,
+                    format!("cannot watch {prefix}: {}", describe(&fault)),
+                    None,
+                );
+                failures += 1;
+                stale = true;
+                if pause(&shared, failures).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        loop {
+            let message = tokio::select! {
+                () = shared.cancel.cancelled() => return,
+                m = stream.message() => m,
+            };
+            let response = match message {
+                Ok(Some(response)) => response,
+                Ok(None) => {
+                    shared.health.fail(
+                        Condition::Watch,
+                        format!("the watch of {prefix} ended"),
+                        None,
+                    );
+                    break;
+                }
+                Err(e) => {
+                    let fault = classify(&e);
+                    shared.health.fail(
+                        Condition::Watch,
+                        format!("the watch of {prefix} failed: {}", describe(&fault)),
+                        None,
+                    );
+                    break;
+                }
+            };
+            if response.compact_revision() > 0 || response.canceled() {
+                tracing::info!(
+                    compacted = response.compact_revision(),
+                    reason = response.cancel_reason(),
+                    "watch cancelled; listing again"
+                );
+                if !response.cancel_reason().is_empty() {
+                    shared.health.fail(
+                        Condition::Watch,
+                        format!("etcd cancelled the watch: {}", response.cancel_reason()),
+                        None,
+                    );
+                }
+                break;
+            }
+            if response.created() {
+                shared.health.clear(Condition::Watch);
+                failures = 0;
+            }
+            let at = response.header().map_or(0, |h| h.revision());
+            let changes: Vec<Change> = response
+                .events()
+                .iter()
+                .filter_map(|event| {
+                    let kv = event.kv()?;
+                    Some(match event.event_type() {
+                        EventType::Put => Change::Put {
+                            key: kv.key().to_vec(),
+                            value: kv.value().to_vec(),
+                            mod_revision: kv.mod_revision(),
+                        },
+                        EventType::Delete => Change::Delete {
+                            key: kv.key().to_vec(),
+                        },
+                    })
+                })
+                .collect();
+            if changes.is_empty() {
+                continue;
+            }
+            let events = shared.table_mut().apply(&shared.keys, changes, at);
+            dispatch(&shared, events);
+        }
+        // Whatever ended the watch, what it missed is read from a new listing.
+        stale = true;
+        failures += 1;
+        if pause(&shared, failures).await {
+            return;
+        }
+    }
+}
+
+/// Waits before the next attempt; `true` if the cluster is shutting down.
+async fn pause(shared: &Shared, failures: u32) -> bool {
+    let wait = shared
+        .policy
+        .delay(failures.saturating_sub(1), fastrand::f64());
+    tokio::select! {
+        () = shared.cancel.cancelled() => true,
+        () = tokio::time::sleep(wait) => false,
+    }
+}
+
+/// Hands the table's events to the subscribers, after checking our claims against them.
+fn dispatch(shared: &Shared, events: Vec<ClusterEvent>) {
+    for event in events {
+        match &event {
+            ClusterEvent::CatalogChanged(agreed) => shared.publish_catalog(agreed),
+            ClusterEvent::ReplicaGone { replica, hosts } => {
+                tracing::info!(replica = %replica.id, hosts = hosts.len(), "replica gone");
+            }
+            _ => {}
+        }
+        let host = match &event {
+            ClusterEvent::HostClaimed { host_id, .. } => Some(host_id.clone()),
+            _ => None,
+        };
+        shared.emit(event);
+        if let Some(host_id) = host {
+            shared.reconcile(&host_id);
+        }
+    }
+}
