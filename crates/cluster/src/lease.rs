@@ -28,6 +28,9 @@ pub(crate) async fn keep(shared: Arc<Shared>) {
     let mut last_ok = Instant::now();
     let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
     let mut failures = 0u32;
+    // The most telling fault since the last renewal: a missing leader says more than the
+    // member that happened to be down for the last attempt.
+    let mut since_ok: Option<Fault> = None;
     loop {
         let ttl = Duration::from_secs(u64::try_from(lease.ttl).unwrap_or(1).max(1));
         let renewal = tokio::time::timeout(
@@ -40,6 +43,7 @@ pub(crate) async fn keep(shared: Arc<Shared>) {
             Ok(()) => {
                 last_ok = Instant::now();
                 failures = 0;
+                since_ok = None;
                 shared.health.clear(Condition::Etcd);
                 clean_abandoned(&shared).await;
                 ttl / 3
@@ -51,9 +55,20 @@ pub(crate) async fn keep(shared: Arc<Shared>) {
             }
             Err(fault) => {
                 stream = None;
-                shared
-                    .health
-                    .fail(Condition::Etcd, describe(&fault), Some(fault.clone()));
+                let fault = match since_ok.take() {
+                    Some(before) => before.most_telling(fault),
+                    None => fault,
+                };
+                since_ok = Some(fault.clone());
+                // One failed renewal is a member going away (the next one goes elsewhere) or
+                // an election; half a TTL without one is etcd out of service.
+                if last_ok.elapsed() >= ttl / 2 {
+                    shared
+                        .health
+                        .fail(Condition::Etcd, describe(&fault), Some(fault.clone()));
+                } else {
+                    tracing::debug!(fault = ?fault, "lease renewal failed; trying again");
+                }
                 if last_ok.elapsed() >= ttl {
                     let why = format!(
                         "no renewal for {:?}: {}",
@@ -144,8 +159,14 @@ async fn regain(shared: &Shared, old: Lease, last_ok: Instant, why: &str) -> Lea
             }
             Err(e) => {
                 tracing::debug!(error = %e, "cannot regain a lease yet");
-                if let ClusterError::NoQuorum { detail, .. } = &e {
-                    let fault = Fault::NoLeader(detail.clone());
+                let fault = match &e {
+                    ClusterError::NoQuorum { detail, .. } => Some(Fault::NoLeader(detail.clone())),
+                    ClusterError::Unavailable { detail, .. } => {
+                        Some(Fault::Unreachable(detail.clone()))
+                    }
+                    _ => None,
+                };
+                if let Some(fault) = fault {
                     shared
                         .health
                         .fail(Condition::Etcd, describe(&fault), Some(fault));

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use etcd_client::{EventType, WatchOptions};
+use tokio::time::Instant;
 
 use crate::cluster::Shared;
 use crate::error::classify;
@@ -18,6 +19,7 @@ use crate::table::{Change, ClusterEvent};
 pub(crate) async fn follow(shared: Arc<Shared>, mut revision: i64) {
     let prefix = shared.keys.prefix().to_string();
     let mut failures = 0u32;
+    let mut down = Down::default();
     // Set when the table must be listed again before the next watch.
     let mut stale = false;
     loop {
@@ -29,10 +31,9 @@ pub(crate) async fn follow(shared: Arc<Shared>, mut revision: i64) {
                     revision = listed_at;
                 }
                 Err(fault) => {
-                    shared.health.fail(
-                        Condition::Watch,
+                    down.failed(
+                        &shared,
                         format!("cannot list {prefix}: {}", describe(&fault)),
-                        None,
                     );
                     stale = true;
                     failures += 1;
@@ -55,10 +56,9 @@ pub(crate) async fn follow(shared: Arc<Shared>, mut revision: i64) {
             Ok(stream) => stream,
             Err(e) => {
                 let fault = classify(&e);
-                shared.health.fail(
-                    Condition::Watch,
+                down.failed(
+                    &shared,
                     format!("cannot watch {prefix}: {}", describe(&fault)),
-                    None,
                 );
                 failures += 1;
                 stale = true;
@@ -76,19 +76,14 @@ pub(crate) async fn follow(shared: Arc<Shared>, mut revision: i64) {
             let response = match message {
                 Ok(Some(response)) => response,
                 Ok(None) => {
-                    shared.health.fail(
-                        Condition::Watch,
-                        format!("the watch of {prefix} ended"),
-                        None,
-                    );
+                    down.failed(&shared, format!("the watch of {prefix} ended"));
                     break;
                 }
                 Err(e) => {
                     let fault = classify(&e);
-                    shared.health.fail(
-                        Condition::Watch,
+                    down.failed(
+                        &shared,
                         format!("the watch of {prefix} failed: {}", describe(&fault)),
-                        None,
                     );
                     break;
                 }
@@ -100,16 +95,15 @@ pub(crate) async fn follow(shared: Arc<Shared>, mut revision: i64) {
                     "watch cancelled; listing again"
                 );
                 if !response.cancel_reason().is_empty() {
-                    shared.health.fail(
-                        Condition::Watch,
+                    down.failed(
+                        &shared,
                         format!("etcd cancelled the watch: {}", response.cancel_reason()),
-                        None,
                     );
                 }
                 break;
             }
             if response.created() {
-                shared.health.clear(Condition::Watch);
+                down.recovered(&shared);
                 failures = 0;
             }
             let at = response.header().map_or(0, |h| h.revision());
@@ -142,6 +136,29 @@ pub(crate) async fn follow(shared: Arc<Shared>, mut revision: i64) {
         if pause(&shared, failures).await {
             return;
         }
+    }
+}
+
+/// Since when the watch has been failing: a watch that comes back within a request timeout
+/// (its member went away, another one took it) does not make the replica unhealthy.
+#[derive(Debug, Default)]
+struct Down {
+    since: Option<Instant>,
+}
+
+impl Down {
+    fn failed(&mut self, shared: &Shared, reason: String) {
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= shared.config.request_timeout {
+            shared.health.fail(Condition::Watch, reason, None);
+        } else {
+            tracing::debug!(%reason, "watch interrupted; resuming");
+        }
+    }
+
+    fn recovered(&mut self, shared: &Shared) {
+        self.since = None;
+        shared.health.clear(Condition::Watch);
     }
 }
 
