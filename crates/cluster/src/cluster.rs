@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ClusterConfig;
 use crate::error::{ClusterError, Result};
 use crate::etcd;
-use crate::health::{ClusterHealth, Condition, Health};
+use crate::health::{ClusterHealth, Health};
 use crate::records::{AgreedCatalog, HostRecord, Keys, ReplicaRecord, to_json, unix_now};
 use crate::retry::{RetryPolicy, retry};
 use crate::table::{ClusterEvent, Table};
@@ -297,9 +297,7 @@ impl Cluster {
             }
         }
         self.shared.claims().held.clear();
-        self.shared
-            .health
-            .fail(Condition::Lease, "shut down".into(), None);
+        self.shared.health.left();
     }
 
     pub(crate) fn check_open(&self, op: &'static str, key: &str) -> Result<()> {

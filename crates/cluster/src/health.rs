@@ -95,7 +95,21 @@ impl Health {
                 "cluster degraded"
             );
         }
-        self.publish(&failing);
+        self.publish(&failing, true);
+    }
+
+    /// Marks the replica as having left the cluster (shut down): degraded for good, without
+    /// the warnings of a fault.
+    pub(crate) fn left(&self) {
+        let mut failing = self.lock();
+        failing.insert(
+            Condition::Lease,
+            Failing {
+                reason: "left the cluster".into(),
+                fault: None,
+            },
+        );
+        self.publish(&failing, false);
     }
 
     /// Marks `condition` as fine again.
@@ -107,7 +121,7 @@ impl Health {
                 condition = condition.name(),
                 "cluster condition recovered"
             );
-            self.publish(&failing);
+            self.publish(&failing, true);
         }
     }
 
@@ -120,7 +134,7 @@ impl Health {
             .find_map(|c| failing.get(&c).map(|f| (c, f.clone())))
     }
 
-    fn publish(&self, failing: &BTreeMap<Condition, Failing>) {
+    fn publish(&self, failing: &BTreeMap<Condition, Failing>, log: bool) {
         let now = if failing.is_empty() {
             ClusterHealth::Ok
         } else {
@@ -133,7 +147,7 @@ impl Health {
             )
         };
         let was_ok = self.tx.borrow().is_ok();
-        if was_ok != now.is_ok() {
+        if log && was_ok != now.is_ok() {
             match &now {
                 ClusterHealth::Ok => tracing::info!(replica = %self.replica, "cluster healthy"),
                 ClusterHealth::Degraded(reason) => {

@@ -1,0 +1,236 @@
+//! etcd faults: one member of three down changes nothing (claims are retried on the live
+//! members); two down is a lost quorum (claims refused, health degraded, the routing table
+//! kept) until they are back.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{bounded, eventually, init_logs, join, record};
+use toolsrv_cluster::{Cluster, ClusterError, ClusterHealth};
+use toolsrv_testkit::EtcdCluster;
+
+/// How many claim/release rounds the one-member-down tests run.
+const ROUNDS: usize = 200;
+
+/// The index of the etcd leader.
+async fn leader(etcd: &EtcdCluster) -> usize {
+    for (i, endpoint) in etcd.endpoints().iter().enumerate() {
+        let mut client = etcd_client::Client::connect([endpoint], None)
+            .await
+            .unwrap_or_else(|e| panic!("{endpoint}: {e}"));
+        let status = client
+            .status()
+            .await
+            .unwrap_or_else(|e| panic!("status of {endpoint}: {e}"));
+        if status.header().map(|h| h.member_id()) == Some(status.leader()) {
+            return i;
+        }
+    }
+    panic!("no etcd member is the leader")
+}
+
+/// Counts the transitions of `cluster`'s health to degraded from now on.
+fn count_degraded(cluster: &Cluster) -> (Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+    let count = Arc::new(AtomicUsize::new(0));
+    let mut health = cluster.health_watch();
+    let counter = count.clone();
+    let task = tokio::spawn(async move {
+        while health.changed().await.is_ok() {
+            if let ClusterHealth::Degraded(reason) = health.borrow_and_update().clone() {
+                eprintln!("degraded: {reason}");
+                counter.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    (count, task)
+}
+
+/// `ROUNDS` claims and releases on `a`, member `victim` killed after the 20th: how many
+/// failed, with their errors.
+async fn churn(etcd: &mut EtcdCluster, a: &Cluster, victim: usize) -> Vec<String> {
+    let mut errors = Vec::new();
+    let start = Instant::now();
+    for i in 0..ROUNDS {
+        if i == 20 {
+            etcd.kill(victim);
+        }
+        let host = format!("host-{}", i % 10);
+        let link = record(a);
+        if let Err(e) = a.claim(&host, link.clone()).await {
+            errors.push(e.to_string());
+            continue;
+        }
+        match a.release(&host, &link.link_id).await {
+            Ok(true) => {}
+            Ok(false) => errors.push(format!("release {host}: not ours any more")),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    eprintln!(
+        "{ROUNDS} claims and releases with member {victim} killed after 20: {} failed, {:?}",
+        errors.len(),
+        start.elapsed()
+    );
+    errors
+}
+
+/// `ROUNDS` plain puts through a bare etcd client, no retry: how many failed.
+async fn bare_puts(etcd: &EtcdCluster) -> usize {
+    let options = etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(1));
+    let client = etcd_client::Client::connect(etcd.endpoints(), Some(options))
+        .await
+        .unwrap_or_else(|e| panic!("a bare etcd client: {e}"));
+    let mut failed = 0;
+    let mut first = None;
+    for i in 0..ROUNDS {
+        if let Err(e) = client
+            .kv_client()
+            .put(format!("/bare/{i}"), "x", None)
+            .await
+        {
+            failed += 1;
+            first.get_or_insert(e.to_string());
+        }
+    }
+    eprintln!("{ROUNDS} bare puts with one member down: {failed} failed (first: {first:?})");
+    failed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_down_changes_nothing() {
+    init_logs();
+    let mut etcd = EtcdCluster::start(3);
+    bounded(async {
+        let a = join(&etcd, "r1").await;
+        let b = join(&etcd, "r2").await;
+        let (degraded, watcher) = count_degraded(&a);
+        let victim = (leader(&etcd).await + 1) % 3;
+        let errors = churn(&mut etcd, &a, victim).await;
+        assert!(errors.is_empty(), "{errors:#?}");
+        bare_puts(&etcd).await;
+        a.claim("kept", record(&a)).await.unwrap();
+        eventually("b follows", Duration::from_secs(10), || {
+            b.hosts().len() == 1 && b.route("kept").is_some()
+        })
+        .await;
+        assert_eq!(degraded.load(Ordering::SeqCst), 0, "health never degraded");
+        assert_eq!(
+            (a.health(), b.health()),
+            (ClusterHealth::Ok, ClusterHealth::Ok)
+        );
+        watcher.abort();
+        a.shutdown().await;
+        b.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_down_loses_no_claim() {
+    init_logs();
+    let mut etcd = EtcdCluster::start(3);
+    bounded(async {
+        let a = join(&etcd, "r1").await;
+        let b = join(&etcd, "r2").await;
+        let (degraded, watcher) = count_degraded(&a);
+        let victim = leader(&etcd).await;
+        let errors = churn(&mut etcd, &a, victim).await;
+        assert!(errors.is_empty(), "{errors:#?}");
+        bare_puts(&etcd).await;
+        eventually(
+            "healthy after the election",
+            Duration::from_secs(10),
+            || a.health().is_ok() && b.health().is_ok(),
+        )
+        .await;
+        eprintln!(
+            "health went degraded {} times while the leader was replaced",
+            degraded.load(Ordering::SeqCst)
+        );
+        watcher.abort();
+        a.shutdown().await;
+        b.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_quorum_claims_are_refused_and_the_table_stays() {
+    init_logs();
+    let mut etcd = EtcdCluster::start(3);
+    bounded(async {
+        let a = join(&etcd, "r1").await;
+        let b = join(&etcd, "r2").await;
+        let held = record(&a);
+        a.claim("h1", held.clone()).await.unwrap();
+        eventually("b sees h1", Duration::from_secs(10), || {
+            b.route("h1").is_some()
+        })
+        .await;
+
+        etcd.kill(0);
+        etcd.kill(1);
+        let start = Instant::now();
+        eventually("a degraded", Duration::from_secs(15), || {
+            !a.health().is_ok()
+        })
+        .await;
+        eprintln!("degraded after {:?}: {:?}", start.elapsed(), a.health());
+        let start = Instant::now();
+        let err = a.claim("h2", record(&a)).await.unwrap_err();
+        eprintln!("claim refused in {:?}: {err}", start.elapsed());
+        assert!(matches!(err, ClusterError::NoQuorum { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .contains("claim /test/hosts/h2: etcd has no quorum"),
+            "{err}"
+        );
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+        // Once health says so, claims are refused at once, without waiting for etcd.
+        eventually(
+            "a knows etcd lost quorum",
+            Duration::from_secs(10),
+            || matches!(a.health(), ClusterHealth::Degraded(r) if r.contains("etcd: no quorum")),
+        )
+        .await;
+        let start = Instant::now();
+        let err = a.claim("h3", record(&a)).await.unwrap_err();
+        assert!(matches!(err, ClusterError::NoQuorum { .. }), "{err}");
+        assert!(
+            start.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            start.elapsed()
+        );
+        // Both replicas keep routing what they knew.
+        assert_eq!(b.route("h1"), Some(held.clone()));
+        assert_eq!(a.hosts().len(), 1);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            b.route("h1"),
+            Some(held.clone()),
+            "still there past a lease TTL"
+        );
+        assert!(matches!(b.health(), ClusterHealth::Degraded(_)));
+
+        etcd.try_start_member(0).unwrap();
+        etcd.try_start_member(1).unwrap();
+        etcd.try_wait_healthy(vec![0, 1, 2]).unwrap();
+        let start = Instant::now();
+        eventually("healthy again", Duration::from_secs(20), || {
+            a.health().is_ok() && b.health().is_ok()
+        })
+        .await;
+        eprintln!("healthy {:?} after etcd recovered", start.elapsed());
+        a.claim("h2", record(&a)).await.unwrap();
+        eventually("b sees h2 and still h1", Duration::from_secs(10), || {
+            b.route("h2").is_some() && b.route("h1").is_some_and(|r| r.link_id == held.link_id)
+        })
+        .await;
+        a.shutdown().await;
+        b.shutdown().await;
+    })
+    .await;
+}
