@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{bounded, eventually, init_logs, join, record};
-use toolsrv_cluster::{Cluster, ClusterError, ClusterHealth};
+use common::{bounded, eventually, init_logs, join, next_event, record};
+use toolsrv_cluster::{Cluster, ClusterError, ClusterEvent, ClusterHealth};
 use toolsrv_testkit::EtcdCluster;
 
 /// How many claim/release rounds the one-member-down tests run.
@@ -171,6 +171,7 @@ async fn without_quorum_claims_are_refused_and_the_table_stays() {
         })
         .await;
 
+        let mut a_events = a.subscribe();
         etcd.kill(0);
         etcd.kill(1);
         let start = Instant::now();
@@ -224,6 +225,19 @@ async fn without_quorum_claims_are_refused_and_the_table_stays() {
         })
         .await;
         eprintln!("healthy {:?} after etcd recovered", start.elapsed());
+        // The lease ran out without renewals: a new one holds the claims put back.
+        let regained = next_event(
+            &mut a_events,
+            Duration::from_secs(10),
+            "lease regained",
+            |e| matches!(e, ClusterEvent::LeaseRegained { .. }),
+        )
+        .await;
+        eprintln!("{regained:?}");
+        assert!(
+            matches!(regained, ClusterEvent::LeaseRegained { republished: 1, .. }),
+            "{regained:?}"
+        );
         a.claim("h2", record(&a)).await.unwrap();
         eventually("b sees h2 and still h1", Duration::from_secs(10), || {
             b.route("h2").is_some() && b.route("h1").is_some_and(|r| r.link_id == held.link_id)
