@@ -10,6 +10,7 @@ use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::client::EtcdClient;
 use crate::config::ClusterConfig;
 use crate::error::{ClusterError, Result};
 use crate::etcd;
@@ -52,7 +53,7 @@ pub(crate) struct Lease {
 pub(crate) struct Shared {
     pub config: ClusterConfig,
     pub keys: Keys,
-    pub client: etcd_client::Client,
+    pub client: EtcdClient,
     pub policy: RetryPolicy,
     pub health: Health,
     pub table: RwLock<Table>,
@@ -67,7 +68,7 @@ pub(crate) struct Shared {
 
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The etcd client has no Debug; the configuration says which etcd it talks to.
+        // The table and the claims would flood a log line; the configuration says which etcd.
         f.debug_struct("Shared")
             .field("config", &self.config)
             .field("lease", &*self.lease.borrow())
@@ -142,13 +143,7 @@ impl Cluster {
         let keys = Keys::new(&config.key_prefix)?;
         let policy = RetryPolicy::new(config.retry_budget);
         let endpoints = config.endpoints.join(",");
-        let client =
-            etcd_client::Client::connect(&config.endpoints, Some(config.connect_options()?))
-                .await
-                .map_err(|e| ClusterError::Invalid {
-                    what: format!("etcd endpoints {endpoints}"),
-                    detail: e.to_string(),
-                })?;
+        let client = EtcdClient::new(&config)?;
         let replica_key = keys.replica(&config.replica_id);
         let record = ReplicaRecord {
             id: config.replica_id.clone(),

@@ -88,41 +88,24 @@ impl ClusterConfig {
                 detail: "none given".into(),
             });
         }
+        let https = |e: &&String| e.starts_with("https://");
         if self.tls.is_some()
-            && let Some(plain) = self.endpoints.iter().find(|e| !e.starts_with("https://"))
+            && let Some(plain) = self.endpoints.iter().find(|e| !https(e))
         {
             return Err(ClusterError::Invalid {
                 what: format!("etcd endpoint {plain}"),
                 detail: "TLS settings are given, so every endpoint must be an https:// URL".into(),
             });
         }
-        Ok(())
-    }
-
-    /// The etcd client's options: a deadline per request, and a leader required (so that a
-    /// member without quorum refuses at once instead of holding the request).
-    pub(crate) fn connect_options(&self) -> Result<etcd_client::ConnectOptions> {
-        let mut options = etcd_client::ConnectOptions::new()
-            .with_require_leader(true)
-            .with_timeout(self.request_timeout)
-            .with_connect_timeout(self.request_timeout)
-            .with_keep_alive(self.request_timeout, self.request_timeout);
-        if let Some(tls) = &self.tls {
-            let read = |path: &PathBuf| {
-                std::fs::read(path).map_err(|e| ClusterError::Invalid {
-                    what: format!("etcd TLS file {}", path.display()),
-                    detail: format!("cannot read it: {e}"),
-                })
-            };
-            let ca = etcd_client::Certificate::from_pem(read(&tls.ca)?);
-            let identity = etcd_client::Identity::from_pem(read(&tls.cert)?, read(&tls.key)?);
-            options = options.with_tls(
-                etcd_client::TlsOptions::new()
-                    .ca_certificate(ca)
-                    .identity(identity),
-            );
+        if self.tls.is_none()
+            && let Some(secure) = self.endpoints.iter().find(https)
+        {
+            return Err(ClusterError::Invalid {
+                what: format!("etcd endpoint {secure}"),
+                detail: "an https:// endpoint needs the TLS settings (CA, certificate, key)".into(),
+            });
         }
-        Ok(options)
+        Ok(())
     }
 }
 

@@ -1,5 +1,6 @@
-//! What can go wrong talking to etcd, each error naming the operation and the key, and how an
-//! etcd client error is classified: worth retrying or not, and why.
+//! What can go wrong talking to etcd, each error naming the operation and the key, and how a
+//! gRPC status from etcd is classified: worth retrying (on another member or later) or not, and
+//! why.
 
 use std::time::Duration;
 
@@ -112,13 +113,28 @@ pub(crate) enum Fault {
     LeaseNotFound(String),
     /// A compare-and-swap lost against a concurrent writer.
     Conflict,
+    /// The revision asked for is compacted away: only a new listing helps.
+    Compacted(String),
     /// No retry fixes it.
     Permanent(String),
 }
 
 impl Fault {
     pub(crate) fn is_transient(&self) -> bool {
-        !matches!(self, Self::Permanent(_))
+        !matches!(self, Self::Permanent(_) | Self::Compacted(_))
+    }
+
+    /// The same fault, its detail naming the etcd member (`url`) that failed.
+    pub(crate) fn at(self, url: &str) -> Self {
+        let at = |detail: String| format!("{url}: {detail}");
+        match self {
+            Self::NoLeader(d) => Self::NoLeader(at(d)),
+            Self::Unreachable(d) => Self::Unreachable(at(d)),
+            Self::LeaseNotFound(d) => Self::LeaseNotFound(at(d)),
+            Self::Conflict => Self::Conflict,
+            Self::Compacted(d) => Self::Compacted(at(d)),
+            Self::Permanent(d) => Self::Permanent(at(d)),
+        }
     }
 
     /// The error to report once retries are over.
@@ -141,7 +157,9 @@ impl Fault {
             },
             Self::LeaseNotFound(detail) => ClusterError::NoLease { op, key, detail },
             Self::Conflict => ClusterError::Conflict { op, key, attempts },
-            Self::Permanent(detail) => ClusterError::Refused { op, key, detail },
+            Self::Compacted(detail) | Self::Permanent(detail) => {
+                ClusterError::Refused { op, key, detail }
+            }
         }
     }
 
@@ -156,28 +174,23 @@ impl Fault {
     }
 }
 
-/// Classifies an etcd client error.
-pub(crate) fn classify(error: &etcd_client::Error) -> Fault {
-    use etcd_client::Error as E;
-    let text = error.to_string();
-    match error {
-        E::GRpcStatus(status) => classify_status(status),
-        E::TransportError(_) | E::IoError(_) | E::WatchError(_) => Fault::Unreachable(text),
-        E::LeaseKeepAliveError(m) if m.contains("not found") => Fault::LeaseNotFound(text),
-        E::LeaseKeepAliveError(_) => Fault::Unreachable(text),
-        _ => Fault::Permanent(text),
-    }
-}
-
-fn classify_status(status: &tonic::Status) -> Fault {
+/// Classifies a gRPC status from etcd, or from tonic when etcd could not be reached (a refused
+/// connection or a connection reset mid-request).
+pub(crate) fn classify(status: &tonic::Status) -> Fault {
     use tonic::Code;
     let message = status.message();
     let text = format!("{:?}: {message}", status.code());
+    // etcdserver: no leader; etcdserver: leader changed (an election during the request).
     if message.contains("no leader") || message.contains("leader changed") {
         return Fault::NoLeader(text);
     }
-    if message.contains("requested lease not found") || message.contains("lease not found") {
+    // etcdserver: requested lease not found.
+    if message.contains("lease not found") {
         return Fault::LeaseNotFound(text);
+    }
+    // mvcc: required revision has been compacted.
+    if message.contains("required revision has been compacted") {
+        return Fault::Compacted(text);
     }
     match status.code() {
         // Unknown: tonic's own transport failures (a connection reset mid-request) come as it.
@@ -226,9 +239,19 @@ mod tests {
                 tonic::Status::invalid_argument("etcdserver: key is not provided"),
                 "Permanent",
             ),
+            (
+                tonic::Status::out_of_range(
+                    "etcdserver: mvcc: required revision has been compacted",
+                ),
+                "Compacted",
+            ),
+            (
+                tonic::Status::cancelled("h2 protocol error: stream no longer needed"),
+                "Unreachable",
+            ),
         ];
         for (status, want) in cases {
-            let got = classify(&etcd_client::Error::GRpcStatus(status.clone()));
+            let got = classify(&status);
             let name = format!("{got:?}");
             assert!(name.starts_with(want), "{status:?}: {got:?}, want {want}");
         }

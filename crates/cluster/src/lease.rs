@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
 use tokio::time::Instant;
 
+use crate::client::KeepAlive;
 use crate::cluster::{Lease, Shared};
 use crate::error::{ClusterError, Fault, Result};
 use crate::etcd::{self, Expect};
@@ -26,7 +26,7 @@ pub(crate) async fn keep(shared: Arc<Shared>) {
         return;
     };
     let mut last_ok = Instant::now();
-    let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
+    let mut stream: Option<KeepAlive> = None;
     let mut failures = 0u32;
     // The most telling fault since the last renewal: a missing leader says more than the
     // member that happened to be down for the last attempt.
@@ -97,32 +97,25 @@ pub(crate) fn describe(fault: &Fault) -> String {
         Fault::Unreachable(d) => format!("unreachable ({d})"),
         Fault::LeaseNotFound(d) => format!("lease not found ({d})"),
         Fault::Conflict => "conflicting writes".into(),
+        Fault::Compacted(d) => format!("history compacted ({d})"),
         Fault::Permanent(d) => format!("refused ({d})"),
     }
 }
 
 /// One renewal, opening the keep-alive stream if there is none (which renews too).
-async fn renew(
-    shared: &Shared,
-    lease: Lease,
-    stream: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
-) -> Result<(), Fault> {
-    let classify = |e: etcd_client::Error| crate::error::classify(&e);
-    let Some((keeper, responses)) = stream.as_mut() else {
-        let opened = shared
-            .client
-            .lease_client()
-            .keep_alive(lease.id)
-            .await
-            .map_err(classify)?;
-        *stream = Some(opened);
-        return Ok(());
+async fn renew(shared: &Shared, lease: Lease, stream: &mut Option<KeepAlive>) -> Result<(), Fault> {
+    let ttl = match stream.as_mut() {
+        Some(keeper) => keeper.renew().await?,
+        None => {
+            let (opened, ttl) = etcd::keep_alive(&shared.client, lease.id).await?;
+            *stream = Some(opened);
+            ttl
+        }
     };
-    keeper.keep_alive().await.map_err(classify)?;
-    match responses.message().await.map_err(classify)? {
-        Some(response) if response.ttl() > 0 => Ok(()),
-        Some(_) => Err(Fault::LeaseNotFound("the lease expired".into())),
-        None => Err(Fault::Unreachable("the keep-alive stream ended".into())),
+    if ttl > 0 {
+        Ok(())
+    } else {
+        Err(Fault::LeaseNotFound("the lease expired".into()))
     }
 }
 

@@ -37,6 +37,7 @@
 
 mod catalog;
 mod claims;
+mod client;
 mod cluster;
 mod config;
 mod error;

@@ -5,11 +5,10 @@
 
 use std::sync::Arc;
 
-use etcd_client::{EventType, WatchOptions};
 use tokio::time::Instant;
 
+use crate::client::pb::mvccpb::event::EventType;
 use crate::cluster::Shared;
-use crate::error::classify;
 use crate::etcd;
 use crate::health::Condition;
 use crate::lease::describe;
@@ -44,18 +43,9 @@ pub(crate) async fn follow(shared: Arc<Shared>, mut revision: i64) {
                 }
             }
         }
-        let options = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(revision + 1);
-        let mut stream = match shared
-            .client
-            .watch_client()
-            .watch(prefix.as_str(), Some(options))
-            .await
-        {
+        let mut stream = match etcd::watch(&shared.client, &prefix, revision + 1).await {
             Ok(stream) => stream,
-            Err(e) => {
-                let fault = classify(&e);
+            Err(fault) => {
                 down.failed(
                     &shared,
                     format!("cannot watch {prefix}: {}", describe(&fault)),
@@ -79,8 +69,7 @@ pub(crate) async fn follow(shared: Arc<Shared>, mut revision: i64) {
                     down.failed(&shared, format!("the watch of {prefix} ended"));
                     break;
                 }
-                Err(e) => {
-                    let fault = classify(&e);
+                Err(fault) => {
                     down.failed(
                         &shared,
                         format!("the watch of {prefix} failed: {}", describe(&fault)),
@@ -88,39 +77,38 @@ pub(crate) async fn follow(shared: Arc<Shared>, mut revision: i64) {
                     break;
                 }
             };
-            if response.compact_revision() > 0 || response.canceled() {
+            if response.compact_revision > 0 || response.canceled {
                 tracing::info!(
-                    compacted = response.compact_revision(),
-                    reason = response.cancel_reason(),
+                    compacted = response.compact_revision,
+                    reason = response.cancel_reason,
                     "watch cancelled; listing again"
                 );
-                if !response.cancel_reason().is_empty() {
+                if !response.cancel_reason.is_empty() {
                     down.failed(
                         &shared,
-                        format!("etcd cancelled the watch: {}", response.cancel_reason()),
+                        format!("etcd cancelled the watch: {}", response.cancel_reason),
                     );
                 }
                 break;
             }
-            if response.created() {
+            if response.created {
                 down.recovered(&shared);
                 failures = 0;
             }
-            let at = response.header().map_or(0, |h| h.revision());
+            let at = response.header.map_or(0, |h| h.revision);
             let changes: Vec<Change> = response
-                .events()
-                .iter()
+                .events
+                .into_iter()
                 .filter_map(|event| {
-                    let kv = event.kv()?;
-                    Some(match event.event_type() {
+                    let kv = event.kv?;
+                    // An event type this crate does not know is skipped, not guessed.
+                    Some(match EventType::try_from(event.r#type).ok()? {
                         EventType::Put => Change::Put {
-                            key: kv.key().to_vec(),
-                            value: kv.value().to_vec(),
-                            mod_revision: kv.mod_revision(),
+                            key: kv.key,
+                            value: kv.value,
+                            mod_revision: kv.mod_revision,
                         },
-                        EventType::Delete => Change::Delete {
-                            key: kv.key().to_vec(),
-                        },
+                        EventType::Delete => Change::Delete { key: kv.key },
                     })
                 })
                 .collect();

@@ -237,14 +237,7 @@ async fn replicas_agree_on_one_catalog_revision_that_never_goes_back() {
         returned.push(x.revision);
 
         // etcd loses the record (restored from an old backup, say): never backwards.
-        let client = etcd_client::Client::connect(etcd.endpoints(), None)
-            .await
-            .unwrap();
-        client
-            .kv_client()
-            .delete("/test/catalog", None)
-            .await
-            .unwrap();
+        etcd.delete("/test/catalog");
         let after = a.agree_catalog("d3", 1).await.unwrap();
         assert_eq!(after.revision, 4, "{after:?}");
         returned.push(after.revision);

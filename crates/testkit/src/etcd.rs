@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::error::{Result, TestkitError, must};
-use crate::http::{ensure_program, http_get};
+use crate::http::{ensure_program, http_get, http_post_json};
 use crate::proc::{Proc, try_free_port};
 use crate::wait::try_wait_for;
 
@@ -182,6 +182,45 @@ impl EtcdCluster {
         Ok(())
     }
 
+    /// The index of the member that is the leader now, as the running members' metrics say
+    /// (`etcd_server_is_leader 1`); `None` while there is none.
+    pub fn leader(&self) -> Option<usize> {
+        self.members.iter().position(|member| {
+            member.proc.is_some()
+                && matches!(http_get(&member.metrics_addr, "/metrics"),
+                    Ok((200, body)) if body.lines().any(|l| l.trim() == "etcd_server_is_leader 1"))
+        })
+    }
+
+    /// Deletes `key` through the HTTP gateway of the first running member (plain HTTP client
+    /// URLs only): what an operator restoring an old backup, say, does behind the replicas' back.
+    pub fn try_delete(&self, key: &str) -> Result<()> {
+        let failed = |detail: String| TestkitError::Failed {
+            what: format!("deleting etcd key {key}"),
+            detail,
+        };
+        let member = self
+            .members
+            .iter()
+            .find(|m| m.proc.is_some())
+            .ok_or_else(|| failed("no member runs".into()))?;
+        let addr = member
+            .client_url
+            .strip_prefix("http://")
+            .ok_or_else(|| failed(format!("{} is not a plain HTTP URL", member.client_url)))?;
+        let body = serde_json::json!({ "key": base64(key.as_bytes()) }).to_string();
+        match http_post_json(addr, "/v3/kv/deleterange", &body)? {
+            (200, _) => Ok(()),
+            (status, answer) => Err(failed(format!("HTTP {status}: {answer}"))),
+        }
+    }
+
+    /// [`EtcdCluster::try_delete`], failing the test on error.
+    #[track_caller]
+    pub fn delete(&self, key: &str) {
+        must(self.try_delete(key));
+    }
+
     /// The end of member `i`'s log.
     pub fn log_tail(&self, i: usize) -> String {
         self.members[i]
@@ -199,6 +238,26 @@ impl EtcdCluster {
         member.proc = Some(Proc::try_spawn(&log_name, cmd, self.dir.path())?);
         Ok(())
     }
+}
+
+/// Standard base64 with padding, as etcd's JSON gateway takes keys and values.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 /// A number per start, so that a restarted member's log does not overwrite the first.
@@ -251,4 +310,21 @@ fn write_certs(dir: &Path) -> Result<EtcdClientTls> {
     issue("server", rcgen::ExtendedKeyUsagePurpose::ServerAuth)?;
     let (cert, key) = issue("client", rcgen::ExtendedKeyUsagePurpose::ClientAuth)?;
     Ok(EtcdClientTls { ca, cert, key })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn base64_pads() {
+        let cases = [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("/test/catalog", "L3Rlc3QvY2F0YWxvZw=="),
+        ];
+        for (plain, want) in cases {
+            assert_eq!(super::base64(plain.as_bytes()), want, "{plain}");
+        }
+    }
 }

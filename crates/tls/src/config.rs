@@ -300,6 +300,47 @@ pub fn anonymous_client_config(ca: &Path, expect: Role) -> Result<Arc<ClientConf
     without_client_auth(provider, verifier)
 }
 
+/// A client config for a server outside toolsrv's PKI (etcd): the server is verified against the
+/// CA certificates in `ca` by ordinary web-PKI rules (chain, host name or IP address,
+/// serverAuth), with no toolsrv identity expected; `identity` (certificate and key PEM files)
+/// is presented when given. ALPN is `h2`.
+pub fn web_pki_client_config(
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+) -> Result<Arc<ClientConfig>, TlsError> {
+    let provider = provider();
+    let roots = root_store(ca)?;
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|source| TlsError::Config {
+            side: "client",
+            source,
+        })?
+        .with_root_certificates(roots);
+    let mut config = match identity {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let certs = read_certs(cert)?;
+            let key_der = read_key(key)?;
+            // Checked here so that a mismatch names the files instead of failing the handshake.
+            CertifiedKey::from_der(certs.clone(), key_der.clone_key(), &provider).map_err(|e| {
+                TlsError::bad_file(
+                    key,
+                    format!("unusable with the certificate {}: {e}", cert.display()),
+                )
+            })?;
+            builder
+                .with_client_auth_cert(certs, key_der)
+                .map_err(|source| TlsError::Config {
+                    side: "client",
+                    source,
+                })?
+        }
+    };
+    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    Ok(Arc::new(config))
+}
+
 /// A client config that accepts any server certificate (the handshake's signatures are still
 /// checked against it), without one of our own. Only for fetching a CA bundle that is checked
 /// against a pin before anything trusts it: nothing secret may be sent over it.
