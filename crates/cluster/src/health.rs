@@ -125,13 +125,20 @@ impl Health {
         }
     }
 
-    /// Why a new claim must be refused now, if it must: etcd without a quorum or out of reach,
-    /// or no lease to put the claim under.
+    /// Why a new claim must be refused now, if it must: etcd without a quorum (a member said it
+    /// has no leader), or no lease to put the claim under. etcd out of reach is no reason to
+    /// refuse at once: a renewal that stalls while the members elect a new leader looks the
+    /// same, and the claim's own retries tell the two apart.
     pub(crate) fn refusal(&self) -> Option<(Condition, Failing)> {
         let failing = self.lock();
-        [Condition::Etcd, Condition::Lease]
-            .into_iter()
-            .find_map(|c| failing.get(&c).map(|f| (c, f.clone())))
+        let no_quorum = failing
+            .get(&Condition::Etcd)
+            .filter(|f| matches!(f.fault, Some(Fault::NoLeader(_))));
+        no_quorum.map(|f| (Condition::Etcd, f.clone())).or_else(|| {
+            failing
+                .get(&Condition::Lease)
+                .map(|f| (Condition::Lease, f.clone()))
+        })
     }
 
     fn publish(&self, failing: &BTreeMap<Condition, Failing>, log: bool) {
@@ -201,5 +208,26 @@ mod tests {
         health.clear(Condition::Lease);
         assert_eq!(*rx.borrow(), ClusterHealth::Ok);
         assert!(health.refusal().is_none());
+    }
+
+    #[test]
+    fn only_a_lost_quorum_refuses_claims_at_once() {
+        let health = Health::new("r1");
+        health.fail(
+            Condition::Etcd,
+            "unreachable: no answer within 1s".into(),
+            Some(Fault::Unreachable("x".into())),
+        );
+        assert!(!health.get().is_ok());
+        assert!(
+            health.refusal().is_none(),
+            "a stalled renewal is no lost quorum"
+        );
+        health.fail(
+            Condition::Etcd,
+            "no quorum: etcdserver: no leader".into(),
+            Some(Fault::NoLeader("x".into())),
+        );
+        assert_eq!(health.refusal().map(|(c, _)| c), Some(Condition::Etcd));
     }
 }
