@@ -1,10 +1,10 @@
 //! Retrying idempotent etcd operations: jittered exponential backoff within a bounded total
 //! time, so that a request the client sent to a dead member goes to a live one next.
 //!
-//! The etcd client balances requests over every endpoint (tonic's power-of-two-choices
-//! balancer) and keeps routing some of them to a member that is down until its connection
-//! fails; those requests fail at once with a transport error. A short first delay is enough
-//! for the next attempt to pick another member.
+//! The etcd client sends each request to one member and moves to the next one when a request
+//! fails for want of a connection or a leader (see `client.rs`); a request to a member that is
+//! down fails at once with a transport error. A short first delay is enough: the next attempt
+//! already goes to another member.
 
 use std::time::Duration;
 

@@ -17,7 +17,8 @@ const ROUNDS: usize = 200;
 
 /// The index of the etcd leader.
 fn leader(etcd: &EtcdCluster) -> usize {
-    etcd.leader().expect("an etcd member is the leader")
+    etcd.leader()
+        .unwrap_or_else(|| panic!("no etcd member is the leader"))
 }
 
 /// Counts the transitions of `cluster`'s health to degraded from now on.
