@@ -78,10 +78,13 @@ impl Cluster {
         let (json_ref, key_ref) = (&json, &key);
         let outcome = retry(OP, &key, shared.policy, |attempt| async move {
             let (json, key) = (json_ref, key_ref);
+            // Without a lease, say why if etcd told: a lost quorum is why no new lease comes.
             let lease = shared.lease.borrow().map(|l| l.id).ok_or_else(|| {
-                Fault::LeaseNotFound(
-                    "this replica's lease expired; a new one is being granted".into(),
-                )
+                shared.health.no_quorum().unwrap_or_else(|| {
+                    Fault::LeaseNotFound(
+                        "this replica's lease expired; a new one is being granted".into(),
+                    )
+                })
             })?;
             if attempt == 0 {
                 let (rev, prev) = etcd::put(&shared.client, key, json, Some(lease)).await?;

@@ -131,14 +131,18 @@ impl Health {
     /// same, and the claim's own retries tell the two apart.
     pub(crate) fn refusal(&self) -> Option<(Condition, Failing)> {
         let failing = self.lock();
-        let no_quorum = failing
-            .get(&Condition::Etcd)
-            .filter(|f| matches!(f.fault, Some(Fault::NoLeader(_))));
-        no_quorum.map(|f| (Condition::Etcd, f.clone())).or_else(|| {
-            failing
-                .get(&Condition::Lease)
-                .map(|f| (Condition::Lease, f.clone()))
-        })
+        no_quorum(&failing)
+            .map(|f| (Condition::Etcd, f.clone()))
+            .or_else(|| {
+                failing
+                    .get(&Condition::Lease)
+                    .map(|f| (Condition::Lease, f.clone()))
+            })
+    }
+
+    /// The fault of a lost quorum (a member said it has no leader), while etcd is failing so.
+    pub(crate) fn no_quorum(&self) -> Option<Fault> {
+        no_quorum(&self.lock()).and_then(|f| f.fault.clone())
     }
 
     fn publish(&self, failing: &BTreeMap<Condition, Failing>, log: bool) {
@@ -173,6 +177,12 @@ impl Health {
         // A panic while holding this lock leaves a plain map behind: still usable.
         self.failing.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+fn no_quorum(failing: &BTreeMap<Condition, Failing>) -> Option<&Failing> {
+    failing
+        .get(&Condition::Etcd)
+        .filter(|f| matches!(f.fault, Some(Fault::NoLeader(_))))
 }
 
 fn gist(reason: &str) -> &str {
@@ -223,11 +233,13 @@ mod tests {
             health.refusal().is_none(),
             "a stalled renewal is no lost quorum"
         );
+        assert_eq!(health.no_quorum(), None);
         health.fail(
             Condition::Etcd,
             "no quorum: etcdserver: no leader".into(),
             Some(Fault::NoLeader("x".into())),
         );
         assert_eq!(health.refusal().map(|(c, _)| c), Some(Condition::Etcd));
+        assert_eq!(health.no_quorum(), Some(Fault::NoLeader("x".into())));
     }
 }
