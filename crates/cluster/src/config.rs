@@ -7,7 +7,8 @@ use crate::error::{ClusterError, Result};
 use crate::records::check_id;
 
 /// Client TLS for etcd: the CA that signed the members' certificates, and this replica's
-/// certificate and key (PEM files).
+/// certificate and key (PEM files). A member's certificate must chain to the CA and name the
+/// host or IP address of its endpoint URL (ordinary web-PKI rules, not toolsrv identities).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdTls {
     pub ca: PathBuf,
@@ -144,5 +145,7 @@ mod tests {
         assert!(config.check().is_err());
         config.replica_id = "a/b".into();
         assert!(config.check().is_err());
+        let secure = ClusterConfig::new(vec!["https://a:2379".into()], "r1", "https://r1");
+        assert!(secure.check().is_err(), "https needs the TLS files");
     }
 }
