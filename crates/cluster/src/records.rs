@@ -8,7 +8,7 @@ use crate::error::{ClusterError, Result};
 
 /// A host's claim: which replica holds its link, and the facts clients select hosts by.
 /// Stored as JSON at `<prefix>hosts/<host id>`, under the owning replica's lease.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostRecord {
     /// The id of the replica that holds the link.
     pub owner: String,
