@@ -351,3 +351,154 @@ fn only_a_replica_may_speak_for_a_client() {
         );
     });
 }
+
+/// The serving status of `service` on replica `url`'s health service, as client alice asks.
+fn health(pki: &std::path::Path, url: &str, service: &str) -> i32 {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let files = toolsrv_testkit::stem_files(pki, "client-alice");
+        let channel = toolsrv_tls::connect_reloading(url, &files, toolsrv_tls::Role::Coordinator)
+            .await
+            .unwrap();
+        tonic_health::pb::health_client::HealthClient::new(channel)
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .map(|r| r.into_inner().status)
+            .unwrap_or(-1)
+    })
+}
+
+#[test]
+fn without_an_etcd_quorum_replicas_serve_the_hosts_they_hold_and_refuse_new_links() {
+    let names = ["q1", "q2", "q3", "q4"];
+    let mut r = Replicated::start(2, &names, &[("hello.meta", HELLO)]);
+    for id in &names[..3] {
+        r.fleet
+            .start_agent(id, &toolsrv_tests::AgentSpec::default());
+    }
+    r.wait_all_online(0, &names[..3], Duration::from_secs(30));
+    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+    let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
+    let pki = r.fleet.pki.root().to_path_buf();
+    let url = r.urls()[0].clone();
+    assert_eq!(health(&pki, &url, "toolsrv.cluster"), serving);
+
+    // Two of three members gone: no quorum.
+    r.etcd.kill(1);
+    r.etcd.kill(2);
+    wait_for(
+        "health to say etcd is not usable",
+        Duration::from_secs(30),
+        || (health(&pki, &url, "toolsrv.cluster") == not_serving).then_some(()),
+    );
+    // The hosts held keep answering, through either replica.
+    for i in 0..2 {
+        for id in &names[..3] {
+            let out = r.toolctl(i, &["call", id, "hello"]);
+            assert!(
+                out.status.success(),
+                "{id} through r{i} without quorum: {}",
+                text(&out.stderr)
+            );
+        }
+    }
+    // A new host is refused (its agent keeps retrying), and the log says why.
+    r.fleet
+        .start_agent("q4", &toolsrv_tests::AgentSpec::default());
+    let agent = r.fleet.agents.get("q4").unwrap();
+    let refused =
+        toolsrv_tests::try_wait_for("the new agent refused", Duration::from_secs(30), || {
+            agent
+                .log()
+                .contains("cannot record the link in etcd")
+                .then_some(())
+        });
+    assert!(refused.is_ok(), "{}", agent.log());
+    assert!(
+        r.hosts(0)
+            .iter()
+            .all(|h| h["host_id"] != "q4" || h["state"] != "online")
+    );
+
+    // Quorum back: healthy again, and the new host attaches.
+    r.etcd.restart(1);
+    wait_for("health back", Duration::from_secs(60), || {
+        (health(&pki, &url, "toolsrv.cluster") == serving).then_some(())
+    });
+    r.wait_all_online(0, &names, Duration::from_secs(90));
+}
+
+#[test]
+fn a_relayed_stream_keeps_the_relaying_replicas_memory_bounded_while_the_reader_stalls() {
+    let gib = r#"{"description": "1 GiB of zeros", "cmd": "head -c 1073741824 /dev/zero"}"#;
+    let mut r = Replicated::start(2, &["big"], &[("gib.meta", gib)]);
+    r.fleet.agent_coordinators = Some(r.urls()[1].clone());
+    r.fleet.start_agent(
+        "big",
+        &toolsrv_tests::AgentSpec {
+            args: vec!["--output-cap=2147483648".into()],
+            ..toolsrv_tests::AgentSpec::default()
+        },
+    );
+    r.wait_all_online(0, &["big"], Duration::from_secs(30));
+    let relay_pid = r.replicas[0].as_ref().unwrap().pid();
+    let rss_kib = |pid: i32| -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let before = rss_kib(relay_pid);
+    let pki = r.fleet.pki.root().to_path_buf();
+    let url = r.urls()[0].clone();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (read, peak) = runtime.block_on(async {
+        use tokio_stream::StreamExt;
+        let files = toolsrv_testkit::stem_files(&pki, "client-alice");
+        let channel = toolsrv_tls::connect_reloading(&url, &files, toolsrv_tls::Role::Coordinator)
+            .await
+            .unwrap();
+        let mut tools = toolsrv_proto::v1::tools_client::ToolsClient::new(channel);
+        let mut stream = tools
+            .call(toolsrv_proto::v1::CallRequest {
+                host: "big".into(),
+                tool: "gib".into(),
+                args_json: "{}".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        // Read 4 MiB, then stall for 5 s while the tool could write a gigabyte.
+        let mut read = 0usize;
+        while read < 4 << 20 {
+            if let Some(toolsrv_proto::v1::call_event::Event::Output(chunk)) =
+                stream.next().await.unwrap().unwrap().event
+            {
+                read += chunk.data.len();
+            }
+        }
+        let mut peak = 0;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            peak = peak.max(rss_kib(relay_pid));
+        }
+        drop(stream);
+        (read, peak)
+    });
+    eprintln!(
+        "relaying replica RSS: {} MiB before, {} MiB at most while the reader stalled (read {} MiB)",
+        before / 1024,
+        peak / 1024,
+        read >> 20
+    );
+    assert!(
+        peak < before + 64 * 1024,
+        "the relaying replica grew from {before} KiB to {peak} KiB"
+    );
+}
