@@ -180,8 +180,10 @@ pub async fn prepare(
         )));
     };
     let mut delay = Duration::from_millis(500);
+    let urls = crate::run::Coordinators::new(&config.coordinator, &config.host_id);
     loop {
-        let attempt = join(config, credential, trust, &files);
+        let url = urls.current();
+        let attempt = join(config, &url, credential, trust, &files);
         let result = tokio::select! {
             r = attempt => r,
             () = shutdown.cancelled() => return Ok(false),
@@ -205,6 +207,7 @@ pub async fn prepare(
             }
             Err(e) => {
                 tracing::warn!(error = %e, retry_in = ?delay, "cannot join yet; retrying");
+                urls.next();
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}
                     () = shutdown.cancelled() => return Ok(false),
@@ -230,11 +233,12 @@ fn check_host(asked: &str, cert_host: &str, cert: &Path) -> Result<(), AgentErro
 /// connection that verifies the coordinator. Writes the files and returns the host id.
 async fn join(
     config: &AgentConfig,
+    url: &str,
     credential: &JoinCredential,
     trust: &CaTrust,
     files: &TlsFiles,
 ) -> Result<String, AgentError> {
-    let url = &config.coordinator;
+    let url = &url.to_string();
     let connect_failed = |source| AgentError::Connect {
         url: url.clone(),
         source,

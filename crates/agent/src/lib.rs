@@ -20,7 +20,7 @@ mod keeper;
 mod metrics;
 mod outcome;
 mod reconnect;
-mod run;
+pub(crate) mod run;
 mod sandbox;
 mod session;
 mod store;

@@ -64,7 +64,7 @@ pub async fn run(mut config: AgentConfig, shutdown: CancellationToken) -> Result
         return Ok(());
     }
     check_identity(&config.tls, &config.host_id)?;
-    let url = config.coordinator.clone();
+    let urls = Coordinators::new(&config.coordinator, &config.host_id);
     let tls = config.tls.clone();
     let host_id = config.host_id.clone();
     // The latest channel, for renewals over the agent's own connection.
@@ -77,10 +77,11 @@ pub async fn run(mut config: AgentConfig, shutdown: CancellationToken) -> Result
         ))
     });
     let result = run_with_connector(config, shutdown, move || {
-        let connecting = connect_tls(url.clone(), tls.clone(), host_id.clone());
-        let channels = channels.clone();
+        let url = urls.current();
+        let connecting = connect_tls(url, tls.clone(), host_id.clone());
+        let (channels, urls) = (channels.clone(), urls.clone());
         async move {
-            let channel = connecting.await?;
+            let channel = connecting.await.inspect_err(|_| urls.next())?;
             channels.send_replace(Some(channel.clone()));
             Ok(channel)
         }
@@ -90,6 +91,51 @@ pub async fn run(mut config: AgentConfig, shutdown: CancellationToken) -> Result
         renewal.abort();
     }
     result
+}
+
+/// The coordinator URLs an agent may attach to (`--coordinator URL[,URL...]`: replicas), and
+/// the one it tries next. Hosts start at different URLs (by host id), so a fleet spreads over
+/// the replicas; a URL that cannot be reached moves the next attempt to the next one.
+#[derive(Debug, Clone)]
+pub struct Coordinators {
+    urls: Arc<Vec<String>>,
+    next: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Coordinators {
+    pub fn new(list: &str, host_id: &str) -> Self {
+        let mut urls: Vec<String> = list
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_string)
+            .collect();
+        if urls.is_empty() {
+            urls.push(list.to_string());
+        }
+        let start = host_id.bytes().fold(0usize, |h, b| {
+            h.wrapping_mul(31).wrapping_add(usize::from(b))
+        });
+        Self {
+            next: Arc::new((start % urls.len()).into()),
+            urls: Arc::new(urls),
+        }
+    }
+
+    /// The URL to try now.
+    pub fn current(&self) -> String {
+        let i = self.next.load(std::sync::atomic::Ordering::Relaxed);
+        self.urls[i % self.urls.len()].clone()
+    }
+
+    /// Moves on to the next URL.
+    pub fn next(&self) {
+        if self.urls.len() > 1 {
+            let url = self.current();
+            self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::info!(unreachable = %url, next = %self.current(), "trying the next coordinator");
+        }
+    }
 }
 
 /// Refuses a certificate that names another identity than `toolsrv://agent/<host_id>`. One

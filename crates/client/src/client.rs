@@ -41,10 +41,40 @@ impl Client {
     /// reconnects, reading the credential files again (so renewed certificates are used).
     ///
     /// With TLS 1.3 a coordinator that refuses *our* certificate is only noticed on the first RPC.
+    ///
+    /// `addr` may name several coordinator replicas, comma-separated: they are tried in turn,
+    /// from one picked at random, and the first that answers is used.
     pub async fn connect(opts: &ConnectOptions) -> Result<Self, ClientError> {
-        let channel =
-            toolsrv_tls::connect_reloading(&opts.addr, &opts.tls, Role::Coordinator).await?;
-        Ok(Self::from_channel(channel))
+        let urls: Vec<&str> = opts
+            .addr
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .collect();
+        if urls.len() <= 1 {
+            let channel =
+                toolsrv_tls::connect_reloading(&opts.addr, &opts.tls, Role::Coordinator).await?;
+            return Ok(Self::from_channel(channel));
+        }
+        let start = {
+            use std::hash::BuildHasher;
+            std::collections::hash_map::RandomState::new().hash_one(std::time::Instant::now())
+                as usize
+                % urls.len()
+        };
+        let mut failures = Vec::new();
+        for i in 0..urls.len() {
+            let url = urls[(start + i) % urls.len()];
+            match toolsrv_tls::connect_reloading(url, &opts.tls, Role::Coordinator).await {
+                Ok(channel) => return Ok(Self::from_channel(channel)),
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+        Err(toolsrv_tls::TlsError::Connect(format!(
+            "no coordinator replica answered: {}",
+            failures.join("; ")
+        ))
+        .into())
     }
 
     /// Connects through the control socket of a running `toolctl master` (see [`crate::control`]):

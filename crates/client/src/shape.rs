@@ -142,6 +142,7 @@ pub fn host_state_name(state: i32) -> &'static str {
         Ok(HostState::Online) => "online",
         Ok(HostState::Offline) => "offline",
         Ok(HostState::Syncing) => "syncing",
+        Ok(HostState::Reconnecting) => "reconnecting",
         _ => "unknown",
     }
 }

@@ -137,8 +137,7 @@ impl AgentLinkService {
         let mut selectable_labels: std::collections::BTreeMap<String, String> =
             facts.labels.clone().into_iter().collect();
         selectable_labels.extend(trusted_labels.clone());
-        state.metrics.attached();
-        state.fleet.attach(HostEntry {
+        let entry = HostEntry {
             id: id.clone(),
             facts,
             synced: false,
@@ -150,7 +149,13 @@ impl AgentLinkService {
             view: None,
             link: Some(link.clone()),
             last_seen: Arc::new(now_ms().into()),
-        });
+        };
+        // With replicas, the link is this replica's only once etcd says so.
+        if let Some(replicas) = &state.replicas {
+            replicas.claim(&entry, &link.link_id).await?;
+        }
+        state.metrics.attached();
+        state.fleet.attach(entry);
         let last_seen = state
             .fleet
             .get(&id)
@@ -161,6 +166,9 @@ impl AgentLinkService {
             tracing::info!(host = %link.host_id, reason = ?reason, "agent detached");
             link.close(&reason);
             state.fleet.detach(&link.host_id, link.generation);
+            if let Some(replicas) = &state.replicas {
+                replicas.release(&link.host_id, &link.link_id);
+            }
         });
         Ok(ReceiverStream::new(rx))
     }

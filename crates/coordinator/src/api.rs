@@ -30,9 +30,10 @@ use toolsrv_proto::v1::{
 use crate::State;
 
 use crate::approvals::DecideError;
-use crate::calls::{self, CallSpec, Event};
+use crate::calls::{CallSpec, Event};
 use crate::identity::Caller;
 use crate::refusal::{self, Refusal};
+use crate::replicas;
 use crate::revocation;
 use crate::selector::Selector;
 use crate::session_api;
@@ -132,7 +133,10 @@ impl Tools for ToolsService {
         Caller::client(&req)?;
         let req = req.into_inner();
         bounded("the page token", &req.page_token, toolsrv_tls::MAX_NAME_LEN)?;
-        let (hosts, next_page_token) = self.state.fleet.page(&req.page_token, LIST_PAGE_BYTES);
+        let (hosts, next_page_token) = match &self.state.replicas {
+            Some(replicas) => page(replicas.hosts(&self.state), &req.page_token),
+            None => self.state.fleet.page(&req.page_token, LIST_PAGE_BYTES),
+        };
         Ok(Response::new(ListHostsResponse {
             hosts,
             next_page_token,
@@ -143,10 +147,18 @@ impl Tools for ToolsService {
         &self,
         req: Request<ListToolsRequest>,
     ) -> Result<Response<ListToolsResponse>, Status> {
-        Caller::client(&req)?;
+        let client = Caller::client(&req)?;
+        let relayed = replicas::is_relayed(&req);
         let mut req = req.into_inner();
         bounded("the host id", &req.host, toolsrv_tls::MAX_NAME_LEN)?;
         req.host = toolsrv_tls::normalize_name(&req.host);
+        if let (Some(record), Some(replicas)) = (
+            replicas::route_elsewhere(&self.state, &req.host, relayed),
+            &self.state.replicas,
+        ) {
+            let (mut tools, request) = replicas.relay(&record, &client, req)?;
+            return tools.list_tools(request).await;
+        }
         let host = refusal::online_host(&self.state, &req.host, |h| h.synced)
             .await
             .map_err(Refusal::grpc)?;
@@ -187,12 +199,20 @@ impl Tools for ToolsService {
         &self,
         req: Request<DescribeToolRequest>,
     ) -> Result<Response<ToolDefinition>, Status> {
-        Caller::client(&req)?;
+        let client = Caller::client(&req)?;
+        let relayed = replicas::is_relayed(&req);
         let mut req = req.into_inner();
         // Both end up in error messages: bounded, so no request can grow a response header.
         bounded("the host id", &req.host, toolsrv_tls::MAX_NAME_LEN)?;
         bounded("the tool name", &req.tool, MAX_TOOL_NAME_BYTES)?;
         req.host = toolsrv_tls::normalize_name(&req.host);
+        if let (Some(record), Some(replicas)) = (
+            replicas::route_elsewhere(&self.state, &req.host, relayed),
+            &self.state.replicas,
+        ) {
+            let (mut tools, request) = replicas.relay(&record, &client, req)?;
+            return tools.describe_tool(request).await;
+        }
         let state = &self.state;
         let host =
             refusal::online_host(state, &req.host, |h| refusal::settled(state, h, &req.tool))
@@ -206,6 +226,7 @@ impl Tools for ToolsService {
 
     async fn call(&self, req: Request<CallRequest>) -> Result<Response<Self::CallStream>, Status> {
         let client = Caller::client(&req)?;
+        let relayed = replicas::is_relayed(&req);
         let mut req = req.into_inner();
         req.host = toolsrv_tls::normalize_name(&req.host);
         let state = self.state.clone();
@@ -249,7 +270,7 @@ impl Tools for ToolsService {
                 }
             };
             tokio::select! {
-                _ = calls::run(&state, &host, &spec, Some(slot), emit) => {}
+                _ = replicas::run_call(&state, &host, &spec, Some(slot), relayed, emit) => {}
                 // The client went away while the tool was quiet: dropping the call cancels it
                 // (and its audit record says so).
                 () = tx.closed() => {}
@@ -479,8 +500,22 @@ fn targets(state: &State, selector: &Selector) -> Vec<String> {
         .fleet
         .select(selector)
         .into_iter()
+        .filter(|h| h.online() || state.replicas.is_none())
         .map(|h| h.id)
         .collect();
+    if let Some(replicas) = &state.replicas {
+        // Hosts offline here but held elsewhere are in the routing table; hosts offline
+        // everywhere stay targets (reported offline).
+        targets.extend(replicas.select_remote(selector));
+        targets.extend(
+            state
+                .fleet
+                .select(selector)
+                .into_iter()
+                .filter(|h| !h.online())
+                .map(|h| h.id),
+        );
+    }
     for exact in selector.exact_hosts() {
         if !targets.iter().any(|t| t == exact) && state.fleet.get(exact).is_none() {
             targets.push(exact.to_string());
@@ -546,7 +581,7 @@ async fn fan_out(
                         tx.send(Ok(host_event(&host, event))).await.is_ok()
                     }
                 };
-                calls::run(&state, &host, &spec, None, emit).await
+                replicas::run_call(&state, &host, &spec, None, false, emit).await
             };
             let counter = if result.status == CallStatus::Ok as i32 {
                 &ok
@@ -587,4 +622,31 @@ fn host_event(host: &str, event: fan_out_event::Event) -> FanOutEvent {
         host: host.to_string(),
         event: Some(event),
     }
+}
+
+/// One page of `hosts` (sorted by id): those after `after`, within the page budget; the token of
+/// the next page, empty at the end.
+fn page(
+    hosts: Vec<toolsrv_proto::v1::HostInfo>,
+    after: &str,
+) -> (Vec<toolsrv_proto::v1::HostInfo>, String) {
+    use prost::Message;
+    let mut page = Vec::new();
+    let mut bytes = 0;
+    for host in hosts
+        .into_iter()
+        .filter(|h| after.is_empty() || h.host_id.as_str() > after)
+    {
+        let size = host.encoded_len() + 8;
+        if !page.is_empty() && bytes + size > LIST_PAGE_BYTES {
+            let next = page
+                .last()
+                .map(|h: &toolsrv_proto::v1::HostInfo| h.host_id.clone())
+                .unwrap_or_default();
+            return (page, next);
+        }
+        bytes += size;
+        page.push(host);
+    }
+    (page, String::new())
 }

@@ -105,6 +105,27 @@ impl Audit {
         }));
     }
 
+    /// Records a call this replica relayed to the replica `owner` that holds the host's link
+    /// (`"event": "call"` with `"relayed_to"`; the owner writes its own record of the run).
+    pub fn relayed(&self, r: &Record<'_>, owner: &str, result: &CallResult) {
+        let status = CallStatus::try_from(result.status).unwrap_or(CallStatus::Unspecified);
+        self.write(json!({
+            "ts_unix_ms": now_ms(),
+            "event": "call",
+            "client": bounded(r.client, MAX_NAME_FIELD),
+            "host": bounded(r.host, MAX_NAME_FIELD),
+            "tool": bounded(r.tool, MAX_NAME_FIELD),
+            "args_sha256": bounded(r.args_sha256, MAX_NAME_FIELD),
+            "fanout": r.fanout.map(|f| bounded(f, MAX_NAME_FIELD)),
+            "status": status.as_str_name(),
+            "exit_code": result.exit_code,
+            "signal": result.signal,
+            "duration_ms": result.duration_ms,
+            "message": bounded(&result.message, MAX_MESSAGE_FIELD),
+            "relayed_to": bounded(owner, MAX_NAME_FIELD),
+        }));
+    }
+
     /// Records a request refused before it was routed to any host. `target` is the host or
     /// selector asked for.
     pub fn refused(&self, client: &str, target: &str, tool: &str, why: &tonic::Status) {

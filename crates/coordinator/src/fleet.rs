@@ -75,6 +75,7 @@ impl HostEntry {
             calls_in_flight: self.link.as_ref().map_or(0, |l| l.calls_in_flight() as u32),
             max_concurrent_calls: self.max_concurrent_calls,
             trusted_labels: self.trusted_labels.clone().into_iter().collect(),
+            replica: String::new(),
         }
     }
 

@@ -79,6 +79,9 @@ pub struct RequireRole<S> {
     needs: &'static str,
     /// Identities refused whatever their certificate (`toolctl revoke`).
     revocations: Option<Arc<Revocations>>,
+    /// Client API with replicas: another replica (a coordinator certificate) may call on behalf
+    /// of a client it named in `toolsrv-on-behalf-of` (see `replicas`).
+    relays: bool,
 }
 
 impl<S> RequireRole<S> {
@@ -89,6 +92,7 @@ impl<S> RequireRole<S> {
             role: Some(Role::Client),
             needs: "the client API needs a client certificate (toolsrv://client/<name>)",
             revocations: None,
+            relays: false,
         }
     }
 
@@ -99,6 +103,7 @@ impl<S> RequireRole<S> {
             role: Some(Role::Agent),
             needs: "the agent link needs an agent certificate (toolsrv://agent/<host-id>)",
             revocations: None,
+            relays: false,
         }
     }
 
@@ -106,6 +111,14 @@ impl<S> RequireRole<S> {
     /// revocation.
     pub(crate) fn refusing(mut self, revocations: Arc<Revocations>) -> Self {
         self.revocations = Some(revocations);
+        self
+    }
+
+    /// Also serves other coordinator replicas relaying for a client (the client API with
+    /// `--etcd`): the request names the client in `toolsrv-on-behalf-of`, checked like a
+    /// certificate's name, and the revocations apply to that client.
+    pub(crate) fn relayed_by_replicas(mut self, on: bool) -> Self {
+        self.relays = on;
         self
     }
 
@@ -117,11 +130,33 @@ impl<S> RequireRole<S> {
             role: None,
             needs: "this service needs a verified certificate",
             revocations: None,
+            relays: false,
         }
     }
 
-    /// The caller `peer` proves to be, if it has this service's role.
-    fn prove(&self, peer: Option<&toolsrv_tls::PeerInfo>) -> Result<Caller, Status> {
+    /// The caller `peer` proves to be, if it has this service's role. `on_behalf` is what a
+    /// relaying replica says the client is.
+    fn prove(
+        &self,
+        peer: Option<&toolsrv_tls::PeerInfo>,
+        on_behalf: Option<&str>,
+    ) -> Result<Caller, Status> {
+        if let (true, Some(p), Some(client)) = (self.relays, peer, on_behalf)
+            && p.identity.role() == Role::Coordinator
+            && self.role == Some(Role::Client)
+        {
+            let identity = toolsrv_tls::Identity::client(client).map_err(|e| {
+                Status::invalid_argument(format!("a relayed request's client name: {e}"))
+            })?;
+            if let Some(revocations) = &self.revocations {
+                revocations.check(&identity)?;
+            }
+            return Ok(Caller {
+                role: Role::Client,
+                name: identity.name().unwrap_or_default().to_string(),
+                labels: Default::default(),
+            });
+        }
         match peer {
             Some(p) if self.role.is_none_or(|role| p.identity.role() == role) => {
                 if let Some(revocations) = &self.revocations {
@@ -165,7 +200,12 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
-        match self.prove(toolsrv_tls::peer(req.extensions())) {
+        let on_behalf = req
+            .headers()
+            .get(crate::replicas::ON_BEHALF_OF)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        match self.prove(toolsrv_tls::peer(req.extensions()), on_behalf.as_deref()) {
             Ok(caller) => {
                 req.extensions_mut().insert(caller);
                 let fut = self.inner.call(req);

@@ -30,6 +30,7 @@ mod pace;
 pub mod policy;
 mod quota;
 mod refusal;
+mod replicas;
 mod revocation;
 pub mod selector;
 mod session_api;
@@ -61,6 +62,7 @@ pub use identity::{Caller, RequireRole};
 pub use policy::Policy;
 pub use quota::Limits;
 pub use sessions::SessionLimits;
+pub use toolsrv_cluster::{ClusterConfig, EtcdTls};
 
 /// The client allowed to administer a coordinator unless `--admin` says otherwise: the one
 /// `toolsrv up` and `toolsrv pki init --clients admin` issue.
@@ -125,6 +127,8 @@ pub struct CoordinatorConfig {
     /// Joins with Kubernetes service account tokens, reviewed by the Kubernetes API; `None`:
     /// join tokens only.
     pub kubernetes_join: Option<KubernetesJoin>,
+    /// Run as one of several replicas sharing the fleet through etcd (`--etcd`); `None`: alone.
+    pub cluster: Option<toolsrv_cluster::ClusterConfig>,
     pub watch: WatchOptions,
 }
 
@@ -153,6 +157,7 @@ impl CoordinatorConfig {
             signing_ca: None,
             agent_cert_ttl: DEFAULT_AGENT_CERT_TTL,
             kubernetes_join: None,
+            cluster: None,
             watch: WatchOptions::default(),
         }
     }
@@ -174,6 +179,9 @@ pub enum CoordinatorError {
     Enrollment(String),
     #[error("cannot build the reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    /// etcd cannot be joined (`--etcd`).
+    #[error("--etcd: {0}")]
+    Cluster(String),
     #[error("cannot serve metrics: {0}")]
     Metrics(std::io::Error),
     #[error("gRPC server failed: {0}")]
@@ -196,6 +204,8 @@ pub(crate) struct State {
     pub metrics: metrics::Metrics,
     /// Every link's keepalive interval.
     pub pace: pace::Pace,
+    /// The other replicas and the routing table, with `--etcd`.
+    pub replicas: Option<Arc<replicas::Replicas>>,
     /// Join tokens and the signer; `None` when enrollment is off.
     pub enrollment: Option<enroll::Enrollment>,
     /// Revoked identities (`toolctl revoke`).
@@ -267,6 +277,12 @@ pub async fn serve(
     toolsrv_registry::log_problems(&registry.catalog());
     let fleet = fleet::Fleet::new(registry.catalog().revision);
     let tasks = TaskTracker::new();
+    let replicas = match &config.cluster {
+        Some(cluster) => Some(Arc::new(
+            replicas::Replicas::join(cluster.clone(), &config.tls).await?,
+        )),
+        None => None,
+    };
     let state = Arc::new(State {
         config: config.clone(),
         registry: registry.clone(),
@@ -284,6 +300,7 @@ pub async fn serve(
             config.lost_after,
             config.max_keepalive_rate,
         ),
+        replicas: replicas.clone(),
         draining: drain.clone(),
         in_flight: TaskTracker::new(),
         revocations: revocations.clone(),
@@ -318,6 +335,15 @@ pub async fn serve(
     reporter
         .set_serving::<AgentLinkServer<AgentLinkService>>()
         .await;
+    if state.replicas.is_some() {
+        reporter
+            .set_service_status(
+                replicas::CLUSTER_HEALTH,
+                tonic_health::ServingStatus::Serving,
+            )
+            .await;
+        tasks.spawn(replicas::follow(state.clone(), reporter.clone()));
+    }
     tasks.spawn(drain_then_stop(state.clone(), reporter));
     let reflection = |builder: tonic_reflection::server::Builder<'static>| {
         builder
@@ -377,7 +403,8 @@ pub async fn serve(
         .max_decoding_message_size(toolsrv_proto::limits::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(toolsrv_proto::limits::MAX_MESSAGE_BYTES),
     )
-    .refusing(revocations.clone());
+    .refusing(revocations.clone())
+    .relayed_by_replicas(replicas.is_some());
     let join_tokens = RequireRole::clients(JoinTokensServer::new(enroll::JoinTokensService {
         state: state.clone(),
     }))
@@ -409,6 +436,11 @@ pub async fn serve(
     tasks.close();
     // Sessions say goodbye to their agents; give them a moment, but never hang shutdown.
     let _ = tokio::time::timeout(Duration::from_secs(5), tasks.wait()).await;
+    if let Some(replicas) = &replicas {
+        // The lease goes, and with it this replica's claims: other replicas see its hosts
+        // free at once rather than after the lease's time.
+        let _ = tokio::time::timeout(Duration::from_secs(5), replicas.cluster.shutdown()).await;
+    }
     served.map_err(CoordinatorError::from)
 }
 

@@ -30,6 +30,8 @@ pub struct Link {
     pub host_id: String,
     /// Distinguishes successive connections of the same host.
     pub generation: u64,
+    /// Unique across replicas: what this link's claim in etcd names (see `replicas`).
+    pub link_id: String,
     tx: mpsc::Sender<CoordinatorMessage>,
     calls: Mutex<HashMap<u64, mpsc::UnboundedSender<AgentEvent>>>,
     next_call: AtomicU64,
@@ -51,6 +53,7 @@ impl Link {
         Self {
             host_id,
             generation,
+            link_id: toolsrv_cluster::new_link_id(),
             tx,
             calls: Mutex::new(HashMap::new()),
             next_call: AtomicU64::new(1),

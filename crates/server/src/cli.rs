@@ -286,6 +286,44 @@ pub struct CoordinatorArgs {
         default_value = toolsrv_coordinator::kubernetes_join::IN_CLUSTER_TOKEN
     )]
     pub k8s_api_token_file: PathBuf,
+    /// Run as one of several replicas sharing the fleet through etcd: its client URLs,
+    /// comma-separated (`http://`, or `https://` with --etcd-ca, --etcd-cert and --etcd-key)
+    #[arg(long, env = "TOOLSRV_ETCD", value_name = "URL[,URL...]")]
+    pub etcd: Option<String>,
+    /// The CA bundle etcd's certificates chain to
+    #[arg(long, env = "TOOLSRV_ETCD_CA", value_name = "FILE")]
+    pub etcd_ca: Option<PathBuf>,
+    /// A client certificate for etcd (PEM)
+    #[arg(long, env = "TOOLSRV_ETCD_CERT", value_name = "FILE")]
+    pub etcd_cert: Option<PathBuf>,
+    /// The key of --etcd-cert (PEM)
+    #[arg(long, env = "TOOLSRV_ETCD_KEY", value_name = "FILE")]
+    pub etcd_key: Option<PathBuf>,
+    /// The key prefix of this fleet's records in etcd (several fleets may share one etcd)
+    #[arg(
+        long,
+        env = "TOOLSRV_ETCD_PREFIX",
+        value_name = "PREFIX",
+        default_value = "/toolsrv/"
+    )]
+    pub etcd_prefix: String,
+    /// This replica's etcd lease: a replica that stops renewing it loses its hosts after this
+    /// long (2s to 60s)
+    #[arg(
+        long,
+        env = "TOOLSRV_ETCD_LEASE",
+        value_name = "DURATION",
+        default_value = "5s",
+        value_parser = toolsrv_coordinator::parse_duration
+    )]
+    pub etcd_lease: Duration,
+    /// This replica's id among the replicas [default: the host name]
+    #[arg(long, env = "TOOLSRV_REPLICA_ID", value_name = "ID")]
+    pub replica_id: Option<String>,
+    /// Where the other replicas reach this one's --listen port, `https://HOST:PORT` (the
+    /// coordinator certificate must name HOST) [default: https://<host name>:<--listen port>]
+    #[arg(long, env = "TOOLSRV_ADVERTISE_URL", value_name = "URL")]
+    pub advertise_url: Option<String>,
 }
 
 /// `--agent-cert-ttl`: a duration from 5 s to 365 days.
@@ -298,6 +336,56 @@ fn parse_agent_cert_ttl(text: &str) -> Result<Duration, String> {
 }
 
 impl CoordinatorArgs {
+    /// The replica settings, when --etcd is given.
+    fn cluster(&self) -> anyhow::Result<Option<toolsrv_coordinator::ClusterConfig>> {
+        let Some(etcd) = self.etcd.as_deref().filter(|e| !e.trim().is_empty()) else {
+            for (set, flag) in [
+                (self.replica_id.is_some(), "--replica-id"),
+                (self.advertise_url.is_some(), "--advertise-url"),
+                (self.etcd_ca.is_some(), "--etcd-ca"),
+            ] {
+                if set {
+                    bail!("{flag} is only for replicas: give --etcd too");
+                }
+            }
+            return Ok(None);
+        };
+        let endpoints = toolsrv_coordinator::ClusterConfig::parse_endpoints(etcd)
+            .map_err(|e| anyhow::anyhow!("--etcd: {e}"))?;
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_lowercase())
+            .unwrap_or_default();
+        let replica_id = match &self.replica_id {
+            Some(id) => id.clone(),
+            None if !host.is_empty() => host.clone(),
+            None => bail!("--replica-id: the host name cannot be read; give an id"),
+        };
+        let advertise_url = self
+            .advertise_url
+            .clone()
+            .unwrap_or_else(|| format!("https://{host}:{}", self.listen.port()));
+        if !advertise_url.starts_with("https://") {
+            bail!("--advertise-url {advertise_url}: replicas reach each other over https://");
+        }
+        if self.etcd_lease < Duration::from_secs(2) || self.etcd_lease > Duration::from_secs(60) {
+            bail!("--etcd-lease: use 2s to 60s");
+        }
+        let mut config =
+            toolsrv_coordinator::ClusterConfig::new(endpoints, &replica_id, &advertise_url);
+        config.key_prefix = self.etcd_prefix.clone();
+        config.lease_ttl = self.etcd_lease;
+        config.tls = match (&self.etcd_ca, &self.etcd_cert, &self.etcd_key) {
+            (None, None, None) => None,
+            (Some(ca), Some(cert), Some(key)) => Some(toolsrv_coordinator::EtcdTls {
+                ca: ca.clone(),
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            _ => bail!("--etcd-ca, --etcd-cert and --etcd-key go together (etcd over https)"),
+        };
+        Ok(Some(config))
+    }
+
     /// Joins with Kubernetes service account tokens, when a service account is named.
     fn kubernetes_join(&self) -> anyhow::Result<Option<toolsrv_coordinator::KubernetesJoin>> {
         let service_accounts: Vec<String> = self
@@ -387,6 +475,7 @@ impl CoordinatorArgs {
         };
         config.agent_cert_ttl = self.agent_cert_ttl;
         config.kubernetes_join = self.kubernetes_join()?;
+        config.cluster = self.cluster()?;
         config.admins = self
             .admins
             .iter()

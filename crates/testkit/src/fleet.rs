@@ -27,6 +27,9 @@ pub struct TestFleet {
     pub tools: PathBuf,
     pub coordinator: Option<Proc>,
     pub agents: BTreeMap<String, Proc>,
+    /// What agents get as `--coordinator` instead of [`TestFleet::url`]: several replicas'
+    /// URLs, comma-separated.
+    pub agent_coordinators: Option<String>,
 }
 
 /// How to start one agent of a [`TestFleet`].
@@ -67,6 +70,7 @@ impl TestFleet {
             tools,
             coordinator: None,
             agents: BTreeMap::new(),
+            agent_coordinators: None,
         })
     }
 
@@ -123,7 +127,11 @@ impl TestFleet {
             try_write_file(&bin_dir.join(name), script, true)?;
         }
         let tls = stem_files(self.pki.root(), &format!("agent-{id}"));
-        let mut launch = AgentLaunch::new(id, &self.url(), tls, &home);
+        let coordinators = self
+            .agent_coordinators
+            .clone()
+            .unwrap_or_else(|| self.url());
+        let mut launch = AgentLaunch::new(id, &coordinators, tls, &home);
         launch.path = format!("{}:{}", bin_dir.display(), launch.path);
         launch.log = "info,toolsrv_agent=debug".into();
         launch.recheck_secs = Some(1);

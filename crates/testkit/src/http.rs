@@ -1,4 +1,5 @@
-//! Plain HTTP for tests: a bounded GET (metrics endpoints, Prometheus' API) and a Prometheus
+//! Plain HTTP for tests: a bounded GET (metrics endpoints, Prometheus' API) or JSON POST (etcd's
+//! HTTP gateway) and a Prometheus
 //! server started on loopback.
 
 use std::io::{Read, Write};
@@ -16,12 +17,31 @@ use crate::wait::try_wait_for;
 /// `GET path` from `addr` (`127.0.0.1:PORT`) over HTTP/1.0 (so the answer is never chunked),
 /// within 10 s: the status code and the body.
 pub fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
-    let io = |what: &str, e| TestkitError::io(format!("GET http://{addr}{path}: {what}"), e);
+    http_request(addr, "GET", path, None)
+}
+
+/// `POST path` of a JSON `body` to `addr`, as [`http_get`] does a GET.
+pub fn http_post_json(addr: &str, path: &str, body: &str) -> Result<(u16, String)> {
+    http_request(addr, "POST", path, Some(body))
+}
+
+fn http_request(addr: &str, method: &str, path: &str, body: Option<&str>) -> Result<(u16, String)> {
+    let io = |what: &str, e| TestkitError::io(format!("{method} http://{addr}{path}: {what}"), e);
     let mut conn = TcpStream::connect(addr).map_err(|e| io("cannot connect", e))?;
     let limit = Some(Duration::from_secs(10));
     conn.set_read_timeout(limit).map_err(|e| io("socket", e))?;
     conn.set_write_timeout(limit).map_err(|e| io("socket", e))?;
-    write!(conn, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| io("write", e))?;
+    let mut request = format!("{method} {path} HTTP/1.0\r\nHost: {addr}\r\n");
+    if let Some(body) = body {
+        request.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ));
+    } else {
+        request.push_str("\r\n");
+    }
+    conn.write_all(request.as_bytes())
+        .map_err(|e| io("write", e))?;
     let mut answer = Vec::new();
     conn.read_to_end(&mut answer).map_err(|e| io("read", e))?;
     let answer = String::from_utf8_lossy(&answer).into_owned();
@@ -32,7 +52,7 @@ pub fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| {
             failed(
-                format!("GET http://{addr}{path}"),
+                format!("{method} http://{addr}{path}"),
                 format!("no HTTP status in {head:?}"),
             )
         })?;

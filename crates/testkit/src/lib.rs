@@ -1,5 +1,6 @@
 //! What the tests and benches of toolsrv share: a development PKI, `toolsrv` and `toolctl`
-//! processes on loopback ports, fake agents, bounded waits and small file helpers.
+//! processes on loopback ports, fake agents, an etcd cluster, bounded waits and small file
+//! helpers.
 //!
 //! Every fallible step returns a [`TestkitError`] (`try_*`, for the benches and for tests
 //! that expect a failure); the plain names are wrappers that fail the test instead. Every
@@ -12,6 +13,7 @@
 
 mod bin;
 mod error;
+mod etcd;
 pub mod fake;
 mod files;
 mod fleet;
@@ -27,6 +29,7 @@ mod watch;
 
 pub use bin::{bin, profile_dir, try_bin, workspace_root};
 pub use error::{Result, TestkitError, must};
+pub use etcd::{EtcdClientTls, EtcdCluster, EtcdMember};
 pub use files::{decisions, json_lines, text, try_write_file, write, write_executable, write_file};
 pub use fleet::{AgentSpec, TestFleet};
 pub use http::{Prometheus, ensure_program, http_get};

@@ -300,20 +300,51 @@ pub fn anonymous_client_config(ca: &Path, expect: Role) -> Result<Arc<ClientConf
     without_client_auth(provider, verifier)
 }
 
-/// A plain HTTPS (HTTP/1.1) client config that verifies the server against the CA file `ca`
-/// by the usual web PKI rules (its name, or IP address, in the certificate): what the
-/// coordinator reaches the Kubernetes API with. No certificate of our own.
-pub fn https_client_config(ca: &Path) -> Result<Arc<ClientConfig>, TlsError> {
+/// A client config for a server outside toolsrv's PKI (etcd): the server is verified against the
+/// CA certificates in `ca` by ordinary web-PKI rules (chain, host name or IP address,
+/// serverAuth), with no toolsrv identity expected; `identity` (certificate and key PEM files)
+/// is presented when given. ALPN is `h2`.
+pub fn web_pki_client_config(
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+) -> Result<Arc<ClientConfig>, TlsError> {
     let provider = provider();
     let roots = root_store(ca)?;
-    let mut config = ClientConfig::builder_with_provider(provider)
+    let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|source| TlsError::Config {
             side: "client",
             source,
         })?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        .with_root_certificates(roots);
+    let mut config = match identity {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let certs = read_certs(cert)?;
+            let key_der = read_key(key)?;
+            // Checked here so that a mismatch names the files instead of failing the handshake.
+            CertifiedKey::from_der(certs.clone(), key_der.clone_key(), &provider).map_err(|e| {
+                TlsError::bad_file(
+                    key,
+                    format!("unusable with the certificate {}: {e}", cert.display()),
+                )
+            })?;
+            builder
+                .with_client_auth_cert(certs, key_der)
+                .map_err(|source| TlsError::Config {
+                    side: "client",
+                    source,
+                })?
+        }
+    };
+    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// [`web_pki_client_config`] without a certificate of our own, speaking HTTP/1.1: what the
+/// coordinator reaches the Kubernetes API with.
+pub fn https_client_config(ca: &Path) -> Result<Arc<ClientConfig>, TlsError> {
+    let mut config = Arc::unwrap_or_clone(web_pki_client_config(ca, None)?);
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }

@@ -27,7 +27,7 @@ pub use client::{
 pub use config::{
     CertificateExpiry, TlsFiles, anonymous_client_config, certificate_expiry, certificate_identity,
     client_config, https_client_config, install_crypto_provider, provider, server_config,
-    server_config_with, unverified_client_config,
+    server_config_with, unverified_client_config, web_pki_client_config,
 };
 pub use conns::Connections;
 pub use creds::ServerCreds;

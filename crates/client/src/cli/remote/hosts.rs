@@ -50,6 +50,7 @@ fn host_json(h: &HostInfo) -> Value {
         "view_revision": h.view_revision,
         "last_seen_unix_ms": h.last_seen_unix_ms,
         "connected_unix_ms": h.connected_unix_ms,
+        "replica": (!h.replica.is_empty()).then_some(&h.replica),
     })
 }
 
@@ -181,6 +182,7 @@ mod tests {
             calls_in_flight: 2,
             max_concurrent_calls: 16,
             trusted_labels: Default::default(),
+            replica: String::new(),
         }
     }
 

@@ -125,12 +125,20 @@ impl Remote {
 }
 
 /// `host:port` means `https://host:port`; anything else is left for the TLS crate to judge.
+/// Several replicas, comma-separated, are each normalised.
 fn normalize_addr(addr: &str) -> String {
-    if addr.contains("://") {
-        addr.to_string()
-    } else {
-        format!("https://{addr}")
-    }
+    addr.split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(|a| {
+            if a.contains("://") {
+                a.to_string()
+            } else {
+                format!("https://{a}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Connects through the control socket when a master answers there, else directly; or prints one

@@ -1,0 +1,252 @@
+//! Two replicas on a three-member etcd: membership, claims, the newest link winning, leaving
+//! and dying, and the agreed catalog revision.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{TTL, bounded, eventually, init_logs, join, next_event, record};
+use toolsrv_cluster::{ClusterError, ClusterEvent, ClusterHealth};
+use toolsrv_testkit::EtcdCluster;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_see_each_other_and_their_claims() {
+    init_logs();
+    let etcd = EtcdCluster::start(3);
+    bounded(async {
+        let a = join(&etcd, "r1").await;
+        let b = join(&etcd, "r2").await;
+        let limit = Duration::from_secs(10);
+        eventually("both replicas listed on both", limit, || {
+            a.replicas().len() == 2 && b.replicas().len() == 2
+        })
+        .await;
+        assert_eq!(
+            b.replica("r1").map(|r| r.advertise_url),
+            Some("https://r1.test:7443".to_string())
+        );
+        let web = record(&a);
+        let claim = a.claim("web-1", web.clone()).await.unwrap();
+        assert_eq!(
+            (claim.link_id.as_str(), claim.previous),
+            (web.link_id.as_str(), None)
+        );
+        b.claim("db-1", record(&b)).await.unwrap();
+        eventually("each sees the other's claim", limit, || {
+            b.route("web-1").is_some_and(|r| r.owner == "r1")
+                && a.route("db-1").is_some_and(|r| r.owner == "r2")
+        })
+        .await;
+        assert_eq!(b.route("web-1"), Some(web), "facts and link travel whole");
+        let hosts: Vec<String> = a.hosts().into_iter().map(|(h, _)| h).collect();
+        assert_eq!(hosts, ["db-1", "web-1"]);
+        assert_eq!(a.health(), ClusterHealth::Ok);
+        a.shutdown().await;
+        b.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_newest_claim_wins_and_the_loser_is_told() {
+    init_logs();
+    let etcd = EtcdCluster::start(3);
+    bounded(async {
+        let a = join(&etcd, "r1").await;
+        let b = join(&etcd, "r2").await;
+        let mut a_events = a.subscribe();
+        let first = record(&a);
+        a.claim("web-1", first.clone()).await.unwrap();
+        eventually("b sees a's claim", Duration::from_secs(10), || {
+            b.route("web-1").is_some()
+        })
+        .await;
+
+        // The host reattaches to b: b's claim replaces a's, and a is told to drop its link.
+        let second = record(&b);
+        let claim = b.claim("web-1", second.clone()).await.unwrap();
+        assert_eq!(claim.previous.as_ref().map(|p| p.owner.as_str()), Some("r1"));
+        let event = next_event(&mut a_events, Duration::from_secs(10), "superseded", |e| {
+            matches!(e, ClusterEvent::Superseded { .. })
+        })
+        .await;
+        assert_eq!(
+            event,
+            ClusterEvent::Superseded {
+                host_id: "web-1".into(),
+                lost_link_id: first.link_id.clone(),
+                by: second.clone(),
+            }
+        );
+        eventually("a routes web-1 to b", Duration::from_secs(10), || {
+            a.route("web-1").is_some_and(|r| r.owner == "r2")
+        })
+        .await;
+
+        // The stale link's release leaves the newer claim alone.
+        assert!(!a.release("web-1", &first.link_id).await.unwrap());
+        assert_eq!(b.route("web-1").map(|r| r.link_id), Some(second.link_id.clone()));
+        assert!(b.release("web-1", &second.link_id).await.unwrap());
+        eventually("web-1 free", Duration::from_secs(10), || {
+            a.route("web-1").is_none() && b.route("web-1").is_none()
+        })
+        .await;
+
+        // A reattachment to the same replica supersedes its own older link.
+        let old = record(&a);
+        let new = record(&a);
+        a.claim("web-2", old.clone()).await.unwrap();
+        a.claim("web-2", new.clone()).await.unwrap();
+        let event = next_event(&mut a_events, Duration::from_secs(10), "own link superseded", |e| {
+            matches!(e, ClusterEvent::Superseded { host_id, .. } if host_id == "web-2")
+        })
+        .await;
+        assert!(
+            matches!(&event, ClusterEvent::Superseded { lost_link_id, .. } if *lost_link_id == old.link_id),
+            "{event:?}"
+        );
+
+        // A claim naming another replica as owner is a caller's mistake.
+        let err = a.claim("web-3", record(&b)).await.unwrap_err();
+        assert!(matches!(err, ClusterError::Invalid { .. }), "{err}");
+        let err = a.claim("a/b", record(&a)).await.unwrap_err();
+        assert!(err.to_string().contains("host id"), "{err}");
+        a.shutdown().await;
+        b.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_shuts_down_frees_its_hosts_at_once() {
+    init_logs();
+    let etcd = EtcdCluster::start(3);
+    bounded(async {
+        let a = join(&etcd, "r1").await;
+        let b = join(&etcd, "r2").await;
+        for host in ["h1", "h2", "h3"] {
+            a.claim(host, record(&a)).await.unwrap();
+        }
+        eventually("b sees a's hosts", Duration::from_secs(10), || {
+            b.hosts().len() == 3
+        })
+        .await;
+        let mut b_events = b.subscribe();
+        let start = Instant::now();
+        a.shutdown().await;
+        let event = next_event(&mut b_events, Duration::from_secs(10), "r1 gone", |e| {
+            matches!(e, ClusterEvent::ReplicaGone { .. })
+        })
+        .await;
+        let ClusterEvent::ReplicaGone { replica, mut hosts } = event else {
+            unreachable!()
+        };
+        hosts.sort();
+        assert_eq!(
+            (replica.id.as_str(), hosts),
+            ("r1", vec!["h1".into(), "h2".into(), "h3".into()])
+        );
+        eventually("hosts freed", Duration::from_secs(5), || {
+            b.hosts().is_empty()
+        })
+        .await;
+        let took = start.elapsed();
+        eprintln!("shutdown freed the hosts in {took:?}");
+        assert!(took < TTL, "revoked, not expired: {took:?}");
+        let err = a.claim("h4", record(&a)).await.unwrap_err();
+        assert!(matches!(err, ClusterError::Closed { .. }), "{err}");
+        b.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_dies_loses_its_hosts_within_its_lease() {
+    init_logs();
+    let etcd = EtcdCluster::start(3);
+    bounded(async {
+        let a = join(&etcd, "r1").await;
+        let b = join(&etcd, "r2").await;
+        a.claim("h1", record(&a)).await.unwrap();
+        a.claim("h2", record(&a)).await.unwrap();
+        eventually("b sees a's hosts", Duration::from_secs(10), || {
+            b.hosts().len() == 2
+        })
+        .await;
+        let mut b_events = b.subscribe();
+        let start = Instant::now();
+        // No revocation: the tasks stop, the lease is left to expire.
+        drop(a);
+        let event = next_event(
+            &mut b_events,
+            TTL + Duration::from_secs(5),
+            "r1 gone",
+            |e| matches!(e, ClusterEvent::ReplicaGone { .. }),
+        )
+        .await;
+        let took = start.elapsed();
+        eprintln!("a dead replica's hosts were freed after {took:?} (lease TTL {TTL:?})");
+        let ClusterEvent::ReplicaGone { hosts, .. } = event else {
+            unreachable!()
+        };
+        assert_eq!(hosts.len(), 2, "{hosts:?}");
+        assert!(took <= TTL + Duration::from_secs(2), "{took:?}");
+        eventually("hosts freed", Duration::from_secs(5), || {
+            b.hosts().is_empty()
+        })
+        .await;
+        b.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_agree_on_one_catalog_revision_that_never_goes_back() {
+    init_logs();
+    let etcd = EtcdCluster::start(3);
+    bounded(async {
+        let a = join(&etcd, "r1").await;
+        let b = join(&etcd, "r2").await;
+        let mut returned = Vec::new();
+        // The same digest: one revision, whatever each replica would number it.
+        let first = a.agree_catalog("d1", 1).await.unwrap();
+        assert_eq!(first.revision, 1);
+        assert_eq!(b.agree_catalog("d1", 7).await.unwrap(), first);
+        returned.push(first.revision);
+
+        // Another digest bumps above both revisions, and the other replica learns of it.
+        let bumped = b.agree_catalog("d2", 1).await.unwrap();
+        assert_eq!(bumped.revision, 2);
+        let mut a_catalog = a.catalog_watch();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            a_catalog.wait_for(|c| c.as_ref().is_some_and(|c| c.revision == 2)),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        let again = a.agree_catalog("d1", 1).await.unwrap();
+        assert_eq!(again.revision, 3, "{again:?}");
+        returned.push(again.revision);
+
+        // Concurrent agreements on a new digest settle on one revision.
+        let (x, y) = tokio::join!(a.agree_catalog("d3", 3), b.agree_catalog("d3", 3));
+        let (x, y) = (x.unwrap(), y.unwrap());
+        assert_eq!(x, y);
+        assert_eq!(x.revision, 4);
+        returned.push(x.revision);
+
+        // etcd loses the record (restored from an old backup, say): never backwards.
+        etcd.delete("/test/catalog");
+        let after = a.agree_catalog("d3", 1).await.unwrap();
+        assert_eq!(after.revision, 4, "{after:?}");
+        returned.push(after.revision);
+        let other = b.agree_catalog("d4", 1).await.unwrap();
+        assert_eq!(other.revision, 5, "{other:?}");
+        returned.push(other.revision);
+        assert!(returned.windows(2).all(|w| w[0] <= w[1]), "{returned:?}");
+        a.shutdown().await;
+        b.shutdown().await;
+    })
+    .await;
+}

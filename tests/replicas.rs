@@ -1,0 +1,504 @@
+//! Several coordinator replicas on etcd, as real processes on loopback: three etcd members,
+//! three coordinators (`--etcd`), agents given every replica's URL. Every host is callable
+//! through every replica (relayed to the one that holds its link); `ListHosts` shows the whole
+//! fleet from any of them; a replica killed with SIGKILL loses its hosts to the others within a
+//! bounded time while calls through the others go on; a relayed call whose client vanishes ends
+//! its process on the host; an etcd member lost changes nothing; a client cannot speak for
+//! another client the way a replica may.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use toolsrv_testkit::{CoordinatorLaunch, EtcdCluster, free_port};
+use toolsrv_tests::{Fleet, Proc, bin, text, wait_for};
+
+const HELLO: &str =
+    r#"{"description": "Say hello", "cmd": "echo hello from $(cat /proc/sys/kernel/hostname)"}"#;
+
+/// A fleet of `agents` attached to `n` replicas on a 3-member etcd.
+struct Replicated {
+    fleet: Fleet,
+    etcd: EtcdCluster,
+    ports: Vec<u16>,
+    replicas: Vec<Option<Proc>>,
+}
+
+impl Replicated {
+    fn start(n: usize, agents: &[&str], tools: &[(&str, &str)]) -> Self {
+        let etcd = EtcdCluster::start(3);
+        let fleet = Fleet::new(agents);
+        for (file, content) in tools {
+            fleet.tool(file, content, false);
+        }
+        let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let mut this = Self {
+            fleet,
+            etcd,
+            ports,
+            replicas: Vec::new(),
+        };
+        for i in 0..n {
+            let proc = this.launch(i);
+            this.replicas.push(Some(proc));
+        }
+        this.fleet.agent_coordinators = Some(this.urls().join(","));
+        this.fleet.port = this.ports[0];
+        this
+    }
+
+    fn urls(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|p| format!("https://127.0.0.1:{p}"))
+            .collect()
+    }
+
+    fn launch(&self, i: usize) -> Proc {
+        let mut launch = CoordinatorLaunch::new(
+            self.ports[i],
+            &self.fleet.tools,
+            self.fleet.pki.files(&toolsrv_tls::Identity::Coordinator),
+        );
+        launch.log = "info,toolsrv_coordinator=debug".into();
+        launch.args = vec![
+            format!("--etcd={}", self.etcd.endpoints().join(",")),
+            format!("--replica-id=r{i}"),
+            format!("--advertise-url=https://127.0.0.1:{}", self.ports[i]),
+            "--etcd-lease=2s".into(),
+            "--rescan-secs=1".into(),
+            format!(
+                "--audit-log={}",
+                self.fleet
+                    .work
+                    .path()
+                    .join(format!("audit-r{i}.jsonl"))
+                    .display()
+            ),
+        ];
+        launch
+            .start(
+                &bin("toolsrv"),
+                &format!("replica-{i}"),
+                self.fleet.work.path(),
+            )
+            .unwrap()
+    }
+
+    /// `toolctl` as alice through replica `i`.
+    fn toolctl(&mut self, i: usize, args: &[&str]) -> std::process::Output {
+        self.fleet.port = self.ports[i];
+        self.fleet.toolctl(args)
+    }
+
+    /// `toolctl hosts --json` through replica `i`.
+    fn hosts(&mut self, i: usize) -> Vec<Value> {
+        self.fleet.port = self.ports[i];
+        self.fleet.hosts()
+    }
+
+    /// Waits until replica `i` shows every host of `ids` online; the replicas holding them.
+    fn wait_all_online(&mut self, i: usize, ids: &[&str], limit: Duration) -> Vec<String> {
+        self.wait_all_online_off(i, ids, "", limit)
+    }
+
+    /// [`Self::wait_all_online`], none of them held by replica `not_on`.
+    fn wait_all_online_off(
+        &mut self,
+        i: usize,
+        ids: &[&str],
+        not_on: &str,
+        limit: Duration,
+    ) -> Vec<String> {
+        self.fleet.port = self.ports[i];
+        let fleet = &self.fleet;
+        wait_for("every host online through the replica", limit, || {
+            let hosts = fleet.hosts();
+            let online: Vec<&Value> = hosts
+                .iter()
+                .filter(|h| h["state"] == "online" && ids.contains(&h["host_id"].as_str().unwrap()))
+                .filter(|h| h["replica"] != not_on)
+                .collect();
+            (online.len() == ids.len()).then(|| {
+                online
+                    .iter()
+                    .map(|h| h["replica"].as_str().unwrap_or_default().to_string())
+                    .collect()
+            })
+        })
+    }
+}
+
+fn ids(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("h{i:02}")).collect()
+}
+
+#[test]
+fn every_host_is_callable_through_every_replica_and_a_dead_replica_loses_its_hosts_to_the_others() {
+    let names = ids(12);
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let slow = r#"{"description": "Slow", "cmd": "sleep 4; echo slept"}"#;
+    let mut r = Replicated::start(3, &names, &[("hello.meta", HELLO), ("slow.meta", slow)]);
+    for id in &names {
+        r.fleet
+            .start_agent(id, &toolsrv_tests::AgentSpec::default());
+    }
+    let owners = r.wait_all_online(0, &names, Duration::from_secs(60));
+    let mut distinct = owners.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert!(
+        distinct.len() >= 2,
+        "agents spread over the replicas: {owners:?}"
+    );
+
+    // Every replica lists the whole fleet, and every host answers through every replica.
+    for i in 0..3 {
+        let hosts = r.hosts(i);
+        assert_eq!(
+            hosts.iter().filter(|h| h["state"] == "online").count(),
+            names.len(),
+            "replica {i}: {hosts:?}"
+        );
+        for id in &names {
+            let out = r.toolctl(i, &["call", id, "hello"]);
+            assert!(
+                out.status.success(),
+                "{id} through r{i}: {}",
+                text(&out.stderr)
+            );
+            assert!(
+                text(&out.stdout).contains("hello from"),
+                "{}",
+                text(&out.stdout)
+            );
+        }
+        let out = r.toolctl(i, &["fanout", "all", "hello"]);
+        assert!(
+            out.status.success(),
+            "fan-out through r{i}: {}",
+            text(&out.stderr)
+        );
+    }
+    // The entering replica audits relayed calls, naming the replica that ran them.
+    let audit = std::fs::read_to_string(r.fleet.work.path().join("audit-r0.jsonl")).unwrap();
+    assert!(audit.contains("\"relayed_to\""), "{audit}");
+
+    // One etcd member dies: nothing changes.
+    r.etcd.kill(2);
+    for id in &names[..4] {
+        let out = r.toolctl(1, &["call", id, "hello"]);
+        assert!(
+            out.status.success(),
+            "{id} with an etcd member down: {}",
+            text(&out.stderr)
+        );
+    }
+
+    // Replica 2 dies with SIGKILL while calls run through the others.
+    let victim = 2;
+    let held: Vec<&str> = names
+        .iter()
+        .zip(&owners)
+        .filter(|(_, o)| *o == &format!("r{victim}"))
+        .map(|(n, _)| *n)
+        .collect();
+    let elsewhere = *names
+        .iter()
+        .zip(&owners)
+        .find(|(_, o)| *o != &format!("r{victim}"))
+        .map(|(n, _)| n)
+        .unwrap();
+    r.fleet.port = r.ports[0];
+    let running = r
+        .fleet
+        .toolctl_command("client-alice", &["call", elsewhere, "slow"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    r.replicas[victim].as_mut().unwrap().kill();
+    let killed = Instant::now();
+    let back = r.wait_all_online_off(0, &names, &format!("r{victim}"), Duration::from_secs(60));
+    let failover = killed.elapsed();
+    assert!(back.iter().all(|o| o != &format!("r{victim}")), "{back:?}");
+    eprintln!(
+        "{} hosts of the dead replica back through the others after {failover:?}",
+        held.len()
+    );
+    let out = running.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && text(&out.stdout).contains("slept"),
+        "a call through another replica is unaffected: {}",
+        text(&out.stderr)
+    );
+    for id in &names {
+        let out = r.toolctl(1, &["call", id, "hello"]);
+        assert!(
+            out.status.success(),
+            "{id} after the failover: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn a_relayed_call_whose_client_vanishes_ends_its_process_on_the_host() {
+    let mut r = Replicated::start(2, &["solo"], &[]);
+    let pid_file = r.fleet.marks().join("sleeper.pid");
+    r.fleet.tool(
+        "sleeper.meta",
+        &format!(
+            r#"{{"description": "Sleeps", "cmd": "sh -c 'echo $$ > {}; exec sleep 60' & wait"}}"#,
+            pid_file.display()
+        ),
+        false,
+    );
+    // The host attaches to replica 1 only; the client calls through replica 0.
+    r.fleet.agent_coordinators = Some(r.urls()[1].clone());
+    r.fleet
+        .start_agent("solo", &toolsrv_tests::AgentSpec::default());
+    let owners = r.wait_all_online(0, &["solo"], Duration::from_secs(30));
+    assert_eq!(owners, vec!["r1".to_string()]);
+    r.fleet.port = r.ports[0];
+    let mut call = r
+        .fleet
+        .toolctl_command("client-alice", &["call", "solo", "sleeper"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid: i32 = wait_for("the tool to start", Duration::from_secs(20), || {
+        std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|p| p.trim().parse().ok())
+    });
+    call.kill().unwrap();
+    let _ = call.wait();
+    wait_for("the tool's process to end", Duration::from_secs(20), || {
+        (nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err()).then_some(())
+    });
+}
+
+#[test]
+fn only_a_replica_may_speak_for_a_client() {
+    let policy = r#"{"default": "allow", "rules": [{"clients": ["bob"], "effect": "deny"}]}"#;
+    let mut r = Replicated::start(1, &["p1"], &[("hello.meta", HELLO)]);
+    drop(r.replicas.pop());
+    let policy_file = r.fleet.work.path().join("policy.json");
+    std::fs::write(&policy_file, policy).unwrap();
+    let mut launch = CoordinatorLaunch::new(
+        r.ports[0],
+        &r.fleet.tools,
+        r.fleet.pki.files(&toolsrv_tls::Identity::Coordinator),
+    );
+    launch.args = vec![
+        format!("--etcd={}", r.etcd.endpoints().join(",")),
+        "--replica-id=r0".into(),
+        format!("--advertise-url=https://127.0.0.1:{}", r.ports[0]),
+        format!("--policy={}", policy_file.display()),
+    ];
+    r.replicas.push(Some(
+        launch
+            .start(&bin("toolsrv"), "replica-p", r.fleet.work.path())
+            .unwrap(),
+    ));
+    r.fleet
+        .start_agent("p1", &toolsrv_tests::AgentSpec::default());
+    r.wait_all_online(0, &["p1"], Duration::from_secs(30));
+    let out = r
+        .fleet
+        .toolctl_as("client-bob", &["call", "p1", "hello"], None);
+    assert!(!out.status.success(), "bob is denied");
+
+    // Bob naming alice in the relay header is still bob.
+    let pki = r.fleet.pki.root().to_path_buf();
+    let url = r.urls()[0].clone();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        use tokio_stream::StreamExt;
+        let files = toolsrv_testkit::stem_files(&pki, "client-bob");
+        let channel = toolsrv_tls::connect_reloading(&url, &files, toolsrv_tls::Role::Coordinator)
+            .await
+            .unwrap();
+        let mut tools = toolsrv_proto::v1::tools_client::ToolsClient::new(channel);
+        let mut request = tonic::Request::new(toolsrv_proto::v1::CallRequest {
+            host: "p1".into(),
+            tool: "hello".into(),
+            args_json: "{}".into(),
+            ..Default::default()
+        });
+        request
+            .metadata_mut()
+            .insert("toolsrv-on-behalf-of", "alice".parse().unwrap());
+        request
+            .metadata_mut()
+            .insert("toolsrv-relayed-by", "r9".parse().unwrap());
+        let mut stream = tools.call(request).await.unwrap().into_inner();
+        let mut status = None;
+        while let Some(event) = stream.next().await {
+            if let Some(toolsrv_proto::v1::call_event::Event::Result(result)) = event.unwrap().event
+            {
+                status = Some(result.status);
+            }
+        }
+        assert_eq!(
+            status,
+            Some(toolsrv_proto::v1::CallStatus::Denied as i32),
+            "a client's relay header is ignored"
+        );
+    });
+}
+
+/// The serving status of `service` on replica `url`'s health service, as client alice asks.
+fn health(pki: &std::path::Path, url: &str, service: &str) -> i32 {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let files = toolsrv_testkit::stem_files(pki, "client-alice");
+        let channel = toolsrv_tls::connect_reloading(url, &files, toolsrv_tls::Role::Coordinator)
+            .await
+            .unwrap();
+        tonic_health::pb::health_client::HealthClient::new(channel)
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .map(|r| r.into_inner().status)
+            .unwrap_or(-1)
+    })
+}
+
+#[test]
+fn without_an_etcd_quorum_replicas_serve_the_hosts_they_hold_and_refuse_new_links() {
+    let names = ["q1", "q2", "q3", "q4"];
+    let mut r = Replicated::start(2, &names, &[("hello.meta", HELLO)]);
+    for id in &names[..3] {
+        r.fleet
+            .start_agent(id, &toolsrv_tests::AgentSpec::default());
+    }
+    r.wait_all_online(0, &names[..3], Duration::from_secs(30));
+    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+    let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
+    let pki = r.fleet.pki.root().to_path_buf();
+    let url = r.urls()[0].clone();
+    assert_eq!(health(&pki, &url, "toolsrv.cluster"), serving);
+
+    // Two of three members gone: no quorum.
+    r.etcd.kill(1);
+    r.etcd.kill(2);
+    wait_for(
+        "health to say etcd is not usable",
+        Duration::from_secs(30),
+        || (health(&pki, &url, "toolsrv.cluster") == not_serving).then_some(()),
+    );
+    // The hosts held keep answering, through either replica.
+    for i in 0..2 {
+        for id in &names[..3] {
+            let out = r.toolctl(i, &["call", id, "hello"]);
+            assert!(
+                out.status.success(),
+                "{id} through r{i} without quorum: {}",
+                text(&out.stderr)
+            );
+        }
+    }
+    // A new host is refused (its agent keeps retrying), and the log says why.
+    r.fleet
+        .start_agent("q4", &toolsrv_tests::AgentSpec::default());
+    let agent = r.fleet.agents.get("q4").unwrap();
+    let refused =
+        toolsrv_tests::try_wait_for("the new agent refused", Duration::from_secs(30), || {
+            agent
+                .log()
+                .contains("cannot record the link in etcd")
+                .then_some(())
+        });
+    assert!(refused.is_ok(), "{}", agent.log());
+    assert!(
+        r.hosts(0)
+            .iter()
+            .all(|h| h["host_id"] != "q4" || h["state"] != "online")
+    );
+
+    // Quorum back: healthy again, and the new host attaches.
+    r.etcd.restart(1);
+    wait_for("health back", Duration::from_secs(60), || {
+        (health(&pki, &url, "toolsrv.cluster") == serving).then_some(())
+    });
+    r.wait_all_online(0, &names, Duration::from_secs(90));
+}
+
+#[test]
+fn a_relayed_stream_keeps_the_relaying_replicas_memory_bounded_while_the_reader_stalls() {
+    let gib = r#"{"description": "1 GiB of zeros", "cmd": "head -c 1073741824 /dev/zero"}"#;
+    let mut r = Replicated::start(2, &["big"], &[("gib.meta", gib)]);
+    r.fleet.agent_coordinators = Some(r.urls()[1].clone());
+    r.fleet.start_agent(
+        "big",
+        &toolsrv_tests::AgentSpec {
+            args: vec!["--output-cap=2147483648".into()],
+            ..toolsrv_tests::AgentSpec::default()
+        },
+    );
+    r.wait_all_online(0, &["big"], Duration::from_secs(30));
+    let relay_pid = r.replicas[0].as_ref().unwrap().pid();
+    let rss_kib = |pid: i32| -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let before = rss_kib(relay_pid);
+    let pki = r.fleet.pki.root().to_path_buf();
+    let url = r.urls()[0].clone();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (read, peak) = runtime.block_on(async {
+        use tokio_stream::StreamExt;
+        let files = toolsrv_testkit::stem_files(&pki, "client-alice");
+        let channel = toolsrv_tls::connect_reloading(&url, &files, toolsrv_tls::Role::Coordinator)
+            .await
+            .unwrap();
+        let mut tools = toolsrv_proto::v1::tools_client::ToolsClient::new(channel);
+        let mut stream = tools
+            .call(toolsrv_proto::v1::CallRequest {
+                host: "big".into(),
+                tool: "gib".into(),
+                args_json: "{}".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        // Read 4 MiB, then stall for 5 s while the tool could write a gigabyte.
+        let mut read = 0usize;
+        while read < 4 << 20 {
+            if let Some(toolsrv_proto::v1::call_event::Event::Output(chunk)) =
+                stream.next().await.unwrap().unwrap().event
+            {
+                read += chunk.data.len();
+            }
+        }
+        let mut peak = 0;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            peak = peak.max(rss_kib(relay_pid));
+        }
+        drop(stream);
+        (read, peak)
+    });
+    eprintln!(
+        "relaying replica RSS: {} MiB before, {} MiB at most while the reader stalled (read {} MiB)",
+        before / 1024,
+        peak / 1024,
+        read >> 20
+    );
+    assert!(
+        peak < before + 64 * 1024,
+        "the relaying replica grew from {before} KiB to {peak} KiB"
+    );
+}
