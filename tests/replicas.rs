@@ -263,6 +263,8 @@ fn a_relayed_call_whose_client_vanishes_ends_its_process_on_the_host() {
     let owners = r.wait_all_online(0, &["solo"], Duration::from_secs(30));
     assert_eq!(owners, vec!["r1".to_string()]);
     r.fleet.port = r.ports[0];
+    // The tool was added after the replicas started: wait until the host offers it.
+    r.fleet.wait_online(&["solo"], "sleeper");
     let mut call = r
         .fleet
         .toolctl_command("client-alice", &["call", "solo", "sleeper"])

@@ -235,7 +235,7 @@ mod tests {
                 "trusted_labels": {},
                 "agent_version": "0.1.0", "visible_tools": 12, "calls_in_flight": 2,
                 "max_concurrent_calls": 16, "view_revision": 7, "last_seen_unix_ms": 5,
-                "connected_unix_ms": 1000,
+                "connected_unix_ms": 1000, "replica": null,
             })
         );
     }
