@@ -218,6 +218,14 @@ fn every_host_is_callable_through_every_replica_and_a_dead_replica_loses_its_hos
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // And one through replica 0 to a host the victim holds: it must end with one status.
+    let doomed = r
+        .fleet
+        .toolctl_command("client-alice", &["call", held[0], "slow"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     std::thread::sleep(Duration::from_millis(500));
     r.replicas[victim].as_mut().unwrap().kill();
     let killed = Instant::now();
@@ -227,6 +235,19 @@ fn every_host_is_callable_through_every_replica_and_a_dead_replica_loses_its_hos
     eprintln!(
         "{} hosts of the dead replica back through the others after {failover:?}",
         held.len()
+    );
+    let out = doomed.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "a call on a host of the dead replica ends lost (retry later): {err}"
+    );
+    assert!(err.contains("lost"), "{err}");
+    assert!(
+        !text(&out.stdout).contains("slept"),
+        "{}",
+        text(&out.stdout)
     );
     let out = running.wait_with_output().unwrap();
     assert!(

@@ -248,11 +248,11 @@ fn relay_failed(host: &str, record: &HostRecord, status: &Status) -> CallResult 
     let (code, what) = match status.code() {
         tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown => (
             CallStatus::Lost,
-            "the replica holding its link is unreachable",
+            "call lost: the replica holding its link went away or cannot be reached",
         ),
         tonic::Code::PermissionDenied => (CallStatus::Denied, "refused"),
         tonic::Code::ResourceExhausted => (CallStatus::Busy, "busy"),
-        _ => (CallStatus::Lost, "relay failed"),
+        _ => (CallStatus::Lost, "call lost: the relay failed"),
     };
     CallResult {
         status: code as i32,
