@@ -5,7 +5,7 @@
 #
 #   crates/bench/fleet-bench.sh                  # full run (a few minutes)
 #   BENCH_QUICK=1 crates/bench/fleet-bench.sh    # under a minute once built: smaller sizes
-#   FLEET_ONLY=fanout,memory crates/bench/fleet-bench.sh   # some sections only
+#   FLEET_ONLY=fanout,memory crates/bench/fleet-bench.sh   # some sections only (also: replicas)
 #   FLEET_ONLY=scale FLEET_SCALE_AGENTS=10000 crates/bench/fleet-bench.sh   # one coordinator,
 #                                                # 10,000 stand-in hosts (only when named)
 #

@@ -6,10 +6,12 @@
 //! sshd and tears everything down. Environment: `FLEET_BIN_DIR` (default: next to this bench's
 //! executable), `FLEET_PKI` (default: a fresh PKI written here), `FLEET_EXAMPLES`, `FLEET_WORK`,
 //! `FLEET_SSH_CONFIG` + `FLEET_SSH_HOST` or `FLEET_SSH_SKIP`, `FLEET_ONLY=latency,concurrency,
-//! fanout,stream,memory,scale` (`scale` runs only when named: `FLEET_SCALE_AGENTS`, default
+//! fanout,stream,memory,replicas,scale` (`scale` runs only when named: `FLEET_SCALE_AGENTS`, default
 //! 10,000, `FLEET_SCALE_PARALLEL`, `FLEET_SCALE_KEEPALIVE_MS`, `FLEET_SCALE_RUNS`), `BENCH_QUICK=1`.
 
 // In a directory of its own: a file beside this one would be a bench target of its own.
+#[path = "fleet/replicas.rs"]
+mod replicas;
 #[path = "fleet/scale.rs"]
 mod scale;
 
@@ -217,7 +219,7 @@ async fn run() -> Result<(), BenchError> {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
     let mut failures = Vec::new();
-    let sections: [(&str, Section); 6] = [
+    let sections: [(&str, Section); 7] = [
         ("latency", |p, s| {
             Box::pin(latency_and_concurrency(p, s, true))
         }),
@@ -228,6 +230,7 @@ async fn run() -> Result<(), BenchError> {
         ("stream", |p, s| Box::pin(stream(p, s))),
         ("memory", |p, s| Box::pin(memory(p, s))),
         ("scale", |p, s| Box::pin(scale::scale(p, s))),
+        ("replicas", |p, s| Box::pin(replicas::replicas(p, s))),
     ];
     for (name, section) in sections {
         if !wanted(name) {

@@ -1,0 +1,104 @@
+//! Section `replicas`: two coordinator replicas on a three-member etcd (Debian `etcd-server`),
+//! one real agent attached to the second. The same call through the replica that holds the
+//! agent's link (local) and through the other one (relayed), interleaved, on one open
+//! connection each.
+
+use std::time::Duration;
+
+use toolsrv_bench::BenchError;
+use toolsrv_bench::procs::{
+    Paths, connect, start_agent, start_coordinator_on, wait_for_tool, write_tools,
+};
+use toolsrv_bench::remote::library_call;
+use toolsrv_bench::stats::{Summary, Table, fmt_ns};
+use toolsrv_testkit::{EtcdCluster, try_free_port};
+
+use super::{CALL_AGENT, ECHO, HEADER, Sizes, remote_script, row, verdict};
+
+pub(crate) async fn replicas(paths: &Paths, sizes: Sizes) -> Result<(), BenchError> {
+    println!(
+        "\n7. replicas: a call relayed by another replica vs the same call through the replica \
+         holding the agent's link (library call_to_end, one connection each, interleaved pairs, \
+         order alternating)"
+    );
+    let etcd = tokio::task::spawn_blocking(|| EtcdCluster::try_start(3))
+        .await
+        .map_err(|e| e.to_string())??;
+    let tools = paths.work.join("tools-replicas");
+    write_tools(&tools, &[(ECHO, remote_script())])?;
+    let ports = [try_free_port()?, try_free_port()?];
+    let mut replicas = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        let args = vec![
+            "--max-calls-per-client=100000".to_string(),
+            "--max-calls-per-client-host=100000".to_string(),
+            format!("--etcd={}", etcd.endpoints().join(",")),
+            format!("--replica-id=r{i}"),
+            format!("--advertise-url=https://127.0.0.1:{port}"),
+        ];
+        replicas.push(start_coordinator_on(
+            paths,
+            &format!("coordinator-replica-{i}"),
+            &tools,
+            (*port, "warn"),
+            &args,
+        )?);
+    }
+    let _agent = start_agent(
+        paths,
+        &replicas[1].url,
+        CALL_AGENT,
+        &["--max-concurrent-calls=64".to_string()],
+    )?;
+    let local = connect(paths, &replicas[1].url).await?;
+    let relaying = connect(paths, &replicas[0].url).await?;
+    wait_for_tool(&local, CALL_AGENT, ECHO, Duration::from_secs(30)).await?;
+    wait_for_tool(&relaying, CALL_AGENT, ECHO, Duration::from_secs(30)).await?;
+    let pair = |relayed_first: bool| {
+        let (local, relaying) = (&local, &relaying);
+        async move {
+            if relayed_first {
+                let r = library_call(relaying, CALL_AGENT, ECHO).await?;
+                Ok::<_, BenchError>((r, library_call(local, CALL_AGENT, ECHO).await?))
+            } else {
+                let l = library_call(local, CALL_AGENT, ECHO).await?;
+                Ok((library_call(relaying, CALL_AGENT, ECHO).await?, l))
+            }
+        }
+    };
+    for i in 0..20 {
+        pair(i % 2 == 0).await?;
+    }
+    let (mut relayed, mut direct, mut diff) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..sizes.lib_pairs {
+        let (r, l) = pair(i % 2 == 0).await?;
+        relayed.push(r);
+        direct.push(l);
+        diff.push(r.as_nanos() as f64 - l.as_nanos() as f64);
+    }
+    let mut table = Table::new(HEADER);
+    let l = row(&mut table, "through the replica holding the link", &direct);
+    let r = row(&mut table, "relayed by the other replica", &relayed);
+    if let Some(s) = Summary::of_nanos(&diff) {
+        table.row([
+            "difference per pair".to_string(),
+            s.n.to_string(),
+            fmt_ns(s.median),
+            fmt_ns(s.p90),
+            fmt_ns(s.p99),
+            fmt_ns(s.min),
+            fmt_ns(s.max),
+        ]);
+    }
+    print!("{}", table.render());
+    if let (Some(l), Some(r), Some(pd)) = (l, r, Summary::of_nanos(&diff)) {
+        println!(
+            "goal: a relayed call under 0.5 ms more than a local one at the median -> {} \
+             (medians differ by {}; median per-pair difference {})",
+            verdict(r.median - l.median < 5e5 && pd.median < 5e5),
+            fmt_ns(r.median - l.median),
+            fmt_ns(pd.median)
+        );
+    }
+    Ok(())
+}
