@@ -392,6 +392,47 @@ async fn ssh_vs_toolctl(paths: &Paths, url: &str, sizes: Sizes) -> Result<(), Be
     Ok(())
 }
 
+/// Times `n` pairs `pair(first)` of two measurements (the order alternating, after 20 pairs of
+/// warm-up) and prints their table with the per-pair difference (first minus second);
+/// their summaries and the difference's.
+async fn paired<F, Fut>(
+    n: usize,
+    labels: [&str; 2],
+    mut pair: F,
+) -> Result<(Option<Summary>, Option<Summary>, Option<Summary>), BenchError>
+where
+    F: FnMut(bool) -> Fut,
+    Fut: std::future::Future<Output = Result<(Duration, Duration), BenchError>>,
+{
+    for i in 0..20 {
+        pair(i % 2 == 0).await?;
+    }
+    let (mut first, mut second, mut diff) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let (a, b) = pair(i % 2 == 0).await?;
+        first.push(a);
+        second.push(b);
+        diff.push(a.as_nanos() as f64 - b.as_nanos() as f64);
+    }
+    let mut table = Table::new(HEADER);
+    let a = row(&mut table, labels[0], &first);
+    let b = row(&mut table, labels[1], &second);
+    let d = Summary::of_nanos(&diff);
+    if let Some(s) = &d {
+        table.row([
+            "difference per pair".to_string(),
+            s.n.to_string(),
+            fmt_ns(s.median),
+            fmt_ns(s.p90),
+            fmt_ns(s.p99),
+            fmt_ns(s.min),
+            fmt_ns(s.max),
+        ]);
+    }
+    print!("{}", table.render());
+    Ok((a, b, d))
+}
+
 async fn library_vs_local(client: &Client, sizes: Sizes) -> Result<(), BenchError> {
     println!(
         "\n1b. library `Client::call_to_end` on one open connection vs tokio::process `/bin/sh -c` \
@@ -414,32 +455,16 @@ async fn library_vs_local(client: &Client, sizes: Sizes) -> Result<(), BenchErro
             Ok::<_, BenchError>((lib, local))
         }
     };
-    for i in 0..20 {
-        pair(i % 2 == 0).await?;
-    }
-    let (mut lib, mut local, mut diff) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..sizes.lib_pairs {
-        let (l, d) = pair(i % 2 == 0).await?;
-        lib.push(l);
-        local.push(d);
-        diff.push(l.as_nanos() as f64 - d.as_nanos() as f64);
-    }
-    let mut table = Table::new(HEADER);
-    let l = row(&mut table, "library call_to_end (remote agent)", &lib);
-    let d = row(&mut table, "local tokio::process spawn", &local);
-    if let Some(s) = Summary::of_nanos(&diff) {
-        table.row([
-            "difference per pair".to_string(),
-            s.n.to_string(),
-            fmt_ns(s.median),
-            fmt_ns(s.p90),
-            fmt_ns(s.p99),
-            fmt_ns(s.min),
-            fmt_ns(s.max),
-        ]);
-    }
-    print!("{}", table.render());
-    if let (Some(l), Some(d), Some(pd)) = (l, d, Summary::of_nanos(&diff)) {
+    let (l, d, pd) = paired(
+        sizes.lib_pairs,
+        [
+            "library call_to_end (remote agent)",
+            "local tokio::process spawn",
+        ],
+        pair,
+    )
+    .await?;
+    if let (Some(l), Some(d), Some(pd)) = (l, d, pd) {
         let gap = l.median - d.median;
         println!(
             "goal: library within 1 ms of local at the median -> {} (medians differ by {}; \

@@ -10,10 +10,10 @@ use toolsrv_bench::procs::{
     Paths, connect, start_agent, start_coordinator_on, wait_for_tool, write_tools,
 };
 use toolsrv_bench::remote::library_call;
-use toolsrv_bench::stats::{Summary, Table, fmt_ns};
+use toolsrv_bench::stats::fmt_ns;
 use toolsrv_testkit::{EtcdCluster, try_free_port};
 
-use super::{CALL_AGENT, ECHO, HEADER, Sizes, remote_script, row, verdict};
+use super::{CALL_AGENT, ECHO, Sizes, paired, remote_script, verdict};
 
 pub(crate) async fn replicas(paths: &Paths, sizes: Sizes) -> Result<(), BenchError> {
     println!(
@@ -66,32 +66,16 @@ pub(crate) async fn replicas(paths: &Paths, sizes: Sizes) -> Result<(), BenchErr
             }
         }
     };
-    for i in 0..20 {
-        pair(i % 2 == 0).await?;
-    }
-    let (mut relayed, mut direct, mut diff) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..sizes.lib_pairs {
-        let (r, l) = pair(i % 2 == 0).await?;
-        relayed.push(r);
-        direct.push(l);
-        diff.push(r.as_nanos() as f64 - l.as_nanos() as f64);
-    }
-    let mut table = Table::new(HEADER);
-    let l = row(&mut table, "through the replica holding the link", &direct);
-    let r = row(&mut table, "relayed by the other replica", &relayed);
-    if let Some(s) = Summary::of_nanos(&diff) {
-        table.row([
-            "difference per pair".to_string(),
-            s.n.to_string(),
-            fmt_ns(s.median),
-            fmt_ns(s.p90),
-            fmt_ns(s.p99),
-            fmt_ns(s.min),
-            fmt_ns(s.max),
-        ]);
-    }
-    print!("{}", table.render());
-    if let (Some(l), Some(r), Some(pd)) = (l, r, Summary::of_nanos(&diff)) {
+    let (r, l, pd) = paired(
+        sizes.lib_pairs,
+        [
+            "relayed by the other replica",
+            "through the replica holding the link",
+        ],
+        pair,
+    )
+    .await?;
+    if let (Some(l), Some(r), Some(pd)) = (l, r, pd) {
         println!(
             "goal: a relayed call under 0.5 ms more than a local one at the median -> {} \
              (medians differ by {}; median per-pair difference {})",
