@@ -88,42 +88,15 @@ impl Audit {
 
     /// Records a call's outcome.
     pub fn record(&self, r: &Record<'_>, result: &CallResult) {
-        let status = CallStatus::try_from(result.status).unwrap_or(CallStatus::Unspecified);
-        self.write(json!({
-            "ts_unix_ms": now_ms(),
-            "event": "call",
-            "client": bounded(r.client, MAX_NAME_FIELD),
-            "host": bounded(r.host, MAX_NAME_FIELD),
-            "tool": bounded(r.tool, MAX_NAME_FIELD),
-            "args_sha256": bounded(r.args_sha256, MAX_NAME_FIELD),
-            "fanout": r.fanout.map(|f| bounded(f, MAX_NAME_FIELD)),
-            "status": status.as_str_name(),
-            "exit_code": result.exit_code,
-            "signal": result.signal,
-            "duration_ms": result.duration_ms,
-            "message": bounded(&result.message, MAX_MESSAGE_FIELD),
-        }));
+        self.write(call_json(r, result));
     }
 
     /// Records a call this replica relayed to the replica `owner` that holds the host's link
     /// (`"event": "call"` with `"relayed_to"`; the owner writes its own record of the run).
     pub fn relayed(&self, r: &Record<'_>, owner: &str, result: &CallResult) {
-        let status = CallStatus::try_from(result.status).unwrap_or(CallStatus::Unspecified);
-        self.write(json!({
-            "ts_unix_ms": now_ms(),
-            "event": "call",
-            "client": bounded(r.client, MAX_NAME_FIELD),
-            "host": bounded(r.host, MAX_NAME_FIELD),
-            "tool": bounded(r.tool, MAX_NAME_FIELD),
-            "args_sha256": bounded(r.args_sha256, MAX_NAME_FIELD),
-            "fanout": r.fanout.map(|f| bounded(f, MAX_NAME_FIELD)),
-            "status": status.as_str_name(),
-            "exit_code": result.exit_code,
-            "signal": result.signal,
-            "duration_ms": result.duration_ms,
-            "message": bounded(&result.message, MAX_MESSAGE_FIELD),
-            "relayed_to": bounded(owner, MAX_NAME_FIELD),
-        }));
+        let mut record = call_json(r, result);
+        record["relayed_to"] = json!(bounded(owner, MAX_NAME_FIELD));
+        self.write(record);
     }
 
     /// Records a request refused before it was routed to any host. `target` is the host or
@@ -278,6 +251,25 @@ impl Drop for Pending<'_> {
             );
         }
     }
+}
+
+/// A call's audit record (`"event": "call"`).
+fn call_json(r: &Record<'_>, result: &CallResult) -> serde_json::Value {
+    let status = CallStatus::try_from(result.status).unwrap_or(CallStatus::Unspecified);
+    json!({
+        "ts_unix_ms": now_ms(),
+        "event": "call",
+        "client": bounded(r.client, MAX_NAME_FIELD),
+        "host": bounded(r.host, MAX_NAME_FIELD),
+        "tool": bounded(r.tool, MAX_NAME_FIELD),
+        "args_sha256": bounded(r.args_sha256, MAX_NAME_FIELD),
+        "fanout": r.fanout.map(|f| bounded(f, MAX_NAME_FIELD)),
+        "status": status.as_str_name(),
+        "exit_code": result.exit_code,
+        "signal": result.signal,
+        "duration_ms": result.duration_ms,
+        "message": bounded(&result.message, MAX_MESSAGE_FIELD),
+    })
 }
 
 #[cfg(test)]
