@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use toolsrv_testkit::{CoordinatorLaunch, EtcdCluster, free_port};
-use toolsrv_tests::{Fleet, Proc, bin, text, wait_for};
+use toolsrv_tests::{Fleet, LineWatch, Proc, bin, text, wait_for, write};
 
 const HELLO: &str =
     r#"{"description": "Say hello", "cmd": "echo hello from $(cat /proc/sys/kernel/hostname)"}"#;
@@ -56,9 +56,14 @@ impl Replicated {
     }
 
     fn launch(&self, i: usize) -> Proc {
+        self.launch_with_tools(i, &self.fleet.tools)
+    }
+
+    /// Replica `i` serving the tools of `tools` (each replica has its own tools path).
+    fn launch_with_tools(&self, i: usize, tools: &std::path::Path) -> Proc {
         let mut launch = CoordinatorLaunch::new(
             self.ports[i],
-            &self.fleet.tools,
+            tools,
             self.fleet.pki.files(&toolsrv_tls::Identity::Coordinator),
         );
         launch.log = "info,toolsrv_coordinator=debug".into();
@@ -68,6 +73,7 @@ impl Replicated {
             format!("--advertise-url=https://127.0.0.1:{}", self.ports[i]),
             "--etcd-lease=2s".into(),
             "--rescan-secs=1".into(),
+            "--admin=alice".into(),
             format!(
                 "--audit-log={}",
                 self.fleet
@@ -96,6 +102,43 @@ impl Replicated {
     fn hosts(&mut self, i: usize) -> Vec<Value> {
         self.fleet.port = self.ports[i];
         self.fleet.hosts()
+    }
+
+    /// The catalog revision replica `i` serves: the revision of `toolctl watch`'s snapshot.
+    fn served_revision(&mut self, i: usize) -> u64 {
+        self.fleet.port = self.ports[i];
+        let watch = LineWatch::start(
+            self.fleet
+                .toolctl_command("client-alice", &["watch", "--json"]),
+        );
+        let snapshot = watch.until("the watch's snapshot", |v| v["kind"] == "snapshot");
+        snapshot["revision"].as_u64().unwrap()
+    }
+
+    /// Waits until replica `i` serves a revision `pred` accepts; that revision.
+    fn wait_revision(&mut self, i: usize, what: &str, pred: impl Fn(u64) -> bool) -> u64 {
+        let limit = Instant::now() + Duration::from_secs(30);
+        loop {
+            let revision = self.served_revision(i);
+            if pred(revision) {
+                return revision;
+            }
+            assert!(
+                Instant::now() < limit,
+                "replica {i}: {what}; serves {revision}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Adds tool `name` (`echo NAME`) to the tools path r0 and r1 share; the revision both
+    /// serve for it, once above `after`.
+    fn add_shared_tool(&mut self, name: &str, after: u64) -> u64 {
+        let meta = format!(r#"{{"description": "Says {name}", "cmd": "echo {name}"}}"#);
+        write(&self.fleet.tools, &format!("{name}.meta"), &meta);
+        let revision = self.wait_revision(0, "a new revision", |rev| rev > after);
+        self.wait_revision(1, "the same new revision", |rev| rev == revision);
+        revision
     }
 
     /// Waits until replica `i` shows every host of `ids` online; the replicas holding them.
@@ -136,7 +179,7 @@ fn ids(n: usize) -> Vec<String> {
 
 #[test]
 fn every_host_is_callable_through_every_replica_and_a_dead_replica_loses_its_hosts_to_the_others() {
-    let names = ids(12);
+    let names = ids(30);
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let slow = r#"{"description": "Slow", "cmd": "sleep 4; echo slept"}"#;
     let mut r = Replicated::start(3, &names, &[("hello.meta", HELLO), ("slow.meta", slow)]);
@@ -226,7 +269,16 @@ fn every_host_is_callable_through_every_replica_and_a_dead_replica_loses_its_hos
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // And a fan-out to the whole fleet through replica 1, mid-load.
+    r.fleet.port = r.ports[1];
+    let fanout = r
+        .fleet
+        .toolctl_command("client-alice", &["fanout", "all", "slow", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
     r.replicas[victim].as_mut().unwrap().kill();
     let killed = Instant::now();
     let back = r.wait_all_online_off(0, &names, &format!("r{victim}"), Duration::from_secs(60));
@@ -255,6 +307,26 @@ fn every_host_is_callable_through_every_replica_and_a_dead_replica_loses_its_hos
         "a call through another replica is unaffected: {}",
         text(&out.stderr)
     );
+    // Every host of the fan-out ended with exactly one status: lost on the dead replica's
+    // hosts, ok everywhere else.
+    let out = fanout.wait_with_output().unwrap();
+    let lines: Vec<Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for id in &names {
+        let results: Vec<&Value> = lines
+            .iter()
+            .filter(|l| l["type"] == "result" && l["host"] == *id)
+            .collect();
+        assert_eq!(results.len(), 1, "{id}: {results:?}");
+        let want = if held.contains(id) { "lost" } else { "ok" };
+        assert_eq!(results[0]["status"], want, "{id}: {:?}", results[0]);
+    }
+    let summary = lines.last().unwrap();
+    assert_eq!(summary["type"], "summary", "{summary}");
+    assert_eq!(summary["targeted"], names.len(), "{summary}");
+    assert_eq!(summary["failed"], held.len(), "{summary}");
     for id in &names {
         let out = r.toolctl(1, &["call", id, "hello"]);
         assert!(
@@ -524,4 +596,191 @@ fn a_relayed_stream_keeps_the_relaying_replicas_memory_bounded_while_the_reader_
         peak < before + 64 * 1024,
         "the relaying replica grew from {before} KiB to {peak} KiB"
     );
+}
+
+#[test]
+fn every_replica_serves_the_revision_agreed_in_etcd_and_it_never_goes_backwards() {
+    let mut r = Replicated::start(2, &["a1", "a2", "b1"], &[("hello.meta", HELLO)]);
+    for id in ["a1", "a2"] {
+        r.fleet
+            .start_agent(id, &toolsrv_tests::AgentSpec::default());
+    }
+    r.wait_all_online(0, &["a1", "a2"], Duration::from_secs(60));
+    // A watch through r0 sees the hosts r1 holds: one attaching, its view changing, leaving.
+    r.fleet.port = r.ports[0];
+    let watch = LineWatch::start(
+        r.fleet
+            .toolctl_command("client-alice", &["watch", "--json"]),
+    );
+    watch.until("the snapshot", |v| v["kind"] == "snapshot");
+    r.fleet.agent_coordinators = Some(r.urls()[1].clone());
+    r.fleet
+        .start_agent("b1", &toolsrv_tests::AgentSpec::default());
+    r.fleet.agent_coordinators = Some(r.urls().join(","));
+    watch.until("b1 online through r0", |v| {
+        v["kind"] == "host_online" && v["host"] == "b1"
+    });
+    r.wait_all_online(0, &["a1", "a2", "b1"], Duration::from_secs(60));
+    let first = r.served_revision(0);
+    assert_eq!(r.served_revision(1), first, "one revision for one tool set");
+    let views = |r: &mut Replicated, i: usize| -> Vec<u64> {
+        r.hosts(i)
+            .iter()
+            .map(|h| h["view_revision"].as_u64().unwrap())
+            .collect()
+    };
+
+    // A change of the (shared) tools path gets one new revision, served by both, applied by
+    // every host whichever replica holds it.
+    let second = r.add_shared_tool("two", first);
+    wait_for(
+        "every host's view at the new revision",
+        Duration::from_secs(30),
+        || views(&mut r, 1).iter().all(|v| *v == second).then_some(()),
+    );
+    watch.until("b1's new view through r0", |v| {
+        v["kind"] == "host_view" && v["host"] == "b1" && v["view_revision"] == second
+    });
+    for i in 0..2 {
+        let out = r.toolctl(i, &["fanout", "all", "two"]);
+        assert!(out.status.success(), "r{i}: {}", text(&out.stderr));
+    }
+    drop(r.fleet.agents.remove("b1"));
+    watch.until("b1 offline through r0", |v| {
+        v["kind"] == "host_offline" && v["host"] == "b1"
+    });
+    drop(watch);
+
+    // A replica that restarts serves the agreed revision, not its own first one.
+    r.replicas[1].as_mut().unwrap().kill();
+    r.replicas[1] = Some(r.launch(1));
+    r.wait_revision(1, "the agreed revision after a restart", |rev| {
+        rev == second
+    });
+
+    // A third replica whose tools path is a late copy: same tools, so the same revision
+    // (none is added for it).
+    let late = r.fleet.work.path().join("late-tools");
+    std::fs::create_dir_all(&late).unwrap();
+    for file in ["hello.meta", "two.meta"] {
+        std::fs::copy(r.fleet.tools.join(file), late.join(file)).unwrap();
+    }
+    r.ports.push(free_port());
+    let third = r.launch_with_tools(2, &late);
+    r.replicas.push(Some(third));
+    r.wait_revision(2, "the revision of the same tools", |rev| rev == second);
+    assert_eq!(r.served_revision(0), second);
+
+    // The shared path changes and the copy lags: the late replica keeps its tools at its
+    // revision (never another set under the new number), says why, and takes the new revision
+    // without making one of its own once its copy catches up.
+    let third_revision = r.add_shared_tool("three", second);
+    let late_replica = r.replicas[2].as_ref().unwrap();
+    wait_for(
+        "the late replica's warning",
+        Duration::from_secs(30),
+        || {
+            late_replica
+                .log()
+                .contains("tools path differs")
+                .then_some(())
+        },
+    );
+    assert_eq!(
+        r.served_revision(2),
+        second,
+        "its own tools at its own revision"
+    );
+    std::fs::copy(r.fleet.tools.join("three.meta"), late.join("three.meta")).unwrap();
+    r.wait_revision(2, "the agreed revision once its tools caught up", |rev| {
+        rev == third_revision
+    });
+    assert_eq!(
+        r.served_revision(0),
+        third_revision,
+        "no revision was added"
+    );
+    for i in 0..3 {
+        let out = r.toolctl(i, &["call", "a1", "three"]);
+        assert!(out.status.success(), "r{i}: {}", text(&out.stderr));
+    }
+}
+
+#[test]
+fn a_revocation_through_one_replica_holds_on_every_replica_and_outlives_a_restart() {
+    // No --state-dir: with --etcd the list is kept there.
+    let mut r = Replicated::start(2, &["a1", "a2"], &[("hello.meta", HELLO)]);
+    r.fleet.agent_coordinators = Some(r.urls()[1].clone());
+    r.fleet
+        .start_agent("a1", &toolsrv_tests::AgentSpec::default());
+    r.fleet
+        .start_agent("a2", &toolsrv_tests::AgentSpec::default());
+    r.wait_all_online(0, &["a1", "a2"], Duration::from_secs(60));
+
+    // bob watches through r1; alice revokes him through r0.
+    r.fleet.port = r.ports[1];
+    let bob_watch = LineWatch::start(r.fleet.toolctl_command("client-bob", &["watch", "--json"]));
+    bob_watch.until("bob's snapshot", |v| v["kind"] == "snapshot");
+    let out = r.toolctl(0, &["revoke", "client/bob", "--reason", "laptop stolen"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_ne!(bob_watch.end(), Some(0), "bob's watch through r1 ended");
+    for i in 0..2 {
+        r.fleet.port = r.ports[i];
+        let out = r.fleet.toolctl_as("client-bob", &["hosts"], None);
+        assert_eq!(out.status.code(), Some(77), "r{i}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("laptop stolen"),
+            "r{i}: {}",
+            text(&out.stderr)
+        );
+    }
+    // Listed through the other replica.
+    let out = r.toolctl(1, &["revocations", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let list: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(list[0]["identity"], "client/bob");
+    assert_eq!(list[0]["revoked_by"], "alice");
+
+    // An agent revoked through r0 loses its link on r1, and stays out.
+    let out = r.toolctl(0, &["revoke", "agent/a1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let state = |r: &mut Replicated, i: usize, host: &str| -> String {
+        r.hosts(i)
+            .iter()
+            .find(|h| h["host_id"] == host)
+            .map(|h| h["state"].as_str().unwrap_or_default().to_string())
+            .unwrap_or_default()
+    };
+    wait_for("a1 offline", Duration::from_secs(15), || {
+        (state(&mut r, 1, "a1") == "offline").then_some(())
+    });
+    assert_eq!(state(&mut r, 0, "a2"), "online", "a2 untouched");
+
+    // A replica restarted takes the list from etcd.
+    r.replicas[1].as_mut().unwrap().kill();
+    r.replicas[1] = Some(r.launch(1));
+    r.fleet.port = r.ports[1];
+    let out = r.fleet.toolctl_as("client-bob", &["hosts"], None);
+    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+
+    // Lifted through r1: bob is back through r0 too.
+    let out = r.toolctl(1, &["unrevoke", "client/bob"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    r.fleet.port = r.ports[0];
+    let fleet = &r.fleet;
+    wait_for("bob back through r0", Duration::from_secs(15), || {
+        fleet
+            .toolctl_as("client-bob", &["hosts"], None)
+            .status
+            .success()
+            .then_some(())
+    });
+    let out = r.toolctl(0, &["revocations", "--json"]);
+    let list: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<&str> = list
+        .iter()
+        .map(|v| v["identity"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["agent/a1"]);
 }

@@ -131,6 +131,20 @@ pub(crate) async fn put_if(
     Ok(succeeded.then_some(revision))
 }
 
+/// Deletes the key (absent is fine): whether it was there.
+pub(crate) async fn delete(client: &EtcdClient, key: &str) -> Result<bool, Fault> {
+    let request = DeleteRangeRequest {
+        key: key.into(),
+        ..DeleteRangeRequest::default()
+    };
+    let response = client
+        .kv("delete", request, |mut kv, r| async move {
+            kv.delete_range(r).await
+        })
+        .await?;
+    Ok(response.deleted > 0)
+}
+
 /// Deletes the key if it is as `expect`ed: whether it did.
 pub(crate) async fn delete_if(
     client: &EtcdClient,

@@ -61,6 +61,7 @@ mod health;
 mod lease;
 mod records;
 mod retry;
+mod revocations;
 mod table;
 mod watcher;
 

@@ -61,6 +61,8 @@ pub(crate) enum KeyKind {
     Host(String),
     Replica(String),
     Catalog,
+    /// A revoked identity (`client/NAME`, `agent/ID`).
+    Revocation(String),
     /// Something else under the prefix: ignored.
     Other,
 }
@@ -103,6 +105,19 @@ impl Keys {
         format!("{}catalog", self.prefix)
     }
 
+    pub(crate) fn revocation(&self, identity: &str) -> String {
+        format!("{}revocations/{identity}", self.prefix)
+    }
+
+    pub(crate) fn revocations(&self) -> String {
+        format!("{}revocations/", self.prefix)
+    }
+
+    /// Written once etcd keeps the revocations (see [`crate::Cluster::keep_revocations`]).
+    pub(crate) fn revocations_kept(&self) -> String {
+        format!("{}revocations-kept", self.prefix)
+    }
+
     pub(crate) fn kind(&self, key: &[u8]) -> KeyKind {
         let Some(rest) = std::str::from_utf8(key)
             .ok()
@@ -116,6 +131,8 @@ impl Keys {
             KeyKind::Replica(id.to_string())
         } else if rest == "catalog" {
             KeyKind::Catalog
+        } else if let Some(identity) = rest.strip_prefix("revocations/") {
+            KeyKind::Revocation(identity.to_string())
         } else {
             KeyKind::Other
         }
@@ -125,21 +142,27 @@ impl Keys {
 /// Host and replica ids become one path segment of a key: not empty, no `/`, no control
 /// characters, at most 253 bytes (a DNS name's length).
 pub(crate) fn check_id(what: &str, id: &str) -> Result<()> {
-    let problem = if id.is_empty() {
-        Some("is empty")
-    } else if id.len() > 253 {
-        Some("is longer than 253 bytes")
-    } else if id.contains('/') {
-        Some("contains '/'")
-    } else if id.chars().any(char::is_control) {
-        Some("contains a control character")
+    check_key_part(what, id, 253, false)
+}
+
+/// What goes into a key after the prefix: not empty, at most `max` bytes, no control
+/// characters, and no `/` unless `slash`.
+pub(crate) fn check_key_part(what: &str, part: &str, max: usize, slash: bool) -> Result<()> {
+    let problem = if part.is_empty() {
+        Some("is empty".to_string())
+    } else if part.len() > max {
+        Some(format!("is longer than {max} bytes"))
+    } else if !slash && part.contains('/') {
+        Some("contains '/'".to_string())
+    } else if part.chars().any(char::is_control) {
+        Some("contains a control character".to_string())
     } else {
         None
     };
     match problem {
         Some(detail) => Err(ClusterError::Invalid {
-            what: format!("{what} {id:?}"),
-            detail: detail.into(),
+            what: format!("{what} {part:?}"),
+            detail,
         }),
         None => Ok(()),
     }
@@ -178,8 +201,17 @@ mod tests {
         assert_eq!(keys.host("web-1"), "/toolsrv/hosts/web-1");
         assert_eq!(keys.replica("r1"), "/toolsrv/replicas/r1");
         assert_eq!(keys.catalog(), "/toolsrv/catalog");
-        let cases: [(&[u8], KeyKind); 5] = [
+        assert_eq!(
+            keys.revocation("client/bob"),
+            "/toolsrv/revocations/client/bob"
+        );
+        let cases: [(&[u8], KeyKind); 7] = [
             (b"/toolsrv/hosts/web-1", KeyKind::Host("web-1".into())),
+            (
+                b"/toolsrv/revocations/agent/web-1",
+                KeyKind::Revocation("agent/web-1".into()),
+            ),
+            (b"/toolsrv/revocations-kept", KeyKind::Other),
             (b"/toolsrv/replicas/r1", KeyKind::Replica("r1".into())),
             (b"/toolsrv/catalog", KeyKind::Catalog),
             (b"/toolsrv/other", KeyKind::Other),

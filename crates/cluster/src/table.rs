@@ -31,6 +31,10 @@ pub enum ClusterEvent {
     },
     /// The catalog revision agreed in etcd moved.
     CatalogChanged(AgreedCatalog),
+    /// An identity was revoked (or its record changed); `record` as its writer put it.
+    Revoked { identity: String, record: Vec<u8> },
+    /// An identity's revocation was lifted.
+    Unrevoked { identity: String },
     /// This replica lost its lease for `lost_for`, holds a new one and put back the
     /// `republished` claims that no newer claim had replaced.
     LeaseRegained {
@@ -65,6 +69,8 @@ pub(crate) struct Table {
     hosts: BTreeMap<String, HostEntry>,
     replicas: BTreeMap<String, ReplicaRecord>,
     catalog: Option<AgreedCatalog>,
+    /// Revoked identities and their records.
+    revocations: BTreeMap<String, Vec<u8>>,
     /// The etcd revision the table reflects.
     revision: i64,
 }
@@ -87,6 +93,10 @@ impl Table {
 
     pub(crate) fn replica(&self, id: &str) -> Option<&ReplicaRecord> {
         self.replicas.get(id)
+    }
+
+    pub(crate) fn revocations(&self) -> &BTreeMap<String, Vec<u8>> {
+        &self.revocations
     }
 
     #[cfg(test)]
@@ -164,9 +174,11 @@ impl Table {
         let hosts = self.hosts.keys().map(|h| keys.host(h));
         let replicas = self.replicas.keys().map(|r| keys.replica(r));
         let catalog = self.catalog.iter().map(|_| keys.catalog());
+        let revocations = self.revocations.keys().map(|i| keys.revocation(i));
         hosts
             .chain(replicas)
             .chain(catalog)
+            .chain(revocations)
             .map(String::into_bytes)
             .collect()
     }
@@ -217,6 +229,15 @@ impl Table {
                             events.push(ClusterEvent::CatalogChanged(record));
                         }
                     }
+                    KeyKind::Revocation(identity) => {
+                        if self.revocations.get(&identity) != Some(&value) {
+                            self.revocations.insert(identity.clone(), value.clone());
+                            events.push(ClusterEvent::Revoked {
+                                identity,
+                                record: value,
+                            });
+                        }
+                    }
                     KeyKind::Other => {}
                 }
             }
@@ -239,6 +260,11 @@ impl Table {
                     // Someone removed the agreed revision; the next agreement writes it again.
                     tracing::warn!(key = %String::from_utf8_lossy(&key), "the agreed catalog record was deleted");
                     self.catalog = None;
+                }
+                KeyKind::Revocation(identity) => {
+                    if self.revocations.remove(&identity).is_some() {
+                        events.push(ClusterEvent::Unrevoked { identity });
+                    }
                 }
                 KeyKind::Other => {}
             },

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::{TTL, bounded, eventually, init_logs, join, next_event, record};
@@ -245,6 +246,71 @@ async fn replicas_agree_on_one_catalog_revision_that_never_goes_back() {
         assert_eq!(other.revision, 5, "{other:?}");
         returned.push(other.revision);
         assert!(returned.windows(2).all(|w| w[0] <= w[1]), "{returned:?}");
+        a.shutdown().await;
+        b.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revocations_are_kept_in_etcd_once_and_followed_by_every_replica() {
+    init_logs();
+    let etcd = EtcdCluster::start(3);
+    bounded(async {
+        let a = join(&etcd, "r1").await;
+        let b = join(&etcd, "r2").await;
+        let mut b_events = b.subscribe();
+        // The first replica to keep them writes its own list; later ones take etcd's.
+        let local = BTreeMap::from([("client/bob".to_string(), b"{\"x\":1}".to_vec())]);
+        assert_eq!(a.keep_revocations(&local).await.unwrap(), local);
+        let other = BTreeMap::from([("client/eve".to_string(), b"{}".to_vec())]);
+        assert_eq!(
+            b.keep_revocations(&other).await.unwrap(),
+            local,
+            "etcd's list, not the late replica's"
+        );
+
+        // A revocation through one replica reaches the other, and so does its lifting.
+        a.put_revocation("agent/web-1", b"{\"y\":2}").await.unwrap();
+        let event = next_event(
+            &mut b_events,
+            Duration::from_secs(10),
+            "revoked",
+            |e| matches!(e, ClusterEvent::Revoked { identity, .. } if identity == "agent/web-1"),
+        )
+        .await;
+        assert_eq!(
+            event,
+            ClusterEvent::Revoked {
+                identity: "agent/web-1".into(),
+                record: b"{\"y\":2}".to_vec()
+            }
+        );
+        assert_eq!(b.revocations().len(), 2);
+        assert!(a.delete_revocation("agent/web-1").await.unwrap());
+        assert!(
+            !a.delete_revocation("agent/web-1").await.unwrap(),
+            "gone already"
+        );
+        next_event(
+            &mut b_events,
+            Duration::from_secs(10),
+            "unrevoked",
+            |e| matches!(e, ClusterEvent::Unrevoked { identity } if identity == "agent/web-1"),
+        )
+        .await;
+        assert_eq!(b.revocations(), local);
+
+        // Odd identities are refused before reaching etcd.
+        for bad in ["", "client/a\nb", &"x".repeat(301)] {
+            assert!(
+                matches!(
+                    a.put_revocation(bad, b"{}").await,
+                    Err(ClusterError::Invalid { .. })
+                ),
+                "{bad:?}"
+            );
+        }
         a.shutdown().await;
         b.shutdown().await;
     })

@@ -375,6 +375,13 @@ impl Tools for ToolsService {
     ) -> Result<Response<Self::WatchCatalogStream>, Status> {
         Caller::client(&req)?;
         let mut events = self.state.fleet.subscribe();
+        // Through any replica, the whole fleet's events; a replica watching another gets only
+        // the hosts it holds.
+        let relayed = crate::replicas::is_relayed(&req);
+        let mut remote = match &self.state.replicas {
+            Some(replicas) if !relayed => Some(replicas.remote_events()),
+            _ => None,
+        };
         let (tx, rx) = mpsc::channel(64);
         let state = self.state.clone();
         self.state.tasks.spawn(async move {
@@ -386,15 +393,47 @@ impl Tools for ToolsService {
             if tx.send(Ok(snapshot(&state))).await.is_err() {
                 return;
             }
+            // Another replica watching this one: the view of every host held here first.
+            if relayed {
+                for id in state.fleet.ids() {
+                    let Some(host) = state.fleet.get(&id).filter(|h| h.online()) else {
+                        continue;
+                    };
+                    let event = CatalogEvent {
+                        kind: CatalogEventKind::HostView as i32,
+                        revision: state.fleet.revision(),
+                        host: id,
+                        view_revision: host.info().view_revision,
+                        ..CatalogEvent::default()
+                    };
+                    if tx.send(Ok(event)).await.is_err() {
+                        return;
+                    }
+                }
+            }
             loop {
                 let event = tokio::select! {
                     () = tx.closed() => return,
                     () = state.shutdown.cancelled() => return,
                     event = events.recv() => match event {
+                        Ok(event) if remote.is_some() && state.replicas.as_ref().is_some_and(|r| r.hides_local(&event)) => continue,
                         Ok(event) => event,
                         // Missed events: a fresh snapshot tells the client to refresh everything.
                         Err(broadcast::error::RecvError::Lagged(_)) => snapshot(&state),
                         Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                    event = async {
+                        match remote.as_mut() {
+                            Some(remote) => remote.recv().await,
+                            None => std::future::pending().await,
+                        }
+                    }, if remote.is_some() => match event {
+                        Ok(event) => event,
+                        Err(broadcast::error::RecvError::Lagged(_)) => snapshot(&state),
+                        Err(broadcast::error::RecvError::Closed) => {
+                            remote = None;
+                            continue;
+                        }
                     },
                 };
                 if tx.send(Ok(event)).await.is_err() {
@@ -470,14 +509,18 @@ impl Tools for ToolsService {
         &self,
         req: Request<RevokeRequest>,
     ) -> Result<Response<RevokeResponse>, Status> {
-        revocation::revoke_rpc(&self.state, req).map(Response::new)
+        revocation::revoke_shared(&self.state, req)
+            .await
+            .map(Response::new)
     }
 
     async fn unrevoke(
         &self,
         req: Request<UnrevokeRequest>,
     ) -> Result<Response<UnrevokeResponse>, Status> {
-        revocation::unrevoke_rpc(&self.state, req).map(Response::new)
+        revocation::unrevoke_shared(&self.state, req)
+            .await
+            .map(Response::new)
     }
 
     async fn list_revocations(

@@ -273,16 +273,41 @@ pub async fn serve(
         }
         None => None,
     };
-    let registry = Registry::open(config.tools.clone());
+    // Replicas serve the revision they agree on in etcd, not one of their own.
+    let numbering = match &config.cluster {
+        Some(_) => toolsrv_registry::Numbering::Agreed,
+        None => toolsrv_registry::Numbering::Local,
+    };
+    let registry = Registry::with_numbering(config.tools.clone(), numbering);
     toolsrv_registry::log_problems(&registry.catalog());
-    let fleet = fleet::Fleet::new(registry.catalog().revision);
-    let tasks = TaskTracker::new();
     let replicas = match &config.cluster {
-        Some(cluster) => Some(Arc::new(
-            replicas::Replicas::join(cluster.clone(), &config.tls).await?,
-        )),
+        Some(cluster) => {
+            let replicas = replicas::Replicas::join(cluster.clone(), &config.tls).await?;
+            replicas
+                .agree_catalog(&registry, &registry.catalog())
+                .await
+                .map_err(|e| {
+                    CoordinatorError::Cluster(format!(
+                        "cannot agree on the catalog revision in etcd: {e}"
+                    ))
+                })?;
+            revocations.share();
+            let kept = replicas
+                .cluster
+                .keep_revocations(&revocations.records())
+                .await
+                .map_err(|e| {
+                    CoordinatorError::Cluster(format!("cannot read the revocations in etcd: {e}"))
+                })?;
+            revocations
+                .replace_with(&kept, |_, _| {})
+                .map_err(|e| CoordinatorError::Cluster(e.message().to_string()))?;
+            Some(Arc::new(replicas))
+        }
         None => None,
     };
+    let fleet = fleet::Fleet::new(registry.catalog().revision);
+    let tasks = TaskTracker::new();
     let state = Arc::new(State {
         config: config.clone(),
         registry: registry.clone(),
@@ -314,6 +339,8 @@ pub async fn serve(
             .watch(config.watch.clone(), shutdown.clone()),
     );
     tasks.spawn(follow_registry(state.clone()));
+    tasks.spawn(replicas::follow_catalog(state.clone()));
+    tasks.spawn(replicas::follow_peer_views(state.clone()));
     tasks.spawn(reap_sessions(state.clone()));
     tasks.spawn(finder::follow_views(state.clone()));
     #[cfg(unix)]

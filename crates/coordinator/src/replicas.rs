@@ -13,15 +13,20 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use tokio::sync::broadcast;
 use tokio_stream::StreamExt;
+use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
 use toolsrv_cluster::{Cluster, ClusterConfig, ClusterEvent, ClusterHealth, HostRecord};
 use toolsrv_proto::v1::tools_client::ToolsClient;
 use toolsrv_proto::v1::{
-    CallRequest, CallResult, CallStatus, HostFacts, HostInfo, HostState, call_event,
+    CallRequest, CallResult, CallStatus, CatalogEvent, CatalogEventKind, HostFacts, HostInfo,
+    HostState, WatchCatalogRequest, call_event,
 };
+use toolsrv_registry::{Catalog, Registry};
 
 use crate::State;
 use crate::calls::{CallSpec, Event};
@@ -42,6 +47,11 @@ pub(crate) struct Replicas {
     /// Hosts another replica held that have no link now, with their last record, until they
     /// attach again somewhere: offline, or reconnecting when their replica went away.
     gone: Mutex<BTreeMap<String, (HostRecord, HostState)>>,
+    /// `WatchCatalog`'s events of hosts other replicas hold: online and offline from the
+    /// routing table, view changes from each other replica's own watch.
+    remote_events: broadcast::Sender<CatalogEvent>,
+    /// The view revision of each host other replicas hold, as their watches told.
+    remote_views: Mutex<HashMap<String, u64>>,
 }
 
 impl Replicas {
@@ -61,6 +71,8 @@ impl Replicas {
             tls,
             peers: Mutex::new(HashMap::new()),
             gone: Mutex::new(BTreeMap::new()),
+            remote_events: broadcast::channel(1024).0,
+            remote_views: Mutex::new(HashMap::new()),
         })
     }
 
@@ -149,6 +161,66 @@ impl Replicas {
         metadata.insert(ON_BEHALF_OF, value(client)?);
         metadata.insert(RELAYED, value(self.id())?);
         Ok((tools, request))
+    }
+
+    /// Agrees in etcd on the revision of `catalog` (a scan of this replica's tools path) and
+    /// serves it at that revision: another replica's revision when it serves the same tools,
+    /// otherwise a new one above every revision served so far. Returns the revision.
+    pub async fn agree_catalog(
+        &self,
+        registry: &Registry,
+        catalog: &Catalog,
+    ) -> Result<u64, toolsrv_cluster::ClusterError> {
+        let served = registry.catalog();
+        let proposed = if catalog.same_tools(&served) {
+            served.revision
+        } else {
+            served.revision + 1
+        };
+        let agreed = self
+            .cluster
+            .agree_catalog(&catalog.content_digest(), proposed)
+            .await?;
+        if registry.publish(catalog, agreed.revision) {
+            if agreed.revision != served.revision {
+                tracing::info!(
+                    revision = agreed.revision,
+                    "serving the catalog revision agreed by the replicas"
+                );
+            }
+        } else {
+            // Not expected: an agreement never goes below one this replica served.
+            tracing::warn!(
+                revision = agreed.revision,
+                serving = registry.catalog().revision,
+                "the agreed catalog revision is below the one served; keeping it"
+            );
+        }
+        Ok(agreed.revision)
+    }
+
+    /// `WatchCatalog`'s events of hosts other replicas hold.
+    pub fn remote_events(&self) -> broadcast::Receiver<CatalogEvent> {
+        self.remote_events.subscribe()
+    }
+
+    /// Tells watchers of a host another replica holds (or held).
+    fn emit_remote(&self, state: &State, kind: CatalogEventKind, host: &str, view_revision: u64) {
+        let event = CatalogEvent {
+            kind: kind as i32,
+            revision: state.fleet.revision(),
+            host: host.to_string(),
+            view_revision,
+            ..CatalogEvent::default()
+        };
+        // No watchers is fine.
+        let _ = self.remote_events.send(event);
+    }
+
+    /// Whether a local event about `host` is stale for a fleet-wide watch: its going offline
+    /// here, when another replica holds its link now.
+    pub fn hides_local(&self, event: &CatalogEvent) -> bool {
+        event.kind == CatalogEventKind::HostOffline as i32 && self.remote(&event.host).is_some()
     }
 
     /// Hosts other replicas held that have no link now: their last record, and whether they
@@ -330,6 +402,8 @@ pub(crate) async fn follow(state: Arc<State>, reporter: tonic_health::server::He
     };
     let mut events = replicas.cluster.subscribe();
     let mut health = replicas.cluster.health_watch();
+    // Revocations made before this subscription are in the table.
+    follow_revocations(&state, &replicas);
     loop {
         tokio::select! {
             () = state.shutdown.cancelled() => return,
@@ -359,6 +433,11 @@ pub(crate) async fn follow(state: Arc<State>, reporter: tonic_health::server::He
                 }
                 Ok(ClusterEvent::ReplicaGone { replica, hosts }) => {
                     tracing::warn!(replica = %replica.id, hosts = hosts.len(), "a replica is gone; its hosts are reconnecting");
+                    for host in &hosts {
+                        if replicas.cluster.route(host).is_none() && !state.fleet.get(host).is_some_and(|h| h.online()) {
+                            replicas.emit_remote(&state, CatalogEventKind::HostOffline, host, 0);
+                        }
+                    }
                     let mut gone = replicas.lock_gone();
                     for host in hosts {
                         let entry = gone.entry(host).or_insert_with(|| {
@@ -373,6 +452,9 @@ pub(crate) async fn follow(state: Arc<State>, reporter: tonic_health::server::He
                     }
                 }
                 Ok(ClusterEvent::HostReleased { host_id, record }) if record.owner != replicas.id() => {
+                    if replicas.cluster.route(&host_id).is_none() && !state.fleet.get(&host_id).is_some_and(|h| h.online()) {
+                        replicas.emit_remote(&state, CatalogEventKind::HostOffline, &host_id, 0);
+                    }
                     // Kept with its facts while it may come back, here or through another
                     // replica; a replica that went away made it reconnecting already.
                     replicas
@@ -380,15 +462,246 @@ pub(crate) async fn follow(state: Arc<State>, reporter: tonic_health::server::He
                         .entry(host_id)
                         .or_insert((record, HostState::Offline));
                 }
-                Ok(ClusterEvent::HostClaimed { host_id, .. }) => {
+                Ok(ClusterEvent::HostClaimed { host_id, record }) => {
+                    if record.owner != replicas.id() {
+                        replicas.emit_remote(&state, CatalogEventKind::HostOnline, &host_id, 0);
+                    }
                     replicas.lock_gone().remove(&host_id);
+                }
+                Ok(ClusterEvent::Revoked { identity, record }) => {
+                    revocation_changed(&state, &identity, Some(&record));
+                }
+                Ok(ClusterEvent::Unrevoked { identity }) => {
+                    revocation_changed(&state, &identity, None);
                 }
                 Ok(_) => {}
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                     tracing::warn!(missed = n, "fell behind the replicas' events");
+                    follow_revocations(&state, &replicas);
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             },
+        }
+    }
+}
+
+/// Serves the catalog the replicas agree on: each change of this replica's tools path waits
+/// until etcd agrees on its revision (retried while etcd cannot answer: the previous revision is
+/// served meanwhile), and an agreement another replica made is served here too as soon as this
+/// replica's tools are the same. When they are not, the tools path is read again at once (a
+/// synced directory may just be late); if they still differ, this replica keeps serving its own
+/// tools at its own revision and says so.
+pub(crate) async fn follow_catalog(state: Arc<State>) {
+    let Some(replicas) = state.replicas.clone() else {
+        return;
+    };
+    let registry = state.registry.clone();
+    let mut scans = registry.scans();
+    let mut agreements = replicas.cluster.catalog_watch();
+    // A scan still waiting for its revision, and when to try again.
+    let mut pending: Option<Arc<Catalog>> = None;
+    let mut backoff = Duration::from_millis(500);
+    let mut retry_at = tokio::time::Instant::now();
+    let mut warned_about = 0;
+    loop {
+        tokio::select! {
+            () = state.shutdown.cancelled() => return,
+            changed = scans.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                pending = Some(scans.borrow_and_update().clone());
+                backoff = Duration::from_millis(500);
+                retry_at = tokio::time::Instant::now();
+            }
+            changed = agreements.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let Some(agreed) = agreements.borrow_and_update().clone() else {
+                    continue;
+                };
+                if agreed.revision <= registry.catalog().revision {
+                    continue;
+                }
+                let mut scan = registry.scans().borrow().clone();
+                if scan.content_digest() != agreed.digest {
+                    let again = registry.clone();
+                    if let Ok(Some(_)) = tokio::task::spawn_blocking(move || again.rescan()).await {
+                        scan = registry.scans().borrow().clone();
+                    }
+                }
+                if scan.content_digest() == agreed.digest {
+                    registry.publish(&scan, agreed.revision);
+                    if pending.as_ref().is_some_and(|p| p.same_tools(&scan)) {
+                        pending = None;
+                    }
+                } else if agreed.revision > warned_about {
+                    warned_about = agreed.revision;
+                    tracing::warn!(
+                        agreed = agreed.revision,
+                        serving = registry.catalog().revision,
+                        "another replica serves other tools at a newer catalog revision: this \
+                         replica's tools path differs; it keeps serving its own tools until they \
+                         are the same"
+                    );
+                }
+                continue;
+            }
+            () = tokio::time::sleep_until(retry_at), if pending.is_some() => {}
+        }
+        let Some(scan) = pending.clone() else {
+            continue;
+        };
+        if tokio::time::Instant::now() < retry_at {
+            continue;
+        }
+        match replicas.agree_catalog(&registry, &scan).await {
+            Ok(_) => pending = None,
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    serving = registry.catalog().revision,
+                    retry_in_ms = backoff.as_millis() as u64,
+                    "the tools path changed but etcd cannot agree on its revision yet; serving \
+                     the previous revision meanwhile"
+                );
+                retry_at = tokio::time::Instant::now() + backoff;
+                backoff = (backoff * 2).min(Duration::from_secs(15));
+            }
+        }
+    }
+}
+
+/// Takes etcd's list of revocations as this replica's: the identities it newly revokes lose
+/// their links and connections here.
+fn follow_revocations(state: &State, replicas: &Replicas) {
+    let records = replicas.cluster.revocations();
+    let ended = state.revocations.replace_with(&records, |identity, by| {
+        crate::revocation::end_agent_link(state, identity, by);
+    });
+    if let Err(e) = ended {
+        tracing::error!(error = %e.message(), "cannot keep the revocations etcd holds");
+    }
+}
+
+/// One change of etcd's revocations, taken here.
+fn revocation_changed(state: &State, identity: &str, record: Option<&[u8]>) {
+    let taken = state
+        .revocations
+        .apply_remote(identity, record, |identity, by| {
+            crate::revocation::end_agent_link(state, identity, by);
+        });
+    if let Err(e) = taken {
+        tracing::error!(identity, error = %e.message(), "cannot keep a revocation etcd holds");
+    }
+}
+
+/// Follows every other replica's own `WatchCatalog` (one relayed stream per replica, made again
+/// when it breaks, ended when the replica goes) and passes on the view changes of the hosts
+/// each one holds, so a watch through any replica sees the whole fleet's.
+pub(crate) async fn follow_peer_views(state: Arc<State>) {
+    let Some(replicas) = state.replicas.clone() else {
+        return;
+    };
+    let mut events = replicas.cluster.subscribe();
+    let mut peers: HashMap<String, CancellationToken> = HashMap::new();
+    loop {
+        let live: HashMap<String, String> = replicas
+            .cluster
+            .replicas()
+            .into_iter()
+            .filter(|r| r.id != replicas.id())
+            .map(|r| (r.id, r.advertise_url))
+            .collect();
+        peers.retain(|id, stop| {
+            let keep = live.contains_key(id);
+            if !keep {
+                stop.cancel();
+            }
+            keep
+        });
+        for (id, url) in live {
+            if peers.contains_key(&id) {
+                continue;
+            }
+            let stop = state.shutdown.child_token();
+            peers.insert(id.clone(), stop.clone());
+            state
+                .tasks
+                .spawn(follow_peer(state.clone(), replicas.clone(), id, url, stop));
+        }
+        tokio::select! {
+            () = state.shutdown.cancelled() => return,
+            event = events.recv() => match event {
+                Ok(ClusterEvent::ReplicaUp(_) | ClusterEvent::ReplicaGone { .. })
+                | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Ok(_) => continue,
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+        }
+    }
+}
+
+/// One other replica's view changes, until `stop`.
+async fn follow_peer(
+    state: Arc<State>,
+    replicas: Arc<Replicas>,
+    peer: String,
+    url: String,
+    stop: CancellationToken,
+) {
+    let record = HostRecord {
+        owner: peer.clone(),
+        owner_url: url,
+        ..HostRecord::default()
+    };
+    let mut failures = 0u32;
+    loop {
+        let watched = async {
+            let (mut tools, request) =
+                replicas.relay(&record, replicas.id(), WatchCatalogRequest {})?;
+            let mut stream = tools.watch_catalog(request).await?.into_inner();
+            while let Some(event) = stream.next().await {
+                let event = event?;
+                failures = 0;
+                // Unless the table already names another holder (a link the peer is dropping);
+                // a claim the table has not seen yet is the peer's.
+                let elsewhere = replicas
+                    .cluster
+                    .route(&event.host)
+                    .is_some_and(|r| r.owner != peer);
+                if event.kind == CatalogEventKind::HostView as i32 && !elsewhere {
+                    // The first of each host repeats what was known before a reconnection.
+                    let before = replicas
+                        .remote_views
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(event.host.clone(), event.view_revision);
+                    if before != Some(event.view_revision) {
+                        replicas.emit_remote(
+                            &state,
+                            CatalogEventKind::HostView,
+                            &event.host,
+                            event.view_revision,
+                        );
+                    }
+                }
+            }
+            Ok::<(), Status>(())
+        };
+        let ended = tokio::select! {
+            () = stop.cancelled() => return,
+            ended = watched => ended,
+        };
+        failures = failures.saturating_add(1);
+        if let Err(status) = ended {
+            tracing::debug!(replica = %peer, error = %status.message(), "the watch of another replica ended; watching again");
+        }
+        let wait = Duration::from_millis(250 * u64::from(failures.min(20)));
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
         }
     }
 }
@@ -480,9 +793,12 @@ impl Replicas {
                 by_id.insert(id.clone(), host_info(&id, &record, host_state));
             }
         }
+        let views = self.remote_views.lock().unwrap_or_else(|p| p.into_inner());
         for (id, record) in self.cluster.hosts() {
             if record.owner != self.id() && by_id.get(&id).is_none_or(offline) {
-                by_id.insert(id.clone(), host_info(&id, &record, HostState::Online));
+                let mut info = host_info(&id, &record, HostState::Online);
+                info.view_revision = views.get(&id).copied().unwrap_or_default();
+                by_id.insert(id.clone(), info);
             }
         }
         by_id.into_values().collect()

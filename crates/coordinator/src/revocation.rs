@@ -8,6 +8,11 @@
 //! Architecture invariant: a revocation is on disk before it is in force, and in force before
 //! the revoked identity's connections are closed, so no request checked after the RPC answers
 //! gets through, and a restart forgets nothing that was answered as revoked.
+//!
+//! Replicas (`--etcd`) share one list in etcd: a revocation made through any replica is
+//! written there before the RPC answers, every replica follows the list (saving it in its own
+//! state directory, if it has one) and closes the identity's connections; the list in etcd is
+//! the one a replica takes when it starts.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -72,6 +77,8 @@ pub struct Revocations {
     list: Mutex<BTreeMap<String, Entry>>,
     /// The open connections, to close a revoked identity's; set once the server listens.
     conns: OnceLock<Connections>,
+    /// Kept in etcd for every replica as well, so revoking needs no state directory.
+    shared: std::sync::atomic::AtomicBool,
 }
 
 /// What [`Revocations::revoke`] did.
@@ -143,7 +150,132 @@ impl Revocations {
             path,
             list: Mutex::new(list),
             conns: OnceLock::new(),
+            shared: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// From now on the list is kept in etcd too (see [`crate::replicas`]).
+    pub fn share(&self) {
+        self.shared
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Every revocation as the records kept in etcd: identity to JSON.
+    pub fn records(&self) -> BTreeMap<String, Vec<u8>> {
+        self.lock()
+            .iter()
+            .filter_map(|(id, entry)| Some((id.clone(), serde_json::to_vec(entry).ok()?)))
+            .collect()
+    }
+
+    /// The record of `identity` as kept in etcd, if it is revoked.
+    pub fn record(&self, identity: &Identity) -> Option<Vec<u8>> {
+        let list = self.lock();
+        serde_json::to_vec(list.get(&identity.to_string())?).ok()
+    }
+
+    /// Takes `records` (etcd's list, identity to JSON) as the list: saved, in force, then the
+    /// connections of each identity it newly revokes are closed, `before_closing` first. A
+    /// record that cannot be read still revokes the identity its key names.
+    pub fn replace_with(
+        &self,
+        records: &BTreeMap<String, Vec<u8>>,
+        before_closing: impl Fn(&Identity, &str),
+    ) -> Result<(), Status> {
+        self.update(
+            |_| {
+                records
+                    .iter()
+                    .filter_map(|(key, record)| entry_of(key, record))
+                    .collect()
+            },
+            before_closing,
+        )
+    }
+
+    /// Takes one change of etcd's list: `identity` revoked with `record`, or lifted (`None`).
+    /// The rest of the list is left alone, so a revocation made here and not yet seen back
+    /// from etcd stays in force.
+    pub fn apply_remote(
+        &self,
+        identity: &str,
+        record: Option<&[u8]>,
+        before_closing: impl Fn(&Identity, &str),
+    ) -> Result<(), Status> {
+        self.update(
+            |current| {
+                let mut next = current.clone();
+                match record.and_then(|r| entry_of(identity, r)) {
+                    Some((key, entry)) => {
+                        next.entry(key).or_insert(entry);
+                    }
+                    None if record.is_none() => {
+                        next.remove(identity);
+                    }
+                    None => {}
+                }
+                next
+            },
+            before_closing,
+        )
+    }
+
+    fn update(
+        &self,
+        make: impl FnOnce(&BTreeMap<String, Entry>) -> BTreeMap<String, Entry>,
+        before_closing: impl Fn(&Identity, &str),
+    ) -> Result<(), Status> {
+        let mut list = self.lock();
+        let next = make(&list);
+        if *list == next {
+            return Ok(());
+        }
+        if let Some(path) = self.persistent()? {
+            save(path, &next)?;
+        }
+        let added: Vec<Entry> = next
+            .iter()
+            .filter(|(id, _)| !list.contains_key(*id))
+            .map(|(_, e)| e.clone())
+            .collect();
+        let lifted: Vec<String> = list
+            .keys()
+            .filter(|id| !next.contains_key(*id))
+            .cloned()
+            .collect();
+        *list = next;
+        for entry in &added {
+            let Ok(identity) = parse_identity(&entry.identity) else {
+                continue;
+            };
+            before_closing(&identity, &entry.revoked_by);
+            let closed = self.close(&identity);
+            tracing::warn!(identity = %identity, by = %entry.revoked_by, reason = %entry.reason, connections_closed = closed, "identity revoked through another replica");
+        }
+        for identity in lifted {
+            tracing::warn!(identity = %identity, "revocation lifted through another replica");
+        }
+        Ok(())
+    }
+
+    /// Puts back a revocation lifted here that etcd could not lift for the others.
+    pub fn restore(&self, revocation: &Revocation) -> Result<(), Status> {
+        let mut list = self.lock();
+        let mut next = list.clone();
+        next.insert(
+            revocation.identity.clone(),
+            Entry {
+                identity: revocation.identity.clone(),
+                reason: revocation.reason.clone(),
+                revoked_by: revocation.revoked_by.clone(),
+                revoked_unix_ms: revocation.revoked_unix_ms,
+            },
+        );
+        if let Some(path) = self.persistent()? {
+            save(path, &next)?;
+        }
+        *list = next;
+        Ok(())
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Entry>> {
@@ -209,7 +341,9 @@ impl Revocations {
                 };
                 let mut next = list.clone();
                 next.insert(identity.to_string(), entry.clone());
-                save(path, &next)?;
+                if let Some(path) = path {
+                    save(path, &next)?;
+                }
                 *list = next;
                 (entry, false)
             }
@@ -238,7 +372,9 @@ impl Revocations {
         };
         let mut next = list.clone();
         next.remove(&identity.to_string());
-        save(path, &next)?;
+        if let Some(path) = path {
+            save(path, &next)?;
+        }
         *list = next;
         Ok(entry.proto())
     }
@@ -251,8 +387,13 @@ impl Revocations {
             .unwrap_or(0)
     }
 
-    fn persistent(&self) -> Result<&Path, Status> {
-        self.path.as_deref().ok_or_else(|| {
+    /// Where the list is saved: the state directory's file; none when it is kept in etcd
+    /// alone. Refused when it would be kept nowhere.
+    fn persistent(&self) -> Result<Option<&Path>, Status> {
+        if self.path.is_none() && self.shared.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(None);
+        }
+        self.path.as_deref().map(Some).ok_or_else(|| {
             Status::failed_precondition(
                 "this coordinator has no --state-dir, so a revocation would not survive a \
                  restart: start it with --state-dir DIR to revoke identities (or revoke single \
@@ -329,11 +470,7 @@ pub(crate) fn revoke_rpc(
         state
             .revocations
             .revoke(&identity, &req.reason, &caller, || {
-                if let Identity::Agent(host) = &identity
-                    && let Some(link) = state.fleet.get(host).and_then(|h| h.link)
-                {
-                    link.close(&format!("its identity {identity} was revoked by {caller}"));
-                }
+                end_agent_link(state, &identity, &caller);
             })
     })();
     match done {
@@ -359,6 +496,90 @@ pub(crate) fn revoke_rpc(
         Err(status) => {
             audit(&req.identity, Err(&status));
             Err(status)
+        }
+    }
+}
+
+/// The entry of a record kept in etcd under `key`; a record that cannot be read still revokes
+/// the identity its key names. `None` when the key names no identity.
+fn entry_of(key: &str, record: &[u8]) -> Option<(String, Entry)> {
+    let Ok(identity) = parse_identity(key) else {
+        tracing::warn!(identity = ?key, "ignoring a revocation in etcd that names no identity");
+        return None;
+    };
+    let entry = serde_json::from_slice::<Entry>(record).unwrap_or_else(|e| {
+        tracing::warn!(identity = %identity, error = %e, "a revocation record in etcd cannot be read; the identity stays revoked");
+        Entry {
+            identity: identity.to_string(),
+            reason: "revoked on another replica (its record is unreadable)".into(),
+            revoked_by: String::new(),
+            revoked_unix_ms: 0,
+        }
+    });
+    Some((identity.to_string(), entry))
+}
+
+/// Ends a revoked agent's link, with the revocation as its reason, so its calls end saying why
+/// (before its connection is closed).
+pub(crate) fn end_agent_link(state: &State, identity: &Identity, by: &str) {
+    if let Identity::Agent(host) = identity
+        && let Some(link) = state.fleet.get(host).and_then(|h| h.link)
+    {
+        link.close(&format!("its identity {identity} was revoked by {by}"));
+    }
+}
+
+/// `Revoke` on a replica: revoked here ([`revoke_rpc`]), then written to etcd for the others;
+/// UNAVAILABLE when etcd cannot take it (the identity is refused here already; retrying
+/// writes it again).
+pub(crate) async fn revoke_shared(
+    state: &State,
+    req: tonic::Request<RevokeRequest>,
+) -> Result<RevokeResponse, Status> {
+    let done = revoke_rpc(state, req)?;
+    let Some(replicas) = &state.replicas else {
+        return Ok(done);
+    };
+    let Some(revocation) = &done.revocation else {
+        return Ok(done);
+    };
+    let identity = parse_identity(&revocation.identity)?;
+    let record = state.revocations.record(&identity).unwrap_or_default();
+    match replicas
+        .cluster
+        .put_revocation(&revocation.identity, &record)
+        .await
+    {
+        Ok(()) => Ok(done),
+        Err(e) => Err(Status::unavailable(format!(
+            "{identity} is revoked on this replica, but etcd could not record it for the other \
+             replicas ({e}): revoke it again once etcd answers"
+        ))),
+    }
+}
+
+/// `Unrevoke` on a replica: lifted here ([`unrevoke_rpc`]), then in etcd for the others; when
+/// etcd cannot take it, the revocation is put back here too and the request fails UNAVAILABLE.
+pub(crate) async fn unrevoke_shared(
+    state: &State,
+    req: tonic::Request<UnrevokeRequest>,
+) -> Result<UnrevokeResponse, Status> {
+    let done = unrevoke_rpc(state, req)?;
+    let Some(replicas) = &state.replicas else {
+        return Ok(done);
+    };
+    let Some(removed) = &done.removed else {
+        return Ok(done);
+    };
+    match replicas.cluster.delete_revocation(&removed.identity).await {
+        Ok(_) => Ok(done),
+        Err(e) => {
+            state.revocations.restore(removed)?;
+            Err(Status::unavailable(format!(
+                "etcd could not lift the revocation of {} for every replica ({e}); it still \
+                 holds: try again once etcd answers",
+                removed.identity
+            )))
         }
     }
 }

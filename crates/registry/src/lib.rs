@@ -10,4 +10,4 @@ pub use scan::{
     Catalog, CatalogChanges, Executable, Hashed, Invalid, ReadError, Scanner, Tool, hash_file,
     hash_file_bounded, hex_sha256, read_meta, split_tools_path,
 };
-pub use watch::{Registry, WatchOptions, log_problems};
+pub use watch::{Numbering, Registry, WatchOptions, log_problems};

@@ -106,6 +106,25 @@ impl Catalog {
                 .all(|((a, ta), (b, tb))| a == b && ta.same_content(tb))
     }
 
+    /// Hex SHA-256 of the tools served: each name with the digests of its `.meta` and its
+    /// executable, in name order. Catalogs with the same tools have the same digest, whatever
+    /// their revision, diagnostics or the directories the files came from.
+    pub fn content_digest(&self) -> String {
+        let mut hasher = Sha256::new();
+        for (name, tool) in &self.tools {
+            // Lengths first, so no concatenation of fields reads as another.
+            for field in [
+                name.as_str(),
+                tool.digest.as_str(),
+                tool.executable.as_ref().map_or("", |e| e.sha256.as_str()),
+            ] {
+                hasher.update((field.len() as u64).to_le_bytes());
+                hasher.update(field.as_bytes());
+            }
+        }
+        hex(&hasher.finalize())
+    }
+
     /// What changed from `before` to this catalog.
     pub fn changes_since(&self, before: &Catalog) -> CatalogChanges {
         let mut changes = CatalogChanges::default();

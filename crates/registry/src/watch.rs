@@ -53,23 +53,48 @@ pub struct Registry {
     inner: Arc<Inner>,
 }
 
+/// Who numbers the catalogs a registry publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Numbering {
+    /// Each change is published at once, at the next revision.
+    Local,
+    /// Each change is only proposed ([`Registry::scans`]); the owner publishes it with the
+    /// revision agreed elsewhere ([`Registry::publish`]), as replicas that must all serve the
+    /// same revision for the same tools do.
+    Agreed,
+}
+
 #[derive(Debug)]
 struct Inner {
     scanner: Mutex<Scanner>,
+    numbering: Numbering,
+    /// The catalogs served.
     tx: watch::Sender<Arc<Catalog>>,
+    /// The latest scan, numbered locally: the same as `tx` with [`Numbering::Local`].
+    scanned: watch::Sender<Arc<Catalog>>,
 }
 
 impl Registry {
     /// Scans `dirs` once; the first catalog has revision 1.
     pub fn open(dirs: Vec<PathBuf>) -> Self {
+        Self::with_numbering(dirs, Numbering::Local)
+    }
+
+    /// Scans `dirs` once; the first catalog has revision 1, published at once whatever the
+    /// numbering (with [`Numbering::Agreed`], publish the agreed revision before serving it).
+    pub fn with_numbering(dirs: Vec<PathBuf>, numbering: Numbering) -> Self {
         let mut scanner = Scanner::new(dirs);
         let mut catalog = scanner.scan();
         catalog.revision = 1;
-        let (tx, _) = watch::channel(Arc::new(catalog));
+        let catalog = Arc::new(catalog);
+        let (tx, _) = watch::channel(catalog.clone());
+        let (scanned, _) = watch::channel(catalog);
         Self {
             inner: Arc::new(Inner {
                 scanner: Mutex::new(scanner),
+                numbering,
                 tx,
+                scanned,
             }),
         }
     }
@@ -84,18 +109,48 @@ impl Registry {
         self.inner.tx.subscribe()
     }
 
+    /// A receiver that sees every scan that changed the tools (or only their problems),
+    /// numbered locally; with [`Numbering::Agreed`] these wait for [`Registry::publish`].
+    pub fn scans(&self) -> watch::Receiver<Arc<Catalog>> {
+        self.inner.scanned.subscribe()
+    }
+
+    /// Publishes `catalog` (a scan) at `revision`. Refused (false) when that would take the
+    /// revision backwards, or give the revision served now to other tools.
+    pub fn publish(&self, catalog: &Catalog, revision: u64) -> bool {
+        let mut published = false;
+        self.inner.tx.send_if_modified(|now| {
+            let same_tools = catalog.same_tools(now);
+            if revision < now.revision || (revision == now.revision && !same_tools) {
+                return false;
+            }
+            published = true;
+            if revision == now.revision
+                && catalog.diagnostics == now.diagnostics
+                && catalog.invalid == now.invalid
+            {
+                return false;
+            }
+            let mut next = catalog.clone();
+            next.revision = revision;
+            *now = Arc::new(next);
+            true
+        });
+        published
+    }
+
     pub fn dirs(&self) -> Vec<PathBuf> {
         self.lock().dirs().to_vec()
     }
 
-    /// Rescans now (blocking I/O). Returns the new revision when the tools changed.
+    /// Rescans now (blocking I/O). Returns the new (local) revision when the tools changed.
     ///
     /// What changed is logged once, when it changes: each tool that became invalid with the
     /// file, field and reason, each other new problem, and the tools added, changed or removed.
     pub fn rescan(&self) -> Option<u64> {
         let mut scanner = self.lock();
         let mut next = scanner.scan();
-        let current = self.catalog();
+        let current = self.inner.scanned.borrow().clone();
         let changes = next.changes_since(&current);
         for (name, reason) in &changes.invalid {
             // Names and reasons come from the tools path: escaped, so no byte forges a line.
@@ -110,7 +165,13 @@ impl Registry {
         if next.same_tools(&current) {
             if next.diagnostics != current.diagnostics || next.invalid != current.invalid {
                 next.revision = current.revision;
-                self.inner.tx.send_replace(Arc::new(next));
+                let next = Arc::new(next);
+                self.inner.scanned.send_replace(next.clone());
+                // Problems alone change no revision: served at once if the tools are served.
+                let served = self.catalog();
+                if next.same_tools(&served) {
+                    self.publish(&next, served.revision);
+                }
             }
             return None;
         }
@@ -125,7 +186,11 @@ impl Registry {
             invalid = ?changes.invalid.iter().map(|(name, _)| name).collect::<Vec<_>>(),
             "tool registry changed"
         );
-        self.inner.tx.send_replace(Arc::new(next));
+        let next = Arc::new(next);
+        self.inner.scanned.send_replace(next.clone());
+        if self.inner.numbering == Numbering::Local {
+            self.inner.tx.send_replace(next);
+        }
         Some(revision)
     }
 

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use toolsrv_meta::{Code, Severity};
-use toolsrv_registry::{Registry, WatchOptions, split_tools_path};
+use toolsrv_registry::{Numbering, Registry, WatchOptions, split_tools_path};
 use toolsrv_testkit::{write, write_executable};
 
 fn tool(desc: &str) -> String {
@@ -124,6 +124,70 @@ fn rescans_bump_the_revision_only_on_effective_changes() {
     std::fs::remove_file(dir.path().join("b.meta")).unwrap();
     assert_eq!(reg.rescan(), Some(7), "deleted");
     assert!(reg.catalog().tools.is_empty());
+}
+
+#[test]
+fn with_agreed_numbering_a_change_waits_for_its_revision() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "a.meta", &tool("a"));
+    let reg = Registry::with_numbering(vec![dir.path().into()], Numbering::Agreed);
+    let first = reg.catalog();
+    assert!(reg.publish(&first, 7), "the first agreement");
+    assert_eq!(reg.catalog().revision, 7);
+
+    write(dir.path(), "b.meta", &tool("b"));
+    assert_eq!(reg.rescan(), Some(2), "proposed at the next local number");
+    assert_eq!(reg.catalog().revision, 7, "not served before it is agreed");
+    assert!(!reg.catalog().tools.contains_key("b"));
+    let proposal = reg.scans().borrow().clone();
+    assert!(proposal.tools.contains_key("b"));
+    assert!(
+        !reg.publish(&proposal, 7),
+        "revision 7 names the tools without b"
+    );
+    assert!(!reg.publish(&proposal, 6), "never backwards");
+    assert!(reg.publish(&proposal, 9));
+    let served = reg.catalog();
+    assert_eq!(served.revision, 9);
+    assert!(served.tools.contains_key("b"));
+    assert!(reg.publish(&proposal, 9), "the same again is no change");
+
+    // Problems alone are served at once, at the same revision.
+    write(dir.path(), "c.meta", "{ broken");
+    assert_eq!(reg.rescan(), None);
+    assert_eq!(reg.catalog().revision, 9);
+    assert!(reg.catalog().has_errors());
+}
+
+#[test]
+fn the_content_digest_follows_the_tools_only() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    for dir in [&a, &b] {
+        write(dir.path(), "x.meta", &tool("x"));
+        write(dir.path(), "y.meta", &tool("y"));
+    }
+    write(b.path(), "broken.meta", "{");
+    let (ra, rb) = (
+        Registry::open(vec![a.path().into()]),
+        Registry::open(vec![b.path().into()]),
+    );
+    let digest = ra.catalog().content_digest();
+    assert_eq!(digest.len(), 64);
+    assert_eq!(
+        digest,
+        rb.catalog().content_digest(),
+        "other directories, other problems, same tools"
+    );
+    write_executable(b.path(), "y", "#!/bin/sh\necho y\n");
+    rb.rescan();
+    assert_ne!(
+        digest,
+        rb.catalog().content_digest(),
+        "an executable counts"
+    );
+    write(a.path(), "x.meta", &tool("x2"));
+    ra.rescan();
+    assert_ne!(digest, ra.catalog().content_digest(), "a .meta counts");
 }
 
 #[test]

@@ -32,6 +32,7 @@ pub fn try_bin(name: &str) -> Result<PathBuf> {
             "coordinator",
             "agent",
             "metrics",
+            "cluster",
             "bench",
             "testkit",
         ],
