@@ -8,6 +8,8 @@
 #   FLEET_ONLY=fanout,memory crates/bench/fleet-bench.sh   # some sections only (also: replicas)
 #   FLEET_ONLY=scale FLEET_SCALE_AGENTS=10000 crates/bench/fleet-bench.sh   # one coordinator,
 #                                                # 10,000 stand-in hosts (only when named)
+#   FLEET_ONLY=failover FLEET_REPLICA_AGENTS=10000 crates/bench/fleet-bench.sh   # 3 replicas on
+#                                                # etcd, one killed, then all (only when named)
 #
 # Needs root for the ssh baseline (installs openssh-server if missing, creates the user
 # `toolsrvbench` with shell /bin/sh). Without it the ssh comparison is reported as skipped.
@@ -30,6 +32,14 @@ case ",${FLEET_ONLY:-}," in
     scale="${FLEET_SCALE_AGENTS:-10000}"
     [ "$quick" = 1 ] && [ -z "${FLEET_SCALE_AGENTS:-}" ] && scale=200
     [ "$scale" -gt "$fakes" ] && fakes=$scale
+    ;;
+esac
+# `failover`: three replicas on etcd and FLEET_REPLICA_AGENTS stand-in hosts (only when named).
+case ",${FLEET_ONLY:-}," in
+*,failover,*)
+    spread="${FLEET_REPLICA_AGENTS:-3000}"
+    [ "$quick" = 1 ] && [ -z "${FLEET_REPLICA_AGENTS:-}" ] && spread=150
+    [ "$spread" -gt "$fakes" ] && fakes=$spread
     ;;
 esac
 

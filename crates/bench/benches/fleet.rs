@@ -6,10 +6,13 @@
 //! sshd and tears everything down. Environment: `FLEET_BIN_DIR` (default: next to this bench's
 //! executable), `FLEET_PKI` (default: a fresh PKI written here), `FLEET_EXAMPLES`, `FLEET_WORK`,
 //! `FLEET_SSH_CONFIG` + `FLEET_SSH_HOST` or `FLEET_SSH_SKIP`, `FLEET_ONLY=latency,concurrency,
-//! fanout,stream,memory,replicas,scale` (`scale` runs only when named: `FLEET_SCALE_AGENTS`, default
-//! 10,000, `FLEET_SCALE_PARALLEL`, `FLEET_SCALE_KEEPALIVE_MS`, `FLEET_SCALE_RUNS`), `BENCH_QUICK=1`.
+//! fanout,stream,memory,replicas,scale,failover` (`scale` and `failover` run only when named:
+//! `FLEET_SCALE_AGENTS`, default 10,000, `FLEET_SCALE_PARALLEL`, `FLEET_SCALE_KEEPALIVE_MS`,
+//! `FLEET_SCALE_RUNS`; `FLEET_REPLICA_AGENTS`, default 3,000), `BENCH_QUICK=1`.
 
 // In a directory of its own: a file beside this one would be a bench target of its own.
+#[path = "fleet/failover.rs"]
+mod failover;
 #[path = "fleet/replicas.rs"]
 mod replicas;
 #[path = "fleet/scale.rs"]
@@ -179,6 +182,11 @@ fn setup(sizes: &Sizes) -> Result<Option<Setup>, BenchError> {
                             sizes.scale_agents
                         } else {
                             0
+                        })
+                        .max(if named("failover") {
+                            failover::agents().unwrap_or(0)
+                        } else {
+                            0
                         }))
                         .map(fake_id),
                 )
@@ -210,8 +218,9 @@ async fn run() -> Result<(), BenchError> {
     };
     let paths = &setup.paths;
     let only = std::env::var("FLEET_ONLY").unwrap_or_default();
-    // `scale` needs a PKI with as many stand-in hosts and several minutes: only when named.
-    let wanted = |s: &str| (only.is_empty() && s != "scale") || named(s);
+    // `scale` and `failover` need a PKI with as many stand-in hosts and minutes: only when
+    // named.
+    let wanted = |s: &str| (only.is_empty() && s != "scale" && s != "failover") || named(s);
     println!(
         "fleet{}: binaries {}, open-file limit {nofile}, {} cores",
         if quick() { " (BENCH_QUICK)" } else { "" },
@@ -219,7 +228,7 @@ async fn run() -> Result<(), BenchError> {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
     let mut failures = Vec::new();
-    let sections: [(&str, Section); 7] = [
+    let sections: [(&str, Section); 8] = [
         ("latency", |p, s| {
             Box::pin(latency_and_concurrency(p, s, true))
         }),
@@ -231,6 +240,7 @@ async fn run() -> Result<(), BenchError> {
         ("memory", |p, s| Box::pin(memory(p, s))),
         ("scale", |p, s| Box::pin(scale::scale(p, s))),
         ("replicas", |p, s| Box::pin(replicas::replicas(p, s))),
+        ("failover", |p, s| Box::pin(failover::failover(p, s))),
     ];
     for (name, section) in sections {
         if !wanted(name) {

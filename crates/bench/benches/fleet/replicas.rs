@@ -9,11 +9,11 @@ use toolsrv_bench::BenchError;
 use toolsrv_bench::procs::{
     Paths, connect, start_agent, start_coordinator_on, wait_for_tool, write_tools,
 };
-use toolsrv_bench::remote::library_call;
-use toolsrv_bench::stats::fmt_ns;
+use toolsrv_bench::remote::{library_call, stream_call};
+use toolsrv_bench::stats::{Table, fmt_ns};
 use toolsrv_testkit::{EtcdCluster, try_free_port};
 
-use super::{CALL_AGENT, ECHO, Sizes, paired, remote_script, verdict};
+use super::{CALL_AGENT, ECHO, Sizes, ZEROS, paired, remote_script, verdict};
 
 pub(crate) async fn replicas(paths: &Paths, sizes: Sizes) -> Result<(), BenchError> {
     println!(
@@ -25,7 +25,8 @@ pub(crate) async fn replicas(paths: &Paths, sizes: Sizes) -> Result<(), BenchErr
         .await
         .map_err(|e| e.to_string())??;
     let tools = paths.work.join("tools-replicas");
-    write_tools(&tools, &[(ECHO, remote_script())])?;
+    let zeros = format!("head -c {} /dev/zero", sizes.stream_bytes);
+    write_tools(&tools, &[(ECHO, remote_script()), (ZEROS, zeros.as_str())])?;
     let ports = [try_free_port()?, try_free_port()?];
     let mut replicas = Vec::new();
     for (i, port) in ports.iter().enumerate() {
@@ -48,7 +49,10 @@ pub(crate) async fn replicas(paths: &Paths, sizes: Sizes) -> Result<(), BenchErr
         paths,
         &replicas[1].url,
         CALL_AGENT,
-        &["--max-concurrent-calls=64".to_string()],
+        &[
+            "--max-concurrent-calls=64".to_string(),
+            "--output-cap=2147483648".to_string(),
+        ],
     )?;
     let local = connect(paths, &replicas[1].url).await?;
     let relaying = connect(paths, &replicas[0].url).await?;
@@ -84,5 +88,46 @@ pub(crate) async fn replicas(paths: &Paths, sizes: Sizes) -> Result<(), BenchErr
             fmt_ns(pd.median)
         );
     }
+
+    // Throughput: the same stream of zeros through each replica, alternating.
+    let mut table = Table::new(["stdout stream", "run", "MB/s", "last byte"]);
+    let mut rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for run in 1..=sizes.stream_reps.max(2) {
+        for (k, (label, client)) in [
+            ("through the replica holding the link", &local),
+            ("relayed by the other replica", &relaying),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let r = stream_call(
+                client,
+                CALL_AGENT,
+                ZEROS,
+                sizes.stream_bytes,
+                Duration::from_secs(300),
+                &mut || {},
+            )
+            .await?;
+            rates[k].push(r.mb_per_sec());
+            table.row([
+                label.to_string(),
+                run.to_string(),
+                format!("{:.0}", r.mb_per_sec()),
+                format!("{:.2} s", r.last_byte.as_secs_f64()),
+            ]);
+        }
+    }
+    print!("{}", table.render());
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or_default()
+    };
+    let (l, r) = (median(&mut rates[0]), median(&mut rates[1]));
+    println!(
+        "{} MiB of stdout: {l:.0} MB/s through the replica holding the link, {r:.0} MB/s relayed          ({:.0} % of it)",
+        sizes.stream_bytes >> 20,
+        if l > 0.0 { 100.0 * r / l } else { 0.0 }
+    );
     Ok(())
 }

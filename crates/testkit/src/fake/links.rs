@@ -91,6 +91,8 @@ pub struct Counters {
     pub failed_connects: AtomicUsize,
     /// For each catalog revision: how many sessions reported a view of it.
     pub views_of: Mutex<BTreeMap<u64, usize>>,
+    /// When each host last got a Welcome, and from which URL.
+    pub welcomes: Mutex<BTreeMap<String, (Instant, String)>>,
 }
 
 impl Default for Counters {
@@ -109,6 +111,7 @@ impl Default for Counters {
             sessions_ended: AtomicUsize::new(0),
             failed_connects: AtomicUsize::new(0),
             views_of: Mutex::new(BTreeMap::new()),
+            welcomes: Mutex::new(BTreeMap::new()),
         }
     }
 }
@@ -220,6 +223,19 @@ impl Connected {
     /// went away, said goodbye, or refused the connection): it waits `delay(attempt)`, dials
     /// again (TCP, TLS, HTTP/2, bounded as the agent's dial is) and attaches, until stopped.
     pub fn attach_reconnecting(self, definitions: Definitions, delay: Delay) -> FakeAgents {
+        let urls = vec![self.url.clone()];
+        self.attach_reconnecting_to(urls, definitions, delay)
+    }
+
+    /// Like [`Connected::attach_reconnecting`], with several coordinator URLs as the agent's
+    /// `--coordinator A,B,C`: each host dials the URL it used last and moves on to the next one
+    /// when the dial fails. `urls` should start with the URL these links are connected to.
+    pub fn attach_reconnecting_to(
+        self,
+        urls: Vec<String>,
+        definitions: Definitions,
+        delay: Delay,
+    ) -> FakeAgents {
         let mut agents = FakeAgents::empty();
         for link in self.links {
             let behaviour = Behaviour {
@@ -227,7 +243,7 @@ impl Connected {
                 ..Behaviour::default()
             };
             let redial = Redial {
-                url: self.url.clone(),
+                urls: urls.clone(),
                 delay: delay.clone(),
             };
             agents.spawn(link, behaviour, Some(redial));
@@ -378,7 +394,8 @@ async fn send_all(
 /// Where and when a reconnecting fake host dials again.
 #[derive(Clone)]
 struct Redial {
-    url: String,
+    /// Tried in turn, from the first.
+    urls: Vec<String>,
     delay: Delay,
 }
 
@@ -399,12 +416,18 @@ async fn run_host(
     let mut channel = Some(channel);
     let mut attempt: u32 = 0;
     let mut flags = Flags::default();
+    let mut next_url = 0usize;
     loop {
         flags.welcomed = false;
         flags.synced = false;
+        let url = redial
+            .as_ref()
+            .map(|r| r.urls[next_url % r.urls.len()].clone())
+            .unwrap_or_default();
         let result = match channel.take() {
             Some(channel) => {
-                let result = run_link(&id, channel, behaviour, counters, stop, &mut flags).await;
+                let result =
+                    run_link(&id, &url, channel, behaviour, counters, stop, &mut flags).await;
                 if flags.synced {
                     counters.synced.fetch_sub(1, Ordering::SeqCst);
                 }
@@ -429,10 +452,12 @@ async fn run_host(
             () = stop.cancelled() => return Ok(()),
         }
         // The agent's dial: TCP, TLS and HTTP/2 within the same bound.
-        match toolsrv_tls::connect(&redial.url, config.clone()).await {
+        let url = &redial.urls[next_url % redial.urls.len()];
+        match toolsrv_tls::connect(url, config.clone()).await {
             Ok(c) => channel = Some(c),
             Err(_) => {
                 counters.failed_connects.fetch_add(1, Ordering::SeqCst);
+                next_url = next_url.wrapping_add(1);
             }
         }
     }
@@ -453,6 +478,7 @@ struct Flags {
 /// it got.
 async fn run_link(
     id: &str,
+    url: &str,
     channel: tonic::transport::Channel,
     behaviour: &Behaviour,
     counters: &Arc<Counters>,
@@ -508,6 +534,11 @@ async fn run_link(
                         keepalive = Some(keepalive_every(every));
                         flags.welcomed = true;
                         counters.welcomed.fetch_add(1, Ordering::SeqCst);
+                        counters
+                            .welcomes
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .insert(id.to_string(), (Instant::now(), url.to_string()));
                     }
                     Reaction::Paced(every) => keepalive = Some(keepalive_every(every)),
                     Reaction::Send(messages) => match (&behaviour.hold, is_start) {
