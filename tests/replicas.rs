@@ -61,6 +61,11 @@ impl Replicated {
 
     /// Replica `i` serving the tools of `tools` (each replica has its own tools path).
     fn launch_with_tools(&self, i: usize, tools: &std::path::Path) -> Proc {
+        self.launch_with(i, tools, &[])
+    }
+
+    /// Replica `i` serving `tools`, with flags `extra` too.
+    fn launch_with(&self, i: usize, tools: &std::path::Path, extra: &[String]) -> Proc {
         let mut launch = CoordinatorLaunch::new(
             self.ports[i],
             tools,
@@ -83,6 +88,7 @@ impl Replicated {
                     .display()
             ),
         ];
+        launch.args.extend(extra.iter().cloned());
         launch
             .start(
                 &bin("toolsrv"),
@@ -783,4 +789,51 @@ fn a_revocation_through_one_replica_holds_on_every_replica_and_outlives_a_restar
         .map(|v| v["identity"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["agent/a1"]);
+}
+
+#[test]
+fn the_replica_a_call_enters_applies_its_policy_before_relaying() {
+    let mut r = Replicated::start(2, &["solo"], &[("hello.meta", HELLO)]);
+    r.fleet.agent_coordinators = Some(r.urls()[1].clone());
+    r.fleet
+        .start_agent("solo", &toolsrv_tests::AgentSpec::default());
+    r.wait_all_online(0, &["solo"], Duration::from_secs(30));
+    // r0 denies bob `hello` on solo; r1, which holds solo, has no such rule.
+    let policy = r#"{"default": "allow", "rules": [
+        {"clients": ["bob"], "tools": ["hello"], "hosts": "solo", "effect": "deny"}]}"#;
+    let policy_file = r.fleet.work.path().join("policy-r0.json");
+    std::fs::write(&policy_file, policy).unwrap();
+    r.replicas[0].as_mut().unwrap().kill();
+    let tools = r.fleet.tools.clone();
+    r.replicas[0] =
+        Some(r.launch_with(0, &tools, &[format!("--policy={}", policy_file.display())]));
+    r.wait_all_online(0, &["solo"], Duration::from_secs(30));
+    r.fleet.port = r.ports[0];
+    let out = r
+        .fleet
+        .toolctl_as("client-bob", &["call", "solo", "hello"], None);
+    assert!(!out.status.success(), "denied by r0's policy");
+    assert!(
+        text(&out.stderr).contains("denies client bob"),
+        "{}",
+        text(&out.stderr)
+    );
+    let audit = std::fs::read_to_string(r.fleet.work.path().join("audit-r0.jsonl")).unwrap();
+    let denial = audit
+        .lines()
+        .find(|l| l.contains("\"bob\"") && l.contains("CALL_STATUS_DENIED"))
+        .unwrap_or_else(|| panic!("r0 audits the denial: {audit}"));
+    assert!(!denial.contains("relayed_to"), "{denial}");
+    // Nothing reached the owner: its audit has no call of bob's.
+    let owner =
+        std::fs::read_to_string(r.fleet.work.path().join("audit-r1.jsonl")).unwrap_or_default();
+    assert!(!owner.contains("\"bob\""), "{owner}");
+    // Through the owner (no such rule there), and for alice through r0, it runs.
+    r.fleet.port = r.ports[1];
+    let out = r
+        .fleet
+        .toolctl_as("client-bob", &["call", "solo", "hello"], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = r.toolctl(0, &["call", "solo", "hello"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
 }

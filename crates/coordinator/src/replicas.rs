@@ -248,6 +248,24 @@ where
     Fut: Future<Output = bool>,
 {
     let lost = |message: String| CallResult::not_run(CallStatus::Offline, message);
+    // This replica's policy first, on the facts and trusted labels the owner recorded: a call
+    // it denies goes no further (the owner checks again, and asks for approvals).
+    if let Err(reason) = check_policy(state, record, host, spec) {
+        let result = CallResult::not_run(CallStatus::Denied, reason);
+        crate::audit::Pending::new(
+            &state.audit,
+            crate::audit::Record {
+                client: &spec.client,
+                host,
+                tool: &spec.tool,
+                args_sha256: &spec.args_sha256,
+                fanout: spec.fanout.as_deref(),
+            },
+        )
+        .finish(&result);
+        emit(Event::Result(result.clone())).await;
+        return result;
+    }
     let request = CallRequest {
         host: host.to_string(),
         tool: spec.tool.clone(),
@@ -313,6 +331,39 @@ where
         tracing::debug!(host, "the caller went away before the relayed result");
     }
     result
+}
+
+/// This replica's policy on a call to `host`, which another replica holds.
+fn check_policy(
+    state: &State,
+    record: &HostRecord,
+    host: &str,
+    spec: &CallSpec,
+) -> Result<(), String> {
+    let trusted = labels_of(&record.facts, "trusted.");
+    state
+        .policy
+        .check(&spec.client, &spec.tool, &candidate(host, record, &trusted))
+        .map(|_| ())
+}
+
+/// A host another replica holds as selectors and policy see it, with `labels` (its selectable
+/// or its trusted ones).
+fn candidate<'a>(
+    id: &'a str,
+    record: &'a HostRecord,
+    labels: &'a BTreeMap<String, String>,
+) -> crate::selector::Candidate<'a> {
+    let fact = |k: &str| record.facts.get(k).map_or("", String::as_str);
+    crate::selector::Candidate {
+        id,
+        os: fact("os"),
+        arch: fact("arch"),
+        hostname: fact("hostname"),
+        kernel: fact("kernel"),
+        sandbox: fact("sandbox"),
+        labels,
+    }
 }
 
 /// The result of a relay that broke: the owner is gone or refused.
@@ -756,16 +807,7 @@ impl Replicas {
             .filter(|(_, r)| r.owner != self.id())
             .filter(|(id, r)| {
                 let labels = labels_of(&r.facts, "label.");
-                let fact = |k: &str| r.facts.get(k).map_or("", String::as_str);
-                selector.matches(&crate::selector::Candidate {
-                    id,
-                    os: fact("os"),
-                    arch: fact("arch"),
-                    hostname: fact("hostname"),
-                    kernel: fact("kernel"),
-                    sandbox: fact("sandbox"),
-                    labels: &labels,
-                })
+                selector.matches(&candidate(id, r, &labels))
             })
             .map(|(id, _)| id)
             .collect()
