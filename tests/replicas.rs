@@ -837,3 +837,60 @@ fn the_replica_a_call_enters_applies_its_policy_before_relaying() {
     let out = r.toolctl(0, &["call", "solo", "hello"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+#[test]
+fn an_approval_waiting_on_the_replica_that_runs_the_call_is_decided_through_any_replica() {
+    let policy = r#"{"default": "allow", "rules": [
+        {"tools": ["hello"], "effect": "approve", "approvers": ["bob"]}]}"#;
+    let mut r = Replicated::start(2, &["solo"], &[("hello.meta", HELLO)]);
+    let policy_file = r.fleet.work.path().join("policy-approve.json");
+    std::fs::write(&policy_file, policy).unwrap();
+    let tools = r.fleet.tools.clone();
+    for i in 0..2 {
+        r.replicas[i].as_mut().unwrap().kill();
+        r.replicas[i] =
+            Some(r.launch_with(i, &tools, &[format!("--policy={}", policy_file.display())]));
+    }
+    r.fleet.agent_coordinators = Some(r.urls()[1].clone());
+    r.fleet
+        .start_agent("solo", &toolsrv_tests::AgentSpec::default());
+    r.wait_all_online(0, &["solo"], Duration::from_secs(30));
+
+    // alice calls through r0; the call runs, and waits for bob, on r1.
+    r.fleet.port = r.ports[0];
+    let caller = r
+        .fleet
+        .toolctl_command("client-alice", &["call", "solo", "hello"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let fleet = &r.fleet;
+    let pending: Vec<Value> = wait_for(
+        "bob to see the request through r0",
+        Duration::from_secs(20),
+        || {
+            let out = fleet.toolctl_as("client-bob", &["approvals", "--json"], None);
+            let list: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            (!list.is_empty()).then_some(list)
+        },
+    );
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0]["caller"], "alice");
+    let id = pending[0]["id"].as_str().unwrap().to_string();
+    // alice may not decide it, through either replica.
+    let out = r.fleet.toolctl_as("client-alice", &["approve", &id], None);
+    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+    let out = r.fleet.toolctl_as("client-bob", &["approve", &id], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = toolsrv_tests::finish_child(caller, Duration::from_secs(30));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("hello from"),
+        "{}",
+        text(&out.stdout)
+    );
+    // Decided once: not found anywhere now.
+    let out = r.fleet.toolctl_as("client-bob", &["approve", &id], None);
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+}

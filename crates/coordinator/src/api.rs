@@ -343,9 +343,15 @@ impl Tools for ToolsService {
         req: Request<ListApprovalsRequest>,
     ) -> Result<Response<ListApprovalsResponse>, Status> {
         let client = Caller::client(&req)?;
-        Ok(Response::new(ListApprovalsResponse {
-            requests: self.state.approvals.decidable_by(&client),
-        }))
+        let mut requests = self.state.approvals.decidable_by(&client);
+        // Through any replica, the requests waiting on every replica.
+        if let Some(replicas) = &self.state.replicas
+            && !replicas::is_relayed(&req)
+        {
+            requests.extend(replicas.remote_approvals(&client).await);
+            requests.sort_by_key(|r| r.expires_unix_ms);
+        }
+        Ok(Response::new(ListApprovalsResponse { requests }))
     }
 
     async fn approve(
@@ -353,6 +359,7 @@ impl Tools for ToolsService {
         req: Request<ApproveRequest>,
     ) -> Result<Response<ApproveResponse>, Status> {
         let client = Caller::client(&req)?;
+        let relayed = replicas::is_relayed(&req);
         let req = req.into_inner();
         bounded("the request id", &req.id, 64)?;
         bounded("the reason", &req.reason, 1024)?;
@@ -362,7 +369,17 @@ impl Tools for ToolsService {
             .decide(&req.id, &client, req.approve, &req.reason)
         {
             Ok(_) => Ok(Response::new(ApproveResponse {})),
-            Err(e @ DecideError::NotFound(_)) => Err(Status::not_found(e.to_string())),
+            // A relayed call waits for its approval on the replica that runs it.
+            Err(e @ DecideError::NotFound(_)) => match &self.state.replicas {
+                Some(replicas) if !relayed => {
+                    if replicas.approve_elsewhere(&client, &req).await? {
+                        Ok(Response::new(ApproveResponse {}))
+                    } else {
+                        Err(Status::not_found(e.to_string()))
+                    }
+                }
+                _ => Err(Status::not_found(e.to_string())),
+            },
             Err(e @ DecideError::NotAllowed { .. }) => {
                 Err(Status::permission_denied(e.to_string()))
             }

@@ -23,14 +23,18 @@ use tonic::{Request, Status};
 use toolsrv_cluster::{Cluster, ClusterConfig, ClusterEvent, ClusterHealth, HostRecord};
 use toolsrv_proto::v1::tools_client::ToolsClient;
 use toolsrv_proto::v1::{
-    CallRequest, CallResult, CallStatus, CatalogEvent, CatalogEventKind, HostFacts, HostInfo,
-    HostState, WatchCatalogRequest, call_event,
+    ApprovalRequest, ApproveRequest, CallRequest, CallResult, CallStatus, CatalogEvent,
+    CatalogEventKind, HostFacts, HostInfo, HostState, ListApprovalsRequest, WatchCatalogRequest,
+    call_event,
 };
 use toolsrv_registry::{Catalog, Registry};
 
 use crate::State;
 use crate::calls::{CallSpec, Event};
 use crate::fleet::HostEntry;
+
+/// How long a replica waits for another one's answer to a question about its own state.
+const PEER_WAIT: Duration = Duration::from_secs(3);
 
 /// The metadata naming the client a replica relays for.
 pub const ON_BEHALF_OF: &str = "toolsrv-on-behalf-of";
@@ -221,6 +225,68 @@ impl Replicas {
     /// here, when another replica holds its link now.
     pub fn hides_local(&self, event: &CatalogEvent) -> bool {
         event.kind == CatalogEventKind::HostOffline as i32 && self.remote(&event.host).is_some()
+    }
+
+    /// The other live replicas, each as a record to relay to.
+    fn peers(&self) -> Vec<HostRecord> {
+        self.cluster
+            .replicas()
+            .into_iter()
+            .filter(|r| r.id != self.id())
+            .map(|r| HostRecord {
+                owner: r.id,
+                owner_url: r.advertise_url,
+                ..HostRecord::default()
+            })
+            .collect()
+    }
+
+    /// The approval requests `client` may decide on the other replicas (where relayed calls
+    /// wait for them), from those that answer within [`PEER_WAIT`].
+    pub async fn remote_approvals(&self, client: &str) -> Vec<ApprovalRequest> {
+        let mut all = Vec::new();
+        for peer in self.peers() {
+            let listed = async {
+                let (mut tools, request) = self.relay(&peer, client, ListApprovalsRequest {})?;
+                let listed = tokio::time::timeout(PEER_WAIT, tools.list_approvals(request))
+                    .await
+                    .map_err(|_| Status::deadline_exceeded("no answer in time"))??;
+                Ok::<_, Status>(listed.into_inner().requests)
+            };
+            match listed.await {
+                Ok(requests) => all.extend(requests),
+                Err(e) => {
+                    tracing::warn!(replica = %peer.owner, error = %e.message(), "cannot list another replica's approval requests")
+                }
+            }
+        }
+        all
+    }
+
+    /// Decides a request that is not pending here on the replica where it is: `Ok(true)` when
+    /// one had it, `Ok(false)` when none did; a refusal (not allowed to decide) passes through.
+    pub async fn approve_elsewhere(
+        &self,
+        client: &str,
+        decision: &ApproveRequest,
+    ) -> Result<bool, Status> {
+        for peer in self.peers() {
+            let (mut tools, request) = self.relay(&peer, client, decision.clone())?;
+            match tokio::time::timeout(PEER_WAIT, tools.approve(request)).await {
+                Ok(Ok(_)) => return Ok(true),
+                Ok(Err(status)) if status.code() == tonic::Code::NotFound => {}
+                Ok(Err(status)) if status.code() == tonic::Code::PermissionDenied => {
+                    return Err(status);
+                }
+                Ok(Err(status)) => {
+                    tracing::warn!(replica = %peer.owner, error = %status.message(), "cannot pass a decision to another replica");
+                }
+                Err(_) => {
+                    tracing::warn!(replica = %peer.owner, "another replica did not answer a decision in time");
+                }
+            }
+        }
+        Ok(false)
     }
 
     /// Hosts other replicas held that have no link now: their last record, and whether they
