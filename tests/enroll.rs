@@ -58,13 +58,7 @@ fn create_token(
     let stdout = text(&out.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 1, "the token alone on stdout: {stdout:?}");
-    let stderr = text(&out.stderr);
-    let pin = stderr
-        .split_whitespace()
-        .find(|w| w.starts_with("sha256:"))
-        .unwrap_or_else(|| panic!("the pin on stderr: {stderr}"))
-        .trim_end_matches([',', ';'])
-        .to_string();
+    let pin = toolsrv_tests::ca_pin_in(&text(&out.stderr));
     Ok((lines[0].to_string(), pin))
 }
 

@@ -894,3 +894,82 @@ fn an_approval_waiting_on_the_replica_that_runs_the_call_is_decided_through_any_
     let out = r.fleet.toolctl_as("client-bob", &["approve", &id], None);
     assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
 }
+
+#[test]
+fn a_join_token_created_through_one_replica_enrolls_a_host_through_another() {
+    let mut r = Replicated::start(2, &[], &[("hello.meta", HELLO)]);
+    let tools = r.fleet.tools.clone();
+    for i in 0..2 {
+        let state = r.fleet.work.path().join(format!("state-r{i}"));
+        let extra = [
+            format!("--signing-ca-cert={}", r.fleet.pki.path("ca.pem").display()),
+            format!(
+                "--signing-ca-key={}",
+                r.fleet.pki.path("ca-key.pem").display()
+            ),
+            format!("--state-dir={}", state.display()),
+        ];
+        r.replicas[i].as_mut().unwrap().kill();
+        r.replicas[i] = Some(r.launch_with(i, &tools, &extra));
+    }
+    // A token through r0 (which keeps it) ...
+    let create = |r: &mut Replicated, host: &str| -> (String, String) {
+        let out = r.toolctl(0, &["token", "create", "--host-id", host]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let pin = toolsrv_tests::ca_pin_in(&text(&out.stderr));
+        (text(&out.stdout).trim().to_string(), pin)
+    };
+    let (token, pin) = create(&mut r, "w1");
+    // ... enrolls a host that only knows r1.
+    r.fleet.agent_coordinators = Some(r.urls()[1].clone());
+    let spec = toolsrv_tests::AgentSpec {
+        enroll: Some(vec![format!("--join={token}"), format!("--ca-pin={pin}")]),
+        ..toolsrv_tests::AgentSpec::default()
+    };
+    r.fleet.start_agent("w1", &spec);
+    let owners = r.wait_all_online(0, &["w1"], Duration::from_secs(30));
+    assert_eq!(owners, ["r1"]);
+    let log = std::fs::read_to_string(r.fleet.work.path().join("audit-r1.jsonl")).unwrap();
+    assert!(log.contains("\"signed_by_replica\":\"r0\""), "{log}");
+
+    // Listed through either replica; used once, whichever replica it is shown again to.
+    let list = |r: &mut Replicated, i: usize| -> Vec<Value> {
+        let out = r.toolctl(i, &["token", "list", "--json"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let listed = list(&mut r, 1);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["state"], "used");
+    let again = r.fleet.work.path().join("again");
+    let mut cmd = std::process::Command::new(bin("toolsrv"));
+    cmd.arg("agent")
+        .arg(format!("--coordinator={}", r.urls()[1]))
+        .arg(format!("--state-dir={}", again.display()))
+        .arg("--sandbox=off")
+        .arg(format!("--join={token}"))
+        .arg(format!("--ca-pin={pin}"))
+        .env("TOOLSRV_LOG", "info");
+    let out = toolsrv_tests::run_bounded(cmd, None, Duration::from_secs(20));
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("already used"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // A token kept by r0 revoked through r1.
+    let (_, _) = create(&mut r, "w2");
+    let id = list(&mut r, 0)
+        .iter()
+        .find(|t| t["host_id"] == "w2")
+        .map(|t| t["id"].as_str().unwrap().to_string())
+        .unwrap();
+    let out = r.toolctl(1, &["token", "revoke", &id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let w2 = list(&mut r, 0)
+        .into_iter()
+        .find(|t| t["host_id"] == "w2")
+        .unwrap();
+    assert_eq!(w2["state"], "revoked", "{w2}");
+}

@@ -32,6 +32,7 @@ use toolsrv_tls::enroll::{Signer, check_label, new_token, pin_for};
 use crate::State;
 use crate::identity::Caller;
 use kubernetes::Reviewer;
+pub(crate) use tokens::UNKNOWN as UNKNOWN_TOKEN;
 use tokens::{ConsumeError, RevokeError, TokenRecord, Tokens};
 
 /// A token's lifetime when the request names none.
@@ -169,6 +170,8 @@ impl EnrollmentRpc for EnrollmentService {
 
     async fn join(&self, req: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
         let from = remote(&req);
+        // Marked by another replica that did not know the token: answered here alone.
+        let relayed = crate::replicas::is_relayed(&req);
         let body = req.into_inner();
         let with = if body.kubernetes_token.is_empty() {
             "join_token"
@@ -176,16 +179,28 @@ impl EnrollmentRpc for EnrollmentService {
             "kubernetes"
         };
         let mut by = serde_json::Value::Null;
-        let result = if body.kubernetes_token.is_empty() {
+        let mut signed_by = None;
+        let mut result = if body.kubernetes_token.is_empty() {
             self.inner_join(&body)
         } else {
             self.inner_kubernetes_join(&body, &mut by).await
         };
+        // A token another replica keeps: that replica signs and uses it.
+        if let (Err((_, status)), Some(replicas)) = (&result, &self.state.replicas)
+            && !relayed
+            && body.kubernetes_token.is_empty()
+            && status.message().starts_with(UNKNOWN_TOKEN)
+            && let Some((replica, answer)) = replicas.join_elsewhere(&body).await
+        {
+            signed_by = Some(replica);
+            result = answer.map_err(|status| (body.host_id.clone(), status));
+        }
         let audit = |outcome: &str, host: &str, message: &str| {
             self.state.audit.enrollment(
                 "join",
                 json!({"outcome": outcome, "host": host, "remote": from, "asked_host": body.host_id,
-                       "with": with, "kubernetes": by, "message": message}),
+                       "with": with, "kubernetes": by, "message": message,
+                       "signed_by_replica": signed_by}),
             );
         };
         match &result {
@@ -350,15 +365,22 @@ impl JoinTokens for JoinTokensService {
         &self,
         req: Request<ListJoinTokensRequest>,
     ) -> Result<Response<ListJoinTokensResponse>, Status> {
-        Caller::admin(&req, &self.state.config.admins)?;
+        let admin = Caller::admin(&req, &self.state.config.admins)?;
         let enrollment = enrollment(&self.state)?;
         let now = now_unix();
-        let tokens = enrollment
+        let mut tokens: Vec<JoinTokenInfo> = enrollment
             .tokens
             .list()
             .iter()
             .map(|r| token_info(r, now))
             .collect();
+        // Through any replica, the tokens every replica keeps.
+        if let Some(replicas) = &self.state.replicas
+            && !crate::replicas::is_relayed(&req)
+        {
+            tokens.extend(replicas.remote_tokens(&admin).await);
+            tokens.sort_by_key(|t| t.created_unix);
+        }
         Ok(Response::new(ListJoinTokensResponse { tokens }))
     }
 
@@ -368,7 +390,22 @@ impl JoinTokens for JoinTokensService {
     ) -> Result<Response<RevokeJoinTokenResponse>, Status> {
         let client = Caller::client(&req).unwrap_or_default();
         let admin = Caller::admin(&req, &self.state.config.admins);
+        let relayed = crate::replicas::is_relayed(&req);
         let id = req.into_inner().id;
+        // A token another replica keeps is revoked there (and audited there).
+        if let (Ok(admin), Some(replicas)) = (&admin, &self.state.replicas)
+            && !relayed
+            && self
+                .state
+                .enrollment
+                .as_ref()
+                .is_some_and(|e| !e.tokens.knows(&id))
+            && let Some(answer) = replicas
+                .revoke_token_elsewhere(admin, &RevokeJoinTokenRequest { id: id.clone() })
+                .await
+        {
+            return answer.map(Response::new);
+        }
         let result = admin.and_then(|admin| {
             let now = now_unix();
             let enrollment = enrollment(&self.state)?;

@@ -435,7 +435,8 @@ pub async fn serve(
     let join_tokens = RequireRole::clients(JoinTokensServer::new(enroll::JoinTokensService {
         state: state.clone(),
     }))
-    .refusing(revocations.clone());
+    .refusing(revocations.clone())
+    .relayed_by_replicas(replicas.is_some());
     let renewal = RequireRole::agents(RenewalServer::new(enroll::RenewalService {
         state: state.clone(),
     }))

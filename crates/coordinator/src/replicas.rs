@@ -21,11 +21,14 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
 use toolsrv_cluster::{Cluster, ClusterConfig, ClusterEvent, ClusterHealth, HostRecord};
+use toolsrv_proto::v1::enrollment_client::EnrollmentClient;
+use toolsrv_proto::v1::join_tokens_client::JoinTokensClient;
 use toolsrv_proto::v1::tools_client::ToolsClient;
 use toolsrv_proto::v1::{
     ApprovalRequest, ApproveRequest, CallRequest, CallResult, CallStatus, CatalogEvent,
-    CatalogEventKind, HostFacts, HostInfo, HostState, ListApprovalsRequest, WatchCatalogRequest,
-    call_event,
+    CatalogEventKind, HostFacts, HostInfo, HostState, JoinRequest, JoinResponse, JoinTokenInfo,
+    ListApprovalsRequest, ListJoinTokensRequest, RevokeJoinTokenRequest, RevokeJoinTokenResponse,
+    WatchCatalogRequest, call_event,
 };
 use toolsrv_registry::{Catalog, Registry};
 
@@ -287,6 +290,100 @@ impl Replicas {
             }
         }
         Ok(false)
+    }
+
+    /// A request to another replica's service: `msg` marked relayed by this replica (for
+    /// `client`, when given: only the client API and the join tokens take that).
+    fn to_peer<T>(&self, client: Option<&str>, msg: T) -> Result<Request<T>, Status> {
+        let mut request = Request::new(msg);
+        let value = |s: &str| {
+            s.parse()
+                .map_err(|_| Status::internal("a name that cannot be sent as metadata"))
+        };
+        if let Some(client) = client {
+            request.metadata_mut().insert(ON_BEHALF_OF, value(client)?);
+        }
+        request.metadata_mut().insert(RELAYED, value(self.id())?);
+        Ok(request)
+    }
+
+    /// A join with a token this replica does not know, tried on the others (the token was
+    /// created through one of them, which keeps it and uses it once): the first answer of a
+    /// replica that knows the token, `None` when none does.
+    pub async fn join_elsewhere(
+        &self,
+        join: &JoinRequest,
+    ) -> Option<(String, Result<JoinResponse, Status>)> {
+        for peer in self.peers() {
+            let Ok(channel) = self.channel(&peer.owner_url) else {
+                continue;
+            };
+            let Ok(request) = self.to_peer(None, join.clone()) else {
+                continue;
+            };
+            let answer =
+                tokio::time::timeout(PEER_WAIT, EnrollmentClient::new(channel).join(request)).await;
+            match answer {
+                Ok(Ok(response)) => return Some((peer.owner, Ok(response.into_inner()))),
+                Ok(Err(status)) if status.message().starts_with(crate::enroll::UNKNOWN_TOKEN) => {}
+                Ok(Err(status)) => return Some((peer.owner, Err(status))),
+                Err(_) => {
+                    tracing::warn!(replica = %peer.owner, "another replica did not answer a join in time");
+                }
+            }
+        }
+        None
+    }
+
+    /// The join tokens the other replicas keep, for administrator `client`.
+    pub async fn remote_tokens(&self, client: &str) -> Vec<JoinTokenInfo> {
+        let mut all = Vec::new();
+        for peer in self.peers() {
+            let listed = async {
+                let request = self.to_peer(Some(client), ListJoinTokensRequest {})?;
+                let channel = self.channel(&peer.owner_url)?;
+                let listed = tokio::time::timeout(
+                    PEER_WAIT,
+                    JoinTokensClient::new(channel).list_join_tokens(request),
+                )
+                .await
+                .map_err(|_| Status::deadline_exceeded("no answer in time"))??;
+                Ok::<_, Status>(listed.into_inner().tokens)
+            };
+            match listed.await {
+                Ok(tokens) => all.extend(tokens),
+                Err(e) => {
+                    tracing::warn!(replica = %peer.owner, error = %e.message(), "cannot list another replica's join tokens")
+                }
+            }
+        }
+        all
+    }
+
+    /// Revokes a join token this replica does not keep on the replica that does.
+    pub async fn revoke_token_elsewhere(
+        &self,
+        client: &str,
+        revoke: &RevokeJoinTokenRequest,
+    ) -> Option<Result<RevokeJoinTokenResponse, Status>> {
+        for peer in self.peers() {
+            let asked = async {
+                let request = self.to_peer(Some(client), revoke.clone())?;
+                let channel = self.channel(&peer.owner_url)?;
+                tokio::time::timeout(
+                    PEER_WAIT,
+                    JoinTokensClient::new(channel).revoke_join_token(request),
+                )
+                .await
+                .map_err(|_| Status::deadline_exceeded("no answer in time"))?
+            };
+            match asked.await {
+                Ok(response) => return Some(Ok(response.into_inner())),
+                Err(status) if status.code() == tonic::Code::NotFound => {}
+                Err(status) => return Some(Err(status)),
+            }
+        }
+        None
     }
 
     /// Hosts other replicas held that have no link now: their last record, and whether they

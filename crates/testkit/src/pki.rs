@@ -147,3 +147,14 @@ impl Pki {
         must(self.try_issue_raw(stem, uri));
     }
 }
+
+/// The CA pin (`sha256:HEX`) that `toolctl token create` prints on stderr.
+#[track_caller]
+pub fn ca_pin_in(stderr: &str) -> String {
+    stderr
+        .split_whitespace()
+        .find(|w| w.starts_with("sha256:"))
+        .unwrap_or_else(|| panic!("no CA pin (sha256:...) in: {stderr}"))
+        .trim_end_matches([',', ';'])
+        .to_string()
+}

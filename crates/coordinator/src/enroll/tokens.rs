@@ -101,12 +101,16 @@ pub enum Refusal {
     },
 }
 
+/// How a refusal of a token this coordinator does not keep starts; replicas that relay a join
+/// to each other look for it.
+pub const UNKNOWN: &str = "join token not recognised by this coordinator";
+
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Refusal::Unknown => f.write_str(
-                "join token not recognised by this coordinator: check it, or create one with \
-                 `toolctl token create --host-id ID`",
+            Refusal::Unknown => write!(
+                f,
+                "{UNKNOWN}: check it, or create one with `toolctl token create --host-id ID`"
             ),
             Refusal::Used { used_unix } => write!(
                 f,
@@ -221,6 +225,12 @@ impl Tokens {
     }
 
     /// Every record, newest first.
+    /// Whether a kept token's id starts with `id` (a prefix as `revoke` takes it).
+    pub fn knows(&self, id: &str) -> bool {
+        let id = id.trim().to_ascii_lowercase();
+        !id.is_empty() && self.lock().iter().any(|r| r.sha256.starts_with(&id))
+    }
+
     pub fn list(&self) -> Vec<TokenRecord> {
         // Records are kept in creation order: reversed, then sorted (stably), ties stay newest
         // first.
