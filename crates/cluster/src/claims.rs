@@ -87,7 +87,8 @@ impl Cluster {
                 })
             })?;
             if attempt == 0 {
-                let (rev, prev) = etcd::put(&shared.client, key, json, Some(lease)).await?;
+                // With the claims that arrive meanwhile, as one transaction.
+                let (rev, prev) = shared.batcher.put(key, json, lease).await?;
                 return Ok(Outcome::Written(rev, prev));
             }
             let found = etcd::get(&shared.client, key).await?;

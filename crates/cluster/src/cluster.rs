@@ -63,6 +63,8 @@ pub(crate) struct Shared {
     pub catalog: watch::Sender<Option<AgreedCatalog>>,
     /// The replica record, as put under every lease.
     pub replica_json: Vec<u8>,
+    /// Claims' first puts, batched into transactions.
+    pub batcher: crate::batch::PutBatcher,
     pub cancel: CancellationToken,
 }
 
@@ -163,6 +165,8 @@ impl Cluster {
         let prefix = keys.prefix().to_string();
         let (listing, revision) =
             retry("list", &prefix, policy, |_| etcd::list(&client, &prefix)).await?;
+        let cancel = CancellationToken::new();
+        let batcher = crate::batch::PutBatcher::start(client.clone(), cancel.clone());
         let shared = Arc::new(Shared {
             health: Health::new(&config.replica_id),
             config,
@@ -175,7 +179,8 @@ impl Cluster {
             events: broadcast::Sender::new(EVENT_BUFFER),
             catalog: watch::Sender::new(None),
             replica_json,
-            cancel: CancellationToken::new(),
+            batcher,
+            cancel,
         });
         let events = shared.table_mut().replace(&shared.keys, listing, revision);
         for event in events {

@@ -3,7 +3,7 @@
 
 use crate::client::pb::etcdserverpb::{
     Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseRevokeRequest, PutRequest, RangeRequest,
-    RequestOp, TxnRequest, WatchCreateRequest, compare, request_op,
+    RequestOp, TxnRequest, WatchCreateRequest, compare, request_op, response_op,
 };
 use crate::client::{EtcdClient, KeepAlive, WatchStream, prefix_end};
 use crate::error::Fault;
@@ -111,6 +111,48 @@ pub(crate) async fn put(
         response.header.map_or(0, |h| h.revision),
         response.prev_kv.map(|kv| kv.value),
     ))
+}
+
+/// Several puts in one transaction (distinct keys, at most etcd's `--max-txn-ops`), each with
+/// its lease: the revision they all wrote at, and each one's previous value, in order.
+pub(crate) async fn put_many(
+    client: &EtcdClient,
+    puts: &[(&str, &[u8], i64)],
+) -> Result<(i64, Vec<Option<Vec<u8>>>), Fault> {
+    let request = TxnRequest {
+        compare: Vec::new(),
+        success: puts
+            .iter()
+            .map(|(key, value, lease)| RequestOp {
+                request: Some(request_op::Request::RequestPut(PutRequest {
+                    key: key.as_bytes().to_vec(),
+                    value: value.to_vec(),
+                    lease: *lease,
+                    prev_kv: true,
+                    ..PutRequest::default()
+                })),
+            })
+            .collect(),
+        failure: Vec::new(),
+    };
+    let response = client
+        .kv(
+            "put batch",
+            request,
+            |mut kv, r| async move { kv.txn(r).await },
+        )
+        .await?;
+    let revision = response.header.map_or(0, |h| h.revision);
+    let mut previous: Vec<Option<Vec<u8>>> = response
+        .responses
+        .into_iter()
+        .map(|op| match op.response {
+            Some(response_op::Response::ResponsePut(put)) => put.prev_kv.map(|kv| kv.value),
+            _ => None,
+        })
+        .collect();
+    previous.resize(puts.len(), None);
+    Ok((revision, previous))
 }
 
 /// Puts `value` if the key is as `expect`ed: the revision written, or `None` if it was not.

@@ -50,6 +50,7 @@
 //! missed or a member without a leader moves the next request, watch or keep-alive stream to
 //! the next endpoint (round robin); the retry loops decide whether to try again.
 
+mod batch;
 mod catalog;
 mod claims;
 mod client;

@@ -316,3 +316,51 @@ async fn revocations_are_kept_in_etcd_once_and_followed_by_every_replica() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_made_together_go_to_etcd_together() {
+    init_logs();
+    let etcd = EtcdCluster::start(3);
+    bounded(async {
+        let a = std::sync::Arc::new(join(&etcd, "r1").await);
+        let other = join(&etcd, "r2").await;
+        // 300 hosts attach at once: every claim lands, in far fewer transactions.
+        let mut claims = tokio::task::JoinSet::new();
+        for i in 0..300 {
+            let a = a.clone();
+            claims.spawn(async move { a.claim(&format!("h{i:03}"), record(&a)).await });
+        }
+        let mut revisions = std::collections::BTreeSet::new();
+        while let Some(claim) = claims.join_next().await {
+            revisions.insert(claim.unwrap().unwrap().revision);
+        }
+        assert!(
+            revisions.len() <= 50,
+            "300 claims took {} transactions",
+            revisions.len()
+        );
+        eventually(
+            "the other replica routes all 300",
+            Duration::from_secs(10),
+            || other.hosts().len() == 300,
+        )
+        .await;
+        // A host claimed twice in one burst: the later link holds it.
+        let (first, second) = (record(&a), record(&a));
+        let (x, y) = tokio::join!(a.claim("twice", first), a.claim("twice", second.clone()));
+        assert!(x.is_ok() && y.is_ok(), "{x:?} {y:?}");
+        eventually(
+            "the second link holds the host",
+            Duration::from_secs(10),
+            || {
+                other
+                    .route("twice")
+                    .is_some_and(|r| r.link_id == second.link_id)
+            },
+        )
+        .await;
+        a.shutdown().await;
+        other.shutdown().await;
+    })
+    .await;
+}

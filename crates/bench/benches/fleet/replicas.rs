@@ -125,7 +125,7 @@ pub(crate) async fn replicas(paths: &Paths, sizes: Sizes) -> Result<(), BenchErr
     };
     let (l, r) = (median(&mut rates[0]), median(&mut rates[1]));
     println!(
-        "{} MiB of stdout: {l:.0} MB/s through the replica holding the link, {r:.0} MB/s relayed          ({:.0} % of it)",
+        "{} MiB of stdout: {l:.0} MB/s through the replica holding the link, {r:.0} MB/s relayed ({:.0} % of it)",
         sizes.stream_bytes >> 20,
         if l > 0.0 { 100.0 * r / l } else { 0.0 }
     );
