@@ -38,7 +38,7 @@ pub struct ClusterConfig {
 }
 
 impl ClusterConfig {
-    pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
+    pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
     pub const DEFAULT_PREFIX: &str = "/toolsrv/";
     pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
     pub const DEFAULT_RETRY_BUDGET: Duration = Duration::from_secs(5);

@@ -313,7 +313,7 @@ pub struct CoordinatorArgs {
         long,
         env = "TOOLSRV_ETCD_LEASE",
         value_name = "DURATION",
-        default_value = "5s",
+        default_value = "10s",
         value_parser = toolsrv_coordinator::parse_duration
     )]
     pub etcd_lease: Duration,

@@ -61,19 +61,30 @@ impl EtcdCluster {
         Self::try_start_with(n, true)
     }
 
+    /// [`EtcdCluster::try_start`] with etcd's own election timing (heartbeat 100 ms, election
+    /// 1 s) instead of the tests' fast one, as a deployment runs it: for benchmarks that load
+    /// the machine, where fast elections would keep electing.
+    pub fn try_start_default_timing(n: usize) -> Result<Self> {
+        Self::try_start_timed(n, false, false)
+    }
+
     fn try_start_with(n: usize, tls: bool) -> Result<Self> {
+        Self::try_start_timed(n, tls, true)
+    }
+
+    fn try_start_timed(n: usize, tls: bool, fast: bool) -> Result<Self> {
         // Members of clusters started at once by parallel tests must not find each other, and
         // a start that misses its bound on a loaded machine is tried once more, on new ports.
-        match Self::try_start_once(n, tls) {
+        match Self::try_start_once(n, tls, fast) {
             Ok(cluster) => Ok(cluster),
             Err(first) => {
                 eprintln!("etcd cluster did not start ({first}); trying once more");
-                Self::try_start_once(n, tls)
+                Self::try_start_once(n, tls, fast)
             }
         }
     }
 
-    fn try_start_once(n: usize, tls: bool) -> Result<Self> {
+    fn try_start_once(n: usize, tls: bool, fast: bool) -> Result<Self> {
         static CLUSTERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let token = format!(
             "toolsrv-test-{}-{}",
@@ -115,8 +126,8 @@ impl EtcdCluster {
                 "--initial-cluster-state=new".into(),
                 format!("--initial-cluster-token={token}"),
                 // Fast elections: a lost member or leader is noticed within a second.
-                "--heartbeat-interval=50".into(),
-                "--election-timeout=500".into(),
+                format!("--heartbeat-interval={}", if fast { 50 } else { 100 }),
+                format!("--election-timeout={}", if fast { 500 } else { 1000 }),
                 "--logger=zap".into(),
                 "--log-outputs=stderr".into(),
             ];

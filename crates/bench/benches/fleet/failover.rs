@@ -111,7 +111,7 @@ pub(crate) async fn failover(paths: &Paths, _sizes: super::Sizes) -> Result<(), 
         "\n8. failover: 3 replicas on a 3-member etcd, {n} load-generator hosts spread over them \
          (each given the 3 URLs, the agent's backoff)"
     );
-    let etcd = tokio::task::spawn_blocking(|| EtcdCluster::try_start(3))
+    let etcd = tokio::task::spawn_blocking(|| EtcdCluster::try_start_default_timing(3))
         .await
         .map_err(|e| e.to_string())??;
     let tools = paths.work.join("tools-failover");
