@@ -258,8 +258,21 @@ async fn storm(paths: &Paths, r: &mut Replicas, fleets: &[FakeAgents]) -> Result
     let mut samples: Vec<(Duration, f64)> = vec![(Duration::ZERO, writes0)];
     let back = loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        samples.push((started.elapsed(), etcd_writes(&r.etcd)?));
-        let online: usize = r.online().iter().sum();
+        // Off the runtime: a starved replica answers its metrics late, and the load
+        // generator's links must not wait for it.
+        let (etcd0, metrics) = (r.etcd.endpoints()[0].clone(), r.metrics.clone());
+        let (writes, online) = tokio::task::spawn_blocking(move || {
+            let addr = etcd0.trim_start_matches("http://").to_string();
+            let writes = metric(&addr, "etcd_server_proposals_committed_total");
+            let online: usize = metrics
+                .iter()
+                .map(|m| metric(m, "toolsrv_agents{state=\"online\"}").unwrap_or(0.0) as usize)
+                .sum();
+            (writes, online)
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        samples.push((started.elapsed(), writes?));
         if online >= n {
             break started.elapsed();
         }
