@@ -8,10 +8,8 @@
 //! A link is told its interval in the Welcome and, when it changes, in a Keepalive carrying
 //! `interval_ms`; it counts as lost after `lost_after` scaled by the same factor.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-
-use tokio::time::Instant;
 
 /// Intervals are whole seconds once spaced, so that a fleet that grows by a few links does not
 /// change every link's interval.
@@ -25,10 +23,6 @@ pub(crate) struct Pace {
     /// Keepalives per second each way to stay under; 0: never space them.
     rate: u32,
     links: AtomicUsize,
-    /// Until when (ms after `started`) this process counts as behind: some link's tick fired
-    /// late, so other links' keepalives may be waiting unread too.
-    behind_until_ms: AtomicU64,
-    started: Instant,
 }
 
 /// Counts one link while it lives.
@@ -48,24 +42,7 @@ impl Pace {
             lost_after,
             rate,
             links: AtomicUsize::new(0),
-            behind_until_ms: AtomicU64::new(0),
-            started: Instant::now(),
         }
-    }
-
-    /// Notes that a tick fired `late` for a link whose keepalive interval is `interval`, and
-    /// says whether this process is behind now: this tick, or any link's within the last
-    /// `lost_after`, fired later than half an interval. While it is, no silence proves
-    /// a link lost (its keepalive may be waiting unread in a connection this process has not
-    /// polled); dead connections still end through HTTP/2 keepalive pings.
-    pub fn behind(&self, late: Duration, interval: Duration, lost_after: Duration) -> bool {
-        let now = self.started.elapsed();
-        if late > interval / 2 {
-            let until = (now + lost_after).as_millis() as u64;
-            self.behind_until_ms.fetch_max(until, Ordering::Relaxed);
-            return true;
-        }
-        (now.as_millis() as u64) < self.behind_until_ms.load(Ordering::Relaxed)
     }
 
     /// Counts a link until the guard drops.
@@ -141,27 +118,6 @@ mod tests {
         );
         drop(guards);
         assert_eq!(pace.links.load(Ordering::Relaxed), 0);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn one_late_tick_holds_every_links_judgement_for_a_while() {
-        let pace = Pace::new(Duration::from_secs(1), Duration::from_secs(3), 2000);
-        let (interval, lost) = (Duration::from_secs(1), Duration::from_secs(3));
-        assert!(
-            !pace.behind(Duration::from_millis(100), interval, lost),
-            "on time"
-        );
-        assert!(
-            pace.behind(Duration::from_millis(700), interval, lost),
-            "this tick late"
-        );
-        tokio::time::advance(Duration::from_secs(2)).await;
-        assert!(
-            pace.behind(Duration::ZERO, interval, lost),
-            "another link, on time, 2 s after a late tick"
-        );
-        tokio::time::advance(Duration::from_millis(1100)).await;
-        assert!(!pace.behind(Duration::ZERO, interval, lost), "caught up");
     }
 
     #[test]
