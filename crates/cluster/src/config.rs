@@ -126,7 +126,7 @@ mod tests {
     #[test]
     fn ttl_rounds_up_to_seconds() {
         let mut config = ClusterConfig::new(vec!["http://a".into()], "r1", "https://r1");
-        assert_eq!(config.ttl_secs(), 5);
+        assert_eq!(config.ttl_secs(), 10);
         config.lease_ttl = Duration::from_millis(1500);
         assert_eq!(config.ttl_secs(), 2);
         config.lease_ttl = Duration::ZERO;
