@@ -345,19 +345,29 @@ async fn claims_made_together_go_to_etcd_together() {
             || other.hosts().len() == 300,
         )
         .await;
-        // A host claimed twice in one burst: the later link holds it.
+        // A host claimed twice in one burst: a transaction may not name a key twice, so the
+        // two go out one after the other; the one written last holds the host and the other
+        // link is told it was superseded.
+        let mut events = a.subscribe();
         let (first, second) = (record(&a), record(&a));
-        let (x, y) = tokio::join!(a.claim("twice", first), a.claim("twice", second.clone()));
-        assert!(x.is_ok() && y.is_ok(), "{x:?} {y:?}");
-        eventually(
-            "the second link holds the host",
-            Duration::from_secs(10),
-            || {
-                other
-                    .route("twice")
-                    .is_some_and(|r| r.link_id == second.link_id)
-            },
-        )
+        let (x, y) = tokio::join!(
+            a.claim("twice", first.clone()),
+            a.claim("twice", second.clone())
+        );
+        let (x, y) = (x.unwrap(), y.unwrap());
+        assert_ne!(x.revision, y.revision, "one transaction each");
+        let (winner, loser) = if x.revision > y.revision {
+            (first, second)
+        } else {
+            (second, first)
+        };
+        eventually("the link written last holds the host", Duration::from_secs(10), || {
+            other.route("twice").is_some_and(|r| r.link_id == winner.link_id)
+        })
+        .await;
+        next_event(&mut events, Duration::from_secs(10), "superseded", |e| {
+            matches!(e, ClusterEvent::Superseded { lost_link_id, .. } if *lost_link_id == loser.link_id)
+        })
         .await;
         a.shutdown().await;
         other.shutdown().await;
