@@ -159,15 +159,7 @@ impl Replicas {
         let tools = ToolsClient::new(channel)
             .max_decoding_message_size(toolsrv_proto::limits::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(toolsrv_proto::limits::MAX_MESSAGE_BYTES);
-        let mut request = Request::new(msg);
-        let metadata = request.metadata_mut();
-        let value = |s: &str| {
-            s.parse()
-                .map_err(|_| Status::internal("a name that cannot be sent as metadata"))
-        };
-        metadata.insert(ON_BEHALF_OF, value(client)?);
-        metadata.insert(RELAYED, value(self.id())?);
-        Ok((tools, request))
+        Ok((tools, self.to_peer(Some(client), msg)?))
     }
 
     /// Agrees in etcd on the revision of `catalog` (a scan of this replica's tools path) and
@@ -247,19 +239,30 @@ impl Replicas {
     /// The approval requests `client` may decide on the other replicas (where relayed calls
     /// wait for them), from those that answer within [`PEER_WAIT`].
     pub async fn remote_approvals(&self, client: &str) -> Vec<ApprovalRequest> {
+        self.gather("approval requests", |peer| async move {
+            let (mut tools, request) = self.relay(&peer, client, ListApprovalsRequest {})?;
+            Ok(tools.list_approvals(request).await?.into_inner().requests)
+        })
+        .await
+    }
+
+    /// What every other replica answers `ask` within [`PEER_WAIT`], gathered; one that fails
+    /// or is late is logged (`what` it was asked for) and left out.
+    async fn gather<T, F, Fut>(&self, what: &str, ask: F) -> Vec<T>
+    where
+        F: Fn(HostRecord) -> Fut,
+        Fut: Future<Output = Result<Vec<T>, Status>>,
+    {
         let mut all = Vec::new();
         for peer in self.peers() {
-            let listed = async {
-                let (mut tools, request) = self.relay(&peer, client, ListApprovalsRequest {})?;
-                let listed = tokio::time::timeout(PEER_WAIT, tools.list_approvals(request))
-                    .await
-                    .map_err(|_| Status::deadline_exceeded("no answer in time"))??;
-                Ok::<_, Status>(listed.into_inner().requests)
-            };
-            match listed.await {
-                Ok(requests) => all.extend(requests),
-                Err(e) => {
-                    tracing::warn!(replica = %peer.owner, error = %e.message(), "cannot list another replica's approval requests")
+            let owner = peer.owner.clone();
+            match tokio::time::timeout(PEER_WAIT, ask(peer)).await {
+                Ok(Ok(items)) => all.extend(items),
+                Ok(Err(e)) => {
+                    tracing::warn!(replica = %owner, what, error = %e.message(), "cannot list what another replica keeps")
+                }
+                Err(_) => {
+                    tracing::warn!(replica = %owner, what, "another replica did not list what it keeps in time")
                 }
             }
         }
@@ -337,27 +340,15 @@ impl Replicas {
 
     /// The join tokens the other replicas keep, for administrator `client`.
     pub async fn remote_tokens(&self, client: &str) -> Vec<JoinTokenInfo> {
-        let mut all = Vec::new();
-        for peer in self.peers() {
-            let listed = async {
-                let request = self.to_peer(Some(client), ListJoinTokensRequest {})?;
-                let channel = self.channel(&peer.owner_url)?;
-                let listed = tokio::time::timeout(
-                    PEER_WAIT,
-                    JoinTokensClient::new(channel).list_join_tokens(request),
-                )
-                .await
-                .map_err(|_| Status::deadline_exceeded("no answer in time"))??;
-                Ok::<_, Status>(listed.into_inner().tokens)
-            };
-            match listed.await {
-                Ok(tokens) => all.extend(tokens),
-                Err(e) => {
-                    tracing::warn!(replica = %peer.owner, error = %e.message(), "cannot list another replica's join tokens")
-                }
-            }
-        }
-        all
+        self.gather("join tokens", |peer| async move {
+            let request = self.to_peer(Some(client), ListJoinTokensRequest {})?;
+            let channel = self.channel(&peer.owner_url)?;
+            let listed = JoinTokensClient::new(channel)
+                .list_join_tokens(request)
+                .await?;
+            Ok(listed.into_inner().tokens)
+        })
+        .await
     }
 
     /// Revokes a join token this replica does not keep on the replica that does.

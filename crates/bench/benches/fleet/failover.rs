@@ -17,8 +17,9 @@ use toolsrv_bench::procs::{Coordinator, Paths, connect, start_coordinator_on, wr
 use toolsrv_bench::stats::{Table, fmt_ns};
 use toolsrv_client::{CallRequest, Client};
 use toolsrv_testkit::fake::{Connected, Counters, Definitions, FakeAgents, fake_id};
-use toolsrv_testkit::{EtcdCluster, http_get, try_free_port};
+use toolsrv_testkit::{EtcdCluster, try_free_port};
 
+use super::scale::{metric, online, secs};
 use super::{ECHO, HEADER, remote_script, row};
 
 /// How long any one wait of this section may take.
@@ -73,36 +74,20 @@ impl Replicas {
 
     /// Hosts online on each replica, from its metrics (0 for one that does not answer).
     fn online(&self) -> Vec<usize> {
-        self.metrics
-            .iter()
-            .map(|m| metric(m, "toolsrv_agents{state=\"online\"}").unwrap_or(0.0) as usize)
-            .collect()
+        online_each(&self.metrics)
     }
 }
 
-/// The first sample of `series` at `addr`'s `/metrics`.
-fn metric(addr: &str, series: &str) -> Result<f64, BenchError> {
-    let (status, body) = http_get(addr, "/metrics")?;
-    if status != 200 {
-        return Err(format!("GET http://{addr}/metrics: status {status}").into());
-    }
-    let line = body
-        .lines()
-        .find(|l| l.starts_with(series))
-        .ok_or_else(|| format!("no {series} at {addr}"))?;
-    Ok(line.rsplit(' ').next().unwrap_or_default().parse()?)
+/// Hosts online at each metrics address (0 for one that does not answer).
+fn online_each(metrics: &[String]) -> Vec<usize> {
+    metrics.iter().map(|m| online(m).unwrap_or(0)).collect()
 }
 
 /// Writes etcd has committed (raft proposals: puts, transactions, deletes, lease grants and
-/// revocations), read from the first member.
-fn etcd_writes(etcd: &EtcdCluster) -> Result<f64, BenchError> {
-    let endpoint = etcd.endpoints()[0].clone();
+/// revocations), read from the member at `endpoint`.
+fn etcd_writes(endpoint: &str) -> Result<f64, BenchError> {
     let addr = endpoint.trim_start_matches("http://");
     metric(addr, "etcd_server_proposals_committed_total")
-}
-
-fn secs(d: Duration) -> String {
-    format!("{:.2} s", d.as_secs_f64())
 }
 
 pub(crate) async fn failover(paths: &Paths, _sizes: super::Sizes) -> Result<(), BenchError> {
@@ -245,7 +230,8 @@ pub(crate) async fn failover(paths: &Paths, _sizes: super::Sizes) -> Result<(), 
 /// the etcd writes per second meanwhile.
 async fn storm(paths: &Paths, r: &mut Replicas, fleets: &[FakeAgents]) -> Result<(), BenchError> {
     let n = r.n;
-    let writes0 = etcd_writes(&r.etcd)?;
+    let etcd0 = r.etcd.endpoints()[0].clone();
+    let writes0 = etcd_writes(&etcd0)?;
     let started = Instant::now();
     for proc in r.procs.iter_mut().flatten() {
         proc.proc.kill();
@@ -260,15 +246,10 @@ async fn storm(paths: &Paths, r: &mut Replicas, fleets: &[FakeAgents]) -> Result
         tokio::time::sleep(Duration::from_millis(100)).await;
         // Off the runtime: a starved replica answers its metrics late, and the load
         // generator's links must not wait for it.
-        let (etcd0, metrics) = (r.etcd.endpoints()[0].clone(), r.metrics.clone());
+        let (etcd0, metrics) = (etcd0.clone(), r.metrics.clone());
         let (writes, online) = tokio::task::spawn_blocking(move || {
-            let addr = etcd0.trim_start_matches("http://").to_string();
-            let writes = metric(&addr, "etcd_server_proposals_committed_total");
-            let online: usize = metrics
-                .iter()
-                .map(|m| metric(m, "toolsrv_agents{state=\"online\"}").unwrap_or(0.0) as usize)
-                .sum();
-            (writes, online)
+            let online: usize = online_each(&metrics).iter().sum();
+            (etcd_writes(&etcd0), online)
         })
         .await
         .map_err(|e| e.to_string())?;

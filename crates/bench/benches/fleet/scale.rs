@@ -78,7 +78,7 @@ fn coordinator_args(s: &Settings, metrics: &str, work: &Path) -> Vec<String> {
 
 /// A gauge or counter of the coordinator's metrics endpoint (the first sample whose name and
 /// labels start with `series`).
-fn metric(addr: &str, series: &str) -> Result<f64, BenchError> {
+pub(crate) fn metric(addr: &str, series: &str) -> Result<f64, BenchError> {
     let (status, body) = http_get(addr, "/metrics")?;
     if status != 200 {
         return Err(format!("GET http://{addr}/metrics: status {status}").into());
@@ -91,7 +91,7 @@ fn metric(addr: &str, series: &str) -> Result<f64, BenchError> {
     Ok(value.parse()?)
 }
 
-fn online(addr: &str) -> Result<usize, BenchError> {
+pub(crate) fn online(addr: &str) -> Result<usize, BenchError> {
     Ok(metric(addr, "toolsrv_agents{state=\"online\"}")? as usize)
 }
 
@@ -106,7 +106,7 @@ fn load() -> String {
         .unwrap_or_default()
 }
 
-fn secs(d: Duration) -> String {
+pub(crate) fn secs(d: Duration) -> String {
     format!("{:.2} s", d.as_secs_f64())
 }
 
