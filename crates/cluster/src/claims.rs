@@ -4,7 +4,6 @@
 use crate::cluster::{Cluster, Owned, Shared};
 use crate::error::{ClusterError, Fault, Result};
 use crate::etcd::{self, Expect};
-use crate::health::Condition;
 use crate::records::{HostRecord, check_id, parse, to_json};
 use crate::retry::retry;
 use crate::table::ClusterEvent;
@@ -42,12 +41,10 @@ impl Cluster {
         let key = shared.keys.host(host_id);
         check_id("host id", host_id)?;
         self.check_open(OP, &key)?;
-        if let Some((condition, failing)) = shared.health.refusal() {
-            return Err(match (condition, failing.fault) {
-                (Condition::Etcd, Some(fault)) => {
-                    fault.into_error(OP, &key, 0, std::time::Duration::ZERO)
-                }
-                _ => ClusterError::NoLease {
+        if let Some(failing) = shared.health.refusal() {
+            return Err(match failing.fault {
+                Some(fault) => fault.into_error(OP, &key, 0, std::time::Duration::ZERO),
+                None => ClusterError::NoQuorum {
                     op: OP,
                     key,
                     detail: failing.reason,

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -45,12 +46,19 @@ impl Condition {
     }
 }
 
+/// How long etcd must have been without a leader before new claims are refused at once
+/// rather than retried: longer than an election takes (etcd's default election timeout is
+/// 1 s, and a new leader normally follows within two), so that a leader that dies is ridden
+/// out by the claims' retries, and a lost quorum still answers quickly.
+pub const ELECTION_GRACE: Duration = Duration::from_secs(2);
+
 /// The conditions now failing, and their publication.
 #[derive(Debug)]
 pub(crate) struct Health {
     failing: Mutex<BTreeMap<Condition, Failing>>,
     tx: watch::Sender<ClusterHealth>,
     replica: String,
+    grace: Duration,
 }
 
 /// A failing condition.
@@ -59,14 +67,21 @@ pub(crate) struct Failing {
     pub reason: String,
     /// Set for [`Condition::Etcd`]: why new claims are refused.
     pub fault: Option<Fault>,
+    /// Since when the condition fails for this reason (its first words).
+    since: Instant,
 }
 
 impl Health {
     pub(crate) fn new(replica: &str) -> Self {
+        Self::with_grace(replica, ELECTION_GRACE)
+    }
+
+    fn with_grace(replica: &str, grace: Duration) -> Self {
         Self {
             failing: Mutex::new(BTreeMap::new()),
             tx: watch::Sender::new(ClusterHealth::Ok),
             replica: replica.to_string(),
+            grace,
         }
     }
 
@@ -82,11 +97,22 @@ impl Health {
     /// claims are refused with the right error).
     pub(crate) fn fail(&self, condition: Condition, reason: String, fault: Option<Fault>) {
         let mut failing = self.lock();
-        let before = failing.get(&condition).map(|f| f.reason.clone());
         // The reason's first words are enough to tell a transition from a repeat; details
         // (ports, timings) change from one failure to the next.
-        let same = before.as_deref().is_some_and(|b| gist(b) == gist(&reason));
-        failing.insert(condition, Failing { reason, fault });
+        let kept = failing
+            .get(&condition)
+            .filter(|b| gist(&b.reason) == gist(&reason))
+            .map(|b| b.since);
+        let same = kept.is_some();
+        let since = kept.unwrap_or_else(Instant::now);
+        failing.insert(
+            condition,
+            Failing {
+                reason,
+                fault,
+                since,
+            },
+        );
         if !same {
             tracing::warn!(
                 replica = %self.replica,
@@ -107,6 +133,7 @@ impl Health {
             Failing {
                 reason: "left the cluster".into(),
                 fault: None,
+                since: Instant::now(),
             },
         );
         self.publish(&failing, false);
@@ -125,19 +152,15 @@ impl Health {
         }
     }
 
-    /// Why a new claim must be refused now, if it must: etcd without a quorum (a member said it
-    /// has no leader), or no lease to put the claim under. etcd out of reach is no reason to
-    /// refuse at once: a renewal that stalls while the members elect a new leader looks the
-    /// same, and the claim's own retries tell the two apart.
-    pub(crate) fn refusal(&self) -> Option<(Condition, Failing)> {
-        let failing = self.lock();
-        no_quorum(&failing)
-            .map(|f| (Condition::Etcd, f.clone()))
-            .or_else(|| {
-                failing
-                    .get(&Condition::Lease)
-                    .map(|f| (Condition::Lease, f.clone()))
-            })
+    /// Why a new claim must be refused now, without trying etcd, if it must: etcd without a
+    /// quorum (a member said it has no leader) for longer than [`ELECTION_GRACE`]. Anything
+    /// shorter may be an election, which the claim's own retries ride out; etcd out of reach
+    /// is no reason either (a renewal that stalls while the members elect a new leader looks
+    /// the same), nor a lost lease (the claim waits for the new one within its retries).
+    pub(crate) fn refusal(&self) -> Option<Failing> {
+        no_quorum(&self.lock())
+            .filter(|f| f.since.elapsed() >= self.grace)
+            .cloned()
     }
 
     /// The fault of a lost quorum (a member said it has no leader), while etcd is failing so.
@@ -208,13 +231,8 @@ mod tests {
             panic!("not degraded");
         };
         assert!(reason.contains("etcd: no quorum") && reason.contains("lease: lease lost"));
-        assert_eq!(
-            health.refusal().map(|(c, _)| c),
-            Some(Condition::Etcd),
-            "etcd first"
-        );
         health.clear(Condition::Etcd);
-        assert_eq!(health.refusal().map(|(c, _)| c), Some(Condition::Lease));
+        assert!(!health.get().is_ok(), "the lease is still lost");
         health.clear(Condition::Lease);
         assert_eq!(*rx.borrow(), ClusterHealth::Ok);
         assert!(health.refusal().is_none());
@@ -222,7 +240,7 @@ mod tests {
 
     #[test]
     fn only_a_lost_quorum_refuses_claims_at_once() {
-        let health = Health::new("r1");
+        let health = Health::with_grace("r1", Duration::ZERO);
         health.fail(
             Condition::Etcd,
             "unreachable: no answer within 1s".into(),
@@ -239,7 +257,40 @@ mod tests {
             "no quorum: etcdserver: no leader".into(),
             Some(Fault::NoLeader("x".into())),
         );
-        assert_eq!(health.refusal().map(|(c, _)| c), Some(Condition::Etcd));
+        assert!(health.refusal().is_some());
         assert_eq!(health.no_quorum(), Some(Fault::NoLeader("x".into())));
+        health.fail(Condition::Lease, "lease lost".into(), None);
+        health.clear(Condition::Etcd);
+        assert!(
+            health.refusal().is_none(),
+            "a lost lease is waited for, not refused"
+        );
+    }
+
+    #[test]
+    fn an_election_is_no_lost_quorum() {
+        let health = Health::with_grace("r1", Duration::from_millis(300));
+        let no_leader = |n: u32| {
+            health.fail(
+                Condition::Etcd,
+                format!("no quorum (etcd has no leader: member {n})"),
+                Some(Fault::NoLeader(format!("member {n}"))),
+            )
+        };
+        no_leader(1);
+        assert!(health.refusal().is_none(), "within the grace: retried");
+        assert!(!health.get().is_ok(), "but reported");
+        std::thread::sleep(Duration::from_millis(200));
+        no_leader(2);
+        assert!(health.refusal().is_none(), "a repeat keeps the first time");
+        std::thread::sleep(Duration::from_millis(150));
+        no_leader(3);
+        assert!(health.refusal().is_some(), "past the grace: refused");
+        health.clear(Condition::Etcd);
+        no_leader(4);
+        assert!(
+            health.refusal().is_none(),
+            "a new outage starts a new grace"
+        );
     }
 }

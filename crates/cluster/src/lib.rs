@@ -70,6 +70,6 @@ pub use claims::Claim;
 pub use cluster::Cluster;
 pub use config::{ClusterConfig, EtcdTls};
 pub use error::{ClusterError, Result};
-pub use health::ClusterHealth;
+pub use health::{ClusterHealth, ELECTION_GRACE};
 pub use records::{AgreedCatalog, HostRecord, ReplicaRecord, new_link_id, unix_now};
 pub use table::ClusterEvent;

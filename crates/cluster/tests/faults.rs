@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{bounded, config, eventually, init_logs, join, next_event, record};
-use toolsrv_cluster::{Cluster, ClusterError, ClusterEvent, ClusterHealth};
+use toolsrv_cluster::{Cluster, ClusterError, ClusterEvent, ClusterHealth, ELECTION_GRACE};
 use toolsrv_testkit::EtcdCluster;
 
 /// How many claim/release rounds the one-member-down tests run.
@@ -179,13 +179,15 @@ async fn without_quorum_claims_are_refused_and_the_table_stays() {
             "{err}"
         );
         assert_eq!(err.code(), tonic::Code::Unavailable);
-        // Once health says so, claims are refused at once, without waiting for etcd.
+        // Once health says so for longer than an election takes, claims are refused at once,
+        // without waiting for etcd.
         eventually(
             "a knows etcd lost quorum",
             Duration::from_secs(10),
             || matches!(a.health(), ClusterHealth::Degraded(r) if r.contains("etcd: no quorum")),
         )
         .await;
+        tokio::time::sleep(ELECTION_GRACE).await;
         let start = Instant::now();
         let err = a.claim("h3", record(&a)).await.unwrap_err();
         assert!(matches!(err, ClusterError::NoQuorum { .. }), "{err}");
