@@ -973,3 +973,84 @@ fn a_join_token_created_through_one_replica_enrolls_a_host_through_another() {
         .unwrap();
     assert_eq!(w2["state"], "revoked", "{w2}");
 }
+
+#[test]
+fn find_tools_through_any_replica_ranks_the_tools_of_every_replicas_hosts() {
+    let disk = r#"{"description": "Show disk usage per mounted filesystem", "keywords": ["df", "free space"], "cmd": "df -h"}"#;
+    let gpu = r#"{"description": "Show GPU utilisation and memory", "keywords": ["nvidia", "graphics card"], "cmd": "true",
+        "variants": [{"match": {"env": "HAS_GPU"}}]}"#;
+    let mut r = Replicated::start(
+        2,
+        &["fa", "fb"],
+        &[("disk_usage.meta", disk), ("gpu_status.meta", gpu)],
+    );
+    // fa on r0; fb, the only host with a GPU, on r1.
+    r.fleet.agent_coordinators = Some(r.urls()[0].clone());
+    r.fleet
+        .start_agent("fa", &toolsrv_tests::AgentSpec::default());
+    r.fleet.agent_coordinators = Some(r.urls()[1].clone());
+    r.fleet.start_agent(
+        "fb",
+        &toolsrv_tests::AgentSpec {
+            env: vec![("HAS_GPU".into(), "1".into())],
+            ..toolsrv_tests::AgentSpec::default()
+        },
+    );
+    let held = r.wait_all_online(0, &["fa", "fb"], Duration::from_secs(30));
+    assert_eq!(held, ["r0", "r1"]);
+    let find = |r: &mut Replicated, i: usize, args: &[&str]| -> Vec<Value> {
+        let mut all = vec!["find"];
+        all.extend_from_slice(args);
+        all.push("--json");
+        let out = r.toolctl(i, &all);
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{all:?} through r{i}: {e}: {}", text(&out.stderr)))
+    };
+    for i in 0..2 {
+        // Both hosts' disks, whichever replica holds them.
+        let found = find(
+            &mut r,
+            i,
+            &["all", "how much free space is left on the disk"],
+        );
+        assert_eq!(found[0]["name"], "disk_usage", "r{i}: {found:?}");
+        assert_eq!(
+            found[0]["hosts"],
+            serde_json::json!(["fa", "fb"]),
+            "r{i}: {found:?}"
+        );
+        // The GPU of the host the other replica holds, too.
+        let found = find(&mut r, i, &["all", "graphics card memory"]);
+        assert_eq!(found[0]["name"], "gpu_status", "r{i}: {found:?}");
+        assert_eq!(
+            found[0]["hosts"],
+            serde_json::json!(["fb"]),
+            "r{i}: {found:?}"
+        );
+        // A selector picks on every replica: fa has no GPU, wherever it is asked.
+        let on_fa = find(&mut r, i, &["fa", "graphics card memory"]);
+        assert!(
+            on_fa.iter().all(|m| m["name"] != "gpu_status"),
+            "r{i}: {on_fa:?}"
+        );
+        let on_fb = find(&mut r, i, &["fb", "free space on the disk"]);
+        assert_eq!(
+            on_fb[0]["hosts"],
+            serde_json::json!(["fb"]),
+            "r{i}: {on_fb:?}"
+        );
+        // --limit holds for the merged answer.
+        assert!(find(&mut r, i, &["all", "show", "--limit", "1"]).len() <= 1);
+    }
+    // A replica gone: the answer of the one asked comes without it, at once and whole for
+    // its own hosts (fb has not attached elsewhere yet: its agent knows only r1).
+    r.replicas[1].as_mut().unwrap().kill();
+    let start = Instant::now();
+    let found = find(&mut r, 0, &["all", "free space on the disk"]);
+    assert_eq!(found[0]["hosts"], serde_json::json!(["fa"]), "{found:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+}

@@ -465,10 +465,19 @@ impl Tools for ToolsService {
         &self,
         req: Request<FindToolsRequest>,
     ) -> Result<Response<FindToolsResponse>, Status> {
-        Caller::client(&req)?;
-        crate::finder::find(&self.state, req.into_inner())
-            .await
-            .map(Response::new)
+        let client = Caller::client(&req)?;
+        let relayed = replicas::is_relayed(&req);
+        let req = req.into_inner();
+        let found = crate::finder::find(&self.state, req.clone()).await?;
+        // Through any replica, the tools of every replica's hosts.
+        let found = match &self.state.replicas {
+            Some(replicas) if !relayed => {
+                let others = replicas.remote_matches(&client, &req).await;
+                crate::finder::merge(found, others, crate::finder::limit_of(&req)?)
+            }
+            _ => found,
+        };
+        Ok(Response::new(found))
     }
 
     async fn open_session(

@@ -148,15 +148,7 @@ pub async fn find(state: &State, req: FindToolsRequest) -> Result<FindToolsRespo
             req.selector.len()
         )));
     }
-    let limit = match req.limit {
-        0 => DEFAULT_LIMIT,
-        n if n > MAX_LIMIT => {
-            return Err(Status::invalid_argument(format!(
-                "a limit of {n} is over the most of {MAX_LIMIT}"
-            )));
-        }
-        n => n,
-    } as usize;
+    let limit = limit_of(&req)?;
     let selector = Selector::parse(&req.selector)
         .map_err(|e| Status::invalid_argument(format!("host selector `{}`: {e}", req.selector)))?;
     let finder = &state.finder;
@@ -207,6 +199,61 @@ pub async fn find(state: &State, req: FindToolsRequest) -> Result<FindToolsRespo
     })
 }
 
+/// The most matches `req` asks for.
+pub fn limit_of(req: &FindToolsRequest) -> Result<usize, Status> {
+    match req.limit {
+        0 => Ok(DEFAULT_LIMIT as usize),
+        n if n > MAX_LIMIT => Err(Status::invalid_argument(format!(
+            "a limit of {n} is over the most of {MAX_LIMIT}"
+        ))),
+        n => Ok(n as usize),
+    }
+}
+
+/// This replica's answer and the other replicas' (each ranking the hosts it holds) as one: a
+/// tool found by several keeps its best score (with that ranking's description and scores)
+/// and the hosts of all; best first, at most `limit`. Each replica's best `limit` are enough
+/// to hold the best `limit` of all.
+pub fn merge(
+    mut local: FindToolsResponse,
+    others: Vec<FindToolsResponse>,
+    limit: usize,
+) -> FindToolsResponse {
+    let mut by_name: HashMap<String, ToolMatch> = HashMap::new();
+    for found in std::iter::once(std::mem::take(&mut local.matches))
+        .chain(others.iter().map(|o| o.matches.clone()))
+    {
+        for m in found {
+            match by_name.get_mut(&m.name) {
+                None => {
+                    by_name.insert(m.name.clone(), m);
+                }
+                Some(kept) => {
+                    let hosts = std::mem::take(&mut kept.hosts);
+                    if m.score > kept.score {
+                        *kept = m.clone();
+                    }
+                    let all: BTreeSet<String> = hosts.into_iter().chain(m.hosts).collect();
+                    kept.hosts = all.into_iter().collect();
+                }
+            }
+        }
+    }
+    let mut matches: Vec<ToolMatch> = by_name.into_values().collect();
+    matches.sort_by(|a, b| {
+        b.score
+            .total_cmp(&a.score)
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    matches.truncate(limit);
+    local.matches = matches;
+    local.catalog_revision = others
+        .iter()
+        .map(|o| o.catalog_revision)
+        .fold(local.catalog_revision, u64::max);
+    local
+}
+
 /// The documents the online hosts of `selector` offer, and which of them offer each tool.
 fn offered(
     state: &State,
@@ -232,4 +279,70 @@ fn offered(
         }
     }
     (visible, hosts_of)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn found(revision: u64, matches: &[(&str, f32, &[&str])]) -> FindToolsResponse {
+        FindToolsResponse {
+            matches: matches
+                .iter()
+                .map(|(name, score, hosts)| ToolMatch {
+                    name: name.to_string(),
+                    score: *score,
+                    description: format!("{name} at {score}"),
+                    hosts: hosts.iter().map(|h| h.to_string()).collect(),
+                    lexical_score: None,
+                    semantic_score: Some(*score),
+                })
+                .collect(),
+            ranker: "fused".into(),
+            catalog_revision: revision,
+        }
+    }
+
+    #[test]
+    fn replicas_answers_merge_by_best_score_with_every_host() {
+        let local = found(7, &[("disk", 0.9, &["a1"]), ("logs", 0.5, &["a1", "a2"])]);
+        let others = vec![
+            found(7, &[("logs", 0.6, &["b1"]), ("ping", 0.4, &["b2"])]),
+            found(8, &[("ports", 0.95, &["c1"]), ("disk", 0.2, &["c1", "a1"])]),
+            found(7, &[]),
+        ];
+        let merged = merge(local, others, 4);
+        let got: Vec<(&str, f32, Vec<&str>)> = merged
+            .matches
+            .iter()
+            .map(|m| {
+                (
+                    m.name.as_str(),
+                    m.score,
+                    m.hosts.iter().map(String::as_str).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("ports", 0.95, vec!["c1"]),
+                ("disk", 0.9, vec!["a1", "c1"]),
+                ("logs", 0.6, vec!["a1", "a2", "b1"]),
+                ("ping", 0.4, vec!["b2"]),
+            ]
+        );
+        // The best ranking's description goes with its score.
+        assert_eq!(merged.matches[2].description, "logs at 0.6");
+        assert_eq!(merged.catalog_revision, 8);
+        assert_eq!(merged.ranker, "fused");
+
+        let few = merge(
+            found(7, &[("disk", 0.9, &["a1"])]),
+            vec![found(7, &[("ping", 0.4, &["b2"])])],
+            1,
+        );
+        assert_eq!(few.matches.len(), 1);
+        assert_eq!(few.matches[0].name, "disk");
+    }
 }

@@ -12,7 +12,9 @@
 //! call on the host.
 
 use std::collections::{BTreeMap, HashMap};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::broadcast;
@@ -26,9 +28,9 @@ use toolsrv_proto::v1::join_tokens_client::JoinTokensClient;
 use toolsrv_proto::v1::tools_client::ToolsClient;
 use toolsrv_proto::v1::{
     ApprovalRequest, ApproveRequest, CallRequest, CallResult, CallStatus, CatalogEvent,
-    CatalogEventKind, HostFacts, HostInfo, HostState, JoinRequest, JoinResponse, JoinTokenInfo,
-    ListApprovalsRequest, ListJoinTokensRequest, RevokeJoinTokenRequest, RevokeJoinTokenResponse,
-    WatchCatalogRequest, call_event,
+    CatalogEventKind, FindToolsRequest, FindToolsResponse, HostFacts, HostInfo, HostState,
+    JoinRequest, JoinResponse, JoinTokenInfo, ListApprovalsRequest, ListJoinTokensRequest,
+    RevokeJoinTokenRequest, RevokeJoinTokenResponse, WatchCatalogRequest, call_event,
 };
 use toolsrv_registry::{Catalog, Registry};
 
@@ -246,27 +248,60 @@ impl Replicas {
         .await
     }
 
-    /// What every other replica answers `ask` within [`PEER_WAIT`], gathered; one that fails
-    /// or is late is logged (`what` it was asked for) and left out.
+    /// What every other replica answers `ask` within [`PEER_WAIT`], gathered (all asked at
+    /// once); one that fails or is late is logged (`what` it was asked for) and left out.
     async fn gather<T, F, Fut>(&self, what: &str, ask: F) -> Vec<T>
     where
         F: Fn(HostRecord) -> Fut,
         Fut: Future<Output = Result<Vec<T>, Status>>,
     {
+        let mut asked: Vec<(String, Pin<Box<tokio::time::Timeout<Fut>>>)> = self
+            .peers()
+            .into_iter()
+            .map(|peer| {
+                let owner = peer.owner.clone();
+                (owner, Box::pin(tokio::time::timeout(PEER_WAIT, ask(peer))))
+            })
+            .collect();
         let mut all = Vec::new();
-        for peer in self.peers() {
-            let owner = peer.owner.clone();
-            match tokio::time::timeout(PEER_WAIT, ask(peer)).await {
-                Ok(Ok(items)) => all.extend(items),
-                Ok(Err(e)) => {
-                    tracing::warn!(replica = %owner, what, error = %e.message(), "cannot list what another replica keeps")
+        std::future::poll_fn(|cx| {
+            asked.retain_mut(|(owner, answer)| {
+                let Poll::Ready(answer) = answer.as_mut().poll(cx) else {
+                    return true;
+                };
+                match answer {
+                    Ok(Ok(items)) => all.extend(items),
+                    Ok(Err(e)) => {
+                        tracing::warn!(replica = %owner, what, error = %e.message(), "cannot list what another replica keeps")
+                    }
+                    Err(_) => {
+                        tracing::warn!(replica = %owner, what, "another replica did not list what it keeps in time")
+                    }
                 }
-                Err(_) => {
-                    tracing::warn!(replica = %owner, what, "another replica did not list what it keeps in time")
-                }
+                false
+            });
+            if asked.is_empty() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
             }
-        }
+        })
+        .await;
         all
+    }
+
+    /// The tools of the hosts the other replicas hold, ranked by each against `req` (relayed
+    /// for `client`), from those that answer within [`PEER_WAIT`].
+    pub async fn remote_matches(
+        &self,
+        client: &str,
+        req: &FindToolsRequest,
+    ) -> Vec<FindToolsResponse> {
+        self.gather("matching tools", |peer| async move {
+            let (mut tools, request) = self.relay(&peer, client, req.clone())?;
+            Ok(vec![tools.find_tools(request).await?.into_inner()])
+        })
+        .await
     }
 
     /// Decides a request that is not pending here on the replica where it is: `Ok(true)` when

@@ -27,6 +27,17 @@ const WAIT: Duration = Duration::from_secs(300);
 /// Concurrent callers during the failover.
 const CALLERS: usize = 8;
 
+/// Each replica's `--max-keepalive-rate` (`FLEET_REPLICA_KEEPALIVE_RATE`; the coordinator's
+/// default unless set).
+fn keepalive_rate() -> Result<Option<u32>, BenchError> {
+    match std::env::var("FLEET_REPLICA_KEEPALIVE_RATE") {
+        Ok(v) => Ok(Some(v.parse().map_err(|e| {
+            format!("FLEET_REPLICA_KEEPALIVE_RATE={v}: not a number: {e}")
+        })?)),
+        Err(_) => Ok(None),
+    }
+}
+
 pub(crate) fn agents() -> Result<usize, BenchError> {
     match std::env::var("FLEET_REPLICA_AGENTS") {
         Ok(v) => Ok(v
@@ -45,6 +56,8 @@ struct Replicas {
     procs: Vec<Option<Coordinator>>,
     tools: std::path::PathBuf,
     n: usize,
+    /// Each replica's `--max-keepalive-rate`, when not the default.
+    keepalive_rate: Option<u32>,
 }
 
 impl Replicas {
@@ -53,7 +66,7 @@ impl Replicas {
     }
 
     fn start(&mut self, paths: &Paths, i: usize, name: &str) -> Result<(), BenchError> {
-        let args = vec![
+        let mut args = vec![
             format!("--etcd={}", self.etcd.endpoints().join(",")),
             format!("--replica-id=r{i}"),
             format!("--advertise-url={}", self.url(i)),
@@ -61,6 +74,10 @@ impl Replicas {
             format!("--max-fanout-hosts={}", self.n),
             format!("--max-calls-per-client={}", self.n),
         ];
+        args.extend(
+            self.keepalive_rate
+                .map(|rate| format!("--max-keepalive-rate={rate}")),
+        );
         let c = start_coordinator_on(
             paths,
             &format!("{name}-r{i}"),
@@ -94,7 +111,8 @@ pub(crate) async fn failover(paths: &Paths, _sizes: super::Sizes) -> Result<(), 
     let n = agents()?;
     println!(
         "\n8. failover: 3 replicas on a 3-member etcd, {n} load-generator hosts spread over them \
-         (each given the 3 URLs, the agent's backoff)"
+         (each given the 3 URLs, the agent's backoff), --max-keepalive-rate {} on each replica",
+        keepalive_rate()?.map_or("default".to_string(), |r| r.to_string())
     );
     let etcd = tokio::task::spawn_blocking(|| EtcdCluster::try_start_default_timing(3))
         .await
@@ -110,6 +128,7 @@ pub(crate) async fn failover(paths: &Paths, _sizes: super::Sizes) -> Result<(), 
         procs: vec![None, None, None],
         tools,
         n,
+        keepalive_rate: keepalive_rate()?,
     };
     for i in 0..3 {
         r.start(paths, i, "coordinator-failover")?;
