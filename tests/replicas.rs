@@ -974,30 +974,40 @@ fn a_join_token_created_through_one_replica_enrolls_a_host_through_another() {
     assert_eq!(w2["state"], "revoked", "{w2}");
 }
 
-#[test]
-fn find_tools_through_any_replica_ranks_the_tools_of_every_replicas_hosts() {
-    let disk = r#"{"description": "Show disk usage per mounted filesystem", "keywords": ["df", "free space"], "cmd": "df -h"}"#;
-    let gpu = r#"{"description": "Show GPU utilisation and memory", "keywords": ["nvidia", "graphics card"], "cmd": "true",
+/// Two replicas serving a disk tool everyone has and a GPU tool only hosts with `HAS_GPU`
+/// have; host `plain` attached to r0 and `gpu`, the one with a GPU, to r1.
+fn disk_and_gpu_on_two_replicas(plain: &str, gpu: &str) -> Replicated {
+    let disk_meta = r#"{"description": "Show disk usage per mounted filesystem", "keywords": ["df", "free space"], "cmd": "df -h"}"#;
+    let gpu_meta = r#"{"description": "Show GPU utilisation and memory", "keywords": ["nvidia", "graphics card"], "cmd": "true",
         "variants": [{"match": {"env": "HAS_GPU"}}]}"#;
     let mut r = Replicated::start(
         2,
-        &["fa", "fb"],
-        &[("disk_usage.meta", disk), ("gpu_status.meta", gpu)],
+        &[plain, gpu],
+        &[
+            ("disk_usage.meta", disk_meta),
+            ("gpu_status.meta", gpu_meta),
+        ],
     );
-    // fa on r0; fb, the only host with a GPU, on r1.
     r.fleet.agent_coordinators = Some(r.urls()[0].clone());
     r.fleet
-        .start_agent("fa", &toolsrv_tests::AgentSpec::default());
+        .start_agent(plain, &toolsrv_tests::AgentSpec::default());
     r.fleet.agent_coordinators = Some(r.urls()[1].clone());
     r.fleet.start_agent(
-        "fb",
+        gpu,
         &toolsrv_tests::AgentSpec {
             env: vec![("HAS_GPU".into(), "1".into())],
             ..toolsrv_tests::AgentSpec::default()
         },
     );
-    let held = r.wait_all_online(0, &["fa", "fb"], Duration::from_secs(30));
+    let held = r.wait_all_online(0, &[plain, gpu], Duration::from_secs(30));
     assert_eq!(held, ["r0", "r1"]);
+    r
+}
+
+#[test]
+fn find_tools_through_any_replica_ranks_the_tools_of_every_replicas_hosts() {
+    // fa on r0; fb, the only host with a GPU, on r1.
+    let mut r = disk_and_gpu_on_two_replicas("fa", "fb");
     let find = |r: &mut Replicated, i: usize, args: &[&str]| -> Vec<Value> {
         let mut all = vec!["find"];
         all.extend_from_slice(args);
@@ -1052,5 +1062,114 @@ fn find_tools_through_any_replica_ranks_the_tools_of_every_replicas_hosts() {
         start.elapsed() < Duration::from_secs(10),
         "{:?}",
         start.elapsed()
+    );
+}
+
+#[test]
+fn a_session_is_reached_through_any_replica_and_spans_every_replicas_hosts() {
+    // sa on r0; sb, the only host with a GPU, on r1.
+    let mut r = disk_and_gpu_on_two_replicas("sa", "sb");
+    let ok = |out: std::process::Output, what: &str| -> String {
+        assert!(out.status.success(), "{what}: {}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let json = |out: String| -> Value { serde_json::from_str(&out).unwrap() };
+
+    // Opened through r0, which holds only sa: the GPU tool of r1's host loads.
+    let id = ok(r.toolctl(0, &["session", "open"]), "open")
+        .trim()
+        .to_string();
+    assert!(
+        id.ends_with("@r0"),
+        "the id names the replica that keeps it: {id}"
+    );
+    let state = json(ok(
+        r.toolctl(0, &["session", "load", &id, "gpu_status", "--json"]),
+        "load gpu_status through r0",
+    ));
+    assert_eq!(
+        state["selected"],
+        serde_json::json!([{"host": "sa", "state": "online"}, {"host": "sb", "state": "online"}]),
+        "{state}"
+    );
+    let gpu_tool = &state["tools"][0];
+    assert_eq!(gpu_tool["hosts"], serde_json::json!(["sb"]), "{state}");
+    assert_eq!(
+        gpu_tool["resolutions"][0]["definition"]["description"],
+        "Show GPU utilisation and memory"
+    );
+
+    // Through r1, the same session: shown, loaded into, watched and closed there.
+    let state = json(ok(
+        r.toolctl(1, &["session", "load", &id, "disk_usage", "--json"]),
+        "load disk_usage through r1",
+    ));
+    let disk_tool = state["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "disk_usage")
+        .unwrap_or_else(|| panic!("{state}"));
+    assert_eq!(
+        disk_tool["hosts"],
+        serde_json::json!(["sa", "sb"]),
+        "{state}"
+    );
+    let shown = json(ok(
+        r.toolctl(1, &["session", "show", &id, "--json"]),
+        "show through r1",
+    ));
+    assert_eq!(shown["tools"].as_array().unwrap().len(), 2, "{shown}");
+
+    // Another client reaches nothing through either replica.
+    for i in 0..2 {
+        r.fleet.port = r.ports[i];
+        let out = r
+            .fleet
+            .toolctl_as("client-bob", &["session", "show", &id], None);
+        assert!(!out.status.success());
+        assert!(
+            text(&out.stderr).contains("no session"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+
+    // A watcher through r1 sees r1's own host go away (the session lives on r0).
+    r.fleet.port = r.ports[1];
+    let watch = LineWatch::start(
+        r.fleet
+            .toolctl_command("client-alice", &["session", "watch", &id, "--json"]),
+    );
+    let first = watch.until("the first state", |_| true);
+    assert_eq!(first["watchers"], 1, "{first}");
+    r.fleet.agents.get_mut("sb").unwrap().kill();
+    let after = watch.until("sb gone from the GPU tool", |s| {
+        s["tools"].as_array().is_some_and(|t| {
+            t.iter().any(|t| {
+                t["name"] == "gpu_status" && t["hosts"].as_array().is_none_or(Vec::is_empty)
+            })
+        })
+    });
+    assert!(
+        after["tools"][0]["unavailable"]
+            .as_str()
+            .is_some_and(|u| !u.is_empty()),
+        "{after}"
+    );
+    drop(watch);
+
+    ok(r.toolctl(1, &["session", "close", &id]), "close through r1");
+    let out = r.toolctl(0, &["session", "show", &id]);
+    assert!(!out.status.success(), "closed on r0 too");
+
+    // A session whose replica is gone: a clear NOT_FOUND naming it.
+    let gone = "0123456789abcdef0123456789abcdef@r7";
+    let out = r.toolctl(0, &["session", "show", gone]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("replica `r7`, which is gone"),
+        "{}",
+        text(&out.stderr)
     );
 }

@@ -148,6 +148,7 @@ impl AgentLinkService {
             connected_unix_ms: now_ms(),
             view: None,
             link: Some(link.clone()),
+            remote: None,
             last_seen: Arc::new(now_ms().into()),
         };
         // With replicas, the link is this replica's only once etcd says so.

@@ -119,6 +119,24 @@ fn call_spec(
     })
 }
 
+impl ToolsService {
+    /// Where a request about session `id` goes instead of here (see
+    /// [`replicas::session_elsewhere`]).
+    fn session_elsewhere(
+        &self,
+        id: &str,
+        relayed: bool,
+    ) -> Result<Option<(&Arc<replicas::Replicas>, toolsrv_cluster::HostRecord)>, Status> {
+        match (
+            replicas::session_elsewhere(&self.state, id, relayed)?,
+            &self.state.replicas,
+        ) {
+            (Some(record), Some(replicas)) => Ok(Some((replicas, record))),
+            _ => Ok(None),
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl Tools for ToolsService {
     type CallStream = BoxStream<CallEvent>;
@@ -485,7 +503,9 @@ impl Tools for ToolsService {
         req: Request<OpenSessionRequest>,
     ) -> Result<Response<SessionState>, Status> {
         let client = Caller::client(&req)?;
-        session_api::open(&self.state, &client, req.into_inner()).map(Response::new)
+        session_api::open(&self.state, &client, req.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn load_tool(
@@ -493,7 +513,15 @@ impl Tools for ToolsService {
         req: Request<LoadToolRequest>,
     ) -> Result<Response<SessionState>, Status> {
         let client = Caller::client(&req)?;
-        session_api::load(&self.state, &client, req.into_inner()).map(Response::new)
+        let relayed = replicas::is_relayed(&req);
+        let req = req.into_inner();
+        if let Some((replicas, record)) = self.session_elsewhere(&req.session, relayed)? {
+            let (mut tools, request) = replicas.relay(&record, &client, req)?;
+            return tools.load_tool(request).await;
+        }
+        session_api::load(&self.state, &client, req)
+            .await
+            .map(Response::new)
     }
 
     async fn unload_tool(
@@ -501,7 +529,15 @@ impl Tools for ToolsService {
         req: Request<UnloadToolRequest>,
     ) -> Result<Response<SessionState>, Status> {
         let client = Caller::client(&req)?;
-        session_api::unload(&self.state, &client, req.into_inner()).map(Response::new)
+        let relayed = replicas::is_relayed(&req);
+        let req = req.into_inner();
+        if let Some((replicas, record)) = self.session_elsewhere(&req.session, relayed)? {
+            let (mut tools, request) = replicas.relay(&record, &client, req)?;
+            return tools.unload_tool(request).await;
+        }
+        session_api::unload(&self.state, &client, req)
+            .await
+            .map(Response::new)
     }
 
     async fn get_session(
@@ -509,7 +545,15 @@ impl Tools for ToolsService {
         req: Request<GetSessionRequest>,
     ) -> Result<Response<SessionState>, Status> {
         let client = Caller::client(&req)?;
-        session_api::get(&self.state, &client, &req.into_inner().session).map(Response::new)
+        let relayed = replicas::is_relayed(&req);
+        let req = req.into_inner();
+        if let Some((replicas, record)) = self.session_elsewhere(&req.session, relayed)? {
+            let (mut tools, request) = replicas.relay(&record, &client, req)?;
+            return tools.get_session(request).await;
+        }
+        session_api::get(&self.state, &client, &req.session)
+            .await
+            .map(Response::new)
     }
 
     async fn watch_session(
@@ -517,8 +561,17 @@ impl Tools for ToolsService {
         req: Request<GetSessionRequest>,
     ) -> Result<Response<Self::WatchSessionStream>, Status> {
         let client = Caller::client(&req)?;
+        let relayed = replicas::is_relayed(&req);
+        let req = req.into_inner();
+        if let Some((replicas, record)) = self.session_elsewhere(&req.session, relayed)? {
+            // The replica keeping the session streams its states; dropping this stream (the
+            // client went away) ends the relayed watch with it.
+            let (mut tools, request) = replicas.relay(&record, &client, req)?;
+            let stream = tools.watch_session(request).await?.into_inner();
+            return Ok(Response::new(Box::pin(stream)));
+        }
         let (tx, rx) = mpsc::channel(4);
-        session_api::watch(&self.state, &client, &req.into_inner().session, tx)?;
+        session_api::watch(&self.state, &client, &req.session, tx)?;
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
@@ -527,7 +580,13 @@ impl Tools for ToolsService {
         req: Request<GetSessionRequest>,
     ) -> Result<Response<CloseSessionResponse>, Status> {
         let client = Caller::client(&req)?;
-        session_api::close(&self.state, &client, &req.into_inner().session)?;
+        let relayed = replicas::is_relayed(&req);
+        let req = req.into_inner();
+        if let Some((replicas, record)) = self.session_elsewhere(&req.session, relayed)? {
+            let (mut tools, request) = replicas.relay(&record, &client, req)?;
+            return tools.close_session(request).await;
+        }
+        session_api::close(&self.state, &client, &req.session)?;
         Ok(Response::new(CloseSessionResponse {}))
     }
 

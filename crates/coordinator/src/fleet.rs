@@ -38,12 +38,16 @@ pub struct HostEntry {
     pub selectable_labels: BTreeMap<String, String>,
     /// The live connection; `None` while offline.
     pub link: Option<Arc<Link>>,
+    /// For a host another replica holds: that replica's id. Such entries are never in this
+    /// replica's fleet; sessions make them (with the view fetched from that replica), and they
+    /// count as online.
+    pub remote: Option<String>,
     pub last_seen: Arc<AtomicU64>,
 }
 
 impl HostEntry {
     pub fn online(&self) -> bool {
-        self.link.as_ref().is_some_and(|l| !l.closed.is_cancelled())
+        self.remote.is_some() || self.link.as_ref().is_some_and(|l| !l.closed.is_cancelled())
     }
 
     /// The host's status of one tool, if its view has it.
@@ -75,7 +79,7 @@ impl HostEntry {
             calls_in_flight: self.link.as_ref().map_or(0, |l| l.calls_in_flight() as u32),
             max_concurrent_calls: self.max_concurrent_calls,
             trusted_labels: self.trusted_labels.clone().into_iter().collect(),
-            replica: String::new(),
+            replica: self.remote.clone().unwrap_or_default(),
         }
     }
 
@@ -392,6 +396,7 @@ mod tests {
             trusted_labels: BTreeMap::new(),
             selectable_labels: BTreeMap::new(),
             link: None,
+            remote: None,
             last_seen: Arc::new(0.into()),
         }
     }

@@ -317,7 +317,10 @@ pub async fn serve(
         host_labels,
         quotas: Arc::new(quota::Quotas::new(config.limits.clone())),
         approvals: approvals::Approvals::default(),
-        sessions: sessions::Sessions::new(config.sessions.clone()),
+        sessions: sessions::Sessions::new(
+            config.sessions.clone(),
+            replicas.as_ref().map(|r| r.id().to_string()),
+        ),
         finder: finder::Finder::new(encoder),
         metrics: metrics::Metrics::default(),
         pace: pace::Pace::new(

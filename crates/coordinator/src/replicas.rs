@@ -30,7 +30,8 @@ use toolsrv_proto::v1::{
     ApprovalRequest, ApproveRequest, CallRequest, CallResult, CallStatus, CatalogEvent,
     CatalogEventKind, FindToolsRequest, FindToolsResponse, HostFacts, HostInfo, HostState,
     JoinRequest, JoinResponse, JoinTokenInfo, ListApprovalsRequest, ListJoinTokensRequest,
-    RevokeJoinTokenRequest, RevokeJoinTokenResponse, WatchCatalogRequest, call_event,
+    ListToolsRequest, RevokeJoinTokenRequest, RevokeJoinTokenResponse, WatchCatalogRequest,
+    call_event,
 };
 use toolsrv_registry::{Catalog, Registry};
 
@@ -40,6 +41,8 @@ use crate::fleet::HostEntry;
 
 /// How long a replica waits for another one's answer to a question about its own state.
 const PEER_WAIT: Duration = Duration::from_secs(3);
+/// Views of other replicas' hosts fetched at once for a session.
+const VIEW_FETCHES: usize = 64;
 
 /// The metadata naming the client a replica relays for.
 pub const ON_BEHALF_OF: &str = "toolsrv-on-behalf-of";
@@ -61,6 +64,28 @@ pub(crate) struct Replicas {
     remote_events: broadcast::Sender<CatalogEvent>,
     /// The view revision of each host other replicas hold, as their watches told.
     remote_views: Mutex<HashMap<String, u64>>,
+    /// Views of hosts other replicas hold, fetched for sessions (see [`Replicas::remote_entries`]).
+    mirror: Mutex<Mirror>,
+    /// Shares equal definitions among the mirrored views.
+    interner: crate::views::Interner,
+}
+
+/// The views of other replicas' hosts fetched so far. A host's entry is dropped when its
+/// replica's watch says its view changed; a fetch that started before that is not kept.
+#[derive(Debug, Default)]
+struct Mirror {
+    views: HashMap<String, Mirrored>,
+    /// Bumped at every invalidation.
+    epoch: u64,
+    /// The epoch of each host's last invalidation.
+    invalidated: HashMap<String, u64>,
+}
+
+#[derive(Debug)]
+struct Mirrored {
+    /// The link the view was fetched over: another link is another view.
+    link_id: String,
+    view: Arc<crate::views::StoredView>,
 }
 
 impl Replicas {
@@ -82,6 +107,8 @@ impl Replicas {
             gone: Mutex::new(BTreeMap::new()),
             remote_events: broadcast::channel(1024).0,
             remote_views: Mutex::new(HashMap::new()),
+            mirror: Mutex::new(Mirror::default()),
+            interner: crate::views::Interner::default(),
         })
     }
 
@@ -255,38 +282,23 @@ impl Replicas {
         F: Fn(HostRecord) -> Fut,
         Fut: Future<Output = Result<Vec<T>, Status>>,
     {
-        let mut asked: Vec<(String, Pin<Box<tokio::time::Timeout<Fut>>>)> = self
-            .peers()
-            .into_iter()
-            .map(|peer| {
-                let owner = peer.owner.clone();
-                (owner, Box::pin(tokio::time::timeout(PEER_WAIT, ask(peer))))
-            })
-            .collect();
+        let asked = self.peers().into_iter().map(|peer| {
+            let owner = peer.owner.clone();
+            let answer = tokio::time::timeout(PEER_WAIT, ask(peer));
+            async move { (owner, answer.await) }
+        });
         let mut all = Vec::new();
-        std::future::poll_fn(|cx| {
-            asked.retain_mut(|(owner, answer)| {
-                let Poll::Ready(answer) = answer.as_mut().poll(cx) else {
-                    return true;
-                };
-                match answer {
-                    Ok(Ok(items)) => all.extend(items),
-                    Ok(Err(e)) => {
-                        tracing::warn!(replica = %owner, what, error = %e.message(), "cannot list what another replica keeps")
-                    }
-                    Err(_) => {
-                        tracing::warn!(replica = %owner, what, "another replica did not list what it keeps in time")
-                    }
+        for (owner, answer) in join_all(asked).await {
+            match answer {
+                Ok(Ok(items)) => all.extend(items),
+                Ok(Err(e)) => {
+                    tracing::warn!(replica = %owner, what, error = %e.message(), "cannot list what another replica keeps")
                 }
-                false
-            });
-            if asked.is_empty() {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
+                Err(_) => {
+                    tracing::warn!(replica = %owner, what, "another replica did not list what it keeps in time")
+                }
             }
-        })
-        .await;
+        }
         all
     }
 
@@ -302,6 +314,129 @@ impl Replicas {
             Ok(vec![tools.find_tools(request).await?.into_inner()])
         })
         .await
+    }
+
+    /// The hosts other replicas hold that `selector` picks, for a session of `client`: each
+    /// with its view as its replica has it, fetched from that replica ([`VIEW_FETCHES`] at a
+    /// time, each within [`PEER_WAIT`]) the first time and after each change its replica's
+    /// watch reports, and kept meanwhile. A host whose view cannot be fetched shows as syncing, without tools.
+    pub async fn remote_entries(
+        &self,
+        selector: &crate::selector::Selector,
+        client: &str,
+    ) -> Vec<HostEntry> {
+        let remote: Vec<(String, HostRecord)> = self
+            .cluster
+            .hosts()
+            .into_iter()
+            .filter(|(_, r)| r.owner != self.id())
+            .collect();
+        let (mut entries, mut fetch, epoch) = {
+            let mut mirror = self.lock_mirror();
+            // Hosts no other replica holds any more are forgotten.
+            let held: std::collections::HashSet<&str> =
+                remote.iter().map(|(id, _)| id.as_str()).collect();
+            mirror.views.retain(|id, _| held.contains(id.as_str()));
+            mirror
+                .invalidated
+                .retain(|id, _| held.contains(id.as_str()));
+            let (mut entries, mut fetch) = (Vec::new(), Vec::new());
+            for (id, record) in &remote {
+                let labels = labels_of(&record.facts, "label.");
+                if !selector.matches(&candidate(id, record, &labels)) {
+                    continue;
+                }
+                match mirror.views.get(id) {
+                    Some(m) if m.link_id == record.link_id => {
+                        entries.push(remote_entry(id, record, Some(m.view.clone())));
+                    }
+                    _ => fetch.push((id.clone(), record.clone())),
+                }
+            }
+            (entries, fetch, mirror.epoch)
+        };
+        let slots = tokio::sync::Semaphore::new(VIEW_FETCHES);
+        let fetched = join_all(fetch.iter().map(|(id, record)| {
+            let slots = &slots;
+            async move {
+                let _slot = slots.acquire().await;
+                tokio::time::timeout(PEER_WAIT, self.fetch_view(id, record, client)).await
+            }
+        }))
+        .await;
+        let mut mirror = self.lock_mirror();
+        for ((id, record), view) in fetch.drain(..).zip(fetched) {
+            let view = match view {
+                Ok(Ok(view)) => Some(Arc::new(view)),
+                Ok(Err(e)) => {
+                    tracing::debug!(host = %id, replica = %record.owner, error = %e.message(), "cannot fetch the view of another replica's host");
+                    None
+                }
+                Err(_) => {
+                    tracing::debug!(host = %id, replica = %record.owner, "the view of another replica's host did not come in time");
+                    None
+                }
+            };
+            // Kept unless its replica said it changed while it was on its way.
+            let current = mirror.invalidated.get(&id).is_none_or(|at| *at <= epoch);
+            if let (Some(view), true) = (&view, current) {
+                mirror.views.insert(
+                    id.clone(),
+                    Mirrored {
+                        link_id: record.link_id.clone(),
+                        view: view.clone(),
+                    },
+                );
+            }
+            entries.push(remote_entry(&id, &record, view));
+        }
+        entries
+    }
+
+    /// Drops the mirrored view of `host` (its replica says it changed); whether one was kept.
+    fn invalidate(&self, host: &str) -> bool {
+        let mut mirror = self.lock_mirror();
+        mirror.epoch += 1;
+        let epoch = mirror.epoch;
+        mirror.invalidated.insert(host.to_string(), epoch);
+        mirror.views.remove(host).is_some()
+    }
+
+    fn lock_mirror(&self) -> std::sync::MutexGuard<'_, Mirror> {
+        // Every change is whole under the lock: a poisoned one is consistent.
+        self.mirror.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The whole view of `host` (hidden tools too), page by page, from the replica of `record`.
+    async fn fetch_view(
+        &self,
+        host: &str,
+        record: &HostRecord,
+        client: &str,
+    ) -> Result<crate::views::StoredView, Status> {
+        /// More pages than any view within `MAX_VIEW_BYTES` has.
+        const MAX_PAGES: usize = 256;
+        let mut view = toolsrv_proto::v1::HostView::default();
+        let mut page_token = String::new();
+        for _ in 0..MAX_PAGES {
+            let list = ListToolsRequest {
+                host: host.to_string(),
+                include_hidden: true,
+                page_token,
+            };
+            let (mut tools, request) = self.relay(record, client, list)?;
+            let page = tools.list_tools(request).await?.into_inner();
+            view.catalog_revision = page.catalog_revision;
+            view.tools.extend(page.tools);
+            if page.next_page_token.is_empty() {
+                return Ok(self.interner.store(view));
+            }
+            page_token = page.next_page_token;
+        }
+        Err(Status::internal(format!(
+            "the view of {host} on replica {} has more than {MAX_PAGES} pages",
+            record.owner
+        )))
     }
 
     /// Decides a request that is not pending here on the replica where it is: `Ok(true)` when
@@ -918,7 +1053,10 @@ async fn follow_peer(
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .insert(event.host.clone(), event.view_revision);
-                    if before != Some(event.view_revision) {
+                    // A view kept for sessions may have changed even at the same revision (the
+                    // host itself changed): said too, so that their watchers look again.
+                    let mirrored = replicas.invalidate(&event.host);
+                    if before != Some(event.view_revision) || mirrored {
                         replicas.emit_remote(
                             &state,
                             CatalogEventKind::HostView,
@@ -953,6 +1091,38 @@ pub const CLUSTER_HEALTH: &str = "toolsrv.cluster";
 /// Whether a request came from another replica (never relayed again).
 pub fn is_relayed<T>(req: &Request<T>) -> bool {
     req.metadata().get(RELAYED).is_some()
+}
+
+/// The replica to relay a request about session `id` to: replicas on, the request not relayed
+/// already, and the id naming another replica (sessions live where they were opened). NOT_FOUND
+/// when that replica is gone, with its sessions.
+pub(crate) fn session_elsewhere(
+    state: &State,
+    id: &str,
+    relayed: bool,
+) -> Result<Option<HostRecord>, Status> {
+    let Some(replicas) = &state.replicas else {
+        return Ok(None);
+    };
+    let Some(owner) = crate::sessions::replica_of(id).filter(|r| *r != replicas.id()) else {
+        return Ok(None);
+    };
+    if relayed {
+        return Ok(None);
+    }
+    match replicas.cluster.replica(owner) {
+        Some(replica) => Ok(Some(HostRecord {
+            owner: replica.id,
+            owner_url: replica.advertise_url,
+            ..HostRecord::default()
+        })),
+        None => Err(Status::not_found(format!(
+            "no session `{}`: it was kept by replica `{}`, which is gone (its sessions ended \
+             with it)",
+            id.chars().take(100).collect::<String>(),
+            owner.chars().take(64).collect::<String>()
+        ))),
+    }
 }
 
 /// The record of `host` when its request is to be relayed: replicas on, not relayed already,
@@ -1033,5 +1203,52 @@ impl Replicas {
             }
         }
         by_id.into_values().collect()
+    }
+}
+
+/// Runs `futures` together; their outputs in the same order.
+async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut pending: Vec<(usize, Pin<Box<F>>)> =
+        futures.into_iter().map(Box::pin).enumerate().collect();
+    let mut done: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        pending.retain_mut(|(i, future)| match future.as_mut().poll(cx) {
+            Poll::Ready(output) => {
+                done[*i] = Some(output);
+                false
+            }
+            Poll::Pending => true,
+        });
+        if pending.is_empty() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    done.into_iter().flatten().collect()
+}
+
+/// A session's entry for `id`, which another replica holds (`record`), with `view`.
+fn remote_entry(
+    id: &str,
+    record: &HostRecord,
+    view: Option<Arc<crate::views::StoredView>>,
+) -> HostEntry {
+    let info = host_info(id, record, HostState::Online);
+    HostEntry {
+        id: id.to_string(),
+        facts: info.facts.unwrap_or_default(),
+        agent_version: info.agent_version,
+        max_concurrent_calls: 0,
+        connected_unix_ms: info.connected_unix_ms,
+        synced: view.is_some(),
+        view,
+        trusted_labels: labels_of(&record.facts, "trusted."),
+        // What the table keeps as `label.` is already the selectable set (trusted ones over).
+        selectable_labels: labels_of(&record.facts, "label."),
+        link: None,
+        remote: Some(record.owner.clone()),
+        last_seen: Arc::new(0.into()),
     }
 }

@@ -8,42 +8,74 @@ use tonic::Status;
 use toolsrv_proto::v1::{LoadToolRequest, OpenSessionRequest, SessionState, UnloadToolRequest};
 
 use crate::State;
+use crate::fleet::HostEntry;
 use crate::sessions::Session;
 
 /// How long a watcher lets changes settle before it recomputes: a registry change reaches every
 /// host's view within moments, and one message for all of them beats one per host.
 const SETTLE: Duration = Duration::from_millis(50);
 
-fn state_of(state: &State, session: &Session) -> SessionState {
-    session.state(
-        &state.fleet,
-        &state.registry.catalog(),
-        state.sessions.idle(),
-    )
+/// The hosts `session` spans: this replica's that its selector picks and, with replicas, the
+/// other replicas' (with their views), a host linked here winning; sorted by id.
+async fn hosts_of(state: &State, session: &Session) -> Vec<HostEntry> {
+    let mut hosts = session.local_hosts(&state.fleet);
+    let Some(replicas) = &state.replicas else {
+        return hosts;
+    };
+    for remote in replicas
+        .remote_entries(session.selector(), session.owner())
+        .await
+    {
+        match hosts.binary_search_by(|h| h.id.cmp(&remote.id)) {
+            Ok(i) if !hosts[i].online() => hosts[i] = remote,
+            Ok(_) => {}
+            Err(i) => hosts.insert(i, remote),
+        }
+    }
+    hosts
 }
 
-pub fn open(state: &State, client: &str, req: OpenSessionRequest) -> Result<SessionState, Status> {
+async fn state_of(state: &State, session: &Session) -> SessionState {
+    let hosts = hosts_of(state, session).await;
+    session.state(&hosts, &state.registry.catalog(), state.sessions.idle())
+}
+
+pub async fn open(
+    state: &State,
+    client: &str,
+    req: OpenSessionRequest,
+) -> Result<SessionState, Status> {
     let profile = req.profile.unwrap_or_default();
     let session = state.sessions.open(client, profile, req.hosts)?;
     tracing::info!(session = %session.id, owner = %client, "session opened");
-    Ok(state_of(state, &session))
+    Ok(state_of(state, &session).await)
 }
 
-pub fn load(state: &State, client: &str, req: LoadToolRequest) -> Result<SessionState, Status> {
+pub async fn load(
+    state: &State,
+    client: &str,
+    req: LoadToolRequest,
+) -> Result<SessionState, Status> {
     let session = state.sessions.get(client, &req.session)?;
-    session.load(&state.fleet, &state.registry.catalog(), &req.tool)?;
-    Ok(state_of(state, &session))
+    let hosts = hosts_of(state, &session).await;
+    let catalog = state.registry.catalog();
+    session.load(&hosts, &catalog, &req.tool)?;
+    Ok(session.state(&hosts, &catalog, state.sessions.idle()))
 }
 
-pub fn unload(state: &State, client: &str, req: UnloadToolRequest) -> Result<SessionState, Status> {
+pub async fn unload(
+    state: &State,
+    client: &str,
+    req: UnloadToolRequest,
+) -> Result<SessionState, Status> {
     let session = state.sessions.get(client, &req.session)?;
     session.unload(&req.tool)?;
-    Ok(state_of(state, &session))
+    Ok(state_of(state, &session).await)
 }
 
-pub fn get(state: &State, client: &str, id: &str) -> Result<SessionState, Status> {
+pub async fn get(state: &State, client: &str, id: &str) -> Result<SessionState, Status> {
     let session = state.sessions.get(client, id)?;
-    Ok(state_of(state, &session))
+    Ok(state_of(state, &session).await)
 }
 
 pub fn close(state: &State, client: &str, id: &str) -> Result<(), Status> {
@@ -53,8 +85,13 @@ pub fn close(state: &State, client: &str, id: &str) -> Result<(), Status> {
 }
 
 /// Marks `tool` used in `client`'s session `id` (a call made for it); refused when the session
-/// is not the caller's.
+/// is not the caller's. A session another replica keeps is left to it (not marked).
 pub fn touch(state: &State, client: &str, id: &str, tool: &str) -> Result<(), Status> {
+    if let Some(replicas) = &state.replicas
+        && crate::sessions::replica_of(id).is_some_and(|r| r != replicas.id())
+    {
+        return Ok(());
+    }
     state.sessions.get(client, id)?.touch(tool);
     Ok(())
 }
@@ -71,12 +108,14 @@ pub fn watch(
     let guard = session.attach();
     let mut loads = session.subscribe();
     let mut fleet = state.fleet.subscribe();
+    // With replicas, the other replicas' hosts coming, going and changing their views.
+    let mut remote = state.replicas.as_ref().map(|r| r.remote_events());
     let state = state.clone();
     state.tasks.clone().spawn(async move {
         let _guard = guard;
         let mut sent = None;
         loop {
-            let now = state_of(&state, &session);
+            let now = state_of(&state, &session).await;
             if sent != Some(now.generation) {
                 sent = Some(now.generation);
                 if tx.send(Ok(now)).await.is_err() {
@@ -95,12 +134,30 @@ pub fn watch(
                     Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
                     Err(broadcast::error::RecvError::Closed) => return,
                 },
+                event = recv_remote(&mut remote) => if event.is_none() { return },
             }
             tokio::time::sleep(SETTLE).await;
             // What came meanwhile is covered by the state computed next.
             while !matches!(fleet.try_recv(), Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed)) {}
+            if let Some(remote) = remote.as_mut() {
+                while !matches!(remote.try_recv(), Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed)) {}
+            }
             loads.mark_unchanged();
         }
     });
     Ok(())
+}
+
+/// The next event of the other replicas' hosts (`Some` also when some were missed); never
+/// without replicas, `None` once the feed is closed.
+async fn recv_remote(
+    remote: &mut Option<broadcast::Receiver<toolsrv_proto::v1::CatalogEvent>>,
+) -> Option<()> {
+    let Some(remote) = remote else {
+        return std::future::pending().await;
+    };
+    match remote.recv().await {
+        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => Some(()),
+        Err(broadcast::error::RecvError::Closed) => None,
+    }
 }

@@ -97,6 +97,14 @@ impl From<SessionError> for tonic::Status {
 pub struct Sessions {
     map: Mutex<HashMap<String, Arc<Session>>>,
     limits: SessionLimits,
+    /// With replicas: this replica's id, which ends every session id it makes (`<random>@<id>`),
+    /// so that any replica knows where a session lives.
+    origin: Option<String>,
+}
+
+/// The replica a session id names (see [`Sessions::new`]), if it names one.
+pub fn replica_of(id: &str) -> Option<&str> {
+    id.rsplit_once('@').map(|(_, replica)| replica)
 }
 
 /// One session.
@@ -134,10 +142,11 @@ struct Loaded {
 }
 
 impl Sessions {
-    pub fn new(limits: SessionLimits) -> Self {
+    pub fn new(limits: SessionLimits, origin: Option<String>) -> Self {
         Self {
             map: Mutex::new(HashMap::new()),
             limits,
+            origin,
         }
     }
 
@@ -204,8 +213,12 @@ impl Sessions {
         if held >= self.limits.per_client {
             return Err(SessionError::TooMany(held));
         }
+        let id = match &self.origin {
+            Some(replica) => format!("{}@{replica}", new_id()),
+            None => new_id(),
+        };
         let session = Arc::new(Session {
-            id: new_id(),
+            id,
             owner: owner.to_string(),
             selector,
             selector_text,
@@ -326,16 +339,31 @@ impl Session {
         self.changes.subscribe()
     }
 
-    /// The hosts the session's selector picks now, sorted by id.
-    fn hosts(&self, fleet: &Fleet) -> Vec<HostEntry> {
+    /// The hosts of this replica's fleet the session's selector picks now, sorted by id.
+    pub fn local_hosts(&self, fleet: &Fleet) -> Vec<HostEntry> {
         let mut hosts = fleet.select(&self.selector);
         hosts.sort_by(|a, b| a.id.cmp(&b.id));
         hosts
     }
 
-    /// Loads `tool`: refused when the catalog has no such tool or no host of the session offers
-    /// it; a tool loaded already is only marked used. A full session unloads a colder tool first.
-    pub fn load(&self, fleet: &Fleet, catalog: &Catalog, tool: &str) -> Result<(), SessionError> {
+    pub fn selector(&self) -> &Selector {
+        &self.selector
+    }
+
+    /// The client the session belongs to.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// Loads `tool`: refused when the catalog has no such tool or no host of the session
+    /// (`hosts`, sorted by id) offers it; a tool loaded already is only marked used. A full
+    /// session unloads a colder tool first.
+    pub fn load(
+        &self,
+        hosts: &[HostEntry],
+        catalog: &Catalog,
+        tool: &str,
+    ) -> Result<(), SessionError> {
         check_name(tool)?;
         {
             let mut inner = self.lock();
@@ -355,11 +383,10 @@ impl Session {
                 },
             });
         }
-        let hosts = self.hosts(fleet);
-        if definition_on(&hosts, tool, false).is_none() {
+        if definition_on(hosts, tool, false).is_none() {
             return Err(SessionError::Unavailable {
                 tool: tool.to_string(),
-                why: unavailable_reason(&hosts, catalog, tool),
+                why: unavailable_reason(hosts, catalog, tool),
             });
         }
         let mut inner = self.lock();
@@ -372,7 +399,7 @@ impl Session {
                 .iter()
                 .enumerate()
                 .filter_map(|(i, l)| {
-                    let tier = definition_on(&hosts, &l.name, false)
+                    let tier = definition_on(hosts, &l.name, false)
                         .map(|d| d.tier.clone())
                         .unwrap_or_default();
                     tier_rank(&tier).map(|rank| (rank, l.last_used_ms, i))
@@ -429,8 +456,8 @@ impl Session {
     }
 
     /// The session's state now, resolved on the fleet's current host views.
-    pub fn state(&self, fleet: &Fleet, catalog: &Catalog, idle: Duration) -> SessionState {
-        let hosts = self.hosts(fleet);
+    /// The session's state on `hosts` (the hosts its selector picks, sorted by id).
+    pub fn state(&self, hosts: &[HostEntry], catalog: &Catalog, idle: Duration) -> SessionState {
         let loaded = self.lock().loaded.clone();
         let selected = hosts
             .iter()
@@ -441,7 +468,7 @@ impl Session {
             .collect();
         let tools = loaded
             .iter()
-            .map(|l| loaded_tool(&hosts, catalog, l))
+            .map(|l| loaded_tool(hosts, catalog, l))
             .collect();
         let mut state = SessionState {
             id: self.id.clone(),
