@@ -507,7 +507,7 @@ fn entry_of(key: &str, record: &[u8]) -> Option<(String, Entry)> {
         tracing::warn!(identity = ?key, "ignoring a revocation in etcd that names no identity");
         return None;
     };
-    let entry = serde_json::from_slice::<Entry>(record).unwrap_or_else(|e| {
+    let mut entry = serde_json::from_slice::<Entry>(record).unwrap_or_else(|e| {
         tracing::warn!(identity = %identity, error = %e, "a revocation record in etcd cannot be read; the identity stays revoked");
         Entry {
             identity: identity.to_string(),
@@ -516,6 +516,8 @@ fn entry_of(key: &str, record: &[u8]) -> Option<(String, Entry)> {
             revoked_unix_ms: 0,
         }
     });
+    // The key says who is revoked; a record naming someone else is not believed.
+    entry.identity = identity.to_string();
     Some((identity.to_string(), entry))
 }
 
@@ -678,6 +680,45 @@ fn save(path: &Path, list: &BTreeMap<String, Entry>) -> Result<(), Status> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn records_from_etcd_revoke_what_their_key_names_however_they_read() {
+        let good = br#"{"identity": "agent/web-1", "reason": "stolen", "revoked_by": "alice", "revoked_unix_ms": 5}"#;
+        let (id, entry) = entry_of("agent/web-1", good).unwrap();
+        assert_eq!(
+            (id.as_str(), entry.reason.as_str()),
+            ("agent/web-1", "stolen")
+        );
+        // Unreadable: still revoked, and the reason says why there is none.
+        for junk in [
+            &b"not json"[..],
+            b"",
+            b"{\"identity\": 7}",
+            &[0xff, 0xfe, 0x00],
+        ] {
+            let (id, entry) = entry_of("client/bob", junk).unwrap();
+            assert_eq!(id, "client/bob");
+            assert_eq!(entry.identity, "client/bob");
+            assert!(entry.reason.contains("unreadable"), "{}", entry.reason);
+        }
+        // A record naming another identity than its key: the key wins.
+        let (id, entry) = entry_of("agent/web-2", good).unwrap();
+        assert_eq!(
+            (id.as_str(), entry.identity.as_str()),
+            ("agent/web-2", "agent/web-2")
+        );
+        // Keys that name no identity are ignored.
+        for key in [
+            "",
+            "agent/",
+            "web-1",
+            "coordinator/x",
+            "agent/a/b",
+            "client/\u{0}",
+        ] {
+            assert!(entry_of(key, good).is_none(), "{key:?}");
+        }
+    }
 
     #[test]
     fn identities_are_read_in_lowercase_and_odd_ones_refused() {
