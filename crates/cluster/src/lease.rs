@@ -121,7 +121,7 @@ async fn renew(shared: &Shared, lease: Lease, stream: &mut Option<KeepAlive>) ->
 
 /// Grants a new lease and puts this replica's records back under it, retrying until it
 /// succeeds or the cluster is shut down. Returns the new lease.
-async fn regain(shared: &Shared, old: Lease, last_ok: Instant, why: &str) -> Lease {
+async fn regain(shared: &Arc<Shared>, old: Lease, last_ok: Instant, why: &str) -> Lease {
     shared.lease.send_replace(None);
     shared.health.fail(
         Condition::Lease,
@@ -178,7 +178,7 @@ async fn regain(shared: &Shared, old: Lease, last_ok: Instant, why: &str) -> Lea
     }
 }
 
-async fn grant_and_republish(shared: &Shared) -> Result<(Lease, usize)> {
+async fn grant_and_republish(shared: &Arc<Shared>) -> Result<(Lease, usize)> {
     let replica_key = shared.keys.replica(&shared.config.replica_id);
     let (id, ttl) = retry("grant lease for", &replica_key, shared.policy, |_| {
         etcd::grant(&shared.client, shared.config.ttl_secs())
@@ -197,34 +197,66 @@ async fn grant_and_republish(shared: &Shared) -> Result<(Lease, usize)> {
         .iter()
         .map(|(h, o)| (h.clone(), o.clone()))
         .collect();
+    // Put back PUT_BACKS at a time: one after another, thousands of them would leave the hosts
+    // at the end of the list unrouted for seconds.
     let mut republished = 0;
-    for (host_id, mine) in held {
-        let key = shared.keys.host(&host_id);
-        let (key, mine) = (&key, &mine);
-        let put_back = retry("put back claim", key, shared.policy, |_| async move {
-            let found = etcd::get(&shared.client, key).await?;
-            if let Some(found) = &found
-                && found.value != mine.json
-                && found.mod_revision > mine.revision.unwrap_or(0)
-                && parse::<HostRecord>("put back claim", key, &found.value).is_ok()
-            {
-                // A newer claim: the watcher reports this link superseded.
-                return Ok(false);
-            }
-            let expect = Expect::from_read(found.as_ref());
-            match etcd::put_if(&shared.client, key, expect, &mine.json, Some(id)).await? {
-                Some(_) => Ok(true),
-                None => Err(Fault::Conflict),
-            }
-        })
-        .await?;
-        if put_back {
+    let mut pending = held.into_iter();
+    let mut running = tokio::task::JoinSet::new();
+    loop {
+        while running.len() < PUT_BACKS {
+            let Some((host_id, mine)) = pending.next() else {
+                break;
+            };
+            running.spawn(put_back(shared.clone(), id, host_id, mine));
+        }
+        let Some(done) = running.join_next().await else {
+            break;
+        };
+        let (host_id, put) = done.map_err(|e| ClusterError::Refused {
+            op: "put back claim",
+            key: String::new(),
+            detail: format!("the task failed: {e}"),
+        })?;
+        if put? {
             republished += 1;
         } else {
             shared.reconcile(&host_id);
         }
     }
     Ok((lease, republished))
+}
+
+/// Claims put back under a new lease at once.
+const PUT_BACKS: usize = 64;
+
+/// Puts `host_id`'s claim `mine` back under lease `id`, unless a newer claim holds the host
+/// (then `false`: the watcher reports this link superseded).
+async fn put_back(
+    shared: Arc<Shared>,
+    id: i64,
+    host_id: String,
+    mine: crate::cluster::Owned,
+) -> (String, Result<bool>) {
+    let key = shared.keys.host(&host_id);
+    let (key_ref, mine, shared_ref) = (&key, &mine, &shared);
+    let put = retry("put back claim", &key, shared.policy, |_| async move {
+        let (key, shared) = (key_ref, shared_ref);
+        let found = etcd::get(&shared.client, key).await?;
+        if let Some(found) = &found
+            && found.value != mine.json
+            && found.mod_revision > mine.revision.unwrap_or(0)
+            && parse::<HostRecord>("put back claim", key, &found.value).is_ok()
+        {
+            return Ok(false);
+        }
+        let expect = Expect::from_read(found.as_ref());
+        match etcd::put_if(&shared.client, key, expect, &mine.json, Some(id)).await? {
+            Some(_) => Ok(true),
+            None => Err(Fault::Conflict),
+        }
+    })
+    .await;
+    (host_id, put)
 }
 
 /// Removes the claims of failed claims and releases, where they are still those links'.

@@ -146,6 +146,9 @@ async fn the_leader_down_loses_no_claim() {
     .await;
 }
 
+/// Claims held besides `h1` while etcd loses its quorum.
+const MORE_CLAIMS: usize = 300;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_quorum_claims_are_refused_and_the_table_stays() {
     init_logs();
@@ -155,8 +158,15 @@ async fn without_quorum_claims_are_refused_and_the_table_stays() {
         let b = join(&etcd, "r2").await;
         let held = record(&a);
         a.claim("h1", held.clone()).await.unwrap();
-        eventually("b sees h1", Duration::from_secs(10), || {
-            b.route("h1").is_some()
+        // More claims, so that putting them back under a new lease is measured.
+        let mut others = Vec::new();
+        for i in 0..MORE_CLAIMS {
+            let link = record(&a);
+            a.claim(&format!("more-{i}"), link.clone()).await.unwrap();
+            others.push(link);
+        }
+        eventually("b sees every claim", Duration::from_secs(10), || {
+            b.hosts().len() == MORE_CLAIMS + 1
         })
         .await;
 
@@ -198,7 +208,7 @@ async fn without_quorum_claims_are_refused_and_the_table_stays() {
         );
         // Both replicas keep routing what they knew.
         assert_eq!(b.route("h1"), Some(held.clone()));
-        assert_eq!(a.hosts().len(), 1);
+        assert_eq!(a.hosts().len(), MORE_CLAIMS + 1);
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert_eq!(
             b.route("h1"),
@@ -226,7 +236,7 @@ async fn without_quorum_claims_are_refused_and_the_table_stays() {
         .await;
         eprintln!("{regained:?}");
         assert!(
-            matches!(regained, ClusterEvent::LeaseRegained { republished: 1, .. }),
+            matches!(regained, ClusterEvent::LeaseRegained { republished, .. } if republished == MORE_CLAIMS + 1),
             "{regained:?}"
         );
         a.claim("h2", record(&a)).await.unwrap();
@@ -234,6 +244,13 @@ async fn without_quorum_claims_are_refused_and_the_table_stays() {
             b.route("h2").is_some() && b.route("h1").is_some_and(|r| r.link_id == held.link_id)
         })
         .await;
+        for (i, link) in others.iter().enumerate() {
+            assert_eq!(
+                b.route(&format!("more-{i}")).map(|r| r.link_id),
+                Some(link.link_id.clone()),
+                "more-{i} put back as a's"
+            );
+        }
         a.shutdown().await;
         b.shutdown().await;
     })
