@@ -353,27 +353,7 @@ fn check_issued(chain_pem: &str, key_pem: &str) -> Result<String, AgentError> {
 
 /// Writes `bytes` to `path` (0600) by a rename, so readers see the old or the new file.
 fn write_file(path: &Path, bytes: &[u8]) -> Result<(), AgentError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.tmp",
-        path.file_name().unwrap_or_default().to_string_lossy()
-    ));
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    };
-    write().map_err(|e| AgentError::io("cannot write", path, e))
+    toolsrv_tls::write_atomically(path, bytes).map_err(|e| AgentError::io("cannot write", path, e))
 }
 
 /// When to renew a certificate valid from `not_before` to `not_after`: at two thirds of its

@@ -657,21 +657,11 @@ fn save(path: &Path, list: &BTreeMap<String, Entry>) -> Result<(), Status> {
     };
     let mut bytes = serde_json::to_vec_pretty(&disk).map_err(|e| failed("encode", &e))?;
     bytes.push(b'\n');
-    let tmp = path.with_extension("json.tmp");
     let write = || -> std::io::Result<()> {
-        use std::io::Write;
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(&bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        if let Some(dir) = path.parent() {
-            // The rename is durable once the directory is.
-            std::fs::File::open(dir)?.sync_all()?;
-        }
-        Ok(())
+        toolsrv_tls::write_atomically(path, &bytes)
     };
     write().map_err(|e| failed("write", &e))
 }

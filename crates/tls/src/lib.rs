@@ -36,7 +36,9 @@ pub use error::{TlsError, chain as error_chain};
 pub use identity::{
     Identity, MAX_NAME_LEN, Role, URI_SCHEME, identity_of, normalize_name, validate_name,
 };
-pub use pki::{CA_CERT, CA_KEY, DEFAULT_VALID_DAYS, PkiOptions, file_stem, init, issue};
+pub use pki::{
+    CA_CERT, CA_KEY, DEFAULT_VALID_DAYS, PkiOptions, file_stem, init, issue, write_atomically,
+};
 pub use server::{
     AcceptTimeouts, ConnInfo, HANDSHAKE_TIMEOUT, PREFACE_TIMEOUT, PeerInfo, TlsConn, TlsIncoming,
     incoming, incoming_with, peer, peer_of,

@@ -411,6 +411,28 @@ fn issue_with(
     Ok(vec![files.cert, files.key])
 }
 
+/// Replaces `path` with `bytes` (mode 0600) so that a reader sees the old or the new content,
+/// never a mix, and the new content is on disk when this returns.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
 /// Writes a file that must not exist yet, with `mode` from the start (no
 /// window where a key is world-readable).
 fn write_new(path: &Path, contents: &str, mode: u32) -> Result<(), TlsError> {

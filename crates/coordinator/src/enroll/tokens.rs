@@ -4,8 +4,7 @@
 //! that a restart neither loses a token nor makes a used one usable again), else in memory.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -296,7 +295,7 @@ impl Tokens {
             tokens: records.to_vec(),
         })
         .map_err(|e| format!("cannot encode the join tokens: {e}"))?;
-        write_atomically(path, text.as_bytes())
+        toolsrv_tls::write_atomically(path, text.as_bytes())
             .map_err(|e| format!("cannot write {}: {e}", path.display()))
     }
 }
@@ -337,28 +336,6 @@ fn check_one<'a>(
         });
     }
     Ok(record)
-}
-
-/// Replaces `path` with `bytes` (mode 0600) so that a reader sees the old or the new content,
-/// never a mix, and the new content is on disk when this returns.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]
