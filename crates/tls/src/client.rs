@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -141,6 +142,35 @@ fn prepare(url: &str, config: Source) -> Result<(Endpoint, TlsConnector), TlsErr
     Ok((endpoint, connector))
 }
 
+/// How long a TCP connect to one of a name's addresses may take before the next is tried.
+const ADDRESS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Connects to the first of `addrs` that answers, trying them in turn from `start` (so that
+/// clients given a name with several addresses spread over them, each starting elsewhere),
+/// each within `per_address` (so that an address that swallows packets costs that long, not
+/// the whole dial). The error is the last address's, naming it.
+async fn connect_any(
+    addrs: &[SocketAddr],
+    start: usize,
+    per_address: Duration,
+) -> io::Result<TcpStream> {
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "the name has no address");
+    for i in 0..addrs.len() {
+        let addr = addrs[(start + i) % addrs.len()];
+        match tokio::time::timeout(per_address, TcpStream::connect(addr)).await {
+            Ok(Ok(tcp)) => return Ok(tcp),
+            Ok(Err(e)) => last = io::Error::new(e.kind(), format!("{addr}: {e}")),
+            Err(_) => {
+                last = io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("{addr}: no answer within {per_address:?}"),
+                );
+            }
+        }
+    }
+    Err(last)
+}
+
 /// A tower service that dials TCP and runs the rustls handshake. It always
 /// dials the URL given at construction; tonic passes the same URI anyway.
 #[derive(Debug, Clone)]
@@ -167,14 +197,27 @@ impl tower::Service<Uri> for TlsConnector {
         let this = self.clone();
         Box::pin(async move {
             let config = this.config.config()?;
-            let tcp = TcpStream::connect((this.host.as_str(), this.port))
+            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((this.host.as_str(), this.port))
                 .await
                 .map_err(|e| {
                     io::Error::new(
                         e.kind(),
-                        format!("TCP connect to {}:{}: {e}", this.host, this.port),
+                        format!("cannot resolve {}:{}: {e}", this.host, this.port),
                     )
-                })?;
+                })?
+                .collect();
+            let tcp = connect_any(
+                &addrs,
+                fastrand::usize(..addrs.len().max(1)),
+                ADDRESS_TIMEOUT,
+            )
+            .await
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("TCP connect to {}:{}: {e}", this.host, this.port),
+                )
+            })?;
             tcp.set_nodelay(true)?;
             let tls = tokio_rustls::TlsConnector::from(config)
                 .connect(this.server_name, tcp)
@@ -187,5 +230,80 @@ impl tower::Service<Uri> for TlsConnector {
                 })?;
             Ok(TokioIo::new(tls))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A loopback port nothing listens on (bound, then closed).
+    fn refused() -> SocketAddr {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    }
+
+    #[tokio::test]
+    async fn each_address_is_tried_in_turn_from_the_start_given() {
+        let a = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let b = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (a, b) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+        let wait = Duration::from_secs(2);
+        // Two live addresses: the start decides which, so clients starting apart spread.
+        for (start, want) in [(0, a), (1, b), (2, a)] {
+            let tcp = connect_any(&[a, b], start, wait).await.unwrap();
+            assert_eq!(tcp.peer_addr().unwrap(), want, "start {start}");
+        }
+        // A refused address is passed over, wherever it is.
+        let dead = refused();
+        for start in 0..2 {
+            let tcp = connect_any(&[dead, a], start, wait).await.unwrap();
+            assert_eq!(tcp.peer_addr().unwrap(), a);
+        }
+        // None answers: the error names the last one tried.
+        let (d1, d2) = (refused(), refused());
+        let err = connect_any(&[d1, d2], 0, wait).await.unwrap_err();
+        assert!(err.to_string().contains(&d2.to_string()), "{err}");
+        let err = connect_any(&[], 0, wait).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+    }
+
+    #[tokio::test]
+    async fn an_address_that_does_not_answer_costs_its_bound_not_the_dial() {
+        // A listener whose accept queue is full and never drained: Linux drops the SYNs of
+        // further connections, so connecting to it hangs, as to a host that swallows packets.
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let full = socket.listen(0).unwrap();
+        let silent = full.local_addr().unwrap();
+        let mut held = Vec::new();
+        let mut hangs = false;
+        for _ in 0..16 {
+            match tokio::time::timeout(Duration::from_millis(300), TcpStream::connect(silent)).await
+            {
+                Ok(Ok(tcp)) => held.push(tcp),
+                Ok(Err(e)) => panic!("connecting to the full listener: {e}"),
+                Err(_) => {
+                    hangs = true;
+                    break;
+                }
+            }
+        }
+        assert!(
+            hangs,
+            "the listener's queue never filled ({} held)",
+            held.len()
+        );
+        let live = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let live = live.local_addr().unwrap();
+        let per_address = Duration::from_millis(300);
+        let started = std::time::Instant::now();
+        let tcp = connect_any(&[silent, live], 0, per_address).await.unwrap();
+        assert_eq!(tcp.peer_addr().unwrap(), live);
+        assert!(started.elapsed() >= per_address, "{:?}", started.elapsed());
+        let err = connect_any(&[silent], 0, per_address).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(err.to_string().contains("no answer within"), "{err}");
     }
 }
