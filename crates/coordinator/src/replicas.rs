@@ -318,7 +318,7 @@ impl Replicas {
 
     /// The hosts other replicas hold that `selector` picks, for a session of `client`: each
     /// with its view as its replica has it, fetched from that replica ([`VIEW_FETCHES`] at a
-    /// time, each within [`PEER_WAIT`]) the first time and after each change its replica's
+    /// time, all within [`PEER_WAIT`]) the first time and after each change its replica's
     /// watch reports, and kept meanwhile. A host whose view cannot be fetched shows as syncing, without tools.
     pub async fn remote_entries(
         &self,
@@ -355,24 +355,29 @@ impl Replicas {
             }
             (entries, fetch, mirror.epoch)
         };
+        // All within one PEER_WAIT, however many there are and however slow a replica is: what
+        // has not come by then shows as syncing, and is asked for again next time.
         let slots = tokio::sync::Semaphore::new(VIEW_FETCHES);
-        let fetched = join_all(fetch.iter().map(|(id, record)| {
-            let slots = &slots;
-            async move {
-                let _slot = slots.acquire().await;
-                tokio::time::timeout(PEER_WAIT, self.fetch_view(id, record, client)).await
-            }
-        }))
+        let fetched = join_within(
+            PEER_WAIT,
+            fetch.iter().map(|(id, record)| {
+                let slots = &slots;
+                async move {
+                    let _slot = slots.acquire().await;
+                    self.fetch_view(id, record, client).await
+                }
+            }),
+        )
         .await;
         let mut mirror = self.lock_mirror();
         for ((id, record), view) in fetch.drain(..).zip(fetched) {
             let view = match view {
-                Ok(Ok(view)) => Some(Arc::new(view)),
-                Ok(Err(e)) => {
+                Some(Ok(view)) => Some(Arc::new(view)),
+                Some(Err(e)) => {
                     tracing::debug!(host = %id, replica = %record.owner, error = %e.message(), "cannot fetch the view of another replica's host");
                     None
                 }
-                Err(_) => {
+                None => {
                     tracing::debug!(host = %id, replica = %record.owner, "the view of another replica's host did not come in time");
                     None
                 }
@@ -1208,9 +1213,32 @@ impl Replicas {
 
 /// Runs `futures` together; their outputs in the same order.
 async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    join_until(std::future::pending(), futures)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// Runs `futures` together for at most `limit`; their outputs in the same order, `None` for
+/// those not done by then (dropped, so cancelled).
+async fn join_within<F: Future>(
+    limit: Duration,
+    futures: impl IntoIterator<Item = F>,
+) -> Vec<Option<F::Output>> {
+    join_until(tokio::time::sleep(limit), futures).await
+}
+
+/// Runs `futures` together until all are done or `stop` is; their outputs in the same order,
+/// `None` for those not done.
+async fn join_until<F: Future>(
+    stop: impl Future<Output = ()>,
+    futures: impl IntoIterator<Item = F>,
+) -> Vec<Option<F::Output>> {
     let mut pending: Vec<(usize, Pin<Box<F>>)> =
         futures.into_iter().map(Box::pin).enumerate().collect();
     let mut done: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    let mut stop = std::pin::pin!(stop);
     std::future::poll_fn(|cx| {
         pending.retain_mut(|(i, future)| match future.as_mut().poll(cx) {
             Poll::Ready(output) => {
@@ -1219,14 +1247,14 @@ async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Out
             }
             Poll::Pending => true,
         });
-        if pending.is_empty() {
+        if pending.is_empty() || stop.as_mut().poll(cx).is_ready() {
             Poll::Ready(())
         } else {
             Poll::Pending
         }
     })
     .await;
-    done.into_iter().flatten().collect()
+    done
 }
 
 /// A session's entry for `id`, which another replica holds (`record`), with `view`.
@@ -1250,5 +1278,54 @@ fn remote_entry(
         link: None,
         remote: Some(record.owner.clone()),
         last_seen: Arc::new(0.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn what_is_not_done_within_the_limit_is_left_out_and_cancelled() {
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        struct Flag(Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Flag {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let slow = |ms: u64, flag: Option<Flag>| async move {
+            let _flag = flag;
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            ms
+        };
+        let start = tokio::time::Instant::now();
+        let got = join_within(
+            Duration::from_secs(3),
+            [
+                slow(10, None),
+                slow(60_000, Some(Flag(dropped.clone()))),
+                slow(2_000, None),
+            ],
+        )
+        .await;
+        assert_eq!(got, [Some(10), None, Some(2_000)]);
+        assert_eq!(start.elapsed(), Duration::from_secs(3));
+        assert!(
+            dropped.load(std::sync::atomic::Ordering::SeqCst),
+            "cancelled"
+        );
+
+        // All done early: no waiting for the limit; join_all keeps the order.
+        let start = tokio::time::Instant::now();
+        let got = join_within(Duration::from_secs(3), [slow(20, None), slow(5, None)]).await;
+        assert_eq!(got, [Some(20), Some(5)]);
+        assert_eq!(start.elapsed(), Duration::from_millis(20));
+        assert_eq!(join_all([slow(30, None), slow(1, None)]).await, [30, 1]);
+        assert!(
+            join_all(Vec::<std::future::Ready<u8>>::new())
+                .await
+                .is_empty()
+        );
     }
 }
