@@ -275,6 +275,19 @@ impl Replicas {
         .await
     }
 
+    /// Every other replica's answer to `ask`, all asked at once: with each replica's id, `None`
+    /// for one that did not answer within [`PEER_WAIT`].
+    async fn ask_all<T, F, Fut>(&self, ask: F) -> Vec<(String, Option<Result<T, Status>>)>
+    where
+        F: Fn(HostRecord) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let peers = self.peers();
+        let owners: Vec<String> = peers.iter().map(|p| p.owner.clone()).collect();
+        let answers = join_within(PEER_WAIT, peers.into_iter().map(ask)).await;
+        owners.into_iter().zip(answers).collect()
+    }
+
     /// What every other replica answers `ask` within [`PEER_WAIT`], gathered (all asked at
     /// once); one that fails or is late is logged (`what` it was asked for) and left out.
     async fn gather<T, F, Fut>(&self, what: &str, ask: F) -> Vec<T>
@@ -282,19 +295,14 @@ impl Replicas {
         F: Fn(HostRecord) -> Fut,
         Fut: Future<Output = Result<Vec<T>, Status>>,
     {
-        let asked = self.peers().into_iter().map(|peer| {
-            let owner = peer.owner.clone();
-            let answer = tokio::time::timeout(PEER_WAIT, ask(peer));
-            async move { (owner, answer.await) }
-        });
         let mut all = Vec::new();
-        for (owner, answer) in join_all(asked).await {
+        for (owner, answer) in self.ask_all(ask).await {
             match answer {
-                Ok(Ok(items)) => all.extend(items),
-                Ok(Err(e)) => {
+                Some(Ok(items)) => all.extend(items),
+                Some(Err(e)) => {
                     tracing::warn!(replica = %owner, what, error = %e.message(), "cannot list what another replica keeps")
                 }
-                Err(_) => {
+                None => {
                     tracing::warn!(replica = %owner, what, "another replica did not list what it keeps in time")
                 }
             }
@@ -451,23 +459,30 @@ impl Replicas {
         client: &str,
         decision: &ApproveRequest,
     ) -> Result<bool, Status> {
-        for peer in self.peers() {
-            let (mut tools, request) = self.relay(&peer, client, decision.clone())?;
-            match tokio::time::timeout(PEER_WAIT, tools.approve(request)).await {
-                Ok(Ok(_)) => return Ok(true),
-                Ok(Err(status)) if status.code() == tonic::Code::NotFound => {}
-                Ok(Err(status)) if status.code() == tonic::Code::PermissionDenied => {
+        // Request ids are unique: at most one replica has it, so all may be asked at once.
+        let answers = self
+            .ask_all(|peer| async move {
+                let (mut tools, request) = self.relay(&peer, client, decision.clone())?;
+                tools.approve(request).await
+            })
+            .await;
+        let mut decided = false;
+        for (owner, answer) in answers {
+            match answer {
+                Some(Ok(_)) => decided = true,
+                Some(Err(status)) if status.code() == tonic::Code::NotFound => {}
+                Some(Err(status)) if status.code() == tonic::Code::PermissionDenied => {
                     return Err(status);
                 }
-                Ok(Err(status)) => {
-                    tracing::warn!(replica = %peer.owner, error = %status.message(), "cannot pass a decision to another replica");
+                Some(Err(status)) => {
+                    tracing::warn!(replica = %owner, error = %status.message(), "cannot pass a decision to another replica");
                 }
-                Err(_) => {
-                    tracing::warn!(replica = %peer.owner, "another replica did not answer a decision in time");
+                None => {
+                    tracing::warn!(replica = %owner, "another replica did not answer a decision in time");
                 }
             }
         }
-        Ok(false)
+        Ok(decided)
     }
 
     /// A request to another replica's service: `msg` marked relayed by this replica (for
@@ -492,25 +507,27 @@ impl Replicas {
         &self,
         join: &JoinRequest,
     ) -> Option<(String, Result<JoinResponse, Status>)> {
-        for peer in self.peers() {
-            let Ok(channel) = self.channel(&peer.owner_url) else {
-                continue;
-            };
-            let Ok(request) = self.to_peer(None, join.clone()) else {
-                continue;
-            };
-            let answer =
-                tokio::time::timeout(PEER_WAIT, EnrollmentClient::new(channel).join(request)).await;
+        // A token is kept by one replica only: all may be asked at once.
+        let answers = self
+            .ask_all(|peer| async move {
+                let request = self.to_peer(None, join.clone())?;
+                let channel = self.channel(&peer.owner_url)?;
+                EnrollmentClient::new(channel).join(request).await
+            })
+            .await;
+        let mut refused = None;
+        for (owner, answer) in answers {
             match answer {
-                Ok(Ok(response)) => return Some((peer.owner, Ok(response.into_inner()))),
-                Ok(Err(status)) if status.message().starts_with(crate::enroll::UNKNOWN_TOKEN) => {}
-                Ok(Err(status)) => return Some((peer.owner, Err(status))),
-                Err(_) => {
-                    tracing::warn!(replica = %peer.owner, "another replica did not answer a join in time");
+                Some(Ok(response)) => return Some((owner, Ok(response.into_inner()))),
+                Some(Err(status)) if status.message().starts_with(crate::enroll::UNKNOWN_TOKEN) => {
+                }
+                Some(Err(status)) => refused = refused.or(Some((owner, Err(status)))),
+                None => {
+                    tracing::warn!(replica = %owner, "another replica did not answer a join in time");
                 }
             }
         }
-        None
+        refused
     }
 
     /// The join tokens the other replicas keep, for administrator `client`.
@@ -532,24 +549,29 @@ impl Replicas {
         client: &str,
         revoke: &RevokeJoinTokenRequest,
     ) -> Option<Result<RevokeJoinTokenResponse, Status>> {
-        for peer in self.peers() {
-            let asked = async {
+        let answers = self
+            .ask_all(|peer| async move {
                 let request = self.to_peer(Some(client), revoke.clone())?;
                 let channel = self.channel(&peer.owner_url)?;
-                tokio::time::timeout(
-                    PEER_WAIT,
-                    JoinTokensClient::new(channel).revoke_join_token(request),
-                )
-                .await
-                .map_err(|_| Status::deadline_exceeded("no answer in time"))?
-            };
-            match asked.await {
-                Ok(response) => return Some(Ok(response.into_inner())),
-                Err(status) if status.code() == tonic::Code::NotFound => {}
-                Err(status) => return Some(Err(status)),
+                JoinTokensClient::new(channel)
+                    .revoke_join_token(request)
+                    .await
+            })
+            .await;
+        let mut refused = None;
+        for (_, answer) in answers {
+            match answer {
+                Some(Ok(response)) => return Some(Ok(response.into_inner())),
+                Some(Err(status)) if status.code() == tonic::Code::NotFound => {}
+                Some(Err(status)) => refused = refused.or(Some(Err(status))),
+                None => {
+                    refused = refused.or(Some(Err(Status::deadline_exceeded(
+                        "another replica did not answer in time",
+                    ))));
+                }
             }
         }
-        None
+        refused
     }
 
     /// Hosts other replicas held that have no link now: their last record, and whether they
@@ -1211,30 +1233,13 @@ impl Replicas {
     }
 }
 
-/// Runs `futures` together; their outputs in the same order.
-async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
-    join_until(std::future::pending(), futures)
-        .await
-        .into_iter()
-        .flatten()
-        .collect()
-}
-
 /// Runs `futures` together for at most `limit`; their outputs in the same order, `None` for
 /// those not done by then (dropped, so cancelled).
 async fn join_within<F: Future>(
     limit: Duration,
     futures: impl IntoIterator<Item = F>,
 ) -> Vec<Option<F::Output>> {
-    join_until(tokio::time::sleep(limit), futures).await
-}
-
-/// Runs `futures` together until all are done or `stop` is; their outputs in the same order,
-/// `None` for those not done.
-async fn join_until<F: Future>(
-    stop: impl Future<Output = ()>,
-    futures: impl IntoIterator<Item = F>,
-) -> Vec<Option<F::Output>> {
+    let stop = tokio::time::sleep(limit);
     let mut pending: Vec<(usize, Pin<Box<F>>)> =
         futures.into_iter().map(Box::pin).enumerate().collect();
     let mut done: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
@@ -1316,16 +1321,17 @@ mod tests {
             "cancelled"
         );
 
-        // All done early: no waiting for the limit; join_all keeps the order.
+        // All done early: no waiting for the limit, and the order kept.
         let start = tokio::time::Instant::now();
         let got = join_within(Duration::from_secs(3), [slow(20, None), slow(5, None)]).await;
         assert_eq!(got, [Some(20), Some(5)]);
         assert_eq!(start.elapsed(), Duration::from_millis(20));
-        assert_eq!(join_all([slow(30, None), slow(1, None)]).await, [30, 1]);
-        assert!(
-            join_all(Vec::<std::future::Ready<u8>>::new())
-                .await
-                .is_empty()
+        let none = join_within(Duration::from_secs(3), Vec::<std::future::Ready<u8>>::new()).await;
+        assert!(none.is_empty());
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_millis(20),
+            "nothing to wait for"
         );
     }
 }
