@@ -1172,4 +1172,26 @@ fn a_session_is_reached_through_any_replica_and_spans_every_replicas_hosts() {
         "{}",
         text(&out.stderr)
     );
+    // Odd ids: huge, odd bytes, an empty replica, this replica's own name, several `@`: each a
+    // short NOT_FOUND, and both replicas go on serving.
+    let huge = format!("{}@{}", "a".repeat(20_000), "r".repeat(20_000));
+    for id in [
+        huge.as_str(),
+        "x@\u{202e}r1\u{0007}",
+        "x@",
+        "@",
+        "x@r0",
+        "x@r1@r0",
+        "x@@r1",
+    ] {
+        for i in 0..2 {
+            let out = r.toolctl(i, &["session", "load", id, "disk_usage"]);
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(127), "{id:.40} through r{i}: {err}");
+            assert!(err.contains("no session"), "{id:.40} through r{i}: {err}");
+            assert!(err.len() < 1024, "a bounded message: {} bytes", err.len());
+        }
+    }
+    let out = r.toolctl(1, &["call", "sa", "disk_usage"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
 }
