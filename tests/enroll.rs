@@ -475,10 +475,33 @@ fn renewal_under_a_short_lifetime_keeps_a_running_call_and_the_link() {
             .any(|r| r["outcome"] == "granted" && r["host"] == "r-1"),
         "{renewals:?}"
     );
-    // The first certificate has long expired: a new connection works only with a renewed one.
+    // The link's connection was made with the first certificate, which expired while the call
+    // ran: the coordinator let the call finish, then ended the link, which came back with a
+    // renewed certificate.
+    let coordinator = fleet.coordinator.as_ref().unwrap();
+    wait_for(
+        "the link moved to a renewed certificate",
+        Duration::from_secs(15),
+        || {
+            let log = coordinator.log();
+            let moved = log.contains("its certificate expired")
+                && log.matches("agent attached").count() >= 2;
+            moved.then_some(())
+        },
+    );
+    let log = coordinator.log();
+    let first_end = log
+        .lines()
+        .find(|l| l.contains("agent detached"))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        first_end.contains("its certificate expired"),
+        "the first link ended for its certificate, after the call: {first_end}"
+    );
     let hosts = fleet.hosts();
     let host = hosts.iter().find(|h| h["host_id"] == "r-1").unwrap();
     assert_eq!(host["state"], "online", "{host}");
+    assert!(fleet.toolctl(&["call", "r-1", "slow"]).status.success());
     fleet.coordinator = None;
     start_enrolling(&mut fleet, &["--agent-cert-ttl=6s"]);
     fleet.wait_online(&["r-1"], "slow");

@@ -162,8 +162,9 @@ impl AgentLinkService {
             .get(&id)
             .map(|h| h.last_seen)
             .unwrap_or_default();
+        let not_after = caller.not_after;
         self.state.tasks.spawn(async move {
-            let reason = session(&state, &link, inbound, &last_seen).await;
+            let reason = session(&state, &link, inbound, &last_seen, not_after).await;
             tracing::info!(host = %link.host_id, reason = ?reason, "agent detached");
             link.close(&reason);
             state.fleet.detach(&link.host_id, link.generation);
@@ -263,12 +264,31 @@ where
     Ok(hello)
 }
 
+/// How long a link whose certificate expired goes on for the calls running on it.
+const EXPIRED_GRACE_SECS: i64 = 300;
+
+/// Why a link whose certificate (valid until `not_after`, Unix seconds) expired must end at
+/// `now`: at the first moment no call runs on it, or [`EXPIRED_GRACE_SECS`] after the expiry
+/// whatever runs. An enrolled agent renews its certificate well before, but its connection
+/// keeps the one it was made with; ending the link moves it to the renewed one.
+fn expired(not_after: Option<i64>, calls_running: usize, now: i64) -> Option<String> {
+    let not_after = not_after?;
+    let over = now.checked_sub(not_after)?;
+    (over >= 0 && (calls_running == 0 || over >= EXPIRED_GRACE_SECS)).then(|| {
+        format!(
+            "its certificate expired {over} s ago (notAfter {not_after}, Unix seconds): \
+             reconnect with a renewed one"
+        )
+    })
+}
+
 /// Runs one agent connection until it ends; returns why it ended.
 async fn session<S>(
     state: &State,
     link: &Arc<Link>,
     mut inbound: S,
     last_seen: &std::sync::atomic::AtomicU64,
+    not_after: Option<i64>,
 ) -> String
 where
     S: Stream<Item = Result<AgentMessage, Status>> + Unpin,
@@ -347,6 +367,11 @@ where
                 if silent > lost_after && !behind {
                     return format!("lost: nothing heard for {} ms", silent.as_millis());
                 }
+                let now = i64::try_from(now_ms() / 1000).unwrap_or(i64::MAX);
+                if let Some(reason) = expired(not_after, link.calls_in_flight(), now) {
+                    link.send(Msg::Goodbye(Goodbye { reason: reason.clone() })).await;
+                    return reason;
+                }
                 let paced = state.pace.interval(Some(keepalive));
                 let mut interval_ms = 0;
                 if paced != keepalive {
@@ -396,6 +421,29 @@ fn handle(state: &State, link: &Link, views: &mut ViewParts, msg: AgentMessage) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_expired_link_ends_when_idle_or_after_the_grace() {
+        // No certificate time known (a test peer), or not expired yet: goes on.
+        assert_eq!(expired(None, 0, 1_000), None);
+        assert_eq!(expired(Some(1_000), 0, 999), None);
+        // Expired and idle: ends, saying why.
+        let why = expired(Some(1_000), 0, 1_000).unwrap();
+        assert!(
+            why.contains("expired 0 s ago") && why.contains("renewed"),
+            "{why}"
+        );
+        // Expired with calls running: they finish first, within the grace.
+        assert_eq!(
+            expired(Some(1_000), 2, 1_000 + EXPIRED_GRACE_SECS - 1),
+            None
+        );
+        assert!(expired(Some(1_000), 2, 1_000 + EXPIRED_GRACE_SECS).is_some());
+        // Odd times do not overflow: a difference that does not fit is no expiry.
+        assert_eq!(expired(Some(i64::MAX), 0, i64::MIN), None);
+        assert_eq!(expired(Some(i64::MIN), 0, i64::MAX), None);
+        assert!(expired(Some(-5), 0, 0).is_some());
+    }
 
     fn hello(host_id: &str) -> Result<AgentMessage, Status> {
         Ok(AgentMessage {

@@ -23,6 +23,9 @@ pub struct Caller {
     pub name: String,
     /// The labels the caller's certificate carries (bound at enrollment): trusted labels.
     pub labels: std::collections::BTreeMap<String, String>,
+    /// When the certificate of the caller's connection expires (Unix seconds); `None` for a
+    /// relayed client (the relaying replica's connection is not the client's).
+    pub not_after: Option<i64>,
 }
 
 impl Caller {
@@ -155,6 +158,7 @@ impl<S> RequireRole<S> {
                 role: Role::Client,
                 name: identity.name().unwrap_or_default().to_string(),
                 labels: Default::default(),
+                not_after: None,
             });
         }
         match peer {
@@ -168,6 +172,7 @@ impl<S> RequireRole<S> {
                     role: p.identity.role(),
                     name: p.identity.name().unwrap_or_default().to_string(),
                     labels: p.labels.clone(),
+                    not_after: p.not_after,
                 })
             }
             Some(other) => Err(Status::permission_denied(format!(

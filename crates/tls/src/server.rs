@@ -72,6 +72,9 @@ pub struct PeerInfo {
     /// The labels the peer's certificate carries (`toolsrv://label/<k>=<v>` URI SANs, written
     /// by the CA at enrollment): trusted labels.
     pub labels: BTreeMap<String, String>,
+    /// When the peer's certificate expires (`notAfter`, Unix seconds): a connection lives on
+    /// past it unless the server ends it.
+    pub not_after: Option<i64>,
 }
 
 /// What tonic puts into every request of a connection: the proven peer, or none for a peer
@@ -336,6 +339,7 @@ async fn handshake(
                 identity,
                 remote,
                 labels,
+                not_after: crate::CertInfo::of(leaf).map(|c| c.not_after),
             }),
             Err(e) => {
                 tracing::info!(%remote, error = %e, "peer certificate has no usable identity; connection dropped");
