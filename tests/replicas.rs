@@ -76,7 +76,12 @@ impl Replicated {
             format!("--etcd={}", self.etcd.endpoints().join(",")),
             format!("--replica-id=r{i}"),
             format!("--advertise-url=https://127.0.0.1:{}", self.ports[i]),
-            "--etcd-lease=2s".into(),
+            // Short, so that a dead replica's hosts are freed soon; a test may give its own.
+            if extra.iter().any(|a| a.starts_with("--etcd-lease")) {
+                String::new()
+            } else {
+                "--etcd-lease=2s".into()
+            },
             "--rescan-secs=1".into(),
             "--admin=alice".into(),
             format!(
@@ -89,6 +94,7 @@ impl Replicated {
             ),
         ];
         launch.args.extend(extra.iter().cloned());
+        launch.args.retain(|a| !a.is_empty());
         launch
             .start(
                 &bin("toolsrv"),
@@ -1194,4 +1200,67 @@ fn a_session_is_reached_through_any_replica_and_spans_every_replicas_hosts() {
     }
     let out = r.toolctl(1, &["call", "sa", "disk_usage"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn a_hung_replica_delays_what_is_asked_of_it_by_a_bounded_time_only() {
+    // fh on r0; gh, the GPU host, on r1. Leases long enough that r1, stopped, still holds gh.
+    let mut r = disk_and_gpu_on_two_replicas("fh", "gh");
+    let tools = r.fleet.tools.clone();
+    let lease = ["--etcd-lease=30s".to_string()];
+    for i in 0..2 {
+        r.replicas[i].as_mut().unwrap().kill();
+        r.replicas[i] = Some(r.launch_with(i, &tools, &lease));
+    }
+    assert_eq!(
+        r.wait_all_online(0, &["fh", "gh"], Duration::from_secs(60)),
+        ["r0", "r1"]
+    );
+    // r1 hangs: its process stopped, its connections open, nothing answered.
+    let r1 = r.replicas[1].as_ref().unwrap().pid();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(r1),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    let timed = |r: &mut Replicated, args: &[&str]| {
+        let start = Instant::now();
+        let out = r.toolctl(0, args);
+        (out, start.elapsed())
+    };
+    // FindTools answers with r0's hosts, after at most the 3 s it waits for the others.
+    let (out, took) = timed(&mut r, &["find", "all", "free space on the disk", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let found: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(found[0]["hosts"], serde_json::json!(["fh"]), "{found:?}");
+    assert!(took < Duration::from_secs(10), "find took {took:?}");
+    // A session spanning the hung replica's host: shown, gh without its view (syncing).
+    let (out, took) = timed(&mut r, &["session", "open", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(took < Duration::from_secs(10), "open took {took:?}");
+    let state: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        state["selected"],
+        serde_json::json!([{"host": "fh", "state": "online"}, {"host": "gh", "state": "syncing"}]),
+        "{state}"
+    );
+    // Listings asked of every replica: bounded too.
+    let (out, took) = timed(&mut r, &["approvals"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(took < Duration::from_secs(10), "approvals took {took:?}");
+    // r0's own host is served meanwhile.
+    let (out, _) = timed(&mut r, &["call", "fh", "disk_usage"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(r1),
+        nix::sys::signal::Signal::SIGCONT,
+    )
+    .unwrap();
+    // Back: the session's next state has gh's view, and gh's tools.
+    let id = state["id"].as_str().unwrap().to_string();
+    wait_for("gh's view in the session", Duration::from_secs(20), || {
+        let out = r.toolctl(0, &["session", "show", &id, "--json"]);
+        let state: Value = serde_json::from_slice(&out.stdout).ok()?;
+        (state["selected"][1]["state"] == "online").then_some(())
+    });
 }
