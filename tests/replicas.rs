@@ -1212,6 +1212,10 @@ fn a_hung_replica_delays_what_is_asked_of_it_by_a_bounded_time_only() {
         r.replicas[i].as_mut().unwrap().kill();
         r.replicas[i] = Some(r.launch_with(i, &tools, &lease));
     }
+    // Each host held by the new process of its replica (through its own replica, a host shows
+    // online only once linked there: the old process's claims do not count), then seen by r0.
+    r.wait_all_online(0, &["fh"], Duration::from_secs(60));
+    r.wait_all_online(1, &["gh"], Duration::from_secs(60));
     assert_eq!(
         r.wait_all_online(0, &["fh", "gh"], Duration::from_secs(60)),
         ["r0", "r1"]
