@@ -41,15 +41,8 @@ impl Cluster {
         let key = shared.keys.host(host_id);
         check_id("host id", host_id)?;
         self.check_open(OP, &key)?;
-        if let Some(failing) = shared.health.refusal() {
-            return Err(match failing.fault {
-                Some(fault) => fault.into_error(OP, &key, 0, std::time::Duration::ZERO),
-                None => ClusterError::NoQuorum {
-                    op: OP,
-                    key,
-                    detail: failing.reason,
-                },
-            });
+        if let Some(fault) = shared.health.refusal() {
+            return Err(fault.into_error(OP, &key, 0, std::time::Duration::ZERO));
         }
         if record.owner != shared.config.replica_id {
             return Err(ClusterError::Invalid {

@@ -157,10 +157,10 @@ impl Health {
     /// shorter may be an election, which the claim's own retries ride out; etcd out of reach
     /// is no reason either (a renewal that stalls while the members elect a new leader looks
     /// the same), nor a lost lease (the claim waits for the new one within its retries).
-    pub(crate) fn refusal(&self) -> Option<Failing> {
+    pub(crate) fn refusal(&self) -> Option<Fault> {
         no_quorum(&self.lock())
             .filter(|f| f.since.elapsed() >= self.grace)
-            .cloned()
+            .and_then(|f| f.fault.clone())
     }
 
     /// The fault of a lost quorum (a member said it has no leader), while etcd is failing so.

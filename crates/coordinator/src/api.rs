@@ -119,24 +119,6 @@ fn call_spec(
     })
 }
 
-impl ToolsService {
-    /// Where a request about session `id` goes instead of here (see
-    /// [`replicas::session_elsewhere`]).
-    fn session_elsewhere(
-        &self,
-        id: &str,
-        relayed: bool,
-    ) -> Result<Option<(&Arc<replicas::Replicas>, toolsrv_cluster::HostRecord)>, Status> {
-        match (
-            replicas::session_elsewhere(&self.state, id, relayed)?,
-            &self.state.replicas,
-        ) {
-            (Some(record), Some(replicas)) => Ok(Some((replicas, record))),
-            _ => Ok(None),
-        }
-    }
-}
-
 #[tonic::async_trait]
 impl Tools for ToolsService {
     type CallStream = BoxStream<CallEvent>;
@@ -515,7 +497,9 @@ impl Tools for ToolsService {
         let client = Caller::client(&req)?;
         let relayed = replicas::is_relayed(&req);
         let req = req.into_inner();
-        if let Some((replicas, record)) = self.session_elsewhere(&req.session, relayed)? {
+        if let Some((replicas, record)) =
+            replicas::session_elsewhere(&self.state, &req.session, relayed)?
+        {
             let (mut tools, request) = replicas.relay(&record, &client, req)?;
             return tools.load_tool(request).await;
         }
@@ -531,7 +515,9 @@ impl Tools for ToolsService {
         let client = Caller::client(&req)?;
         let relayed = replicas::is_relayed(&req);
         let req = req.into_inner();
-        if let Some((replicas, record)) = self.session_elsewhere(&req.session, relayed)? {
+        if let Some((replicas, record)) =
+            replicas::session_elsewhere(&self.state, &req.session, relayed)?
+        {
             let (mut tools, request) = replicas.relay(&record, &client, req)?;
             return tools.unload_tool(request).await;
         }
@@ -547,7 +533,9 @@ impl Tools for ToolsService {
         let client = Caller::client(&req)?;
         let relayed = replicas::is_relayed(&req);
         let req = req.into_inner();
-        if let Some((replicas, record)) = self.session_elsewhere(&req.session, relayed)? {
+        if let Some((replicas, record)) =
+            replicas::session_elsewhere(&self.state, &req.session, relayed)?
+        {
             let (mut tools, request) = replicas.relay(&record, &client, req)?;
             return tools.get_session(request).await;
         }
@@ -563,7 +551,9 @@ impl Tools for ToolsService {
         let client = Caller::client(&req)?;
         let relayed = replicas::is_relayed(&req);
         let req = req.into_inner();
-        if let Some((replicas, record)) = self.session_elsewhere(&req.session, relayed)? {
+        if let Some((replicas, record)) =
+            replicas::session_elsewhere(&self.state, &req.session, relayed)?
+        {
             // The replica keeping the session streams its states; dropping this stream (the
             // client went away) ends the relayed watch with it.
             let (mut tools, request) = replicas.relay(&record, &client, req)?;
@@ -582,7 +572,9 @@ impl Tools for ToolsService {
         let client = Caller::client(&req)?;
         let relayed = replicas::is_relayed(&req);
         let req = req.into_inner();
-        if let Some((replicas, record)) = self.session_elsewhere(&req.session, relayed)? {
+        if let Some((replicas, record)) =
+            replicas::session_elsewhere(&self.state, &req.session, relayed)?
+        {
             let (mut tools, request) = replicas.relay(&record, &client, req)?;
             return tools.close_session(request).await;
         }
@@ -634,7 +626,12 @@ fn targets(state: &State, selector: &Selector) -> Vec<String> {
     if let Some(replicas) = &state.replicas {
         // Hosts offline here but held elsewhere are in the routing table; hosts offline
         // everywhere stay targets (reported offline).
-        targets.extend(replicas.select_remote(selector));
+        targets.extend(
+            replicas
+                .select_remote(selector)
+                .into_iter()
+                .map(|(id, _)| id),
+        );
         targets.extend(
             state
                 .fleet

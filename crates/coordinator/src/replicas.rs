@@ -333,32 +333,19 @@ impl Replicas {
         selector: &crate::selector::Selector,
         client: &str,
     ) -> Vec<HostEntry> {
-        let remote: Vec<(String, HostRecord)> = self
-            .cluster
-            .hosts()
-            .into_iter()
-            .filter(|(_, r)| r.owner != self.id())
-            .collect();
         let (mut entries, mut fetch, epoch) = {
             let mut mirror = self.lock_mirror();
             // Hosts no other replica holds any more are forgotten.
-            let held: std::collections::HashSet<&str> =
-                remote.iter().map(|(id, _)| id.as_str()).collect();
-            mirror.views.retain(|id, _| held.contains(id.as_str()));
-            mirror
-                .invalidated
-                .retain(|id, _| held.contains(id.as_str()));
+            let elsewhere = |id: &str| self.cluster.route(id).is_some_and(|r| r.owner != self.id());
+            mirror.views.retain(|id, _| elsewhere(id));
+            mirror.invalidated.retain(|id, _| elsewhere(id));
             let (mut entries, mut fetch) = (Vec::new(), Vec::new());
-            for (id, record) in &remote {
-                let labels = labels_of(&record.facts, "label.");
-                if !selector.matches(&candidate(id, record, &labels)) {
-                    continue;
-                }
-                match mirror.views.get(id) {
+            for (id, record) in self.select_remote(selector) {
+                match mirror.views.get(&id) {
                     Some(m) if m.link_id == record.link_id => {
-                        entries.push(remote_entry(id, record, Some(m.view.clone())));
+                        entries.push(remote_entry(&id, &record, Some(m.view.clone())));
                     }
-                    _ => fetch.push((id.clone(), record.clone())),
+                    _ => fetch.push((id, record)),
                 }
             }
             (entries, fetch, mirror.epoch)
@@ -1123,11 +1110,11 @@ pub fn is_relayed<T>(req: &Request<T>) -> bool {
 /// The replica to relay a request about session `id` to: replicas on, the request not relayed
 /// already, and the id naming another replica (sessions live where they were opened). NOT_FOUND
 /// when that replica is gone, with its sessions.
-pub(crate) fn session_elsewhere(
-    state: &State,
+pub(crate) fn session_elsewhere<'s>(
+    state: &'s State,
     id: &str,
     relayed: bool,
-) -> Result<Option<HostRecord>, Status> {
+) -> Result<Option<(&'s Arc<Replicas>, HostRecord)>, Status> {
     let Some(replicas) = &state.replicas else {
         return Ok(None);
     };
@@ -1138,11 +1125,14 @@ pub(crate) fn session_elsewhere(
         return Ok(None);
     }
     match replicas.cluster.replica(owner) {
-        Some(replica) => Ok(Some(HostRecord {
-            owner: replica.id,
-            owner_url: replica.advertise_url,
-            ..HostRecord::default()
-        })),
+        Some(replica) => Ok(Some((
+            replicas,
+            HostRecord {
+                owner: replica.id,
+                owner_url: replica.advertise_url,
+                ..HostRecord::default()
+            },
+        ))),
         None => Err(Status::not_found(format!(
             "no session `{}`: it was kept by replica `{}`, which is gone (its sessions ended \
              with it)",
@@ -1185,8 +1175,8 @@ where
 }
 
 impl Replicas {
-    /// Hosts other replicas hold that `selector` picks.
-    pub fn select_remote(&self, selector: &crate::selector::Selector) -> Vec<String> {
+    /// Hosts other replicas hold that `selector` picks, with their records.
+    pub fn select_remote(&self, selector: &crate::selector::Selector) -> Vec<(String, HostRecord)> {
         self.cluster
             .hosts()
             .into_iter()
@@ -1195,7 +1185,6 @@ impl Replicas {
                 let labels = labels_of(&r.facts, "label.");
                 selector.matches(&candidate(id, r, &labels))
             })
-            .map(|(id, _)| id)
             .collect()
     }
 

@@ -138,9 +138,9 @@ pub fn watch(
             }
             tokio::time::sleep(SETTLE).await;
             // What came meanwhile is covered by the state computed next.
-            while !matches!(fleet.try_recv(), Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed)) {}
+            drain(&mut fleet);
             if let Some(remote) = remote.as_mut() {
-                while !matches!(remote.try_recv(), Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed)) {}
+                drain(remote);
             }
             loads.mark_unchanged();
         }
@@ -160,4 +160,12 @@ async fn recv_remote(
         Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => Some(()),
         Err(broadcast::error::RecvError::Closed) => None,
     }
+}
+
+/// Takes every event waiting in `events` (missed ones count as taken).
+fn drain<T: Clone>(events: &mut broadcast::Receiver<T>) {
+    while !matches!(
+        events.try_recv(),
+        Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed)
+    ) {}
 }

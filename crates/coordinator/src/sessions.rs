@@ -455,8 +455,8 @@ impl Session {
         }
     }
 
-    /// The session's state now, resolved on the fleet's current host views.
-    /// The session's state on `hosts` (the hosts its selector picks, sorted by id).
+    /// The session's state now, resolved on the views of `hosts` (the hosts its selector
+    /// picks, sorted by id).
     pub fn state(&self, hosts: &[HostEntry], catalog: &Catalog, idle: Duration) -> SessionState {
         let loaded = self.lock().loaded.clone();
         let selected = hosts

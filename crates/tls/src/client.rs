@@ -197,37 +197,24 @@ impl tower::Service<Uri> for TlsConnector {
         let this = self.clone();
         Box::pin(async move {
             let config = this.config.config()?;
-            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((this.host.as_str(), this.port))
+            // Each failure says which step failed, for which address.
+            let (host, port) = (this.host.as_str(), this.port);
+            let failed = |what: &'static str| {
+                move |e: io::Error| io::Error::new(e.kind(), format!("{what} {host}:{port}: {e}"))
+            };
+            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
                 .await
-                .map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!("cannot resolve {}:{}: {e}", this.host, this.port),
-                    )
-                })?
+                .map_err(failed("cannot resolve"))?
                 .collect();
-            let tcp = connect_any(
-                &addrs,
-                fastrand::usize(..addrs.len().max(1)),
-                ADDRESS_TIMEOUT,
-            )
-            .await
-            .map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("TCP connect to {}:{}: {e}", this.host, this.port),
-                )
-            })?;
+            let start = fastrand::usize(..addrs.len().max(1));
+            let tcp = connect_any(&addrs, start, ADDRESS_TIMEOUT)
+                .await
+                .map_err(failed("TCP connect to"))?;
             tcp.set_nodelay(true)?;
             let tls = tokio_rustls::TlsConnector::from(config)
                 .connect(this.server_name, tcp)
                 .await
-                .map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!("TLS handshake with {}:{}: {e}", this.host, this.port),
-                    )
-                })?;
+                .map_err(failed("TLS handshake with"))?;
             Ok(TokioIo::new(tls))
         })
     }
