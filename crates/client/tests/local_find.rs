@@ -2,7 +2,7 @@
 //! toolsrv-find, with and without the sentence encoder.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -38,29 +38,6 @@ fn names(out: &Output) -> Vec<String> {
         .iter()
         .map(|h| h["name"].as_str().unwrap().to_string())
         .collect()
-}
-
-/// The model directory, fetched by `scripts/fetch-find-model` when absent (never skipped).
-fn model_dir() -> PathBuf {
-    let dir = match std::env::var_os("TOOLSRV_FIND_MODEL") {
-        Some(d) => PathBuf::from(d),
-        None => {
-            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/toolsrv/all-MiniLM-L6-v2")
-        }
-    };
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/fetch-find-model");
-    let status = Command::new("bash")
-        .arg(&script)
-        .arg(&dir)
-        .status()
-        .unwrap();
-    assert!(
-        status.success(),
-        "{} {} failed",
-        script.display(),
-        dir.display()
-    );
-    dir
 }
 
 #[test]
@@ -129,9 +106,28 @@ fn bad_limits_requests_and_model_directories_are_refused() {
     assert!(text(&out.stderr).contains("4096"), "{}", text(&out.stderr));
 
     let empty = tempfile::tempdir().unwrap();
+    // A model of an architecture the encoder does not run, and an MPNet configuration over
+    // BERT weights: refused when loaded, naming the file and why.
+    let real = toolsrv_testkit::find_model_dir();
+    let foreign = tempfile::tempdir().unwrap();
+    let mismatched = tempfile::tempdir().unwrap();
+    for dir in [foreign.path(), mismatched.path()] {
+        for file in ["model.safetensors", "tokenizer.json"] {
+            std::fs::copy(real.join(file), dir.join(file)).unwrap();
+        }
+    }
+    write(
+        foreign.path(),
+        "config.json",
+        r#"{"model_type": "llama", "hidden_size": 384}"#,
+    );
+    let mpnet_config = toolsrv_testkit::mpnet_model_dir().join("config.json");
+    std::fs::copy(mpnet_config, mismatched.path().join("config.json")).unwrap();
     for (dir, says) in [
         (empty.path().join("absent"), "does not exist"),
         (empty.path().to_path_buf(), "model.safetensors"),
+        (foreign.path().to_path_buf(), "model_type \"llama\""),
+        (mismatched.path().to_path_buf(), "model.safetensors"),
     ] {
         let out = run(toolctl()
             .args(["local", "find", "--tools", &catalog(), "disk"])
@@ -146,8 +142,16 @@ fn bad_limits_requests_and_model_directories_are_refused() {
 }
 
 #[test]
-fn with_the_model_a_paraphrase_finds_its_tool() {
-    let model = model_dir();
+fn with_either_model_a_paraphrase_finds_its_tool() {
+    for model in [
+        toolsrv_testkit::find_model_dir(),
+        toolsrv_testkit::mpnet_model_dir(),
+    ] {
+        paraphrase_finds_its_tool(&model);
+    }
+}
+
+fn paraphrase_finds_its_tool(model: &Path) {
     let out = run(toolctl()
         .args([
             "local",
@@ -160,11 +164,12 @@ fn with_the_model_a_paraphrase_finds_its_tool() {
         ])
         .arg("4412 is stuck, put it out of its misery")
         .arg("--model")
-        .arg(&model));
+        .arg(model));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(
         names(&out).contains(&"kill_process".to_string()),
-        "{}",
+        "{}: {}",
+        model.display(),
         text(&out.stdout)
     );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -18,6 +18,9 @@ const TOOLS: usize = 1000;
 /// Tool names best first for a request.
 type Ranking<'a> = dyn Fn(&str) -> Vec<String> + 'a;
 
+/// Which requests a row of the recall table counts.
+type KindFilter = dyn Fn(&Query) -> bool;
+
 fn main() {
     let docs = common::big_catalog(TOOLS);
     let queries = common::queries();
@@ -25,10 +28,10 @@ fn main() {
     let paraphrases: Vec<&Query> = labelled
         .iter()
         .copied()
-        .filter(|q| q.kind == "paraphrase")
+        .filter(|q| q.kind != "keyword")
         .collect();
     println!(
-        "find: {} tools, {} requests ({} paraphrases), {} CPUs",
+        "find: {} tools, {} requests ({} sharing no keyword with their tool), {} CPUs",
         docs.len(),
         labelled.len(),
         paraphrases.len(),
@@ -129,11 +132,17 @@ fn main() {
         ("encoder", Box::new(semantic_order)),
         ("fused", Box::new(|q| names(&everything(&fused, q)))),
     ];
+    let kinds: [(&str, &KindFilter); 4] = [
+        ("all", &|_| true),
+        ("no-keyword", &|q| q.kind == "no-keyword"),
+        ("paraphrase", &|q| q.kind == "paraphrase"),
+        ("any paraphrase", &|q| q.kind != "keyword"),
+    ];
     for (label, rank) in &rows {
-        let a: Measures = measure(labelled.iter().copied(), rank);
-        let p: Measures = measure(paraphrases.iter().copied(), rank);
-        println!("{label:<8} all        {a}");
-        println!("{label:<8} paraphrase {p}");
+        for (kind, keep) in &kinds {
+            let m: Measures = measure(labelled.iter().copied().filter(|q| keep(q)), rank);
+            println!("{label:<8} {kind:<15} {m}");
+        }
     }
 }
 

@@ -1,14 +1,16 @@
-//! The sentence encoder: all-MiniLM-L6-v2 (a 6-layer BERT) from a local directory, run on the
-//! CPU with candle; a text becomes the mean of its token vectors, scaled to unit length.
+//! The sentence encoder: all-MiniLM-L6-v2 (a 6-layer BERT) or another sentence-transformers model
+//! of the BERT or MPNet architecture (all-mpnet-base-v2) from a local directory, run on the CPU
+//! with candle; a text becomes the mean of its token vectors, scaled to unit length.
 
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config, DTYPE};
+use candle_transformers::models::bert::{self, BertModel, DTYPE};
 use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
 
 use crate::FindError;
+use crate::mpnet::{self, MpNetModel};
 
 /// The files [`Encoder::load`] reads from its directory.
 pub const MODEL_FILES: [&str; 3] = ["model.safetensors", "tokenizer.json", "config.json"];
@@ -22,9 +24,41 @@ const MAX_TOKENS: usize = 256;
 /// (texts are sorted by length first).
 const BATCH: usize = 16;
 
+/// The network under the pooling, by `model_type` in `config.json`.
+enum Model {
+    Bert(BertModel),
+    MpNet(MpNetModel),
+}
+
+/// A model's settings, by the `model_type` of its `config.json` (BERT when it has none).
+enum Architecture {
+    Bert(bert::Config),
+    MpNet(mpnet::Config),
+}
+
+impl Architecture {
+    fn of(config: &str) -> Result<Architecture, String> {
+        #[derive(serde::Deserialize)]
+        struct Kind {
+            model_type: Option<String>,
+        }
+        let kind: Kind = serde_json::from_str(config).map_err(|e| e.to_string())?;
+        match kind.model_type.as_deref() {
+            Some("bert") | None => serde_json::from_str(config).map(Architecture::Bert),
+            Some("mpnet") => serde_json::from_str(config).map(Architecture::MpNet),
+            Some(other) => {
+                return Err(format!(
+                    "model_type {other:?} is not one this encoder runs (bert, mpnet)"
+                ));
+            }
+        }
+        .map_err(|e| e.to_string())
+    }
+}
+
 /// A loaded sentence encoder. Cheap to share (`Arc`); encoding takes `&self`.
 pub struct Encoder {
-    model: BertModel,
+    model: Model,
     tokenizer: Tokenizer,
     device: Device,
     dir: PathBuf,
@@ -67,8 +101,7 @@ impl Encoder {
         };
         let config_text =
             std::fs::read_to_string(dir.join("config.json")).map_err(|e| bad("config.json")(&e))?;
-        let config: Config =
-            serde_json::from_str(&config_text).map_err(|e| bad("config.json")(&e))?;
+        let architecture = Architecture::of(&config_text).map_err(|e| bad("config.json")(&e))?;
         let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
             .map_err(|e| bad("tokenizer.json")(&e))?;
         // The file pads every input to 128 tokens and cuts at 128: pad a batch only to its
@@ -79,22 +112,37 @@ impl Encoder {
                 ..Default::default()
             }))
             .map_err(|e| bad("tokenizer.json")(&e))?;
+        // The file's pad token stays (MPNet pads with id 1, BERT with 0).
+        let padding = tokenizer.get_padding().cloned().unwrap_or_default();
         tokenizer.with_padding(Some(PaddingParams {
             strategy: PaddingStrategy::BatchLongest,
-            ..Default::default()
+            ..padding
         }));
         let device = Device::Cpu;
         let weights = std::fs::read(dir.join("model.safetensors"))
             .map_err(|e| bad("model.safetensors")(&e))?;
         let vb = VarBuilder::from_buffered_safetensors(weights, DTYPE, &device)
             .map_err(|e| bad("model.safetensors")(&e))?;
-        let model = BertModel::load(vb, &config).map_err(|e| bad("model.safetensors")(&e))?;
+        let (model, dims) = match architecture {
+            Architecture::Bert(config) => (
+                Model::Bert(
+                    BertModel::load(vb, &config).map_err(|e| bad("model.safetensors")(&e))?,
+                ),
+                config.hidden_size,
+            ),
+            Architecture::MpNet(config) => (
+                Model::MpNet(
+                    MpNetModel::load(vb, &config).map_err(|e| bad("model.safetensors")(&e))?,
+                ),
+                config.hidden_size,
+            ),
+        };
         let encoder = Encoder {
             model,
             tokenizer,
             device,
             dir: dir.to_path_buf(),
-            dims: config.hidden_size,
+            dims,
         };
         // A model that loads but cannot run (wrong shapes) fails here, naming the directory,
         // rather than on the first search.
@@ -143,8 +191,10 @@ impl Encoder {
             .collect::<candle_core::Result<_>>()?;
         let ids = Tensor::stack(&ids, 0)?;
         let mask = Tensor::stack(&masks, 0)?;
-        let types = ids.zeros_like()?;
-        let hidden = self.model.forward(&ids, &types, Some(&mask))?;
+        let hidden = match &self.model {
+            Model::Bert(model) => model.forward(&ids, &ids.zeros_like()?, Some(&mask))?,
+            Model::MpNet(model) => model.forward(&ids, &mask)?,
+        };
         // Mean over the real tokens only: padding must not pull short texts towards each other.
         let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
         let summed = hidden.broadcast_mul(&mask)?.sum(1)?;

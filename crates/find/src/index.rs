@@ -61,6 +61,10 @@ pub struct Hit<K> {
     /// The semantic score the hits are ranked by, about -1..1 (cosine similarities, centred and
     /// less the tool's hub penalty); `None` without an encoder.
     pub semantic: Option<f32>,
+    /// What the threshold is held against ([`Options::min_fused`] with an encoder,
+    /// [`Options::min_lexical`] without): the score from uncorrected similarities (see the crate
+    /// documentation), or the lexical score.
+    pub relevance: f32,
 }
 
 /// What an [`Index::update`] did.
@@ -256,26 +260,27 @@ impl<K: Clone> Index<K> {
             let lex = lexical[i];
             let fuse = |sem: f32| w * sem.max(0.0) + (1.0 - w) * lex;
             // The score ranks; `relevance` decides whether the hit is returned at all.
-            let (score, relevance, semantic) = match &query_vector {
+            let (score, relevance, min, semantic) = match &query_vector {
                 Some((plain, centred)) => {
                     let s = snapshot
                         .semantic
                         .scores(i, plain, centred, &snapshot.vectors[i]);
-                    let score = fuse(s.ranked);
                     (
-                        score,
-                        fuse(s.plain) - self.options.min_fused,
+                        fuse(s.ranked),
+                        fuse(s.plain),
+                        self.options.min_fused,
                         Some(s.ranked),
                     )
                 }
-                None => (lex, lex - self.options.min_lexical, None),
+                None => (lex, lex, self.options.min_lexical, None),
             };
-            if score > 0.0 && relevance >= 0.0 {
+            if score > 0.0 && relevance >= min {
                 hits.push(Hit {
                     key: key.clone(),
                     score,
                     lexical: Some(lex),
                     semantic,
+                    relevance,
                 });
             }
         }

@@ -7,9 +7,10 @@
 //! - **lexical**, always on: BM25F over the tool's name (`restart_service` counts as "restart
 //!   service"), description, keywords and prompt, with English stemming and stop words dropped.
 //!   It finds a tool when the request shares words with its texts.
-//! - **semantic**, when an [`Encoder`] is given: all-MiniLM-L6-v2 run locally (no network), which
-//!   also finds a tool when the request says the same thing in other words ("put process 4412
-//!   out of its misery"). Each of a tool's texts is embedded once, when it enters the index.
+//! - **semantic**, when an [`Encoder`] is given: a sentence encoder run locally (no network),
+//!   all-MiniLM-L6-v2 or the larger all-mpnet-base-v2, which also finds a tool when the request
+//!   says the same thing in other words ("put process 4412 out of its misery"). Each of a tool's
+//!   texts is embedded once, when it enters the index.
 //!
 //! # Score
 //!
@@ -46,6 +47,7 @@ mod encoder;
 mod error;
 mod index;
 pub mod lexical;
+mod mpnet;
 mod semantic;
 mod text;
 

@@ -9,13 +9,26 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use common::{Measures, Query, measure, names};
-use toolsrv_find::{Analyzer, Encoder, Hit, Index, Options};
+use toolsrv_find::{Analyzer, Doc, Encoder, Hit, Index, Options};
 
+/// The requests of one kind; "all" is every request, "any paraphrase" both kinds of paraphrase
+/// (every request that shares no keyword with its tool).
 fn of_kind<'a>(queries: &'a [Query], kind: &'a str) -> impl Iterator<Item = &'a Query> + 'a {
-    queries
-        .iter()
-        .filter(move |q| kind == "all" || q.kind == kind)
+    queries.iter().filter(move |q| match kind {
+        "all" => true,
+        "any paraphrase" => q.kind == "paraphrase" || q.kind == "no-keyword",
+        kind => q.kind == kind,
+    })
 }
+
+/// The kinds every ranker is reported on.
+const KINDS: [&str; 5] = [
+    "all",
+    "keyword",
+    "no-keyword",
+    "paraphrase",
+    "any paraphrase",
+];
 
 /// Every document with both component scores, none dropped by the threshold.
 fn unfiltered(index: &Index<String>, query: &str) -> Vec<Hit<String>> {
@@ -33,7 +46,8 @@ fn the_set_is_big_enough_and_paraphrases_share_no_word_with_their_tool() {
     assert!(docs.len() >= 40, "{} tools", docs.len());
     let labelled: Vec<&Query> = queries.iter().filter(|q| q.expected.is_some()).collect();
     assert!(labelled.len() >= 80, "{} labelled queries", labelled.len());
-    let paraphrases = labelled.iter().filter(|q| q.kind == "paraphrase").count();
+    // Both kinds of paraphrase share no keyword with their tool.
+    let paraphrases = labelled.iter().filter(|q| q.kind != "keyword").count();
     assert!(
         paraphrases * 2 >= labelled.len(),
         "{paraphrases} paraphrases"
@@ -45,15 +59,29 @@ fn the_set_is_big_enough_and_paraphrases_share_no_word_with_their_tool() {
                 .iter()
                 .find(|(n, _)| n == expected)
                 .unwrap_or_else(|| panic!("{:?}: no tool {expected}", q.query));
-            if q.kind == "paraphrase" {
-                let shared = common::shared_terms(&analyzer, &q.query, doc);
-                assert!(
-                    shared.is_empty(),
-                    "{:?} shares {shared:?} with {expected}",
-                    q.query
-                );
-            } else {
-                assert_eq!(q.kind, "keyword", "{:?}", q.query);
+            match q.kind.as_str() {
+                "paraphrase" => {
+                    let shared = common::shared_terms(&analyzer, &q.query, doc);
+                    assert!(
+                        shared.is_empty(),
+                        "{:?} shares {shared:?} with {expected}",
+                        q.query
+                    );
+                }
+                "no-keyword" => {
+                    let keywords_only = Doc {
+                        description: String::new(),
+                        prompt: String::new(),
+                        ..doc.clone()
+                    };
+                    let shared = common::shared_terms(&analyzer, &q.query, &keywords_only);
+                    assert!(
+                        shared.is_empty(),
+                        "{:?} shares {shared:?} with the name or keywords of {expected}",
+                        q.query
+                    );
+                }
+                kind => assert_eq!(kind, "keyword", "{:?}", q.query),
             }
         } else {
             assert_eq!(q.kind, "none", "{:?}", q.query);
@@ -73,17 +101,21 @@ fn lexical_ranking_meets_its_floor() {
     );
     all.update(common::catalog()).unwrap();
     let rank = |q: &str| names(&unfiltered(&all, q));
-    let everything = measure(of_kind(&queries, "all"), rank);
-    let keyword = measure(of_kind(&queries, "keyword"), rank);
-    let paraphrase = measure(of_kind(&queries, "paraphrase"), rank);
-    report("lexical, all", everything);
-    report("lexical, keyword", keyword);
-    report("lexical, paraphrase", paraphrase);
+    let m: Vec<Measures> = KINDS
+        .iter()
+        .map(|kind| {
+            let m = measure(of_kind(&queries, kind), rank);
+            report(&format!("lexical, {kind}"), m);
+            m
+        })
+        .collect();
+    let (everything, keyword, no_keyword) = (m[0], m[1], m[2]);
     // Paraphrases share no word with their tool by construction: the lexical ranker finds
-    // next to none of them, and its recall on everything is about its recall on keywords / 2.
-    assert!(everything.at3 >= 0.45, "{everything}");
-    assert!(everything.mrr >= 0.45, "{everything}");
+    // next to none of them; requests without the tool's keywords it finds by the words they
+    // share with its description and prompt, less than half of them.
+    assert!(everything.at3 >= 0.43, "{everything}");
     assert!(keyword.at1 >= 0.90, "{keyword}");
+    assert!(no_keyword.at3 >= 0.38, "{no_keyword}");
 
     // The threshold keeps what keyword requests are after and drops requests about nothing.
     let index = Index::new(None);
@@ -98,10 +130,17 @@ fn lexical_ranking_meets_its_floor() {
     assert!(kept.at3 >= keyword.at3 - 0.02, "{kept} vs {keyword}");
 }
 
-#[test]
-fn encoder_and_fusion_meet_their_floors() {
+/// Recall of the encoder alone and of the fused score, per kind of [`KINDS`], and every
+/// request's hits with no threshold.
+struct Ranked {
+    semantic: Vec<Measures>,
+    fused: Vec<Measures>,
+    hits: HashMap<String, Vec<Hit<String>>>,
+}
+
+/// Ranks every request with `encoder` (no threshold) and prints each ranker's measures per kind.
+fn rank_with(encoder: &Arc<Encoder>, label: &str) -> Ranked {
     let queries = common::queries();
-    let encoder = Arc::new(Encoder::load(&common::model_dir()).unwrap());
     let all = Index::with_options(
         Some(encoder.clone()),
         Options {
@@ -115,63 +154,65 @@ fn encoder_and_fusion_meet_their_floors() {
         .iter()
         .map(|q| (q.query.clone(), unfiltered(&all, &q.query)))
         .collect();
-    let unfiltered = |_: &Index<String>, q: &str| cache[q].clone();
     let semantic = |q: &str| {
-        let mut hits = unfiltered(&all, q);
+        let mut hits = cache[q].clone();
         hits.sort_by(|a, b| b.semantic.unwrap().total_cmp(&a.semantic.unwrap()));
         names(&hits)
     };
-    let fused = |q: &str| names(&unfiltered(&all, q));
-    let rrf = |q: &str| common::rrf(&unfiltered(&all, q));
-    let mut results = Vec::new();
-    for kind in ["all", "keyword", "paraphrase"] {
+    let fused = |q: &str| names(&cache[q]);
+    let rrf = |q: &str| common::rrf(&cache[q]);
+    let (mut semantic_measures, mut fused_measures) = (Vec::new(), Vec::new());
+    for kind in KINDS {
         let s = measure(of_kind(&queries, kind), semantic);
         let f = measure(of_kind(&queries, kind), fused);
-        let r = measure(of_kind(&queries, kind), rrf);
-        report(&format!("encoder, {kind}"), s);
-        report(&format!("fused, {kind}"), f);
-        report(&format!("rrf, {kind}"), r);
-        results.push((kind, s, f));
-    }
-    let (_, sem_all, fused_all) = results[0];
-    let (_, _, fused_keyword) = results[1];
-    let (_, sem_para, fused_para) = results[2];
-    // Floors a little under the measures (BENCHMARKS.md). The goal for paraphrases is 0.9
-    // recall@3; this model, centred and corrected for hubness, reaches about 0.79 on requests
-    // that share no word with their tool.
-    assert!(sem_all.at3 >= 0.86, "{sem_all}");
-    assert!(sem_para.at3 >= 0.76, "{sem_para}");
-    assert!(fused_all.at3 >= 0.86, "{fused_all}");
-    assert!(fused_keyword.at1 >= 0.93, "{fused_keyword}");
-    assert!(fused_para.at3 >= 0.76, "{fused_para}");
-
-    // What each threshold would keep: recall@3 of the labelled requests, and how many requests
-    // about nothing would still find something. The threshold applies to the plain score (see
-    // the crate documentation), which hits do not carry: one index per threshold.
-    for t in [0.16f32, 0.18, 0.20, 0.22] {
-        let index = Index::with_options(
-            Some(encoder.clone()),
-            Options {
-                min_fused: t,
-                ..Options::default()
-            },
+        report(&format!("{label} encoder, {kind}"), s);
+        report(&format!("{label} fused, {kind}"), f);
+        report(
+            &format!("{label} rrf, {kind}"),
+            measure(of_kind(&queries, kind), rrf),
         );
-        index.update(common::catalog()).unwrap();
-        let kept = |q: &str| names(&index.search(q, 3, |_| true).unwrap());
-        let para = measure(of_kind(&queries, "paraphrase"), kept);
+        semantic_measures.push(s);
+        fused_measures.push(f);
+    }
+    Ranked {
+        semantic: semantic_measures,
+        fused: fused_measures,
+        hits: cache,
+    }
+}
+
+/// What each threshold would keep: recall@3 of the labelled requests, and how many requests
+/// about nothing would still find something, from hits ranked with no threshold.
+fn print_thresholds(ranked: &Ranked, label: &str) {
+    let queries = common::queries();
+    for t in [0.16f32, 0.18, 0.20, 0.22] {
+        let kept = |q: &str| -> Vec<String> {
+            let kept: Vec<Hit<String>> = ranked.hits[q]
+                .iter()
+                .filter(|h| h.relevance >= t)
+                .take(3)
+                .cloned()
+                .collect();
+            names(&kept)
+        };
+        let para = measure(of_kind(&queries, "any paraphrase"), kept);
         let everything = measure(of_kind(&queries, "all"), kept);
         let noise = of_kind(&queries, "none")
             .filter(|q| !kept(&q.query).is_empty())
             .count();
         println!(
-            "threshold {t:.2}: R@3 all {:.3}, paraphrase {:.3}; {noise} unrelated requests match",
+            "{label} threshold {t:.2}: R@3 all {:.3}, any paraphrase {:.3}; \
+             {noise} unrelated requests match",
             everything.at3, para.at3
         );
     }
+}
 
-    // With the threshold (0.18, chosen from the table above: 0.22 would drop every unrelated
-    // request but a quarter of the paraphrases with them): requests about nothing find at most
-    // a weak hit, the others keep their tool.
+/// With the default threshold: requests about nothing find at most `max_noise` weak hits, the
+/// others keep their tool; an edit re-embeds one tool; odd requests go through the model.
+/// Returns recall with the threshold on every request.
+fn check_threshold_and_updates(encoder: Arc<Encoder>, label: &str, max_noise: usize) -> Measures {
+    let queries = common::queries();
     let index = Index::new(Some(encoder));
     let first = index.update(common::catalog()).unwrap();
     assert_eq!(first.reused, 0);
@@ -187,15 +228,18 @@ fn encoder_and_fusion_meet_their_floors() {
         noise += usize::from(!hits.is_empty());
         assert!(
             hits.iter().all(|h| h.score < 0.2),
-            "{:?} matched {hits:?}",
+            "{label}: {:?} matched {hits:?}",
             q.query
         );
     }
-    assert!(noise <= 2, "{noise} unrelated requests match");
+    assert!(
+        noise <= max_noise,
+        "{label}: {noise} unrelated requests match"
+    );
     let kept = measure(of_kind(&queries, "all"), |q| {
         names(&index.search(q, 3, |_| true).unwrap())
     });
-    report("fused with threshold, all", kept);
+    report(&format!("{label} fused with threshold, all"), kept);
     // Odd requests through the tokenizer and the model: no panic, no error.
     let long = "a".repeat(toolsrv_find::MAX_QUERY_BYTES);
     for q in [
@@ -206,7 +250,56 @@ fn encoder_and_fusion_meet_their_floors() {
         &long,
     ] {
         let hits = index.search(q, 5, |_| true).unwrap();
-        assert!(hits.iter().all(|h| (0.0..=1.0).contains(&h.score)), "{q:?}");
+        assert!(
+            hits.iter().all(|h| (0.0..=1.0).contains(&h.score)),
+            "{label}: {q:?}"
+        );
     }
-    assert!(kept.at3 >= 0.84, "{kept} vs {fused_all}");
+    kept
+}
+
+/// Holds a ranking to floors a little under what it measures (BENCHMARKS.md "find"): recall@3
+/// per kind of [`KINDS`] for the encoder alone and for the fused score (0: not held), and
+/// recall@1 of the fused score on keyword requests.
+fn hold(r: &Ranked, semantic_at3: [f64; 5], fused_at3: [f64; 5], keyword_at1: f64) {
+    for (i, kind) in KINDS.iter().enumerate() {
+        let (s, f) = (r.semantic[i], r.fused[i]);
+        assert!(s.at3 >= semantic_at3[i], "encoder, {kind}: {s}");
+        assert!(f.at3 >= fused_at3[i], "fused, {kind}: {f}");
+    }
+    assert!(
+        r.fused[1].at1 >= keyword_at1,
+        "fused, keyword: {}",
+        r.fused[1]
+    );
+}
+
+#[test]
+fn encoder_and_fusion_meet_their_floors() {
+    let encoder = Arc::new(Encoder::load(&common::model_dir()).unwrap());
+    let r = rank_with(&encoder, "MiniLM");
+    // The goal for paraphrases is 0.9 recall@3; this model, centred and corrected for hubness,
+    // reaches about 0.84 on requests without their tool's keywords and 0.79 on those sharing no
+    // word with it at all. Order: all, keyword, no-keyword, paraphrase, any paraphrase.
+    hold(
+        &r,
+        [0.85, 0.0, 0.0, 0.76, 0.0],
+        [0.85, 0.0, 0.80, 0.76, 0.78],
+        0.93,
+    );
+    print_thresholds(&r, "MiniLM");
+    // The default threshold (0.18, from the table: 0.22 would drop every unrelated request but
+    // a quarter of the paraphrases with them).
+    let kept = check_threshold_and_updates(encoder, "MiniLM", 2);
+    assert!(kept.at3 >= 0.82, "{kept} vs {}", r.fused[0]);
+}
+
+#[test]
+fn the_larger_encoder_meets_its_floors() {
+    let encoder = Arc::new(Encoder::load(&toolsrv_testkit::mpnet_model_dir()).unwrap());
+    let r = rank_with(&encoder, "MPNet");
+    hold(&r, [0.0; 5], [0.88, 0.0, 0.90, 0.80, 0.85], 0.93);
+    print_thresholds(&r, "MPNet");
+    let kept = check_threshold_and_updates(encoder, "MPNet", 2);
+    assert!(kept.at3 >= 0.82, "{kept} vs {}", r.fused[0]);
 }

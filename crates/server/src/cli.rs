@@ -183,8 +183,9 @@ pub struct CoordinatorArgs {
     /// Sessions one client may have open at once
     #[arg(long, env = "TOOLSRV_MAX_SESSIONS_PER_CLIENT", default_value_t = 64)]
     pub max_sessions_per_client: usize,
-    /// A sentence encoder (all-MiniLM-L6-v2) for `toolctl find` and MCP `tool_search` to rank
-    /// by meaning as well as by words; `scripts/fetch-find-model` lays one out
+    /// A sentence encoder (all-MiniLM-L6-v2, or all-mpnet-base-v2: better, slower) for
+    /// `toolctl find` and MCP `tool_search` to rank by meaning as well as by words;
+    /// `scripts/fetch-find-model [--model NAME]` lays one out
     #[arg(long, env = "TOOLSRV_FIND_MODEL", value_name = "DIR")]
     pub find_model: Option<PathBuf>,
     /// A client-name glob allowed to administer this coordinator (join tokens, revocation);

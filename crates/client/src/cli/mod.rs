@@ -346,7 +346,8 @@ enum LocalCommand {
         #[arg(long)]
         json: bool,
         /// Directory of the sentence encoder, which also matches requests worded unlike the
-        /// tools' texts (`scripts/fetch-find-model DIR` lays it out); without it, words only
+        /// tools' texts (`scripts/fetch-find-model [--model NAME] DIR` lays it out); without
+        /// it, words only
         #[arg(long, env = "TOOLSRV_FIND_MODEL", value_name = "DIR")]
         model: Option<PathBuf>,
     },
