@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, find_model_dir, text, wait_for};
+use toolsrv_tests::{AgentSpec, Fleet, find_model_dir, mpnet_model_dir, text, wait_for};
 
 fn fleet() -> Fleet {
     fleet_with(&[])
@@ -157,8 +157,13 @@ fn bad_requests_are_refused_before_ranking() {
 /// With `--find-model` the coordinator ranks by meaning too: a request sharing no word with the
 /// tool finds it, with a semantic score.
 #[test]
-fn with_the_encoder_a_request_in_other_words_finds_its_tool() {
-    let model = find_model_dir();
+fn with_either_encoder_a_request_in_other_words_finds_its_tool() {
+    for model in [find_model_dir(), mpnet_model_dir()] {
+        other_words_find_their_tool(&model);
+    }
+}
+
+fn other_words_find_their_tool(model: &std::path::Path) {
     let fleet = fleet_with(&["--find-model", model.to_str().unwrap()]);
     let found = find(&fleet, &["all", "is the storage nearly exhausted"]);
     assert_eq!(found[0]["name"], "disk_usage", "{found:?}");
