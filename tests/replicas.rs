@@ -76,12 +76,6 @@ impl Replicated {
             format!("--etcd={}", self.etcd.endpoints().join(",")),
             format!("--replica-id=r{i}"),
             format!("--advertise-url=https://127.0.0.1:{}", self.ports[i]),
-            // Short, so that a dead replica's hosts are freed soon; a test may give its own.
-            if extra.iter().any(|a| a.starts_with("--etcd-lease")) {
-                String::new()
-            } else {
-                "--etcd-lease=2s".into()
-            },
             "--rescan-secs=1".into(),
             "--admin=alice".into(),
             format!(
@@ -93,8 +87,11 @@ impl Replicated {
                     .display()
             ),
         ];
+        // A short lease, so that a dead replica's hosts are freed soon; a test may give its own.
+        if !extra.iter().any(|a| a.starts_with("--etcd-lease")) {
+            launch.args.push("--etcd-lease=2s".into());
+        }
         launch.args.extend(extra.iter().cloned());
-        launch.args.retain(|a| !a.is_empty());
         launch
             .start(
                 &bin("toolsrv"),

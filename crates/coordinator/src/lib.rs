@@ -102,7 +102,8 @@ pub struct CoordinatorConfig {
     /// How long idle sessions live and how many a client may hold.
     pub sessions: SessionLimits,
     /// A sentence encoder's directory (all-MiniLM-L6-v2 or all-mpnet-base-v2:
-    /// `model.safetensors`, `tokenizer.json`, `config.json`) for FindTools to rank by meaning as well as by words; `None`: words only.
+    /// `model.safetensors`, `tokenizer.json`, `config.json`) for FindTools to rank by meaning as
+    /// well as by words; `None`: words only.
     pub find_model: Option<PathBuf>,
     /// Client-name globs allowed to administer the coordinator (join tokens, revocation).
     pub admins: Vec<String>,

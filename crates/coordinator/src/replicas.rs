@@ -327,12 +327,16 @@ impl Replicas {
     /// The hosts other replicas hold that `selector` picks, for a session of `client`: each
     /// with its view as its replica has it, fetched from that replica ([`VIEW_FETCHES`] at a
     /// time, all within [`PEER_WAIT`]) the first time and after each change its replica's
-    /// watch reports, and kept meanwhile. A host whose view cannot be fetched shows as syncing, without tools.
+    /// watch reports, and kept meanwhile. A host whose view cannot be fetched shows as syncing,
+    /// without tools.
     pub async fn remote_entries(
         &self,
         selector: &crate::selector::Selector,
         client: &str,
     ) -> Vec<HostEntry> {
+        // Selected from the routing table before the mirror is locked: a whole fleet's records
+        // are read and matched, which other sessions' requests need not wait for.
+        let selected = self.select_remote(selector);
         let (mut entries, mut fetch, epoch) = {
             let mut mirror = self.lock_mirror();
             // Hosts no other replica holds any more are forgotten.
@@ -340,7 +344,7 @@ impl Replicas {
             mirror.views.retain(|id, _| elsewhere(id));
             mirror.invalidated.retain(|id, _| elsewhere(id));
             let (mut entries, mut fetch) = (Vec::new(), Vec::new());
-            for (id, record) in self.select_remote(selector) {
+            for (id, record) in selected {
                 match mirror.views.get(&id) {
                     Some(m) if m.link_id == record.link_id => {
                         entries.push(remote_entry(&id, &record, Some(m.view.clone())));
