@@ -175,3 +175,49 @@ fn paraphrase_finds_its_tool(model: &Path) {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v[0]["semantic"].is_number(), "{v}");
 }
+
+/// `scripts/fetch-find-model` run with bad arguments: refused with exit 2 and a reason, before
+/// anything is fetched or written. A model name is never a path.
+#[test]
+fn the_model_script_refuses_bad_arguments() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/fetch-find-model");
+    let home = tempfile::tempdir().unwrap();
+    for (args, says) in [
+        (vec!["--model"], "--model needs a name"),
+        (vec!["--model", "nope"], "unknown model nope"),
+        (vec!["--model", "../../etc"], "unknown model ../../etc"),
+        (vec!["--model", "all-MiniLM-L6-v2\n"], "unknown model"),
+        (vec!["one", "two"], "usage:"),
+    ] {
+        let out = run(Command::new("bash")
+            .arg(&script)
+            .args(&args)
+            .env("HOME", home.path()));
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains(says),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    assert_eq!(
+        std::fs::read_dir(home.path()).unwrap().count(),
+        0,
+        "nothing written"
+    );
+    // A directory that already holds the model (here through a symlink) is left as it is.
+    let link = home.path().join("linked");
+    std::os::unix::fs::symlink(toolsrv_testkit::find_model_dir(), &link).unwrap();
+    let out = run(Command::new("bash").arg(&script).arg(&link));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("already has"),
+        "{}",
+        text(&out.stdout)
+    );
+}
