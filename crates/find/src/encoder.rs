@@ -1,16 +1,18 @@
 //! The sentence encoder: all-MiniLM-L6-v2 (a 6-layer BERT) or another sentence-transformers model
 //! of the BERT or MPNet architecture (all-mpnet-base-v2) from a local directory, run on the CPU
-//! with candle; a text becomes the mean of its token vectors, scaled to unit length.
+//! with candle (dense layers on 8-bit weights); a text becomes the mean of its token vectors,
+//! scaled to unit length.
 
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{self, BertModel, DTYPE};
 use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
 
 use crate::FindError;
+use crate::bert::{self, BertModel};
 use crate::mpnet::{self, MpNetModel};
+use crate::transformer::Sizes;
 
 /// The files [`Encoder::load`] reads from its directory.
 pub const MODEL_FILES: [&str; 3] = ["model.safetensors", "tokenizer.json", "config.json"];
@@ -43,16 +45,45 @@ impl Architecture {
             model_type: Option<String>,
         }
         let kind: Kind = serde_json::from_str(config).map_err(|e| e.to_string())?;
-        match kind.model_type.as_deref() {
-            Some("bert") | None => serde_json::from_str(config).map(Architecture::Bert),
-            Some("mpnet") => serde_json::from_str(config).map(Architecture::MpNet),
-            Some(other) => {
-                return Err(format!(
-                    "model_type {other:?} is not one this encoder runs (bert, mpnet)"
-                ));
-            }
+        // The error names the field: "hidden_size: invalid value...".
+        fn parse<'a, T: serde::Deserialize<'a>>(config: &'a str) -> Result<T, String> {
+            serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_str(config))
+                .map_err(|e| e.to_string())
         }
-        .map_err(|e| e.to_string())
+        let known = matches!(kind.model_type.as_deref(), Some("bert" | "mpnet") | None);
+        if !known {
+            return Err(format!(
+                "model_type {:?} is not one this encoder runs (bert, mpnet)",
+                kind.model_type.unwrap_or_default()
+            ));
+        }
+        // The sizes first, alone: flattened into a configuration, their errors lose the name.
+        let sizes: Sizes = parse(config)?;
+        let (hidden, heads) = (sizes.hidden_size, sizes.num_attention_heads);
+        let architecture = if kind.model_type.as_deref() == Some("mpnet") {
+            Architecture::MpNet(parse(config)?)
+        } else {
+            Architecture::Bert(parse(config)?)
+        };
+        if heads == 0 || hidden % heads != 0 {
+            return Err(format!(
+                "hidden_size {hidden} is not a multiple of num_attention_heads {heads}"
+            ));
+        }
+        Ok(architecture)
+    }
+
+    /// The most tokens the model's position embeddings cover, capped at [`MAX_TOKENS`].
+    fn max_tokens(&self) -> usize {
+        let positions = match self {
+            Architecture::Bert(c) => c.sizes.max_position_embeddings,
+            // Positions start after the pad id.
+            Architecture::MpNet(c) => c
+                .sizes
+                .max_position_embeddings
+                .saturating_sub(c.pad_token_id as usize + 1),
+        };
+        positions.min(MAX_TOKENS)
     }
 }
 
@@ -106,9 +137,15 @@ impl Encoder {
             .map_err(|e| bad("tokenizer.json")(&e))?;
         // The file pads every input to 128 tokens and cuts at 128: pad a batch only to its
         // longest text instead, and cut where the model was trained to.
+        let max_length = architecture.max_tokens();
+        if max_length < 2 {
+            return Err(bad("config.json")(
+                &"max_position_embeddings leaves no room for a token",
+            ));
+        }
         tokenizer
             .with_truncation(Some(TruncationParams {
-                max_length: MAX_TOKENS,
+                max_length,
                 ..Default::default()
             }))
             .map_err(|e| bad("tokenizer.json")(&e))?;
@@ -121,20 +158,20 @@ impl Encoder {
         let device = Device::Cpu;
         let weights = std::fs::read(dir.join("model.safetensors"))
             .map_err(|e| bad("model.safetensors")(&e))?;
-        let vb = VarBuilder::from_buffered_safetensors(weights, DTYPE, &device)
+        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
             .map_err(|e| bad("model.safetensors")(&e))?;
         let (model, dims) = match architecture {
             Architecture::Bert(config) => (
                 Model::Bert(
                     BertModel::load(vb, &config).map_err(|e| bad("model.safetensors")(&e))?,
                 ),
-                config.hidden_size,
+                config.sizes.hidden_size,
             ),
             Architecture::MpNet(config) => (
                 Model::MpNet(
                     MpNetModel::load(vb, &config).map_err(|e| bad("model.safetensors")(&e))?,
                 ),
-                config.hidden_size,
+                config.sizes.hidden_size,
             ),
         };
         let encoder = Encoder {
@@ -192,7 +229,7 @@ impl Encoder {
         let ids = Tensor::stack(&ids, 0)?;
         let mask = Tensor::stack(&masks, 0)?;
         let hidden = match &self.model {
-            Model::Bert(model) => model.forward(&ids, &ids.zeros_like()?, Some(&mask))?,
+            Model::Bert(model) => model.forward(&ids, &mask)?,
             Model::MpNet(model) => model.forward(&ids, &mask)?,
         };
         // Mean over the real tokens only: padding must not pull short texts towards each other.

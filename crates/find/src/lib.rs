@@ -28,21 +28,24 @@
 //!   texts of a domain share says nothing about which tool is meant), and a quarter of the
 //!   tool's *hub score* is subtracted — the mean of its 50 best scores against the other tools'
 //!   keyword phrases taken as requests, which is high for a tool whose texts are generic
-//!   enough to come near any request. On the evaluation set these corrections move the right
-//!   tool into the top 3 for 0.79 of the paraphrased requests against 56 tools (0.76 without)
-//!   and 0.63 against 1,000 (0.43 without).
+//!   enough to come near any request. On the evaluation set, when they were introduced, these
+//!   corrections moved the right tool into the top 3 for 0.79 of the strict paraphrases against
+//!   56 tools (0.76 without) and 0.63 against 1,000 (0.43 without); BENCHMARKS.md "find" has
+//!   the current figures for each encoder.
 //!
 //! Whether a hit is returned at all is decided on its *plain* score, the same weighting of the
 //! uncorrected similarity: the corrections say which tool is closer, not whether any is close.
 //! Hits under the threshold are not returned: a score of 0.1 without an encoder (a tool must
 //! share a distinctive word with the request), a plain score of 0.18 with one ([`Options`]).
-//! That threshold trades: on the evaluation set it keeps the right tool in the top 3 for 0.73
-//! of the paraphrased requests (0.79 with no threshold) and lets a weak hit through for 2 of 6
-//! requests about nothing; 0.22 drops all of those but keeps only 0.60 of the paraphrases. The
+//! That threshold trades: on the evaluation set (all-MiniLM-L6-v2) it keeps the right tool in
+//! the top 3 for 0.76 of the requests that share no keyword with it (0.80 with no threshold) and
+//! lets a weak hit through for 2 of 6 requests about nothing; 0.22 drops all of those but keeps
+//! only 0.68 of the paraphrases. The
 //! encoder's similarities do not separate a request about nothing from a loose paraphrase.
 //! A request that matches nothing gives an empty result, as does one with no letters or
 //! digits. Both components are also reported on each [`Hit`].
 
+mod bert;
 mod encoder;
 mod error;
 mod index;
@@ -50,6 +53,7 @@ pub mod lexical;
 mod mpnet;
 mod semantic;
 mod text;
+mod transformer;
 
 pub use encoder::{Encoder, MODEL_FILES};
 pub use error::FindError;

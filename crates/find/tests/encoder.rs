@@ -1,0 +1,134 @@
+//! The encoders against a reference, and the model directories they refuse.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{Device, safetensors};
+use toolsrv_find::{Encoder, FindError};
+
+const REQUEST: &str = "how hot is this machine running";
+
+/// Each encoder's first 8 dimensions for [`REQUEST`], computed in f32 by a separate NumPy
+/// transcription of the reference forward pass (mean pooling, unit length). The 8-bit dense
+/// layers move a dimension by at most about 0.005.
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+#[test]
+fn both_encoders_agree_with_the_reference() {
+    let cases = [
+        (
+            toolsrv_testkit::find_model_dir(),
+            [
+                0.02885, -0.00726, -0.04669, 0.05916, -0.00987, -0.05378, -0.05122, -0.05944,
+            ],
+        ),
+        (
+            toolsrv_testkit::mpnet_model_dir(),
+            [
+                -0.05388, -0.08721, 0.01525, 0.04164, -0.03316, -0.00166, -0.03944, 0.03081,
+            ],
+        ),
+    ];
+    for (dir, reference) in cases {
+        let encoder = Encoder::load(&dir).unwrap();
+        let ours = &encoder.embed(&[REQUEST]).unwrap()[0];
+        for (i, (a, b)) in ours.iter().zip(reference).enumerate() {
+            assert!(
+                (a - b).abs() < 0.01,
+                "{}: dimension {i} is {a}, the reference {b}",
+                dir.display()
+            );
+        }
+        // Padded next to a longer text, a request comes out the same as alone.
+        let batch = encoder
+            .embed(&[
+                REQUEST,
+                "restart the web frontend and tell me whether it came back up in time",
+            ])
+            .unwrap();
+        assert!(cosine(ours, &batch[0]) > 0.9999, "{}", dir.display());
+    }
+}
+
+/// A copy of the small model's directory, with `config.json` as given.
+fn model_with_config(config: &str) -> tempfile::TempDir {
+    let real = toolsrv_testkit::find_model_dir();
+    let dir = tempfile::tempdir().unwrap();
+    for file in ["model.safetensors", "tokenizer.json"] {
+        std::fs::copy(real.join(file), dir.path().join(file)).unwrap();
+    }
+    std::fs::write(dir.path().join("config.json"), config).unwrap();
+    dir
+}
+
+fn refusal(dir: &Path) -> String {
+    match Encoder::load(dir) {
+        Ok(_) => panic!("{} loaded", dir.display()),
+        Err(e @ FindError::ModelFile { .. }) => e.to_string(),
+        Err(e) => panic!("{}: {e:?}", dir.display()),
+    }
+}
+
+#[test]
+fn configurations_the_encoder_cannot_run_are_refused_naming_what() {
+    let real =
+        std::fs::read_to_string(toolsrv_testkit::find_model_dir().join("config.json")).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&real).unwrap();
+    let cases = [
+        (
+            "position_embedding_type",
+            serde_json::json!("relative_key"),
+            "relative_key",
+        ),
+        ("hidden_act", serde_json::json!("swish"), "swish"),
+        (
+            "num_attention_heads",
+            serde_json::json!(5),
+            "num_attention_heads 5",
+        ),
+        (
+            "num_attention_heads",
+            serde_json::json!(0),
+            "num_attention_heads 0",
+        ),
+        (
+            "max_position_embeddings",
+            serde_json::json!(1),
+            "max_position_embeddings",
+        ),
+        ("hidden_size", serde_json::json!(-3), "hidden_size"),
+    ];
+    for (field, value, says) in cases {
+        let saved = config[field].clone();
+        config[field] = value;
+        let dir = model_with_config(&config.to_string());
+        let err = refusal(dir.path());
+        assert!(
+            err.contains(&dir.path().display().to_string()) && err.contains(says),
+            "{field}: {err}"
+        );
+        config[field] = saved;
+    }
+}
+
+/// Some BERT checkpoints name their weights `bert.embeddings...`: they load and encode the same.
+#[test]
+fn bert_weights_load_with_or_without_their_prefix() {
+    let real = toolsrv_testkit::find_model_dir();
+    let tensors = safetensors::load(real.join("model.safetensors"), &Device::Cpu).unwrap();
+    let prefixed: HashMap<String, _> = tensors
+        .into_iter()
+        .map(|(name, t)| (format!("bert.{name}"), t))
+        .collect();
+    let dir = model_with_config(&std::fs::read_to_string(real.join("config.json")).unwrap());
+    safetensors::save(&prefixed, dir.path().join("model.safetensors")).unwrap();
+    let plain = Encoder::load(&real).unwrap().embed(&[REQUEST]).unwrap();
+    let renamed = Encoder::load(dir.path())
+        .unwrap()
+        .embed(&[REQUEST])
+        .unwrap();
+    assert_eq!(plain, renamed);
+}
