@@ -16,6 +16,9 @@ use toolsrv_tls::Identity;
 /// A tool that prints `started`, then runs for a minute unless ended.
 const SLOW: &str = r#"{"description": "Run a while", "cmd": "echo started; sleep 60"}"#;
 
+/// [`SLOW`] for one test only, so that its process can be told from the others' (`sleep 61`).
+const SLOWER: &str = r#"{"description": "Run a while longer", "cmd": "echo started; sleep 61"}"#;
+
 fn spawn(mut cmd: Command) -> Child {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -42,6 +45,7 @@ fn ended_within(child: Child, limit: Duration, what: &str) -> std::process::Outp
 fn admin_fleet(agents: &[&str], extra: &[&str]) -> Fleet {
     let mut fleet = Fleet::new(agents);
     fleet.tool("slow.meta", SLOW, false);
+    fleet.tool("slower.meta", SLOWER, false);
     fleet.tool(
         "hello.meta",
         r#"{"description": "Say hello", "cmd": "echo hello"}"#,
@@ -524,4 +528,77 @@ fn certificates_near_expiry_are_warned_about_once_and_counted() {
         "the own certificate:\n{log}"
     );
     assert_eq!(warnings("ca.pem"), 1, "the CA:\n{log}");
+}
+
+/// An mTLS handshake checks a certificate's dates once; the connection could otherwise carry
+/// requests and streams for as long as the client keeps it open.
+#[test]
+fn a_client_certificate_that_expires_ends_its_streams_and_is_refused_on_its_connection() {
+    let fleet = admin_fleet(&["a"], &[]);
+    let lifetime = Duration::from_secs(6);
+    let issued = Instant::now();
+    fleet.pki.issue_client_expiring("carol", lifetime);
+
+    // Opened while the certificate is valid: a watch, a running call, and a connection of the
+    // client library that makes a request now and another after the expiry.
+    let watch = spawn(fleet.toolctl_command("client-carol", &["watch", "--json"]));
+    let call = spawn(fleet.toolctl_command("client-carol", &["call", "a", "slower"]));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let refusal = rt.block_on(async {
+        toolsrv_tls::install_crypto_provider();
+        let client = toolsrv_client::Client::connect(&toolsrv_client::ConnectOptions {
+            addr: fleet.url(),
+            tls: toolsrv_testkit::stem_files(fleet.pki.root(), "client-carol"),
+        })
+        .await
+        .unwrap();
+        assert_eq!(client.hosts().await.unwrap().len(), 1);
+        tokio::time::sleep((lifetime + Duration::from_secs(1)).saturating_sub(issued.elapsed()))
+            .await;
+        client.hosts().await.unwrap_err().to_string()
+    });
+    assert!(
+        refusal.contains("certificate of this connection expired"),
+        "{refusal}"
+    );
+
+    let limit = lifetime + Duration::from_secs(5);
+    let out = ended_within(call, limit.saturating_sub(issued.elapsed()), "carol's call");
+    assert!(!out.status.success(), "the call went on: {out:?}");
+    assert!(text(&out.stdout).contains("started"), "{out:?}");
+    assert!(
+        text(&out.stderr).contains("expired"),
+        "the call says why: {}",
+        text(&out.stderr)
+    );
+    let out = ended_within(watch, Duration::from_secs(5), "carol's watch");
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        text(&out.stderr).contains("expired"),
+        "{}",
+        text(&out.stderr)
+    );
+    // The call's process on host a was ended with it: nothing of carol's runs any more.
+    wait_for(
+        "carol's call to end on host a",
+        Duration::from_secs(10),
+        || {
+            let out = Command::new("pgrep")
+                .args(["-f", "sleep 61"])
+                .output()
+                .unwrap();
+            out.stdout.is_empty().then_some(())
+        },
+    );
+    assert!(
+        coordinator_log(&fleet).contains("certificate expired"),
+        "{}",
+        coordinator_log(&fleet)
+    );
+    // Other clients are untouched.
+    let out = fleet.toolctl(&["call", "a", "hello"]);
+    assert_eq!(text(&out.stdout), "hello\n");
 }

@@ -3,6 +3,7 @@
 //! proven name from the request ([`Caller`]), never from a certificate or a message itself.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -163,6 +164,15 @@ impl<S> RequireRole<S> {
         }
         match peer {
             Some(p) if self.role.is_none_or(|role| p.identity.role() == role) => {
+                // The handshake checked the certificate's dates, but an HTTP/2 connection
+                // carries new requests for as long as the client keeps it open. (An agent's
+                // link ends at expiry on its own, once its calls are done: see `agent_link`.)
+                if p.identity.role() == Role::Client
+                    && let Some(reason) = expired(p.not_after, unix_now())
+                {
+                    tracing::info!(identity = %p.identity, remote = ?p.remote, "refused a request on a connection whose certificate expired");
+                    return Err(Status::unauthenticated(reason));
+                }
                 if let Some(revocations) = &self.revocations {
                     revocations.check(&p.identity).inspect_err(|_| {
                         tracing::info!(identity = %p.identity, remote = ?p.remote, "refused a request of a revoked identity");
@@ -212,11 +222,120 @@ where
             .map(str::to_string);
         match self.prove(toolsrv_tls::peer(req.extensions()), on_behalf.as_deref()) {
             Ok(caller) => {
+                let not_after = caller.not_after.filter(|_| caller.role == Role::Client);
                 req.extensions_mut().insert(caller);
                 let fut = self.inner.call(req);
-                Box::pin(fut)
+                match not_after {
+                    // A stream (a watch, a call's output) ends when the certificate does.
+                    Some(not_after) => Box::pin(async move {
+                        let response = fut.await?;
+                        Ok(response.map(|body| Body::new(UntilExpiry::new(body, not_after))))
+                    }),
+                    None => Box::pin(fut),
+                }
             }
             Err(status) => Box::pin(async move { Ok(status.into_http()) }),
         }
+    }
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// Why a request on a connection whose certificate is valid until `not_after` (Unix seconds)
+/// is refused at `now`, if it is.
+fn expired(not_after: Option<i64>, now: i64) -> Option<String> {
+    let not_after = not_after?;
+    (now >= not_after).then(|| {
+        format!(
+            "the client certificate of this connection expired at {} UTC ({} s ago): connect again \
+             with a valid one",
+            toolsrv_tls::enroll::utc(not_after),
+            now - not_after
+        )
+    })
+}
+
+/// A client's response body that ends, with UNAUTHENTICATED in its trailers, when the
+/// certificate of the client's connection expires: a watch or a call's output opened before
+/// then does not outlive the certificate. Dropping the inner body ends the stream on the
+/// coordinator's side as a client that went away would (a call's process is cancelled).
+struct UntilExpiry {
+    inner: Body,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    not_after: i64,
+    ended: bool,
+}
+
+impl UntilExpiry {
+    fn new(inner: Body, not_after: i64) -> Self {
+        let left = u64::try_from(not_after.saturating_sub(unix_now())).unwrap_or(0);
+        Self {
+            inner,
+            deadline: Box::pin(tokio::time::sleep(std::time::Duration::from_secs(left))),
+            not_after,
+            ended: false,
+        }
+    }
+}
+
+impl http_body::Body for UntilExpiry {
+    type Data = bytes::Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Status>>> {
+        let this = &mut *self;
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            this.ended = true;
+            // The inner body (the handler's stream) is dropped with this one.
+            this.inner = Body::empty();
+            let reason =
+                expired(Some(this.not_after), unix_now().max(this.not_after)).unwrap_or_default();
+            let mut trailers = http::HeaderMap::new();
+            return Poll::Ready(Some(
+                Status::unauthenticated(reason)
+                    .add_header(&mut trailers)
+                    .map(|()| http_body::Frame::trailers(trailers)),
+            ));
+        }
+        let frame = std::pin::Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(None) = frame {
+            this.ended = true;
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expired;
+
+    #[test]
+    fn a_certificate_counts_as_expired_from_its_not_after_on() {
+        assert_eq!(expired(None, 1_000), None);
+        assert_eq!(expired(Some(1_001), 1_000), None);
+        let reason = expired(Some(1_000), 1_003).unwrap();
+        assert!(
+            reason.contains("1970-01-01 00:16:40 UTC (3 s ago)"),
+            "{reason}"
+        );
+        assert!(expired(Some(1_000), 1_000).is_some());
     }
 }

@@ -25,6 +25,18 @@ pub fn sign_with_ca(
     sans: Vec<rcgen::SanType>,
     ekus: Vec<rcgen::ExtendedKeyUsagePurpose>,
 ) -> Result<TlsFiles> {
+    sign_with_ca_until(dir, stem, sans, ekus, None)
+}
+
+/// [`sign_with_ca`] with the certificate valid from now until `not_after` (rcgen's default
+/// validity when `None`).
+pub fn sign_with_ca_until(
+    dir: &Path,
+    stem: &str,
+    sans: Vec<rcgen::SanType>,
+    ekus: Vec<rcgen::ExtendedKeyUsagePurpose>,
+    not_after: Option<std::time::SystemTime>,
+) -> Result<TlsFiles> {
     let failed = |reason: String| TestkitError::Certificate {
         stem: stem.to_string(),
         reason,
@@ -43,6 +55,11 @@ pub fn sign_with_ca(
     let mut params = rcgen::CertificateParams::default();
     params.subject_alt_names = sans;
     params.extended_key_usages = ekus;
+    if let Some(not_after) = not_after {
+        let now = std::time::SystemTime::now();
+        params.not_before = now.into();
+        params.not_after = not_after.into();
+    }
     let cert = params
         .signed_by(&key, &issuer)
         .map_err(|e| failed(e.to_string()))?;
@@ -145,6 +162,28 @@ impl Pki {
     #[track_caller]
     pub fn issue_raw(&self, stem: &str, uri: &str) {
         must(self.try_issue_raw(stem, uri));
+    }
+
+    /// Writes `client-<name>.pem` and its key: a client certificate from this PKI's CA that
+    /// expires `lifetime` from now.
+    #[track_caller]
+    pub fn issue_client_expiring(&self, name: &str, lifetime: std::time::Duration) {
+        let uri = format!("toolsrv://client/{name}");
+        let san = must(
+            uri.as_str()
+                .try_into()
+                .map_err(|e| TestkitError::Certificate {
+                    stem: name.to_string(),
+                    reason: format!("{uri} is not a URI SAN: {e}"),
+                }),
+        );
+        must(sign_with_ca_until(
+            self.root(),
+            &format!("client-{name}"),
+            vec![rcgen::SanType::URI(san)],
+            vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth],
+            Some(std::time::SystemTime::now() + lifetime),
+        ));
     }
 }
 
