@@ -85,6 +85,13 @@ impl Architecture {
         };
         positions.min(MAX_TOKENS)
     }
+
+    fn sizes(&self) -> &Sizes {
+        match self {
+            Architecture::Bert(c) => &c.sizes,
+            Architecture::MpNet(c) => &c.sizes,
+        }
+    }
 }
 
 /// A loaded sentence encoder. Cheap to share (`Arc`); encoding takes `&self`.
@@ -135,6 +142,17 @@ impl Encoder {
         let architecture = Architecture::of(&config_text).map_err(|e| bad("config.json")(&e))?;
         let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
             .map_err(|e| bad("tokenizer.json")(&e))?;
+        // A tokenizer of another model gives ids the embeddings do not have: refused here,
+        // naming both files, rather than on the first request that uses such a word.
+        let vocab = architecture.sizes().vocab_size;
+        if let Some(id) = tokenizer.get_vocab(true).into_values().max()
+            && id as usize >= vocab
+        {
+            return Err(bad("tokenizer.json")(&format!(
+                "it has token id {id}, and config.json's vocab_size is {vocab}: the tokenizer is \
+                 not this model's"
+            )));
+        }
         // The file pads every input to 128 tokens and cuts at 128: pad a batch only to its
         // longest text instead, and cut where the model was trained to.
         let max_length = architecture.max_tokens();

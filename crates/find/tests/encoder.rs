@@ -114,6 +114,23 @@ fn configurations_the_encoder_cannot_run_are_refused_naming_what() {
     }
 }
 
+/// A tokenizer of another model, with ids past the model's vocabulary: refused when loaded.
+#[test]
+fn a_tokenizer_of_another_model_is_refused_when_loaded() {
+    let real = toolsrv_testkit::find_model_dir();
+    let dir = model_with_config(&std::fs::read_to_string(real.join("config.json")).unwrap());
+    let mut tokenizer: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(real.join("tokenizer.json")).unwrap())
+            .unwrap();
+    tokenizer["model"]["vocab"]["disk"] = serde_json::json!(40000);
+    std::fs::write(dir.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let err = refusal(dir.path());
+    assert!(
+        err.contains("tokenizer.json") && err.contains("40000") && err.contains("30522"),
+        "{err}"
+    );
+}
+
 /// Some BERT checkpoints name their weights `bert.embeddings...`: they load and encode the same.
 #[test]
 fn bert_weights_load_with_or_without_their_prefix() {
