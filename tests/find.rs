@@ -172,6 +172,57 @@ fn other_words_find_their_tool(model: &std::path::Path) {
     assert_eq!(found[0]["name"], "kill_process", "{found:?}");
 }
 
+/// Embedding a changed catalog takes a while: requests meanwhile are answered from the last
+/// index (for the tools visible now), and the new tools are found once it is rebuilt.
+#[test]
+fn while_a_changed_catalog_is_embedded_requests_are_answered_from_the_last_index() {
+    const ADDED: usize = 400;
+    let model = find_model_dir();
+    let fleet = fleet_with(&["--find-model", model.to_str().unwrap()]);
+    let found = find(&fleet, &["all", "is the storage nearly exhausted"]);
+    assert_eq!(found[0]["name"], "disk_usage", "{found:?}");
+
+    for i in 0..ADDED {
+        fleet.tool(
+            &format!("widget_{i}.meta"),
+            &format!(
+                r#"{{"description": "Check that widget {i} of the assembly line is calibrated", "keywords": ["widget {i}", "calibration {i}"], "cmd": "true"}}"#
+            ),
+            false,
+        );
+    }
+    let docs = format!("docs={}", ADDED + 3);
+    let log = || fleet.coordinator.as_ref().unwrap().log();
+    let saw = |log: &str, what: &str| log.lines().any(|l| l.contains(what) && l.contains(&docs));
+    wait_for(
+        "a rebuild with the new tools to start",
+        Duration::from_secs(60),
+        || saw(&log(), "rebuilding the tool index").then_some(()),
+    );
+    let found = find(&fleet, &["all", "is the storage nearly exhausted"]);
+    assert!(
+        !saw(&log(), "tool index rebuilt"),
+        "the request was answered after the rebuild, not during it: {}",
+        log()
+    );
+    assert_eq!(found[0]["name"], "disk_usage", "{found:?}");
+    assert!(
+        found
+            .iter()
+            .all(|m| !m["name"].as_str().unwrap().starts_with("widget_"))
+    );
+
+    wait_for(
+        "the new tools to be found",
+        Duration::from_secs(300),
+        || {
+            let found = find(&fleet, &["all", "calibration of widget 7"]);
+            (found.first().map(|m| m["name"].clone()) == Some("widget_7".into())).then_some(())
+        },
+    );
+    assert!(saw(&log(), "tool index rebuilt"), "{}", log());
+}
+
 #[test]
 fn a_coordinator_with_an_unusable_model_directory_refuses_to_start() {
     // Run to its exit, not "until it listens": a port found free may be someone else's by then.

@@ -3,8 +3,11 @@
 //! One index holds every distinct definition the hosts' views carry (a tool resolved two ways
 //! is two documents), keyed by name and a digest of its ranked texts. It follows the fleet: a
 //! request that finds views stored since the last build rebuilds it first, and the rebuild
-//! embeds only texts it has not seen. A request ranks only the documents visible on the hosts
-//! it selects, and answers one match per tool name (its best definition).
+//! embeds only texts it has not seen. While a rebuild is under way (embedding a changed catalog
+//! can take seconds), requests are answered from the last index instead of waiting: they rank
+//! only the documents visible on the hosts they select now, so a tool that went away is not
+//! returned, and one that came with the change is found once the rebuild is done. Only the
+//! first build is waited for. A request answers one match per tool name (its best definition).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
@@ -35,6 +38,8 @@ pub struct Finder {
     built: tokio::sync::Mutex<Option<u64>>,
     /// Each document's description, for the answer.
     descriptions: std::sync::RwLock<HashMap<DocKey, String>>,
+    /// Whether an index was ever built: then a request need not wait for a rebuild.
+    has_index: std::sync::atomic::AtomicBool,
 }
 
 impl Finder {
@@ -43,6 +48,17 @@ impl Finder {
             index: Arc::new(Index::new(encoder)),
             built: tokio::sync::Mutex::new(None),
             descriptions: std::sync::RwLock::new(HashMap::new()),
+            has_index: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Makes the index ready to answer: rebuilds it if views were stored since the last build,
+    /// unless a rebuild is under way and an earlier index can answer meanwhile.
+    async fn ready(&self, state: &State) -> Result<(), Status> {
+        match self.built.try_lock() {
+            Ok(built) => self.refresh_locked(state, built).await,
+            Err(_) if self.has_index.load(std::sync::atomic::Ordering::Acquire) => Ok(()),
+            Err(_) => self.refresh(state).await,
         }
     }
 
@@ -57,7 +73,14 @@ impl Finder {
 
     /// Rebuilds the index when views were stored since the last build.
     async fn refresh(&self, state: &State) -> Result<(), Status> {
-        let mut built = self.built.lock().await;
+        self.refresh_locked(state, self.built.lock().await).await
+    }
+
+    async fn refresh_locked(
+        &self,
+        state: &State,
+        mut built: tokio::sync::MutexGuard<'_, Option<u64>>,
+    ) -> Result<(), Status> {
         let now = state.fleet.views_stored();
         if *built == Some(now) {
             return Ok(());
@@ -72,6 +95,13 @@ impl Finder {
             descriptions.insert(key.clone(), def.description.clone());
             docs.push((key, doc_of(&def)));
         }
+        tracing::debug!(docs = docs.len(), "rebuilding the tool index");
+        // Requests answered while the index is swapped must find the descriptions of both
+        // sets: the new ones are added now, the old ones dropped once the new index is in.
+        self.descriptions
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(descriptions.iter().map(|(k, v)| (k.clone(), v.clone())));
         let index = self.index.clone();
         // Embedding new texts runs a model: not on the runtime's threads.
         let updated = tokio::task::spawn_blocking(move || index.update(docs))
@@ -86,6 +116,8 @@ impl Finder {
         );
         *self.descriptions.write().unwrap_or_else(|p| p.into_inner()) = descriptions;
         *built = Some(now);
+        self.has_index
+            .store(true, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 }
@@ -152,7 +184,7 @@ pub async fn find(state: &State, req: FindToolsRequest) -> Result<FindToolsRespo
     let selector = Selector::parse(&req.selector)
         .map_err(|e| Status::invalid_argument(format!("host selector `{}`: {e}", req.selector)))?;
     let finder = &state.finder;
-    finder.refresh(state).await?;
+    finder.ready(state).await?;
 
     let (visible, hosts_of) = offered(state, &selector);
     let index = finder.index.clone();
