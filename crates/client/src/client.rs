@@ -9,7 +9,7 @@ use toolsrv_proto::v1::{
     ListHostsRequest, ListToolsRequest, ListToolsResponse, OutputStream, ToolDefinition,
     WatchCatalogRequest, call_event, fan_out_event,
 };
-use toolsrv_tls::{Role, TlsFiles};
+use toolsrv_tls::{Role, TlsError, TlsFiles};
 
 use crate::ClientError;
 
@@ -45,6 +45,7 @@ impl Client {
     /// `addr` may name several coordinator replicas, comma-separated: they are tried in turn,
     /// from one picked at random, and the first that answers is used.
     pub async fn connect(opts: &ConnectOptions) -> Result<Self, ClientError> {
+        check_dates(&opts.tls.cert)?;
         let urls: Vec<&str> = opts
             .addr
             .split(',')
@@ -374,4 +375,47 @@ impl WatchStream {
             .map_err(ClientError::from)
             .transpose()
     }
+}
+
+/// Refuses our certificate, naming its file, when this machine's clock is past its `notAfter` or
+/// before its `notBefore`: the coordinator would refuse it in the handshake, which TLS 1.3 shows
+/// the client only as a broken connection on its first request. A file that cannot be read or
+/// parsed is left to the connection, which says what is wrong with it.
+fn check_dates(cert: &std::path::Path) -> Result<(), TlsError> {
+    let Some(leaf) = std::fs::read_to_string(cert)
+        .ok()
+        .and_then(|pem| toolsrv_tls::enroll::certs_from_pem(&pem).ok())
+        .and_then(|certs| certs.into_iter().next())
+    else {
+        return Ok(());
+    };
+    let Ok((not_before, not_after)) = toolsrv_tls::enroll::validity_of(&leaf) else {
+        return Ok(());
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let utc = toolsrv_tls::enroll::utc;
+    let msg = if now > not_after {
+        format!(
+            "this certificate expired at {} UTC, {} s ago by this machine's clock, and the \
+             coordinator refuses it: use a new one (from the development CA: remove this file and \
+             its key, then run `toolsrv pki init DIR --clients NAME` again)",
+            utc(not_after),
+            now - not_after
+        )
+    } else if now < not_before {
+        format!(
+            "this certificate is valid only from {} UTC, {} s from now by this machine's clock: \
+             check the clock",
+            utc(not_before),
+            not_before - now
+        )
+    } else {
+        return Ok(());
+    };
+    Err(TlsError::BadFile {
+        path: cert.to_path_buf(),
+        msg,
+    })
 }
