@@ -547,7 +547,7 @@ fn a_client_certificate_that_expires_ends_its_streams_and_is_refused_on_its_conn
         .enable_all()
         .build()
         .unwrap();
-    let refusal = rt.block_on(async {
+    let (client, refusal) = rt.block_on(async {
         toolsrv_tls::install_crypto_provider();
         let client = toolsrv_client::Client::connect(&toolsrv_client::ConnectOptions {
             addr: fleet.url(),
@@ -558,7 +558,8 @@ fn a_client_certificate_that_expires_ends_its_streams_and_is_refused_on_its_conn
         assert_eq!(client.hosts().await.unwrap().len(), 1);
         tokio::time::sleep((lifetime + Duration::from_secs(1)).saturating_sub(issued.elapsed()))
             .await;
-        client.hosts().await.unwrap_err().to_string()
+        let refusal = client.hosts().await.unwrap_err().to_string();
+        (client, refusal)
     });
     assert!(
         refusal.contains("certificate of this connection expired"),
@@ -610,4 +611,22 @@ fn a_client_certificate_that_expires_ends_its_streams_and_is_refused_on_its_conn
     // Other clients are untouched.
     let out = fleet.toolctl(&["call", "a", "hello"]);
     assert_eq!(text(&out.stdout), "hello\n");
+
+    // A long-lived client whose certificate was renewed on disk: the coordinator closes the
+    // connection shortly after the expiry, and the client connects again with the new one.
+    fleet
+        .pki
+        .issue_client_expiring("carol", Duration::from_secs(3600));
+    let renewed = rt.block_on(async {
+        let mut last = String::new();
+        for _ in 0..20 {
+            match client.hosts().await {
+                Ok(hosts) => return Ok(hosts.len()),
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        Err(last)
+    });
+    assert_eq!(renewed, Ok(1), "the renewed certificate was not taken up");
 }

@@ -101,7 +101,16 @@ pub struct TlsConn {
     /// Resolves when `registration.close` is cancelled; polled by reads, so a connection that
     /// only waits for the peer still notices.
     closing: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
+    /// A client's connection ends [`EXPIRED_CLIENT_GRACE`] after its certificate expires, so
+    /// that the client connects again, with a renewed certificate if it has one. (The services
+    /// end its streams and refuse its requests from the expiry on, with a status saying why.)
+    /// Agents are not cut here: their link lets running calls finish first.
+    expires: Option<Pin<Box<tokio::time::Sleep>>>,
 }
+
+/// How long a client's connection outlives its certificate: time for the statuses that end its
+/// streams at the expiry to reach it.
+pub const EXPIRED_CLIENT_GRACE: Duration = Duration::from_secs(2);
 
 impl std::fmt::Debug for TlsConn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -119,6 +128,14 @@ impl TlsConn {
             .as_ref()
             .is_some_and(|r| r.close.is_cancelled())
     }
+}
+
+/// The error a connection's reads and writes return once its client's certificate expired.
+fn expired_certificate() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "the server closed this connection: the client's certificate expired",
+    )
 }
 
 /// The error a closed connection's reads and writes return.
@@ -160,6 +177,11 @@ impl AsyncRead for TlsConn {
         {
             return Poll::Ready(Err(closed_by_server()));
         }
+        if let Some(expires) = self.expires.as_mut()
+            && expires.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(Err(expired_certificate()));
+        }
         if let Some(rest) = H2_PREFACE.get(self.replayed..).filter(|r| !r.is_empty()) {
             let n = rest.len().min(buf.remaining());
             buf.put_slice(&rest[..n]);
@@ -179,6 +201,11 @@ impl AsyncWrite for TlsConn {
         if self.closed() {
             return Poll::Ready(Err(closed_by_server()));
         }
+        if let Some(expires) = self.expires.as_mut()
+            && expires.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(Err(expired_certificate()));
+        }
         Pin::new(&mut self.stream).poll_write(cx, buf)
     }
 
@@ -197,6 +224,11 @@ impl AsyncWrite for TlsConn {
     ) -> Poll<io::Result<usize>> {
         if self.closed() {
             return Poll::Ready(Err(closed_by_server()));
+        }
+        if let Some(expires) = self.expires.as_mut()
+            && expires.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(Err(expired_certificate()));
         }
         Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
     }
@@ -379,12 +411,26 @@ async fn handshake(
     let closing = registration
         .as_ref()
         .map(|r| Box::pin(r.close.clone().cancelled_owned()));
+    let expires = peer
+        .as_ref()
+        .filter(|p| p.identity.role() == crate::Role::Client)
+        .and_then(|p| p.not_after)
+        .map(|not_after| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+            let left = u64::try_from(not_after.saturating_sub(now)).unwrap_or(0);
+            Box::pin(tokio::time::sleep(
+                Duration::from_secs(left) + EXPIRED_CLIENT_GRACE,
+            ))
+        });
     let conn = TlsConn {
         stream,
         info: ConnInfo { peer, remote },
         replayed: 0,
         registration,
         closing,
+        expires,
     };
     // An error means the server is gone; the connection just closes.
     let _ = tx.send(conn).await;
