@@ -9,7 +9,7 @@
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -88,11 +88,7 @@ pub fn is_enrolled(state_dir: &Path) -> bool {
     enrolled_files(state_dir).cert.exists()
 }
 
-fn now_unix() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-}
+use toolsrv_tls::unix_now as now_unix;
 
 /// The stored certificate's host id and validity.
 struct Stored {

@@ -382,19 +382,14 @@ impl WatchStream {
 /// the client only as a broken connection on its first request. A file that cannot be read or
 /// parsed is left to the connection, which says what is wrong with it.
 fn check_dates(cert: &std::path::Path) -> Result<(), TlsError> {
-    let Some(leaf) = std::fs::read_to_string(cert)
+    let Some(leaf) = toolsrv_tls::certificates_in(cert)
         .ok()
-        .and_then(|pem| toolsrv_tls::enroll::certs_from_pem(&pem).ok())
         .and_then(|certs| certs.into_iter().next())
     else {
         return Ok(());
     };
-    let Ok((not_before, not_after)) = toolsrv_tls::enroll::validity_of(&leaf) else {
-        return Ok(());
-    };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let (not_before, not_after) = (leaf.not_before, leaf.not_after);
+    let now = toolsrv_tls::unix_now();
     let utc = toolsrv_tls::enroll::utc;
     let msg = if now > not_after {
         format!(

@@ -132,9 +132,7 @@ fn enrollment(state: &State) -> Result<&Enrollment, Status> {
     })
 }
 
-fn now_unix() -> i64 {
-    i64::try_from(toolsrv_proto::unix_ms() / 1000).unwrap_or(i64::MAX)
-}
+use toolsrv_tls::unix_now as now_unix;
 
 fn ca_bundle(state: &State) -> Result<String, Status> {
     std::fs::read_to_string(&state.config.tls.ca).map_err(|e| {

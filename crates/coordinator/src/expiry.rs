@@ -26,12 +26,7 @@ const MAX_REMEMBERED: usize = 10_000;
 /// warning off).
 pub use toolsrv_tls::enroll::parse_duration;
 
-fn now_secs() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
+use toolsrv_tls::unix_now as now_secs;
 
 /// Which certificate this is to the coordinator, the metrics' `role` label.
 fn role_label(identity: &Identity) -> &'static str {

@@ -168,7 +168,7 @@ impl<S> RequireRole<S> {
                 // carries new requests for as long as the client keeps it open. (An agent's
                 // link ends at expiry on its own, once its calls are done: see `agent_link`.)
                 if p.identity.role() == Role::Client
-                    && let Some(reason) = expired(p.not_after, unix_now())
+                    && let Some(reason) = expired(p.not_after, toolsrv_tls::unix_now())
                 {
                     tracing::info!(identity = %p.identity, remote = ?p.remote, "refused a request on a connection whose certificate expired");
                     return Err(Status::unauthenticated(reason));
@@ -239,12 +239,6 @@ where
     }
 }
 
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-}
-
 /// Why a request on a connection whose certificate is valid until `not_after` (Unix seconds)
 /// is refused at `now`, if it is.
 fn expired(not_after: Option<i64>, now: i64) -> Option<String> {
@@ -272,10 +266,9 @@ struct UntilExpiry {
 
 impl UntilExpiry {
     fn new(inner: Body, not_after: i64) -> Self {
-        let left = u64::try_from(not_after.saturating_sub(unix_now())).unwrap_or(0);
         Self {
             inner,
-            deadline: Box::pin(tokio::time::sleep(std::time::Duration::from_secs(left))),
+            deadline: Box::pin(tokio::time::sleep(toolsrv_tls::until_unix(not_after))),
             not_after,
             ended: false,
         }
@@ -298,8 +291,11 @@ impl http_body::Body for UntilExpiry {
             this.ended = true;
             // The inner body (the handler's stream) is dropped with this one.
             this.inner = Body::empty();
-            let reason =
-                expired(Some(this.not_after), unix_now().max(this.not_after)).unwrap_or_default();
+            let reason = expired(
+                Some(this.not_after),
+                toolsrv_tls::unix_now().max(this.not_after),
+            )
+            .unwrap_or_default();
             let mut trailers = http::HeaderMap::new();
             return Poll::Ready(Some(
                 Status::unauthenticated(reason)

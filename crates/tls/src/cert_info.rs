@@ -16,8 +16,23 @@ pub struct CertInfo {
     /// The serial number, lowercase hex with `:` between bytes (as `openssl x509 -serial`
     /// prints it, but for the colons).
     pub serial: String,
+    /// `notBefore`, seconds since the Unix epoch.
+    pub not_before: i64,
     /// `notAfter`, seconds since the Unix epoch.
     pub not_after: i64,
+}
+
+/// Now, in seconds since the Unix epoch, as certificate dates are compared (0 for a clock
+/// before 1970).
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// How long from now until `unix` (seconds since the epoch); zero when it has passed.
+pub fn until_unix(unix: i64) -> std::time::Duration {
+    std::time::Duration::from_secs(u64::try_from(unix.saturating_sub(unix_now())).unwrap_or(0))
 }
 
 impl CertInfo {
@@ -27,6 +42,7 @@ impl CertInfo {
         Some(Self {
             subject: cert.subject().to_string(),
             serial: cert.raw_serial_as_string(),
+            not_before: cert.validity().not_before.timestamp(),
             not_after: cert.validity().not_after.timestamp(),
         })
     }

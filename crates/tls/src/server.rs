@@ -128,6 +128,22 @@ impl TlsConn {
             .as_ref()
             .is_some_and(|r| r.close.is_cancelled())
     }
+
+    /// Why the server ends this connection now, if it does: its peer was revoked, or a
+    /// client's certificate expired. Polled, so that `cx` is woken when either comes.
+    fn ended(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
+        if let Some(closing) = self.closing.as_mut()
+            && closing.as_mut().poll(cx).is_ready()
+        {
+            return Some(closed_by_server());
+        }
+        if let Some(expires) = self.expires.as_mut()
+            && expires.as_mut().poll(cx).is_ready()
+        {
+            return Some(expired_certificate());
+        }
+        None
+    }
 }
 
 /// The error a connection's reads and writes return once its client's certificate expired.
@@ -172,15 +188,8 @@ impl AsyncRead for TlsConn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if let Some(closing) = self.closing.as_mut()
-            && closing.as_mut().poll(cx).is_ready()
-        {
-            return Poll::Ready(Err(closed_by_server()));
-        }
-        if let Some(expires) = self.expires.as_mut()
-            && expires.as_mut().poll(cx).is_ready()
-        {
-            return Poll::Ready(Err(expired_certificate()));
+        if let Some(e) = self.ended(cx) {
+            return Poll::Ready(Err(e));
         }
         if let Some(rest) = H2_PREFACE.get(self.replayed..).filter(|r| !r.is_empty()) {
             let n = rest.len().min(buf.remaining());
@@ -198,13 +207,8 @@ impl AsyncWrite for TlsConn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if self.closed() {
-            return Poll::Ready(Err(closed_by_server()));
-        }
-        if let Some(expires) = self.expires.as_mut()
-            && expires.as_mut().poll(cx).is_ready()
-        {
-            return Poll::Ready(Err(expired_certificate()));
+        if let Some(e) = self.ended(cx) {
+            return Poll::Ready(Err(e));
         }
         Pin::new(&mut self.stream).poll_write(cx, buf)
     }
@@ -222,13 +226,8 @@ impl AsyncWrite for TlsConn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if self.closed() {
-            return Poll::Ready(Err(closed_by_server()));
-        }
-        if let Some(expires) = self.expires.as_mut()
-            && expires.as_mut().poll(cx).is_ready()
-        {
-            return Poll::Ready(Err(expired_certificate()));
+        if let Some(e) = self.ended(cx) {
+            return Poll::Ready(Err(e));
         }
         Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
     }
@@ -416,12 +415,8 @@ async fn handshake(
         .filter(|p| p.identity.role() == crate::Role::Client)
         .and_then(|p| p.not_after)
         .map(|not_after| {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
-            let left = u64::try_from(not_after.saturating_sub(now)).unwrap_or(0);
             Box::pin(tokio::time::sleep(
-                Duration::from_secs(left) + EXPIRED_CLIENT_GRACE,
+                crate::until_unix(not_after) + EXPIRED_CLIENT_GRACE,
             ))
         });
     let conn = TlsConn {
