@@ -6,7 +6,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, decisions, finish_child, text, wait_for};
+use toolsrv_tests::{AgentSpec, Fleet, assert_exit, decisions, finish_child, text, wait_for};
 
 const POLICY: &str = r#"{"default": "allow", "rules": [
     {"tools": ["restart"], "effect": "approve"},
@@ -38,21 +38,11 @@ fn the_caller_approves_or_denies_its_own_call() {
     assert_eq!(text(&out.stdout), "restart ran\n");
 
     let out = fleet.toolctl_detached("client-alice", &["call", "a", "restart", "--deny"]);
-    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("approval denied by alice"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit(&out, 77, &["approval denied by alice"]);
 
     // No flag and no terminal: denied, saying how to decide without one.
     let out = fleet.toolctl_detached("client-alice", &["call", "a", "restart"]);
-    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("no terminal"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit(&out, 77, &["no terminal"]);
 
     // Tools the rule does not name run at once, and nothing else waited.
     let out = fleet.toolctl(&["fanout", "a", "restart", "--approve"]);
@@ -113,7 +103,7 @@ fn a_two_person_rule_waits_for_the_second_identity() {
     let id = pending[0]["id"].as_str().unwrap();
 
     let out = fleet.toolctl_as("client-alice", &["approve", id], None);
-    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+    assert_exit(&out, 77, &[]);
     let out = fleet.toolctl_as(
         "client-bob",
         &["approve", id, "--reason", "ticket 42"],
@@ -122,7 +112,7 @@ fn a_two_person_rule_waits_for_the_second_identity() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     // Used once.
     let out = fleet.toolctl_as("client-bob", &["approve", id], None);
-    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    assert_exit(&out, 127, &[]);
 
     let out = finish_child(caller, Duration::from_secs(30));
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -143,12 +133,7 @@ fn a_two_person_rule_waits_for_the_second_identity() {
 fn an_unanswered_request_expires_as_a_denial() {
     let fleet = fleet(&["--approval-timeout-secs=1"]);
     let out = fleet.toolctl_detached("client-alice", &["call", "a", "drop_table"]);
-    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("not approved within 1 s by bob"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit(&out, 77, &["not approved within 1 s by bob"]);
     let records = fleet.audit_records();
     assert_eq!(decisions(&records, "approval"), [("expired".into(), None)]);
 }

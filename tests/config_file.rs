@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use toolsrv_tests::{Fleet, Proc, bin, json_lines, text, wait_for, write};
+use toolsrv_tests::{Fleet, Proc, assert_exit, bin, json_lines, text, wait_for, write};
 
 /// `toolsrv ROLE --config FILE`, run from `cwd` with no TOOLSRV_* variable: only the file
 /// configures it.
@@ -119,7 +119,7 @@ fn a_coordinator_and_an_agent_from_their_files_serve_a_call() {
     assert_eq!(labels["zone"], "a", "{hosts:?}");
     // The file's policy refuses, and its audit log records, beside the file.
     let out = fleet.toolctl(&["call", "web-1", "guarded"]);
-    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+    assert_exit(&out, 77, &[]);
     let audit = coordinator_dir.join("audit.jsonl");
     let records = wait_for("two audit records", Duration::from_secs(10), || {
         Some(json_lines(&audit)).filter(|r| r.len() >= 2)

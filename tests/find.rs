@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, find_model_dir, mpnet_model_dir, text, wait_for};
+use toolsrv_tests::{
+    AgentSpec, Fleet, assert_exit, find_model_dir, mpnet_model_dir, text, wait_for,
+};
 
 fn fleet() -> Fleet {
     fleet_with(&[])
@@ -86,7 +88,7 @@ fn find_ranks_the_tools_of_the_selected_hosts() {
     // Nothing matching: an empty array and exit 1; in text, a line on stderr.
     assert_eq!(find(&fleet, &["all", "zyxxy qwvvq"]), Vec::<Value>::new());
     let out = fleet.toolctl(&["find", "all", "zyxxy qwvvq"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_exit(&out, 1, &[]);
     assert!(out.stdout.is_empty());
     assert!(
         text(&out.stderr).contains("no tool"),

@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, Proc, bin, run_bounded, text, wait_for};
+use toolsrv_tests::{AgentSpec, Fleet, Proc, assert_exit, bin, run_bounded, text, wait_for};
 
 fn script(body: &str) -> String {
     format!("#!/bin/sh\n{body}\n")
@@ -136,12 +136,7 @@ fn calls_stream_output_live_and_pass_arguments() {
         text(&out.stderr)
     );
     let out = fleet.toolctl(&["call", "a", "args", r#"{"n": "five"}"#]);
-    assert_eq!(out.status.code(), Some(65), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("/n"),
-        "the failing path is named: {}",
-        text(&out.stderr)
-    );
+    assert_exit(&out, 65, &["/n"]);
 
     let mut child = fleet
         .toolctl_command("client-alice", &["call", "a", "slowprint"])

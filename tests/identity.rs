@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use std::process::Command;
 
-use toolsrv_tests::{AgentSpec, Fleet, Pki, bin, run_bounded, text};
+use toolsrv_tests::{AgentSpec, Fleet, Pki, assert_exit, bin, run_bounded, text};
 
 fn fleet_with_a() -> Fleet {
     let mut fleet = Fleet::new(&["a", "b"]);
@@ -146,12 +146,7 @@ fn policy_denies_by_proven_identity_and_every_call_is_audited() {
     fleet.wait_online(&["a"], "hello");
 
     let out = fleet.toolctl_as("client-bob", &["call", "a", "hello"], None);
-    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("denies client bob"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit(&out, 77, &["denies client bob"]);
     let out = fleet.toolctl(&["call", "a", "hello"]);
     assert_eq!(text(&out.stdout), "hello\n");
 

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, text, wait_for};
+use toolsrv_tests::{AgentSpec, Fleet, assert_exit, text, wait_for};
 
 /// `(host id, connected_unix_ms, state)` of every host.
 fn connections(fleet: &Fleet) -> Vec<(String, u64, String)> {
@@ -102,12 +102,7 @@ fn a_five_mib_meta_is_reported_and_every_host_stays_online() {
             "{big}"
         );
         let out = fleet.toolctl(&["call", host, "big"]);
-        assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
-        assert!(
-            text(&out.stderr).contains("limit of 262144 bytes"),
-            "{}",
-            text(&out.stderr)
-        );
+        assert_exit(&out, 69, &["limit of 262144 bytes"]);
         let log = fleet.agents[host].log();
         assert_eq!(
             log.matches("attached to the coordinator").count(),

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, LineWatch, text, wait_for};
+use toolsrv_tests::{AgentSpec, Fleet, LineWatch, assert_exit, text, wait_for};
 
 const GOOD: &str = r#"{"description": "Say hello", "cmd": "echo hello"}"#;
 const BROKEN: &str = r#"{"description": 3, "cmd": "echo hello"}"#;
@@ -74,13 +74,13 @@ fn a_tool_broken_and_repaired_while_running_says_why_and_comes_back() {
     );
 
     let out = fleet.toolctl(&["call", "a", "hello"]);
-    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    assert_exit(&out, 69, &[]);
     assert_eq!(
         text(&out.stderr),
         format!("toolctl: tool `hello` is hidden on host `a`: {reason}\n")
     );
     let out = fleet.toolctl(&["describe", "a", "hello"]);
-    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    assert_exit(&out, 69, &[]);
     assert_eq!(
         text(&out.stderr),
         format!("toolctl: tool `hello` is hidden on host `a`: {reason}\n")

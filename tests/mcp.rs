@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use toolsrv_tests::{AgentSpec, Fleet, Venv, free_port, run_bounded, text, wait_for};
+use toolsrv_tests::{AgentSpec, Fleet, Venv, assert_exit, free_port, run_bounded, text, wait_for};
 
 /// The `mcp` package version these tests hold `toolctl mcp` to.
 const MCP_PACKAGE: &str = "mcp==2.3.0";
@@ -286,8 +286,6 @@ fn cancelling_a_call_kills_its_process_on_the_host() {
     }
 }
 
-/// Waits on the tool ranker (FindTools): the coordinator answers UNIMPLEMENTED until it is
-/// merged, and this test fails until then.
 #[test]
 fn tool_search_returns_structured_matches() {
     let fleet = one_host_fleet(&[]);
@@ -311,6 +309,52 @@ fn tool_search_returns_structured_matches() {
         );
     }
     assert_eq!(results[0]["name"], "greet", "{search}");
+}
+
+/// What a careless or hostile model might send: each request is answered on its own, as an
+/// error result naming what is wrong (a tool that does not exist is a protocol error, as MCP
+/// wants), nothing it sent comes back unbounded, and the server goes on serving the session.
+#[test]
+fn hostile_requests_get_error_results_and_the_server_goes_on() {
+    let fleet = one_host_fleet(&[]);
+    let profile = one_host_profile(&fleet);
+    let config = server_config(&fleet, &["mcp", "--profile", profile.to_str().unwrap()]);
+    let out = scenario("hostile", &config);
+    let says = |key: &str, needles: &[&str]| {
+        let result = &out[key];
+        assert_eq!(result["isError"], true, "{key}: {result}");
+        let text = result_text(result);
+        for needle in needles {
+            assert!(text.contains(needle), "{key}: {needle:?} not in {text:?}");
+        }
+        // Nothing the model sent comes back whole: a 200 KB name or 2 MiB argument is not
+        // echoed into the model's context.
+        assert!(text.len() < 2048, "{key}: {} bytes of text", text.len());
+    };
+    says("long_query", &["4096"]);
+    says("bad_limit", &["`limit`", "whole number"]);
+    says("negative_limit", &["`limit`", "whole number"]);
+    says("no_query", &["`query` is required"]);
+    says("odd_load", &["cannot load"]);
+    says("huge_load", &["cannot load"]);
+    says("number_load", &["`name` is required"]);
+    says("wrong_type", &["invalid_args"]);
+    says("missing_arg", &["invalid_args"]);
+    says("huge_arg", &["1048576"]);
+    let odd = &out["odd_arg"];
+    assert_eq!(
+        odd["isError"], false,
+        "odd bytes are the tool's business: {odd}"
+    );
+    assert!(
+        out["unknown"]["protocolError"]
+            .as_str()
+            .is_some_and(|e| e.contains("no_such_tool")),
+        "{}",
+        out["unknown"]
+    );
+    assert_eq!(out["after"]["isError"], false, "{}", out["after"]);
+    assert_eq!(result_text(&out["after"]).trim(), "hello still here");
 }
 
 #[test]
@@ -338,6 +382,8 @@ fn several_hosts_take_a_host_argument_kept_current() {
         "on_c": {"target_host": "c"},
         "no_host": {},
         "elsewhere": {"target_host": "z"},
+        "huge_host": {"target_host": "h".repeat(20_000)},
+        "object_host": {"target_host": {"name": "x".repeat(20_000)}},
     });
     let out = scenario("multihost", &config);
     let tool = &out["tools"][2];
@@ -354,13 +400,14 @@ fn several_hosts_take_a_host_argument_kept_current() {
         ("on_c", "hidden"),
         ("no_host", "target_host"),
         ("elsewhere", "not one of"),
+        ("huge_host", "not one of"),
+        ("object_host", "must be a host name"),
     ] {
         assert_eq!(out[call]["isError"], true, "{call}: {}", out[call]);
-        assert!(
-            result_text(&out[call]).contains(needle),
-            "{call}: {}",
-            out[call]
-        );
+        let text = result_text(&out[call]);
+        assert!(text.contains(needle), "{call}: {}", out[call]);
+        // What the model sent is not echoed back whole into its context.
+        assert!(text.len() < 1024, "{call}: {} bytes", text.len());
     }
 
     // Host b goes away: the enum follows, and a call naming it is an error result.
@@ -500,12 +547,7 @@ fn streamable_http_serves_on_loopback_only_unless_told() {
     let profile = profile.to_str().unwrap();
 
     let out = fleet.toolctl(&["mcp", "--profile", profile, "--http", "0.0.0.0:0"]);
-    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("--http-allow-remote"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit(&out, 64, &["--http-allow-remote"]);
 
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");

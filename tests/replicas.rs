@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use toolsrv_testkit::{CoordinatorLaunch, EtcdCluster, free_port};
-use toolsrv_tests::{Fleet, LineWatch, Proc, bin, text, wait_for, write};
+use toolsrv_tests::{Fleet, LineWatch, Proc, assert_exit, bin, text, wait_for, write};
 
 const HELLO: &str =
     r#"{"description": "Say hello", "cmd": "echo hello from $(cat /proc/sys/kernel/hostname)"}"#;
@@ -771,7 +771,7 @@ fn a_revocation_through_one_replica_holds_on_every_replica_and_outlives_a_restar
     r.replicas[1] = Some(r.launch(1));
     r.fleet.port = r.ports[1];
     let out = r.fleet.toolctl_as("client-bob", &["hosts"], None);
-    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+    assert_exit(&out, 77, &[]);
 
     // Lifted through r1: bob is back through r0 too.
     let out = r.toolctl(1, &["unrevoke", "client/bob"]);
@@ -883,7 +883,7 @@ fn an_approval_waiting_on_the_replica_that_runs_the_call_is_decided_through_any_
     let id = pending[0]["id"].as_str().unwrap().to_string();
     // alice may not decide it, through either replica.
     let out = r.fleet.toolctl_as("client-alice", &["approve", &id], None);
-    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+    assert_exit(&out, 77, &[]);
     let out = r.fleet.toolctl_as("client-bob", &["approve", &id], None);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let out = toolsrv_tests::finish_child(caller, Duration::from_secs(30));
@@ -895,7 +895,7 @@ fn an_approval_waiting_on_the_replica_that_runs_the_call_is_decided_through_any_
     );
     // Decided once: not found anywhere now.
     let out = r.fleet.toolctl_as("client-bob", &["approve", &id], None);
-    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    assert_exit(&out, 127, &[]);
 }
 
 #[test]

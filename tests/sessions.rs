@@ -8,7 +8,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, LineWatch, text, wait_for};
+use toolsrv_tests::{AgentSpec, Fleet, LineWatch, assert_exit, text, wait_for};
 
 /// A fleet of `a` and `b`: `b` has `ROLE_B` set, so `per_host` resolves differently there and
 /// `only_b` is visible only there.
@@ -177,29 +177,13 @@ fn a_session_loads_unloads_and_evicts_by_tier() {
 
     // Unloading what is not loaded, loading what does not exist or what no host offers.
     let out = fleet.toolctl(&["session", "unload", &id, "rare2"]);
-    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("not loaded"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit(&out, 127, &["not loaded"]);
     let out = fleet.toolctl(&["session", "load", &id, "no_such_tool"]);
-    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("not in the catalog"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit(&out, 127, &["not in the catalog"]);
     let out = fleet.toolctl(&["session", "load", &id, "nowhere"]);
-    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("offered by no host")
-            && text(&out.stderr).contains("no-such-binary"),
-        "the refusal says why: {}",
-        text(&out.stderr)
-    );
+    assert_exit(&out, 69, &["offered by no host", "no-such-binary"]);
     let out = fleet.toolctl(&["session", "load", &id, "../etc/passwd"]);
-    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert_exit(&out, 64, &[]);
     assert_eq!(loaded(&show(&fleet, &id)), ["pinned", "everyday", "rare1"]);
 
     // Only hot tools loaded and full: refused, naming the limit.
@@ -210,12 +194,7 @@ fn a_session_loads_unloads_and_evicts_by_tier() {
     );
     let hot = open(&fleet, &["--profile", &p]);
     let out = fleet.toolctl(&["session", "load", &hot, "everyday"]);
-    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("maxLoaded"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit(&out, 69, &["maxLoaded"]);
 
     // The two sessions are independent.
     assert_eq!(loaded(&show(&fleet, &hot)), ["pinned", "pinned2"]);
@@ -295,7 +274,7 @@ fn a_session_resolves_tools_per_host_and_is_its_clients_alone() {
         &["session", "show", "x".repeat(100_000).as_str()],
         None,
     );
-    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    assert_exit(&out, 127, &[]);
     assert!(
         text(&out.stderr).len() < 1000,
         "a huge id does not come back whole"
@@ -308,18 +287,13 @@ fn a_session_resolves_tools_per_host_and_is_its_clients_alone() {
     // A bad profile is refused before anything is sent, naming the file and the key.
     let bad = profile(&fleet, "bad.json", r#"{"autoload": ["pinned"]}"#);
     let out = fleet.toolctl(&["session", "open", "--profile", &bad]);
-    assert_eq!(out.status.code(), Some(64));
-    assert!(
-        text(&out.stderr).contains("bad.json") && text(&out.stderr).contains("autoload"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit(&out, 64, &["bad.json", "autoload"]);
     let p = profile(&fleet, "big.json", r#"{"maxLoaded": 5000}"#);
     let out = fleet.toolctl(&["session", "open", "--profile", &p]);
-    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert_exit(&out, 64, &[]);
     let p = profile(&fleet, "sel.json", r#"{"hosts": "os="}"#);
     let out = fleet.toolctl(&["session", "open", "--profile", &p]);
-    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert_exit(&out, 64, &[]);
 }
 
 /// `toolctl session watch ID --json` as alice.
@@ -424,7 +398,7 @@ fn a_watcher_sees_loads_meta_edits_and_hosts_going_away() {
     ok(&fleet.toolctl(&["session", "close", &id]), "close");
     assert_eq!(watch.end(), Some(127));
     let out = fleet.toolctl(&["session", "show", &id]);
-    assert_eq!(out.status.code(), Some(127));
+    assert_exit(&out, 127, &[]);
 }
 
 #[test]
@@ -469,12 +443,7 @@ fn a_client_holds_a_bounded_number_of_sessions() {
     let first = open(&fleet, &[]);
     open(&fleet, &[]);
     let out = fleet.toolctl(&["session", "open"]);
-    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("--max-sessions-per-client"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit(&out, 75, &["--max-sessions-per-client"]);
     // Another client has its own allowance.
     let out = fleet.toolctl_as("client-bob", &["session", "open"], None);
     assert!(out.status.success(), "{}", text(&out.stderr));

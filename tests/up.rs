@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use toolsrv_tests::{bin, free_port, run_bounded, text, wait_for};
+use toolsrv_tests::{assert_exit, bin, free_port, run_bounded, text, wait_for};
 
 /// The only `PATH` the clean environment has: no `toolctl` there unless one is installed
 /// system-wide, and the banner's `PATH` comes first anyway.
@@ -246,7 +246,7 @@ fn the_commands_up_prints_work_verbatim_in_a_clean_environment() {
         .env("PATH", CLEAN_PATH)
         .env("HOME", other.path());
     let out = run_bounded(cmd, None, Duration::from_secs(30));
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_exit(&out, 1, &[]);
     let err = text(&out.stderr);
     assert!(
         err.contains("another `toolsrv up` may be running")

@@ -165,6 +165,35 @@ async def approve(cfg):
     return out
 
 
+async def hostile(cfg):
+    """Sends what a careless or hostile model might: each request gets an answer of its own
+    (an error result, or a protocol error for a tool that does not exist), and the server
+    goes on serving. Records the result or the protocol error of each, then a plain call."""
+    out = {}
+    requests = {
+        "long_query": ("tool_search", {"query": "disk " * 1000}),
+        "bad_limit": ("tool_search", {"query": "greet", "limit": "many"}),
+        "negative_limit": ("tool_search", {"query": "greet", "limit": -1}),
+        "no_query": ("tool_search", {}),
+        "odd_load": ("tool_load", {"name": "../etc/\u0000passwd\u202e"}),
+        "huge_load": ("tool_load", {"name": "x" * 200_000}),
+        "number_load": ("tool_load", {"name": 7}),
+        "wrong_type": ("greet", {"name": 123}),
+        "missing_arg": ("greet", {}),
+        "huge_arg": ("greet", {"name": "y" * (2 << 20)}),
+        "odd_arg": ("greet", {"name": "\u0000\u202e\ufffd"}),
+        "unknown": ("no_such_tool", {}),
+    }
+    async with await connect(cfg) as client:
+        for key, (tool, args) in requests.items():
+            try:
+                out[key] = dump(await client.call_tool(tool, args))
+            except Exception as e:  # a protocol error: recorded, and the next request goes on
+                out[key] = {"protocolError": f"{type(e).__name__}: {e}"}
+        out["after"] = dump(await client.call_tool("greet", {"name": "still here"}))
+    return out
+
+
 async def http(cfg):
     async with await connect(cfg) as client:
         return {
@@ -174,7 +203,7 @@ async def http(cfg):
         }
 
 
-SCENARIOS = {f.__name__: f for f in (basics, cancel, search, multihost, approve, http)}
+SCENARIOS = {f.__name__: f for f in (basics, cancel, search, multihost, approve, hostile, http)}
 
 
 def main():

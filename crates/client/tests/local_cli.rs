@@ -6,7 +6,9 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use toolsrv_testkit::{must, text, try_run_bounded, write, write_executable as executable};
+use toolsrv_testkit::{
+    assert_exit, must, text, try_run_bounded, write, write_executable as executable,
+};
 
 fn toolctl() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_toolctl"));
@@ -183,7 +185,7 @@ fn as_evaluates_another_hosts_os_and_arch() {
         "--as",
         "os=windows",
     ]));
-    assert_eq!(out.status.code(), Some(69));
+    assert_exit(&out, 69, &[]);
     assert!(
         stderr(&out).contains("os is `windows`, not `darwin`"),
         "{}",
@@ -299,7 +301,7 @@ fn call_with_result_prints_structured_or_wrapped_output() {
         json!({"content": [{"type": "text", "text": "hi"}], "extra": 1})
     );
     let out = run(toolctl().args(["local", "call", "--tools", &t, "fail", "--result"]));
-    assert_eq!(out.status.code(), Some(3));
+    assert_exit(&out, 3, &[]);
     let result: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(result["isError"], json!(true));
     assert!(
@@ -389,7 +391,7 @@ fn lint_reports_every_problem_with_file_and_field() {
         (json!("tier"), json!("error"))
     );
     let out = run(toolctl().arg("lint").arg(d.join("missing-dir")));
-    assert_eq!(out.status.code(), Some(1));
+    assert_exit(&out, 1, &[]);
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use serde_json::Value;
-use toolsrv_testkit::{must, text, try_run_bounded, write};
+use toolsrv_testkit::{assert_exit, must, text, try_run_bounded, write};
 
 fn toolctl() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_toolctl"));
@@ -43,7 +43,7 @@ fn names(out: &Output) -> Vec<String> {
 #[test]
 fn words_rank_the_tool_first_with_score_and_description() {
     let out = find(&["restart the nginx service", "--json", "--limit", "3"]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_exit(&out, 0, &[]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let hits = v.as_array().unwrap();
     assert!(!hits.is_empty() && hits.len() <= 3, "{v}");
@@ -54,7 +54,7 @@ fn words_rank_the_tool_first_with_score_and_description() {
     assert!(hits[0]["semantic"].is_null());
 
     let plain = find(&["restart the nginx service"]);
-    assert_eq!(plain.status.code(), Some(0));
+    assert_exit(&plain, 0, &[]);
     let first = text(&plain.stdout).lines().next().unwrap_or("").to_string();
     assert!(first.contains("restart_service"), "{first}");
 }
@@ -62,10 +62,10 @@ fn words_rank_the_tool_first_with_score_and_description() {
 #[test]
 fn no_match_is_an_empty_array_or_a_line_on_stderr_and_exit_1() {
     let out = find(&["bake a chocolate cake", "--json"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_exit(&out, 1, &[]);
     assert_eq!(text(&out.stdout).trim(), "[]");
     let out = find(&["bake a chocolate cake"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_exit(&out, 1, &[]);
     assert!(text(&out.stdout).is_empty());
     assert!(
         text(&out.stderr).contains("no tool"),
@@ -91,7 +91,7 @@ fn only_tools_visible_here_are_ranked() {
         .args(["local", "find", "--tools"])
         .arg(dir.path())
         .args(["gpu utilisation", "--json"]));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_exit(&out, 0, &[]);
     assert_eq!(names(&out), ["gpu_docs"]);
 }
 
@@ -102,8 +102,7 @@ fn bad_limits_requests_and_model_directories_are_refused() {
         assert_eq!(out.status.code(), Some(64), "--limit {limit}");
     }
     let out = find(&[&"a".repeat(4097)]);
-    assert_eq!(out.status.code(), Some(64));
-    assert!(text(&out.stderr).contains("4096"), "{}", text(&out.stderr));
+    assert_exit(&out, 64, &["4096"]);
 
     let empty = tempfile::tempdir().unwrap();
     // A model of an architecture the encoder does not run, and an MPNet configuration over
@@ -132,7 +131,7 @@ fn bad_limits_requests_and_model_directories_are_refused() {
         let out = run(toolctl()
             .args(["local", "find", "--tools", &catalog(), "disk"])
             .env("TOOLSRV_FIND_MODEL", &dir));
-        assert_eq!(out.status.code(), Some(78));
+        assert_exit(&out, 78, &[]);
         let err = text(&out.stderr);
         assert!(
             err.contains(&dir.display().to_string()) && err.contains(says),
@@ -165,7 +164,7 @@ fn paraphrase_finds_its_tool(model: &Path) {
         .arg("4412 is stuck, put it out of its misery")
         .arg("--model")
         .arg(model));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_exit(&out, 0, &[]);
     assert!(
         names(&out).contains(&"kill_process".to_string()),
         "{}: {}",
@@ -214,7 +213,7 @@ fn the_model_script_refuses_bad_arguments() {
     let link = home.path().join("linked");
     std::os::unix::fs::symlink(toolsrv_testkit::find_model_dir(), &link).unwrap();
     let out = run(Command::new("bash").arg(&script).arg(&link));
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_exit(&out, 0, &[]);
     assert!(
         text(&out.stdout).contains("already has"),
         "{}",

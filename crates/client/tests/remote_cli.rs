@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use toolsrv_client::{
     CallRequest, CallStatus, Client, ConnectOptions, FanOutRequest, FanOutUpdate, HostState,
 };
-use toolsrv_testkit::{client_env, text, write, write_pki};
+use toolsrv_testkit::{assert_exit, client_env, text, write, write_pki};
 use toolsrv_tls::{Identity, TlsFiles};
 
 const HOSTS: [&str; 2] = ["web-1", "web-2"];
@@ -250,24 +250,23 @@ async fn remote_commands_against_a_real_fleet() {
         .await;
     assert_eq!(text(&out.stdout), text(&local.stdout));
     let out = fleet.run(&["describe", "web-1", "plan9"]).await;
-    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    assert_exit(&out, 69, &[]);
     let out = fleet.run(&["describe", "web-1", "nope"]).await;
-    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    assert_exit(&out, 127, &[]);
 
     // call: output, exit codes, statuses.
     let out = fleet.run(&["call", "web-1", "echo", r#"{"n": 2}"#]).await;
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_exit(&out, 0, &[]);
     assert_eq!(text(&out.stdout), "{\"n\":2}\npartial line\n");
     assert_eq!(text(&out.stderr), "to-stderr\n");
     let out = fleet.run(&["call", "web-1", "echo", "--result"]).await;
     let result: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(result["content"].is_array(), "{result}");
     let out = fleet.run(&["call", "web-1", "fail"]).await;
-    assert_eq!(out.status.code(), Some(3));
-    assert!(
-        text(&out.stderr).contains("toolctl: tool `fail` on host `web-1`: exited with code 3"),
-        "{}",
-        text(&out.stderr)
+    assert_exit(
+        &out,
+        3,
+        &["toolctl: tool `fail` on host `web-1`: exited with code 3"],
     );
     let cases: [(&[&str], i32, &str); 7] = [
         (
@@ -380,7 +379,7 @@ async fn remote_commands_against_a_real_fleet() {
 
     // fanout: prefixed whole lines, a summary table, exit 1 when a host fails.
     let out = fleet.run(&["fanout", "role=web", "echo"]).await;
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_exit(&out, 0, &[]);
     let stdout = text(&out.stdout);
     for host in HOSTS {
         assert!(
@@ -391,7 +390,7 @@ async fn remote_commands_against_a_real_fleet() {
     }
     assert!(stdout.contains("2 hosts: 2 ok, 0 failed"), "{stdout}");
     let out = fleet.run(&["fanout", "web-*", "fail", "--json"]).await;
-    assert_eq!(out.status.code(), Some(1));
+    assert_exit(&out, 1, &[]);
     let events: Vec<Value> = text(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -409,12 +408,7 @@ async fn remote_commands_against_a_real_fleet() {
             .any(|e| e["type"] == "stderr" && e["data"] == "broken\n")
     );
     let out = fleet.run(&["fanout", "role=nothing", "echo"]).await;
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("matches no host"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit(&out, 1, &["matches no host"]);
 
     // watch starts with a snapshot.
     let mut watch = fleet.toolctl(&["watch", "--json"]).spawn().unwrap();
@@ -533,14 +527,14 @@ async fn a_master_serves_commands_on_its_control_socket() {
     assert_eq!(text(&out.stdout), "{\"n\":7}\npartial line\n");
     assert_eq!(text(&out.stderr), "to-stderr\n");
     let out = run(via_control(&fleet, &socket, &["call", "web-2", "fail"])).await;
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert_exit(&out, 3, &[]);
     let out = run(via_control(&fleet, &socket, &["hosts", "--json"])).await;
     let hosts: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(hosts.as_array().unwrap().len(), 2, "{hosts}");
     let out = run(via_control(&fleet, &socket, &["fanout", "all", "echo"])).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let out = run(via_control(&fleet, &socket, &["call", "web-1", "nope"])).await;
-    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    assert_exit(&out, 127, &[]);
 
     // Ctrl-C on a relayed call cancels it on the host.
     interrupt_slow_call(
@@ -553,12 +547,7 @@ async fn a_master_serves_commands_on_its_control_socket() {
     let mut cmd = fleet.toolctl(&["master"]);
     cmd.arg("--control").arg(&socket);
     let out = run(cmd).await;
-    assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("another master is serving there"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit(&out, 78, &["another master is serving there"]);
 
     // Only our own user (or root) may use it, whatever the file's mode says.
     if nix::unistd::geteuid().is_root() {
@@ -568,7 +557,7 @@ async fn a_master_serves_commands_on_its_control_socket() {
         let mut cmd = via_control(&fleet, &socket, &["hosts"]);
         cmd.uid(65534).gid(65534);
         let out = run(cmd).await;
-        assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+        assert_exit(&out, 75, &[]);
         assert!(out.stdout.is_empty());
     }
 
@@ -603,7 +592,7 @@ async fn a_master_serves_commands_on_its_control_socket() {
     let out = run(cmd).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let out = run(via_control(&fleet, &socket, &["hosts"])).await;
-    assert_eq!(out.status.code(), Some(75));
+    assert_exit(&out, 75, &[]);
     let stderr = text(&out.stderr);
     assert!(
         stderr.contains(&socket.display().to_string()) && stderr.contains("toolctl master"),
@@ -613,12 +602,7 @@ async fn a_master_serves_commands_on_its_control_socket() {
     let mut cmd = fleet.toolctl(&["hosts"]);
     cmd.env_remove("TOOLSRV_CERT");
     let out = run(cmd).await;
-    assert_eq!(out.status.code(), Some(64));
-    assert!(
-        text(&out.stderr).contains("--cert (TOOLSRV_CERT)"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit(&out, 64, &["--cert (TOOLSRV_CERT)"]);
 
     // With --idle-exit it goes away by itself once no client is left.
     let (mut master, _log) = start_master(&fleet, &socket, &["--idle-exit", "0.5"]).await;
@@ -672,12 +656,7 @@ async fn the_default_control_socket_lives_in_a_private_directory() {
         .env_remove("TOOLSRV_CONTROL")
         .env("TMPDIR", &tmp);
     let out = run(cmd).await;
-    assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("mode 777 lets other users in"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit(&out, 78, &["mode 777 lets other users in"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -686,7 +665,7 @@ async fn connection_failures_are_one_line_with_a_documented_code() {
 
     // Nothing listens on port 1.
     let out = fleet.run(&["hosts", "--addr", "https://127.0.0.1:1"]).await;
-    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    assert_exit(&out, 75, &[]);
     let stderr = text(&out.stderr);
     assert!(
         stderr.starts_with("toolctl: cannot connect to https://127.0.0.1:1: "),
@@ -700,16 +679,11 @@ async fn connection_failures_are_one_line_with_a_documented_code() {
     cmd.env("TOOLSRV_CERT", &agent.cert)
         .env("TOOLSRV_KEY", &agent.key);
     let out = run(cmd).await;
-    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+    assert_exit(&out, 77, &[]);
 
     // A key file that does not exist.
     let out = fleet.run(&["hosts", "--key", "/nonexistent/key.pem"]).await;
-    assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("/nonexistent/key.pem"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit(&out, 78, &["/nonexistent/key.pem"]);
 
     // A certificate from another CA: refused by the coordinator during or after the handshake.
     let other = fleet.dir.path().join("other");

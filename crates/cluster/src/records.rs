@@ -50,9 +50,7 @@ pub fn new_link_id() -> String {
 
 /// Seconds since the Unix epoch, now.
 pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    toolsrv_tls::since_epoch().as_secs()
 }
 
 /// A key under the prefix, as the watcher sorts them.

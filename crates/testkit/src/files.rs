@@ -52,6 +52,27 @@ pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// Asserts that a finished command exited with `code` and that its stderr contains every one of
+/// `needles`; returns the stderr. A failure shows the code, both outputs and what was missing.
+#[track_caller]
+pub fn assert_exit(out: &std::process::Output, code: i32, needles: &[&str]) -> String {
+    let stderr = text(&out.stderr);
+    let missing: Vec<&str> = needles
+        .iter()
+        .copied()
+        .filter(|n| !stderr.contains(n))
+        .collect();
+    if out.status.code() != Some(code) || !missing.is_empty() {
+        panic!(
+            "wanted exit code {code} and stderr containing {needles:?}; got {}, missing {missing:?}\n\
+             --- stderr\n{stderr}--- stdout\n{}",
+            out.status,
+            text(&out.stdout)
+        );
+    }
+    stderr
+}
+
 /// The records of a JSON-lines file (an audit log), in order; none when it does not exist yet.
 /// A line that is not JSON fails the test.
 #[track_caller]

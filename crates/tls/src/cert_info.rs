@@ -22,12 +22,17 @@ pub struct CertInfo {
     pub not_after: i64,
 }
 
-/// Now, in seconds since the Unix epoch, as certificate dates are compared (0 for a clock
-/// before 1970).
-pub fn unix_now() -> i64 {
+/// Time since the Unix epoch, now: the one wall clock that certificate dates, issuing and
+/// cluster records read (zero for a clock before 1970).
+pub fn since_epoch() -> std::time::Duration {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or_default()
+}
+
+/// Now, in seconds since the Unix epoch, as certificate dates are compared.
+pub fn unix_now() -> i64 {
+    i64::try_from(since_epoch().as_secs()).unwrap_or(i64::MAX)
 }
 
 /// How long from now until `unix` (seconds since the epoch); zero when it has passed.

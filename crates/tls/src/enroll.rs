@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rcgen::{
     CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType,
@@ -448,9 +448,7 @@ impl Signer {
         params.subject_alt_names = sans;
         // The coordinator is the only party that checks an agent certificate, against its own
         // clock: no back-dating, so that a short lifetime stays what it says.
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or(Duration::ZERO);
+        let now = crate::since_epoch();
         let epoch = rcgen::date_time_ymd(1970, 1, 1);
         params.not_before = epoch + Duration::from_secs(now.as_secs());
         params.not_after = epoch + Duration::from_secs(now.as_secs()) + ttl;

@@ -19,7 +19,7 @@ mod pki;
 mod server;
 mod usage;
 
-pub use cert_info::{CertInfo, certificates_in, unix_now, until_unix};
+pub use cert_info::{CertInfo, certificates_in, since_epoch, unix_now, until_unix};
 pub use client::{
     CONNECT_TIMEOUT, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, connect, connect_reloading,
     lazy_channel,

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::net::IpAddr;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
@@ -204,9 +204,7 @@ fn parse_extra_name(name: &str) -> Result<SanType, TlsError> {
 /// The validity window of a certificate issued now: from one day ago (clock
 /// skew between hosts) to `days` from now.
 fn validity(params: &mut CertificateParams, days: u32) {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO);
+    let now = crate::since_epoch();
     let epoch = rcgen::date_time_ymd(1970, 1, 1);
     let day = Duration::from_secs(86_400);
     params.not_before = epoch + now.saturating_sub(day);

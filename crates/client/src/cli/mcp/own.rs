@@ -9,7 +9,7 @@ use tokio::sync::watch;
 
 use crate::{Client, ClientError, ToolMatch};
 
-use super::call::error;
+use super::call::{error, quoted};
 use super::keeper::publish;
 use super::tools::Catalog;
 
@@ -96,7 +96,7 @@ pub async fn load(
     };
     let state = match client.load_tool(&catalog.session, name).await {
         Ok(state) => state,
-        Err(e) => return error(load_failure(name, &e)),
+        Err(e) => return error(load_failure(&quoted(name), &e)),
     };
     publish(tx, &state, false);
     let Some(loaded) = state.tools.iter().find(|t| t.name == name) else {

@@ -13,7 +13,7 @@ use rmcp::service::{NotificationContext, Peer, RequestContext, SubscriptionConte
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use tokio::sync::watch;
 
-use super::call::{Calls, error};
+use super::call::{Calls, error, quoted};
 use super::own;
 use super::tools::{Catalog, HOST_ARG, LOAD, Route, SEARCH, own_tools};
 
@@ -163,8 +163,9 @@ impl ServerHandler for Server {
         match catalog.route(name, &mut args) {
             None => Err(McpError::invalid_params(
                 format!(
-                    "unknown tool `{name}`: it is not loaded in this session (find tools with \
-                     {SEARCH}, load one with {LOAD})"
+                    "unknown tool `{}`: it is not loaded in this session (find tools with \
+                     {SEARCH}, load one with {LOAD})",
+                    quoted(name)
                 ),
                 None,
             )),

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use rmcp::model::{JsonObject, MetaObject, Tool, ToolAnnotations};
 use serde_json::{Value, json};
 
+use super::call::quoted;
 use crate::{HostState, LoadedTool, SessionState, ToolDefinition};
 
 /// The argument naming the host a call runs on, added to every tool when the session's selector
@@ -111,7 +112,8 @@ impl Catalog {
             Some(Value::String(host)) => host,
             Some(other) => {
                 return Some(Route::Refused(format!(
-                    "argument `{HOST_ARG}` must be a host name (a string), not {other}"
+                    "argument `{HOST_ARG}` must be a host name (a string), not {}",
+                    quoted(&other.to_string())
                 )));
             }
             None => {
@@ -123,7 +125,8 @@ impl Catalog {
         };
         Some(match self.hosts.iter().find(|(h, _)| *h == host) {
             None => Route::Refused(format!(
-                "host `{host}` is not one of this session's hosts ({})",
+                "host `{}` is not one of this session's hosts ({})",
+                quoted(&host),
                 names()
             )),
             Some((_, false)) => Route::Refused(format!(
