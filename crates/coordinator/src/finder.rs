@@ -7,7 +7,9 @@
 //! can take seconds), requests are answered from the last index instead of waiting: they rank
 //! only the documents visible on the hosts they select now, so a tool that went away is not
 //! returned, and one that came with the change is found once the rebuild is done. Only the
-//! first build is waited for. A request answers one match per tool name (its best definition).
+//! first build is waited for, and a rebuild that fails after a good one leaves the last index
+//! answering (with a warning in the log). A request answers one match per tool name (its best
+//! definition).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
@@ -55,9 +57,18 @@ impl Finder {
     /// Makes the index ready to answer: rebuilds it if views were stored since the last build,
     /// unless a rebuild is under way and an earlier index can answer meanwhile.
     async fn ready(&self, state: &State) -> Result<(), Status> {
+        let has_index = || self.has_index.load(std::sync::atomic::Ordering::Acquire);
         match self.built.try_lock() {
-            Ok(built) => self.refresh_locked(state, built).await,
-            Err(_) if self.has_index.load(std::sync::atomic::Ordering::Acquire) => Ok(()),
+            Ok(built) => match self.refresh_locked(state, built).await {
+                // The last index still answers: better than no answer, and the failure is
+                // in the log (the next request tries the rebuild again).
+                Err(e) if has_index() => {
+                    tracing::warn!(error = %e.message(), "answering FindTools from the last tool index");
+                    Ok(())
+                }
+                done => done,
+            },
+            Err(_) if has_index() => Ok(()),
             Err(_) => self.refresh(state).await,
         }
     }
