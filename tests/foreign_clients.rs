@@ -1,5 +1,6 @@
 //! Clients nobody here wrote: Python's stock `grpcio`, with stubs generated from `proto/`,
-//! calls the coordinator over mTLS, checks health and lists services through reflection.
+//! calls the coordinator over mTLS, checks health and lists services through reflection, and
+//! drives the model's side (FindTools, sessions).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
 use std::path::{Path, PathBuf};
@@ -61,7 +62,14 @@ fn python_stubs(python: &Path) -> tempfile::TempDir {
 
 /// Runs `tests/python/client.py` as alice against `fleet`: `args` after the connection ones.
 fn python_client(python: &Path, stubs: &Path, fleet: &Fleet, args: &[&str]) -> Value {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/client.py");
+    python_script("client.py", python, stubs, fleet, args)
+}
+
+/// Runs `tests/python/SCRIPT` as alice against `fleet` and reads the JSON report it prints.
+fn python_script(script: &str, python: &Path, stubs: &Path, fleet: &Fleet, args: &[&str]) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("python")
+        .join(script);
     let mut client = Command::new(python);
     client
         .arg(&script)
@@ -191,4 +199,77 @@ fn python_grpcio_lists_hosts_and_calls_a_tool() {
             "{wanted} missing from {services:?}"
         );
     }
+}
+
+/// The model's side from the same client: FindTools, a session opened from an inline profile,
+/// watched while a tool is loaded and another unloaded, a call made as part of it, the session
+/// closed (its watch ends NOT_FOUND), and two bad requests refused with their gRPC codes.
+#[test]
+fn python_grpcio_finds_tools_and_drives_a_session() {
+    let python = python();
+    let stubs = python_stubs(&python);
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "greet.meta",
+        r#"{"description": "Greets someone by name", "keywords": ["say hello"],
+            "cmd": "echo hello", "tier": "hot"}"#,
+        false,
+    );
+    fleet.tool(
+        "disk.meta",
+        r#"{"description": "Free and used space of each mounted filesystem",
+            "keywords": ["disk usage", "free space"], "prompt": "Reports disk space per mount.",
+            "cmd": "echo '{\"used\": 1}'"}"#,
+        false,
+    );
+    fleet.start_coordinator(&[]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "disk");
+
+    let report = python_script(
+        "session_client.py",
+        &python,
+        stubs.path(),
+        &fleet,
+        &[
+            "a",
+            "how much free space is left on the disks",
+            "greet",
+            "disk",
+        ],
+    );
+    assert_eq!(report["ranker"], "lexical", "{report}");
+    assert_eq!(report["matches"][0]["name"], "disk", "{report}");
+    assert_eq!(report["matches"][0]["hosts"], serde_json::json!(["a"]));
+
+    let names = |state: &Value| -> Vec<String> {
+        state["loaded"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let opened = &report["opened"];
+    assert_eq!(names(opened), ["greet"], "{report}");
+    assert_eq!(opened["loaded"][0]["tier"], "hot");
+    assert_eq!(opened["loaded"][0]["auto_loaded"], true);
+    assert_eq!(opened["selected"], serde_json::json!(["a"]));
+    assert_eq!(opened["max_loaded"], 2);
+    let loaded = &report["loaded"];
+    assert_eq!(names(loaded), ["greet", "disk"], "{report}");
+    assert_eq!(
+        loaded["loaded"][1]["prompts"],
+        serde_json::json!(["Reports disk space per mount."])
+    );
+    assert_eq!(names(&report["unloaded"]), ["disk"], "{report}");
+    // The watch saw each state: as opened, after the load, after the unload.
+    let watched = report["watched"].as_array().unwrap();
+    assert_eq!(names(&watched[0]), ["greet"], "{report}");
+    assert_eq!(names(&watched[1]), ["greet", "disk"], "{report}");
+    assert_eq!(names(&watched[2]), ["disk"], "{report}");
+    assert_eq!(report["call_status"], "CALL_STATUS_OK", "{report}");
+    assert_eq!(report["watch_end"], "NOT_FOUND", "{report}");
+    assert_eq!(report["load_closed"], "NOT_FOUND", "{report}");
+    assert_eq!(report["long_query"], "INVALID_ARGUMENT", "{report}");
 }

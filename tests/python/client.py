@@ -6,9 +6,10 @@ JSON report."""
 import json
 import sys
 
-import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+import mtls
 
 from toolsrv.v1 import common_pb2, tools_pb2, tools_pb2_grpc
 
@@ -16,14 +17,8 @@ from toolsrv.v1 import common_pb2, tools_pb2, tools_pb2_grpc
 def main():
     addr, ca, cert, key, host, tool, args = sys.argv[1:8]
     approve = len(sys.argv) > 8 and sys.argv[8] == "approve"
-    creds = grpc.ssl_channel_credentials(
-        root_certificates=open(ca, "rb").read(),
-        private_key=open(key, "rb").read(),
-        certificate_chain=open(cert, "rb").read(),
-    )
     report = {}
-    with grpc.secure_channel(addr, creds) as channel:
-        grpc.channel_ready_future(channel).result(timeout=15)
+    with mtls.channel(addr, ca, cert, key) as channel:
         tools = tools_pb2_grpc.ToolsStub(channel)
         hosts = tools.ListHosts(tools_pb2.ListHostsRequest(), timeout=15)
         report["hosts"] = [
