@@ -548,6 +548,17 @@ fn streamable_http_serves_on_loopback_only_unless_told() {
 
     let out = fleet.toolctl(&["mcp", "--profile", profile, "--http", "0.0.0.0:0"]);
     assert_exit(&out, 64, &["--http-allow-remote"]);
+    let out = fleet.toolctl(&[
+        "mcp",
+        "--profile",
+        profile,
+        "--http",
+        "127.0.0.1:0",
+        "--http-no-auth",
+        "--http-token-file",
+        "x",
+    ]);
+    assert_exit(&out, 64, &["cannot be used with"]);
 
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
@@ -556,13 +567,14 @@ fn streamable_http_serves_on_loopback_only_unless_told() {
         &["mcp", "--profile", profile, "--http", &addr],
     );
     let mut server = toolsrv_tests::Proc::spawn("mcp-http", command, fleet.work.path());
-    wait_for(
+    let token = wait_for(
         "the MCP HTTP server to listen",
         Duration::from_secs(20),
-        || server.log().contains("serving MCP on").then_some(()),
+        || bearer_in(&server.log()),
     );
+    assert_eq!(token.len(), 64, "{}", server.log());
     for mode in ["auto", "legacy"] {
-        let config = json!({"url": format!("http://{addr}/mcp"), "mode": mode});
+        let config = json!({"url": format!("http://{addr}/mcp"), "mode": mode, "token": token});
         let out = scenario("http", &config);
         assert!(
             out["tools"]
@@ -574,6 +586,15 @@ fn streamable_http_serves_on_loopback_only_unless_told() {
         );
         assert_eq!(result_text(&out["greet"]), "hello http\n", "{mode}: {out}");
     }
+    // Loopback keeps other machines out, not other users of this one: without the token (or
+    // with a wrong one, or one a byte short) a request is refused before MCP sees it.
+    let wrong = format!("{}0", &token[..63]);
+    for authorization in [None, Some(wrong.as_str()), Some(&token[..63])] {
+        let (status, head) = initialize_over_http(&addr, authorization);
+        assert_eq!(status, 401, "{authorization:?}: {head}");
+        assert!(head.contains("www-authenticate: Bearer"), "{head}");
+    }
+    assert_eq!(initialize_over_http(&addr, Some(&token)).0, 200);
     // Exits on SIGTERM, closing its session.
     let log = server.log();
     let id = log
@@ -596,4 +617,115 @@ fn streamable_http_serves_on_loopback_only_unless_told() {
         "the session outlived toolctl mcp: {}",
         text(&out.stdout)
     );
+}
+
+/// The bearer token `toolctl mcp --http` printed, once it listens.
+fn bearer_in(log: &str) -> Option<String> {
+    if !log.contains("serving MCP on") {
+        return None;
+    }
+    let rest = log.split("Authorization: Bearer ").nth(1)?;
+    Some(rest.split('`').next()?.to_string())
+}
+
+/// POSTs an MCP `initialize` to `http://ADDR/mcp` by hand, with `Authorization: Bearer TOKEN`
+/// when given: the status, and the response head in lowercase (header values as sent).
+fn initialize_over_http(addr: &str, token: Option<&str>) -> (u16, String) {
+    use std::io::{Read, Write};
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\n{auth}Content-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && head.len() < 16 * 1024 {
+        match stream.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => break,
+        }
+    }
+    let head = String::from_utf8_lossy(&head).to_string();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP status: {head:?}"));
+    let head = head
+        .lines()
+        .map(|l| match l.split_once(':') {
+            Some((k, v)) => format!("{}:{v}", k.to_ascii_lowercase()),
+            None => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    (status, head)
+}
+
+/// `--http-token-file`: the token is made there, owner-only, and taken from there on the next
+/// run; a file others may read is refused.
+#[test]
+fn streamable_http_keeps_its_token_in_a_private_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let fleet = one_host_fleet(&[]);
+    let profile = one_host_profile(&fleet);
+    let profile = profile.to_str().unwrap();
+    let token_file = fleet.work.path().join("mcp-token");
+    let file_arg = token_file.to_str().unwrap();
+    for run in 0..2 {
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let command = fleet.toolctl_command(
+            "client-alice",
+            &[
+                "mcp",
+                "--profile",
+                profile,
+                "--http",
+                &addr,
+                "--http-token-file",
+                file_arg,
+            ],
+        );
+        let mut server = toolsrv_tests::Proc::spawn("mcp-http", command, fleet.work.path());
+        wait_for(
+            "the MCP HTTP server to listen",
+            Duration::from_secs(20),
+            || server.log().contains("serving MCP on").then_some(()),
+        );
+        assert!(server.log().contains(file_arg), "{}", server.log());
+        let mode = std::fs::metadata(&token_file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let token = std::fs::read_to_string(&token_file).unwrap();
+        assert_eq!(
+            initialize_over_http(&addr, Some(token.trim())).0,
+            200,
+            "run {run}"
+        );
+        assert_eq!(initialize_over_http(&addr, None).0, 401, "run {run}");
+        assert!(
+            server.terminate().is_some_and(|s| s.success()),
+            "{}",
+            server.log()
+        );
+    }
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let out = fleet.toolctl(&[
+        "mcp",
+        "--profile",
+        profile,
+        "--http",
+        "127.0.0.1:0",
+        "--http-token-file",
+        file_arg,
+    ]);
+    assert_exit(&out, 64, &["mcp-token", "readable or writable by others"]);
 }

@@ -3,7 +3,7 @@
 Usage: mcp_client.py SCENARIO CONFIG_JSON
 
 CONFIG_JSON: {"command": ..., "args": [...], "env": {...}} to start the server on stdio, or
-{"url": "http://127.0.0.1:PORT/mcp"}; "mode": "legacy" (2025-11-25, initialize handshake) or
+{"url": "http://127.0.0.1:PORT/mcp", "token": "..."} (the bearer token); "mode": "legacy" (2025-11-25, initialize handshake) or
 "auto" (2026-07-28); plus what the scenario needs. Every wait is bounded.
 """
 
@@ -12,9 +12,11 @@ import os
 import sys
 
 import anyio
+import httpx2
 import mcp_types as types
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
 WAIT = 20.0
 
@@ -24,6 +26,10 @@ def dump(value):
 
 
 def server(cfg):
+    if "url" in cfg and "token" in cfg:
+        headers = {"Authorization": f"Bearer {cfg['token']}"}
+        http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300))
+        return streamable_http_client(cfg["url"], http_client=http)
     if "url" in cfg:
         return cfg["url"]
     return StdioServerParameters(command=cfg["command"], args=cfg["args"], env=cfg["env"])

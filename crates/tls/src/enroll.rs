@@ -507,10 +507,16 @@ fn random_serial() -> Result<SerialNumber, EnrollError> {
 
 /// A new join token: `tsj_` and 48 hex digits (192 random bits).
 pub fn new_token() -> Result<String, TlsError> {
-    let mut bytes = [0u8; 24];
-    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
-        .map_err(|_| TlsError::Connect("no randomness available for a join token".into()))?;
-    Ok(format!("{TOKEN_PREFIX}{}", hex(&bytes)))
+    Ok(format!("{TOKEN_PREFIX}{}", secret_hex(24, "a join token")?))
+}
+
+/// `bytes` bytes from the operating system's secure generator, in hex: a secret `what` is made
+/// of.
+pub fn secret_hex(bytes: usize, what: &str) -> Result<String, TlsError> {
+    let mut buf = vec![0u8; bytes];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut buf)
+        .map_err(|_| TlsError::Connect(format!("no randomness available for {what}")))?;
+    Ok(hex(&buf))
 }
 
 /// How every join token starts.

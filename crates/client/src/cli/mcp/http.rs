@@ -1,8 +1,18 @@
 //! `toolctl mcp --http ADDR`: the MCP server over streamable HTTP at `/mcp`, on loopback unless
-//! told otherwise (nothing authenticates HTTP clients).
+//! told otherwise. Every request must carry `Authorization: Bearer TOKEN`: loopback keeps other
+//! machines out, not the other users of this one, and whoever gets through calls tools with this
+//! command's certificate. The token is new each run unless `--http-token-file` keeps one.
 
+use std::io::Write;
 use std::net::SocketAddr;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
 use std::sync::Arc;
+
+use axum::extract::Request;
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
@@ -20,23 +30,160 @@ pub fn check_addr(addr: SocketAddr, allow_remote: bool) -> Result<(), String> {
     }
     if !allow_remote {
         return Err(format!(
-            "--http {addr}: not a loopback address, and nothing authenticates MCP clients over \
-             HTTP: anyone who reaches it could call every tool of the session with your \
-             certificate. Give --http-allow-remote to serve there anyway"
+            "--http {addr}: not a loopback address. This server speaks plain HTTP: its bearer \
+             token would cross the network in the clear, and whoever has it calls every tool \
+             of the session with your certificate. Give --http-allow-remote to serve there \
+             anyway"
         ));
     }
     eprintln!(
-        "toolctl mcp: warning: serving on {addr}, off loopback, with --http-allow-remote: \
-         nothing authenticates MCP clients; anyone who reaches this address can call every \
-         tool of the session as you"
+        "toolctl mcp: warning: serving on {addr}, off loopback, with --http-allow-remote: plain \
+         HTTP carries the bearer token in the clear; put TLS in front of it"
     );
     Ok(())
+}
+
+/// Bytes of randomness in a token this command makes (256 bits, 64 hex digits).
+const TOKEN_BYTES: usize = 32;
+/// Shortest token taken from a file: guessing it must stay out of reach.
+const MIN_TOKEN_CHARS: usize = 32;
+/// Longest token file read.
+const MAX_TOKEN_FILE_BYTES: u64 = 4096;
+
+/// What HTTP clients must present.
+#[derive(Debug, Clone)]
+pub enum Auth {
+    /// `Authorization: Bearer` and this token; `from` says where it is, for the message.
+    Bearer { token: Arc<str>, from: TokenFrom },
+    /// Nothing (`--http-no-auth`).
+    Open,
+}
+
+/// Where the bearer token comes from.
+#[derive(Debug, Clone)]
+pub enum TokenFrom {
+    /// Made for this run (printed once on stderr).
+    Run,
+    /// Read from, or written to, this file.
+    File(std::path::PathBuf),
+}
+
+/// The clients' credential: `--http-no-auth` for none; else the token in `token_file` (made there,
+/// owner-only, when the file does not exist), or a new one for this run.
+pub fn auth(token_file: Option<&Path>, no_auth: bool) -> Result<Auth, String> {
+    if no_auth {
+        return Ok(Auth::Open);
+    }
+    let token = match token_file {
+        Some(path) => token_in(path)?,
+        None => new_token()?,
+    };
+    Ok(Auth::Bearer {
+        token: token.into(),
+        from: token_file.map_or(TokenFrom::Run, |p| TokenFrom::File(p.to_path_buf())),
+    })
+}
+
+fn new_token() -> Result<String, String> {
+    toolsrv_tls::enroll::secret_hex(TOKEN_BYTES, "the MCP bearer token").map_err(|e| e.to_string())
+}
+
+/// The token in `path`, which only its owner may read; made there when the file does not exist.
+fn token_in(path: &Path) -> Result<String, String> {
+    let shown = path.display();
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let token = new_token()?;
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(|e| format!("--http-token-file {shown}: cannot create it: {e}"))?;
+            file.write_all(format!("{token}\n").as_bytes())
+                .map_err(|e| format!("--http-token-file {shown}: cannot write it: {e}"))?;
+            return Ok(token);
+        }
+        Err(e) => return Err(format!("--http-token-file {shown}: cannot open it: {e}")),
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("--http-token-file {shown}: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!("--http-token-file {shown}: not a regular file"));
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(format!(
+            "--http-token-file {shown}: readable or writable by others (mode {:o}); \
+             chmod 600 it",
+            meta.mode() & 0o777
+        ));
+    }
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut std::io::Read::take(file, MAX_TOKEN_FILE_BYTES + 1),
+        &mut text,
+    )
+    .map_err(|e| format!("--http-token-file {shown}: cannot read it: {e}"))?;
+    if text.len() as u64 > MAX_TOKEN_FILE_BYTES {
+        return Err(format!(
+            "--http-token-file {shown}: over {MAX_TOKEN_FILE_BYTES} bytes; a token is one line"
+        ));
+    }
+    let token = text.trim();
+    if token.chars().count() < MIN_TOKEN_CHARS || !token.chars().all(|c| c.is_ascii_graphic()) {
+        return Err(format!(
+            "--http-token-file {shown}: the token must be one line of at least \
+             {MIN_TOKEN_CHARS} printable ASCII characters without spaces"
+        ));
+    }
+    Ok(token.to_string())
+}
+
+/// Whether `header` is `Bearer TOKEN`, compared in time that does not depend on where it differs.
+fn presents(header: Option<&[u8]>, token: &str) -> bool {
+    let Some(value) = header else {
+        return false;
+    };
+    let Some(given) = value
+        .strip_prefix(b"Bearer ")
+        .or_else(|| value.strip_prefix(b"bearer "))
+    else {
+        return false;
+    };
+    let want = token.as_bytes();
+    given.len() == want.len()
+        && given
+            .iter()
+            .zip(want)
+            .fold(0u8, |diff, (a, b)| diff | (a ^ b))
+            == 0
+}
+
+/// Refuses a request without the token: 401 with `WWW-Authenticate: Bearer`.
+async fn require(token: Arc<str>, request: Request, next: Next) -> Response {
+    let header = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    if presents(header, &token) {
+        return next.run(request).await;
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        "toolctl mcp: send the header `Authorization: Bearer TOKEN`, with the token \
+         toolctl mcp printed or keeps in its --http-token-file\n",
+    )
+        .into_response()
 }
 
 /// Serves `server` on `addr` until `shutdown`.
 pub async fn serve(
     addr: SocketAddr,
     allow_remote: bool,
+    auth: Auth,
     server: Server,
     shutdown: CancellationToken,
 ) -> Result<(), String> {
@@ -59,7 +206,37 @@ pub async fn serve(
         config,
     );
     let router = axum::Router::new().nest_service(PATH, service);
+    let router = match &auth {
+        Auth::Bearer { token, .. } => {
+            let token = token.clone();
+            router.layer(axum::middleware::from_fn(
+                move |request: Request, next: Next| require(token.clone(), request, next),
+            ))
+        }
+        Auth::Open => router,
+    };
     eprintln!("toolctl mcp: serving MCP on http://{local}{PATH}");
+    match &auth {
+        Auth::Bearer {
+            token,
+            from: TokenFrom::Run,
+        } => eprintln!(
+            "toolctl mcp: clients must send the header `Authorization: Bearer {token}` \
+             (a new token each run; --http-token-file FILE keeps one)"
+        ),
+        Auth::Bearer {
+            from: TokenFrom::File(path),
+            ..
+        } => eprintln!(
+            "toolctl mcp: clients must send the header `Authorization: Bearer TOKEN`, with the \
+             token in {}",
+            path.display()
+        ),
+        Auth::Open => eprintln!(
+            "toolctl mcp: warning: --http-no-auth: any process that reaches this address, \
+             other users' included, calls tools with your certificate"
+        ),
+    }
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
@@ -68,7 +245,71 @@ pub async fn serve(
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
+
+    #[test]
+    fn only_the_exact_bearer_token_passes() {
+        let token = "a".repeat(64);
+        let header = format!("Bearer {token}");
+        assert!(presents(Some(header.as_bytes()), &token));
+        assert!(presents(Some(format!("bearer {token}").as_bytes()), &token));
+        for bad in [
+            String::new(),
+            token.clone(),
+            format!("Bearer {}", "a".repeat(63)),
+            format!("Bearer {}b", "a".repeat(63)),
+            format!("Bearer {token}a"),
+            format!("Basic {token}"),
+            format!("Bearer  {token}"),
+        ] {
+            assert!(!presents(Some(bad.as_bytes()), &token), "{bad:?}");
+        }
+        assert!(!presents(None, &token));
+    }
+
+    #[test]
+    fn a_token_file_is_made_private_then_kept_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        let Auth::Bearer { token: made, .. } = auth(Some(&path), false).unwrap() else {
+            panic!("no token");
+        };
+        assert_eq!(made.len(), 64);
+        let mode = std::fs::metadata(&path).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let Auth::Bearer { token: again, .. } = auth(Some(&path), false).unwrap() else {
+            panic!("no token");
+        };
+        assert_eq!(made, again, "the file keeps the token");
+
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = auth(Some(&path), false).unwrap_err();
+        assert!(
+            e.contains("readable or writable by others") && e.contains("644"),
+            "{e}"
+        );
+
+        let short = dir.path().join("short");
+        std::fs::write(&short, "hunter2\n").unwrap();
+        std::fs::set_permissions(&short, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let e = auth(Some(&short), false).unwrap_err();
+        assert!(e.contains("at least 32"), "{e}");
+
+        let e = auth(Some(dir.path()), false).unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
+
+        // A new token each run without a file, and none at all when told.
+        let (Auth::Bearer { token: a, .. }, Auth::Bearer { token: b, .. }) =
+            (auth(None, false).unwrap(), auth(None, false).unwrap())
+        else {
+            panic!("no token");
+        };
+        assert_ne!(a, b);
+        assert!(matches!(auth(None, true).unwrap(), Auth::Open));
+    }
 
     #[test]
     fn only_loopback_without_the_flag() {

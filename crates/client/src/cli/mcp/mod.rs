@@ -43,10 +43,23 @@ pub struct McpArgs {
     /// 127.0.0.1:8765, unless --http-allow-remote)
     #[arg(long, value_name = "ADDR")]
     http: Option<SocketAddr>,
-    /// Allow --http on an address off loopback. Nothing authenticates MCP clients: whoever
-    /// reaches the address calls tools with this command's certificate
+    /// Allow --http on an address off loopback: whoever reaches the address and has the bearer
+    /// token calls tools with this command's certificate
     #[arg(long, requires = "http")]
     http_allow_remote: bool,
+    /// The bearer token HTTP clients must send, kept in FILE (owner-only; made there when it does
+    /// not exist). Without it, a new token each run, printed on stderr
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "http",
+        conflicts_with = "http_no_auth"
+    )]
+    http_token_file: Option<PathBuf>,
+    /// Serve HTTP without a bearer token: every process that reaches the address, other users'
+    /// included, calls tools with this command's certificate
+    #[arg(long, requires = "http")]
+    http_no_auth: bool,
 }
 
 /// Runs the MCP server until its stdio client goes away (stdin closes), or until Ctrl-C or
@@ -59,12 +72,20 @@ pub async fn run(args: McpArgs) -> u8 {
             return exit::USAGE;
         }
     };
-    if let Some(addr) = args.http
-        && let Err(e) = http::check_addr(addr, args.http_allow_remote)
-    {
-        eprintln!("toolctl mcp: {e}");
-        return exit::USAGE;
-    }
+    let http = match args.http {
+        Some(addr) => {
+            let checked = http::check_addr(addr, args.http_allow_remote)
+                .and_then(|()| http::auth(args.http_token_file.as_deref(), args.http_no_auth));
+            match checked {
+                Ok(auth) => Some((addr, auth)),
+                Err(e) => {
+                    eprintln!("toolctl mcp: {e}");
+                    return exit::USAGE;
+                }
+            }
+        }
+        None => None,
+    };
     let client = match super::remote::connect_client(&args.conn).await {
         Ok(client) => client,
         Err(code) => return code,
@@ -103,8 +124,10 @@ pub async fn run(args: McpArgs) -> u8 {
         tasks: tasks.clone(),
     };
     let server = server::Server::new(calls, catalog.clone());
-    let code = match args.http {
-        Some(addr) => serve_http(addr, args.http_allow_remote, server, shutdown.clone()).await,
+    let code = match http {
+        Some((addr, auth)) => {
+            serve_http(addr, args.http_allow_remote, auth, server, shutdown.clone()).await
+        }
         None => serve_stdio(server).await,
     };
     shutdown.cancel();
@@ -150,11 +173,12 @@ async fn serve_stdio(server: server::Server) -> u8 {
 async fn serve_http(
     addr: SocketAddr,
     allow_remote: bool,
+    auth: http::Auth,
     server: server::Server,
     shutdown: CancellationToken,
 ) -> u8 {
     let serving = async {
-        let served = http::serve(addr, allow_remote, server, shutdown.clone()).await;
+        let served = http::serve(addr, allow_remote, auth, server, shutdown.clone()).await;
         shutdown.cancel();
         served
     };
