@@ -588,7 +588,8 @@ fn streamable_http_serves_on_loopback_only_unless_told() {
     }
     // Loopback keeps other machines out, not other users of this one: without the token (or
     // with a wrong one, or one a byte short) a request is refused before MCP sees it.
-    let wrong = format!("{}0", &token[..63]);
+    let last = if token.ends_with('0') { '1' } else { '0' };
+    let wrong = format!("{}{last}", &token[..63]);
     for authorization in [None, Some(wrong.as_str()), Some(&token[..63])] {
         let (status, head) = initialize_over_http(&addr, authorization);
         assert_eq!(status, 401, "{authorization:?}: {head}");
