@@ -291,3 +291,40 @@ fn up_says_when_ollie_tools_path_replaces_the_example_tools() {
     );
     up.stop();
 }
+
+/// `--find-model` (here through `TOOLSRV_FIND_MODEL`) gives `up`'s coordinator the sentence
+/// encoder: the banner says so, and a request that shares no word with its tool finds it.
+#[test]
+fn up_ranks_by_meaning_with_a_find_model() {
+    let model = toolsrv_tests::find_model_dir();
+    let home = tempfile::tempdir().unwrap();
+    let home = home.path();
+    let mut up = Up::start(
+        home,
+        free_port(),
+        &[("TOOLSRV_FIND_MODEL", model.to_str().unwrap())],
+    );
+    let banner = up.banner();
+    let all = banner.join("\n");
+    assert!(
+        all.contains(&format!(
+            "rank tools by meaning, with the encoder in {}",
+            model.display()
+        )),
+        "{all}"
+    );
+    let settings = block(&banner, "export ").join("\n");
+    let script = format!(
+        "{settings}\ntoolctl find local 'fingerprint this tarball so i can tell nobody tampered with it' --json"
+    );
+    let out = run_bounded(shell(home, &script), None, Duration::from_secs(60));
+    assert_exit(&out, 0, &[]);
+    let hits: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(hits[0]["name"], "checksum", "{hits}");
+    assert_eq!(hits[0]["lexical"], 0.0, "no word in common: {hits}");
+    assert!(
+        hits[0]["semantic"].is_number(),
+        "ranked by the encoder: {hits}"
+    );
+    up.stop();
+}

@@ -29,6 +29,11 @@ pub struct UpArgs {
     /// OLLIE_TOOLS_PATH is used when set (and `up` says so), else the example tools
     #[arg(long, value_name = "PATH")]
     tools: Option<String>,
+    /// Sentence encoder for FindTools, `toolctl find` and MCP's `tool_search` (a directory with
+    /// model.safetensors, tokenizer.json and config.json, as `scripts/fetch-find-model` lays it
+    /// out): tools are then ranked by meaning as well as by words
+    #[arg(long, env = "TOOLSRV_FIND_MODEL", value_name = "DIR")]
+    find_model: Option<PathBuf>,
 }
 
 /// Where the tools come from, for the banner.
@@ -102,10 +107,11 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
             None
         }
     };
-    let coordinator = CoordinatorConfig::new(
+    let mut coordinator = CoordinatorConfig::new(
         tools.clone(),
         TlsFiles::in_dir(&pki, &Identity::Coordinator),
     );
+    coordinator.find_model = args.find_model.clone();
     let mut agent = AgentConfig::new(
         url.clone(),
         LOCAL_HOST,
@@ -146,7 +152,7 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
                 if !shutdown.is_cancelled() {
                     println!(
                         "{}",
-                        banner(&url, &pki, &tools, &source, &state, bin.as_deref())
+                        banner(&url, &pki, &tools, &source, &state, bin.as_deref(), args.find_model.as_deref())
                     );
                 }
             }
@@ -256,6 +262,7 @@ fn banner(
     source: &ToolsSource,
     state: &Path,
     bin: Option<&Path>,
+    find_model: Option<&Path>,
 ) -> String {
     let client = TlsFiles::in_dir(pki, &Identity::Client(CLIENT.into()));
     let tools: Vec<String> = tools.iter().map(|t| t.display().to_string()).collect();
@@ -263,6 +270,16 @@ fn banner(
     let mut out = format!(
         "toolsrv is up: coordinator on {url} with a local agent `{LOCAL_HOST}`, tools from {tools}\n"
     );
+    match find_model {
+        Some(dir) => out.push_str(&format!(
+            "`toolctl find` and MCP's tool_search rank tools by meaning, with the encoder in {}\n",
+            dir.display()
+        )),
+        None => out.push_str(
+            "`toolctl find` and MCP's tool_search rank tools by words (--find-model DIR adds \
+             meaning; see the README)\n",
+        ),
+    }
     if *source == ToolsSource::Environment {
         out.push_str(&format!(
             "(from OLLIE_TOOLS_PATH in your environment, instead of the example tools in {}: \
@@ -323,6 +340,7 @@ mod tests {
                 &source,
                 state,
                 Some(&state.join("bin")),
+                None,
             )
         };
         let from_env = banner(ToolsSource::Environment);
@@ -337,5 +355,23 @@ mod tests {
         for (command, _) in TOUR {
             assert!(from_flag.contains(command), "{from_flag}");
         }
+        assert!(from_flag.contains("rank tools by words"), "{from_flag}");
+        let with_model = banner_with_model(Path::new("/models/minilm"));
+        assert!(
+            with_model.contains("rank tools by meaning, with the encoder in /models/minilm"),
+            "{with_model}"
+        );
+    }
+
+    fn banner_with_model(dir: &Path) -> String {
+        banner(
+            "https://127.0.0.1:1",
+            Path::new("/s/pki"),
+            &[PathBuf::from("/mine")],
+            &ToolsSource::Flag,
+            Path::new("/s"),
+            None,
+            Some(dir),
+        )
     }
 }
