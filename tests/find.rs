@@ -254,3 +254,67 @@ fn a_coordinator_with_an_unusable_model_directory_refuses_to_start() {
         "the error names the flag, the directory and the missing file: {text}"
     );
 }
+
+/// One client may have 8 FindTools requests in progress at once: while the first index of 400
+/// tools is embedded (requests wait for it), alice's ninth and later requests are refused at
+/// once with RESOURCE_EXHAUSTED naming the limit, her first eight are answered, and bob, another
+/// client, is not held back by her.
+#[test]
+fn one_client_may_have_eight_requests_in_progress() {
+    const TOOLS: usize = 400;
+    const SENT: usize = 12;
+    let model = find_model_dir();
+    let mut fleet = Fleet::new(&["a"]);
+    for i in 0..TOOLS {
+        fleet.tool(
+            &format!("widget_{i}.meta"),
+            &format!(
+                r#"{{"description": "Check that widget {i} of the assembly line is calibrated", "keywords": ["widget {i}", "calibration {i}"], "cmd": "true"}}"#
+            ),
+            false,
+        );
+    }
+    fleet.start_coordinator(&["--find-model", model.to_str().unwrap()]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "widget_0");
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (alice, bob) = rt.block_on(async {
+        toolsrv_tls::install_crypto_provider();
+        let connect = |name: &str| {
+            let options = toolsrv_client::ConnectOptions {
+                addr: fleet.url(),
+                tls: toolsrv_testkit::stem_files(fleet.pki.root(), name),
+            };
+            async move { toolsrv_client::Client::connect(&options).await.unwrap() }
+        };
+        let (alice, bob) = (connect("client-alice").await, connect("client-bob").await);
+        let mut sent = tokio::task::JoinSet::new();
+        for _ in 0..SENT {
+            let alice = alice.clone();
+            sent.spawn(async move { alice.find_tools("all", "calibration of widget 7", 3).await });
+        }
+        let bob = bob.find_tools("all", "calibration of widget 7", 3).await;
+        (sent.join_all().await, bob)
+    });
+    let log = || fleet.coordinator.as_ref().unwrap().log();
+    assert!(
+        log().contains("tool index rebuilt"),
+        "the requests waited for the first index: {}",
+        log()
+    );
+    let refused: Vec<String> = alice
+        .iter()
+        .filter_map(|r| r.as_ref().err())
+        .map(|e| {
+            assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
+            e.to_string()
+        })
+        .collect();
+    assert_eq!(refused.len(), SENT - 8, "{refused:?}");
+    assert!(refused[0].contains("at once (8)"), "{refused:?}");
+    for found in alice.iter().filter_map(|r| r.as_ref().ok()) {
+        assert_eq!(found.matches[0].name, "widget_7");
+    }
+    assert_eq!(bob.unwrap().matches[0].name, "widget_7");
+}

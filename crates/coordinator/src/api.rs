@@ -468,7 +468,7 @@ impl Tools for ToolsService {
         let client = Caller::client(&req)?;
         let relayed = replicas::is_relayed(&req);
         let req = req.into_inner();
-        let found = crate::finder::find(&self.state, req.clone()).await?;
+        let found = crate::finder::find(&self.state, &client, req.clone()).await?;
         // Through any replica, the tools of every replica's hosts.
         let found = match &self.state.replicas {
             Some(replicas) if !relayed => {

@@ -28,6 +28,10 @@ const DEFAULT_LIMIT: u32 = 5;
 const MAX_LIMIT: u32 = 1000;
 /// Longest selector a request may give.
 const MAX_SELECTOR_BYTES: usize = 4096;
+/// FindTools requests one client may have in progress at once; more are refused at once with
+/// RESOURCE_EXHAUSTED. Ranking with an encoder costs milliseconds of CPU a request: a client
+/// that sends hundreds at once must not queue them all ahead of everyone else.
+pub const MAX_FINDS_PER_CLIENT: usize = 8;
 
 /// A document: the tool's name and a digest of the texts ranked.
 type DocKey = (String, u64);
@@ -42,6 +46,35 @@ pub struct Finder {
     descriptions: std::sync::RwLock<HashMap<DocKey, String>>,
     /// Whether an index was ever built: then a request need not wait for a rebuild.
     has_index: std::sync::atomic::AtomicBool,
+    /// Searches run at once: one per CPU (a search is CPU-bound; more at once only add
+    /// threads and memory). A permit is held until the search's thread is done, even when its
+    /// client went away meanwhile.
+    searches: Arc<tokio::sync::Semaphore>,
+    /// Requests in progress per client name.
+    in_flight: std::sync::Mutex<HashMap<String, usize>>,
+}
+
+/// One client's FindTools request in progress; counted out when dropped, which also happens
+/// when the client goes away mid-request.
+struct InFlight<'a> {
+    finder: &'a Finder,
+    client: String,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut counts = self
+            .finder
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = counts.get_mut(&self.client) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.client);
+            }
+        }
+    }
 }
 
 impl Finder {
@@ -51,7 +84,29 @@ impl Finder {
             built: tokio::sync::Mutex::new(None),
             descriptions: std::sync::RwLock::new(HashMap::new()),
             has_index: std::sync::atomic::AtomicBool::new(false),
+            searches: Arc::new(tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            )),
+            in_flight: std::sync::Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Counts a request of `client` in, unless it already has [`MAX_FINDS_PER_CLIENT`] in
+    /// progress.
+    fn admit(&self, client: &str) -> Result<InFlight<'_>, Status> {
+        let mut counts = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let n = counts.entry(client.to_string()).or_insert(0);
+        if *n >= MAX_FINDS_PER_CLIENT {
+            return Err(Status::resource_exhausted(format!(
+                "{n} FindTools requests of this client are in progress, the most one client may \
+                 have at once ({MAX_FINDS_PER_CLIENT}): wait for their answers"
+            )));
+        }
+        *n += 1;
+        Ok(InFlight {
+            finder: self,
+            client: client.to_string(),
+        })
     }
 
     /// Makes the index ready to answer: rebuilds it if views were stored since the last build,
@@ -176,8 +231,13 @@ fn key_of(def: &ToolDefinition) -> DocKey {
     (def.name.clone(), hasher.finish())
 }
 
-/// Ranks the tools visible on the online hosts `req.selector` picks against `req.query`.
-pub async fn find(state: &State, req: FindToolsRequest) -> Result<FindToolsResponse, Status> {
+/// Ranks the tools visible on the online hosts `req.selector` picks against `req.query`, for
+/// `client` (at most [`MAX_FINDS_PER_CLIENT`] of its requests at once).
+pub async fn find(
+    state: &State,
+    client: &str,
+    req: FindToolsRequest,
+) -> Result<FindToolsResponse, Status> {
     if req.query.len() > toolsrv_find::MAX_QUERY_BYTES {
         return Err(Status::invalid_argument(format!(
             "the request is {} bytes, over the limit of {}",
@@ -195,13 +255,21 @@ pub async fn find(state: &State, req: FindToolsRequest) -> Result<FindToolsRespo
     let selector = Selector::parse(&req.selector)
         .map_err(|e| Status::invalid_argument(format!("host selector `{}`: {e}", req.selector)))?;
     let finder = &state.finder;
+    let _counted = finder.admit(client)?;
     finder.ready(state).await?;
 
     let (visible, hosts_of) = offered(state, &selector);
     let index = finder.index.clone();
     let query = req.query;
     let candidates = visible.len();
+    let permit = finder
+        .searches
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| Status::unavailable("the coordinator is shutting down"))?;
     let hits = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
         index.search(&query, candidates.max(1), |k| visible.contains(k))
     })
     .await
