@@ -7,7 +7,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, assert_exit, finish_child, json_lines, text, wait_for};
+use toolsrv_tests::{
+    AgentSpec, Fleet, LineWatch, assert_exit, finish_child, json_lines, text, wait_for,
+};
 
 /// Starts `cmd` in its own process group with piped output.
 fn spawn(mut cmd: Command) -> Child {
@@ -319,4 +321,52 @@ fn sighup_reopens_the_audit_log_for_logrotate() {
         1,
         "the second call goes to the new file"
     );
+}
+
+/// One client may hold `--max-watches-per-client` watch streams (catalog and session watches
+/// alike); the next is refused at once (exit 75) naming the flag, another client is not held
+/// back, and a watch whose client goes away gives its slot back.
+#[test]
+fn watch_streams_per_client_are_bounded() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "hello.meta",
+        r#"{"description": "Greets", "cmd": "echo hi"}"#,
+        false,
+    );
+    fleet.start_coordinator(&["--max-watches-per-client", "2"]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "hello");
+    let watch = |who: &str| {
+        let w = LineWatch::start(fleet.toolctl_command(who, &["watch", "--json"]));
+        w.until("snapshot", |e| e["kind"] == "snapshot");
+        w
+    };
+    let first = watch("client-alice");
+    let _second = watch("client-alice");
+    let out = fleet.toolctl(&["watch", "--json"]);
+    assert_exit(
+        &out,
+        75,
+        &["2 watch streams open", "--max-watches-per-client"],
+    );
+    // A session watch is a watch stream too.
+    let profile = fleet.work.path().join("profile.json");
+    std::fs::write(&profile, r#"{"autoLoad": ["hello"]}"#).unwrap();
+    let out = fleet.toolctl(&["session", "open", "--profile", profile.to_str().unwrap()]);
+    assert_exit(&out, 0, &[]);
+    let id = text(&out.stdout).trim().to_string();
+    let out = fleet.toolctl(&["session", "watch", &id]);
+    assert_exit(&out, 75, &["--max-watches-per-client"]);
+    // Bob is not held back by alice.
+    let _bob = watch("client-bob");
+    // Alice's first watch goes away: its slot comes back.
+    drop(first);
+    wait_for("alice's slot to come back", Duration::from_secs(20), || {
+        let mut again = fleet.toolctl_command("client-alice", &["watch", "--json"]);
+        // Still running after 2 s: admitted (and stopped here).
+        toolsrv_tests::try_run_bounded(&mut again, None, Duration::from_secs(2))
+            .is_err()
+            .then_some(())
+    });
 }

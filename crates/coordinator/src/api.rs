@@ -47,6 +47,51 @@ pub struct ToolsService {
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
+/// A watch stream holding its client's slot (`--max-watches-per-client`) until it is dropped:
+/// when it ends, or when the client goes away.
+struct Watched<T> {
+    inner: BoxStream<T>,
+    _slot: Option<crate::quota::Held>,
+}
+
+impl<T> Stream for Watched<T> {
+    type Item = Result<T, Status>;
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.get_mut().inner.as_mut().poll_next(cx)
+    }
+}
+
+impl ToolsService {
+    /// A watch stream's slot for `client`; none for a watch relayed by another replica (the
+    /// replica the client reached counted it).
+    fn watch_slot(
+        &self,
+        client: &str,
+        relayed: bool,
+    ) -> Result<Option<crate::quota::Held>, Status> {
+        if relayed {
+            return Ok(None);
+        }
+        self.state
+            .quotas
+            .watch(client)
+            .map(Some)
+            .map_err(Status::resource_exhausted)
+    }
+}
+
+/// `inner` holding `slot` for as long as it is open.
+fn watched<T: Send + 'static>(
+    inner: BoxStream<T>,
+    slot: Option<crate::quota::Held>,
+) -> BoxStream<T> {
+    Box::pin(Watched { inner, _slot: slot })
+}
+
 /// Longest working directory a call may name (Linux's PATH_MAX).
 const MAX_CWD_BYTES: usize = 4096;
 /// Longest host selector a fan-out may give.
@@ -390,11 +435,12 @@ impl Tools for ToolsService {
         &self,
         req: Request<WatchCatalogRequest>,
     ) -> Result<Response<Self::WatchCatalogStream>, Status> {
-        Caller::client(&req)?;
-        let mut events = self.state.fleet.subscribe();
+        let client = Caller::client(&req)?;
         // Through any replica, the whole fleet's events; a replica watching another gets only
         // the hosts it holds.
         let relayed = crate::replicas::is_relayed(&req);
+        let slot = self.watch_slot(&client, relayed)?;
+        let mut events = self.state.fleet.subscribe();
         let mut remote = match &self.state.replicas {
             Some(replicas) if !relayed => Some(replicas.remote_events()),
             _ => None,
@@ -458,7 +504,10 @@ impl Tools for ToolsService {
                 }
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(watched(
+            Box::pin(ReceiverStream::new(rx)),
+            slot,
+        )))
     }
 
     async fn find_tools(
@@ -550,6 +599,7 @@ impl Tools for ToolsService {
     ) -> Result<Response<Self::WatchSessionStream>, Status> {
         let client = Caller::client(&req)?;
         let relayed = replicas::is_relayed(&req);
+        let slot = self.watch_slot(&client, relayed)?;
         let req = req.into_inner();
         if let Some((replicas, record)) =
             replicas::session_elsewhere(&self.state, &req.session, relayed)?
@@ -558,11 +608,14 @@ impl Tools for ToolsService {
             // client went away) ends the relayed watch with it.
             let (mut tools, request) = replicas.relay(&record, &client, req)?;
             let stream = tools.watch_session(request).await?.into_inner();
-            return Ok(Response::new(Box::pin(stream)));
+            return Ok(Response::new(watched(Box::pin(stream), slot)));
         }
         let (tx, rx) = mpsc::channel(4);
         session_api::watch(&self.state, &client, &req.session, tx)?;
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(watched(
+            Box::pin(ReceiverStream::new(rx)),
+            slot,
+        )))
     }
 
     async fn close_session(

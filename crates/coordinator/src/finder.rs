@@ -51,30 +51,7 @@ pub struct Finder {
     /// client went away meanwhile.
     searches: Arc<tokio::sync::Semaphore>,
     /// Requests in progress per client name.
-    in_flight: std::sync::Mutex<HashMap<String, usize>>,
-}
-
-/// One client's FindTools request in progress; counted out when dropped, which also happens
-/// when the client goes away mid-request.
-struct InFlight<'a> {
-    finder: &'a Finder,
-    client: String,
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        let mut counts = self
-            .finder
-            .in_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = counts.get_mut(&self.client) {
-            *n -= 1;
-            if *n == 0 {
-                counts.remove(&self.client);
-            }
-        }
-    }
+    in_flight: Arc<crate::quota::PerClient>,
 }
 
 impl Finder {
@@ -87,26 +64,21 @@ impl Finder {
             searches: Arc::new(tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
             )),
-            in_flight: std::sync::Mutex::new(HashMap::new()),
+            in_flight: Arc::default(),
         }
     }
 
     /// Counts a request of `client` in, unless it already has [`MAX_FINDS_PER_CLIENT`] in
     /// progress.
-    fn admit(&self, client: &str) -> Result<InFlight<'_>, Status> {
-        let mut counts = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        let n = counts.entry(client.to_string()).or_insert(0);
-        if *n >= MAX_FINDS_PER_CLIENT {
-            return Err(Status::resource_exhausted(format!(
-                "{n} FindTools requests of this client are in progress, the most one client may \
-                 have at once ({MAX_FINDS_PER_CLIENT}): wait for their answers"
-            )));
-        }
-        *n += 1;
-        Ok(InFlight {
-            finder: self,
-            client: client.to_string(),
-        })
+    fn admit(&self, client: &str) -> Result<crate::quota::Held, Status> {
+        self.in_flight
+            .hold(client, MAX_FINDS_PER_CLIENT)
+            .map_err(|n| {
+                Status::resource_exhausted(format!(
+                    "{n} FindTools requests of this client are in progress, the most one client \
+                     may have at once ({MAX_FINDS_PER_CLIENT}): wait for their answers"
+                ))
+            })
     }
 
     /// Makes the index ready to answer: rebuilds it if views were stored since the last build,

@@ -19,6 +19,8 @@ pub struct Limits {
     /// The longest timeout a call may ask for; also the coordinator's deadline for calls that
     /// leave the timeout to the agent.
     pub max_call_timeout: Duration,
+    /// Watch streams (WatchCatalog, WatchSession) one client may have open at once.
+    pub watches_per_client: usize,
 }
 
 impl Default for Limits {
@@ -28,6 +30,7 @@ impl Default for Limits {
             calls_per_client_host: 8,
             fanout_hosts: 4096,
             max_call_timeout: Duration::from_secs(3600),
+            watches_per_client: 256,
         }
     }
 }
@@ -44,6 +47,62 @@ struct Usage {
 pub struct Quotas {
     pub limits: Limits,
     usage: Mutex<HashMap<String, Usage>>,
+    /// Open watch streams per client.
+    pub watches: Arc<PerClient>,
+}
+
+/// How many of one kind of thing (open streams, requests in progress) each client holds; each
+/// is a [`Held`], counted out when dropped.
+#[derive(Debug, Default)]
+pub struct PerClient {
+    counts: Mutex<HashMap<String, usize>>,
+}
+
+/// One thing a client holds, counted out of its [`PerClient`] on drop (also when the client
+/// goes away and the stream or request holding it is dropped).
+#[derive(Debug)]
+pub struct Held {
+    counter: Arc<PerClient>,
+    client: String,
+}
+
+impl PerClient {
+    /// Counts one more for `client`, unless it holds `limit` already: then how many it holds.
+    pub fn hold(self: &Arc<Self>, client: &str, limit: usize) -> Result<Held, usize> {
+        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let n = counts.entry(client.to_string()).or_insert(0);
+        if *n >= limit {
+            return Err(*n);
+        }
+        *n += 1;
+        Ok(Held {
+            counter: self.clone(),
+            client: client.to_string(),
+        })
+    }
+
+    /// How many `client` holds now.
+    #[cfg(test)]
+    fn held(&self, client: &str) -> usize {
+        let counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        counts.get(client).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut counts = self
+            .counter
+            .counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = counts.get_mut(&self.client) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                counts.remove(&self.client);
+            }
+        }
+    }
 }
 
 /// One running call's share of its client's quota, given back on drop.
@@ -70,7 +129,19 @@ impl Quotas {
         Self {
             limits,
             usage: Mutex::default(),
+            watches: Arc::default(),
         }
+    }
+
+    /// A watch stream's slot for `client`, or why not.
+    pub fn watch(&self, client: &str) -> Result<Held, String> {
+        let limit = self.limits.watches_per_client;
+        self.watches.hold(client, limit).map_err(|n| {
+            format!(
+                "client {client} already has {n} watch streams open, its limit (the \
+                 coordinator's --max-watches-per-client); close some first"
+            )
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Usage>> {
@@ -179,6 +250,24 @@ impl Drop for Reservation {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn what_a_client_holds_is_bounded_and_counted_out_on_drop() {
+        let counter = Arc::new(PerClient::default());
+        let a1 = counter.hold("alice", 2).unwrap();
+        let a2 = counter.hold("alice", 2).unwrap();
+        assert_eq!(counter.hold("alice", 2).unwrap_err(), 2);
+        let b = counter.hold("bob", 2).unwrap();
+        drop(a1);
+        let a3 = counter.hold("alice", 2).unwrap();
+        assert_eq!(counter.held("alice"), 2);
+        drop((a2, a3, b));
+        assert_eq!(counter.held("alice"), 0);
+        assert!(
+            counter.counts.lock().unwrap().is_empty(),
+            "no empty entries kept"
+        );
+    }
 
     fn quotas(total: usize, per_host: usize) -> Arc<Quotas> {
         Arc::new(Quotas::new(Limits {

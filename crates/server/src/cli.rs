@@ -183,6 +183,10 @@ pub struct CoordinatorArgs {
     /// Sessions one client may have open at once
     #[arg(long, env = "TOOLSRV_MAX_SESSIONS_PER_CLIENT", default_value_t = 64)]
     pub max_sessions_per_client: usize,
+    /// Watch streams (`toolctl watch`, `session watch`, an MCP server's) one client may have
+    /// open at once; more are refused with RESOURCE_EXHAUSTED
+    #[arg(long, env = "TOOLSRV_MAX_WATCHES_PER_CLIENT", default_value_t = 256)]
+    pub max_watches_per_client: usize,
     /// A sentence encoder (all-MiniLM-L6-v2, or all-mpnet-base-v2: better, slower) for
     /// `toolctl find` and MCP `tool_search` to rank by meaning as well as by words;
     /// `scripts/fetch-find-model [--model NAME]` lays one out
@@ -452,6 +456,7 @@ impl CoordinatorArgs {
             calls_per_client_host: self.max_calls_per_client_host.max(1),
             fanout_hosts: self.max_fanout_hosts.max(1),
             max_call_timeout: Duration::from_secs(self.max_call_timeout_secs.max(1)),
+            watches_per_client: self.max_watches_per_client.max(1),
         };
         config.approval_timeout = Duration::from_secs(self.approval_timeout_secs.max(1));
         config.sessions = toolsrv_coordinator::SessionLimits {
