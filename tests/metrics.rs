@@ -7,8 +7,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use toolsrv_tests::{
-    AgentSpec, Fleet, Prometheus, bin, ensure_program, free_port, http_get, run_bounded, text,
-    wait_for,
+    AgentSpec, Fleet, Prometheus, assert_exit, bin, ensure_program, free_port, http_get,
+    run_bounded, text, wait_for,
 };
 
 /// The label names any toolsrv series may carry: each takes a handful of values, none a host
@@ -20,6 +20,7 @@ const BOUNDED_LABELS: &[&str] = &[
     "decision",
     "state",
     "certificate",
+    "outcome",
     "role",
     "le",
 ];
@@ -110,6 +111,18 @@ fn calls_show_in_the_metrics_that_promtool_and_prometheus_accept() {
     assert!(!missing.status.success());
     let fanout = fleet.toolctl(&["fanout", "all", "hello", "{}"]);
     assert!(fanout.status.success(), "{}", text(&fanout.stderr));
+    // FindTools: one request matched, one matched nothing, one refused.
+    assert_exit(&fleet.toolctl(&["find", "all", "say hello"]), 0, &[]);
+    assert_exit(
+        &fleet.toolctl(&["find", "all", "quantum chromodynamics"]),
+        1,
+        &[],
+    );
+    assert_exit(
+        &fleet.toolctl(&["find", "a,,b", "say hello"]),
+        64,
+        &["empty term"],
+    );
 
     let coordinator = scrape(&m.coordinator);
     for (series, want) in [
@@ -131,6 +144,12 @@ fn calls_show_in_the_metrics_that_promtool_and_prometheus_accept() {
         ("toolsrv_agent_attachments_total", 2.0),
         ("toolsrv_catalog_revision", 1.0),
         ("toolsrv_sessions", 0.0),
+        (r#"toolsrv_find_requests_total{outcome="matched"}"#, 1.0),
+        (r#"toolsrv_find_requests_total{outcome="no_match"}"#, 1.0),
+        (r#"toolsrv_find_requests_total{outcome="refused"}"#, 1.0),
+        (r#"toolsrv_find_duration_seconds_count"#, 2.0),
+        // Both hosts resolve `hello` the same way: one document.
+        ("toolsrv_find_index_documents", 1.0),
     ] {
         assert_eq!(
             sample(&coordinator, series),
@@ -138,6 +157,15 @@ fn calls_show_in_the_metrics_that_promtool_and_prometheus_accept() {
             "{series} in\n{coordinator}"
         );
     }
+    let builds = sample(
+        &coordinator,
+        r#"toolsrv_find_index_builds_total{outcome="ok"}"#,
+    );
+    assert!(builds.is_some_and(|n| n >= 1.0), "{coordinator}");
+    assert!(
+        sample(&coordinator, "toolsrv_find_index_build_seconds_count") >= builds,
+        "{coordinator}"
+    );
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

@@ -517,7 +517,16 @@ impl Tools for ToolsService {
         let client = Caller::client(&req)?;
         let relayed = replicas::is_relayed(&req);
         let req = req.into_inner();
-        let found = crate::finder::find(&self.state, &client, req.clone()).await?;
+        let started = Instant::now();
+        let found = crate::finder::find(&self.state, &client, req.clone()).await;
+        self.state.metrics.find(
+            found
+                .as_ref()
+                .map(|f| f.matches.len())
+                .map_err(Status::code),
+            started.elapsed(),
+        );
+        let found = found?;
         // Through any replica, the tools of every replica's hosts.
         let found = match &self.state.replicas {
             Some(replicas) if !relayed => {

@@ -100,6 +100,11 @@ impl Finder {
         }
     }
 
+    /// Documents in the index now.
+    pub fn documents(&self) -> usize {
+        self.index.len()
+    }
+
     /// The ranker answers are made by.
     pub fn ranker(&self) -> &'static str {
         if self.index.has_encoder() {
@@ -141,11 +146,16 @@ impl Finder {
             .unwrap_or_else(|p| p.into_inner())
             .extend(descriptions.iter().map(|(k, v)| (k.clone(), v.clone())));
         let index = self.index.clone();
+        let started = std::time::Instant::now();
         // Embedding new texts runs a model: not on the runtime's threads.
         let updated = tokio::task::spawn_blocking(move || index.update(docs))
             .await
-            .map_err(|e| Status::internal(format!("the tool index update failed: {e}")))?
-            .map_err(|e| Status::internal(format!("cannot index the tools: {e}")))?;
+            .map_err(|e| Status::internal(format!("the tool index update failed: {e}")))
+            .and_then(|r| r.map_err(|e| Status::internal(format!("cannot index the tools: {e}"))));
+        state
+            .metrics
+            .index_built(updated.is_ok(), started.elapsed());
+        let updated = updated?;
         tracing::debug!(
             docs = updated.docs,
             embedded = updated.embedded,

@@ -28,6 +28,10 @@ pub struct Metrics {
     streamed: Family<Labels<1>, Counter>,
     approvals: Family<Labels<1>, Counter>,
     attachments: Counter,
+    finds: Family<Labels<1>, Counter>,
+    find_duration: Histogram,
+    index_builds: Family<Labels<1>, Counter>,
+    index_build_duration: Histogram,
 }
 
 fn duration_histogram() -> Histogram {
@@ -45,6 +49,10 @@ impl Default for Metrics {
             streamed: Family::default(),
             approvals: Family::default(),
             attachments: Counter::default(),
+            finds: Family::default(),
+            find_duration: duration_histogram(),
+            index_builds: Family::default(),
+            index_build_duration: duration_histogram(),
         }
     }
 }
@@ -87,6 +95,55 @@ impl Metrics {
             "Agent links accepted (a reconnect counts again)",
             self.attachments.clone(),
         );
+        registry.register(
+            "find_requests",
+            "FindTools requests answered here, by outcome (matched, no_match, refused: a bad request or over a client's limit, failed)",
+            self.finds.clone(),
+        );
+        registry.register(
+            "find_duration_seconds",
+            "Time to answer a FindTools request that was ranked (matched or no_match), waiting for the index included",
+            self.find_duration.clone(),
+        );
+        registry.register(
+            "find_index_builds",
+            "Builds of the FindTools index after the fleet's views changed, by outcome (ok, failed)",
+            self.index_builds.clone(),
+        );
+        registry.register(
+            "find_index_build_seconds",
+            "Time each FindTools index build took (embedding the new texts with an encoder)",
+            self.index_build_duration.clone(),
+        );
+    }
+
+    /// A FindTools request ended: `Ok(matches)` when it was ranked, else the code it was
+    /// refused or failed with.
+    pub fn find(&self, ranked: Result<usize, tonic::Code>, elapsed: std::time::Duration) {
+        let outcome = match ranked {
+            Ok(0) => "no_match",
+            Ok(_) => "matched",
+            Err(
+                tonic::Code::InvalidArgument
+                | tonic::Code::ResourceExhausted
+                | tonic::Code::PermissionDenied
+                | tonic::Code::Unauthenticated,
+            ) => "refused",
+            Err(_) => "failed",
+        };
+        self.finds.get_or_create(&[("outcome", outcome)]).inc();
+        if ranked.is_ok() {
+            self.find_duration.observe(elapsed.as_secs_f64());
+        }
+    }
+
+    /// A build of the FindTools index ended.
+    pub fn index_built(&self, ok: bool, elapsed: std::time::Duration) {
+        let outcome = if ok { "ok" } else { "failed" };
+        self.index_builds
+            .get_or_create(&[("outcome", outcome)])
+            .inc();
+        self.index_build_duration.observe(elapsed.as_secs_f64());
     }
 
     /// A host call begins; the guard records its end (also when the call is dropped midway,
@@ -188,6 +245,12 @@ impl MetricsCollector for StateCollector {
             "approval_requests_pending",
             "Approval requests waiting for a decision",
             count(state.approvals.pending()),
+        )?;
+        encode_gauge(
+            &mut encoder,
+            "find_index_documents",
+            "Distinct tool definitions in the FindTools index (a tool resolved two ways counts twice)",
+            count(state.finder.documents()),
         )?;
         Ok(())
     }
