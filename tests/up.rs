@@ -328,3 +328,66 @@ fn up_ranks_by_meaning_with_a_find_model() {
     );
     up.stop();
 }
+
+/// The README's MCP tour, run verbatim in the settings `up` printed: the ranking, then a model's
+/// part in JSON-RPC lines on `toolctl mcp`'s stdio, answered as the README says.
+#[test]
+fn the_readme_mcp_tour_works_verbatim() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    let tour = readme
+        .split("**A tour: from `toolsrv up` to a model loading and calling a tool.**")
+        .nth(1)
+        .and_then(|s| s.split("```sh\n").nth(1))
+        .and_then(|s| s.split("```").next())
+        .expect("the README has the MCP tour in a sh block");
+    let home = tempfile::tempdir().unwrap();
+    let home = home.path();
+    let mut up = Up::start(home, free_port(), &[]);
+    let banner = up.banner();
+    let settings = block(&banner, "export ").join("\n");
+    let mut cmd = shell(home, &format!("{settings}\n{tour}"));
+    cmd.current_dir(home);
+    let out = run_bounded(cmd, None, Duration::from_secs(60));
+    assert_exit(&out, 0, &["session"]);
+    let stdout = text(&out.stdout);
+    // First the ranking, under its header: disk_usage first.
+    let first = stdout.lines().nth(1).unwrap_or("");
+    assert!(first.contains("disk_usage"), "{stdout}");
+    // Then one JSON-RPC message a line.
+    let messages: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let answer = |id: u64| {
+        messages
+            .iter()
+            .find(|m| m["id"] == id)
+            .unwrap_or_else(|| panic!("no answer to {id}: {stdout}"))
+    };
+    assert!(answer(1)["result"]["capabilities"]["tools"].is_object());
+    let search = &answer(2)["result"];
+    assert_eq!(
+        search["structuredContent"]["results"][0]["name"], "disk_usage",
+        "{search}"
+    );
+    let load = &answer(3)["result"];
+    assert_ne!(load["isError"], true, "{load}");
+    assert!(
+        messages
+            .iter()
+            .any(|m| m["method"] == "notifications/tools/list_changed"),
+        "{stdout}"
+    );
+    let call = &answer(4)["result"];
+    assert_ne!(call["isError"], true, "{call}");
+    assert!(
+        call["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("/tmp")),
+        "{call}"
+    );
+    up.stop();
+}
