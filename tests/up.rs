@@ -115,11 +115,14 @@ fn block<'a>(banner: &'a [String], prefix: &str) -> Vec<&'a str> {
         .collect()
 }
 
+/// The workspace's README.
+fn readme() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap()
+}
+
 /// The `toolctl` lines of the README's tour, in section 1 ("See it work").
 fn readme_tour() -> Vec<String> {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
-            .unwrap();
+    let readme = readme();
     let section = readme
         .split("### 1.")
         .nth(1)
@@ -333,9 +336,7 @@ fn up_ranks_by_meaning_with_a_find_model() {
 /// part in JSON-RPC lines on `toolctl mcp`'s stdio, answered as the README says.
 #[test]
 fn the_readme_mcp_tour_works_verbatim() {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
-            .unwrap();
+    let readme = readme();
     let tour = readme
         .split("**A tour: from `toolsrv up` to a model loading and calling a tool.**")
         .nth(1)
