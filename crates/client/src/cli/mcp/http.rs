@@ -146,12 +146,13 @@ fn presents(header: Option<&[u8]>, token: &str) -> bool {
     let Some(value) = header else {
         return false;
     };
-    let Some(given) = value
-        .strip_prefix(b"Bearer ")
-        .or_else(|| value.strip_prefix(b"bearer "))
-    else {
+    // The scheme is case-insensitive (RFC 9110), the token is not.
+    let Some((scheme, given)) = value.split_at_checked(7) else {
         return false;
     };
+    if !scheme.eq_ignore_ascii_case(b"bearer ") {
+        return false;
+    }
     let want = token.as_bytes();
     given.len() == want.len()
         && given
@@ -256,12 +257,15 @@ mod tests {
         let header = format!("Bearer {token}");
         assert!(presents(Some(header.as_bytes()), &token));
         assert!(presents(Some(format!("bearer {token}").as_bytes()), &token));
+        assert!(presents(Some(format!("BEARER {token}").as_bytes()), &token));
+        assert!(!presents(Some(b"Bearer"), &token));
         for bad in [
             String::new(),
             token.clone(),
             format!("Bearer {}", "a".repeat(63)),
             format!("Bearer {}b", "a".repeat(63)),
             format!("Bearer {token}a"),
+            format!("Bearer {}", token.to_uppercase()),
             format!("Basic {token}"),
             format!("Bearer  {token}"),
         ] {
