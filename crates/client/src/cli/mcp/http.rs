@@ -113,6 +113,8 @@ fn token_in(path: &Path) -> Result<String, String> {
     if !meta.is_file() {
         return Err(format!("--http-token-file {shown}: not a regular file"));
     }
+    owned_by(meta.uid(), nix::unistd::geteuid().as_raw())
+        .map_err(|e| format!("--http-token-file {shown}: {e}"))?;
     if meta.mode() & 0o077 != 0 {
         return Err(format!(
             "--http-token-file {shown}: readable or writable by others (mode {:o}); \
@@ -139,6 +141,17 @@ fn token_in(path: &Path) -> Result<String, String> {
         ));
     }
     Ok(token.to_string())
+}
+
+/// Refuses a token file owned by another user than `uid`: whoever owns the file chose the
+/// token, and root can read any file, so its mode alone does not tell.
+fn owned_by(file_uid: u32, uid: u32) -> Result<(), String> {
+    if file_uid == uid {
+        return Ok(());
+    }
+    Err(format!(
+        "owned by uid {file_uid}, not by this user (uid {uid})"
+    ))
 }
 
 /// Whether `header` is `Bearer TOKEN`, compared in time that does not depend on where it differs.
@@ -304,6 +317,15 @@ mod tests {
 
         let e = auth(Some(dir.path()), false).unwrap_err();
         assert!(e.contains("not a regular file"), "{e}");
+
+        // Another user's file is refused even when its mode is private: its owner knows the
+        // token.
+        assert!(owned_by(1000, 1000).is_ok());
+        let e = owned_by(65534, 0).unwrap_err();
+        assert!(
+            e.contains("owned by uid 65534") && e.contains("uid 0"),
+            "{e}"
+        );
 
         // A new token each run without a file, and none at all when told.
         let (Auth::Bearer { token: a, .. }, Auth::Bearer { token: b, .. }) =
