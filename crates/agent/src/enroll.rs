@@ -88,8 +88,6 @@ pub fn is_enrolled(state_dir: &Path) -> bool {
     enrolled_files(state_dir).cert.exists()
 }
 
-use toolsrv_tls::unix_now as now_unix;
-
 /// The stored certificate's host id and validity.
 struct Stored {
     host_id: String,
@@ -132,7 +130,7 @@ pub async fn prepare(
         .map_err(|e| AgentError::io("cannot create", &dir, e))?;
     if files.cert.exists() {
         let stored = read_stored(&files)?;
-        if now_unix() < stored.not_after {
+        if toolsrv_tls::unix_now() < stored.not_after {
             check_host(&config.host_id, &stored.host_id, &files.cert)?;
             if let Some(JoinCredential::Token(_)) = &enroll.credential {
                 tracing::info!(
@@ -384,7 +382,7 @@ pub async fn keep_renewed(
                 return;
             }
         };
-        let now = now_unix();
+        let now = toolsrv_tls::unix_now();
         let sleep = wait.take().unwrap_or_else(|| {
             Duration::from_secs(
                 u64::try_from(renewal_due(stored.not_before, stored.not_after) - now).unwrap_or(0),
@@ -403,7 +401,7 @@ pub async fn keep_renewed(
                 tracing::info!(host_id = %stored.host_id, not_after = %utc(not_after), "certificate renewed");
             }
             Err(e) => {
-                let now = now_unix();
+                let now = toolsrv_tls::unix_now();
                 if now >= stored.not_after {
                     tracing::error!(
                         error = %e,

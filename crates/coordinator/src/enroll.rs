@@ -132,8 +132,6 @@ fn enrollment(state: &State) -> Result<&Enrollment, Status> {
     })
 }
 
-use toolsrv_tls::unix_now as now_unix;
-
 fn ca_bundle(state: &State) -> Result<String, Status> {
     std::fs::read_to_string(&state.config.tls.ca).map_err(|e| {
         tracing::error!(error = %e, path = %state.config.tls.ca.display(), "cannot read the CA bundle");
@@ -284,7 +282,7 @@ impl EnrollmentService {
                 ),
             ));
         }
-        let now = now_unix();
+        let now = toolsrv_tls::unix_now();
         let record = enrollment
             .tokens
             .check(token, &req.host_id, now)
@@ -365,7 +363,7 @@ impl JoinTokens for JoinTokensService {
     ) -> Result<Response<ListJoinTokensResponse>, Status> {
         let admin = Caller::admin(&req, &self.state.config.admins)?;
         let enrollment = enrollment(&self.state)?;
-        let now = now_unix();
+        let now = toolsrv_tls::unix_now();
         let mut tokens: Vec<JoinTokenInfo> = enrollment
             .tokens
             .list()
@@ -405,7 +403,7 @@ impl JoinTokens for JoinTokensService {
             return answer.map(Response::new);
         }
         let result = admin.and_then(|admin| {
-            let now = now_unix();
+            let now = toolsrv_tls::unix_now();
             let enrollment = enrollment(&self.state)?;
             enrollment
                 .tokens
@@ -492,7 +490,7 @@ impl JoinTokensService {
             check_label(k, v).map_err(|e| Status::invalid_argument(format!("--label: {e}")))?;
         }
         let token = new_token().map_err(|e| Status::internal(e.to_string()))?;
-        let now = now_unix();
+        let now = toolsrv_tls::unix_now();
         let record = TokenRecord {
             sha256: toolsrv_tls::enroll::token_digest(&token),
             host_id,

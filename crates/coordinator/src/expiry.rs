@@ -26,8 +26,6 @@ const MAX_REMEMBERED: usize = 10_000;
 /// warning off).
 pub use toolsrv_tls::enroll::parse_duration;
 
-use toolsrv_tls::unix_now as now_secs;
-
 /// Which certificate this is to the coordinator, the metrics' `role` label.
 fn role_label(identity: &Identity) -> &'static str {
     match identity.role() {
@@ -81,7 +79,7 @@ impl ExpiryWatch {
     /// Warns about `info` (whose holder `who` is, in role `role`) if it expires within the
     /// window and was not warned about in the last day.
     fn check(&self, role: &str, who: &str, info: &CertInfo) {
-        let now = now_secs();
+        let now = toolsrv_tls::unix_now();
         if !self.within(info, now) {
             return;
         }
@@ -143,7 +141,7 @@ impl ExpiryWatch {
     /// What the metrics report now: per role, how many certificates expire within the window,
     /// and for agents and clients the earliest expiry among the open connections.
     fn snapshot(&self) -> ([i64; 4], [Option<i64>; 2]) {
-        let now = now_secs();
+        let now = toolsrv_tls::unix_now();
         let mut expiring = [0i64; 4];
         for (i, path) in [&self.tls.cert, &self.tls.ca].into_iter().enumerate() {
             if let Ok(certs) = toolsrv_tls::certificates_in(path) {

@@ -48,7 +48,7 @@ pub struct Quotas {
     pub limits: Limits,
     usage: Mutex<HashMap<String, Usage>>,
     /// Open watch streams per client.
-    pub watches: Arc<PerClient>,
+    watches: Arc<PerClient>,
 }
 
 /// How many of one kind of thing (open streams, requests in progress) each client holds; each

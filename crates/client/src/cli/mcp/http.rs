@@ -220,37 +220,32 @@ pub async fn serve(
         config,
     );
     let router = axum::Router::new().nest_service(PATH, service);
-    let router = match &auth {
-        Auth::Bearer { token, .. } => {
-            let token = token.clone();
+    eprintln!("toolctl mcp: serving MCP on http://{local}{PATH}");
+    let router = match auth {
+        Auth::Bearer { token, from } => {
+            match from {
+                TokenFrom::Run => eprintln!(
+                    "toolctl mcp: clients must send the header `Authorization: Bearer {token}` \
+                     (a new token each run; --http-token-file FILE keeps one)"
+                ),
+                TokenFrom::File(path) => eprintln!(
+                    "toolctl mcp: clients must send the header `Authorization: Bearer TOKEN`, \
+                     with the token in {}",
+                    path.display()
+                ),
+            }
             router.layer(axum::middleware::from_fn(
                 move |request: Request, next: Next| require(token.clone(), request, next),
             ))
         }
-        Auth::Open => router,
+        Auth::Open => {
+            eprintln!(
+                "toolctl mcp: warning: --http-no-auth: any process that reaches this address, \
+                 other users' included, calls tools with your certificate"
+            );
+            router
+        }
     };
-    eprintln!("toolctl mcp: serving MCP on http://{local}{PATH}");
-    match &auth {
-        Auth::Bearer {
-            token,
-            from: TokenFrom::Run,
-        } => eprintln!(
-            "toolctl mcp: clients must send the header `Authorization: Bearer {token}` \
-             (a new token each run; --http-token-file FILE keeps one)"
-        ),
-        Auth::Bearer {
-            from: TokenFrom::File(path),
-            ..
-        } => eprintln!(
-            "toolctl mcp: clients must send the header `Authorization: Bearer TOKEN`, with the \
-             token in {}",
-            path.display()
-        ),
-        Auth::Open => eprintln!(
-            "toolctl mcp: warning: --http-no-auth: any process that reaches this address, \
-             other users' included, calls tools with your certificate"
-        ),
-    }
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
