@@ -98,6 +98,12 @@ impl Architecture {
 pub struct Encoder {
     model: Model,
     tokenizer: Tokenizer,
+    /// The threads a forward pass splits its large products over ([`crate::int8`]). The pass
+    /// itself runs on one of them: its idle threads wait (spinning briefly) while it does the
+    /// small steps, so on a machine with as many threads as cores nothing else competes with
+    /// the pass for a core. Run from the caller's thread, the pass shared the cores with the
+    /// pool's spinning threads and took twice as long (BENCHMARKS.md "find").
+    pool: rayon::ThreadPool,
     device: Device,
     dir: PathBuf,
     dims: usize,
@@ -192,9 +198,14 @@ impl Encoder {
                 config.sizes.hidden_size,
             ),
         };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("find-encoder-{i}"))
+            .build()
+            .map_err(|e| FindError::Encode(format!("starting the encoder's threads: {e}")))?;
         let encoder = Encoder {
             model,
             tokenizer,
+            pool,
             device,
             dir: dir.to_path_buf(),
             dims,
@@ -246,10 +257,10 @@ impl Encoder {
             .collect::<candle_core::Result<_>>()?;
         let ids = Tensor::stack(&ids, 0)?;
         let mask = Tensor::stack(&masks, 0)?;
-        let hidden = match &self.model {
-            Model::Bert(model) => model.forward(&ids, &mask)?,
-            Model::MpNet(model) => model.forward(&ids, &mask)?,
-        };
+        let hidden = self.pool.install(|| match &self.model {
+            Model::Bert(model) => model.forward(&ids, &mask),
+            Model::MpNet(model) => model.forward(&ids, &mask),
+        })?;
         // Mean over the real tokens only: padding must not pull short texts towards each other.
         let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
         let summed = hidden.broadcast_mul(&mask)?.sum(1)?;

@@ -49,6 +49,7 @@ mod bert;
 mod encoder;
 mod error;
 mod index;
+mod int8;
 pub mod lexical;
 mod mpnet;
 mod semantic;

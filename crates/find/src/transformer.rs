@@ -2,50 +2,30 @@
 //! then a feed-forward block, each added to its input and normalised). The two differ in how
 //! tokens are embedded and in the names of their weights ([`Names`]).
 
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{Embedding, LayerNorm, VarBuilder, embedding, layer_norm};
 
-/// A dense layer with its weights quantized to 8 bits (blocks of 32 weights sharing one f16
-/// scale: 8.5 bits a weight instead of 32), its bias kept in f32. A request is a dozen tokens,
-/// and a product of a dozen rows with an f32 matrix spends most of its time repacking the
-/// matrix; 8-bit blocks are read as stored. Measured (BENCHMARKS.md "find"): a request encodes
-/// 3.2 times as fast with MPNet and 4.8 times with MiniLM, an index of 1,000 tools builds 1.9
-/// times as fast with MiniLM, and the top three hold the right tool for one or two requests
-/// fewer of the 123 paraphrases.
-pub struct Linear {
-    weight: QMatMul,
-    bias: Tensor,
-    /// Zero columns added to the input (and to the weights) so that its width is a multiple of
-    /// [`WIDTH_STEP`].
-    padding: usize,
-}
+use crate::int8::Int8Linear;
 
-/// Input widths that are a multiple of this take candle's fastest 8-bit kernels (on CPUs with
-/// VNNI instructions); narrower layers (MiniLM's 384) are padded with zero columns, which adds
-/// products that change nothing and is still faster (BENCHMARKS.md "find").
-const WIDTH_STEP: usize = 256;
+/// A dense layer with 8-bit weights, one scale per output, its bias in f32 ([`crate::int8`]). A
+/// request is a dozen tokens, and a product of a dozen rows with an f32 matrix spends most of
+/// its time repacking the matrix; 8-bit rows are read as stored. BENCHMARKS.md "find" has what
+/// each representation costs and finds.
+#[derive(Debug)]
+pub struct Linear(Int8Linear);
 
 pub fn linear(input: usize, output: usize, vb: VarBuilder) -> Result<Linear> {
-    let weight = vb.get((output, input), "weight")?;
-    let padding = input.next_multiple_of(WIDTH_STEP) - input;
-    let weight = weight.pad_with_zeros(1, 0, padding)?;
-    Ok(Linear {
-        weight: QMatMul::from_qtensor(QTensor::quantize(&weight, GgmlDType::Q8_0)?)?,
-        bias: vb.get(output, "bias")?,
-        padding,
-    })
+    let weight = vb
+        .get((output, input), "weight")?
+        .flatten_all()?
+        .to_vec1()?;
+    let bias = vb.get(output, "bias")?.to_vec1()?;
+    Ok(Linear(Int8Linear::new(&weight, bias, input, output)))
 }
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let product = if self.padding > 0 {
-            let x = x.pad_with_zeros(candle_core::D::Minus1, 0, self.padding)?;
-            self.weight.forward(&x)?
-        } else {
-            self.weight.forward(x)?
-        };
-        product.broadcast_add(&self.bias)
+        self.run(x, |v| v)
     }
 }
 
@@ -61,13 +41,29 @@ pub enum Activation {
     Relu,
 }
 
-impl Activation {
-    fn apply(self, x: &Tensor) -> Result<Tensor> {
-        match self {
-            Activation::Gelu => x.gelu_erf(),
-            Activation::GeluNew => x.gelu(),
-            Activation::Relu => x.relu(),
+impl Linear {
+    /// The layer followed by `activation`; GELU with the error function is applied as each
+    /// output is made ([`crate::int8::gelu`]), the others by candle.
+    fn forward_then(&self, x: &Tensor, activation: Activation) -> Result<Tensor> {
+        match activation {
+            Activation::Gelu => self.run(x, crate::int8::gelu),
+            Activation::GeluNew => self.forward(x)?.gelu(),
+            Activation::Relu => self.forward(x)?.relu(),
         }
+    }
+
+    fn run(&self, x: &Tensor, activation: impl Fn(f32) -> f32) -> Result<Tensor> {
+        let mut dims = x.dims().to_vec();
+        let inputs = dims.pop().unwrap_or(0);
+        if inputs != self.0.inputs() {
+            candle_core::bail!("dense layer of {} inputs given {inputs}", self.0.inputs());
+        }
+        let rows = dims.iter().product();
+        let y = self
+            .0
+            .forward_then(&x.flatten_all()?.to_vec1()?, rows, activation);
+        dims.push(self.0.outputs());
+        Tensor::from_vec(y, dims, x.device())
     }
 }
 
@@ -186,9 +182,7 @@ impl Layer {
         let attended = self
             .attention_norm
             .forward(&(self.o.forward(&context)? + x)?)?;
-        let inner = self
-            .activation
-            .apply(&self.intermediate.forward(&attended)?)?;
+        let inner = self.intermediate.forward_then(&attended, self.activation)?;
         self.output_norm
             .forward(&(self.output.forward(&inner)? + attended)?)
     }
