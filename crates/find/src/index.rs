@@ -85,9 +85,7 @@ type TextHash = [u8; 32];
 struct Snapshot<K> {
     keys: Vec<K>,
     lexical: Lexical,
-    /// Per document, the vector of each of its texts (empty without an encoder).
-    vectors: Vec<DocVectors>,
-    /// The catalog's centring and each document's hub penalty.
+    /// The documents' text vectors, the catalog's centring and each document's hub penalty.
     semantic: Semantic,
     /// Vector by text, for the next update to reuse.
     cache: HashMap<TextHash, Arc<[f32]>>,
@@ -98,7 +96,6 @@ impl<K> Default for Snapshot<K> {
         Snapshot {
             keys: Vec::new(),
             lexical: Lexical::default(),
-            vectors: Vec::new(),
             semantic: Semantic::default(),
             cache: HashMap::new(),
         }
@@ -168,7 +165,6 @@ impl<K: Clone> Index<K> {
             ..Updated::default()
         };
         let mut cache = HashMap::new();
-        let mut vectors = Vec::new();
         let mut semantic = Semantic::default();
         if let Some(encoder) = &self.encoder {
             let texts: Vec<Vec<String>> = refs.iter().map(|d| passages(d)).collect();
@@ -195,7 +191,7 @@ impl<K: Clone> Index<K> {
             for ((hash, _), v) in missing.iter().zip(fresh) {
                 cache.insert(*hash, Arc::from(v));
             }
-            vectors = texts
+            let vectors: Vec<DocVectors> = texts
                 .iter()
                 .map(|ts| {
                     ts.iter()
@@ -214,7 +210,6 @@ impl<K: Clone> Index<K> {
         let next = Snapshot {
             keys: docs.into_iter().map(|(k, _)| k).collect(),
             lexical,
-            vectors,
             semantic,
             cache,
         };
@@ -242,13 +237,12 @@ impl<K: Clone> Index<K> {
         }
         let snapshot = self.snapshot();
         let lexical = snapshot.lexical.scores(&self.analyzer.terms(query));
-        let query_vector = match &self.encoder {
-            Some(encoder) if !snapshot.keys.is_empty() => {
-                encoder.embed(&[query])?.into_iter().next().map(|plain| {
-                    let centred = snapshot.semantic.query(&plain);
-                    (plain, centred)
-                })
-            }
+        let semantic = match &self.encoder {
+            Some(encoder) if !snapshot.keys.is_empty() => encoder
+                .embed(&[query])?
+                .into_iter()
+                .next()
+                .map(|plain| snapshot.semantic.scores(&plain)),
             _ => None,
         };
         let w = self.options.semantic_weight;
@@ -260,11 +254,9 @@ impl<K: Clone> Index<K> {
             let lex = lexical[i];
             let fuse = |sem: f32| w * sem.max(0.0) + (1.0 - w) * lex;
             // The score ranks; `relevance` decides whether the hit is returned at all.
-            let (score, relevance, min, semantic) = match &query_vector {
-                Some((plain, centred)) => {
-                    let s = snapshot
-                        .semantic
-                        .scores(i, plain, centred, &snapshot.vectors[i]);
+            let (score, relevance, min, semantic) = match &semantic {
+                Some(scores) => {
+                    let s = scores[i];
                     (
                         fuse(s.ranked),
                         fuse(s.plain),
