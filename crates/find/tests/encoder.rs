@@ -11,7 +11,7 @@ const REQUEST: &str = "how hot is this machine running";
 
 /// Each encoder's first 8 dimensions for [`REQUEST`], computed in f32 by a separate NumPy
 /// transcription of the reference forward pass (mean pooling, unit length). The 8-bit dense
-/// layers move a dimension by at most about 0.005.
+/// layers move a dimension by 0.003 at most (MiniLM; MPNet 0.002).
 fn cosine(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
@@ -37,7 +37,7 @@ fn both_encoders_agree_with_the_reference() {
         let ours = &encoder.embed(&[REQUEST]).unwrap()[0];
         for (i, (a, b)) in ours.iter().zip(reference).enumerate() {
             assert!(
-                (a - b).abs() < 0.01,
+                (a - b).abs() < 0.005,
                 "{}: dimension {i} is {a}, the reference {b}",
                 dir.display()
             );

@@ -284,7 +284,7 @@ fn encoder_and_fusion_meet_their_floors() {
     hold(
         &r,
         [0.85, 0.0, 0.0, 0.76, 0.0],
-        [0.85, 0.0, 0.80, 0.76, 0.78],
+        [0.85, 0.0, 0.80, 0.76, 0.80],
         0.93,
     );
     print_thresholds(&r, "MiniLM");
@@ -298,9 +298,9 @@ fn encoder_and_fusion_meet_their_floors() {
 fn the_larger_encoder_meets_its_floors() {
     let encoder = Arc::new(Encoder::load(&toolsrv_testkit::mpnet_model_dir()).unwrap());
     let r = rank_with(&encoder, "MPNet");
-    // all-mpnet-base-v2 with 8-bit weights: about 0.93 on requests without their tool's
-    // keywords, 0.84 on those sharing no word with it, 0.88 on both (the goal, 0.9, not met).
-    hold(&r, [0.0; 5], [0.88, 0.0, 0.90, 0.80, 0.85], 0.93);
+    // all-mpnet-base-v2 with 8-bit weights: about 0.95 on requests without their tool's
+    // keywords, 0.84 on those sharing no word with it, 0.89 on both (the goal, 0.9, not met).
+    hold(&r, [0.0; 5], [0.90, 0.0, 0.92, 0.80, 0.87], 0.93);
     print_thresholds(&r, "MPNet");
     let kept = check_threshold_and_updates(encoder, "MPNet", 2);
     assert!(kept.at3 >= 0.82, "{kept} vs {}", r.fused[0]);
