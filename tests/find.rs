@@ -255,14 +255,14 @@ fn a_coordinator_with_an_unusable_model_directory_refuses_to_start() {
     );
 }
 
-/// One client may have 8 FindTools requests in progress at once: while the first index of 400
-/// tools is embedded (requests wait for it), alice's ninth and later requests are refused at
-/// once with RESOURCE_EXHAUSTED naming the limit, her first eight are answered, and bob, another
-/// client, is not held back by her.
+/// One client may have 8 FindTools requests in progress at once: of 24 long requests sent
+/// together once the index of 400 tools is built, those that come while eight of hers are
+/// being encoded are refused at once with RESOURCE_EXHAUSTED naming the limit, the others are
+/// answered, and bob, another client, is not held back by her.
 #[test]
 fn one_client_may_have_eight_requests_in_progress() {
     const TOOLS: usize = 400;
-    const SENT: usize = 12;
+    const SENT: usize = 24;
     let model = find_model_dir();
     let mut fleet = Fleet::new(&["a"]);
     for i in 0..TOOLS {
@@ -289,10 +289,27 @@ fn one_client_may_have_eight_requests_in_progress() {
             async move { toolsrv_client::Client::connect(&options).await.unwrap() }
         };
         let (alice, bob) = (connect("client-alice").await, connect("client-bob").await);
+        // Once the index holds the fleet's tools, so that no answer comes from an earlier one
+        // while a rebuild is under way (as the coordinator answers meanwhile).
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let found = bob.find_tools("all", "calibration of widget 7", 3).await;
+            if found.is_ok_and(|f| f.matches.first().is_some_and(|m| m.name == "widget_7")) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "widget_7 never found"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        // A long request (about 500 tokens, cut to what the encoder reads) takes it a while, so
+        // that many of hers are in progress at once: a short one is answered in milliseconds.
+        let long = "calibration of widget 7 ".repeat(100);
         let mut sent = tokio::task::JoinSet::new();
         for _ in 0..SENT {
-            let alice = alice.clone();
-            sent.spawn(async move { alice.find_tools("all", "calibration of widget 7", 3).await });
+            let (alice, long) = (alice.clone(), long.clone());
+            sent.spawn(async move { alice.find_tools("all", &long, 3).await });
         }
         let bob = bob.find_tools("all", "calibration of widget 7", 3).await;
         (sent.join_all().await, bob)
@@ -311,7 +328,13 @@ fn one_client_may_have_eight_requests_in_progress() {
             e.to_string()
         })
         .collect();
-    assert_eq!(refused.len(), SENT - 8, "{refused:?}");
+    // How many of the 24 find her eight in progress depends on how fast the client sends
+    // them (a debug build sends slowly): at least one does, and at least eight are answered.
+    assert!(
+        !refused.is_empty() && refused.len() <= SENT - 8,
+        "{} refused: {refused:?}",
+        refused.len()
+    );
     assert!(refused[0].contains("at once (8)"), "{refused:?}");
     for found in alice.iter().filter_map(|r| r.as_ref().ok()) {
         assert_eq!(found.matches[0].name, "widget_7");

@@ -332,6 +332,41 @@ fn up_ranks_by_meaning_with_a_find_model() {
     up.stop();
 }
 
+/// A `--find-model` directory without the model stops `up` at once, naming the directory and
+/// the missing file, before anything starts: no certificates written, no agent connecting to a
+/// coordinator that is about to refuse the model.
+#[test]
+fn up_refuses_a_find_model_directory_without_the_model_before_starting() {
+    let home = tempfile::tempdir().unwrap();
+    let home = home.path();
+    let empty = home.join("no-model");
+    std::fs::create_dir(&empty).unwrap();
+    let mut up = Up::start(
+        home,
+        free_port(),
+        &[("TOOLSRV_FIND_MODEL", empty.to_str().unwrap())],
+    );
+    let status = wait_for("up to exit", Duration::from_secs(30), || {
+        up.child.try_wait().unwrap()
+    });
+    let log = up.log();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("--find-model") && log.contains(&empty.display().to_string()),
+        "{log}"
+    );
+    assert!(log.contains("model.safetensors"), "{log}");
+    assert_eq!(
+        log.trim().lines().count(),
+        1,
+        "one line, nothing else logged: {log}"
+    );
+    assert!(
+        !home.join(".local/state/toolsrv/up").exists(),
+        "the state directory was made: {log}"
+    );
+}
+
 /// The README's MCP tour, run verbatim in the settings `up` printed: the ranking, then a model's
 /// part in JSON-RPC lines on `toolctl mcp`'s stdio, answered as the README says.
 #[test]

@@ -232,6 +232,13 @@ pub struct PlainPorts {
     pub metrics: Option<TcpListener>,
 }
 
+/// Whether `dir` looks like a `--find-model` directory (it exists and holds the model's files),
+/// without loading the model: what [`serve`] would refuse first, for a caller that starts other
+/// work (`toolsrv up`'s agent) alongside it.
+pub fn check_find_model(dir: &std::path::Path) -> Result<(), CoordinatorError> {
+    toolsrv_find::Encoder::check_dir(dir).map_err(CoordinatorError::FindModel)
+}
+
 /// Serves the agent link and the client API on `listener` (mTLS) and, when given, gRPC health
 /// and metrics on `plain`, until `drain` is cancelled and the drain is over: from then on new
 /// calls are refused with `UNAVAILABLE` (health says NOT_SERVING) while the calls already

@@ -122,19 +122,7 @@ impl Encoder {
     /// Loads the model from `dir`, which must hold [`MODEL_FILES`] (as `scripts/fetch-find-model`
     /// lays them out). Reads nothing from the network.
     pub fn load(dir: &Path) -> Result<Encoder, FindError> {
-        if !dir.is_dir() {
-            return Err(FindError::ModelDir {
-                dir: dir.to_path_buf(),
-            });
-        }
-        for file in MODEL_FILES {
-            if !dir.join(file).is_file() {
-                return Err(FindError::ModelFileMissing {
-                    dir: dir.to_path_buf(),
-                    file,
-                });
-            }
-        }
+        Self::check_dir(dir)?;
         let bad = |file: &'static str| {
             let dir = dir.to_path_buf();
             move |e: &dyn std::fmt::Display| FindError::ModelFile {
@@ -216,6 +204,26 @@ impl Encoder {
             .embed(&["probe"])
             .map_err(|e| bad("model.safetensors")(&e))?;
         Ok(encoder)
+    }
+
+    /// What [`load`](Self::load) checks first, without reading a file: that `dir` is a directory
+    /// holding [`MODEL_FILES`]. For a program that starts other work alongside the load and
+    /// should fail before it does.
+    pub fn check_dir(dir: &Path) -> Result<(), FindError> {
+        if !dir.is_dir() {
+            return Err(FindError::ModelDir {
+                dir: dir.to_path_buf(),
+            });
+        }
+        for file in MODEL_FILES {
+            if !dir.join(file).is_file() {
+                return Err(FindError::ModelFileMissing {
+                    dir: dir.to_path_buf(),
+                    file,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The directory the model was loaded from.

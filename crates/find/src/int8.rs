@@ -25,7 +25,7 @@ const STEP: usize = 16;
 const PARALLEL_MIN: usize = 1 << 18;
 
 /// A dense layer `y = x Wᵀ + b` with `W` as 8-bit integers.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Int8Linear {
     inputs: usize,
     outputs: usize,
@@ -36,6 +36,16 @@ pub struct Int8Linear {
     /// Per output row: the weight a quantized 1 stands for.
     scales: Vec<f32>,
     bias: Vec<f32>,
+}
+
+/// Sizes only: the weights are megabytes.
+impl std::fmt::Debug for Int8Linear {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Int8Linear")
+            .field("inputs", &self.inputs)
+            .field("outputs", &self.outputs)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Int8Linear {

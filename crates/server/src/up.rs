@@ -56,6 +56,11 @@ fn default_state() -> PathBuf {
 }
 
 pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    // A model directory without the model stops `up` before anything starts (the coordinator
+    // would refuse it too, but only after the agent had begun connecting to it).
+    if let Some(dir) = &args.find_model {
+        toolsrv_coordinator::check_find_model(dir)?;
+    }
     let state = args.state.unwrap_or_else(default_state);
     // Listen first: a second `up` fails here, before it touches the state directory.
     let hint = format!(
