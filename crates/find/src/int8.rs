@@ -9,8 +9,8 @@
 //! The input keeps 12 to 15 bits (as many as the row length allows without a 32-bit sum
 //! overflowing), so the 8-bit weights are the only coarse part, as in candle's blocks.
 //!
-//! With AVX2 the products run 16 pairs an instruction (`vpmaddwd`), four input rows by three
-//! weight rows at a time, so each loaded value serves three or four products; elsewhere a plain
+//! With AVX2 the products run 16 pairs an instruction (`vpmaddwd`), four input rows by two
+//! weight rows at a time, so each loaded value serves two or four products; elsewhere a plain
 //! loop computes the same integers (a test checks both agree exactly). Large products are split
 //! by output columns over rayon's threads.
 #![allow(unsafe_code)]
