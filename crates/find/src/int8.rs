@@ -10,7 +10,8 @@
 //! overflowing), so the 8-bit weights are the only coarse part, as in candle's blocks.
 //!
 //! With AVX2 the products run 16 pairs an instruction (`vpmaddwd`), four input rows by two
-//! weight rows at a time, so each loaded value serves two or four products; elsewhere a plain
+//! weight rows at a time, so each loaded value serves two or four products, and each weight
+//! is read from memory once per product whatever the number of input rows; elsewhere a plain
 //! loop computes the same integers (a test checks both agree exactly). Large products are split
 //! by output columns over rayon's threads.
 #![allow(unsafe_code)]
@@ -147,7 +148,10 @@ impl Int8Linear {
     }
 
     /// Products for the output columns `cols`, into `out` (`rows` rows of `out_stride`, column
-    /// `cols.start` first).
+    /// `cols.start` first). Within a block of [`ROW_BLOCK`] input rows, pairs of weight rows are
+    /// the outer loop: a pair is read once and stays in the first-level cache while every row of
+    /// the block goes by. A request is one block, so each weight comes from memory once (with
+    /// the input rows outside, a request of a dozen tokens read each weight three times).
     fn columns(
         &self,
         a: &[i16],
@@ -157,33 +161,41 @@ impl Int8Linear {
         out_stride: usize,
     ) {
         let s = self.stride;
-        let mut r = 0;
-        while r < rows {
-            let nr = (rows - r).min(TILE_ROWS);
+        for block in (0..rows).step_by(ROW_BLOCK) {
+            let block_end = (block + ROW_BLOCK).min(rows);
             let mut c = cols.start;
             while c < cols.end {
                 let nc = (cols.end - c).min(TILE_COLS);
                 let w_rows: [&[i8]; TILE_COLS] =
                     std::array::from_fn(|j| &self.weights[(c + j.min(nc - 1)) * s..][..s]);
-                let at = |i: usize| &a[(r + i) * s..][..s];
-                let mut put = |i: usize, sums: &[i32; TILE_COLS]| {
-                    out[(r + i) * out_stride + (c - cols.start)..][..nc]
-                        .copy_from_slice(&sums[..nc]);
-                };
-                // One kernel per number of rows, so that a short last tile (or a single
-                // request) computes no repeated rows.
-                match nr {
-                    1 => tile_rows::<1>(at, &w_rows, &mut put),
-                    2 => tile_rows::<2>(at, &w_rows, &mut put),
-                    3 => tile_rows::<3>(at, &w_rows, &mut put),
-                    _ => tile_rows::<TILE_ROWS>(at, &w_rows, &mut put),
+                let mut r = block;
+                while r < block_end {
+                    let nr = (block_end - r).min(TILE_ROWS);
+                    let at = |i: usize| &a[(r + i) * s..][..s];
+                    let mut put = |i: usize, sums: &[i32; TILE_COLS]| {
+                        out[(r + i) * out_stride + (c - cols.start)..][..nc]
+                            .copy_from_slice(&sums[..nc]);
+                    };
+                    // One kernel per number of rows, so that a short last tile (or a single
+                    // request) computes no repeated rows.
+                    match nr {
+                        1 => tile_rows::<1>(at, &w_rows, &mut put),
+                        2 => tile_rows::<2>(at, &w_rows, &mut put),
+                        3 => tile_rows::<3>(at, &w_rows, &mut put),
+                        _ => tile_rows::<TILE_ROWS>(at, &w_rows, &mut put),
+                    }
+                    r += nr;
                 }
                 c += nc;
             }
-            r += nr;
         }
     }
 }
+
+/// Input rows taken together against each pair of weight rows: 16 rows of 768 16-bit values
+/// (24 KB) fit in the first-level cache beside the pair, and a request of up to 14 words is one
+/// block. Index builds run many more rows; the weights are read once per block.
+const ROW_BLOCK: usize = 16;
 
 /// The products of `R` input rows (`at(0..R)`) with the weight rows `w` (in a partial tile, the
 /// caller repeats its last weight row and ignores the repeats), handed to `put` row by row.
@@ -380,14 +392,16 @@ mod tests {
     #[test]
     fn matches_the_float_product_within_quantization_error() {
         let mut seed = 0x9e37_79b9_7f4a_7c15;
-        // Odd sizes: rows and columns that leave partial tiles, lengths that need padding, and
-        // one product big enough to be split over threads.
+        // Odd sizes: rows and columns that leave partial tiles, lengths that need padding, one
+        // product big enough to be split over threads, and rows over more than one block with a
+        // partial last one.
         for (rows, k, n) in [
             (1, 1, 1),
             (5, 37, 7),
             (14, 384, 384),
             (13, 3072, 200),
             (3, 16, 4),
+            (2 * ROW_BLOCK + 3, 48, 9),
         ] {
             let x = random(rows * k, &mut seed);
             let w = random(n * k, &mut seed);

@@ -15,12 +15,25 @@ use crate::int8::Int8Linear;
 pub struct Linear(Int8Linear);
 
 pub fn linear(input: usize, output: usize, vb: VarBuilder) -> Result<Linear> {
-    let weight = vb
-        .get((output, input), "weight")?
-        .flatten_all()?
-        .to_vec1()?;
-    let bias = vb.get(output, "bias")?.to_vec1()?;
-    Ok(Linear(Int8Linear::new(&weight, bias, input, output)))
+    stacked(input, output, &[vb])
+}
+
+/// Several dense layers of the same input as one, their outputs side by side in the order of
+/// `parts` (`output` each): the query, key and value projections read the same rows, so one
+/// product quantizes the input once and goes over it once. Each output keeps its own scale,
+/// so the values are those of the separate layers.
+fn stacked(input: usize, output: usize, parts: &[VarBuilder]) -> Result<Linear> {
+    let (mut weight, mut bias) = (Vec::new(), Vec::new());
+    for vb in parts {
+        weight.extend(
+            vb.get((output, input), "weight")?
+                .flatten_all()?
+                .to_vec1::<f32>()?,
+        );
+        bias.extend(vb.get(output, "bias")?.to_vec1::<f32>()?);
+    }
+    let outputs = output * parts.len();
+    Ok(Linear(Int8Linear::new(&weight, bias, input, outputs)))
 }
 
 impl Module for Linear {
@@ -133,9 +146,8 @@ pub fn layers(
 }
 
 pub struct Layer {
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    /// The query, key and value projections stacked ([`stacked`]).
+    qkv: Linear,
     o: Linear,
     attention_norm: LayerNorm,
     intermediate: Linear,
@@ -150,9 +162,11 @@ impl Layer {
     fn load(vb: VarBuilder, sizes: &Sizes, eps: f64, names: &Names) -> Result<Layer> {
         let (h, i) = (sizes.hidden_size, sizes.intermediate_size);
         Ok(Layer {
-            q: linear(h, h, vb.pp(names.query))?,
-            k: linear(h, h, vb.pp(names.key))?,
-            v: linear(h, h, vb.pp(names.value))?,
+            qkv: stacked(
+                h,
+                h,
+                &[vb.pp(names.query), vb.pp(names.key), vb.pp(names.value)],
+            )?,
             o: linear(h, h, vb.pp(names.attention_out))?,
             attention_norm: layer_norm(h, eps, vb.pp(names.attention_norm))?,
             intermediate: linear(h, i, vb.pp("intermediate.dense"))?,
@@ -168,14 +182,14 @@ impl Layer {
     /// len, len): the padding mask, plus MPNet's relative-position bias.
     pub fn forward(&self, x: &Tensor, bias: &Tensor) -> Result<Tensor> {
         let (b, len, h) = x.dims3()?;
-        let split = |t: Tensor| -> Result<Tensor> {
-            t.reshape((b, len, self.heads, self.head_size))?
+        let qkv = self.qkv.forward(x)?;
+        let split = |part: usize| -> Result<Tensor> {
+            qkv.narrow(2, part * h, h)?
+                .reshape((b, len, self.heads, self.head_size))?
                 .transpose(1, 2)?
                 .contiguous()
         };
-        let q = split(self.q.forward(x)?)?;
-        let k = split(self.k.forward(x)?)?;
-        let v = split(self.v.forward(x)?)?;
+        let (q, k, v) = (split(0)?, split(1)?, split(2)?);
         let scores = (q.matmul(&k.t()?)? / (self.head_size as f64).sqrt())?;
         let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(bias)?)?;
         let context = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, len, h))?;
