@@ -261,8 +261,19 @@ fn a_coordinator_with_an_unusable_model_directory_refuses_to_start() {
 /// answered, and bob, another client, is not held back by her.
 #[test]
 fn one_client_may_have_eight_requests_in_progress() {
+    requests_in_progress_are_limited_per_client(None);
+}
+
+/// `--max-finds-per-client` sets that limit.
+#[test]
+fn max_finds_per_client_sets_the_limit() {
+    requests_in_progress_are_limited_per_client(Some(3));
+}
+
+fn requests_in_progress_are_limited_per_client(flag: Option<usize>) {
     const TOOLS: usize = 400;
     const SENT: usize = 24;
+    let limit = flag.unwrap_or(8);
     let model = find_model_dir();
     let mut fleet = Fleet::new(&["a"]);
     for i in 0..TOOLS {
@@ -274,7 +285,12 @@ fn one_client_may_have_eight_requests_in_progress() {
             false,
         );
     }
-    fleet.start_coordinator(&["--find-model", model.to_str().unwrap()]);
+    let flag = flag.map(|n| n.to_string());
+    let mut args = vec!["--find-model", model.to_str().unwrap()];
+    if let Some(n) = &flag {
+        args.extend(["--max-finds-per-client", n]);
+    }
+    fleet.start_coordinator(&args);
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "widget_0");
 
@@ -328,14 +344,16 @@ fn one_client_may_have_eight_requests_in_progress() {
             e.to_string()
         })
         .collect();
-    // How many of the 24 find her eight in progress depends on how fast the client sends
-    // them (a debug build sends slowly): at least one does, and at least eight are answered.
+    // How many of the 24 find as many of hers in progress as the limit depends on how fast the
+    // client sends them (a debug build sends slowly): at least one does, and at least the limit
+    // are answered.
     assert!(
-        !refused.is_empty() && refused.len() <= SENT - 8,
+        !refused.is_empty() && refused.len() <= SENT - limit,
         "{} refused: {refused:?}",
         refused.len()
     );
-    assert!(refused[0].contains("at once (8)"), "{refused:?}");
+    let named = format!("at once ({limit}, the coordinator's --max-finds-per-client)");
+    assert!(refused[0].contains(&named), "{refused:?}");
     for found in alice.iter().filter_map(|r| r.as_ref().ok()) {
         assert_eq!(found.matches[0].name, "widget_7");
     }

@@ -28,11 +28,6 @@ const DEFAULT_LIMIT: u32 = 5;
 const MAX_LIMIT: u32 = 1000;
 /// Longest selector a request may give.
 const MAX_SELECTOR_BYTES: usize = 4096;
-/// FindTools requests one client may have in progress at once; more are refused at once with
-/// RESOURCE_EXHAUSTED. Ranking with an encoder costs milliseconds of CPU a request: a client
-/// that sends hundreds at once must not queue them all ahead of everyone else.
-pub const MAX_FINDS_PER_CLIENT: usize = 8;
-
 /// A document: the tool's name and a digest of the texts ranked.
 type DocKey = (String, u64);
 
@@ -52,10 +47,13 @@ pub struct Finder {
     searches: Arc<tokio::sync::Semaphore>,
     /// Requests in progress per client name.
     in_flight: Arc<crate::quota::PerClient>,
+    /// The most requests one client may have in progress ([`crate::Limits::finds_per_client`]);
+    /// more are refused at once with RESOURCE_EXHAUSTED.
+    per_client: usize,
 }
 
 impl Finder {
-    pub fn new(encoder: Option<Arc<Encoder>>) -> Self {
+    pub fn new(encoder: Option<Arc<Encoder>>, per_client: usize) -> Self {
         Self {
             index: Arc::new(Index::new(encoder)),
             built: tokio::sync::Mutex::new(None),
@@ -65,20 +63,21 @@ impl Finder {
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
             )),
             in_flight: Arc::default(),
+            per_client: per_client.max(1),
         }
     }
 
-    /// Counts a request of `client` in, unless it already has [`MAX_FINDS_PER_CLIENT`] in
+    /// Counts a request of `client` in, unless it already has the most it may have in
     /// progress.
     fn admit(&self, client: &str) -> Result<crate::quota::Held, Status> {
-        self.in_flight
-            .hold(client, MAX_FINDS_PER_CLIENT)
-            .map_err(|n| {
-                Status::resource_exhausted(format!(
-                    "{n} FindTools requests of this client are in progress, the most one client \
-                     may have at once ({MAX_FINDS_PER_CLIENT}): wait for their answers"
-                ))
-            })
+        let limit = self.per_client;
+        self.in_flight.hold(client, limit).map_err(|n| {
+            Status::resource_exhausted(format!(
+                "{n} FindTools requests of this client are in progress, the most one client may \
+                 have at once ({limit}, the coordinator's --max-finds-per-client): wait for their \
+                 answers"
+            ))
+        })
     }
 
     /// Makes the index ready to answer: rebuilds it if views were stored since the last build,
@@ -214,7 +213,7 @@ fn key_of(def: &ToolDefinition) -> DocKey {
 }
 
 /// Ranks the tools visible on the online hosts `req.selector` picks against `req.query`, for
-/// `client` (at most [`MAX_FINDS_PER_CLIENT`] of its requests at once).
+/// `client` (at most [`crate::Limits::finds_per_client`] of its requests at once).
 pub async fn find(
     state: &State,
     client: &str,

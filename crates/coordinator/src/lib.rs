@@ -329,7 +329,7 @@ pub async fn serve(
             config.sessions.clone(),
             replicas.as_ref().map(|r| r.id().to_string()),
         ),
-        finder: finder::Finder::new(encoder),
+        finder: finder::Finder::new(encoder, config.limits.finds_per_client),
         metrics: metrics::Metrics::default(),
         pace: pace::Pace::new(
             config.keepalive,

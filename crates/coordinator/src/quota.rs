@@ -21,6 +21,10 @@ pub struct Limits {
     pub max_call_timeout: Duration,
     /// Watch streams (WatchCatalog, WatchSession) one client may have open at once.
     pub watches_per_client: usize,
+    /// FindTools requests one client may have in progress at once. Ranking with an encoder
+    /// costs milliseconds of CPU a request: a client that sends hundreds at once must not queue
+    /// them all ahead of everyone else.
+    pub finds_per_client: usize,
 }
 
 impl Default for Limits {
@@ -31,6 +35,7 @@ impl Default for Limits {
             fanout_hosts: 4096,
             max_call_timeout: Duration::from_secs(3600),
             watches_per_client: 256,
+            finds_per_client: 8,
         }
     }
 }

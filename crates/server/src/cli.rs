@@ -187,6 +187,10 @@ pub struct CoordinatorArgs {
     /// open at once; more are refused with RESOURCE_EXHAUSTED
     #[arg(long, env = "TOOLSRV_MAX_WATCHES_PER_CLIENT", default_value_t = 256)]
     pub max_watches_per_client: usize,
+    /// FindTools requests (`toolctl find`, MCP `tool_search`) one client may have in progress
+    /// at once; more are refused with RESOURCE_EXHAUSTED
+    #[arg(long, env = "TOOLSRV_MAX_FINDS_PER_CLIENT", default_value_t = 8)]
+    pub max_finds_per_client: usize,
     /// A sentence encoder (all-MiniLM-L6-v2, or all-mpnet-base-v2: better, slower) for
     /// `toolctl find` and MCP `tool_search` to rank by meaning as well as by words;
     /// `scripts/fetch-find-model [--model NAME]` lays one out
@@ -457,6 +461,7 @@ impl CoordinatorArgs {
             fanout_hosts: self.max_fanout_hosts.max(1),
             max_call_timeout: Duration::from_secs(self.max_call_timeout_secs.max(1)),
             watches_per_client: self.max_watches_per_client.max(1),
+            finds_per_client: self.max_finds_per_client.max(1),
         };
         config.approval_timeout = Duration::from_secs(self.approval_timeout_secs.max(1));
         config.sessions = toolsrv_coordinator::SessionLimits {
