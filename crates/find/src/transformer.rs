@@ -181,18 +181,14 @@ impl Layer {
     /// `bias`: added to the attention scores before the softmax, broadcast to (batch, heads,
     /// len, len): the padding mask, plus MPNet's relative-position bias.
     pub fn forward(&self, x: &Tensor, bias: &Tensor) -> Result<Tensor> {
-        let (b, len, h) = x.dims3()?;
+        let (b, len, _) = x.dims3()?;
         let qkv = self.qkv.forward(x)?;
-        let split = |part: usize| -> Result<Tensor> {
-            qkv.narrow(2, part * h, h)?
-                .reshape((b, len, self.heads, self.head_size))?
-                .transpose(1, 2)?
-                .contiguous()
+        let (heads, d) = (self.heads, self.head_size);
+        let context = if b * heads * len * len * d <= SMALL_ATTENTION {
+            small_attention(&qkv, bias, heads, d)?
+        } else {
+            attention(&qkv, bias, heads, d)?
         };
-        let (q, k, v) = (split(0)?, split(1)?, split(2)?);
-        let scores = (q.matmul(&k.t()?)? / (self.head_size as f64).sqrt())?;
-        let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(bias)?)?;
-        let context = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, len, h))?;
         let attended = self
             .attention_norm
             .forward(&(self.o.forward(&context)? + x)?)?;
@@ -202,10 +198,124 @@ impl Layer {
     }
 }
 
+/// Each token's attention over the others, (batch, len, hidden), from the stacked query,
+/// key and value projections (batch, len, 3 × hidden) of `heads` heads of `d` values, with
+/// candle's products.
+fn attention(qkv: &Tensor, bias: &Tensor, heads: usize, d: usize) -> Result<Tensor> {
+    let (b, len, three_h) = qkv.dims3()?;
+    let h = three_h / 3;
+    let split = |part: usize| -> Result<Tensor> {
+        qkv.narrow(2, part * h, h)?
+            .reshape((b, len, heads, d))?
+            .transpose(1, 2)?
+            .contiguous()
+    };
+    let (q, k, v) = (split(0)?, split(1)?, split(2)?);
+    let scores = (q.matmul(&k.t()?)? / (d as f64).sqrt())?;
+    let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(bias)?)?;
+    probs.matmul(&v)?.transpose(1, 2)?.reshape((b, len, h))
+}
+
+/// What [`attention`] computes, in plain loops over the stacked projections: for a
+/// request (a dozen tokens), candle's dozen operations a layer, each allocating its
+/// result, cost more than the arithmetic (a quarter of a MiniLM request).
+fn small_attention(qkv: &Tensor, bias: &Tensor, heads: usize, d: usize) -> Result<Tensor> {
+    let (b, len, three_h) = qkv.dims3()?;
+    let h = three_h / 3;
+    let device = qkv.device().clone();
+    let bias = bias
+        .broadcast_as((b, heads, len, len))?
+        .contiguous()?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    let qkv = qkv.flatten_all()?.to_vec1::<f32>()?;
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut context = vec![0f32; b * len * h];
+    let mut probs = vec![0f32; len];
+    for batch in 0..b {
+        let token = |i: usize| &qkv[(batch * len + i) * three_h..][..three_h];
+        for head in 0..heads {
+            let part = |i: usize, which: usize| &token(i)[which * h + head * d..][..d];
+            for i in 0..len {
+                let q = part(i, 0);
+                let row_bias = &bias[((batch * heads + head) * len + i) * len..][..len];
+                for (j, (p, &bias)) in probs.iter_mut().zip(row_bias).enumerate() {
+                    *p = crate::encoder::cosine(q, part(j, 1)) * scale + bias;
+                }
+                let max = probs.iter().fold(f32::NEG_INFINITY, |m, &p| m.max(p));
+                let mut sum = 0.0;
+                for p in probs.iter_mut() {
+                    *p = (*p - max).exp();
+                    sum += *p;
+                }
+                let out = &mut context[(batch * len + i) * h + head * d..][..d];
+                for (j, &p) in probs.iter().enumerate() {
+                    let weight = p / sum;
+                    for (o, &v) in out.iter_mut().zip(part(j, 2)) {
+                        *o += weight * v;
+                    }
+                }
+            }
+        }
+    }
+    Tensor::from_vec(context, (b, len, h), &device)
+}
+
+/// Attention of at most this many multiply-adds (batch × heads × len² × head size) runs in
+/// [`small_attention`]: a request of up to some 50 tokens; index builds, 16 texts at a
+/// time, go through candle's products.
+const SMALL_ATTENTION: usize = 1 << 21;
+
 /// The padding mask as an additive attention bias, (batch, 1, 1, len): 0 for a real token, a
 /// large negative number for padding, so that no token attends to padding.
 pub fn padding_bias(mask: &Tensor) -> Result<Tensor> {
     ((mask.to_dtype(candle_core::DType::F32)? - 1.0)? * f64::from(f32::MAX))?
         .unsqueeze(1)?
         .unsqueeze(1)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn small_attention_matches_candles() {
+        let (b, len, heads, d) = (2, 5, 3, 4);
+        let h = heads * d;
+        let mut seed = 0x853c_49e6_748f_ea9bu64;
+        let mut random = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                    ((seed >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+                })
+                .collect()
+        };
+        let qkv = Tensor::from_vec(random(b * len * 3 * h), (b, len, 3 * h), &Device::Cpu).unwrap();
+        // The padding mask alone (the second text is two tokens shorter), and with a bias per
+        // head and pair of tokens as MPNet adds.
+        let mask = Tensor::new(&[[1u32, 1, 1, 1, 1], [1, 1, 1, 0, 0]], &Device::Cpu).unwrap();
+        let padding = padding_bias(&mask).unwrap();
+        let relative = Tensor::from_vec(
+            random(heads * len * len),
+            (1, heads, len, len),
+            &Device::Cpu,
+        )
+        .unwrap();
+        for bias in [padding.clone(), padding.broadcast_add(&relative).unwrap()] {
+            let want = attention(&qkv, &bias, heads, d).unwrap();
+            let got = small_attention(&qkv, &bias, heads, d).unwrap();
+            assert_eq!(got.dims(), want.dims());
+            let (got, want) = (
+                got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                want.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            );
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() < 1e-5, "{g} vs {w}");
+            }
+        }
+    }
 }
