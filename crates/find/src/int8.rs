@@ -123,11 +123,7 @@ impl Int8Linear {
             return sums;
         }
         // Column ranges a multiple of the tile width, a few per thread to even out the load.
-        let pieces = rayon::current_num_threads()
-            * std::env::var("PIECES")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(4);
+        let pieces = rayon::current_num_threads() * 4;
         let width = self.outputs.div_ceil(pieces).next_multiple_of(TILE_COLS);
         let parts: Vec<(usize, Vec<i32>)> = (0..self.outputs)
             .step_by(width)
@@ -230,33 +226,37 @@ fn quantize_rows(x: &[f32], rows: usize, inputs: usize, stride: usize) -> (Vec<i
     let mut quantized = vec![0i16; rows * stride];
     let mut scales = vec![0f32; rows];
     for (r, row) in x.chunks_exact(inputs).enumerate() {
-        let out = &mut quantized[r * stride..][..inputs];
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 is present (checked above), and `out` is as long as `row`.
-            scales[r] = unsafe { avx2::quantize_row(row, limit, out) };
-            continue;
-        }
-        scales[r] = quantize_row(row, limit, out);
+        scales[r] = quantize_row(row, limit, &mut quantized[r * stride..][..inputs]);
     }
     (quantized, scales)
 }
 
 /// Quantizes `row` into `out` with `limit` the largest magnitude; returns the value a 1 stands
-/// for (0 for a row of zeros or with an infinite value, left all 0). `avx2::quantize_row`
-/// gives the same integers 8 at a time.
+/// for (0 for a row of zeros or with an infinite value, left all 0). With AVX2, whole groups of
+/// 8 values go through `avx2::quantize`, which gives the integers [`quantize_values`] gives.
 fn quantize_row(row: &[f32], limit: f32, out: &mut [i16]) -> f32 {
     let max = max_abs(row);
     if !(max > 0.0 && max.is_finite()) {
         return 0.0;
     }
     let inverse = limit / max;
-    // Clamped before rounding (a product may land a rounding error past the limit), so that
-    // the loop has no branch; NaN rounds to 0.
+    #[allow(unused_mut)] // Only x86-64 hands part of the row to the AVX2 loop.
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is present (checked above), and `out` is as long as `row`.
+        done = unsafe { avx2::quantize(row, inverse, limit, out) };
+    }
+    quantize_values(&row[done..], inverse, limit, &mut out[done..]);
+    max / limit
+}
+
+/// Each value times `inverse`, clamped to ±`limit` before rounding (a product may land a
+/// rounding error past the limit), so that the loop has no branch; NaN rounds to 0.
+fn quantize_values(row: &[f32], inverse: f32, limit: f32, out: &mut [i16]) {
     for (q, v) in out.iter_mut().zip(row) {
         *q = round((v * inverse).clamp(-limit, limit)) as i16;
     }
-    max / limit
 }
 
 /// The largest magnitude in `row`, NaN ignored; in 8 lanes, so that it is vectorised (a single
@@ -356,18 +356,14 @@ mod avx2 {
     use super::{STEP, TILE_COLS};
     use std::arch::x86_64::*;
 
-    /// [`super::quantize_row`] 8 values an instruction, giving the same integers: the same
-    /// product, clamp, sign-matched half added and truncation, NaN to 0.
+    /// [`super::quantize_values`] for the whole groups of 8 values of `row`, 8 values an
+    /// instruction, giving the same integers: the same product, clamp, sign-matched half added
+    /// and truncation, NaN to 0. Returns how many values it did; the rest are the caller's.
     ///
     /// # Safety
     /// The CPU supports AVX2, and `out` is at least as long as `row`.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn quantize_row(row: &[f32], limit: f32, out: &mut [i16]) -> f32 {
-        let max = super::max_abs(row);
-        if !(max > 0.0 && max.is_finite()) {
-            return 0.0;
-        }
-        let inverse = limit / max;
+    pub unsafe fn quantize(row: &[f32], inverse: f32, limit: f32, out: &mut [i16]) -> usize {
         let (inv, low, high) = (
             _mm256_set1_ps(inverse),
             _mm256_set1_ps(-limit),
@@ -394,10 +390,7 @@ mod avx2 {
             unsafe { _mm_storeu_si128(out.as_mut_ptr().add(i).cast(), packed) };
             i += 8;
         }
-        for (q, v) in out[whole..].iter_mut().zip(&row[whole..]) {
-            *q = super::round((v * inverse).clamp(-limit, limit)) as i16;
-        }
-        max / limit
+        whole
     }
 
     /// # Safety
@@ -587,12 +580,19 @@ mod tests {
             rows.push(vec![0.0; 17]);
             for row in &rows {
                 for limit in [32_767.0f32, 5_504.0, 127.0] {
-                    let (mut plain, mut fast) = (vec![0i16; row.len()], vec![0i16; row.len()]);
-                    let a = quantize_row(row, limit, &mut plain);
-                    // SAFETY: AVX2 is present (checked above); both slices have row.len() values.
-                    let b = unsafe { avx2::quantize_row(row, limit, &mut fast) };
+                    // The plain loop over the whole row, as a CPU without AVX2 quantizes it.
+                    let max = max_abs(row);
+                    let mut plain = vec![0i16; row.len()];
+                    let plain_scale = if max > 0.0 && max.is_finite() {
+                        quantize_values(row, limit / max, limit, &mut plain);
+                        max / limit
+                    } else {
+                        0.0
+                    };
+                    let mut fast = vec![0i16; row.len()];
+                    let fast_scale = quantize_row(row, limit, &mut fast);
                     assert_eq!(plain, fast, "{} values, limit {limit}", row.len());
-                    assert_eq!(a.to_bits(), b.to_bits());
+                    assert_eq!(plain_scale.to_bits(), fast_scale.to_bits());
                 }
             }
         }
