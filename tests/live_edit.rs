@@ -122,3 +122,52 @@ fn a_tool_broken_and_repaired_while_running_says_why_and_comes_back() {
         "the repair logs no problem"
     );
 }
+
+#[test]
+fn a_rewrite_in_place_that_pauses_between_truncation_and_write_never_drops_the_tool() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool("hello.meta", GOOD, false);
+    fleet.start_coordinator(&[]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "hello");
+    let watch = LineWatch::start(fleet.toolctl_command("client-alice", &["watch", "--json"]));
+    watch.until("snapshot", |e| e["kind"] == "snapshot");
+
+    // `>` in a shell, or an editor saving in place: the file is empty for a while, across a
+    // file event and the harness's periodic rescan (every second).
+    let path = fleet.tools.join("hello.meta");
+    std::fs::File::create(&path).unwrap();
+    std::thread::sleep(Duration::from_millis(1300));
+    assert_eq!(
+        tool_entry(&fleet, "hello").unwrap()["visible"],
+        true,
+        "served while being written"
+    );
+    std::fs::write(
+        &path,
+        r#"{"description": "Say hello again", "cmd": "echo again"}"#,
+    )
+    .unwrap();
+
+    let event = watch.until("the rewrite", |e| {
+        let names = |field: &str| e[field].as_array().cloned().unwrap_or_default();
+        let hello = serde_json::json!("hello");
+        assert!(
+            !names("removed").contains(&hello)
+                && !names("invalid").iter().any(|i| i["name"] == hello),
+            "the half-written file reached the fleet: {e}"
+        );
+        e["kind"] == "registry" && names("changed").contains(&hello)
+    });
+    assert_eq!(event["added"], serde_json::json!([]), "{event}");
+    let out = wait_for("the new version to run", Duration::from_secs(20), || {
+        let out = fleet.toolctl(&["call", "a", "hello"]);
+        (text(&out.stdout) == "again\n").then_some(out)
+    });
+    assert_exit(&out, 0, &[]);
+    assert!(
+        not_served_lines(&fleet).is_empty(),
+        "{:?}",
+        not_served_lines(&fleet)
+    );
+}

@@ -19,10 +19,12 @@ const HELLO: &str =
 
 /// A fleet of `agents` attached to `n` replicas on a 3-member etcd.
 struct Replicated {
+    // The replicas drop first, so that a failing test prints their logs while the fleet's
+    // directory still holds them.
+    replicas: Vec<Option<Proc>>,
     fleet: Fleet,
     etcd: EtcdCluster,
     ports: Vec<u16>,
-    replicas: Vec<Option<Proc>>,
 }
 
 impl Replicated {

@@ -7,7 +7,7 @@ mod scan;
 mod watch;
 
 pub use scan::{
-    Catalog, CatalogChanges, Executable, Hashed, Invalid, ReadError, Scanner, Tool, hash_file,
-    hash_file_bounded, hex_sha256, read_meta, split_tools_path,
+    Catalog, CatalogChanges, Executable, Hashed, Invalid, ReadError, SETTLE_AGE, Scanner, Tool,
+    hash_file, hash_file_bounded, hex_sha256, read_meta, split_tools_path,
 };
 pub use watch::{Numbering, Registry, WatchOptions, log_problems};

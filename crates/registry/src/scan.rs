@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use sha2::{Digest, Sha256};
 use toolsrv_meta::{Code, Diagnostic, Meta, Severity, parse};
@@ -202,6 +202,8 @@ pub struct Scanner {
     metas: HashMap<PathBuf, Cached>,
     /// Executable digests by path, keyed on size and modification time.
     executables: HashMap<PathBuf, (u64, Option<SystemTime>, Hashed)>,
+    /// When the earliest file held back by the last scan (see [`Scanner::recheck_at`]) settles.
+    recheck: Option<SystemTime>,
 }
 
 #[derive(Debug)]
@@ -231,8 +233,17 @@ impl Scanner {
         &self.dirs
     }
 
+    /// When a file held back by the last scan settles, so that the caller scans again then:
+    /// a `.meta` that no longer parses but was modified under [`SETTLE_AGE`] ago, while its
+    /// previous version parsed, is taken as a write in progress (truncated, not yet rewritten)
+    /// and the previous version stays served until the file settles.
+    pub fn recheck_at(&self) -> Option<SystemTime> {
+        self.recheck
+    }
+
     /// Reads every directory of the tools path. The result has revision 0; the caller numbers it.
     pub fn scan(&mut self) -> Catalog {
+        self.recheck = None;
         let mut catalog = Catalog::default();
         let mut seen_metas = HashSet::with_capacity(self.metas.len());
         let mut seen_exes = HashSet::new();
@@ -350,11 +361,24 @@ impl Scanner {
         let digest = hex_sha256(&bytes);
         // Trust the stamp next time only if the file was not modified just now: a write within
         // the file system's timestamp granularity could otherwise go unnoticed (git's "racy" rule).
+        let settles_at = stamp.and_then(|s| s.settles_at());
         let stamp = stamp.filter(Stamp::settled);
         if let Some(cached) = self.metas.get_mut(path).filter(|c| c.digest == digest) {
             cached.stamp = stamp;
         } else {
             let parsed = parse(name, path, &bytes);
+            if parsed.meta.is_none()
+                && let Some(until) = settles_at
+                && let Some(previous) = self.metas.get_mut(path).filter(|c| c.meta.is_some())
+            {
+                // Most likely caught between the truncation and the write of an in-place
+                // rewrite (`>` in a shell, most editors' "save"): keep serving the previous
+                // version, read the file again next time, and ask for a scan once it settles.
+                previous.stamp = None;
+                self.recheck = Some(self.recheck.map_or(until, |r| r.min(until)));
+                tracing::debug!(file = ?path, "a .meta being written does not parse yet: its previous version stays until it settles");
+                return self.metas.get(path);
+            }
             let cached = Cached {
                 stamp,
                 digest,
@@ -470,6 +494,10 @@ fn meta_too_large(size: u64) -> String {
     )
 }
 
+/// How long after its last modification a file counts as still being written: beyond the
+/// timestamp granularity of common file systems (1 to 2 s), and far beyond any single save.
+pub const SETTLE_AGE: Duration = Duration::from_secs(2);
+
 /// What identifies a file's content cheaply: inode, size and modification time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stamp {
@@ -491,9 +519,14 @@ impl Stamp {
 
     /// Modified long enough ago that a same-size rewrite would have moved the mtime.
     fn settled(&self) -> bool {
-        self.mtime
-            .elapsed()
-            .is_ok_and(|age| age > std::time::Duration::from_secs(2))
+        self.mtime.elapsed().is_ok_and(|age| age > SETTLE_AGE)
+    }
+
+    /// When the file settles, if it was modified at most [`SETTLE_AGE`] ago (`None` when it is
+    /// older, or dated in the future: no wait would settle it).
+    fn settles_at(&self) -> Option<SystemTime> {
+        let age = SystemTime::now().duration_since(self.mtime).ok()?;
+        (age <= SETTLE_AGE).then(|| self.mtime + SETTLE_AGE)
     }
 }
 

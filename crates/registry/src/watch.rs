@@ -224,9 +224,11 @@ impl Registry {
             if let Ok(w) = &mut watcher {
                 self.rewatch(w, &mut watched);
             }
+            let recheck = self.recheck_in();
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 _ = tick.tick() => {}
+                () = tokio::time::sleep(recheck.unwrap_or_default()), if recheck.is_some() => {}
                 () = changed.notified() => {
                     // Debounce: wait until events stop for `debounce`.
                     loop {
@@ -243,6 +245,16 @@ impl Registry {
                 tracing::error!(error = %e, "registry rescan failed");
             }
         }
+    }
+
+    /// How long until a file the last scan held back as being written settles (a little more,
+    /// so that it has settled by then).
+    fn recheck_in(&self) -> Option<Duration> {
+        let at = self.lock().recheck_at()?;
+        let left = at
+            .duration_since(std::time::SystemTime::now())
+            .unwrap_or_default();
+        Some(left + Duration::from_millis(50))
     }
 
     /// Watches directories of the tools path that exist now and were not watched yet.

@@ -5,11 +5,29 @@ use std::path::Path;
 use std::time::Duration;
 
 use toolsrv_meta::{Code, Severity};
-use toolsrv_registry::{Numbering, Registry, WatchOptions, split_tools_path};
+use toolsrv_registry::{Numbering, Registry, SETTLE_AGE, Scanner, WatchOptions, split_tools_path};
 use toolsrv_testkit::{write, write_executable};
 
 fn tool(desc: &str) -> String {
     format!(r#"{{"description": "{desc}", "cmd": "echo {desc}"}}"#)
+}
+
+/// Sets `path`'s modification time `secs` seconds back.
+fn age(path: &Path, secs: u64) {
+    let then = std::time::SystemTime::now() - Duration::from_secs(secs);
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(then)
+        .unwrap();
+}
+
+/// Writes `dir/name` as if it had been written a minute ago: a finished write, not one that
+/// may still be in progress.
+fn write_settled(dir: &Path, name: &str, content: &str) {
+    write(dir, name, content);
+    age(&dir.join(name), 60);
 }
 
 #[test]
@@ -111,7 +129,7 @@ fn rescans_bump_the_revision_only_on_effective_changes() {
         first.sha256
     );
 
-    write(dir.path(), "a.meta", "{ broken");
+    write_settled(dir.path(), "a.meta", "{ broken");
     assert_eq!(reg.rescan(), Some(6), "a broken file drops its tool");
     assert!(reg.catalog().has_errors());
     std::fs::remove_file(dir.path().join("a.meta")).unwrap();
@@ -200,7 +218,7 @@ fn an_invalid_tool_is_kept_with_its_reason_and_each_change_is_told_once() {
 
     // Valid, then broken: removed from the tools, kept as invalid with file, field and reason.
     let before = reg.catalog();
-    write(dir.path(), "a.meta", r#"{"description": 3, "cmd": "true"}"#);
+    write_settled(dir.path(), "a.meta", r#"{"description": 3, "cmd": "true"}"#);
     assert_eq!(reg.rescan(), Some(2));
     let after = reg.catalog();
     assert!(!after.tools.contains_key("a"));
@@ -342,6 +360,122 @@ async fn the_periodic_rescan_catches_what_events_miss() {
     // Now the directory is watched too: a new file shows up.
     write(&late, "y.meta", &tool("y"));
     wait_for(&mut rx, "y found", |c| c.tools.contains_key("y")).await;
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[test]
+fn a_rewrite_in_progress_keeps_the_previous_version_until_it_settles() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.meta");
+    write_settled(dir.path(), "a.meta", &tool("one"));
+    let mut scanner = Scanner::new(vec![dir.path().into()]);
+    assert!(scanner.scan().tools.contains_key("a"));
+    assert_eq!(scanner.recheck_at(), None);
+
+    // Truncated and not written yet, as `>` in a shell leaves it: still the previous version,
+    // and a scan is asked for when the file settles.
+    std::fs::File::create(&path).unwrap();
+    let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
+    let catalog = scanner.scan();
+    assert_eq!(
+        catalog.tools["a"].meta.def.description.as_deref(),
+        Some("one")
+    );
+    assert!(catalog.invalid.is_empty(), "{:?}", catalog.invalid);
+    assert_eq!(scanner.recheck_at(), Some(modified + SETTLE_AGE));
+
+    // Half written: the same.
+    write(dir.path(), "a.meta", r#"{"description": "tw"#);
+    let catalog = scanner.scan();
+    assert_eq!(
+        catalog.tools["a"].meta.def.description.as_deref(),
+        Some("one")
+    );
+    assert!(scanner.recheck_at().is_some());
+
+    // Written: the new version at once, nothing to recheck.
+    write(dir.path(), "a.meta", &tool("two"));
+    let catalog = scanner.scan();
+    assert_eq!(
+        catalog.tools["a"].meta.def.description.as_deref(),
+        Some("two")
+    );
+    assert_eq!(scanner.recheck_at(), None);
+
+    // Left empty: once it has settled, the tool is invalid, as any broken file.
+    std::fs::File::create(&path).unwrap();
+    assert!(scanner.scan().tools.contains_key("a"));
+    age(&path, 10);
+    let catalog = scanner.scan();
+    assert!(!catalog.tools.contains_key("a"));
+    assert!(
+        catalog.invalid["a"]
+            .reason()
+            .contains(&path.display().to_string()),
+        "{:?}",
+        catalog.invalid
+    );
+    assert_eq!(scanner.recheck_at(), None);
+
+    // A new file has no previous version to keep: broken is invalid at once, even fresh.
+    write(dir.path(), "b.meta", "{");
+    let catalog = scanner.scan();
+    assert!(catalog.invalid.contains_key("b"));
+    assert_eq!(scanner.recheck_at(), None);
+    // And a file dated in the future is never taken as settling.
+    write(dir.path(), "a.meta", &tool("three"));
+    assert!(scanner.scan().tools.contains_key("a"));
+    let future = std::time::SystemTime::now() + Duration::from_secs(3600);
+    write(dir.path(), "a.meta", "");
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(future)
+        .unwrap();
+    let catalog = scanner.scan();
+    assert!(
+        catalog.invalid.contains_key("a"),
+        "{:?}",
+        catalog.tools.keys()
+    );
+    assert_eq!(scanner.recheck_at(), None);
+}
+
+#[tokio::test]
+async fn a_file_left_broken_is_reported_when_it_settles_without_waiting_for_the_timer() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.meta");
+    write_settled(dir.path(), "a.meta", &tool("a"));
+    let reg = Registry::open(vec![dir.path().into()]);
+    let mut rx = reg.subscribe();
+    let stop = tokio_util::sync::CancellationToken::new();
+    // No periodic rescan within the test: only the file event and the recheck it asks for.
+    let options = WatchOptions {
+        debounce: Duration::from_millis(20),
+        rescan_every: Duration::from_secs(3600),
+    };
+    let task = tokio::spawn(reg.clone().watch(options, stop.clone()));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let truncated = std::time::Instant::now();
+    std::fs::File::create(&path).unwrap();
+    let revision = wait_for(&mut rx, "a reported invalid", |c| {
+        c.invalid.contains_key("a")
+    })
+    .await;
+    assert!(
+        truncated.elapsed() >= SETTLE_AGE - Duration::from_millis(100),
+        "reported after {:?}, before the file settled",
+        truncated.elapsed()
+    );
+    assert!(!reg.catalog().tools.contains_key("a"));
+    assert_eq!(revision, 2);
+
     stop.cancel();
     tokio::time::timeout(Duration::from_secs(5), task)
         .await

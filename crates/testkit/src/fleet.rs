@@ -21,12 +21,14 @@ use crate::wait::{run_bounded, wait_for};
 /// `PATH`, environment, files and state. (`toolsrv_tests::Fleet` in the workspace tests.)
 #[derive(Debug)]
 pub struct TestFleet {
+    // Fields drop in order: the processes first, so that a failing test prints their logs
+    // before the directory holding them is removed.
+    pub coordinator: Option<Proc>,
+    pub agents: BTreeMap<String, Proc>,
     pub pki: Pki,
     pub work: tempfile::TempDir,
     pub port: u16,
     pub tools: PathBuf,
-    pub coordinator: Option<Proc>,
-    pub agents: BTreeMap<String, Proc>,
     /// What agents get as `--coordinator` instead of [`TestFleet::url`]: several replicas'
     /// URLs, comma-separated.
     pub agent_coordinators: Option<String>,
