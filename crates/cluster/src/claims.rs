@@ -4,6 +4,7 @@
 use crate::cluster::{Cluster, Owned, Shared};
 use crate::error::{ClusterError, Fault, Result};
 use crate::etcd::{self, Expect};
+use crate::health::Condition;
 use crate::records::{HostRecord, check_id, parse, to_json};
 use crate::retry::retry;
 use crate::table::ClusterEvent;
@@ -68,12 +69,17 @@ impl Cluster {
         let (json_ref, key_ref) = (&json, &key);
         let outcome = retry(OP, &key, shared.policy, |attempt| async move {
             let (json, key) = (json_ref, key_ref);
-            // Without a lease, say why if etcd told: a lost quorum is why no new lease comes.
+            // Without a lease, say why: a lost quorum if etcd told (it is why no new lease
+            // comes), otherwise how the lease was lost (etcd out of reach, most often).
             let lease = shared.lease.borrow().map(|l| l.id).ok_or_else(|| {
                 shared.health.no_quorum().unwrap_or_else(|| {
-                    Fault::LeaseNotFound(
-                        "this replica's lease expired; a new one is being granted".into(),
-                    )
+                    let why = shared
+                        .health
+                        .reason(Condition::Lease)
+                        .unwrap_or_else(|| "this replica's lease expired".into());
+                    Fault::LeaseNotFound(format!(
+                        "{why}; a new one is granted as soon as etcd answers"
+                    ))
                 })
             })?;
             if attempt == 0 {

@@ -163,6 +163,11 @@ impl Health {
             .and_then(|f| f.fault.clone())
     }
 
+    /// Why `condition` fails, while it does.
+    pub(crate) fn reason(&self, condition: Condition) -> Option<String> {
+        self.lock().get(&condition).map(|f| f.reason.clone())
+    }
+
     /// The fault of a lost quorum (a member said it has no leader), while etcd is failing so.
     pub(crate) fn no_quorum(&self) -> Option<Fault> {
         no_quorum(&self.lock()).and_then(|f| f.fault.clone())
