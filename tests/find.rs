@@ -1,4 +1,4 @@
-//! `toolctl find` against a live coordinator and two agents: tools ranked per selector, the index
+//! `toolctl find` against a live coordinator and three agents (two alike): tools ranked per selector, the index
 //! following `.meta` edits, no match, and bad requests.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
@@ -14,7 +14,8 @@ fn fleet() -> Fleet {
 }
 
 fn fleet_with(coordinator_args: &[&str]) -> Fleet {
-    let mut fleet = Fleet::new(&["a", "b"]);
+    // a and c are alike (they report the same view), b has a GPU.
+    let mut fleet = Fleet::new(&["a", "b", "c"]);
     let tool = |name: &str, body: &str| fleet.tool(&format!("{name}.meta"), body, false);
     tool(
         "disk_usage",
@@ -38,7 +39,8 @@ fn fleet_with(coordinator_args: &[&str]) -> Fleet {
             ..AgentSpec::default()
         },
     );
-    fleet.wait_online(&["a", "b"], "gpu_status");
+    fleet.start_agent("c", &AgentSpec::default());
+    fleet.wait_online(&["a", "b", "c"], "gpu_status");
     fleet
 }
 
@@ -65,7 +67,7 @@ fn find_ranks_the_tools_of_the_selected_hosts() {
     let fleet = fleet();
     let found = find(&fleet, &["all", "how much free space is left on the disk"]);
     assert_eq!(found[0]["name"], "disk_usage", "{found:?}");
-    assert_eq!(found[0]["hosts"], serde_json::json!(["a", "b"]));
+    assert_eq!(found[0]["hosts"], serde_json::json!(["a", "b", "c"]));
     assert_eq!(
         found[0]["description"],
         "Show disk usage per mounted filesystem"
@@ -80,6 +82,11 @@ fn find_ranks_the_tools_of_the_selected_hosts() {
     assert_eq!(on_b[0]["hosts"], serde_json::json!(["b"]));
     let on_a = find(&fleet, &["a", "graphics card memory"]);
     assert!(on_a.iter().all(|m| m["name"] != "gpu_status"), "{on_a:?}");
+    let everywhere = find(&fleet, &["all", "graphics card memory"]);
+    assert_eq!(everywhere[0]["name"], "gpu_status", "{everywhere:?}");
+    assert_eq!(everywhere[0]["hosts"], serde_json::json!(["b"]));
+    let alike = find(&fleet, &["c", "how much free space is left on the disk"]);
+    assert_eq!(alike[0]["hosts"], serde_json::json!(["c"]), "{alike:?}");
 
     // --limit bounds the answer; best first.
     let one = find(&fleet, &["all", "show", "--limit", "1"]);

@@ -637,3 +637,82 @@ fn keepalives_are_spaced_as_the_fleet_grows_and_a_frozen_host_is_still_lost() {
     nix::sys::signal::kill(agent, nix::sys::signal::Signal::SIGCONT).unwrap();
     assert!(detected < Duration::from_secs(8), "lost after {detected:?}");
 }
+
+/// A TCP relay to `target` on a loopback port that passes what the client sends at most
+/// `per_second` bytes a second (in 4 KiB slices) and what comes back at full speed: an agent
+/// on a slow uplink. Runs until the test process ends.
+fn slow_uplink(target: u16, per_second: usize) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const SLICE: usize = 4096;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let pause = Duration::from_secs_f64(SLICE as f64 / per_second as f64);
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            while let Ok((client, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                    else {
+                        return;
+                    };
+                    let (mut client_read, mut client_write) = client.into_split();
+                    let (mut server_read, mut server_write) = server.into_split();
+                    let up = async move {
+                        let mut buf = vec![0; SLICE];
+                        while let Ok(n) = client_read.read(&mut buf).await {
+                            if n == 0 || server_write.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                            tokio::time::sleep(pause).await;
+                        }
+                    };
+                    let down = async move {
+                        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+                    };
+                    tokio::select! {
+                        () = up => {}
+                        () = down => {}
+                    }
+                });
+            }
+        });
+    });
+    port
+}
+
+#[test]
+fn a_view_that_takes_longer_than_lost_after_to_arrive_does_not_lose_its_host() {
+    // 300 tools with 4 KiB prompts: a view of 1.2 MB, its first part a whole megabyte, through
+    // an uplink of 160 KiB/s: 7 s, with the agent's keepalives queued behind it, where
+    // --lost-after-ms is 3 s. The bytes arriving are the agent alive.
+    let mut fleet = Fleet::new(&["slow"]);
+    let prompt = "p".repeat(4096);
+    for i in 0..300 {
+        fleet.tool(
+            &format!("tool_{i:03}.meta"),
+            &format!(r#"{{"description": "Tool {i}", "prompt": "{prompt}", "cmd": "echo {i}"}}"#),
+            false,
+        );
+    }
+    fleet.start_coordinator(&[]);
+    let proxy = slow_uplink(fleet.port, 160 << 10);
+    fleet.agent_coordinators = Some(format!("https://127.0.0.1:{proxy}"));
+    fleet.start_agent("slow", &AgentSpec::default());
+    let started = Instant::now();
+    wait_for("the slow host's view", Duration::from_secs(60), || {
+        let tools = fleet.tools("slow")?;
+        (tools.len() == 300 && tools.iter().all(|t| t["visible"] == true)).then_some(())
+    });
+    eprintln!("view in after {:?}", started.elapsed());
+    let coordinator = fleet.coordinator.as_ref().unwrap().log();
+    assert!(!coordinator.contains("nothing heard"), "{coordinator}");
+    let out = fleet.toolctl(&["call", "slow", "tool_299"]);
+    assert_exit(&out, 0, &[]);
+    assert_eq!(text(&out.stdout), "299\n");
+}

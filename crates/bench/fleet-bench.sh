@@ -10,6 +10,10 @@
 #                                                # 10,000 stand-in hosts (only when named)
 #   FLEET_ONLY=failover FLEET_REPLICA_AGENTS=10000 crates/bench/fleet-bench.sh   # 3 replicas on
 #                                                # etcd, one killed, then all (only when named)
+#   FLEET_ONLY=find crates/bench/fleet-bench.sh  # FindTools against 1,000 tools through a real
+#                                                # coordinator, lexical and with the encoder
+#                                                # (TOOLSRV_FIND_MODEL; FLEET_FIND_HOSTS stand-in
+#                                                # hosts, default 10; only when named)
 #
 # Needs root for the ssh baseline (installs openssh-server if missing, creates the user
 # `toolsrvbench` with shell /bin/sh). Without it the ssh comparison is reported as skipped.

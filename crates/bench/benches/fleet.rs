@@ -6,13 +6,20 @@
 //! sshd and tears everything down. Environment: `FLEET_BIN_DIR` (default: next to this bench's
 //! executable), `FLEET_PKI` (default: a fresh PKI written here), `FLEET_EXAMPLES`, `FLEET_WORK`,
 //! `FLEET_SSH_CONFIG` + `FLEET_SSH_HOST` or `FLEET_SSH_SKIP`, `FLEET_ONLY=latency,concurrency,
-//! fanout,stream,memory,replicas,scale,failover` (`scale` and `failover` run only when named:
-//! `FLEET_SCALE_AGENTS`, default 10,000, `FLEET_SCALE_PARALLEL`, `FLEET_SCALE_KEEPALIVE_MS`,
-//! `FLEET_SCALE_RUNS`; `FLEET_REPLICA_AGENTS`, default 3,000), `BENCH_QUICK=1`.
+//! fanout,stream,memory,replicas,scale,failover,find` (`scale`, `failover` and `find` run only
+//! when named: `FLEET_SCALE_AGENTS`, default 10,000, `FLEET_SCALE_PARALLEL`,
+//! `FLEET_SCALE_KEEPALIVE_MS`, `FLEET_SCALE_RUNS`; `FLEET_REPLICA_AGENTS`, default 3,000; `find`
+//! takes the encoder from `TOOLSRV_FIND_MODEL` and `FLEET_FIND_HOSTS`, default 10),
+//! `BENCH_QUICK=1`.
 
 // In a directory of its own: a file beside this one would be a bench target of its own.
 #[path = "fleet/failover.rs"]
 mod failover;
+#[path = "fleet/find.rs"]
+mod find;
+// The made-up tools of `toolsrv-find`'s benchmark, served here by a real coordinator.
+#[path = "../../find/tests/common/generated.rs"]
+mod find_catalog;
 #[path = "fleet/replicas.rs"]
 mod replicas;
 #[path = "fleet/scale.rs"]
@@ -218,9 +225,10 @@ async fn run() -> Result<(), BenchError> {
     };
     let paths = &setup.paths;
     let only = std::env::var("FLEET_ONLY").unwrap_or_default();
-    // `scale` and `failover` need a PKI with as many stand-in hosts and minutes: only when
-    // named.
-    let wanted = |s: &str| (only.is_empty() && s != "scale" && s != "failover") || named(s);
+    // `scale` and `failover` need a PKI with as many stand-in hosts and minutes, `find` the
+    // encoder's files: only when named.
+    let wanted =
+        |s: &str| (only.is_empty() && !["scale", "failover", "find"].contains(&s)) || named(s);
     println!(
         "fleet{}: binaries {}, open-file limit {nofile}, {} cores",
         if quick() { " (BENCH_QUICK)" } else { "" },
@@ -228,7 +236,7 @@ async fn run() -> Result<(), BenchError> {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
     let mut failures = Vec::new();
-    let sections: [(&str, Section); 8] = [
+    let sections: [(&str, Section); 9] = [
         ("latency", |p, s| {
             Box::pin(latency_and_concurrency(p, s, true))
         }),
@@ -241,6 +249,7 @@ async fn run() -> Result<(), BenchError> {
         ("scale", |p, s| Box::pin(scale::scale(p, s))),
         ("replicas", |p, s| Box::pin(replicas::replicas(p, s))),
         ("failover", |p, s| Box::pin(failover::failover(p, s))),
+        ("find", |p, s| Box::pin(find::find(p, s))),
     ];
     for (name, section) in sections {
         if !wanted(name) {

@@ -24,7 +24,7 @@ use toolsrv_proto::v1::{
 use crate::State;
 use crate::catalog::Shipped;
 use crate::fleet::{HostEntry, now_ms};
-use crate::framing::{self, Inbound};
+use crate::framing::{self, Inbound, Received};
 use crate::identity::Caller;
 use crate::link::{AgentEvent, Link};
 use crate::views::ViewParts;
@@ -56,7 +56,9 @@ impl AgentLink for AgentLinkService {
         // Served through `AgentLinkRoutes`, which frames the stream itself; this path serves the
         // same session for anyone mounting the generated server directly.
         let caller = Caller::of(req.extensions(), toolsrv_tls::Role::Agent)?.clone();
-        let outbound = self.open(caller, req.into_inner()).await?;
+        // tonic's codec gives whole messages only: silence is judged on them.
+        let received = Arc::default();
+        let outbound = self.open(caller, req.into_inner(), received).await?;
         Ok(Response::new(Box::pin(outbound.map(Ok))))
     }
 
@@ -108,11 +110,13 @@ impl AgentLink for AgentLinkService {
 
 impl AgentLinkService {
     /// Starts the session of agent `id` once its hello has arrived on `inbound`; the returned
-    /// stream is what goes back to the agent.
+    /// stream is what goes back to the agent. `received` counts the bytes read from it, as they
+    /// arrive.
     async fn open<S>(
         &self,
         caller: Caller,
         mut inbound: S,
+        received: Arc<Received>,
     ) -> Result<ReceiverStream<CoordinatorMessage>, Status>
     where
         S: Stream<Item = Result<AgentMessage, Status>> + Unpin + Send + 'static,
@@ -164,7 +168,11 @@ impl AgentLinkService {
             .unwrap_or_default();
         let not_after = caller.not_after;
         self.state.tasks.spawn(async move {
-            let reason = session(&state, &link, inbound, &last_seen, not_after).await;
+            let heard = Heard {
+                last_seen: &last_seen,
+                received: &received,
+            };
+            let reason = session(&state, &link, inbound, heard, not_after).await;
             tracing::info!(host = %link.host_id, reason = ?reason, "agent detached");
             link.close(&reason);
             state.fleet.detach(&link.host_id, link.generation);
@@ -183,7 +191,8 @@ impl AgentLinkService {
         let (parts, body) = req.into_parts();
         let caller = Caller::of(&parts.extensions, toolsrv_tls::Role::Agent)?.clone();
         let inbound = Inbound::new(body, MAX_MESSAGE_BYTES);
-        let outbound = self.open(caller, inbound).await?;
+        let received = inbound.received();
+        let outbound = self.open(caller, inbound, received).await?;
         Ok(framing::response(outbound.map(Ok), MAX_MESSAGE_BYTES))
     }
 }
@@ -282,17 +291,25 @@ fn expired(not_after: Option<i64>, calls_running: usize, now: i64) -> Option<Str
     })
 }
 
+/// What tells that an agent is alive: when it was last heard from (wall time, for users), and
+/// the bytes read from its link so far.
+struct Heard<'a> {
+    last_seen: &'a std::sync::atomic::AtomicU64,
+    received: &'a Received,
+}
+
 /// Runs one agent connection until it ends; returns why it ended.
 async fn session<S>(
     state: &State,
     link: &Arc<Link>,
     mut inbound: S,
-    last_seen: &std::sync::atomic::AtomicU64,
+    alive: Heard<'_>,
     not_after: Option<i64>,
 ) -> String
 where
     S: Stream<Item = Result<AgentMessage, Status>> + Unpin,
 {
+    let last_seen = alive.last_seen;
     let _counted = state.pace.count();
     let mut keepalive = state.pace.interval(None);
     let mut lost_after = state.pace.lost_after(keepalive);
@@ -320,6 +337,9 @@ where
     // Liveness is judged on the monotonic clock (a wall-clock step must not lose or keep an
     // agent); `last_seen` keeps wall time only for what is shown to users.
     let mut heard = tokio::time::Instant::now();
+    // Bytes still arriving are the agent alive, though the message they belong to (a view part
+    // of a megabyte on a slow uplink) is not whole yet, and its keepalives wait behind it.
+    let mut bytes_heard = alive.received.bytes();
     let mut views = ViewParts::default();
     loop {
         if catalog_changed {
@@ -358,6 +378,12 @@ where
                 Err(_) => return "registry stopped".into(),
             },
             scheduled = tick.tick() => {
+                let bytes = alive.received.bytes();
+                if bytes != bytes_heard {
+                    bytes_heard = bytes;
+                    heard = tokio::time::Instant::now();
+                    last_seen.store(now_ms(), Ordering::Relaxed);
+                }
                 let silent = heard.elapsed();
                 // A tick that fires late says this process is behind (a reconnect storm's
                 // handshakes, a busy machine): the agent's keepalive may be waiting unread in

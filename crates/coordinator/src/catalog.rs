@@ -1,9 +1,9 @@
 //! Turning registry catalogs into the updates shipped to agents: full first, incremental after.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 
 use toolsrv_proto::v1::{BlobRef, CatalogUpdate, ToolDocument};
-use toolsrv_registry::Catalog;
+use toolsrv_registry::{Catalog, Tool};
 
 /// Most `.meta` bytes per update message; a larger catalog goes out as several messages.
 /// Small on purpose: each message is held whole while queued and written, and the agent's stream
@@ -11,29 +11,36 @@ use toolsrv_registry::Catalog;
 /// (a single larger `.meta` still goes out whole).
 const BATCH_BYTES: usize = 16 << 10;
 
-/// What one agent was last sent: tool name to (meta digest, executable digest).
+/// What one agent was last sent: the catalog it was brought up to, shared with every link sent
+/// the same one (a link keeps a pointer, not a list as long as the catalog).
 #[derive(Debug, Default)]
 pub struct Shipped {
-    tools: HashMap<String, (String, Option<String>)>,
-    revision: u64,
-    started: bool,
+    last: Option<Arc<Catalog>>,
 }
 
 impl Shipped {
     /// The messages that bring the agent from what it was sent to `catalog`; empty when nothing changed.
-    pub fn updates(&mut self, catalog: &Catalog) -> Vec<CatalogUpdate> {
-        let full = !self.started;
-        if !full && catalog.revision == self.revision {
-            return Vec::new();
-        }
-        let mut upserts = Vec::new();
-        for (name, tool) in &catalog.tools {
-            let exe = tool.executable.as_ref().map(|e| e.sha256.clone());
-            let key = (tool.digest.clone(), exe);
-            if !full && self.tools.get(name) == Some(&key) {
-                continue;
-            }
-            upserts.push(ToolDocument {
+    pub fn updates(&mut self, catalog: &Arc<Catalog>) -> Vec<CatalogUpdate> {
+        let previous = self.last.replace(catalog.clone());
+        let full = previous.is_none();
+        let previous = match previous {
+            Some(p) if p.revision == catalog.revision => return Vec::new(),
+            Some(p) => p,
+            None => Arc::default(),
+        };
+        // A tool goes out again when its `.meta` or its executable changed.
+        let same = |name: &str, tool: &Tool| {
+            previous.tools.get(name).is_some_and(|was| {
+                was.digest == tool.digest
+                    && was.executable.as_ref().map(|e| &e.sha256)
+                        == tool.executable.as_ref().map(|e| &e.sha256)
+            })
+        };
+        let upserts: Vec<ToolDocument> = catalog
+            .tools
+            .iter()
+            .filter(|(name, tool)| full || !same(name, tool))
+            .map(|(name, tool)| ToolDocument {
                 name: name.clone(),
                 meta: tool.bytes.to_vec(),
                 meta_sha256: tool.digest.clone(),
@@ -41,20 +48,14 @@ impl Shipped {
                     sha256: e.sha256.clone(),
                     size: e.size,
                 }),
-            });
-            self.tools.insert(name.clone(), key);
-        }
-        let removals: Vec<String> = self
+            })
+            .collect();
+        let removals: Vec<String> = previous
             .tools
             .keys()
             .filter(|name| !catalog.tools.contains_key(*name))
             .cloned()
             .collect();
-        for name in &removals {
-            self.tools.remove(name);
-        }
-        self.started = true;
-        self.revision = catalog.revision;
         if !full && upserts.is_empty() && removals.is_empty() {
             return Vec::new();
         }
@@ -134,7 +135,10 @@ mod tests {
         write("b", "1");
         let reg = Registry::open(vec![dir.path().into()]);
         let mut shipped = Shipped::default();
-        let first = shipped.updates(&reg.catalog());
+        let catalog = reg.catalog();
+        let first = shipped.updates(&catalog);
+        // The link keeps the catalog it was sent, not a copy of its names.
+        assert!(Arc::ptr_eq(shipped.last.as_ref().unwrap(), &catalog));
         assert_eq!(first.len(), 1);
         assert!(first[0].full);
         assert_eq!(names(&first[0]), ["a", "b"]);

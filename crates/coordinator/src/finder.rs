@@ -21,6 +21,7 @@ use toolsrv_proto::v1::{FindToolsRequest, FindToolsResponse, ToolDefinition, Too
 
 use crate::State;
 use crate::selector::Selector;
+use crate::views::StoredView;
 
 /// Matches returned when the request asks for 0.
 const DEFAULT_LIMIT: u32 = 5;
@@ -239,7 +240,8 @@ pub async fn find(
     let _counted = finder.admit(client)?;
     finder.ready(state).await?;
 
-    let (visible, hosts_of) = offered(state, &selector);
+    let offered = Offered::on(state, &selector);
+    let visible = offered.visible.clone();
     let index = finder.index.clone();
     let query = req.query;
     let candidates = visible.len();
@@ -273,10 +275,7 @@ pub async fn find(
             name: name.clone(),
             score: hit.score,
             description: descriptions.get(&hit.key).cloned().unwrap_or_default(),
-            hosts: hosts_of
-                .get(name)
-                .map(|h| h.iter().cloned().collect())
-                .unwrap_or_default(),
+            hosts: offered.hosts_of(name),
             lexical_score: hit.lexical,
             semantic_score: hit.semantic,
         });
@@ -346,31 +345,63 @@ pub fn merge(
     local
 }
 
-/// The documents the online hosts of `selector` offer, and which of them offer each tool.
-fn offered(
-    state: &State,
-    selector: &Selector,
-) -> (HashSet<DocKey>, HashMap<String, BTreeSet<String>>) {
-    // Hosts share their definitions (the views intern them): each is keyed once, not once per
-    // host.
-    let mut visible: HashSet<DocKey> = HashSet::new();
-    let mut keyed: HashSet<*const ToolDefinition> = HashSet::new();
-    let mut hosts_of: HashMap<String, BTreeSet<String>> = HashMap::new();
-    for host in state.fleet.select(selector).iter().filter(|h| h.online()) {
-        let Some(view) = &host.view else { continue };
-        for tool in view.tools.iter().filter(|t| t.visible) {
-            if let Some(def) = &tool.definition {
-                if keyed.insert(Arc::as_ptr(def)) {
+/// What the online hosts of `selector` offer: the documents visible on any, and each distinct
+/// view with the hosts that have it.
+struct Offered {
+    visible: Arc<HashSet<DocKey>>,
+    views: Vec<(Arc<StoredView>, Vec<String>)>,
+}
+
+impl Offered {
+    fn on(state: &State, selector: &Selector) -> Self {
+        // Hosts alike share their view (and views their definitions): each view is gone over
+        // once and each definition keyed once, however many hosts have them.
+        let mut at: HashMap<*const StoredView, usize> = HashMap::new();
+        let mut views: Vec<(Arc<StoredView>, Vec<String>)> = Vec::new();
+        for host in state
+            .fleet
+            .select(selector)
+            .into_iter()
+            .filter(|h| h.online())
+        {
+            let Some(view) = host.view else { continue };
+            let i = *at.entry(Arc::as_ptr(&view)).or_insert_with(|| {
+                views.push((view, Vec::new()));
+                views.len() - 1
+            });
+            views[i].1.push(host.id);
+        }
+        let mut visible: HashSet<DocKey> = HashSet::new();
+        let mut keyed: HashSet<*const ToolDefinition> = HashSet::new();
+        for (view, _) in &views {
+            for tool in view.tools.iter().filter(|t| t.visible) {
+                if let Some(def) = &tool.definition
+                    && keyed.insert(Arc::as_ptr(def))
+                {
                     visible.insert(key_of(def));
                 }
-                hosts_of
-                    .entry(tool.name.clone())
-                    .or_default()
-                    .insert(host.id.clone());
             }
         }
+        Self {
+            visible: Arc::new(visible),
+            views,
+        }
     }
-    (visible, hosts_of)
+
+    /// The hosts where a tool named `name` is visible, sorted.
+    fn hosts_of(&self, name: &str) -> Vec<String> {
+        let mut hosts: Vec<String> = self
+            .views
+            .iter()
+            .filter(|(view, _)| {
+                view.tool(name)
+                    .is_some_and(|t| t.visible && t.definition.is_some())
+            })
+            .flat_map(|(_, hosts)| hosts.iter().cloned())
+            .collect();
+        hosts.sort_unstable();
+        hosts
+    }
 }
 
 #[cfg(test)]

@@ -254,7 +254,7 @@ impl Fleet {
 
     /// Stores a host's new view (tools sorted by name) if `generation` is its current connection.
     pub fn set_view(&self, id: &str, generation: u64, view: HostView) {
-        let view = Arc::new(self.interner.store(view));
+        let view = self.interner.share(view);
         self.views_stored.fetch_add(1, Ordering::Relaxed);
         let revision = view.catalog_revision;
         if self
@@ -443,6 +443,27 @@ mod tests {
             catalog_revision: revision,
             ..HostView::default()
         }
+    }
+
+    #[test]
+    fn hosts_that_report_the_same_view_share_it() {
+        let fleet = Fleet::new(1);
+        let mut generations = Vec::new();
+        for id in ["a", "b", "c"] {
+            let (e, generation) = connected(id, &fleet);
+            fleet.attach(e);
+            generations.push(generation);
+        }
+        fleet.set_view("a", generations[0], view(5));
+        fleet.set_view("b", generations[1], view(5));
+        fleet.set_view("c", generations[2], view(6));
+        let view_of = |id: &str| fleet.get(id).unwrap().view.unwrap();
+        assert!(Arc::ptr_eq(&view_of("a"), &view_of("b")));
+        assert!(!Arc::ptr_eq(&view_of("a"), &view_of("c")));
+        // b moves on: a keeps what it had.
+        fleet.set_view("b", generations[1], view(6));
+        assert_eq!(view_of("a").catalog_revision, 5);
+        assert!(Arc::ptr_eq(&view_of("b"), &view_of("c")));
     }
 
     #[test]

@@ -14,6 +14,8 @@
 
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -25,6 +27,17 @@ use tonic::codegen::http;
 /// Compression flag and length before each message.
 const HEADER: usize = 5;
 
+/// Bytes read so far from a stream. A large message on a slow connection takes a while to
+/// come whole; its bytes arriving say the peer is alive all the same.
+#[derive(Debug, Default)]
+pub struct Received(AtomicU64);
+
+impl Received {
+    pub fn bytes(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// The messages of a request body, decoded one at a time.
 #[derive(Debug)]
 pub struct Inbound<M, B> {
@@ -32,6 +45,7 @@ pub struct Inbound<M, B> {
     buf: BytesMut,
     max_message: usize,
     ended: bool,
+    received: Arc<Received>,
     _message: PhantomData<fn() -> M>,
 }
 
@@ -48,8 +62,15 @@ where
             buf: BytesMut::new(),
             max_message,
             ended: false,
+            received: Arc::default(),
             _message: PhantomData,
         }
+    }
+
+    /// The count of bytes read from the body, which grows as they arrive, before the message
+    /// they belong to is whole.
+    pub fn received(&self) -> Arc<Received> {
+        self.received.clone()
     }
 
     /// A whole message at the front of the buffer, if there is one.
@@ -106,6 +127,9 @@ where
             match Pin::new(&mut self.body).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Ok(mut data) = frame.into_data() {
+                        self.received
+                            .0
+                            .fetch_add(data.remaining() as u64, Ordering::Relaxed);
                         while data.has_remaining() {
                             let chunk = data.chunk();
                             self.buf.extend_from_slice(chunk);
@@ -364,6 +388,34 @@ mod tests {
             "{}",
             inbound.buf.capacity()
         );
+    }
+
+    #[tokio::test]
+    async fn bytes_count_as_they_arrive_before_their_message_is_whole() {
+        let big = AgentMessage {
+            msg: Some(Msg::Goodbye(toolsrv_proto::v1::Goodbye {
+                reason: "x".repeat(64 << 10),
+            })),
+        };
+        let wire = framed(&[big.clone(), keepalive(1)]);
+        let body = Chunks {
+            chunks: wire.chunks(16 << 10).map(Bytes::copy_from_slice).collect(),
+            quiet: true,
+            paused: false,
+        };
+        let mut inbound = Inbound::<AgentMessage, _>::new(body, 1 << 20);
+        let received = inbound.received();
+        assert_eq!(received.bytes(), 0);
+        // Each poll reads until the body pauses: nothing, then one chunk (a quarter of the
+        // message), counted though the message is not whole.
+        for expected in [0, 16 << 10] {
+            let polled = std::future::poll_fn(|cx| Poll::Ready(inbound.poll_message(cx))).await;
+            assert!(polled.is_pending());
+            assert_eq!(received.bytes(), expected);
+        }
+        assert_eq!(inbound.next().await.unwrap().unwrap(), big);
+        assert_eq!(inbound.next().await.unwrap().unwrap(), keepalive(1));
+        assert_eq!(received.bytes(), wire.len() as u64);
     }
 
     #[tokio::test]

@@ -1,15 +1,19 @@
-//! Host views as the coordinator keeps them: identical tool definitions are shared between hosts.
+//! Host views as the coordinator keeps them: identical tool definitions are shared between
+//! hosts, and so are identical views.
 //!
 //! Most hosts resolve most tools the same way, and a definition (prompt, schema) is by far the
 //! largest part of a view; keeping one copy per distinct definition keeps memory per idle agent
-//! small however large the catalog.
+//! small however large the catalog. Hosts alike (same OS, binaries, files) report the same
+//! view: they share one, so that what goes over every host's tools (a search on a selector)
+//! goes over each distinct view once, and a host costs a pointer rather than a list as long
+//! as the catalog.
 //!
 //! A view comes in parts when it is large ([`ViewParts`] piles them up, within
 //! [`MAX_VIEW_BYTES`]) and goes out to clients in pages ([`StoredView::page`]), so no message
 //! on either side comes near [`toolsrv_proto::limits::MAX_MESSAGE_BYTES`].
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, Hash, RandomState};
 use std::sync::{Arc, Mutex, Weak};
 
 use prost::Message;
@@ -169,7 +173,7 @@ impl ViewParts {
     }
 }
 
-/// Shares equal definitions. Entries die with the last view that uses them.
+/// Shares equal definitions and equal views. Entries die with the last view that uses them.
 #[derive(Debug, Default)]
 pub struct Interner {
     state: Mutex<InternState>,
@@ -178,9 +182,54 @@ pub struct Interner {
 #[derive(Debug, Default)]
 struct InternState {
     hasher: RandomState,
-    defs: HashMap<u64, Vec<Weak<ToolDefinition>>>,
-    /// Size of `defs` after the last sweep of dead entries.
+    defs: WeakSet<ToolDefinition>,
+    views: WeakSet<StoredView>,
+}
+
+/// Values by hash, held weakly: one copy of each while something else holds it.
+#[derive(Debug)]
+struct WeakSet<T> {
+    buckets: HashMap<u64, Vec<Weak<T>>>,
+    /// Size of `buckets` after the last sweep of dead entries.
     swept_at: usize,
+}
+
+impl<T> Default for WeakSet<T> {
+    fn default() -> Self {
+        Self {
+            buckets: HashMap::new(),
+            swept_at: 0,
+        }
+    }
+}
+
+impl<T> WeakSet<T> {
+    /// The live value under `key` that `same` accepts, or `value` stored as a new one.
+    fn share(&mut self, key: u64, value: T, same: impl Fn(&T, &T) -> bool) -> Arc<T> {
+        let bucket = self.buckets.entry(key).or_default();
+        if let Some(shared) = bucket
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|v| same(v, &value))
+        {
+            return shared;
+        }
+        bucket.retain(|w| w.strong_count() > 0);
+        let shared = Arc::new(value);
+        bucket.push(Arc::downgrade(&shared));
+        if self.buckets.len() > 2 * self.swept_at + 1024 {
+            self.buckets.retain(|_, bucket| {
+                bucket.retain(|w| w.strong_count() > 0);
+                !bucket.is_empty()
+            });
+            self.swept_at = self.buckets.len();
+        }
+        shared
+    }
+
+    fn live(&self) -> impl Iterator<Item = Arc<T>> + '_ {
+        self.buckets.values().flatten().filter_map(Weak::upgrade)
+    }
 }
 
 impl Interner {
@@ -209,36 +258,69 @@ impl Interner {
         }
     }
 
+    /// [`Interner::store`], the view shared with every host that reported the same one.
+    pub fn share(&self, view: HostView) -> Arc<StoredView> {
+        let view = self.store(view);
+        let mut state = self.lock();
+        let key = state.hasher.hash_one(ViewKey(&view));
+        state.views.share(key, view, StoredView::same)
+    }
+
     /// Every definition some stored view holds now, each once.
     pub fn live(&self) -> Vec<Arc<ToolDefinition>> {
-        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        state
-            .defs
-            .values()
-            .flatten()
-            .filter_map(Weak::upgrade)
-            .collect()
+        self.lock().defs.live().collect()
     }
 
     fn intern(&self, def: ToolDefinition) -> Arc<ToolDefinition> {
-        // Entries only ever hold complete definitions, so a poisoned lock is still consistent.
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.lock();
         let key = state.hasher.hash_one(def.encode_to_vec());
-        let bucket = state.defs.entry(key).or_default();
-        if let Some(shared) = bucket.iter().filter_map(Weak::upgrade).find(|d| **d == def) {
-            return shared;
+        state.defs.share(key, def, |a, b| a == b)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, InternState> {
+        // Entries only ever hold complete values, so a poisoned lock is still consistent.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl StoredView {
+    /// Whether two stored views say the same. Their definitions are interned: equal ones are
+    /// the same allocation.
+    fn same(&self, other: &Self) -> bool {
+        self.catalog_revision == other.catalog_revision
+            && self.tools.len() == other.tools.len()
+            && self.tools.iter().zip(&other.tools).all(|(a, b)| {
+                a.name == b.name
+                    && a.visible == b.visible
+                    && a.variant == b.variant
+                    && a.reason == b.reason
+                    && a.hidden_description == b.hidden_description
+                    && match (&a.definition, &b.definition) {
+                        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                        (None, None) => true,
+                        _ => false,
+                    }
+            })
+    }
+}
+
+/// Hashes a stored view as [`StoredView::same`] compares it.
+struct ViewKey<'a>(&'a StoredView);
+
+impl Hash for ViewKey<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.catalog_revision.hash(state);
+        for t in &self.0.tools {
+            (
+                &t.name,
+                t.visible,
+                t.variant,
+                &t.reason,
+                &t.hidden_description,
+            )
+                .hash(state);
+            t.definition.as_ref().map(Arc::as_ptr).hash(state);
         }
-        bucket.retain(|w| w.strong_count() > 0);
-        let shared = Arc::new(def);
-        bucket.push(Arc::downgrade(&shared));
-        if state.defs.len() > 2 * state.swept_at + 1024 {
-            state.defs.retain(|_, bucket| {
-                bucket.retain(|w| w.strong_count() > 0);
-                !bucket.is_empty()
-            });
-            state.swept_at = state.defs.len();
-        }
-        shared
     }
 }
 
@@ -310,6 +392,50 @@ mod tests {
     }
 
     #[test]
+    fn equal_views_are_shared_and_any_difference_keeps_them_apart() {
+        let interner = Interner::default();
+        let view = |revision: u64, tools: Vec<ToolStatus>| HostView {
+            catalog_revision: revision,
+            tools,
+            more: false,
+        };
+        let base = || vec![status("b", true, "p"), status("a", false, "")];
+        let one = interner.share(view(3, base()));
+        // The same tools in another order are the same view (tools are sorted when stored).
+        let two = interner.share(view(3, base().into_iter().rev().collect()));
+        assert!(Arc::ptr_eq(&one, &two));
+        let mut hidden_reason = base();
+        hidden_reason[1].reason = "needs jq".into();
+        let mut variant = base();
+        variant[0].variant = Some(1);
+        let mut hidden_text = base();
+        hidden_text[1].description = "another listing".into();
+        let differing = [
+            view(4, base()),
+            view(
+                3,
+                vec![status("b", true, "another prompt"), status("a", false, "")],
+            ),
+            view(3, vec![status("b", false, ""), status("a", false, "")]),
+            view(3, hidden_reason),
+            view(3, variant),
+            view(3, hidden_text),
+            view(3, vec![status("b", true, "p")]),
+            view(3, vec![status("c", true, "p"), status("a", false, "")]),
+        ];
+        for (i, other) in differing.into_iter().enumerate() {
+            let other = interner.share(other);
+            assert!(!Arc::ptr_eq(&one, &other), "view {i} differs");
+        }
+        // A view nobody holds any more is not handed out again.
+        let weak = Arc::downgrade(&one);
+        drop((one, two));
+        assert!(weak.upgrade().is_none());
+        let again = interner.share(view(3, base()));
+        assert_eq!(again.tool("b").unwrap().status(), status("b", true, "p"));
+    }
+
+    #[test]
     fn dead_definitions_are_swept() {
         let interner = Interner::default();
         for i in 0..5000 {
@@ -319,7 +445,7 @@ mod tests {
                 more: false,
             }));
         }
-        let live = interner.state.lock().unwrap().defs.len();
+        let live = interner.state.lock().unwrap().defs.buckets.len();
         assert!(live < 3000, "{live} entries kept for dead views");
     }
 

@@ -93,6 +93,8 @@ pub struct Counters {
     pub views_of: Mutex<BTreeMap<u64, usize>>,
     /// When each host last got a Welcome, and from which URL.
     pub welcomes: Mutex<BTreeMap<String, (Instant, String)>>,
+    /// How the first link that ended with an error ended, and its host.
+    pub first_error: Mutex<Option<String>>,
 }
 
 impl Default for Counters {
@@ -112,6 +114,7 @@ impl Default for Counters {
             failed_connects: AtomicUsize::new(0),
             views_of: Mutex::new(BTreeMap::new()),
             welcomes: Mutex::new(BTreeMap::new()),
+            first_error: Mutex::new(None),
         }
     }
 }
@@ -301,7 +304,15 @@ impl FakeAgents {
         self.ids.push(link.id.clone());
         let (counters, stop) = (self.counters.clone(), self.stop.clone());
         self.tasks.spawn(async move {
+            let id = link.id.clone();
             let result = run_host(link, &behaviour, redial, &counters, &stop).await;
+            if let Err(e) = &result {
+                let mut first = counters
+                    .first_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                first.get_or_insert_with(|| format!("{id}: {e}"));
+            }
             counters.ended.fetch_add(1, Ordering::SeqCst);
             result
         });
@@ -327,9 +338,16 @@ impl FakeAgents {
             }
             let ended = self.counters.ended.load(Ordering::SeqCst);
             if ended > 0 {
+                let first = self
+                    .counters
+                    .first_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone()
+                    .unwrap_or_else(|| "without an error".into());
                 return Err(TestkitError::Failed {
                     what: "attaching the fake agents".into(),
-                    detail: format!("{ended} links ended before all were ready"),
+                    detail: format!("{ended} links ended before all were ready; first {first}"),
                 });
             }
             if started.elapsed() > limit {
