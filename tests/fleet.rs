@@ -638,16 +638,31 @@ fn keepalives_are_spaced_as_the_fleet_grows_and_a_frozen_host_is_still_lost() {
     assert!(detected < Duration::from_secs(8), "lost after {detected:?}");
 }
 
-/// A TCP relay to `target` on a loopback port that passes what the client sends at most
-/// `per_second` bytes a second (in 4 KiB slices) and what comes back at full speed: an agent
-/// on a slow uplink. Runs until the test process ends.
-fn slow_uplink(target: u16, per_second: usize) -> u16 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// A TCP relay to `target` on a loopback port that passes what the client sends at most `up`
+/// bytes a second and what comes back at most `down` (in 4 KiB slices; `None`: full speed): an
+/// agent on a slow link. Runs until the test process ends.
+fn slow_link(target: u16, up: Option<usize>, down: Option<usize>) -> u16 {
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
     const SLICE: usize = 4096;
+    async fn pass(
+        mut from: impl AsyncRead + Unpin,
+        mut to: impl AsyncWrite + Unpin,
+        per_second: Option<usize>,
+    ) {
+        let pause = per_second.map(|r| Duration::from_secs_f64(SLICE as f64 / r as f64));
+        let mut buf = vec![0; SLICE];
+        while let Ok(n) = from.read(&mut buf).await {
+            if n == 0 || to.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+            if let Some(pause) = pause {
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
-    let pause = Duration::from_secs_f64(SLICE as f64 / per_second as f64);
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -661,23 +676,11 @@ fn slow_uplink(target: u16, per_second: usize) -> u16 {
                     else {
                         return;
                     };
-                    let (mut client_read, mut client_write) = client.into_split();
-                    let (mut server_read, mut server_write) = server.into_split();
-                    let up = async move {
-                        let mut buf = vec![0; SLICE];
-                        while let Ok(n) = client_read.read(&mut buf).await {
-                            if n == 0 || server_write.write_all(&buf[..n]).await.is_err() {
-                                break;
-                            }
-                            tokio::time::sleep(pause).await;
-                        }
-                    };
-                    let down = async move {
-                        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
-                    };
+                    let (client_read, client_write) = client.into_split();
+                    let (server_read, server_write) = server.into_split();
                     tokio::select! {
-                        () = up => {}
-                        () = down => {}
+                        () = pass(client_read, server_write, up) => {}
+                        () = pass(server_read, client_write, down) => {}
                     }
                 });
             }
@@ -701,7 +704,7 @@ fn a_view_that_takes_longer_than_lost_after_to_arrive_does_not_lose_its_host() {
         );
     }
     fleet.start_coordinator(&[]);
-    let proxy = slow_uplink(fleet.port, 160 << 10);
+    let proxy = slow_link(fleet.port, Some(160 << 10), None);
     fleet.agent_coordinators = Some(format!("https://127.0.0.1:{proxy}"));
     fleet.start_agent("slow", &AgentSpec::default());
     let started = Instant::now();
@@ -715,4 +718,38 @@ fn a_view_that_takes_longer_than_lost_after_to_arrive_does_not_lose_its_host() {
     let out = fleet.toolctl(&["call", "slow", "tool_299"]);
     assert_exit(&out, 0, &[]);
     assert_eq!(text(&out.stdout), "299\n");
+}
+
+#[test]
+fn a_catalog_message_that_takes_longer_than_the_silence_allowed_does_not_lose_the_coordinator() {
+    // A .meta of 200 KiB goes out whole (catalog messages are ~16 KiB unless one .meta is
+    // larger), through a downlink of 40 KiB/s: 5 s, with the coordinator's keepalives queued
+    // behind it, where the agent allows 3 s of silence (three 1 s intervals).
+    let mut fleet = Fleet::new(&["slow"]);
+    let prompt = "p".repeat(200 << 10);
+    fleet.tool(
+        "big.meta",
+        &format!(r#"{{"description": "A tool with a long prompt", "prompt": "{prompt}", "cmd": "echo big"}}"#),
+        false,
+    );
+    fleet.tool(
+        "small.meta",
+        r#"{"description": "A small tool", "cmd": "echo small"}"#,
+        false,
+    );
+    fleet.start_coordinator(&[]);
+    let proxy = slow_link(fleet.port, None, Some(40 << 10));
+    fleet.agent_coordinators = Some(format!("https://127.0.0.1:{proxy}"));
+    fleet.start_agent("slow", &AgentSpec::default());
+    let started = Instant::now();
+    wait_for("the slow host's view", Duration::from_secs(60), || {
+        let tools = fleet.tools("slow")?;
+        (tools.len() == 2 && tools.iter().all(|t| t["visible"] == true)).then_some(())
+    });
+    eprintln!("view in after {:?}", started.elapsed());
+    let agent = fleet.agents["slow"].log();
+    assert!(!agent.contains("nothing heard"), "{agent}");
+    let out = fleet.toolctl(&["call", "slow", "big"]);
+    assert_exit(&out, 0, &[]);
+    assert_eq!(text(&out.stdout), "big\n");
 }

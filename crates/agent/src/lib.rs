@@ -19,6 +19,7 @@ mod facts;
 mod keeper;
 mod metrics;
 mod outcome;
+mod received;
 mod reconnect;
 pub(crate) mod run;
 mod sandbox;

@@ -39,6 +39,7 @@ use crate::error::AgentError;
 use crate::facts::hello;
 use crate::keeper::{CatalogKeeper, KeeperChannels, keep_catalog};
 
+use crate::received::Received;
 use crate::reconnect::SessionEnd;
 use crate::store::CatalogStore;
 
@@ -87,7 +88,8 @@ pub(crate) async fn session(
     };
     // The channel is new and empty: there is room for the first message.
     let _ = out.try_send(first);
-    let mut client = AgentLinkClient::new(channel.clone())
+    let (counted, received) = crate::received::Counted::new(channel.clone());
+    let mut client = AgentLinkClient::new(counted)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let mut inbound = tokio::select! {
@@ -160,7 +162,9 @@ pub(crate) async fn session(
         draining: false,
         paced: None,
     };
-    let end = session.serve(&mut inbound, interval, shutdown).await;
+    let end = session
+        .serve(&mut inbound, &received, interval, shutdown)
+        .await;
 
     // Whatever ended the session, no call outlives it; a bypass request still waiting is told
     // that the link is gone before its call is cancelled.
@@ -253,6 +257,7 @@ impl SessionLoop<'_> {
     async fn serve(
         &mut self,
         inbound: &mut Streaming<CoordinatorMessage>,
+        received: &Received,
         interval: Duration,
         shutdown: &CancellationToken,
     ) -> Result<SessionEnd, AgentError> {
@@ -260,6 +265,9 @@ impl SessionLoop<'_> {
         keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut silence = interval * SILENT_INTERVALS;
         let mut last_heard = Instant::now();
+        // Bytes still arriving are the coordinator alive, though the message they belong to is
+        // not whole yet and its keepalives wait behind it.
+        let mut bytes_heard = received.bytes();
         // While draining: when in-flight calls get cancelled, then when waiting for them stops.
         let mut cancel_at: Option<Instant> = None;
         let mut abandon_at: Option<Instant> = None;
@@ -308,9 +316,14 @@ impl SessionLoop<'_> {
                     self.send(Out::Keepalive(Keepalive { sent_unix_ms: unix_ms(), interval_ms: 0 })).await?;
                 }
                 () = sleep_until(last_heard + silence) => {
-                    return Err(AgentError::LinkLost(format!(
-                        "nothing heard from the coordinator for {silence:?} ({SILENT_INTERVALS} keepalive intervals)"
-                    )));
+                    let bytes = received.bytes();
+                    if bytes == bytes_heard {
+                        return Err(AgentError::LinkLost(format!(
+                            "nothing heard from the coordinator for {silence:?} ({SILENT_INTERVALS} keepalive intervals)"
+                        )));
+                    }
+                    bytes_heard = bytes;
+                    last_heard = Instant::now();
                 }
             }
             if let Some(every) = self.paced.take() {
