@@ -689,6 +689,21 @@ fn slow_link(target: u16, up: Option<usize>, down: Option<usize>) -> u16 {
     port
 }
 
+/// Starts the coordinator, then agent `slow` behind a [`slow_link`], and waits until its view
+/// of `tools` tools, all visible, is in.
+fn start_slow_host(fleet: &mut Fleet, up: Option<usize>, down: Option<usize>, tools: usize) {
+    fleet.start_coordinator(&[]);
+    let proxy = slow_link(fleet.port, up, down);
+    fleet.agent_coordinators = Some(format!("https://127.0.0.1:{proxy}"));
+    fleet.start_agent("slow", &AgentSpec::default());
+    let started = Instant::now();
+    wait_for("the slow host's view", Duration::from_secs(60), || {
+        let listed = fleet.tools("slow")?;
+        (listed.len() == tools && listed.iter().all(|t| t["visible"] == true)).then_some(())
+    });
+    eprintln!("view in after {:?}", started.elapsed());
+}
+
 #[test]
 fn a_view_that_takes_longer_than_lost_after_to_arrive_does_not_lose_its_host() {
     // 300 tools with 4 KiB prompts: a view of 1.2 MB, its first part a whole megabyte, through
@@ -703,16 +718,7 @@ fn a_view_that_takes_longer_than_lost_after_to_arrive_does_not_lose_its_host() {
             false,
         );
     }
-    fleet.start_coordinator(&[]);
-    let proxy = slow_link(fleet.port, Some(160 << 10), None);
-    fleet.agent_coordinators = Some(format!("https://127.0.0.1:{proxy}"));
-    fleet.start_agent("slow", &AgentSpec::default());
-    let started = Instant::now();
-    wait_for("the slow host's view", Duration::from_secs(60), || {
-        let tools = fleet.tools("slow")?;
-        (tools.len() == 300 && tools.iter().all(|t| t["visible"] == true)).then_some(())
-    });
-    eprintln!("view in after {:?}", started.elapsed());
+    start_slow_host(&mut fleet, Some(160 << 10), None, 300);
     let coordinator = fleet.coordinator.as_ref().unwrap().log();
     assert!(!coordinator.contains("nothing heard"), "{coordinator}");
     let out = fleet.toolctl(&["call", "slow", "tool_299"]);
@@ -737,16 +743,7 @@ fn a_catalog_message_that_takes_longer_than_the_silence_allowed_does_not_lose_th
         r#"{"description": "A small tool", "cmd": "echo small"}"#,
         false,
     );
-    fleet.start_coordinator(&[]);
-    let proxy = slow_link(fleet.port, None, Some(40 << 10));
-    fleet.agent_coordinators = Some(format!("https://127.0.0.1:{proxy}"));
-    fleet.start_agent("slow", &AgentSpec::default());
-    let started = Instant::now();
-    wait_for("the slow host's view", Duration::from_secs(60), || {
-        let tools = fleet.tools("slow")?;
-        (tools.len() == 2 && tools.iter().all(|t| t["visible"] == true)).then_some(())
-    });
-    eprintln!("view in after {:?}", started.elapsed());
+    start_slow_host(&mut fleet, None, Some(40 << 10), 2);
     let agent = fleet.agents["slow"].log();
     assert!(!agent.contains("nothing heard"), "{agent}");
     let out = fleet.toolctl(&["call", "slow", "big"]);
