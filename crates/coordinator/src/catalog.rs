@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use toolsrv_proto::v1::{BlobRef, CatalogUpdate, ToolDocument};
-use toolsrv_registry::{Catalog, Tool};
+use toolsrv_registry::Catalog;
 
 /// Most `.meta` bytes per update message; a larger catalog goes out as several messages.
 /// Small on purpose: each message is held whole while queued and written, and the agent's stream
@@ -29,17 +29,15 @@ impl Shipped {
             None => Arc::default(),
         };
         // A tool goes out again when its `.meta` or its executable changed.
-        let same = |name: &str, tool: &Tool| {
-            previous.tools.get(name).is_some_and(|was| {
-                was.digest == tool.digest
-                    && was.executable.as_ref().map(|e| &e.sha256)
-                        == tool.executable.as_ref().map(|e| &e.sha256)
-            })
-        };
         let upserts: Vec<ToolDocument> = catalog
             .tools
             .iter()
-            .filter(|(name, tool)| full || !same(name, tool))
+            .filter(|(name, tool)| {
+                full || !previous
+                    .tools
+                    .get(*name)
+                    .is_some_and(|was| was.same_content(tool))
+            })
             .map(|(name, tool)| ToolDocument {
                 name: name.clone(),
                 meta: tool.bytes.to_vec(),

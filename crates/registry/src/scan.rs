@@ -170,7 +170,8 @@ pub struct Tool {
 }
 
 impl Tool {
-    fn same_content(&self, other: &Tool) -> bool {
+    /// Whether `other` ships the same: the same `.meta` bytes and the same executable.
+    pub fn same_content(&self, other: &Tool) -> bool {
         self.digest == other.digest
             && self.executable.as_ref().map(|e| &e.sha256)
                 == other.executable.as_ref().map(|e| &e.sha256)
