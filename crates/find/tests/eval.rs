@@ -43,7 +43,14 @@ fn report(label: &str, m: Measures) {
 fn the_set_is_big_enough_and_paraphrases_share_no_word_with_their_tool() {
     let docs = common::catalog();
     let queries = common::queries();
+    let tuning = common::tuning_queries();
     assert!(docs.len() >= 40, "{} tools", docs.len());
+    assert!(
+        tuning
+            .iter()
+            .all(|t| t.kind != "keyword" && queries.iter().all(|q| q.query != t.query)),
+        "the tuning set holds only paraphrases, none of them an evaluation request"
+    );
     let labelled: Vec<&Query> = queries.iter().filter(|q| q.expected.is_some()).collect();
     assert!(labelled.len() >= 80, "{} labelled queries", labelled.len());
     // Both kinds of paraphrase share no keyword with their tool.
@@ -53,7 +60,7 @@ fn the_set_is_big_enough_and_paraphrases_share_no_word_with_their_tool() {
         "{paraphrases} paraphrases"
     );
     let analyzer = Analyzer::default();
-    for q in &queries {
+    for q in queries.iter().chain(&tuning) {
         if let Some(expected) = &q.expected {
             let (_, doc) = docs
                 .iter()
@@ -135,12 +142,15 @@ fn lexical_ranking_meets_its_floor() {
 struct Ranked {
     semantic: Vec<Measures>,
     fused: Vec<Measures>,
+    /// The fused score on the tuning set (`dev.jsonl`), every request a paraphrase.
+    tuning: Measures,
     hits: HashMap<String, Vec<Hit<String>>>,
 }
 
 /// Ranks every request with `encoder` (no threshold) and prints each ranker's measures per kind.
 fn rank_with(encoder: &Arc<Encoder>, label: &str) -> Ranked {
     let queries = common::queries();
+    let tuning = common::tuning_queries();
     let all = Index::with_options(
         Some(encoder.clone()),
         Options {
@@ -152,6 +162,7 @@ fn rank_with(encoder: &Arc<Encoder>, label: &str) -> Ranked {
     // Each request through the encoder once; every ranking below reorders these hits.
     let cache: HashMap<String, Vec<Hit<String>>> = queries
         .iter()
+        .chain(&tuning)
         .map(|q| (q.query.clone(), unfiltered(&all, &q.query)))
         .collect();
     let semantic = |q: &str| {
@@ -174,9 +185,12 @@ fn rank_with(encoder: &Arc<Encoder>, label: &str) -> Ranked {
         semantic_measures.push(s);
         fused_measures.push(f);
     }
+    let tuning = measure(&tuning, fused);
+    report(&format!("{label} fused, tuning set"), tuning);
     Ranked {
         semantic: semantic_measures,
         fused: fused_measures,
+        tuning,
         hits: cache,
     }
 }
@@ -261,7 +275,18 @@ fn check_threshold_and_updates(encoder: Arc<Encoder>, label: &str, max_noise: us
 /// Holds a ranking to floors a little under what it measures (BENCHMARKS.md "find"): recall@3
 /// per kind of [`KINDS`] for the encoder alone and for the fused score (0: not held), and
 /// recall@1 of the fused score on keyword requests.
-fn hold(r: &Ranked, semantic_at3: [f64; 5], fused_at3: [f64; 5], keyword_at1: f64) {
+fn hold(
+    r: &Ranked,
+    semantic_at3: [f64; 5],
+    fused_at3: [f64; 5],
+    keyword_at1: f64,
+    tuning_at3: f64,
+) {
+    assert!(
+        r.tuning.at3 >= tuning_at3,
+        "fused, tuning set: {}",
+        r.tuning
+    );
     for (i, kind) in KINDS.iter().enumerate() {
         let (s, f) = (r.semantic[i], r.fused[i]);
         assert!(s.at3 >= semantic_at3[i], "encoder, {kind}: {s}");
@@ -280,12 +305,14 @@ fn encoder_and_fusion_meet_their_floors() {
     let r = rank_with(&encoder, "MiniLM");
     // The goal for paraphrases is 0.9 recall@3; this model, centred and corrected for hubness,
     // reaches about 0.84 on requests without their tool's keywords and 0.79 on those sharing no
-    // word with it at all. Order: all, keyword, no-keyword, paraphrase, any paraphrase.
+    // word with it at all; 0.71 of the tuning set's paraphrases. Order: all, keyword,
+    // no-keyword, paraphrase, any paraphrase.
     hold(
         &r,
         [0.85, 0.0, 0.0, 0.76, 0.0],
         [0.85, 0.0, 0.80, 0.76, 0.80],
         0.93,
+        0.68,
     );
     print_thresholds(&r, "MiniLM");
     // The default threshold (0.18, from the table: 0.22 would drop every unrelated request but
@@ -299,8 +326,9 @@ fn the_larger_encoder_meets_its_floors() {
     let encoder = Arc::new(Encoder::load(&toolsrv_testkit::mpnet_model_dir()).unwrap());
     let r = rank_with(&encoder, "MPNet");
     // all-mpnet-base-v2 with 8-bit weights: about 0.95 on requests without their tool's
-    // keywords, 0.84 on those sharing no word with it, 0.89 on both (the goal, 0.9, not met).
-    hold(&r, [0.0; 5], [0.90, 0.0, 0.92, 0.80, 0.87], 0.93);
+    // keywords, 0.84 on those sharing no word with it, 0.89 on both (the goal, 0.9, not met);
+    // 0.85 of the tuning set's paraphrases.
+    hold(&r, [0.0; 5], [0.90, 0.0, 0.92, 0.80, 0.87], 0.93, 0.82);
     print_thresholds(&r, "MPNet");
     let kept = check_threshold_and_updates(encoder, "MPNet", 2);
     assert!(kept.at3 >= 0.82, "{kept} vs {}", r.fused[0]);

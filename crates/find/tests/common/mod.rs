@@ -49,8 +49,19 @@ pub struct Query {
     pub kind: String,
 }
 
+/// The evaluation requests (`queries.jsonl`): held out, never tuned on.
 pub fn queries() -> Vec<Query> {
-    let text = std::fs::read_to_string(eval_dir().join("queries.jsonl")).unwrap();
+    read_queries("queries.jsonl")
+}
+
+/// The tuning requests (`dev.jsonl`): 112 paraphrases, one of each kind per tool, written
+/// after the evaluation set to try ranking changes on before they are measured on it.
+pub fn tuning_queries() -> Vec<Query> {
+    read_queries("dev.jsonl")
+}
+
+fn read_queries(file: &str) -> Vec<Query> {
+    let text = std::fs::read_to_string(eval_dir().join(file)).unwrap();
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
