@@ -5,23 +5,12 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
-use http_body::{Frame, SizeHint};
 use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::transport::Channel;
-
-/// Bytes received so far on the responses of a [`Counted`] channel.
-#[derive(Debug, Default)]
-pub(crate) struct Received(AtomicU64);
-
-impl Received {
-    pub(crate) fn bytes(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
+use toolsrv_proto::received::{CountedBody, Received};
 
 /// A channel whose response bodies count their bytes into one [`Received`].
 #[derive(Debug, Clone)]
@@ -42,11 +31,14 @@ impl Counted {
 }
 
 type ResponseFuture = Pin<
-    Box<dyn Future<Output = Result<http::Response<CountedBody>, tonic::transport::Error>> + Send>,
+    Box<
+        dyn Future<Output = Result<http::Response<CountedBody<Body>>, tonic::transport::Error>>
+            + Send,
+    >,
 >;
 
 impl tower::Service<http::Request<Body>> for Counted {
-    type Response = http::Response<CountedBody>;
+    type Response = http::Response<CountedBody<Body>>;
     type Error = tonic::transport::Error;
     type Future = ResponseFuture;
 
@@ -59,42 +51,7 @@ impl tower::Service<http::Request<Body>> for Counted {
         let received = self.received.clone();
         Box::pin(async move {
             let response = response.await?;
-            Ok(response.map(|inner| CountedBody { inner, received }))
+            Ok(response.map(|inner| CountedBody::new(inner, received)))
         })
-    }
-}
-
-/// A response body that adds the length of each data frame to its [`Received`].
-#[derive(Debug)]
-pub(crate) struct CountedBody {
-    inner: Body,
-    received: Arc<Received>,
-}
-
-impl http_body::Body for CountedBody {
-    type Data = bytes::Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled
-            && let Some(data) = frame.data_ref()
-        {
-            self.received
-                .0
-                .fetch_add(data.len() as u64, Ordering::Relaxed);
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }

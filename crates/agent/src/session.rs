@@ -24,6 +24,7 @@ use tonic::transport::Channel;
 use toolsrv_confine::Confiner;
 use toolsrv_meta::Host;
 use toolsrv_proto::limits::MAX_MESSAGE_BYTES;
+use toolsrv_proto::received::Received;
 use toolsrv_proto::v1::agent_link_client::AgentLinkClient;
 use toolsrv_proto::v1::agent_message::Msg as Out;
 use toolsrv_proto::v1::coordinator_message::Msg as In;
@@ -39,7 +40,6 @@ use crate::error::AgentError;
 use crate::facts::hello;
 use crate::keeper::{CatalogKeeper, KeeperChannels, keep_catalog};
 
-use crate::received::Received;
 use crate::reconnect::SessionEnd;
 use crate::store::CatalogStore;
 

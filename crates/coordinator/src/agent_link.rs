@@ -15,6 +15,7 @@ use tonic::codegen::{BoxFuture, Service, http};
 use tonic::server::NamedService;
 use tonic::{Request, Response, Status, Streaming};
 use toolsrv_proto::limits::MAX_MESSAGE_BYTES;
+use toolsrv_proto::received::Received;
 use toolsrv_proto::v1::agent_link_server::{AgentLink, AgentLinkServer};
 use toolsrv_proto::v1::{
     AgentMessage, BlobChunk, CallOutput, CoordinatorMessage, FetchBlobRequest, Goodbye, Hello,
@@ -24,7 +25,7 @@ use toolsrv_proto::v1::{
 use crate::State;
 use crate::catalog::Shipped;
 use crate::fleet::{HostEntry, now_ms};
-use crate::framing::{self, Inbound, Received};
+use crate::framing::{self, Inbound};
 use crate::identity::Caller;
 use crate::link::{AgentEvent, Link};
 use crate::views::ViewParts;

@@ -15,7 +15,6 @@
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -23,25 +22,15 @@ use http_body::{Body, Frame};
 use tokio_stream::Stream;
 use tonic::Status;
 use tonic::codegen::http;
+use toolsrv_proto::received::{CountedBody, Received};
 
 /// Compression flag and length before each message.
 const HEADER: usize = 5;
 
-/// Bytes read so far from a stream. A large message on a slow connection takes a while to
-/// come whole; its bytes arriving say the peer is alive all the same.
-#[derive(Debug, Default)]
-pub struct Received(AtomicU64);
-
-impl Received {
-    pub fn bytes(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
 /// The messages of a request body, decoded one at a time.
 #[derive(Debug)]
 pub struct Inbound<M, B> {
-    body: B,
+    body: CountedBody<B>,
     buf: BytesMut,
     max_message: usize,
     ended: bool,
@@ -57,12 +46,13 @@ where
 {
     /// Reads `body`, refusing messages larger than `max_message` bytes.
     pub fn new(body: B, max_message: usize) -> Self {
+        let received = Arc::new(Received::default());
         Self {
-            body,
+            body: CountedBody::new(body, received.clone()),
             buf: BytesMut::new(),
             max_message,
             ended: false,
-            received: Arc::default(),
+            received,
             _message: PhantomData,
         }
     }
@@ -127,9 +117,6 @@ where
             match Pin::new(&mut self.body).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Ok(mut data) = frame.into_data() {
-                        self.received
-                            .0
-                            .fetch_add(data.remaining() as u64, Ordering::Relaxed);
                         while data.has_remaining() {
                             let chunk = data.chunk();
                             self.buf.extend_from_slice(chunk);
@@ -375,9 +362,10 @@ mod tests {
         };
         let mut inbound = Inbound::<AgentMessage, _>::new(body, 1 << 20);
         assert_eq!(inbound.next().await.unwrap().unwrap(), big);
-        inbound.body.quiet = true;
+        inbound.body.get_mut().quiet = true;
         inbound
             .body
+            .get_mut()
             .chunks
             .push_back(Bytes::from(framed(&[keepalive(1)])));
         assert_eq!(inbound.next().await.unwrap().unwrap(), keepalive(1));

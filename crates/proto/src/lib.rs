@@ -9,6 +9,7 @@
 
 pub mod codec;
 pub mod limits;
+pub mod received;
 mod results;
 
 pub use results::status_name;
