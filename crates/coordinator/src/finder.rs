@@ -147,11 +147,18 @@ impl Finder {
             .extend(descriptions.iter().map(|(k, v)| (k.clone(), v.clone())));
         let index = self.index.clone();
         let started = std::time::Instant::now();
-        // Embedding new texts runs a model: not on the runtime's threads.
-        let updated = tokio::task::spawn_blocking(move || index.update(docs))
-            .await
-            .map_err(|e| Status::internal(format!("the tool index update failed: {e}")))
-            .and_then(|r| r.map_err(|e| Status::internal(format!("cannot index the tools: {e}"))));
+        // Embedding new texts runs a model: not on the runtime's threads. It allocates and frees
+        // a great deal on the encoder's threads; what the allocator keeps of that is given back.
+        let updated = tokio::task::spawn_blocking(move || {
+            let updated = index.update(docs);
+            if updated.as_ref().is_ok_and(|u| u.embedded > 0) {
+                crate::heap::give_back();
+            }
+            updated
+        })
+        .await
+        .map_err(|e| Status::internal(format!("the tool index update failed: {e}")))
+        .and_then(|r| r.map_err(|e| Status::internal(format!("cannot index the tools: {e}"))));
         state
             .metrics
             .index_built(updated.is_ok(), started.elapsed());

@@ -21,6 +21,7 @@ mod finder;
 mod fleet;
 /// Public for the fuzz targets; the coordinator's own use is `AgentLinkRoutes`.
 pub mod framing;
+mod heap;
 mod identity;
 /// Public for the fuzz targets; the coordinator applies it when an agent attaches.
 pub mod labels;
