@@ -147,13 +147,13 @@ impl Finder {
             .extend(descriptions.iter().map(|(k, v)| (k.clone(), v.clone())));
         let index = self.index.clone();
         let started = std::time::Instant::now();
-        // Embedding new texts runs a model: not on the runtime's threads. It allocates and frees
-        // a great deal on the encoder's threads; what the allocator keeps of that is given back.
+        // Embedding new texts runs a model: not on the runtime's threads. A build follows a burst
+        // of views (decoded, interned, their copies freed) and, with an encoder, allocates and
+        // frees a great deal on the encoder's threads: what the allocator keeps of both is given
+        // back once it is done.
         let updated = tokio::task::spawn_blocking(move || {
             let updated = index.update(docs);
-            if updated.as_ref().is_ok_and(|u| u.embedded > 0) {
-                crate::heap::give_back();
-            }
+            crate::heap::give_back();
             updated
         })
         .await

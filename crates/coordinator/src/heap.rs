@@ -1,10 +1,12 @@
 //! Giving the allocator's free memory back to the system after a burst.
 //!
-//! Building the tool index with an encoder allocates and frees hundreds of MiB on the encoder's
-//! threads (activations of every batch of texts). glibc's allocator keeps most of what those
-//! threads freed in their arenas, where nothing else in the coordinator reuses it: after the
-//! index of 1,000 tools was built for 1,000 hosts, the coordinator stayed at 330 MiB resident,
-//! and 214 MiB once that free memory was handed back (BENCHMARKS.md, Fleet, section 9).
+//! A burst of host views (each decoded, interned, its copies freed) and building the tool index
+//! with an encoder (activations of every batch of texts, on the encoder's threads) allocate and
+//! free hundreds of MiB. glibc's allocator keeps much of it in the arenas of the threads that
+//! freed it, where nothing else in the coordinator reuses it: with 1,000 hosts of 1,000 tools,
+//! the coordinator stayed at 140 MiB resident (330 MiB with the encoder), and 111 MiB (232 MiB)
+//! once the index build that follows the views handed that memory back (BENCHMARKS.md, Fleet,
+//! section 9).
 
 /// Returns the free pages of every allocator arena to the system (`malloc_trim`). Takes a few
 /// milliseconds on a heap of some hundreds of MiB; call it after a burst, not on a hot path.
