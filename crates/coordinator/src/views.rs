@@ -283,24 +283,39 @@ impl Interner {
     }
 }
 
+/// What a stored tool says, as views are compared and hashed. Definitions are interned: equal
+/// ones are the same allocation, so the pointer stands for the definition.
+type ToolIdentity<'a> = (
+    &'a str,
+    bool,
+    Option<u32>,
+    &'a str,
+    &'a str,
+    Option<*const ToolDefinition>,
+);
+
+impl StoredTool {
+    fn identity(&self) -> ToolIdentity<'_> {
+        (
+            &self.name,
+            self.visible,
+            self.variant,
+            &self.reason,
+            &self.hidden_description,
+            self.definition.as_ref().map(Arc::as_ptr),
+        )
+    }
+}
+
 impl StoredView {
-    /// Whether two stored views say the same. Their definitions are interned: equal ones are
-    /// the same allocation.
+    /// Whether two stored views say the same.
     fn same(&self, other: &Self) -> bool {
         self.catalog_revision == other.catalog_revision
-            && self.tools.len() == other.tools.len()
-            && self.tools.iter().zip(&other.tools).all(|(a, b)| {
-                a.name == b.name
-                    && a.visible == b.visible
-                    && a.variant == b.variant
-                    && a.reason == b.reason
-                    && a.hidden_description == b.hidden_description
-                    && match (&a.definition, &b.definition) {
-                        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                        (None, None) => true,
-                        _ => false,
-                    }
-            })
+            && self
+                .tools
+                .iter()
+                .map(StoredTool::identity)
+                .eq(other.tools.iter().map(StoredTool::identity))
     }
 }
 
@@ -311,15 +326,7 @@ impl Hash for ViewKey<'_> {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.0.catalog_revision.hash(state);
         for t in &self.0.tools {
-            (
-                &t.name,
-                t.visible,
-                t.variant,
-                &t.reason,
-                &t.hidden_description,
-            )
-                .hash(state);
-            t.definition.as_ref().map(Arc::as_ptr).hash(state);
+            t.identity().hash(state);
         }
     }
 }
