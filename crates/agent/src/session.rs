@@ -316,13 +316,11 @@ impl SessionLoop<'_> {
                     self.send(Out::Keepalive(Keepalive { sent_unix_ms: unix_ms(), interval_ms: 0 })).await?;
                 }
                 () = sleep_until(last_heard + silence) => {
-                    let bytes = received.bytes();
-                    if bytes == bytes_heard {
+                    if !received.arrived_since(&mut bytes_heard) {
                         return Err(AgentError::LinkLost(format!(
                             "nothing heard from the coordinator for {silence:?} ({SILENT_INTERVALS} keepalive intervals)"
                         )));
                     }
-                    bytes_heard = bytes;
                     last_heard = Instant::now();
                 }
             }

@@ -379,9 +379,7 @@ where
                 Err(_) => return "registry stopped".into(),
             },
             scheduled = tick.tick() => {
-                let bytes = alive.received.bytes();
-                if bytes != bytes_heard {
-                    bytes_heard = bytes;
+                if alive.received.arrived_since(&mut bytes_heard) {
                     heard = tokio::time::Instant::now();
                     last_seen.store(now_ms(), Ordering::Relaxed);
                 }

@@ -19,6 +19,12 @@ impl Received {
     pub fn bytes(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
+
+    /// Whether bytes arrived since the count was `*seen`; moves `*seen` to the count now.
+    pub fn arrived_since(&self, seen: &mut u64) -> bool {
+        let now = self.bytes();
+        std::mem::replace(seen, now) != now
+    }
 }
 
 /// A body that adds the length of each data frame it yields to a [`Received`].
@@ -103,5 +109,16 @@ mod tests {
             seen.push(received.bytes());
         }
         assert_eq!(seen, [5, 8, 8]);
+    }
+
+    #[test]
+    fn arrived_since_tells_new_bytes_once() {
+        let received = Received::default();
+        let mut seen = received.bytes();
+        assert!(!received.arrived_since(&mut seen));
+        received.0.fetch_add(3, Ordering::Relaxed);
+        assert!(received.arrived_since(&mut seen));
+        assert_eq!(seen, 3);
+        assert!(!received.arrived_since(&mut seen));
     }
 }
