@@ -21,7 +21,7 @@ use toolsrv_proto::v1::{FindToolsRequest, FindToolsResponse, ToolDefinition, Too
 
 use crate::State;
 use crate::selector::Selector;
-use crate::views::StoredView;
+use crate::views::{StoredTool, StoredView};
 
 /// Matches returned when the request asks for 0.
 const DEFAULT_LIMIT: u32 = 5;
@@ -381,10 +381,8 @@ impl Offered {
         let mut visible: HashSet<DocKey> = HashSet::new();
         let mut keyed: HashSet<*const ToolDefinition> = HashSet::new();
         for (view, _) in &views {
-            for tool in view.tools.iter().filter(|t| t.visible) {
-                if let Some(def) = &tool.definition
-                    && keyed.insert(Arc::as_ptr(def))
-                {
+            for def in view.tools.iter().filter_map(StoredTool::offered) {
+                if keyed.insert(Arc::as_ptr(def)) {
                     visible.insert(key_of(def));
                 }
             }
@@ -400,10 +398,7 @@ impl Offered {
         let mut hosts: Vec<String> = self
             .views
             .iter()
-            .filter(|(view, _)| {
-                view.tool(name)
-                    .is_some_and(|t| t.visible && t.definition.is_some())
-            })
+            .filter(|(view, _)| view.tool(name).and_then(StoredTool::offered).is_some())
             .flat_map(|(_, hosts)| hosts.iter().cloned())
             .collect();
         hosts.sort_unstable();

@@ -23,6 +23,7 @@ use toolsrv_registry::Catalog;
 
 use crate::fleet::{Fleet, HostEntry, now_ms};
 use crate::selector::Selector;
+use crate::views::StoredTool;
 
 /// `maxLoaded` when a profile leaves it out.
 pub const DEFAULT_MAX_LOADED: u32 = 40;
@@ -572,11 +573,7 @@ fn unavailable_reason(hosts: &[HostEntry], catalog: &Catalog, tool: &str) -> Str
 fn loaded_tool(hosts: &[HostEntry], catalog: &Catalog, l: &Loaded) -> LoadedTool {
     let mut groups: Vec<(Arc<ToolDefinition>, Vec<String>)> = Vec::new();
     for h in hosts.iter().filter(|h| h.online()) {
-        let Some(def) = h
-            .tool(&l.name)
-            .filter(|t| t.visible)
-            .and_then(|t| t.definition.clone())
-        else {
+        let Some(def) = h.tool(&l.name).and_then(StoredTool::offered).cloned() else {
             continue;
         };
         // Views share identical definitions, so the pointer test settles most comparisons.

@@ -43,6 +43,11 @@ pub struct StoredTool {
 }
 
 impl StoredTool {
+    /// The definition the host offers: `None` for a hidden tool.
+    pub fn offered(&self) -> Option<&Arc<ToolDefinition>> {
+        self.definition.as_ref().filter(|_| self.visible)
+    }
+
     pub fn status(&self) -> ToolStatus {
         let description = match &self.definition {
             Some(def) if self.visible => def.description.clone(),
