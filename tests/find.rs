@@ -232,6 +232,41 @@ fn while_a_changed_catalog_is_embedded_requests_are_answered_from_the_last_index
     assert!(saw(&log(), "tool index rebuilt"), "{}", log());
 }
 
+/// With `--state-dir` the vectors of the tools' texts outlive the coordinator: restarted, it
+/// embeds nothing it had embedded before, and ranks as it did.
+#[test]
+fn a_restarted_coordinator_embeds_only_texts_it_has_not_seen() {
+    let model = find_model_dir();
+    let state = tempfile::tempdir().unwrap();
+    let args = [
+        "--find-model".to_string(),
+        model.display().to_string(),
+        format!("--state-dir={}", state.path().display()),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut fleet = fleet_with(&args);
+    let request = ["all", "is the storage nearly exhausted"];
+    let before = find(&fleet, &request);
+    assert_eq!(before[0]["name"], "disk_usage", "{before:?}");
+    let kept: Vec<_> = std::fs::read_dir(state.path().join("find-vectors"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+
+    fleet.coordinator.as_mut().unwrap().stop();
+    fleet.start_coordinator(&args);
+    fleet.wait_online(&["a", "b", "c"], "gpu_status");
+    let after = find(&fleet, &request);
+    assert_eq!(after, before);
+    let log = fleet.coordinator.as_ref().unwrap().log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("tool index built from the vectors kept by an earlier run"))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(line.contains("embedded=0"), "{line}");
+}
+
 #[test]
 fn a_coordinator_with_an_unusable_model_directory_refuses_to_start() {
     // Run to its exit, not "until it listens": a port found free may be someone else's by then.

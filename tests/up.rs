@@ -296,17 +296,17 @@ fn up_says_when_ollie_tools_path_replaces_the_example_tools() {
 }
 
 /// `--find-model` (here through `TOOLSRV_FIND_MODEL`) gives `up`'s coordinator the sentence
-/// encoder: the banner says so, and a request that shares no word with its tool finds it.
+/// encoder: the banner says so, and a request that shares no word with its tool finds it. What
+/// the coordinator keeps (the texts' vectors, revocations) outlives it in the state directory:
+/// the next `up` embeds nothing it had embedded, and still knows what was revoked.
 #[test]
 fn up_ranks_by_meaning_with_a_find_model() {
     let model = toolsrv_tests::find_model_dir();
     let home = tempfile::tempdir().unwrap();
     let home = home.path();
-    let mut up = Up::start(
-        home,
-        free_port(),
-        &[("TOOLSRV_FIND_MODEL", model.to_str().unwrap())],
-    );
+    let port = free_port();
+    let env = [("TOOLSRV_FIND_MODEL", model.to_str().unwrap())];
+    let mut up = Up::start(home, port, &env);
     let banner = up.banner();
     let all = banner.join("\n");
     assert!(
@@ -328,6 +328,39 @@ fn up_ranks_by_meaning_with_a_find_model() {
     assert!(
         hits[0]["semantic"].is_number(),
         "ranked by the encoder: {hits}"
+    );
+    let revoke = format!("{settings}\ntoolctl revoke client/mallory --reason 'key leaked'");
+    let out = run_bounded(shell(home, &revoke), None, Duration::from_secs(60));
+    assert_exit(&out, 0, &[]);
+    let kept = home.join(".local/state/toolsrv/up/coordinator");
+    assert!(kept.join("revocations.json").is_file());
+    assert_eq!(
+        std::fs::read_dir(kept.join("find-vectors"))
+            .unwrap()
+            .count(),
+        1
+    );
+    up.stop();
+
+    let mut up = Up::start(home, port, &env);
+    up.banner();
+    let out = run_bounded(shell(home, &script), None, Duration::from_secs(60));
+    assert_exit(&out, 0, &[]);
+    let again: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(again, hits);
+    assert!(
+        up.log()
+            .contains("tool index built from the vectors kept by an earlier run"),
+        "{}",
+        up.log()
+    );
+    let list = format!("{settings}\ntoolctl revocations --json");
+    let out = run_bounded(shell(home, &list), None, Duration::from_secs(60));
+    assert_exit(&out, 0, &[]);
+    assert!(
+        text(&out.stdout).contains("client/mallory"),
+        "{}",
+        text(&out.stdout)
     );
     up.stop();
 }

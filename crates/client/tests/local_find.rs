@@ -2,17 +2,25 @@
 //! toolsrv-find, with and without the sentence encoder.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::Value;
 use toolsrv_testkit::{assert_exit, must, text, try_run_bounded, write};
 
 fn toolctl() -> Command {
+    // The vectors `find --model` keeps go to a directory of this test binary's, not the
+    // user's cache.
+    static CACHE: OnceLock<tempfile::TempDir> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| tempfile::tempdir().unwrap());
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_toolctl"));
     cmd.env_remove("OLLIE_TOOLS_PATH")
-        .env_remove("TOOLSRV_FIND_MODEL");
+        .env_remove("TOOLSRV_FIND_MODEL")
+        .env_remove("TOOLSRV_FIND_VECTORS")
+        .env("XDG_CACHE_HOME", cache.path());
     cmd
 }
 
@@ -219,4 +227,63 @@ fn the_model_script_refuses_bad_arguments() {
         "{}",
         text(&out.stdout)
     );
+}
+
+/// The vectors of the tools' texts are kept between runs: the second run finds the same
+/// tools with the same scores without writing the file again; `--no-vectors` keeps none; a
+/// directory others may write is not used, with a warning, and the tools are found all the same.
+#[test]
+fn vectors_are_kept_between_runs_where_only_this_user_writes() {
+    let model = toolsrv_testkit::find_model_dir();
+    let dir = tempfile::tempdir().unwrap();
+    let vectors = dir.path().join("vectors");
+    let run_with = |extra: &[&str], vectors: &Path| {
+        run(toolctl()
+            .args(["local", "find", "--tools", &catalog(), "--json"])
+            .arg("4412 is stuck, put it out of its misery")
+            .arg("--model")
+            .arg(&model)
+            .args(extra)
+            .env("TOOLSRV_FIND_VECTORS", vectors))
+    };
+    let first = run_with(&[], &vectors);
+    assert_exit(&first, 0, &[]);
+    assert!(text(&first.stderr).is_empty(), "{}", text(&first.stderr));
+    let files: Vec<_> = std::fs::read_dir(&vectors)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(files[0].extension().is_some_and(|e| e == "vectors"));
+    let written = std::fs::metadata(&files[0]).unwrap().modified().unwrap();
+
+    let second = run_with(&[], &vectors);
+    assert_exit(&second, 0, &[]);
+    assert_eq!(text(&second.stdout), text(&first.stdout));
+    assert_eq!(
+        std::fs::metadata(&files[0]).unwrap().modified().unwrap(),
+        written,
+        "nothing new was embedded, so nothing was written"
+    );
+
+    let none = dir.path().join("none");
+    let out = run_with(&["--no-vectors"], &none);
+    assert_exit(&out, 0, &[]);
+    assert_eq!(text(&out.stdout), text(&first.stdout));
+    assert!(!none.exists());
+
+    let open = dir.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = run_with(&[], &open);
+    assert_exit(&out, 0, &[]);
+    assert_eq!(text(&out.stdout), text(&first.stdout));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("toolctl: warning: vector store")
+            && err.contains(&open.display().to_string())
+            && err.contains("writable by group or others"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(&open).unwrap().count(), 0);
 }

@@ -16,7 +16,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use tonic::Status;
-use toolsrv_find::{Doc, Encoder, Index};
+use toolsrv_find::{Doc, Encoder, Index, VectorStore};
 use toolsrv_proto::v1::{FindToolsRequest, FindToolsResponse, ToolDefinition, ToolMatch};
 
 use crate::State;
@@ -29,6 +29,8 @@ const DEFAULT_LIMIT: u32 = 5;
 const MAX_LIMIT: u32 = 1000;
 /// Longest selector a request may give.
 const MAX_SELECTOR_BYTES: usize = 4096;
+/// Where in the state directory the encoder's vectors are kept.
+pub const VECTORS_DIR: &str = "find-vectors";
 /// A document: the tool's name and a digest of the texts ranked.
 type DocKey = (String, u64);
 
@@ -54,9 +56,32 @@ pub struct Finder {
 }
 
 impl Finder {
-    pub fn new(encoder: Option<Arc<Encoder>>, per_client: usize) -> Self {
+    /// With `encoder` and `state_dir`, the vectors of the tools' texts are kept in
+    /// `state_dir/find-vectors` ([`toolsrv_find::VectorStore`]): a restart embeds only what
+    /// changed meanwhile. A store that cannot be used is logged, and the index works without.
+    pub fn new(
+        encoder: Option<Arc<Encoder>>,
+        state_dir: Option<&std::path::Path>,
+        per_client: usize,
+    ) -> Self {
+        let store = match (&encoder, state_dir) {
+            (Some(encoder), Some(dir)) => {
+                match VectorStore::open(&dir.join(VECTORS_DIR), encoder) {
+                    Ok(store) => Some(store),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the tools' vectors will not be kept across restarts");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        let mut index = Index::new(encoder);
+        if let Some(store) = store {
+            index = index.with_store(store);
+        }
         Self {
-            index: Arc::new(Index::new(encoder)),
+            index: Arc::new(index),
             built: tokio::sync::Mutex::new(None),
             descriptions: std::sync::RwLock::new(HashMap::new()),
             has_index: std::sync::atomic::AtomicBool::new(false),
@@ -163,10 +188,21 @@ impl Finder {
             .metrics
             .index_built(updated.is_ok(), started.elapsed());
         let updated = updated?;
+        if let Some(problem) = &updated.store_problem {
+            tracing::warn!(error = %problem, "cannot use the kept vectors of the tools' texts; the texts it lacked were embedded");
+        }
+        if updated.stored > 0 {
+            tracing::info!(
+                stored = updated.stored,
+                embedded = updated.embedded,
+                "tool index built from the vectors kept by an earlier run"
+            );
+        }
         tracing::debug!(
             docs = updated.docs,
             embedded = updated.embedded,
             reused = updated.reused,
+            stored = updated.stored,
             "tool index rebuilt"
         );
         *self.descriptions.write().unwrap_or_else(|p| p.into_inner()) = descriptions;

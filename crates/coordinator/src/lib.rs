@@ -111,8 +111,9 @@ pub struct CoordinatorConfig {
     /// After the shutdown signal, how long calls already running may take to finish before
     /// they are ended; new calls are refused meanwhile.
     pub drain_grace: Duration,
-    /// Where the coordinator keeps what must outlive it (revocations, join tokens); `None`:
-    /// nothing is kept, and what needs it is refused saying so.
+    /// Where the coordinator keeps what must outlive it (revocations, join tokens, and the
+    /// vectors of the tools' texts with `find_model`, in `find-vectors/`); `None`: nothing is
+    /// kept, what needs it is refused saying so, and a restart embeds the catalog again.
     pub state_dir: Option<PathBuf>,
     /// Certificate revocation lists (PEM or DER): client certificates they list are refused at
     /// the handshake, and open connections of ones a new CRL lists are closed.
@@ -330,7 +331,11 @@ pub async fn serve(
             config.sessions.clone(),
             replicas.as_ref().map(|r| r.id().to_string()),
         ),
-        finder: finder::Finder::new(encoder, config.limits.finds_per_client),
+        finder: finder::Finder::new(
+            encoder,
+            config.state_dir.as_deref(),
+            config.limits.finds_per_client,
+        ),
         metrics: metrics::Metrics::default(),
         pace: pace::Pace::new(
             config.keepalive,

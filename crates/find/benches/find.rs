@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Measures, Query, measure, names};
-use toolsrv_find::{Encoder, Hit, Index, Options};
+use toolsrv_find::{Encoder, Hit, Index, Options, VectorStore};
 
 const TOOLS: usize = 1000;
 
@@ -52,10 +52,25 @@ fn main() {
     lexical.update(docs.clone()).expect("lexical index");
     let lexical_build = started.elapsed();
 
-    let fused = Index::with_options(Some(encoder.clone()), unthresholded);
+    // The vectors are kept as a coordinator with --state-dir keeps them.
+    let kept = tempfile::tempdir().expect("a temporary directory");
+    let store = || VectorStore::open(kept.path(), &encoder).expect("the vector store");
+    let fused = Index::with_options(Some(encoder.clone()), unthresholded).with_store(store());
     let started = Instant::now();
     let built = fused.update(docs.clone()).expect("fused index");
     let fused_build = started.elapsed();
+    // The same catalog in a new process: from the kept vectors.
+    let restarted = Index::with_options(Some(encoder.clone()), unthresholded).with_store(store());
+    let started = Instant::now();
+    let rebuilt = restarted
+        .update(docs.clone())
+        .expect("index from kept vectors");
+    let restart_build = started.elapsed();
+    assert_eq!(
+        (rebuilt.embedded, rebuilt.stored, rebuilt.store_problem),
+        (0, built.embedded, None)
+    );
+    drop(restarted);
     // One tool changed: what the coordinator pays when a .meta is edited.
     let mut edited = docs.clone();
     edited[0].1.description.push_str(" Edited.");
@@ -65,7 +80,8 @@ fn main() {
     fused.update(docs.clone()).expect("update back");
     println!(
         "index build: lexical {lexical_build:.1?}; with encoder {fused_build:.1?} \
-         ({} texts embedded); after editing one tool {update_one:.1?}",
+         ({} texts embedded); after editing one tool {update_one:.1?}; again from the \
+         vectors kept on disk (a restart) {restart_build:.1?}",
         built.embedded
     );
 

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
+use sha2::Digest;
 use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
 
 use crate::FindError;
@@ -15,6 +16,12 @@ use crate::mpnet::{self, MpNetModel};
 use crate::transformer::Sizes;
 
 /// The files [`Encoder::load`] reads from its directory.
+/// What the vectors of a given model depend on in this code besides the model's files (the
+/// integer products, the padding of narrow layers, the pooling): raise it with any change that
+/// alters them, so that vectors kept by an earlier build ([`crate::VectorStore`]) are not mixed
+/// with new ones.
+const VECTORS_REVISION: u32 = 1;
+
 pub const MODEL_FILES: [&str; 3] = ["model.safetensors", "tokenizer.json", "config.json"];
 
 /// Longest input in tokens; the rest of a text is not read. The model was trained on at most
@@ -107,6 +114,8 @@ pub struct Encoder {
     device: Device,
     dir: PathBuf,
     dims: usize,
+    /// See [`fingerprint`](Self::fingerprint).
+    fingerprint: [u8; 32],
 }
 
 impl std::fmt::Debug for Encoder {
@@ -134,8 +143,10 @@ impl Encoder {
         let config_text =
             std::fs::read_to_string(dir.join("config.json")).map_err(|e| bad("config.json")(&e))?;
         let architecture = Architecture::of(&config_text).map_err(|e| bad("config.json")(&e))?;
-        let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
-            .map_err(|e| bad("tokenizer.json")(&e))?;
+        let tokenizer_bytes =
+            std::fs::read(dir.join("tokenizer.json")).map_err(|e| bad("tokenizer.json")(&e))?;
+        let mut tokenizer =
+            Tokenizer::from_bytes(&tokenizer_bytes).map_err(|e| bad("tokenizer.json")(&e))?;
         // A tokenizer of another model gives ids the embeddings do not have: refused here,
         // naming both files, rather than on the first request that uses such a word.
         let vocab = architecture.sizes().vocab_size;
@@ -170,6 +181,8 @@ impl Encoder {
         let device = Device::Cpu;
         let weights = std::fs::read(dir.join("model.safetensors"))
             .map_err(|e| bad("model.safetensors")(&e))?;
+        let fingerprint = fingerprint(&[config_text.as_bytes(), &tokenizer_bytes, &weights]);
+        drop(tokenizer_bytes);
         let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
             .map_err(|e| bad("model.safetensors")(&e))?;
         let (model, dims) = match architecture {
@@ -197,6 +210,7 @@ impl Encoder {
             device,
             dir: dir.to_path_buf(),
             dims,
+            fingerprint,
         };
         // A model that loads but cannot run (wrong shapes) fails here, naming the directory,
         // rather than on the first search.
@@ -229,6 +243,13 @@ impl Encoder {
     /// The directory the model was loaded from.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// A digest of what this encoder's vectors depend on: the model's three files and the
+    /// revision of the arithmetic here. Two encoders with the same fingerprint give the same
+    /// vector for a text (to rounding, on CPUs of another kind).
+    pub fn fingerprint(&self) -> [u8; 32] {
+        self.fingerprint
     }
 
     /// Length of every vector [`embed`](Self::embed) returns.
@@ -278,6 +299,17 @@ impl Encoder {
         let unit = mean.broadcast_div(&norms)?;
         Ok(unit.to_vec2::<f32>()?)
     }
+}
+
+/// The SHA-256 of [`VECTORS_REVISION`] and `files`, each preceded by its length.
+fn fingerprint(files: &[&[u8]]) -> [u8; 32] {
+    let mut digest = sha2::Sha256::new();
+    digest.update(VECTORS_REVISION.to_le_bytes());
+    for file in files {
+        digest.update((file.len() as u64).to_le_bytes());
+        digest.update(file);
+    }
+    digest.finalize().into()
 }
 
 /// Dot product of two vectors (of unit vectors: their cosine similarity), in f32, for the few

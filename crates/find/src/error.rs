@@ -23,6 +23,8 @@ pub enum FindError {
     },
     #[error("the request is {len} bytes; at most {max} are searched")]
     QueryTooLong { len: usize, max: usize },
+    #[error("vector store {path}: {reason}")]
+    Store { path: PathBuf, reason: String },
     #[error("the encoder failed: {0}")]
     Encode(String),
 }

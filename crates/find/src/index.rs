@@ -1,7 +1,7 @@
 //! The index the coordinator keeps per catalog: documents by key, replaced as a whole by
 //! `update`, searched without waiting for an update in progress.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use sha2::{Digest, Sha256};
@@ -9,6 +9,7 @@ use sha2::{Digest, Sha256};
 use crate::encoder::Encoder;
 use crate::lexical::{self, Lexical};
 use crate::semantic::{Correction, DocVectors, Semantic};
+use crate::store::{TextHash, VectorStore, Vectors};
 use crate::text::Analyzer;
 use crate::{Doc, FindError};
 
@@ -68,16 +69,19 @@ pub struct Hit<K> {
 }
 
 /// What an [`Index::update`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Updated {
     pub docs: usize,
     /// Texts run through the encoder (new or changed).
     pub embedded: usize,
     /// Texts whose vectors were kept from the previous document set.
     pub reused: usize,
+    /// Texts whose vectors were read from the [`VectorStore`] (the first update only).
+    pub stored: usize,
+    /// Why the store could not be read or written, when it could not: the update is done all
+    /// the same, embedding what it did not find there.
+    pub store_problem: Option<String>,
 }
-
-type TextHash = [u8; 32];
 
 /// One immutable document set; a search holds an `Arc` of it, so an update never waits for
 /// searches and a search sees one set whole.
@@ -88,7 +92,7 @@ struct Snapshot<K> {
     /// The documents' text vectors, the catalog's centring and each document's hub penalty.
     semantic: Semantic,
     /// Vector by text, for the next update to reuse.
-    cache: HashMap<TextHash, Arc<[f32]>>,
+    cache: Vectors,
 }
 
 impl<K> Default for Snapshot<K> {
@@ -97,7 +101,7 @@ impl<K> Default for Snapshot<K> {
             keys: Vec::new(),
             lexical: Lexical::default(),
             semantic: Semantic::default(),
-            cache: HashMap::new(),
+            cache: Vectors::new(),
         }
     }
 }
@@ -109,8 +113,10 @@ pub struct Index<K> {
     options: Options,
     analyzer: Analyzer,
     current: RwLock<Arc<Snapshot<K>>>,
-    /// One update at a time, so two do not both embed the same new texts.
-    updating: Mutex<()>,
+    /// One update at a time, so two do not both embed the same new texts. Holds whether the
+    /// store is still to be read.
+    updating: Mutex<bool>,
+    store: Option<VectorStore>,
 }
 
 impl<K: Clone> Index<K> {
@@ -125,8 +131,19 @@ impl<K: Clone> Index<K> {
             options,
             analyzer: Analyzer::default(),
             current: RwLock::new(Arc::new(Snapshot::default())),
-            updating: Mutex::new(()),
+            updating: Mutex::new(true),
+            store: None,
         }
+    }
+
+    /// Keeps the encoder's vectors in `store` as well: the first update takes the vectors it
+    /// finds there instead of embedding their texts, and every update that embedded a text
+    /// writes the vectors of its document set back. Without an encoder there is nothing to keep.
+    pub fn with_store(mut self, store: VectorStore) -> Self {
+        if self.encoder.is_some() {
+            self.store = Some(store);
+        }
+        self
     }
 
     /// Whether searches use the encoder.
@@ -156,7 +173,7 @@ impl<K: Clone> Index<K> {
     /// against the previous set until the new one is swapped in; on error the index is
     /// unchanged.
     pub fn update(&self, docs: Vec<(K, Doc)>) -> Result<Updated, FindError> {
-        let _one_at_a_time = self.updating.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut store_unread = self.updating.lock().unwrap_or_else(PoisonError::into_inner);
         let previous = self.snapshot();
         let refs: Vec<&Doc> = docs.iter().map(|(_, d)| d).collect();
         let lexical = Lexical::build(&self.analyzer, &refs, &self.options.lexical);
@@ -164,9 +181,16 @@ impl<K: Clone> Index<K> {
             docs: docs.len(),
             ..Updated::default()
         };
-        let mut cache = HashMap::new();
+        let mut cache = Vectors::new();
         let mut semantic = Semantic::default();
         if let Some(encoder) = &self.encoder {
+            let mut stored = Vectors::new();
+            if let Some(store) = self.store.as_ref().filter(|_| *store_unread) {
+                match store.read() {
+                    Ok(vectors) => stored = vectors,
+                    Err(e) => updated.store_problem = Some(e.to_string()),
+                }
+            }
             let texts: Vec<Vec<String>> = refs.iter().map(|d| passages(d)).collect();
             let mut missing: Vec<(TextHash, &str)> = Vec::new();
             let mut queued = HashSet::new();
@@ -175,10 +199,15 @@ impl<K: Clone> Index<K> {
                 if cache.contains_key(&hash) || queued.contains(&hash) {
                     continue;
                 }
-                match previous.cache.get(&hash) {
+                if let Some(v) = previous.cache.get(&hash) {
+                    cache.insert(hash, v.clone());
+                    updated.reused += 1;
+                    continue;
+                }
+                match stored.remove(&hash) {
                     Some(v) => {
-                        cache.insert(hash, v.clone());
-                        updated.reused += 1;
+                        cache.insert(hash, v);
+                        updated.stored += 1;
                     }
                     None => {
                         queued.insert(hash);
@@ -206,6 +235,18 @@ impl<K: Clone> Index<K> {
                     hub_neighbours: self.options.hub_neighbours,
                 },
             )?;
+            // Written when it lacks a vector of this set: texts were embedded, or the file
+            // could not be read (a bad file is replaced).
+            if let Some(store) = &self.store
+                && (updated.embedded > 0 || updated.store_problem.is_some())
+                && let Err(e) = store.write(&cache)
+            {
+                updated.store_problem = Some(match updated.store_problem.take() {
+                    Some(read) => format!("{read}; {e}"),
+                    None => e.to_string(),
+                });
+            }
+            *store_unread = false;
         }
         let next = Snapshot {
             keys: docs.into_iter().map(|(k, _)| k).collect(),

@@ -53,12 +53,14 @@ mod int8;
 pub mod lexical;
 mod mpnet;
 mod semantic;
+mod store;
 mod text;
 mod transformer;
 
 pub use encoder::{Encoder, MODEL_FILES};
 pub use error::FindError;
 pub use index::{Hit, Index, MAX_QUERY_BYTES, Options, Updated};
+pub use store::VectorStore;
 pub use text::Analyzer;
 
 /// The texts of one tool that are searched, as a host resolves its definition.

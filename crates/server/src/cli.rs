@@ -209,7 +209,8 @@ pub struct CoordinatorArgs {
     /// then the rest are ended. A second signal exits at once
     #[arg(long, env = "TOOLSRV_DRAIN_GRACE_SECS", default_value_t = 30)]
     pub drain_grace_secs: u64,
-    /// Where the coordinator keeps what must outlive a restart (revocations, join tokens)
+    /// Where the coordinator keeps what must outlive a restart (revocations, join tokens, the
+    /// vectors --find-model made of the tools' texts)
     #[arg(long, env = "TOOLSRV_COORDINATOR_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
     /// A certificate revocation list (PEM, several CRLs allowed, or DER): client certificates

@@ -117,6 +117,8 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
         TlsFiles::in_dir(&pki, &Identity::Coordinator),
     );
     coordinator.find_model = args.find_model.clone();
+    // Revocations, and the vectors of the tools' texts: a second `up` embeds only what changed.
+    coordinator.state_dir = Some(state.join("coordinator"));
     let mut agent = AgentConfig::new(
         url.clone(),
         LOCAL_HOST,

@@ -1,11 +1,11 @@
 //! `toolctl local find`: the tools this host offers, ranked against a request in plain words.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Serialize;
-use toolsrv_find::{Doc, Encoder, Hit, Index, MAX_QUERY_BYTES};
+use toolsrv_find::{Doc, Encoder, Hit, Index, MAX_QUERY_BYTES, VectorStore};
 use toolsrv_meta::ResolvedTool;
 
 use super::ToolsArgs;
@@ -22,7 +22,24 @@ struct Found<'a> {
     description: &'a str,
 }
 
-pub fn run(tools: &ToolsArgs, query: &str, limit: usize, json: bool, model: Option<&Path>) -> u8 {
+/// Where `local find` keeps the encoder's vectors unless told: `find-vectors` in toolsrv's
+/// directory of the user's cache, beside the models `scripts/fetch-find-model` lays out.
+pub fn default_vectors_dir() -> Option<PathBuf> {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(cache.join("toolsrv/find-vectors"))
+}
+
+pub fn run(
+    tools: &ToolsArgs,
+    query: &str,
+    limit: usize,
+    json: bool,
+    model: Option<&Path>,
+    vectors: Option<&Path>,
+) -> u8 {
     if query.len() > MAX_QUERY_BYTES {
         eprintln!(
             "toolctl: the request is {} bytes; at most {MAX_QUERY_BYTES} are searched",
@@ -44,12 +61,27 @@ pub fn run(tools: &ToolsArgs, query: &str, limit: usize, json: bool, model: Opti
     // Only what this host offers, as it resolves it: a variant may describe a tool differently.
     let views = toolsrv_host::view(&catalog, &host);
     let visible: Vec<&ResolvedTool> = views.iter().filter_map(|v| v.resolution.tool()).collect();
-    let index = Index::new(encoder);
+    let store = match (&encoder, vectors) {
+        (Some(encoder), Some(dir)) => match VectorStore::open(dir, encoder) {
+            Ok(store) => Some(store),
+            Err(e) => {
+                eprintln!("toolctl: warning: {e}; every text is embedded again");
+                None
+            }
+        },
+        _ => None,
+    };
+    let mut index = Index::new(encoder);
+    if let Some(store) = store {
+        index = index.with_store(store);
+    }
     let docs = visible.iter().map(|t| (t.name.clone(), doc(t))).collect();
-    let hits = match index
-        .update(docs)
-        .and_then(|_| index.search(query, limit, |_| true))
-    {
+    let hits = match index.update(docs).and_then(|updated| {
+        if let Some(problem) = updated.store_problem {
+            eprintln!("toolctl: warning: {problem}");
+        }
+        index.search(query, limit, |_| true)
+    }) {
         Ok(hits) => hits,
         Err(e) => {
             eprintln!("toolctl: cannot rank the tools: {e}");

@@ -350,6 +350,15 @@ enum LocalCommand {
         /// it, words only
         #[arg(long, env = "TOOLSRV_FIND_MODEL", value_name = "DIR")]
         model: Option<PathBuf>,
+        /// With --model: where the vectors of the tools' texts are kept between runs, so that
+        /// the next `find` embeds only texts it has not seen [default:
+        /// $XDG_CACHE_HOME/toolsrv/find-vectors, or ~/.cache/toolsrv/find-vectors]
+        #[arg(long, env = "TOOLSRV_FIND_VECTORS", value_name = "DIR")]
+        vectors: Option<PathBuf>,
+        /// With --model: keep no vectors, embed every text again (whatever --vectors or
+        /// TOOLSRV_FIND_VECTORS say)
+        #[arg(long)]
+        no_vectors: bool,
     },
     /// Run a tool here: live stdout and stderr, then exit with the tool's exit code
     Call {
@@ -510,7 +519,23 @@ pub async fn run(cli: Cli) -> ExitCode {
             limit,
             json,
             model,
-        }) => find::run(&tools, &query, usize::from(limit), json, model.as_deref()),
+            vectors,
+            no_vectors,
+        }) => {
+            let vectors = if no_vectors {
+                None
+            } else {
+                vectors.or_else(find::default_vectors_dir)
+            };
+            find::run(
+                &tools,
+                &query,
+                usize::from(limit),
+                json,
+                model.as_deref(),
+                vectors.as_deref(),
+            )
+        }
         Command::Local(LocalCommand::Call {
             tools,
             name,
