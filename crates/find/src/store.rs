@@ -122,6 +122,19 @@ impl VectorStore {
         self.decode(&bytes).map_err(refused)
     }
 
+    /// What [`read`](Self::read) makes of `bytes` as the file of an encoder with this
+    /// `fingerprint` and vectors of `dims` values: how many vectors it takes, or why it takes
+    /// none. For the fuzz target (`fuzz/fuzz_targets/vector_store.rs`), which needs no model.
+    #[doc(hidden)]
+    pub fn check_file(bytes: &[u8], fingerprint: [u8; 32], dims: usize) -> Result<usize, String> {
+        let store = VectorStore {
+            path: PathBuf::new(),
+            fingerprint,
+            dims,
+        };
+        store.decode(bytes).map(|v| v.len())
+    }
+
     fn decode(&self, bytes: &[u8]) -> Result<Vectors, String> {
         if bytes.len() < HEADER_BYTES + CHECKSUM_BYTES {
             return Err(format!("{} bytes, shorter than a header", bytes.len()));
@@ -287,6 +300,19 @@ mod tests {
             let e = private_to(0, mode, 0).unwrap_err();
             assert!(e.contains("writable by group or others"), "{mode:o}: {e}");
         }
+    }
+
+    /// The fuzz target's seed (`fuzz/seeds/vector_store`): a good file of two vectors.
+    #[test]
+    fn a_file_of_two_vectors_is_taken_and_its_checksum_checked() {
+        let seed = include_bytes!("../../../fuzz/seeds/vector_store/two_vectors_with_checksum");
+        assert_eq!(VectorStore::check_file(seed, [0; 32], 4), Ok(2));
+        let e = VectorStore::check_file(seed, [1; 32], 4).unwrap_err();
+        assert!(e.contains("another model"), "{e}");
+        let mut bad = seed.to_vec();
+        bad[HEADER_BYTES + 40] ^= 1;
+        let e = VectorStore::check_file(&bad, [0; 32], 4).unwrap_err();
+        assert!(e.contains("checksum"), "{e}");
     }
 
     fn vectors(n: usize, dims: usize, seed: u8) -> Vectors {
