@@ -20,7 +20,7 @@ use crate::transformer::Sizes;
 /// integer products, the padding of narrow layers, the pooling): raise it with any change that
 /// alters them, so that vectors kept by an earlier build ([`crate::VectorStore`]) are not mixed
 /// with new ones.
-const VECTORS_REVISION: u32 = 1;
+pub const VECTORS_REVISION: u32 = 1;
 
 pub const MODEL_FILES: [&str; 3] = ["model.safetensors", "tokenizer.json", "config.json"];
 

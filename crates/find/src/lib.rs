@@ -57,7 +57,7 @@ mod store;
 mod text;
 mod transformer;
 
-pub use encoder::{Encoder, MODEL_FILES};
+pub use encoder::{Encoder, MODEL_FILES, VECTORS_REVISION};
 pub use error::FindError;
 pub use index::{Hit, Index, MAX_QUERY_BYTES, Options, Updated};
 pub use store::VectorStore;

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::{Device, safetensors};
-use toolsrv_find::{Encoder, FindError};
+use toolsrv_find::{Encoder, FindError, VECTORS_REVISION};
 
 const REQUEST: &str = "how hot is this machine running";
 
@@ -52,6 +52,62 @@ fn both_encoders_agree_with_the_reference() {
         assert!(cosine(ours, &batch[0]) > 0.9999, "{}", dir.display());
     }
 }
+
+/// Kept vectors ([`toolsrv_find::VectorStore`]) are filed under the encoder's fingerprint,
+/// which covers the model's files and [`VECTORS_REVISION`] but not this code: a change to the
+/// arithmetic that moves the vectors must raise the revision, or files kept before it would be
+/// mixed with new vectors. So the vectors of this revision are pinned here, to 1e-4: well under
+/// what a change of the arithmetic moves (8-bit weights moved dimensions by up to 3e-3), well
+/// over what rounding differs by between CPUs. When this fails after a deliberate change, raise
+/// `VECTORS_REVISION` and pin the new values.
+#[test]
+fn the_vectors_of_this_revision_have_not_moved() {
+    assert_eq!(
+        VECTORS_REVISION, 1,
+        "pin the vectors of the new revision below"
+    );
+    let cases = [
+        (toolsrv_testkit::find_model_dir(), PINNED_MINILM),
+        (toolsrv_testkit::mpnet_model_dir(), PINNED_MPNET),
+    ];
+    for (dir, pinned) in cases {
+        let ours = &Encoder::load(&dir).unwrap().embed(&[REQUEST]).unwrap()[0];
+        let moved: Vec<(usize, f32, f32)> = ours
+            .iter()
+            .zip(pinned)
+            .enumerate()
+            .filter(|(_, (a, b))| (*a - b).abs() > 1e-4)
+            .map(|(i, (a, b))| (i, *a, b))
+            .collect();
+        assert!(
+            moved.is_empty(),
+            "{}: (dimension, now, pinned) {moved:?}; now {:?}",
+            dir.display(),
+            &ours[..8]
+        );
+    }
+}
+
+const PINNED_MINILM: [f32; 8] = [
+    0.029899566,
+    -0.007292024,
+    -0.043438055,
+    0.058415193,
+    -0.008504474,
+    -0.05070143,
+    -0.05179326,
+    -0.06031373,
+];
+const PINNED_MPNET: [f32; 8] = [
+    -0.05384336,
+    -0.08725662,
+    0.014535444,
+    0.042211972,
+    -0.032609306,
+    -0.0010268139,
+    -0.03777484,
+    0.031203235,
+];
 
 /// A copy of the small model's directory, with `config.json` as given.
 fn model_with_config(config: &str) -> tempfile::TempDir {
