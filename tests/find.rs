@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use toolsrv_tests::{
-    AgentSpec, Fleet, assert_exit, find_model_dir, mpnet_model_dir, text, wait_for,
+    AgentSpec, Fleet, assert_exit, find_model_dir, free_port, http_get, mpnet_model_dir, text,
+    wait_for,
 };
 
 fn fleet() -> Fleet {
@@ -238,10 +239,12 @@ fn while_a_changed_catalog_is_embedded_requests_are_answered_from_the_last_index
 fn a_restarted_coordinator_embeds_only_texts_it_has_not_seen() {
     let model = find_model_dir();
     let state = tempfile::tempdir().unwrap();
+    let metrics = format!("127.0.0.1:{}", free_port());
     let args = [
         "--find-model".to_string(),
         model.display().to_string(),
         format!("--state-dir={}", state.path().display()),
+        format!("--metrics-listen={metrics}"),
     ];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut fleet = fleet_with(&args);
@@ -265,6 +268,16 @@ fn a_restarted_coordinator_embeds_only_texts_it_has_not_seen() {
         .find(|l| l.contains("tool index built from the vectors kept by an earlier run"))
         .unwrap_or_else(|| panic!("{log}"));
     assert!(line.contains("embedded=0"), "{line}");
+    let (_, exposition) = http_get(&metrics, "/metrics").unwrap();
+    let texts = |source: &str| {
+        let series = format!("toolsrv_find_index_texts_total{{source=\"{source}\"}} ");
+        exposition
+            .lines()
+            .find_map(|l| l.strip_prefix(&series)?.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{series}in\n{exposition}"))
+    };
+    assert!(texts("kept") > 0.0, "{exposition}");
+    assert_eq!(texts("embedded"), 0.0, "{exposition}");
 }
 
 #[test]

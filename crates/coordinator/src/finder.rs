@@ -186,7 +186,7 @@ impl Finder {
         .and_then(|r| r.map_err(|e| Status::internal(format!("cannot index the tools: {e}"))));
         state
             .metrics
-            .index_built(updated.is_ok(), started.elapsed());
+            .index_built(updated.as_ref().ok(), started.elapsed());
         let updated = updated?;
         if let Some(problem) = &updated.store_problem {
             tracing::warn!(error = %problem, "cannot use the kept vectors of the tools' texts; the texts it lacked were embedded");

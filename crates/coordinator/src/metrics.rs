@@ -32,6 +32,7 @@ pub struct Metrics {
     find_duration: Histogram,
     index_builds: Family<Labels<1>, Counter>,
     index_build_duration: Histogram,
+    index_texts: Family<Labels<1>, Counter>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -53,6 +54,7 @@ impl Default for Metrics {
             find_duration: duration_histogram(),
             index_builds: Family::default(),
             index_build_duration: duration_histogram(),
+            index_texts: Family::default(),
         }
     }
 }
@@ -115,6 +117,11 @@ impl Metrics {
             "Time each FindTools index build took (embedding the new texts with an encoder)",
             self.index_build_duration.clone(),
         );
+        registry.register(
+            "find_index_texts",
+            "Texts the FindTools index builds took a vector for, by where it came from (embedded: the encoder ran; reused: the last index had it; kept: read from --state-dir, as after a restart)",
+            self.index_texts.clone(),
+        );
     }
 
     /// A FindTools request ended: `Ok(matches)` when it was ranked, else the code it was
@@ -138,12 +145,28 @@ impl Metrics {
     }
 
     /// A build of the FindTools index ended.
-    pub fn index_built(&self, ok: bool, elapsed: std::time::Duration) {
-        let outcome = if ok { "ok" } else { "failed" };
+    /// An index build ended: what it did when it succeeded, `None` when it failed.
+    pub fn index_built(
+        &self,
+        updated: Option<&toolsrv_find::Updated>,
+        elapsed: std::time::Duration,
+    ) {
+        let outcome = if updated.is_some() { "ok" } else { "failed" };
         self.index_builds
             .get_or_create(&[("outcome", outcome)])
             .inc();
         self.index_build_duration.observe(elapsed.as_secs_f64());
+        if let Some(updated) = updated {
+            for (source, n) in [
+                ("embedded", updated.embedded),
+                ("reused", updated.reused),
+                ("kept", updated.stored),
+            ] {
+                self.index_texts
+                    .get_or_create(&[("source", source)])
+                    .inc_by(n as u64);
+            }
+        }
     }
 
     /// A host call begins; the guard records its end (also when the call is dropped midway,
