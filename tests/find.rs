@@ -45,6 +45,20 @@ fn fleet_with(coordinator_args: &[&str]) -> Fleet {
     fleet
 }
 
+/// Adds `n` made-up tools, `widget_0` to `widget_{n-1}`, each with a description and two
+/// keyword phrases: a catalog that takes the encoder a while to embed.
+fn add_widgets(fleet: &Fleet, n: usize) {
+    for i in 0..n {
+        fleet.tool(
+            &format!("widget_{i}.meta"),
+            &format!(
+                r#"{{"description": "Check that widget {i} of the assembly line is calibrated", "keywords": ["widget {i}", "calibration {i}"], "cmd": "true"}}"#
+            ),
+            false,
+        );
+    }
+}
+
 /// `toolctl find ARGS --json`, parsed; exit 1 (nothing matched) must come with `[]`.
 fn find(fleet: &Fleet, args: &[&str]) -> Vec<Value> {
     let mut all = vec!["find"];
@@ -192,15 +206,7 @@ fn while_a_changed_catalog_is_embedded_requests_are_answered_from_the_last_index
     let found = find(&fleet, &["all", "is the storage nearly exhausted"]);
     assert_eq!(found[0]["name"], "disk_usage", "{found:?}");
 
-    for i in 0..ADDED {
-        fleet.tool(
-            &format!("widget_{i}.meta"),
-            &format!(
-                r#"{{"description": "Check that widget {i} of the assembly line is calibrated", "keywords": ["widget {i}", "calibration {i}"], "cmd": "true"}}"#
-            ),
-            false,
-        );
-    }
+    add_widgets(&fleet, ADDED);
     let docs = format!("docs={}", ADDED + 3);
     let log = || fleet.coordinator.as_ref().unwrap().log();
     let saw = |log: &str, what: &str| log.lines().any(|l| l.contains(what) && l.contains(&docs));
@@ -231,6 +237,41 @@ fn while_a_changed_catalog_is_embedded_requests_are_answered_from_the_last_index
         },
     );
     assert!(saw(&log(), "tool index rebuilt"), "{}", log());
+}
+
+/// The first build with an encoder embeds every text (minutes for a large catalog with the
+/// larger model and nothing kept): requests meanwhile are answered at once by words alone, then
+/// by meaning once it is done.
+#[test]
+fn before_the_first_build_with_an_encoder_is_done_requests_are_ranked_by_words() {
+    const TOOLS: usize = 800;
+    let model = find_model_dir();
+    let mut fleet = Fleet::new(&["a"]);
+    add_widgets(&fleet, TOOLS);
+    fleet.start_coordinator(&["--find-model", model.to_str().unwrap()]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "widget_7");
+    let log = || fleet.coordinator.as_ref().unwrap().log();
+    const BY_MEANING: &str = "FindTools ranks by meaning from now on";
+
+    let found = find(&fleet, &["all", "calibration of widget 7"]);
+    assert!(
+        !log().contains(BY_MEANING),
+        "answered after the first build, not during it: {}",
+        log()
+    );
+    assert_eq!(found[0]["name"], "widget_7", "{found:?}");
+    assert!(found[0]["semantic"].is_null(), "by words alone: {found:?}");
+
+    wait_for(
+        "requests to be ranked by meaning",
+        Duration::from_secs(300),
+        || {
+            let found = find(&fleet, &["all", "calibration of widget 7"]);
+            found[0]["semantic"].is_number().then_some(())
+        },
+    );
+    assert!(log().contains(BY_MEANING), "{}", log());
 }
 
 /// With `--state-dir` the vectors of the tools' texts outlive the coordinator: restarted, it
@@ -331,15 +372,7 @@ fn requests_in_progress_are_limited_per_client(flag: Option<usize>) {
     let limit = flag.unwrap_or(8);
     let model = find_model_dir();
     let mut fleet = Fleet::new(&["a"]);
-    for i in 0..TOOLS {
-        fleet.tool(
-            &format!("widget_{i}.meta"),
-            &format!(
-                r#"{{"description": "Check that widget {i} of the assembly line is calibrated", "keywords": ["widget {i}", "calibration {i}"], "cmd": "true"}}"#
-            ),
-            false,
-        );
-    }
+    add_widgets(&fleet, TOOLS);
     let flag = flag.map(|n| n.to_string());
     let mut args = vec!["--find-model", model.to_str().unwrap()];
     if let Some(n) = &flag {
@@ -360,12 +393,17 @@ fn requests_in_progress_are_limited_per_client(flag: Option<usize>) {
             async move { toolsrv_client::Client::connect(&options).await.unwrap() }
         };
         let (alice, bob) = (connect("client-alice").await, connect("client-bob").await);
-        // Once the index holds the fleet's tools, so that no answer comes from an earlier one
-        // while a rebuild is under way (as the coordinator answers meanwhile).
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        // Once the index holds the fleet's tools and ranks by meaning, so that no answer comes
+        // from an earlier one, or by words alone, while a build is under way (as the
+        // coordinator answers meanwhile).
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
         loop {
             let found = bob.find_tools("all", "calibration of widget 7", 3).await;
-            if found.is_ok_and(|f| f.matches.first().is_some_and(|m| m.name == "widget_7")) {
+            if found.is_ok_and(|f| {
+                f.matches
+                    .first()
+                    .is_some_and(|m| m.name == "widget_7" && m.semantic_score.is_some())
+            }) {
                 break;
             }
             assert!(

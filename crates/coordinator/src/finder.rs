@@ -6,9 +6,12 @@
 //! embeds only texts it has not seen. While a rebuild is under way (embedding a changed catalog
 //! can take seconds), requests are answered from the last index instead of waiting: they rank
 //! only the documents visible on the hosts they select now, so a tool that went away is not
-//! returned, and one that came with the change is found once the rebuild is done. Only the
-//! first build is waited for, and a rebuild that fails after a good one leaves the last index
-//! answering (with a warning in the log). A request answers one match per tool name (its best
+//! returned, and one that came with the change is found once the rebuild is done. A rebuild
+//! that fails after a good one leaves the last index answering (with a warning in the log).
+//! With an encoder, the first build over the fleet's tools embeds every text (minutes for a
+//! large catalog with the larger model, unless `--state-dir` kept their vectors): requests wait
+//! for it at most two seconds from the first one, then are answered by words alone (`ranker`
+//! `lexical`) until it is done. A request answers one match per tool name (its best
 //! definition).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -29,6 +32,10 @@ const DEFAULT_LIMIT: u32 = 5;
 const MAX_LIMIT: u32 = 1000;
 /// Longest selector a request may give.
 const MAX_SELECTOR_BYTES: usize = 4096;
+/// How long requests wait for the first build with an encoder, from the first request on, before
+/// they are answered by words alone: a small catalog is embedded within it, a large one (minutes
+/// with the larger encoder and nothing kept) is not waited for.
+const FIRST_BUILD_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// Where in the state directory the encoder's vectors are kept.
 pub const VECTORS_DIR: &str = "find-vectors";
 /// A document: the tool's name and a digest of the texts ranked.
@@ -40,6 +47,20 @@ pub struct Finder {
     index: Arc<Index<DocKey>>,
     /// The fleet's `views_stored` when the index was last built; `None` before the first build.
     built: tokio::sync::Mutex<Option<u64>>,
+    /// With an encoder, until `index` is first built: the same documents ranked by words only,
+    /// which answer meanwhile (the first build embeds every text: minutes for a large catalog
+    /// with the larger encoder and nothing kept in `--state-dir`). Dropped once `index` is in
+    /// (a request still ranking on it holds its own `Arc`).
+    words: std::sync::RwLock<Option<Arc<Index<DocKey>>>>,
+    /// The fleet's `views_stored` when `words` was last built.
+    words_built: tokio::sync::Mutex<Option<u64>>,
+    /// Asks [`follow_views`] for a build now: a request came before the first one.
+    kick: tokio::sync::Notify,
+    /// Whether the index was ever built, for requests waiting on the first build.
+    first_built: tokio::sync::watch::Sender<bool>,
+    /// Until when requests wait for the first build: [`FIRST_BUILD_WAIT`] after the first
+    /// request, so that a long build costs each later request nothing.
+    first_wait_until: std::sync::Mutex<Option<tokio::time::Instant>>,
     /// Each document's description, for the answer.
     descriptions: std::sync::RwLock<HashMap<DocKey, String>>,
     /// Whether an index was ever built: then a request need not wait for a rebuild.
@@ -76,6 +97,7 @@ impl Finder {
             }
             _ => None,
         };
+        let words = encoder.is_some().then(|| Arc::new(Index::new(None)));
         let mut index = Index::new(encoder);
         if let Some(store) = store {
             index = index.with_store(store);
@@ -83,6 +105,11 @@ impl Finder {
         Self {
             index: Arc::new(index),
             built: tokio::sync::Mutex::new(None),
+            words: std::sync::RwLock::new(words),
+            words_built: tokio::sync::Mutex::new(None),
+            kick: tokio::sync::Notify::new(),
+            first_built: tokio::sync::watch::Sender::new(false),
+            first_wait_until: std::sync::Mutex::new(None),
             descriptions: std::sync::RwLock::new(HashMap::new()),
             has_index: std::sync::atomic::AtomicBool::new(false),
             searches: Arc::new(tokio::sync::Semaphore::new(
@@ -106,9 +133,32 @@ impl Finder {
         })
     }
 
-    /// Makes the index ready to answer: rebuilds it if views were stored since the last build,
-    /// unless a rebuild is under way and an earlier index can answer meanwhile.
-    async fn ready(&self, state: &State) -> Result<(), Status> {
+    /// The index to answer from, and its ranker. Rebuilds the index if views were stored since
+    /// the last build, unless a rebuild is under way and an earlier index can answer meanwhile.
+    /// Until the first build with an encoder over the fleet's tools is done, that build is asked
+    /// for in the background and waited for until [`FIRST_BUILD_WAIT`] after the first request;
+    /// after that the words-only index answers (brought up to date first: milliseconds).
+    async fn ready(&self, state: &State) -> Result<(Arc<Index<DocKey>>, &'static str), Status> {
+        let words = self.words.read().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(words) = words {
+            self.kick.notify_one();
+            let mut built = self.first_built.subscribe();
+            let until = *self
+                .first_wait_until
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(|| tokio::time::Instant::now() + FIRST_BUILD_WAIT);
+            let first = async { built.wait_for(|b| *b).await.is_ok() };
+            if tokio::time::timeout_at(until, first).await != Ok(true) {
+                self.refresh_words(state, &words).await?;
+                return Ok((words, "lexical"));
+            }
+        }
+        self.ready_index(state).await?;
+        Ok((self.index.clone(), self.ranker()))
+    }
+
+    async fn ready_index(&self, state: &State) -> Result<(), Status> {
         let has_index = || self.has_index.load(std::sync::atomic::Ordering::Acquire);
         match self.built.try_lock() {
             Ok(built) => match self.refresh_locked(state, built).await {
@@ -144,6 +194,27 @@ impl Finder {
         self.refresh_locked(state, self.built.lock().await).await
     }
 
+    /// Rebuilds the words-only index when views were stored since its last build.
+    async fn refresh_words(&self, state: &State, words: &Arc<Index<DocKey>>) -> Result<(), Status> {
+        let mut built = self.words_built.lock().await;
+        let now = state.fleet.views_stored();
+        if *built == Some(now) {
+            return Ok(());
+        }
+        let (docs, descriptions) = documents(state);
+        self.descriptions
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(descriptions);
+        let words = words.clone();
+        tokio::task::spawn_blocking(move || words.update(docs))
+            .await
+            .map_err(|e| Status::internal(format!("the tool index update failed: {e}")))?
+            .map_err(|e| Status::internal(format!("cannot index the tools: {e}")))?;
+        *built = Some(now);
+        Ok(())
+    }
+
     async fn refresh_locked(
         &self,
         state: &State,
@@ -153,16 +224,7 @@ impl Finder {
         if *built == Some(now) {
             return Ok(());
         }
-        let mut docs = Vec::new();
-        let mut descriptions = HashMap::new();
-        for def in state.fleet.definitions() {
-            let key = key_of(&def);
-            if descriptions.contains_key(&key) {
-                continue;
-            }
-            descriptions.insert(key.clone(), def.description.clone());
-            docs.push((key, doc_of(&def)));
-        }
+        let (docs, descriptions) = documents(state);
         tracing::debug!(docs = docs.len(), "rebuilding the tool index");
         // Requests answered while the index is swapped must find the descriptions of both
         // sets: the new ones are added now, the old ones dropped once the new index is in.
@@ -209,8 +271,40 @@ impl Finder {
         *built = Some(now);
         self.has_index
             .store(true, std::sync::atomic::Ordering::Release);
+        // Requests go to the index from now on, and the words-only one is not needed again, once
+        // it holds tools: a build before any view came (at start, agents attach before their
+        // views arrive) leaves the catalog's first embedding still to come.
+        if updated.docs > 0
+            && self
+                .words
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+                .is_some()
+        {
+            self.first_built.send_replace(true);
+            tracing::info!(
+                docs = updated.docs,
+                "FindTools ranks by meaning from now on"
+            );
+        }
         Ok(())
     }
+}
+
+/// Every distinct definition of the fleet's views as a document, and each one's description.
+fn documents(state: &State) -> (Vec<(DocKey, Doc)>, HashMap<DocKey, String>) {
+    let mut docs = Vec::new();
+    let mut descriptions = HashMap::new();
+    for def in state.fleet.definitions() {
+        let key = key_of(&def);
+        if descriptions.contains_key(&key) {
+            continue;
+        }
+        descriptions.insert(key.clone(), def.description.clone());
+        docs.push((key, doc_of(&def)));
+    }
+    (docs, descriptions)
 }
 
 /// Keeps the index current in the background, so that a request after a catalog change does not
@@ -220,16 +314,19 @@ pub async fn follow_views(state: Arc<State>) {
     const SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
     let mut events = state.fleet.subscribe();
     loop {
-        tokio::select! {
+        let kicked = tokio::select! {
             () = state.shutdown.cancelled() => return,
+            () = state.finder.kick.notified() => true,
             event = events.recv() => match event {
-                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => false,
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             },
-        }
-        tokio::select! {
-            () = state.shutdown.cancelled() => return,
-            () = tokio::time::sleep(SETTLE) => {}
+        };
+        if !kicked {
+            tokio::select! {
+                () = state.shutdown.cancelled() => return,
+                () = tokio::time::sleep(SETTLE) => {}
+            }
         }
         while events.try_recv().is_ok() {}
         if let Err(e) = state.finder.refresh(&state).await {
@@ -281,11 +378,10 @@ pub async fn find(
         .map_err(|e| Status::invalid_argument(format!("host selector `{}`: {e}", req.selector)))?;
     let finder = &state.finder;
     let _counted = finder.admit(client)?;
-    finder.ready(state).await?;
+    let (index, ranker) = finder.ready(state).await?;
 
     let offered = Offered::on(state, &selector);
     let visible = offered.visible.clone();
-    let index = finder.index.clone();
     let query = req.query;
     let candidates = visible.len();
     let permit = finder
@@ -328,7 +424,7 @@ pub async fn find(
     }
     Ok(FindToolsResponse {
         matches,
-        ranker: finder.ranker().to_string(),
+        ranker: ranker.to_string(),
         catalog_revision: state.fleet.revision(),
     })
 }
