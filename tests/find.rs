@@ -262,6 +262,10 @@ fn before_the_first_build_with_an_encoder_is_done_requests_are_ranked_by_words()
     );
     assert_eq!(found[0]["name"], "widget_7", "{found:?}");
     assert!(found[0]["semantic"].is_null(), "by words alone: {found:?}");
+    assert_eq!(
+        found[0]["description"], "Check that widget 7 of the assembly line is calibrated",
+        "{found:?}"
+    );
 
     wait_for(
         "requests to be ranked by meaning",

@@ -267,26 +267,26 @@ impl Finder {
             stored = updated.stored,
             "tool index rebuilt"
         );
-        *self.descriptions.write().unwrap_or_else(|p| p.into_inner()) = descriptions;
         *built = Some(now);
         self.has_index
             .store(true, std::sync::atomic::Ordering::Release);
         // Requests go to the index from now on, and the words-only one is not needed again, once
         // it holds tools: a build before any view came (at start, agents attach before their
         // views arrive) leaves the catalog's first embedding still to come.
-        if updated.docs > 0
-            && self
-                .words
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .take()
-                .is_some()
-        {
+        let mut words = self.words.write().unwrap_or_else(|p| p.into_inner());
+        if updated.docs > 0 && words.take().is_some() {
             self.first_built.send_replace(true);
             tracing::info!(
                 docs = updated.docs,
                 "FindTools ranks by meaning from now on"
             );
+        }
+        let mut known = self.descriptions.write().unwrap_or_else(|p| p.into_inner());
+        if words.is_some() {
+            // The words-only index still answers, from descriptions of its own documents.
+            known.extend(descriptions);
+        } else {
+            *known = descriptions;
         }
         Ok(())
     }

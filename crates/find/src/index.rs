@@ -76,7 +76,8 @@ pub struct Updated {
     pub embedded: usize,
     /// Texts whose vectors were kept from the previous document set.
     pub reused: usize,
-    /// Texts whose vectors were read from the [`VectorStore`] (the first update only).
+    /// Texts whose vectors were read from the [`VectorStore`] (by this update or, not needed
+    /// then, by an earlier one).
     pub stored: usize,
     /// Why the store could not be read or written, when it could not: the update is done all
     /// the same, embedding what it did not find there.
@@ -113,10 +114,22 @@ pub struct Index<K> {
     options: Options,
     analyzer: Analyzer,
     current: RwLock<Arc<Snapshot<K>>>,
-    /// One update at a time, so two do not both embed the same new texts. Holds whether the
-    /// store is still to be read.
-    updating: Mutex<bool>,
+    /// One update at a time, so two do not both embed the same new texts; with what they keep
+    /// from the store.
+    updating: Mutex<Kept>,
     store: Option<VectorStore>,
+}
+
+/// What updates keep from the [`VectorStore`] between them.
+#[derive(Debug)]
+struct Kept {
+    /// Whether the store is still to be read (the first update reads it).
+    unread: bool,
+    /// Vectors read from the store that no update has taken yet: after a start, views reach a
+    /// coordinator over some seconds, and its first updates hold only part of the catalog (the
+    /// very first often none of it). Dropped once an update with documents takes none of them:
+    /// what is left is then of texts the catalog no longer has.
+    reserve: Vectors,
 }
 
 impl<K: Clone> Index<K> {
@@ -131,7 +144,10 @@ impl<K: Clone> Index<K> {
             options,
             analyzer: Analyzer::default(),
             current: RwLock::new(Arc::new(Snapshot::default())),
-            updating: Mutex::new(true),
+            updating: Mutex::new(Kept {
+                unread: true,
+                reserve: Vectors::new(),
+            }),
             store: None,
         }
     }
@@ -173,7 +189,7 @@ impl<K: Clone> Index<K> {
     /// against the previous set until the new one is swapped in; on error the index is
     /// unchanged.
     pub fn update(&self, docs: Vec<(K, Doc)>) -> Result<Updated, FindError> {
-        let mut store_unread = self.updating.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut kept = self.updating.lock().unwrap_or_else(PoisonError::into_inner);
         let previous = self.snapshot();
         let refs: Vec<&Doc> = docs.iter().map(|(_, d)| d).collect();
         let lexical = Lexical::build(&self.analyzer, &refs, &self.options.lexical);
@@ -184,10 +200,10 @@ impl<K: Clone> Index<K> {
         let mut cache = Vectors::new();
         let mut semantic = Semantic::default();
         if let Some(encoder) = &self.encoder {
-            let mut stored = Vectors::new();
-            if let Some(store) = self.store.as_ref().filter(|_| *store_unread) {
+            if let Some(store) = self.store.as_ref().filter(|_| kept.unread) {
+                kept.unread = false;
                 match store.read() {
-                    Ok(vectors) => stored = vectors,
+                    Ok(vectors) => kept.reserve = vectors,
                     Err(e) => updated.store_problem = Some(e.to_string()),
                 }
             }
@@ -204,9 +220,9 @@ impl<K: Clone> Index<K> {
                     updated.reused += 1;
                     continue;
                 }
-                match stored.remove(&hash) {
+                match kept.reserve.get(&hash) {
                     Some(v) => {
-                        cache.insert(hash, v);
+                        cache.insert(hash, v.clone());
                         updated.stored += 1;
                     }
                     None => {
@@ -235,18 +251,25 @@ impl<K: Clone> Index<K> {
                     hub_neighbours: self.options.hub_neighbours,
                 },
             )?;
+            if updated.docs > 0 {
+                if updated.stored == 0 {
+                    kept.reserve = Vectors::new();
+                } else {
+                    kept.reserve.retain(|hash, _| !cache.contains_key(hash));
+                }
+            }
             // Written when it lacks a vector of this set: texts were embedded, or the file
-            // could not be read (a bad file is replaced).
+            // could not be read (a bad file is replaced). What the reserve still holds stays in
+            // it, for the views still to come.
             if let Some(store) = &self.store
                 && (updated.embedded > 0 || updated.store_problem.is_some())
-                && let Err(e) = store.write(&cache)
+                && let Err(e) = store.write(&[&cache, &kept.reserve])
             {
                 updated.store_problem = Some(match updated.store_problem.take() {
                     Some(read) => format!("{read}; {e}"),
                     None => e.to_string(),
                 });
             }
-            *store_unread = false;
         }
         let next = Snapshot {
             keys: docs.into_iter().map(|(k, _)| k).collect(),

@@ -196,14 +196,15 @@ impl VectorStore {
         Ok(vectors)
     }
 
-    /// Replaces the file with `vectors`, so that a reader finds the old file or the new one
-    /// whole, never a mix (a crash that leaves a file cut short is caught by its checksum).
-    pub(crate) fn write(&self, vectors: &Vectors) -> Result<(), FindError> {
+    /// Replaces the file with the vectors of `sets` (each text once), so that a reader finds the
+    /// old file or the new one whole, never a mix (a crash that leaves a file cut short is
+    /// caught by its checksum).
+    pub(crate) fn write(&self, sets: &[&Vectors]) -> Result<(), FindError> {
         let refused = |reason: String| FindError::Store {
             path: self.path.clone(),
             reason,
         };
-        let bytes = self.encode(vectors);
+        let bytes = self.encode(sets);
         let dir = self.path.parent().unwrap_or(Path::new("."));
         let name = self
             .path
@@ -229,12 +230,12 @@ impl VectorStore {
         Ok(())
     }
 
-    fn encode(&self, vectors: &Vectors) -> Vec<u8> {
-        let mut entries: Vec<(&TextHash, &Arc<[f32]>)> = vectors
+    fn encode(&self, sets: &[&Vectors]) -> Vec<u8> {
+        let entries: std::collections::BTreeMap<&TextHash, &Arc<[f32]>> = sets
             .iter()
+            .flat_map(|set| set.iter())
             .filter(|(_, v)| v.len() == self.dims)
             .collect();
-        entries.sort_by_key(|(hash, _)| **hash);
         let mut bytes = Vec::with_capacity(
             HEADER_BYTES + entries.len() * (32 + 4 * self.dims) + CHECKSUM_BYTES,
         );
@@ -338,7 +339,7 @@ mod tests {
             dims: 64,
         };
         let sets: Vec<Vectors> = (0..4).map(|w| vectors(100 + 50 * w, 64, w as u8)).collect();
-        store.write(&sets[0]).unwrap();
+        store.write(&[&sets[0]]).unwrap();
         let done = std::sync::atomic::AtomicBool::new(false);
         let reads = std::thread::scope(|s| {
             let reader = s.spawn(|| {
@@ -356,7 +357,7 @@ mod tests {
                     let store = &store;
                     s.spawn(move || {
                         for _ in 0..50 {
-                            store.write(set).unwrap();
+                            store.write(&[set]).unwrap();
                         }
                     })
                 })

@@ -114,6 +114,59 @@ fn kept_vectors_spare_the_encoder_and_rank_the_same() {
     assert_eq!((updated.embedded, updated.stored), (0, all), "{updated:?}");
 }
 
+/// After a start, views reach a coordinator over some seconds: its first updates hold none or
+/// part of the catalog. The kept vectors wait for the rest, are written back with whatever is
+/// embedded meanwhile, and are let go once an update with tools needs none of them.
+#[test]
+fn kept_vectors_wait_for_the_tools_still_to_come() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = docs();
+    index_in(dir.path()).update(docs.clone()).unwrap();
+    let (first, rest) = docs.split_at(6);
+    let mut new = common::catalog()[30].clone();
+    new.1.description = "A tool the kept file has never seen".into();
+
+    let index = index_in(dir.path());
+    let updated = index.update(Vec::new()).unwrap();
+    assert_eq!((updated.embedded, updated.stored), (0, 0), "{updated:?}");
+    // Half the tools and a new one: only the new one is embedded, and the file written then
+    // keeps the other half's vectors.
+    let mut half = first.to_vec();
+    half.push(new.clone());
+    let updated = index.update(half).unwrap();
+    assert_eq!(
+        (updated.embedded, updated.stored),
+        (texts(std::slice::from_ref(&new)), texts(first)),
+        "{updated:?}"
+    );
+    let mut all = docs.clone();
+    all.push(new.clone());
+    let updated = index.update(all.clone()).unwrap();
+    assert_eq!(
+        (updated.embedded, updated.stored),
+        (0, texts(rest)),
+        "{updated:?}"
+    );
+    let updated = index_in(dir.path()).update(all.clone()).unwrap();
+    assert_eq!(
+        (updated.embedded, updated.stored),
+        (0, texts(&all)),
+        "the file holds every tool: {updated:?}"
+    );
+
+    // An update with tools that takes nothing kept lets the rest go.
+    let index = index_in(dir.path());
+    let others = common::catalog()[40..44].to_vec();
+    let updated = index.update(others).unwrap();
+    assert_eq!(updated.stored, 0, "{updated:?}");
+    let updated = index.update(docs.clone()).unwrap();
+    assert_eq!(
+        (updated.embedded, updated.stored),
+        (texts(&docs), 0),
+        "{updated:?}"
+    );
+}
+
 /// The file's parts, and a way to put it back together with a checksum that matches.
 const HEADER: usize = 16 + 4 + 4 + 8 + 32;
 
