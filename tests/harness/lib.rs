@@ -15,3 +15,26 @@ pub use toolsrv_testkit::{
 /// A fleet under test: one PKI, one coordinator, any number of agents (the name these tests
 /// use for [`TestFleet`]).
 pub use toolsrv_testkit::TestFleet as Fleet;
+
+/// Asserts that two `--json` answers of `find` rank the same tools in the same order with the
+/// same scores, to 1e-6: two processes that rank alike may still differ in the last bits of a
+/// score (a catalog's sums are taken in the order its tools arrived).
+pub fn assert_same_ranking(a: &serde_json::Value, b: &serde_json::Value) {
+    let hits = |found: &serde_json::Value| -> Vec<(String, f64)> {
+        found
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|hit| {
+                let name = hit["name"].as_str().unwrap_or_default().to_string();
+                (name, hit["score"].as_f64().unwrap_or(f64::NAN))
+            })
+            .collect()
+    };
+    let (a_hits, b_hits) = (hits(a), hits(b));
+    let names = |h: &[(String, f64)]| h.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&a_hits), names(&b_hits), "{a}\n{b}");
+    for ((name, x), (_, y)) in a_hits.iter().zip(&b_hits) {
+        assert!((x - y).abs() < 1e-6, "{name}: {x} and {y}\n{a}\n{b}");
+    }
+}
