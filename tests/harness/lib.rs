@@ -18,7 +18,8 @@ pub use toolsrv_testkit::TestFleet as Fleet;
 
 /// Asserts that two `--json` answers of `find` rank the same tools in the same order with the
 /// same scores, to 1e-6: two processes that rank alike may still differ in the last bits of a
-/// score (a catalog's sums are taken in the order its tools arrived).
+/// score (the coordinator sums a catalog's vectors in its hash map's order, which differs from
+/// one process to the next).
 pub fn assert_same_ranking(a: &serde_json::Value, b: &serde_json::Value) {
     let hits = |found: &serde_json::Value| -> Vec<(String, f64)> {
         found
