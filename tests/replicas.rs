@@ -29,6 +29,16 @@ struct Replicated {
 
 impl Replicated {
     fn start(n: usize, agents: &[&str], tools: &[(&str, &str)]) -> Self {
+        Self::start_with(n, agents, tools, |_| Vec::new())
+    }
+
+    /// As [`Self::start`], replica `i` with the flags `extra(i)` too.
+    fn start_with(
+        n: usize,
+        agents: &[&str],
+        tools: &[(&str, &str)],
+        extra: impl Fn(usize) -> Vec<String>,
+    ) -> Self {
         let etcd = EtcdCluster::start(3);
         let fleet = Fleet::new(agents);
         for (file, content) in tools {
@@ -42,7 +52,7 @@ impl Replicated {
             replicas: Vec::new(),
         };
         for i in 0..n {
-            let proc = this.launch(i);
+            let proc = this.launch_with(i, &this.fleet.tools, &extra(i));
             this.replicas.push(Some(proc));
         }
         this.fleet.agent_coordinators = Some(this.urls().join(","));
@@ -982,16 +992,27 @@ fn a_join_token_created_through_one_replica_enrolls_a_host_through_another() {
 /// Two replicas serving a disk tool everyone has and a GPU tool only hosts with `HAS_GPU`
 /// have; host `plain` attached to r0 and `gpu`, the one with a GPU, to r1.
 fn disk_and_gpu_on_two_replicas(plain: &str, gpu: &str) -> Replicated {
+    disk_and_gpu_on_two_replicas_with(plain, gpu, |_| Vec::new())
+}
+
+/// Host `plain` on r0 and host `gpu`, the only one with a GPU, on r1; replica `i` started with
+/// the flags `extra(i)` too.
+fn disk_and_gpu_on_two_replicas_with(
+    plain: &str,
+    gpu: &str,
+    extra: impl Fn(usize) -> Vec<String>,
+) -> Replicated {
     let disk_meta = r#"{"description": "Show disk usage per mounted filesystem", "keywords": ["df", "free space"], "cmd": "df -h"}"#;
     let gpu_meta = r#"{"description": "Show GPU utilisation and memory", "keywords": ["nvidia", "graphics card"], "cmd": "true",
         "variants": [{"match": {"env": "HAS_GPU"}}]}"#;
-    let mut r = Replicated::start(
+    let mut r = Replicated::start_with(
         2,
         &[plain, gpu],
         &[
             ("disk_usage.meta", disk_meta),
             ("gpu_status.meta", gpu_meta),
         ],
+        extra,
     );
     r.fleet.agent_coordinators = Some(r.urls()[0].clone());
     r.fleet
@@ -1068,6 +1089,46 @@ fn find_tools_through_any_replica_ranks_the_tools_of_every_replicas_hosts() {
         "{:?}",
         start.elapsed()
     );
+}
+
+/// One replica ranks by meaning, the other by words alone (no `--find-model`): their scores are
+/// not comparable, so the merged answer interleaves them and keeps the match by meaning of a tool
+/// both found; each still brings the hosts it holds.
+#[test]
+fn replicas_ranking_differently_are_interleaved_and_none_loses_its_hosts() {
+    let model = toolsrv_tests::find_model_dir();
+    let mut r = disk_and_gpu_on_two_replicas_with("fa", "fb", |i| {
+        if i == 0 {
+            vec![format!("--find-model={}", model.display())]
+        } else {
+            Vec::new()
+        }
+    });
+    let find = |r: &mut Replicated, i: usize, query: &str| -> Vec<Value> {
+        let out = r.toolctl(i, &["find", "all", query, "--json"]);
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{query:?} through r{i}: {e}: {}", text(&out.stderr)))
+    };
+    for i in 0..2 {
+        // Found by both: r0's match by meaning is kept (it has a semantic score), with the
+        // hosts of both. The words-only replica's score for it is higher and would win a
+        // comparison by score.
+        let found = find(&mut r, i, "free space on the disk");
+        assert_eq!(found[0]["name"], "disk_usage", "r{i}: {found:?}");
+        assert_eq!(
+            found[0]["hosts"],
+            serde_json::json!(["fa", "fb"]),
+            "r{i}: {found:?}"
+        );
+        assert!(found[0]["semantic"].is_number(), "r{i}: {found:?}");
+        // Found by words on r1's host only: still there, wherever asked.
+        let found = find(&mut r, i, "nvidia graphics card");
+        let gpu = found
+            .iter()
+            .find(|m| m["name"] == "gpu_status")
+            .unwrap_or_else(|| panic!("r{i}: {found:?}"));
+        assert_eq!(gpu["hosts"], serde_json::json!(["fb"]), "r{i}: {found:?}");
+    }
 }
 
 #[test]

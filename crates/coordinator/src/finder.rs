@@ -441,47 +441,84 @@ pub fn limit_of(req: &FindToolsRequest) -> Result<usize, Status> {
 }
 
 /// This replica's answer and the other replicas' (each ranking the hosts it holds) as one: a
-/// tool found by several keeps its best score (with that ranking's description and scores)
-/// and the hosts of all; best first, at most `limit`. Each replica's best `limit` are enough
-/// to hold the best `limit` of all.
+/// tool found by several keeps the hosts of all, and the match (score, description) of the
+/// strongest ranker that found it, the best score among equals; at most `limit`, best first.
+/// Each replica's best `limit` are enough to hold the best `limit` of all.
+///
+/// Best first means by score when every match was ranked alike. Scores of different rankers
+/// are not comparable (a replica without an encoder ranks by words alone, and so does one whose
+/// first build is not done), so when the matches come from different rankers the answers are
+/// interleaved instead: each tool goes by its best place in any answer, then by the strength of
+/// its ranker, then by score; `ranker` is then `mixed`.
 pub fn merge(
     mut local: FindToolsResponse,
     others: Vec<FindToolsResponse>,
     limit: usize,
 ) -> FindToolsResponse {
-    let mut by_name: HashMap<String, ToolMatch> = HashMap::new();
-    for found in std::iter::once(std::mem::take(&mut local.matches))
-        .chain(others.iter().map(|o| o.matches.clone()))
-    {
-        for m in found {
+    // Per tool: its match, its ranker's strength and its best place in any answer.
+    let mut by_name: HashMap<String, (ToolMatch, u8, usize)> = HashMap::new();
+    let mut rankers: BTreeSet<String> = BTreeSet::new();
+    let answers = std::iter::once((std::mem::take(&mut local.matches), local.ranker.clone()))
+        .chain(others.iter().map(|o| (o.matches.clone(), o.ranker.clone())));
+    for (found, ranker) in answers {
+        if !found.is_empty() {
+            rankers.insert(ranker.clone());
+        }
+        let strength = ranker_strength(&ranker);
+        for (place, m) in found.into_iter().enumerate() {
             match by_name.get_mut(&m.name) {
                 None => {
-                    by_name.insert(m.name.clone(), m);
+                    by_name.insert(m.name.clone(), (m, strength, place));
                 }
-                Some(kept) => {
+                Some((kept, kept_strength, best_place)) => {
                     let hosts = std::mem::take(&mut kept.hosts);
-                    if m.score > kept.score {
+                    if (strength, m.score) > (*kept_strength, kept.score) {
                         *kept = m.clone();
+                        *kept_strength = strength;
                     }
+                    *best_place = (*best_place).min(place);
                     let all: BTreeSet<String> = hosts.into_iter().chain(m.hosts).collect();
                     kept.hosts = all.into_iter().collect();
                 }
             }
         }
     }
-    let mut matches: Vec<ToolMatch> = by_name.into_values().collect();
-    matches.sort_by(|a, b| {
-        b.score
-            .total_cmp(&a.score)
+    let mut matches: Vec<(ToolMatch, u8, usize)> = by_name.into_values().collect();
+    let mixed = rankers.len() > 1;
+    matches.sort_by(|(a, a_strength, a_place), (b, b_strength, b_place)| {
+        let by_place = if mixed {
+            a_place.cmp(b_place).then(b_strength.cmp(a_strength))
+        } else {
+            std::cmp::Ordering::Equal
+        };
+        by_place
+            .then_with(|| b.score.total_cmp(&a.score))
             .then_with(|| a.name.cmp(&b.name))
     });
-    matches.truncate(limit);
-    local.matches = matches;
+    local.matches = matches.into_iter().take(limit).map(|(m, ..)| m).collect();
+    if mixed {
+        local.ranker = RANKER_MIXED.into();
+    } else if let Some(only) = rankers.into_iter().next() {
+        local.ranker = only;
+    }
     local.catalog_revision = others
         .iter()
         .map(|o| o.catalog_revision)
         .fold(local.catalog_revision, u64::max);
     local
+}
+
+/// `ranker` of a merged answer whose matches come from different rankers.
+pub const RANKER_MIXED: &str = "mixed";
+
+/// How much a ranker's order is trusted over another's: by meaning and words over words alone;
+/// a ranker this version does not know (a newer replica's) over none.
+fn ranker_strength(ranker: &str) -> u8 {
+    match ranker {
+        "fused" => 2,
+        "lexical" => 0,
+        _ => 1,
+    }
 }
 
 /// What the online hosts of `selector` offer: the documents visible on any, and each distinct
@@ -560,16 +597,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn replicas_answers_merge_by_best_score_with_every_host() {
-        let local = found(7, &[("disk", 0.9, &["a1"]), ("logs", 0.5, &["a1", "a2"])]);
-        let others = vec![
-            found(7, &[("logs", 0.6, &["b1"]), ("ping", 0.4, &["b2"])]),
-            found(8, &[("ports", 0.95, &["c1"]), ("disk", 0.2, &["c1", "a1"])]),
-            found(7, &[]),
-        ];
-        let merged = merge(local, others, 4);
-        let got: Vec<(&str, f32, Vec<&str>)> = merged
+    fn names_scores_hosts(answer: &FindToolsResponse) -> Vec<(&str, f32, Vec<&str>)> {
+        answer
             .matches
             .iter()
             .map(|m| {
@@ -579,7 +608,19 @@ mod tests {
                     m.hosts.iter().map(String::as_str).collect(),
                 )
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn replicas_answers_merge_by_best_score_with_every_host() {
+        let local = found(7, &[("disk", 0.9, &["a1"]), ("logs", 0.5, &["a1", "a2"])]);
+        let others = vec![
+            found(7, &[("logs", 0.6, &["b1"]), ("ping", 0.4, &["b2"])]),
+            found(8, &[("ports", 0.95, &["c1"]), ("disk", 0.2, &["c1", "a1"])]),
+            found(7, &[]),
+        ];
+        let merged = merge(local, others, 4);
+        let got = names_scores_hosts(&merged);
         assert_eq!(
             got,
             vec![
@@ -601,5 +642,61 @@ mod tests {
         );
         assert_eq!(few.matches.len(), 1);
         assert_eq!(few.matches[0].name, "disk");
+    }
+
+    fn by_words(mut answer: FindToolsResponse) -> FindToolsResponse {
+        answer.ranker = "lexical".into();
+        for m in &mut answer.matches {
+            m.lexical_score = m.semantic_score.take();
+        }
+        answer
+    }
+
+    #[test]
+    fn answers_of_different_rankers_are_interleaved_not_compared_by_score() {
+        // A replica ranking by words alone scores its best far higher than the fused ones:
+        // compared by score, its whole list would come before every match by meaning.
+        let local = found(7, &[("disk", 0.6, &["a1"]), ("logs", 0.5, &["a1"])]);
+        let words = by_words(found(
+            7,
+            &[
+                ("ping", 1.0, &["b1"]),
+                ("ports", 0.9, &["b1"]),
+                ("logs", 0.8, &["b1"]),
+            ],
+        ));
+        let merged = merge(local, vec![words], 5);
+        let got = names_scores_hosts(&merged);
+        assert_eq!(
+            got,
+            vec![
+                // First places: the fused answer's before the words-only one's.
+                ("disk", 0.6, vec!["a1"]),
+                ("ping", 1.0, vec!["b1"]),
+                // logs is second in the fused answer (third by words): it keeps the fused
+                // match, whose score is the lower one, and both hosts.
+                ("logs", 0.5, vec!["a1", "b1"]),
+                ("ports", 0.9, vec!["b1"]),
+            ]
+        );
+        assert_eq!(merged.matches[2].description, "logs at 0.5");
+        assert_eq!(merged.ranker, RANKER_MIXED);
+
+        // An empty answer ranks nothing: the matches are all by meaning, ordered by score.
+        let merged = merge(
+            by_words(found(7, &[])),
+            vec![found(7, &[("disk", 0.3, &["b1"]), ("logs", 0.7, &["b1"])])],
+            5,
+        );
+        assert_eq!(merged.ranker, "fused");
+        assert_eq!(merged.matches[0].name, "logs");
+        // All by words: by score, and said so.
+        let merged = merge(
+            by_words(found(7, &[("disk", 0.4, &["a1"])])),
+            vec![by_words(found(7, &[("logs", 0.9, &["b1"])]))],
+            5,
+        );
+        assert_eq!(merged.ranker, "lexical");
+        assert_eq!(merged.matches[0].name, "logs");
     }
 }
