@@ -61,6 +61,11 @@ fn add_widgets(fleet: &Fleet, n: usize) {
 
 /// `toolctl find ARGS --json`, parsed; exit 1 (nothing matched) must come with `[]`.
 fn find(fleet: &Fleet, args: &[&str]) -> Vec<Value> {
+    find_saying(fleet, args).0
+}
+
+/// As [`find`], with what `toolctl` said on stderr.
+fn find_saying(fleet: &Fleet, args: &[&str]) -> (Vec<Value>, String) {
     let mut all = vec!["find"];
     all.extend_from_slice(args);
     all.push("--json");
@@ -74,7 +79,7 @@ fn find(fleet: &Fleet, args: &[&str]) -> Vec<Value> {
         "{all:?}: {}",
         text(&out.stderr)
     );
-    found
+    (found, text(&out.stderr))
 }
 
 #[test]
@@ -256,7 +261,7 @@ fn before_the_first_build_with_an_encoder_is_done_requests_are_ranked_by_words()
     let log = || fleet.coordinator.as_ref().unwrap().log();
     const BY_MEANING: &str = "FindTools ranks by meaning from now on";
 
-    let found = find(&fleet, &["all", "calibration of widget 7"]);
+    let (found, said) = find_saying(&fleet, &["all", "calibration of widget 7"]);
     assert!(
         !log().contains(BY_MEANING),
         "answered after the first build, not during it: {}",
@@ -264,20 +269,23 @@ fn before_the_first_build_with_an_encoder_is_done_requests_are_ranked_by_words()
     );
     assert_eq!(found[0]["name"], "widget_7", "{found:?}");
     assert!(found[0]["semantic"].is_null(), "by words alone: {found:?}");
+    // And the user is told, so that a poor answer to a paraphrase is not taken as final.
+    assert!(said.contains("ranked by words alone for now"), "{said}");
     assert_eq!(
         found[0]["description"], "Check that widget 7 of the assembly line is calibrated",
         "{found:?}"
     );
 
-    wait_for(
+    let said = wait_for(
         "requests to be ranked by meaning",
         Duration::from_secs(300),
         || {
-            let found = find(&fleet, &["all", "calibration of widget 7"]);
-            found[0]["semantic"].is_number().then_some(())
+            let (found, said) = find_saying(&fleet, &["all", "calibration of widget 7"]);
+            found[0]["semantic"].is_number().then_some(said)
         },
     );
     assert!(log().contains(BY_MEANING), "{}", log());
+    assert!(!said.contains("words alone"), "{said}");
 }
 
 /// With `--state-dir` the vectors of the tools' texts outlive the coordinator: restarted, it

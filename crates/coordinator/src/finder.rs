@@ -41,6 +41,15 @@ pub const VECTORS_DIR: &str = "find-vectors";
 /// A document: the tool's name and a digest of the texts ranked.
 type DocKey = (String, u64);
 
+/// The index a request is answered from.
+struct Ready {
+    index: Arc<Index<DocKey>>,
+    /// `fused` or `lexical`, as the answer says it.
+    ranker: &'static str,
+    /// Ranked by words alone until the first build with the encoder is done.
+    meaning_pending: bool,
+}
+
 /// The index and what it was built from.
 #[derive(Debug)]
 pub struct Finder {
@@ -138,7 +147,7 @@ impl Finder {
     /// Until the first build with an encoder over the fleet's tools is done, that build is asked
     /// for in the background and waited for until [`FIRST_BUILD_WAIT`] after the first request;
     /// after that the words-only index answers (brought up to date first: milliseconds).
-    async fn ready(&self, state: &State) -> Result<(Arc<Index<DocKey>>, &'static str), Status> {
+    async fn ready(&self, state: &State) -> Result<Ready, Status> {
         let words = self.words.read().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some(words) = words {
             self.kick.notify_one();
@@ -151,11 +160,19 @@ impl Finder {
             let first = async { built.wait_for(|b| *b).await.is_ok() };
             if tokio::time::timeout_at(until, first).await != Ok(true) {
                 self.refresh_words(state, &words).await?;
-                return Ok((words, "lexical"));
+                return Ok(Ready {
+                    index: words,
+                    ranker: "lexical",
+                    meaning_pending: true,
+                });
             }
         }
         self.ready_index(state).await?;
-        Ok((self.index.clone(), self.ranker()))
+        Ok(Ready {
+            index: self.index.clone(),
+            ranker: self.ranker(),
+            meaning_pending: false,
+        })
     }
 
     async fn ready_index(&self, state: &State) -> Result<(), Status> {
@@ -378,7 +395,11 @@ pub async fn find(
         .map_err(|e| Status::invalid_argument(format!("host selector `{}`: {e}", req.selector)))?;
     let finder = &state.finder;
     let _counted = finder.admit(client)?;
-    let (index, ranker) = finder.ready(state).await?;
+    let Ready {
+        index,
+        ranker,
+        meaning_pending,
+    } = finder.ready(state).await?;
 
     let offered = Offered::on(state, &selector);
     let visible = offered.visible.clone();
@@ -426,6 +447,7 @@ pub async fn find(
         matches,
         ranker: ranker.to_string(),
         catalog_revision: state.fleet.revision(),
+        meaning_pending,
     })
 }
 
@@ -505,6 +527,7 @@ pub fn merge(
         .iter()
         .map(|o| o.catalog_revision)
         .fold(local.catalog_revision, u64::max);
+    local.meaning_pending |= others.iter().any(|o| o.meaning_pending);
     local
 }
 
@@ -594,6 +617,7 @@ mod tests {
                 .collect(),
             ranker: "fused".into(),
             catalog_revision: revision,
+            meaning_pending: false,
         }
     }
 
@@ -634,6 +658,7 @@ mod tests {
         assert_eq!(merged.matches[2].description, "logs at 0.6");
         assert_eq!(merged.catalog_revision, 8);
         assert_eq!(merged.ranker, "fused");
+        assert!(!merged.meaning_pending);
 
         let few = merge(
             found(7, &[("disk", 0.9, &["a1"])]),
@@ -646,6 +671,7 @@ mod tests {
 
     fn by_words(mut answer: FindToolsResponse) -> FindToolsResponse {
         answer.ranker = "lexical".into();
+        answer.meaning_pending = true;
         for m in &mut answer.matches {
             m.lexical_score = m.semantic_score.take();
         }
@@ -681,6 +707,8 @@ mod tests {
         );
         assert_eq!(merged.matches[2].description, "logs at 0.5");
         assert_eq!(merged.ranker, RANKER_MIXED);
+        // One replica's build still to come is said in the merged answer.
+        assert!(merged.meaning_pending);
 
         // An empty answer ranks nothing: the matches are all by meaning, ordered by score.
         let merged = merge(

@@ -42,11 +42,12 @@ pub async fn search(client: &Client, catalog: &Catalog, args: &JsonObject) -> Ca
         }
         Err(e) => return error(format!("cannot search the tools: {e}")),
     };
-    search_result(&found.matches)
+    search_result(&found.matches, found.meaning_pending)
 }
 
-/// The matches as an MCP result.
-fn search_result(matches: &[ToolMatch]) -> CallToolResult {
+/// The matches as an MCP result; `meaning_pending` adds a note that they were ranked by words
+/// alone for now (also as `structuredContent.note`).
+fn search_result(matches: &[ToolMatch], meaning_pending: bool) -> CallToolResult {
     let results: Vec<Value> = matches
         .iter()
         .map(|m| {
@@ -58,7 +59,7 @@ fn search_result(matches: &[ToolMatch]) -> CallToolResult {
             })
         })
         .collect();
-    let text = if matches.is_empty() {
+    let mut text = if matches.is_empty() {
         "No tool of this session's hosts matches the request.".to_string()
     } else {
         let lines: Vec<String> = matches
@@ -78,8 +79,14 @@ fn search_result(matches: &[ToolMatch]) -> CallToolResult {
             lines.join("\n")
         )
     };
+    let mut structured = json!({ "results": results });
+    if meaning_pending {
+        let note = crate::cli::remote::MEANING_PENDING;
+        text = format!("{text}\n\nNote: {note}.");
+        structured["note"] = json!(note);
+    }
     let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
-    result.structured_content = Some(json!({ "results": results }));
+    result.structured_content = Some(structured);
     result
 }
 
@@ -152,7 +159,7 @@ mod tests {
             hosts: vec!["a".into(), "b".into()],
             ..Default::default()
         };
-        let r = search_result(&[m]);
+        let r = search_result(&[m], false);
         assert_eq!(
             r.structured_content,
             Some(
@@ -167,8 +174,19 @@ mod tests {
                 .starts_with("df (score 0.500, on a, b): Disk usage")
         );
         assert_eq!(
-            search_result(&[]).structured_content,
+            search_result(&[], false).structured_content,
             Some(json!({"results": []}))
         );
+    }
+
+    #[test]
+    fn a_search_ranked_by_words_for_now_says_so() {
+        let r = search_result(&[], true);
+        let note = r.structured_content.as_ref().unwrap()["note"]
+            .as_str()
+            .unwrap();
+        assert!(note.contains("words alone"), "{note}");
+        let text = &r.content[0].as_text().unwrap().text;
+        assert!(text.ends_with(&format!("Note: {note}.")), "{text}");
     }
 }

@@ -277,6 +277,8 @@ pub fn own_tools() -> Vec<Tool> {
                     "required": ["name", "description", "score", "hosts"],
                 },
             },
+            "note": {"type": "string",
+                     "description": "Present when the tools were ranked by words alone for now: the coordinator is still building its ranking by meaning"},
         },
         "required": ["results"],
     })));

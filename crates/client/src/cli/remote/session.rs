@@ -136,6 +136,9 @@ pub async fn find(conn: &ConnArgs, selector: &str, query: &str, limit: u32, json
         Ok(found) => found,
         Err(e) => return remote.fail("cannot rank tools", &e),
     };
+    if found.meaning_pending {
+        eprintln!("toolctl: note: {MEANING_PENDING}");
+    }
     let mut out = std::io::stdout().lock();
     if found.matches.is_empty() {
         // As `local find` (and grep): nothing matching exits 1, after `[]` for a JSON reader.
@@ -172,6 +175,12 @@ pub async fn find(conn: &ConnArgs, selector: &str, query: &str, limit: u32, json
         "the matches",
     )
 }
+
+/// Said with an answer ranked by words alone while the coordinator's ranking by meaning is being
+/// built (`meaning_pending`).
+pub const MEANING_PENDING: &str = "ranked by words alone for now: the coordinator is still \
+     building its ranking by meaning, which may find more for a request in other words than the \
+     tools'; ask again in a minute";
 
 /// What `find` refuses before asking anyone.
 pub fn check_find(query: &str, limit: u32) -> Result<(), String> {
