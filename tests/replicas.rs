@@ -1104,16 +1104,23 @@ fn replicas_ranking_differently_are_interleaved_and_none_loses_its_hosts() {
             Vec::new()
         }
     });
-    let find = |r: &mut Replicated, i: usize, query: &str| -> Vec<Value> {
+    let find_saying = |r: &mut Replicated, i: usize, query: &str| -> (Vec<Value>, String) {
         let out = r.toolctl(i, &["find", "all", query, "--json"]);
-        serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("{query:?} through r{i}: {e}: {}", text(&out.stderr)))
+        let found = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{query:?} through r{i}: {e}: {}", text(&out.stderr)));
+        (found, text(&out.stderr))
     };
+    let find = |r: &mut Replicated, i: usize, query: &str| find_saying(r, i, query).0;
     for i in 0..2 {
         // Found by both: r0's match by meaning is kept (it has a semantic score), with the
         // hosts of both. The words-only replica's score for it is higher and would win a
         // comparison by score.
-        let found = find(&mut r, i, "free space on the disk");
+        let (found, said) = find_saying(&mut r, i, "free space on the disk");
+        // The user is told why the scores may not come in order.
+        assert!(
+            said.contains("the replicas ranked differently"),
+            "r{i}: {said}"
+        );
         assert_eq!(found[0]["name"], "disk_usage", "r{i}: {found:?}");
         assert_eq!(
             found[0]["hosts"],

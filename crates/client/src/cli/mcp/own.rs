@@ -42,12 +42,12 @@ pub async fn search(client: &Client, catalog: &Catalog, args: &JsonObject) -> Ca
         }
         Err(e) => return error(format!("cannot search the tools: {e}")),
     };
-    search_result(&found.matches, found.meaning_pending)
+    search_result(&found.matches, crate::cli::remote::find_note(&found))
 }
 
-/// The matches as an MCP result; `meaning_pending` adds a note that they were ranked by words
-/// alone for now (also as `structuredContent.note`).
-fn search_result(matches: &[ToolMatch], meaning_pending: bool) -> CallToolResult {
+/// The matches as an MCP result, with `note` (how they were ranked, when that needs saying) at the
+/// end of the text and as `structuredContent.note`.
+fn search_result(matches: &[ToolMatch], note: Option<&str>) -> CallToolResult {
     let results: Vec<Value> = matches
         .iter()
         .map(|m| {
@@ -80,8 +80,7 @@ fn search_result(matches: &[ToolMatch], meaning_pending: bool) -> CallToolResult
         )
     };
     let mut structured = json!({ "results": results });
-    if meaning_pending {
-        let note = crate::cli::remote::MEANING_PENDING;
+    if let Some(note) = note {
         text = format!("{text}\n\nNote: {note}.");
         structured["note"] = json!(note);
     }
@@ -159,7 +158,7 @@ mod tests {
             hosts: vec!["a".into(), "b".into()],
             ..Default::default()
         };
-        let r = search_result(&[m], false);
+        let r = search_result(&[m], None);
         assert_eq!(
             r.structured_content,
             Some(
@@ -174,19 +173,48 @@ mod tests {
                 .starts_with("df (score 0.500, on a, b): Disk usage")
         );
         assert_eq!(
-            search_result(&[], false).structured_content,
+            search_result(&[], None).structured_content,
             Some(json!({"results": []}))
         );
     }
 
     #[test]
     fn a_search_ranked_by_words_for_now_says_so() {
-        let r = search_result(&[], true);
+        let pending = crate::FindToolsResponse {
+            ranker: "lexical".into(),
+            meaning_pending: true,
+            ..Default::default()
+        };
+        let r = search_result(&[], crate::cli::remote::find_note(&pending));
         let note = r.structured_content.as_ref().unwrap()["note"]
             .as_str()
             .unwrap();
-        assert!(note.contains("words alone"), "{note}");
+        assert!(note.contains("words alone for now"), "{note}");
         let text = &r.content[0].as_text().unwrap().text;
         assert!(text.ends_with(&format!("Note: {note}.")), "{text}");
+        // Replicas that ranked differently are said to have.
+        let mixed = crate::FindToolsResponse {
+            ranker: "mixed".into(),
+            ..pending.clone()
+        };
+        assert!(
+            crate::cli::remote::find_note(&mixed)
+                .unwrap()
+                .contains("a replica is still")
+        );
+        let mixed = crate::FindToolsResponse {
+            meaning_pending: false,
+            ..mixed
+        };
+        assert!(
+            crate::cli::remote::find_note(&mixed)
+                .unwrap()
+                .contains("ranked differently")
+        );
+        let fused = crate::FindToolsResponse {
+            ranker: "fused".into(),
+            ..mixed
+        };
+        assert_eq!(crate::cli::remote::find_note(&fused), None);
     }
 }

@@ -23,7 +23,7 @@ pub use fanout::{FanOutOptions, fan_out};
 pub use hosts::hosts;
 pub use master::master;
 pub use revoke::{revocations, revoke, unrevoke};
-pub use session::{MEANING_PENDING, check_find, find};
+pub use session::{check_find, find, find_note};
 pub mod sessions {
     //! The `toolctl session` subcommands.
     pub use super::session::{close, load, open, show, watch};

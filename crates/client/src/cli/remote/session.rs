@@ -4,7 +4,9 @@
 use std::io::Write;
 use std::path::Path;
 
-use crate::{ClientError, LoadedTool, Profile, SessionState, match_json, session_json};
+use crate::{
+    ClientError, FindToolsResponse, LoadedTool, Profile, SessionState, match_json, session_json,
+};
 
 use super::{ConnArgs, connect, exit, interrupted, write_json, written};
 
@@ -136,8 +138,8 @@ pub async fn find(conn: &ConnArgs, selector: &str, query: &str, limit: u32, json
         Ok(found) => found,
         Err(e) => return remote.fail("cannot rank tools", &e),
     };
-    if found.meaning_pending {
-        eprintln!("toolctl: note: {MEANING_PENDING}");
+    if let Some(note) = find_note(&found) {
+        eprintln!("toolctl: note: {note}");
     }
     let mut out = std::io::stdout().lock();
     if found.matches.is_empty() {
@@ -176,11 +178,29 @@ pub async fn find(conn: &ConnArgs, selector: &str, query: &str, limit: u32, json
     )
 }
 
-/// Said with an answer ranked by words alone while the coordinator's ranking by meaning is being
-/// built (`meaning_pending`).
-pub const MEANING_PENDING: &str = "ranked by words alone for now: the coordinator is still \
-     building its ranking by meaning, which may find more for a request in other words than the \
-     tools'; ask again in a minute";
+/// What an answer's ranking needs said beside it, if anything: that it is by words alone while
+/// the coordinator's ranking by meaning is being built (`meaning_pending`), or that replicas
+/// ranked differently (`ranker` `mixed`).
+pub fn find_note(found: &FindToolsResponse) -> Option<&'static str> {
+    match (found.ranker == "mixed", found.meaning_pending) {
+        (false, true) => Some(
+            "ranked by words alone for now: the coordinator is still building its ranking by \
+             meaning, which may find more for a request in other words than the tools'; ask \
+             again in a minute",
+        ),
+        (true, true) => Some(
+            "some tools were ranked by words alone for now, since a replica is still building \
+             its ranking by meaning: the order interleaves the replicas' answers, scores compare \
+             only within one ranking; ask again in a minute",
+        ),
+        (true, false) => Some(
+            "the replicas ranked differently (by meaning, and by words alone where one has no \
+             sentence encoder): the order interleaves their answers, scores compare only within \
+             one ranking",
+        ),
+        (false, false) => None,
+    }
+}
 
 /// What `find` refuses before asking anyone.
 pub fn check_find(query: &str, limit: u32) -> Result<(), String> {
