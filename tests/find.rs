@@ -288,6 +288,26 @@ fn before_the_first_build_with_an_encoder_is_done_requests_are_ranked_by_words()
     assert!(!said.contains("words alone"), "{said}");
 }
 
+/// With no tool on any host there is nothing a ranking by meaning would find either: an answer
+/// before the first build over the fleet's tools does not say that more may come.
+#[test]
+fn with_no_tool_at_all_the_answer_promises_nothing_more_by_meaning() {
+    let model = find_model_dir();
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.start_coordinator(&["--find-model", model.to_str().unwrap()]);
+    fleet.start_agent("a", &AgentSpec::default());
+    wait_for("host a to be online", Duration::from_secs(30), || {
+        fleet
+            .hosts()
+            .iter()
+            .any(|h| h["host_id"] == "a" && h["state"] == "online")
+            .then_some(())
+    });
+    let (found, said) = find_saying(&fleet, &["all", "free space on the disk"]);
+    assert!(found.is_empty(), "{found:?}");
+    assert!(!said.contains("words alone"), "{said}");
+}
+
 /// With `--state-dir` the vectors of the tools' texts outlive the coordinator: restarted, it
 /// embeds nothing it had embedded before, and ranks as it did.
 #[test]

@@ -160,10 +160,12 @@ impl Finder {
             let first = async { built.wait_for(|b| *b).await.is_ok() };
             if tokio::time::timeout_at(until, first).await != Ok(true) {
                 self.refresh_words(state, &words).await?;
+                // With no tool at all there is nothing a ranking by meaning would find either.
+                let meaning_pending = !words.is_empty();
                 return Ok(Ready {
                     index: words,
                     ranker: "lexical",
-                    meaning_pending: true,
+                    meaning_pending,
                 });
             }
         }
