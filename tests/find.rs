@@ -296,13 +296,7 @@ fn with_no_tool_at_all_the_answer_promises_nothing_more_by_meaning() {
     let mut fleet = Fleet::new(&["a"]);
     fleet.start_coordinator(&["--find-model", model.to_str().unwrap()]);
     fleet.start_agent("a", &AgentSpec::default());
-    wait_for("host a to be online", Duration::from_secs(30), || {
-        fleet
-            .hosts()
-            .iter()
-            .any(|h| h["host_id"] == "a" && h["state"] == "online")
-            .then_some(())
-    });
+    fleet.wait_state("a", "online", Duration::from_secs(30));
     let (found, said) = find_saying(&fleet, &["all", "free space on the disk"]);
     assert!(found.is_empty(), "{found:?}");
     assert!(!said.contains("words alone"), "{said}");

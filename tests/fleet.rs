@@ -170,13 +170,7 @@ fn fan_out_reports_every_host_even_offline_and_lost() {
     fleet.wait_online(&["a", "b", "c", "d"], "sleepy");
     // d goes offline.
     fleet.agents.get_mut("d").unwrap().terminate();
-    wait_for("d offline", Duration::from_secs(15), || {
-        fleet
-            .hosts()
-            .iter()
-            .any(|h| h["host_id"] == "d" && h["state"] == "offline")
-            .then_some(())
-    });
+    fleet.wait_state("d", "offline", Duration::from_secs(15));
 
     let mut fanout = fleet
         .toolctl_command("client-alice", &["fanout", "all", "sleepy", "--json"])
@@ -479,13 +473,7 @@ fn a_frozen_host_is_detected_as_lost_within_seconds_and_comes_back() {
     );
 
     nix::sys::signal::kill(agent, nix::sys::signal::Signal::SIGCONT).unwrap();
-    wait_for("a back online", Duration::from_secs(30), || {
-        fleet
-            .hosts()
-            .iter()
-            .any(|h| h["host_id"] == "a" && h["state"] == "online")
-            .then_some(())
-    });
+    fleet.wait_state("a", "online", Duration::from_secs(30));
     let out = fleet.toolctl(&["call", "a", "hello"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
@@ -626,13 +614,7 @@ fn keepalives_are_spaced_as_the_fleet_grows_and_a_frozen_host_is_still_lost() {
     let agent = nix::unistd::Pid::from_raw(fleet.agents["p1"].pid());
     nix::sys::signal::kill(agent, nix::sys::signal::Signal::SIGSTOP).unwrap();
     let frozen = Instant::now();
-    wait_for("p1 offline", Duration::from_secs(15), || {
-        fleet
-            .hosts()
-            .iter()
-            .any(|h| h["host_id"] == "p1" && h["state"] == "offline")
-            .then_some(())
-    });
+    fleet.wait_state("p1", "offline", Duration::from_secs(15));
     let detected = frozen.elapsed();
     nix::sys::signal::kill(agent, nix::sys::signal::Signal::SIGCONT).unwrap();
     assert!(detected < Duration::from_secs(8), "lost after {detected:?}");

@@ -412,13 +412,7 @@ fn several_hosts_take_a_host_argument_kept_current() {
 
     // Host b goes away: the enum follows, and a call naming it is an error result.
     fleet.agents.get_mut("b").unwrap().stop();
-    wait_for("host b offline", Duration::from_secs(20), || {
-        fleet
-            .hosts()
-            .iter()
-            .any(|h| h["host_id"] == "b" && h["state"] == "offline")
-            .then_some(())
-    });
+    fleet.wait_state("b", "offline", Duration::from_secs(20));
     config["mode"] = json!("legacy");
     config["calls"] = json!({"on_b": {"target_host": "b"}, "on_a": {"target_host": "a"}});
     let out = scenario("multihost", &config);

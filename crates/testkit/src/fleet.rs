@@ -264,6 +264,16 @@ impl TestFleet {
             .filter(|t| !t.is_empty())
     }
 
+    /// Waits until `toolctl hosts` lists `host` in `state` (`online`, `offline`, ...).
+    pub fn wait_state(&self, host: &str, state: &str, limit: Duration) {
+        wait_for(&format!("host {host} to be {state}"), limit, || {
+            self.hosts()
+                .iter()
+                .any(|h| h["host_id"] == host && h["state"] == state)
+                .then_some(())
+        });
+    }
+
     /// Waits until every named host is online and has reported a view with `tool` in it.
     pub fn wait_online(&self, hosts: &[&str], tool: &str) {
         for host in hosts {
