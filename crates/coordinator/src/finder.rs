@@ -19,7 +19,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use tonic::Status;
-use toolsrv_find::{Doc, Encoder, Index, VectorStore};
+use toolsrv_find::{Doc, Encoder, FindError, Index, Updated, VectorStore};
 use toolsrv_proto::v1::{FindToolsRequest, FindToolsResponse, ToolDefinition, ToolMatch};
 
 use crate::State;
@@ -164,7 +164,7 @@ impl Finder {
                 let meaning_pending = !words.is_empty();
                 return Ok(Ready {
                     index: words,
-                    ranker: "lexical",
+                    ranker: RANKER_LEXICAL,
                     meaning_pending,
                 });
             }
@@ -202,9 +202,9 @@ impl Finder {
     /// The ranker answers are made by.
     pub fn ranker(&self) -> &'static str {
         if self.index.has_encoder() {
-            "fused"
+            RANKER_FUSED
         } else {
-            "lexical"
+            RANKER_LEXICAL
         }
     }
 
@@ -226,10 +226,7 @@ impl Finder {
             .unwrap_or_else(|p| p.into_inner())
             .extend(descriptions);
         let words = words.clone();
-        tokio::task::spawn_blocking(move || words.update(docs))
-            .await
-            .map_err(|e| Status::internal(format!("the tool index update failed: {e}")))?
-            .map_err(|e| Status::internal(format!("cannot index the tools: {e}")))?;
+        updated(tokio::task::spawn_blocking(move || words.update(docs)).await)?;
         *built = Some(now);
         Ok(())
     }
@@ -257,14 +254,14 @@ impl Finder {
         // of views (decoded, interned, their copies freed) and, with an encoder, allocates and
         // frees a great deal on the encoder's threads: what the allocator keeps of both is given
         // back once it is done.
-        let updated = tokio::task::spawn_blocking(move || {
-            let updated = index.update(docs);
-            crate::heap::give_back();
-            updated
-        })
-        .await
-        .map_err(|e| Status::internal(format!("the tool index update failed: {e}")))
-        .and_then(|r| r.map_err(|e| Status::internal(format!("cannot index the tools: {e}"))));
+        let updated = updated(
+            tokio::task::spawn_blocking(move || {
+                let updated = index.update(docs);
+                crate::heap::give_back();
+                updated
+            })
+            .await,
+        );
         state
             .metrics
             .index_built(updated.as_ref().ok(), started.elapsed());
@@ -309,6 +306,15 @@ impl Finder {
         }
         Ok(())
     }
+}
+
+/// What an index update run on a blocking thread did, or why it failed, as the request's error.
+fn updated(
+    joined: Result<Result<Updated, FindError>, tokio::task::JoinError>,
+) -> Result<Updated, Status> {
+    joined
+        .map_err(|e| Status::internal(format!("the tool index update failed: {e}")))?
+        .map_err(|e| Status::internal(format!("cannot index the tools: {e}")))
 }
 
 /// Every distinct definition of the fleet's views as a document, and each one's description.
@@ -533,6 +539,10 @@ pub fn merge(
     local
 }
 
+/// `ranker` of an answer ranked by words and by meaning (with an encoder).
+pub const RANKER_FUSED: &str = "fused";
+/// `ranker` of an answer ranked by words alone.
+pub const RANKER_LEXICAL: &str = "lexical";
 /// `ranker` of a merged answer whose matches come from different rankers.
 pub const RANKER_MIXED: &str = "mixed";
 
@@ -540,8 +550,8 @@ pub const RANKER_MIXED: &str = "mixed";
 /// a ranker this version does not know (a newer replica's) over none.
 fn ranker_strength(ranker: &str) -> u8 {
     match ranker {
-        "fused" => 2,
-        "lexical" => 0,
+        RANKER_FUSED => 2,
+        RANKER_LEXICAL => 0,
         _ => 1,
     }
 }

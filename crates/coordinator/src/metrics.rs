@@ -144,8 +144,8 @@ impl Metrics {
         }
     }
 
-    /// A build of the FindTools index ended.
-    /// An index build ended: what it did when it succeeded, `None` when it failed.
+    /// A build of the FindTools index ended: what it did when it succeeded, `None` when it
+    /// failed.
     pub fn index_built(
         &self,
         updated: Option<&toolsrv_find::Updated>,

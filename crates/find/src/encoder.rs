@@ -15,13 +15,13 @@ use crate::bert::{self, BertModel};
 use crate::mpnet::{self, MpNetModel};
 use crate::transformer::Sizes;
 
-/// The files [`Encoder::load`] reads from its directory.
 /// What the vectors of a given model depend on in this code besides the model's files (the
 /// integer products, the padding of narrow layers, the pooling): raise it with any change that
 /// alters them, so that vectors kept by an earlier build ([`crate::VectorStore`]) are not mixed
 /// with new ones.
 pub const VECTORS_REVISION: u32 = 1;
 
+/// The files [`Encoder::load`] reads from its directory.
 pub const MODEL_FILES: [&str; 3] = ["model.safetensors", "tokenizer.json", "config.json"];
 
 /// Longest input in tokens; the rest of a text is not read. The model was trained on at most
