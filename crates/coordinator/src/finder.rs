@@ -738,5 +738,18 @@ mod tests {
         );
         assert_eq!(merged.ranker, "lexical");
         assert_eq!(merged.matches[0].name, "logs");
+
+        // A ranker this version does not know (a newer replica's, or one with an odd name):
+        // interleaved, trusted less than by meaning and more than by words alone.
+        let mut newer = found(7, &[("ping", 0.99, &["c1"]), ("disk", 0.98, &["c1"])]);
+        newer.ranker = "re-ranked\u{0}\u{fffd}".into();
+        let merged = merge(
+            found(7, &[("logs", 0.2, &["a1"])]),
+            vec![newer, by_words(found(7, &[("ports", 1.0, &["b1"])]))],
+            5,
+        );
+        assert_eq!(merged.ranker, RANKER_MIXED);
+        let names: Vec<&str> = merged.matches.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names, ["logs", "ping", "ports", "disk"]);
     }
 }
