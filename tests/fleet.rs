@@ -137,6 +137,32 @@ fn calls_stream_output_live_and_pass_arguments() {
     );
     let out = fleet.toolctl(&["call", "a", "args", r#"{"n": "five"}"#]);
     assert_exit(&out, 65, &["/n"]);
+    // KEY:=JSON and KEY=VALUE words; a string where the tool wants a number is refused with a
+    // note saying how to write it, by `call` and once by `fanout`.
+    let out = fleet.toolctl(&["call", "a", "args", "n:=6", "--cwd", "/tmp"]);
+    assert_eq!(
+        text(&out.stdout),
+        "{\"n\":6}\n\n/tmp\n",
+        "{}",
+        text(&out.stderr)
+    );
+    let note = "note: `n=...` passes a string; write `n:=VALUE`";
+    let out = fleet.toolctl(&["call", "a", "args", "n=6"]);
+    assert_eq!(
+        assert_exit(&out, 65, &["/n", note]).matches(note).count(),
+        1
+    );
+    let out = fleet.toolctl(&["fanout", "role=web", "args", "n=6"]);
+    assert_eq!(assert_exit(&out, 1, &[note]).matches(note).count(), 1);
+    assert_eq!(text(&out.stdout).matches("invalid_args").count(), 2);
+    let out = fleet.toolctl(&["fanout", "role=web", "args", "n:=6"]);
+    assert_exit(&out, 0, &[]);
+    assert_eq!(
+        text(&out.stdout).matches("{\"n\":6}").count(),
+        2,
+        "{}",
+        text(&out.stdout)
+    );
 
     let mut child = fleet
         .toolctl_command("client-alice", &["call", "a", "slowprint"])

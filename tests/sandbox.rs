@@ -367,3 +367,64 @@ fn tools_run_as_another_user_cannot_read_the_agents_files_by_permissions_alone()
         "nobody"
     );
 }
+
+/// A version manager's shim on the agent's `PATH` (pyenv's `python3`, say) is a script that runs
+/// a program under the manager's root: the agent says at start that confined calls cannot read
+/// that root and how to grant it, and a grant makes the tool run.
+#[test]
+fn a_version_managers_shim_on_path_is_named_at_start_and_runs_once_its_root_is_granted() {
+    let mut fleet = Fleet::new(&["plain", "granted"]);
+    let root = fleet.work.path().join("manager");
+    toolsrv_tests::fake_version_manager(&root, "fakepy");
+    fleet.tool(
+        "py.meta",
+        r#"{"description": "runs the managed interpreter", "cmd": "fakepy hello",
+            "variants": [{"bins": ["fakepy"]}]}"#,
+        false,
+    );
+    fleet.start_coordinator(&[]);
+    let path = format!(
+        "{}:/usr/local/bin:/usr/bin:/bin",
+        root.join("shims").display()
+    );
+    for (id, args) in [
+        ("plain", vec![]),
+        (
+            "granted",
+            vec![format!("--sandbox-read={}", root.display())],
+        ),
+    ] {
+        let spec = AgentSpec {
+            env: vec![("PATH".into(), path.clone())],
+            args,
+            ..AgentSpec::default()
+        };
+        fleet.start_agent(id, &spec);
+    }
+    fleet.wait_online(&["plain", "granted"], "py");
+    let out = fleet.toolctl(&["call", "granted", "py"]);
+    assert_eq!(
+        text(&out.stdout),
+        "fakepy ran: hello\n",
+        "{}",
+        text(&out.stderr)
+    );
+    // Visible (the shim is on PATH) but its program out of reach: the tool says why, and the
+    // agent said at start what to grant.
+    let out = fleet.toolctl(&["call", "plain", "py"]);
+    assert_eq!(out.status.code(), Some(126), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("Permission denied"),
+        "{}",
+        text(&out.stderr)
+    );
+    let shims_warning = "PATH holds a version manager's shims";
+    let log = fleet.agents["plain"].log();
+    let line = log
+        .lines()
+        .find(|l| l.contains(shims_warning))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(line.contains(&format!("root={}", root.display())), "{line}");
+    assert!(line.contains("--sandbox-read ROOT"), "{line}");
+    assert!(!fleet.agents["granted"].log().contains(shims_warning));
+}

@@ -9,7 +9,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use toolsrv_tests::{assert_exit, bin, free_port, run_bounded, text, wait_for};
+use toolsrv_tests::{
+    assert_exit, bin, fake_version_manager, free_port, run_bounded, text, wait_for,
+};
 
 /// The only `PATH` the clean environment has: no `toolctl` there unless one is installed
 /// system-wide, and the banner's `PATH` comes first anyway.
@@ -292,6 +294,52 @@ fn up_says_when_ollie_tools_path_replaces_the_example_tools() {
         "and the log says it: {}",
         up.log()
     );
+    up.stop();
+}
+
+/// On a developer's machine `python3` is often a version manager's shim, which runs a program
+/// under the manager's root: `up` lets its local agent's calls read that root (and logs it), so
+/// tools found through the shim run confined as they would unconfined.
+#[test]
+fn up_lets_its_agent_run_programs_behind_a_version_managers_shims() {
+    let home = tempfile::tempdir().unwrap();
+    let root = home.path().join(".fakeenv");
+    fake_version_manager(&root, "fakepy");
+    let tools = home.path().join("my-tools");
+    std::fs::create_dir(&tools).unwrap();
+    std::fs::write(
+        tools.join("py.meta"),
+        r#"{"description": "runs the managed interpreter", "cmd": "fakepy hi",
+            "variants": [{"bins": ["fakepy"]}]}"#,
+    )
+    .unwrap();
+    let path = format!("{}:{CLEAN_PATH}", root.join("shims").display());
+    let mut up = Up::start(
+        home.path(),
+        free_port(),
+        &[
+            ("PATH", &path),
+            ("OLLIE_TOOLS_PATH", tools.to_str().unwrap()),
+        ],
+    );
+    let banner = up.banner();
+    let settings = block(&banner, "export ").join("\n");
+    let out = shell(home.path(), &format!("{settings}\ntoolctl call local py"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        text(&out.stdout),
+        "fakepy ran: hi\n",
+        "{}\n{}",
+        text(&out.stderr),
+        up.log()
+    );
+    let log = up.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("PATH holds a version manager's shims"))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(line.contains(&format!("root={}", root.display())), "{line}");
     up.stop();
 }
 

@@ -36,6 +36,6 @@ pub use config::AgentConfig;
 pub use error::AgentError;
 pub use keeper::CatalogKeeper;
 pub use metrics::AgentMetrics;
-pub use run::{check_identity, run, run_with_connector};
+pub use run::{check_identity, run, run_with_connector, shim_roots};
 pub use store::CatalogStore;
 pub use view::definition;

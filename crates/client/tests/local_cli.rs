@@ -263,6 +263,48 @@ fn call_reads_arguments_from_stdin_with_a_dash() {
 }
 
 #[test]
+fn call_takes_key_value_words_and_says_how_to_pass_a_number() {
+    let dir = fixture();
+    let t = tools_arg(&dir);
+    let out = run(toolctl().args(["local", "call", "--tools", &t, "echo", "n:=7"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).starts_with(r#"{"n":7}"#), "{}", stdout(&out));
+    // A string where the tool wants a number: refused as before, with the way to write it.
+    let out = run(toolctl().args(["local", "call", "--tools", &t, "echo", "n=7"]));
+    assert_eq!(out.status.code(), Some(65), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("at /n: \"7\" is not of type \"integer\"")
+            && stderr(&out).contains("note: `n=...` passes a string; write `n:=VALUE`"),
+        "{}",
+        stderr(&out)
+    );
+    // A name the tool does not take: no such note, since quoting would not help.
+    let out = run(toolctl().args(["local", "call", "--tools", &t, "echo", "m=7"]));
+    assert_eq!(out.status.code(), Some(65), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("note:"), "{}", stderr(&out));
+    // Words that are neither: a usage error naming the word, nothing run.
+    for (args, needle) in [
+        (
+            &["n:=seven"][..],
+            "argument `n:=seven`: the value after `:=` is not JSON",
+        ),
+        (&["n:=1", "n:=2"], "argument `n` is given twice"),
+        (&["n:=1", "{}"], "must be the only argument"),
+        (
+            &["seven"],
+            "argument `seven` is neither a JSON object nor KEY=VALUE",
+        ),
+    ] {
+        let out = run(toolctl()
+            .args(["local", "call", "--tools", &t, "echo"])
+            .args(args));
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
+        assert!(stdout(&out).is_empty(), "{args:?}: nothing ran");
+    }
+}
+
+#[test]
 fn call_exit_codes() {
     let dir = fixture();
     let t = tools_arg(&dir);

@@ -100,3 +100,23 @@ pub fn decisions(records: &[serde_json::Value], event: &str) -> Vec<(String, Opt
         })
         .collect()
 }
+
+/// A version manager's layout under `root`, as pyenv or asdf make it: `root/shims/PROGRAM`, a
+/// script that runs `root/versions/1.0/bin/PROGRAM`, which prints `PROGRAM ran: ` and its
+/// arguments. Put `root/shims` on a `PATH` to find the program through its shim.
+pub fn fake_version_manager(root: &Path, program: &str) {
+    let real = root.join("versions/1.0/bin");
+    for dir in [&real, &root.join("shims")] {
+        must(
+            std::fs::create_dir_all(dir)
+                .map_err(|e| TestkitError::io(format!("cannot create {}", dir.display()), e)),
+        );
+    }
+    write_executable(
+        &real,
+        program,
+        &format!("#!/bin/sh\necho \"{program} ran: $*\"\n"),
+    );
+    let shim = format!("#!/bin/sh\nexec \"{}/{program}\" \"$@\"\n", real.display());
+    write_executable(&root.join("shims"), program, &shim);
+}

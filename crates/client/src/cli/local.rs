@@ -4,15 +4,14 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use toolsrv_exec::{Ending, Event, Exit, Stream};
 use toolsrv_host::{CallError, CallRequest, Limits, ToolView};
 use toolsrv_meta::{Host, Resolution, Severity};
 use toolsrv_registry::{Catalog, Scanner, split_tools_path};
 
-use super::ToolsArgs;
 use super::exit;
+use super::{ToolsArgs, call_args};
 
 /// Scans the tools path once. A listing (`report_errors`) also reports rejected files on stderr;
 /// a command about one tool does not, since refusing an invalid tool says what is wrong with it.
@@ -121,8 +120,8 @@ pub struct CallOptions {
     pub print_result: bool,
 }
 
-pub async fn call(tools: &ToolsArgs, name: &str, args: Option<&str>, opts: CallOptions) -> u8 {
-    let args = match read_args(args) {
+pub async fn call(tools: &ToolsArgs, name: &str, args: &[String], opts: CallOptions) -> u8 {
+    let args = match call_args::parse(args) {
         Ok(args) => args,
         Err(e) => {
             eprintln!("toolctl: {e}");
@@ -155,9 +154,10 @@ pub async fn call(tools: &ToolsArgs, name: &str, args: Option<&str>, opts: CallO
         max_timeout: timeout.max(Limits::default().max_timeout),
         ..Limits::default()
     };
+    let string_keys = args.string_keys;
     let request = CallRequest {
         tool: name.to_string(),
-        args,
+        args: args.value,
         cwd,
         timeout: Some(timeout),
     };
@@ -169,6 +169,9 @@ pub async fn call(tools: &ToolsArgs, name: &str, args: Option<&str>, opts: CallO
         Ok(execution) => execution,
         Err(e) => {
             eprintln!("toolctl: {e}");
+            if let Some(note) = call_args::string_note(&string_keys, &e.to_string()) {
+                eprintln!("toolctl: {note}");
+            }
             return call_error_code(&e);
         }
     };
@@ -243,20 +246,4 @@ fn call_error_code(e: &CallError) -> u8 {
         CallError::TimeoutTooLong { .. } => exit::USAGE,
         CallError::Spawn { .. } => exit::CANNOT_START,
     }
-}
-
-/// The call's arguments: a JSON object from the command line, from stdin (`-`), or `{}`.
-pub(super) fn read_args(arg: Option<&str>) -> Result<Value, String> {
-    let text = match arg {
-        None => return Ok(Value::Object(Default::default())),
-        Some("-") => std::io::read_to_string(std::io::stdin())
-            .map_err(|e| format!("cannot read arguments from stdin: {e}"))?,
-        Some(text) => text.to_string(),
-    };
-    let value: Value =
-        serde_json::from_str(&text).map_err(|e| format!("arguments are not valid JSON: {e}"))?;
-    if !value.is_object() {
-        return Err("arguments must be a JSON object".into());
-    }
-    Ok(value)
 }

@@ -1,6 +1,7 @@
 //! `toolctl`: command-line parsing and dispatch. A library module so that the `toolsrv` binary
 //! can also run as `toolctl` (what `toolsrv up` links into its state directory).
 
+mod call_args;
 pub mod exit;
 mod find;
 mod lint;
@@ -80,8 +81,8 @@ enum Command {
         host: String,
         /// Tool name
         tool: String,
-        /// Arguments as a JSON object, or `-` to read them from stdin (default `{}`)
-        args: Option<String>,
+        #[arg(value_name = "ARGS", help = call_args::HELP)]
+        args: Vec<String>,
         /// Working directory on the host (default: the agent's)
         #[arg(long)]
         cwd: Option<String>,
@@ -105,8 +106,8 @@ enum Command {
         selector: String,
         /// Tool name
         tool: String,
-        /// Arguments as a JSON object, or `-` to read them from stdin (default `{}`)
-        args: Option<String>,
+        #[arg(value_name = "ARGS", help = call_args::HELP)]
+        args: Vec<String>,
         /// Working directory on each host (default: the agents')
         #[arg(long)]
         cwd: Option<String>,
@@ -366,8 +367,8 @@ enum LocalCommand {
         tools: ToolsArgs,
         /// Tool name
         name: String,
-        /// Arguments as a JSON object, or `-` to read them from stdin (default `{}`)
-        args: Option<String>,
+        #[arg(value_name = "ARGS", help = call_args::HELP)]
+        args: Vec<String>,
         /// Working directory of the call (default: the current directory)
         #[arg(long)]
         cwd: Option<PathBuf>,
@@ -551,7 +552,7 @@ pub async fn run(cli: Cli) -> ExitCode {
                 output_cap,
                 print_result: result,
             };
-            local::call(&tools, &name, args.as_deref(), opts).await
+            local::call(&tools, &name, &args, opts).await
         }
         Command::Hosts { conn, json } => remote::hosts(&conn, json).await,
         Command::Tools {
@@ -577,7 +578,7 @@ pub async fn run(cli: Cli) -> ExitCode {
                 print_result: result,
                 answer: answer.answer(),
             };
-            remote::call(&conn, &host, &tool, args.as_deref(), opts).await
+            remote::call(&conn, &host, &tool, &args, opts).await
         }
         Command::Fanout {
             conn,
@@ -599,7 +600,7 @@ pub async fn run(cli: Cli) -> ExitCode {
                 json,
                 answer: answer.answer(),
             };
-            remote::fan_out(&conn, &selector, &tool, args.as_deref(), opts).await
+            remote::fan_out(&conn, &selector, &tool, &args, opts).await
         }
         Command::Token(TokenCommand::Create {
             conn,

@@ -4,7 +4,7 @@ use std::io::Write;
 
 use crate::{CallRequest, CallResult, CallStatus, CallUpdate, OutputStream, status_name};
 
-use super::{ConnArgs, exit, interrupted, prepare_run};
+use super::{ConnArgs, exit, interrupted, note_strings, prepare_run};
 
 /// Options of `toolctl call`.
 #[derive(Debug)]
@@ -23,19 +23,19 @@ pub async fn call(
     conn: &ConnArgs,
     host: &str,
     tool: &str,
-    args: Option<&str>,
+    args: &[String],
     opts: CallOptions,
 ) -> u8 {
-    let (remote, args_json, timeout_ms) = match prepare_run(conn, args, opts.timeout).await {
+    let (remote, prepared) = match prepare_run(conn, args, opts.timeout).await {
         Ok(prepared) => prepared,
         Err(code) => return code,
     };
     let request = CallRequest {
         host: host.to_string(),
         tool: tool.to_string(),
-        args_json,
+        args_json: prepared.args_json.clone(),
         cwd: opts.cwd.unwrap_or_default(),
-        timeout_ms,
+        timeout_ms: prepared.timeout_ms,
         session: String::new(),
     };
     let what = || format!("cannot call `{tool}` on host `{host}`");
@@ -72,6 +72,7 @@ pub async fn call(
                 }
                 if result.status != CallStatus::Ok as i32 {
                     eprintln!("toolctl: {}", failure_line(host, tool, &result));
+                    note_strings(&prepared, &result);
                 }
                 return exit_code(&result);
             }

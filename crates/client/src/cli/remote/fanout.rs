@@ -9,7 +9,7 @@ use crate::{
 };
 use serde_json::{Value, json};
 
-use super::{ConnArgs, exit, human_ms, interrupted, prepare_run, write_table};
+use super::{ConnArgs, exit, human_ms, interrupted, note_strings, prepare_run, write_table};
 
 /// A line longer than this without a newline is cut and printed in pieces, so one tool that never
 /// ends its line cannot make us hold its whole output.
@@ -31,19 +31,19 @@ pub async fn fan_out(
     conn: &ConnArgs,
     selector: &str,
     tool: &str,
-    args: Option<&str>,
+    args: &[String],
     opts: FanOutOptions,
 ) -> u8 {
-    let (remote, args_json, timeout_ms) = match prepare_run(conn, args, opts.timeout).await {
+    let (remote, prepared) = match prepare_run(conn, args, opts.timeout).await {
         Ok(prepared) => prepared,
         Err(code) => return code,
     };
     let request = FanOutRequest {
         selector: selector.to_string(),
         tool: tool.to_string(),
-        args_json,
+        args_json: prepared.args_json.clone(),
         cwd: opts.cwd.unwrap_or_default(),
-        timeout_ms,
+        timeout_ms: prepared.timeout_ms,
         concurrency: opts.concurrency,
         max_errors: opts.max_errors,
     };
@@ -88,6 +88,13 @@ pub async fn fan_out(
             }
             FanOutUpdate::Summary(summary) => {
                 printer.summary(&summary);
+                if let Some(refused) = printer
+                    .results
+                    .values()
+                    .find(|r| r.status == crate::CallStatus::InvalidArgs as i32)
+                {
+                    note_strings(&prepared, refused);
+                }
                 if summary.targeted == 0 {
                     eprintln!("toolctl: selector `{selector}` matches no host");
                     return exit::FANOUT_FAILED;

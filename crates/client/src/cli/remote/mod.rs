@@ -273,20 +273,43 @@ fn human_ms(ms: u64) -> String {
     }
 }
 
-/// What `call` and `fanout` share before they send: the arguments as JSON text, the timeout in
-/// milliseconds and a connection; or the exit code after one line saying what was wrong.
+/// What `call` and `fanout` share before they send: the arguments as JSON text (and the names
+/// given as `KEY=VALUE` strings), the timeout in milliseconds and a connection; or the exit code
+/// after one line saying what was wrong.
 async fn prepare_run(
     conn: &ConnArgs,
-    args: Option<&str>,
+    args: &[String],
     timeout: Option<f64>,
-) -> Result<(Remote, String, u64), u8> {
-    let args = crate::cli::local::read_args(args).map_err(|e| {
+) -> Result<(Remote, Prepared), u8> {
+    let args = crate::cli::call_args::parse(args).map_err(|e| {
         eprintln!("toolctl: {e}");
         exit::USAGE
     })?;
     let timeout_ms = timeout_ms(timeout)?;
     let remote = connect(conn).await?;
-    Ok((remote, args.to_string(), timeout_ms))
+    let prepared = Prepared {
+        args_json: args.value.to_string(),
+        string_keys: args.string_keys,
+        timeout_ms,
+    };
+    Ok((remote, prepared))
+}
+
+/// A call's or fan-out's request fields from the command line.
+struct Prepared {
+    args_json: String,
+    string_keys: Vec<String>,
+    timeout_ms: u64,
+}
+
+/// Says how to pass a number or a boolean when a tool refused a value given as `KEY=VALUE`.
+fn note_strings(prepared: &Prepared, result: &crate::CallResult) {
+    if result.status == crate::CallStatus::InvalidArgs as i32
+        && let Some(note) =
+            crate::cli::call_args::string_note(&prepared.string_keys, &result.message)
+    {
+        eprintln!("toolctl: {note}");
+    }
 }
 
 /// `--timeout` seconds as the request's milliseconds; `None` (agent default) when absent.

@@ -1,0 +1,238 @@
+//! A call's arguments as `toolctl call`, `fanout` and `local call` take them: one JSON object,
+//! `-` for one on stdin, or `KEY=VALUE` and `KEY:=JSON` words, each one argument.
+
+use serde_json::{Map, Value};
+
+/// The words' meaning, shown in `--help` and in the errors below.
+pub const HELP: &str = "Arguments: a JSON object, `-` to read one from stdin, or words \
+    `KEY=VALUE` (a string) and `KEY:=JSON` (any JSON value: `port:=8080`, `force:=true`, \
+    `hosts:='[\"a\",\"b\"]'`); none means `{}`";
+
+/// The arguments, and the names given a string by a `KEY=VALUE` word (which a tool wanting a
+/// number or a boolean refuses: [`string_note`] says what to write instead).
+#[derive(Debug, PartialEq)]
+pub struct CallArgs {
+    pub value: Value,
+    pub string_keys: Vec<String>,
+}
+
+/// What `toolctl` adds when a tool refused, as `message` words it, the value of an argument
+/// given as a `KEY=VALUE` word: that it was a string, and how to give a number, a boolean or
+/// JSON instead. `None` when no such argument is named (a missing or unknown name, say).
+pub fn string_note(string_keys: &[String], message: &str) -> Option<String> {
+    string_keys.iter().find_map(|key| {
+        // The validator names a value by its JSON pointer and quotes it when it is a string.
+        let pointer = key.replace('~', "~0").replace('/', "~1");
+        message.contains(&format!("at /{pointer}: \"")).then(|| {
+            format!(
+                "note: `{}=...` passes a string; write `{}:=VALUE` for a number, a boolean, \
+                 an array or an object (`port:=8080`, `force:=true`)",
+                shown(key),
+                shown(key)
+            )
+        })
+    })
+}
+
+/// The arguments of `words`; the error names the word at fault and what it should be.
+pub fn parse(words: &[String]) -> Result<CallArgs, String> {
+    let object = |value: Value| {
+        if value.is_object() {
+            Ok(CallArgs {
+                value,
+                string_keys: Vec::new(),
+            })
+        } else {
+            Err("arguments must be a JSON object".to_string())
+        }
+    };
+    match words {
+        [] => object(Value::Object(Map::new())),
+        [only] if only == "-" => {
+            let text = std::io::read_to_string(std::io::stdin())
+                .map_err(|e| format!("cannot read arguments from stdin: {e}"))?;
+            object(
+                serde_json::from_str(&text)
+                    .map_err(|e| format!("arguments on stdin are not valid JSON: {e}"))?,
+            )
+        }
+        [only] if starts_json(only) => object(
+            serde_json::from_str(only).map_err(|e| format!("arguments are not valid JSON: {e}"))?,
+        ),
+        [only] if !only.contains('=') => match serde_json::from_str(only) {
+            Ok(value) => object(value),
+            Err(_) => Err(format!(
+                "argument `{}` is neither a JSON object nor KEY=VALUE or KEY:=JSON",
+                shown(only)
+            )),
+        },
+        words => from_words(words),
+    }
+}
+
+/// A word that opens a JSON object or array.
+fn starts_json(word: &str) -> bool {
+    word.trim_start().starts_with(['{', '['])
+}
+
+fn from_words(words: &[String]) -> Result<CallArgs, String> {
+    let mut map = Map::new();
+    let mut string_keys = Vec::new();
+    for word in words {
+        if word == "-" || starts_json(word) {
+            return Err(format!(
+                "argument `{}`: a JSON object or `-` must be the only argument; \
+                 otherwise give KEY=VALUE or KEY:=JSON words",
+                shown(word)
+            ));
+        }
+        let Some((key, value)) = word.split_once('=') else {
+            return Err(format!(
+                "argument `{}` is neither a JSON object nor KEY=VALUE or KEY:=JSON",
+                shown(word)
+            ));
+        };
+        let (key, value) = match key.strip_suffix(':') {
+            Some(key) => (
+                key,
+                serde_json::from_str(value).map_err(|e| {
+                    format!(
+                        "argument `{}`: the value after `:=` is not JSON: {e}",
+                        shown(word)
+                    )
+                })?,
+            ),
+            None => {
+                string_keys.push(key.to_string());
+                (key, Value::String(value.to_string()))
+            }
+        };
+        if key.is_empty() {
+            return Err(format!("argument `{}` has no name before `=`", shown(word)));
+        }
+        if map.insert(key.to_string(), value).is_some() {
+            return Err(format!("argument `{}` is given twice", shown(key)));
+        }
+    }
+    Ok(CallArgs {
+        value: Value::Object(map),
+        string_keys,
+    })
+}
+
+/// A word as an error quotes it: control characters escaped, at most 80 characters.
+fn shown(word: &str) -> String {
+    let mut shown: String = word.chars().take(80).flat_map(char::escape_debug).collect();
+    if word.chars().count() > 80 {
+        shown.push('…');
+    }
+    shown
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn words(words: &[&str]) -> Vec<String> {
+        words.iter().map(|w| (*w).to_string()).collect()
+    }
+
+    fn ok(w: &[&str]) -> Value {
+        parse(&words(w)).unwrap().value
+    }
+
+    fn err(w: &[&str]) -> String {
+        parse(&words(w)).unwrap_err()
+    }
+
+    #[test]
+    fn no_word_is_an_empty_object_and_one_json_object_is_taken_as_it_is() {
+        assert_eq!(ok(&[]), json!({}));
+        assert_eq!(
+            ok(&[r#"{"path": "/a=b", "n": 2}"#]),
+            json!({"path": "/a=b", "n": 2})
+        );
+        assert_eq!(ok(&[" {}"]), json!({}));
+    }
+
+    #[test]
+    fn words_give_strings_and_json_values() {
+        let args = parse(&words(&[
+            "path=/srv/a=b",
+            "port:=8080",
+            "force:=true",
+            "tags:=[\"a\", \"b\"]",
+            "empty=",
+            "literal:=\"007\"",
+            "a:b=c",
+        ]))
+        .unwrap();
+        assert_eq!(
+            args.value,
+            json!({
+                "path": "/srv/a=b", "port": 8080, "force": true, "tags": ["a", "b"],
+                "empty": "", "literal": "007", "a:b": "c"
+            })
+        );
+        assert_eq!(args.string_keys, ["path", "empty", "a:b"]);
+        assert!(parse(&words(&["port:=1"])).unwrap().string_keys.is_empty());
+    }
+
+    #[test]
+    fn bad_words_name_the_word_and_the_fix() {
+        assert_eq!(err(&["[1]"]), "arguments must be a JSON object");
+        assert_eq!(err(&["42"]), "arguments must be a JSON object");
+        assert!(err(&["{"]).starts_with("arguments are not valid JSON"));
+        let neither = "argument `path` is neither a JSON object nor KEY=VALUE or KEY:=JSON";
+        assert_eq!(err(&["path"]), neither);
+        assert_eq!(err(&["a=1", "path"]), neither);
+        assert_eq!(err(&["=x"]), "argument `=x` has no name before `=`");
+        assert_eq!(err(&[":=1"]), "argument `:=1` has no name before `=`");
+        assert_eq!(err(&["a=1", "a:=2"]), "argument `a` is given twice");
+        assert!(err(&["n:=08"]).starts_with("argument `n:=08`: the value after `:=` is not JSON"));
+        assert!(err(&["n:="]).starts_with("argument `n:=`: the value after `:=` is not JSON"));
+        assert!(err(&["a=1", "{}"]).contains("must be the only argument"));
+        assert!(err(&["a=1", "-"]).contains("must be the only argument"));
+    }
+
+    #[test]
+    fn the_note_names_a_string_the_tool_refused_and_only_that() {
+        let keys = words(&["limit", "a/b", "name"]);
+        let note = string_note(
+            &keys,
+            "invalid arguments: at /limit: \"5\" is not of type \"integer\"",
+        );
+        assert!(
+            note.unwrap()
+                .starts_with("note: `limit=...` passes a string; write `limit:=VALUE`")
+        );
+        let note = string_note(&keys, "at /a~1b: \"x\" is not of type \"boolean\"");
+        assert!(note.unwrap().contains("`a/b:=VALUE`"));
+        // A name the tool does not know, a missing one, or a string it accepts: no note.
+        assert_eq!(
+            string_note(
+                &keys,
+                "at /: Additional properties are not allowed ('limitt' was unexpected)"
+            ),
+            None
+        );
+        assert_eq!(
+            string_note(&keys, "at /: \"ports\" is a required property"),
+            None
+        );
+        assert_eq!(
+            string_note(&[], "at /limit: \"5\" is not of type \"integer\""),
+            None
+        );
+    }
+
+    #[test]
+    fn odd_bytes_and_long_words_are_quoted_safely() {
+        let e = err(&["a=1", "\u{1b}[31mred\u{7}"]);
+        assert!(e.contains("\\u{1b}[31mred\\u{7}"), "{e}");
+        let long = "x".repeat(1000);
+        let e = err(&["a=1", &long]);
+        assert!(e.chars().count() < 200 && e.contains('…'), "{e}");
+    }
+}
