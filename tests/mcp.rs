@@ -724,3 +724,79 @@ fn streamable_http_keeps_its_token_in_a_private_file() {
     ]);
     assert_exit(&out, 64, &["mcp-token", "readable or writable by others"]);
 }
+
+/// Requests the SDK cannot read, sent raw on stdio as a broken or hostile client would: a
+/// `tools/call` whose `arguments` is not an object gets invalid params naming what is wrong, a
+/// method nobody serves gets method not found naming it (escaped), a line that is not JSON is
+/// dropped, and the server answers the next request as before.
+#[test]
+fn requests_the_sdk_cannot_read_get_an_error_naming_what_and_the_server_goes_on() {
+    use std::io::{BufRead, BufReader, Write};
+    let fleet = one_host_fleet(&[]);
+    let profile = one_host_profile(&fleet);
+    let mut child = fleet
+        .toolctl_command(
+            "client-alice",
+            &["mcp", "--profile", profile.to_str().unwrap()],
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let lines = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"greet","arguments":"text"}}"#,
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/\u001b[2Jexplode"}"#,
+        "not json at all {",
+        r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"greet","arguments":{"name":"raw"}}}"#,
+    ];
+    for line in lines {
+        writeln!(stdin, "{line}").unwrap();
+    }
+    stdin.flush().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut answers = std::collections::BTreeMap::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while answers.len() < 4 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = rx
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("answers so far: {answers:?}"));
+        let message: Value = serde_json::from_str(&line).unwrap();
+        if let Some(id) = message["id"].as_u64() {
+            answers.insert(id, message);
+        }
+    }
+    drop(stdin);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(answers[&2]["error"]["code"], -32602, "{}", answers[&2]);
+    let message = answers[&2]["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("invalid params of `tools/call`: invalid type: string \"text\""),
+        "{message}"
+    );
+    assert_eq!(answers[&3]["error"]["code"], -32601, "{}", answers[&3]);
+    assert_eq!(
+        answers[&3]["error"]["message"],
+        "no method `tools/\\u{1b}[2Jexplode` in this server"
+    );
+    assert_eq!(
+        result_text(&answers[&4]["result"]).trim(),
+        "hello raw",
+        "{}",
+        answers[&4]
+    );
+}

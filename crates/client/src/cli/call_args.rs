@@ -3,6 +3,8 @@
 
 use serde_json::{Map, Value};
 
+use super::quote::quoted;
+
 /// The words' meaning, shown in `--help` and in the errors below.
 pub const HELP: &str = "Arguments: a JSON object, `-` to read one from stdin, or words \
     `KEY=VALUE` (a string) and `KEY:=JSON` (any JSON value: `port:=8080`, `force:=true`, \
@@ -27,8 +29,8 @@ pub fn string_note(string_keys: &[String], message: &str) -> Option<String> {
             format!(
                 "note: `{}=...` passes a string; write `{}:=VALUE` for a number, a boolean, \
                  an array or an object (`port:=8080`, `force:=true`)",
-                shown(key),
-                shown(key)
+                quoted(key),
+                quoted(key)
             )
         })
     })
@@ -63,7 +65,7 @@ pub fn parse(words: &[String]) -> Result<CallArgs, String> {
             Ok(value) => object(value),
             Err(_) => Err(format!(
                 "argument `{}` is neither a JSON object nor KEY=VALUE or KEY:=JSON",
-                shown(only)
+                quoted(only)
             )),
         },
         words => from_words(words),
@@ -83,13 +85,13 @@ fn from_words(words: &[String]) -> Result<CallArgs, String> {
             return Err(format!(
                 "argument `{}`: a JSON object or `-` must be the only argument; \
                  otherwise give KEY=VALUE or KEY:=JSON words",
-                shown(word)
+                quoted(word)
             ));
         }
         let Some((key, value)) = word.split_once('=') else {
             return Err(format!(
                 "argument `{}` is neither a JSON object nor KEY=VALUE or KEY:=JSON",
-                shown(word)
+                quoted(word)
             ));
         };
         let (key, value) = match key.strip_suffix(':') {
@@ -98,7 +100,7 @@ fn from_words(words: &[String]) -> Result<CallArgs, String> {
                 serde_json::from_str(value).map_err(|e| {
                     format!(
                         "argument `{}`: the value after `:=` is not JSON: {e}",
-                        shown(word)
+                        quoted(word)
                     )
                 })?,
             ),
@@ -108,25 +110,19 @@ fn from_words(words: &[String]) -> Result<CallArgs, String> {
             }
         };
         if key.is_empty() {
-            return Err(format!("argument `{}` has no name before `=`", shown(word)));
+            return Err(format!(
+                "argument `{}` has no name before `=`",
+                quoted(word)
+            ));
         }
         if map.insert(key.to_string(), value).is_some() {
-            return Err(format!("argument `{}` is given twice", shown(key)));
+            return Err(format!("argument `{}` is given twice", quoted(key)));
         }
     }
     Ok(CallArgs {
         value: Value::Object(map),
         string_keys,
     })
-}
-
-/// A word as an error quotes it: control characters escaped, at most 80 characters.
-fn shown(word: &str) -> String {
-    let mut shown: String = word.chars().take(80).flat_map(char::escape_debug).collect();
-    if word.chars().count() > 80 {
-        shown.push('…');
-    }
-    shown
 }
 
 #[cfg(test)]
@@ -233,6 +229,6 @@ mod tests {
         assert!(e.contains("\\u{1b}[31mred\\u{7}"), "{e}");
         let long = "x".repeat(1000);
         let e = err(&["a=1", &long]);
-        assert!(e.chars().count() < 200 && e.contains('…'), "{e}");
+        assert!(e.contains("… (1000 characters)") && e.len() < 200, "{e}");
     }
 }

@@ -7,6 +7,7 @@ mod find;
 mod lint;
 mod local;
 mod mcp;
+mod quote;
 mod remote;
 
 use std::io::Write;

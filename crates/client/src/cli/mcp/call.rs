@@ -365,25 +365,6 @@ pub fn error(text: impl Into<String>) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(text)])
 }
 
-/// Longest part of a value the model sent that an error quotes back.
-const MAX_QUOTED_CHARS: usize = 64;
-
-/// A value the model sent (a name, a host, an argument) as an error quotes it: control and
-/// direction characters escaped, and cut after [`MAX_QUOTED_CHARS`] characters, so that a huge
-/// or odd value does not come back whole into the model's context.
-pub fn quoted(value: &str) -> String {
-    let mut out: String = value
-        .chars()
-        .take(MAX_QUOTED_CHARS)
-        .flat_map(char::escape_debug)
-        .collect();
-    let len = value.chars().count();
-    if len > MAX_QUOTED_CHARS {
-        out.push_str(&format!("… ({len} characters)"));
-    }
-    out
-}
-
 /// A call's result as an MCP result: the tool's content passed through (and, when it is one
 /// text that is a JSON object, also as `structuredContent`); every status but `ok` an error.
 pub fn tool_result(host: &str, tool: &str, result: &CallResult) -> CallToolResult {
@@ -532,16 +513,6 @@ mod tests {
             assert!(text.starts_with(status_name(status as i32)), "{text}");
             assert!(text.contains(message), "{text}");
         }
-    }
-
-    #[test]
-    fn quoted_values_are_escaped_and_bounded() {
-        assert_eq!(quoted("disk_usage"), "disk_usage");
-        assert_eq!(quoted("a\0b\u{202e}c\n"), "a\\0b\\u{202e}c\\n");
-        let huge = quoted(&"é".repeat(100_000));
-        assert!(huge.starts_with(&"é".repeat(64)), "{huge}");
-        assert!(huge.ends_with("… (100000 characters)"), "{huge}");
-        assert!(huge.len() < 200);
     }
 
     #[test]

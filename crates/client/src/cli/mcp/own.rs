@@ -9,9 +9,10 @@ use tokio::sync::watch;
 
 use crate::{Client, ClientError, ToolMatch};
 
-use super::call::{error, quoted};
+use super::call::error;
 use super::keeper::publish;
 use super::tools::Catalog;
+use crate::cli::quote::quoted;
 
 /// Matches `tool_search` returns when the model names no limit.
 const DEFAULT_LIMIT: u32 = 5;

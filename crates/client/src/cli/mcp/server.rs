@@ -6,16 +6,18 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, Implementation, InitializeResult, ListToolsResult,
-    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, SubscriptionFilter, Tool,
+    CallToolRequestParams, CallToolResponse, CustomRequest, CustomResult, Implementation,
+    InitializeResult, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
+    SubscriptionFilter, Tool,
 };
 use rmcp::service::{NotificationContext, Peer, RequestContext, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use tokio::sync::watch;
 
-use super::call::{Calls, error, quoted};
+use super::call::{Calls, error};
 use super::own;
 use super::tools::{Catalog, HOST_ARG, LOAD, Route, SEARCH, own_tools};
+use crate::cli::quote::quoted;
 
 /// The revisions served: the newest, and the one before for clients that still use the
 /// `initialize` handshake.
@@ -122,6 +124,17 @@ impl ServerHandler for Server {
         Ok(ListToolsResult::with_all_items(tools))
     }
 
+    /// A request the SDK could not read: one of its methods whose `params` do not have that
+    /// method's shape (a `tools/call` whose `arguments` is not an object, say), or a method it
+    /// does not know. Either way the client hears which.
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, McpError> {
+        Err(unread_request(&request.method, request.params))
+    }
+
     fn get_tool(&self, name: &str) -> Option<Tool> {
         let catalog = self.current();
         self.own
@@ -176,5 +189,95 @@ impl ServerHandler for Server {
                     .await
             }
         }
+    }
+}
+
+/// The requests of the MCP revisions this server speaks, as the SDK reads them: one that reaches
+/// [`Server::on_custom_request`] with such a method had `params` the SDK could not read.
+const KNOWN_REQUESTS: [&str; 21] = [
+    "initialize",
+    "server/discover",
+    "ping",
+    "tools/list",
+    "tools/call",
+    "subscriptions/listen",
+    "resources/list",
+    "resources/templates/list",
+    "resources/read",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "resources/directory/read",
+    "prompts/list",
+    "prompts/get",
+    "logging/setLevel",
+    "completion/complete",
+    "tasks/get",
+    "tasks/update",
+    "tasks/cancel",
+    "skills/list",
+    "skills/get",
+];
+
+/// The error for a request the SDK could not read: invalid params (naming what is wrong with
+/// them for `tools/call`) when the method is known, method not found otherwise.
+fn unread_request(method: &str, params: Option<serde_json::Value>) -> McpError {
+    if !KNOWN_REQUESTS.contains(&method) {
+        return McpError::new(
+            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+            format!("no method `{}` in this server", quoted(method)),
+            None,
+        );
+    }
+    let why = match method {
+        "tools/call" => params
+            .ok_or_else(|| "no params".to_string())
+            .and_then(|p| {
+                serde_json::from_value::<CallToolRequestParams>(p).map_err(|e| e.to_string())
+            })
+            .err(),
+        _ => None,
+    };
+    let message = match why {
+        Some(why) => format!("invalid params of `{method}`: {why}"),
+        None => format!("invalid params of `{method}`"),
+    };
+    McpError::invalid_params(message, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_request_the_sdk_could_not_read_says_whether_its_params_or_its_method_is_wrong() {
+        let e = unread_request(
+            "tools/call",
+            Some(json!({"name": "x", "arguments": "text"})),
+        );
+        assert_eq!(e.code, rmcp::model::ErrorCode::INVALID_PARAMS);
+        assert!(
+            e.message
+                .starts_with("invalid params of `tools/call`: invalid type: string"),
+            "{}",
+            e.message
+        );
+        let e = unread_request("tools/call", None);
+        assert_eq!(e.message, "invalid params of `tools/call`: no params");
+        let e = unread_request("tools/list", Some(json!(7)));
+        assert_eq!(
+            (e.code, e.message.as_ref()),
+            (
+                rmcp::model::ErrorCode::INVALID_PARAMS,
+                "invalid params of `tools/list`"
+            )
+        );
+        let e = unread_request("tools/\u{1b}[2Jexplode", None);
+        assert_eq!(e.code, rmcp::model::ErrorCode::METHOD_NOT_FOUND);
+        assert_eq!(
+            e.message,
+            "no method `tools/\\u{1b}[2Jexplode` in this server"
+        );
     }
 }

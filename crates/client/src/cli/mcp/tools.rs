@@ -8,7 +8,7 @@ use std::sync::Arc;
 use rmcp::model::{JsonObject, MetaObject, Tool, ToolAnnotations};
 use serde_json::{Value, json};
 
-use super::call::quoted;
+use crate::cli::quote::quoted;
 use crate::{HostState, LoadedTool, SessionState, ToolDefinition};
 
 /// The argument naming the host a call runs on, added to every tool when the session's selector
