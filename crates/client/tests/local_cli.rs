@@ -320,6 +320,11 @@ fn call_exit_codes() {
         (&["echo", "[1]"], 64, "JSON object"),
         (&["echo", "{oops"], 64, "not valid JSON"),
         (&["slow", "--timeout", "0.3"], 124, "timed out"),
+        (
+            &["echo", "--timeout", "-1"],
+            64,
+            "--timeout -1: must be a positive number",
+        ),
     ];
     for (args, code, needle) in cases {
         let out = run(toolctl().args(["local", "call", "--tools", &t]).args(*args));

@@ -88,7 +88,7 @@ enum Command {
         #[arg(long)]
         cwd: Option<String>,
         /// Timeout in seconds, fractions allowed (default: the agent's)
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         timeout: Option<f64>,
         /// Print the final tool result (`{"content": [...]}`) as JSON instead of streaming stdout
         #[arg(long)]
@@ -113,7 +113,7 @@ enum Command {
         #[arg(long)]
         cwd: Option<String>,
         /// Per-host timeout in seconds, fractions allowed (default: the agents')
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         timeout: Option<f64>,
         /// Most hosts running at once (0: no limit)
         #[arg(long, default_value_t = 0)]
@@ -374,7 +374,7 @@ enum LocalCommand {
         #[arg(long)]
         cwd: Option<PathBuf>,
         /// Timeout in seconds (fractions allowed)
-        #[arg(long, default_value_t = 60.0)]
+        #[arg(long, default_value_t = 60.0, allow_negative_numbers = true)]
         timeout: f64,
         /// Most bytes of stdout and stderr together before output is cut
         #[arg(long, default_value_t = toolsrv_exec::DEFAULT_OUTPUT_CAP)]
