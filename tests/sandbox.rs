@@ -368,30 +368,50 @@ fn tools_run_as_another_user_cannot_read_the_agents_files_by_permissions_alone()
     );
 }
 
-/// A version manager's shim on the agent's `PATH` (pyenv's `python3`, say) is a script that runs
-/// a program under the manager's root: the agent says at start that confined calls cannot read
-/// that root and how to grant it, and a grant makes the tool run.
+/// Programs on the agent's `PATH` that run files no grant covers: a version manager's shim
+/// (pyenv's `python3`, say), a script that runs a program under the manager's root, and a
+/// symbolic link into a directory of its own (Homebrew's `bin`). The agent says at start what to
+/// grant for each; without the grant the tool is visible and fails with `Permission denied`, with
+/// it the tool runs.
 #[test]
-fn a_version_managers_shim_on_path_is_named_at_start_and_runs_once_its_root_is_granted() {
+fn programs_on_path_out_of_reach_are_named_at_start_and_run_once_granted() {
     let mut fleet = Fleet::new(&["plain", "granted"]);
     let root = fleet.work.path().join("manager");
     toolsrv_tests::fake_version_manager(&root, "fakepy");
+    let (links, cellar) = (
+        fleet.work.path().join("links"),
+        fleet.work.path().join("cellar"),
+    );
+    std::fs::create_dir_all(&links).unwrap();
+    std::fs::create_dir_all(&cellar).unwrap();
+    toolsrv_tests::write_executable(&cellar, "linked", "#!/bin/sh\necho linked ran\n");
+    std::os::unix::fs::symlink(cellar.join("linked"), links.join("linked")).unwrap();
     fleet.tool(
         "py.meta",
         r#"{"description": "runs the managed interpreter", "cmd": "fakepy hello",
-            "variants": [{"bins": ["fakepy"]}]}"#,
+            "variants": [{"match": {"binary": "fakepy"}}]}"#,
+        false,
+    );
+    fleet.tool(
+        "linked.meta",
+        r#"{"description": "runs a linked program", "cmd": "linked",
+            "variants": [{"match": {"binary": "linked"}}]}"#,
         false,
     );
     fleet.start_coordinator(&[]);
     let path = format!(
-        "{}:/usr/local/bin:/usr/bin:/bin",
-        root.join("shims").display()
+        "{}:{}:/usr/local/bin:/usr/bin:/bin",
+        root.join("shims").display(),
+        links.display()
     );
     for (id, args) in [
         ("plain", vec![]),
         (
             "granted",
-            vec![format!("--sandbox-read={}", root.display())],
+            vec![
+                format!("--sandbox-read={}", root.display()),
+                format!("--sandbox-read={}", cellar.display()),
+            ],
         ),
     ] {
         let spec = AgentSpec {
@@ -402,29 +422,54 @@ fn a_version_managers_shim_on_path_is_named_at_start_and_runs_once_its_root_is_g
         fleet.start_agent(id, &spec);
     }
     fleet.wait_online(&["plain", "granted"], "py");
-    let out = fleet.toolctl(&["call", "granted", "py"]);
-    assert_eq!(
-        text(&out.stdout),
-        "fakepy ran: hello\n",
-        "{}",
-        text(&out.stderr)
+    fleet.wait_online(&["plain", "granted"], "linked");
+    for (tool, ran) in [("py", "fakepy ran: hello\n"), ("linked", "linked ran\n")] {
+        let out = fleet.toolctl(&["call", "granted", tool]);
+        assert_eq!(text(&out.stdout), ran, "{}", text(&out.stderr));
+        // Visible (found on PATH) but its program out of reach: the call says why.
+        let out = fleet.toolctl(&["call", "plain", tool]);
+        assert_eq!(
+            out.status.code(),
+            Some(126),
+            "{tool}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains("Permission denied"),
+            "{tool}: {}",
+            text(&out.stderr)
+        );
+    }
+    let (shims_warning, links_warning) = (
+        "PATH holds a version manager's shims",
+        "programs on PATH are symbolic links to files in a directory confined calls cannot read",
     );
-    // Visible (the shim is on PATH) but its program out of reach: the tool says why, and the
-    // agent said at start what to grant.
-    let out = fleet.toolctl(&["call", "plain", "py"]);
-    assert_eq!(out.status.code(), Some(126), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("Permission denied"),
-        "{}",
-        text(&out.stderr)
-    );
-    let shims_warning = "PATH holds a version manager's shims";
     let log = fleet.agents["plain"].log();
-    let line = log
-        .lines()
-        .find(|l| l.contains(shims_warning))
-        .unwrap_or_else(|| panic!("{log}"));
-    assert!(line.contains(&format!("root={}", root.display())), "{line}");
-    assert!(line.contains("--sandbox-read ROOT"), "{line}");
-    assert!(!fleet.agents["granted"].log().contains(shims_warning));
+    let line = |needle: &str| {
+        log.lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("{needle:?} not in {log}"))
+            .to_string()
+    };
+    let shims = line(shims_warning);
+    assert!(
+        shims.contains(&format!("root={}", root.display())),
+        "{shims}"
+    );
+    assert!(shims.contains("--sandbox-read ROOT"), "{shims}");
+    let linked = line(links_warning);
+    let cellar = cellar.canonicalize().unwrap();
+    assert!(
+        linked.contains(&format!("dir={}", cellar.display())),
+        "{linked}"
+    );
+    assert!(
+        linked.contains(&format!("programs={}", links.join("linked").display())),
+        "{linked}"
+    );
+    let granted = fleet.agents["granted"].log();
+    assert!(
+        !granted.contains(shims_warning) && !granted.contains(links_warning),
+        "{granted}"
+    );
 }

@@ -310,7 +310,7 @@ fn up_lets_its_agent_run_programs_behind_a_version_managers_shims() {
     std::fs::write(
         tools.join("py.meta"),
         r#"{"description": "runs the managed interpreter", "cmd": "fakepy hi",
-            "variants": [{"bins": ["fakepy"]}]}"#,
+            "variants": [{"match": {"binary": "fakepy"}}]}"#,
     )
     .unwrap();
     let path = format!("{}:{CLEAN_PATH}", root.join("shims").display());

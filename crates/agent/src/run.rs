@@ -1,7 +1,7 @@
 //! The agent's entry point: connect, run a session, reconnect with backoff, until shutdown.
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
@@ -44,21 +44,6 @@ fn log_abilities(a: &toolsrv_confine::Abilities) {
     for missing in &a.missing {
         tracing::warn!(what = %missing, "sandbox: not enforced on this host");
     }
-}
-
-/// The version managers' shims among `path_dirs` (pyenv, rbenv, asdf, mise, nodenv...: a
-/// directory named `shims`), each with the root whose programs they run: its parent. A shim is a
-/// script that runs a program under that root, which a confined call can read only when it is
-/// granted. A root that is `/`, `home` or holds `home` is no manager's and is left out.
-pub fn shim_roots(path_dirs: &[PathBuf], home: Option<&Path>) -> Vec<(PathBuf, PathBuf)> {
-    path_dirs
-        .iter()
-        .filter(|d| d.file_name().is_some_and(|n| n == "shims") && d.is_dir())
-        .filter_map(|d| Some((d.clone(), d.parent()?.to_path_buf())))
-        .filter(|(_, root)| {
-            root.parent().is_some() && home.is_none_or(|home| !home.starts_with(root))
-        })
-        .collect()
 }
 
 /// Runs the agent until `shutdown` fires: dials the coordinator over mutual TLS, serves the
@@ -242,22 +227,15 @@ where
         let dirs: Vec<PathBuf> = std::env::split_paths(&path)
             .filter(|d| d.is_absolute())
             .collect();
+        settings.defaults.read.extend(dirs.iter().cloned());
         if settings.mode != toolsrv_confine::Mode::Off {
             let home = std::env::var_os("HOME").map(PathBuf::from);
-            for (shims, root) in shim_roots(&dirs, home.as_deref()) {
-                if !settings.defaults.read.iter().any(|r| root.starts_with(r)) {
-                    tracing::warn!(
-                        shims = %shims.display(),
-                        root = %root.display(),
-                        "PATH holds a version manager's shims, which run programs under its \
-                         root: confined calls cannot read it, so tools found there fail with \
-                         `Permission denied`; add --sandbox-read ROOT, or put the programs' own \
-                         directories on PATH"
-                    );
-                }
+            for reach in
+                crate::path_reach::out_of_reach(&dirs, &settings.defaults.read, home.as_deref())
+            {
+                reach.warn();
             }
         }
-        settings.defaults.read.extend(dirs);
     }
     let confiner = Confiner::new(settings)?;
     log_abilities(confiner.abilities());
@@ -332,37 +310,5 @@ mod tests {
         // Not there yet: the attempts will say why, and it may still come.
         let missing = TlsFiles::in_dir(&dir.path().join("none"), &Identity::Agent("x".into()));
         check_identity(&missing, "x").unwrap();
-    }
-
-    #[test]
-    fn shims_name_their_managers_root_but_never_home_or_the_root_directory() {
-        let dir = tempfile::tempdir().unwrap();
-        let home = dir.path().join("home/u");
-        for d in [
-            "home/u/.pyenv/shims",
-            "home/u/shims",
-            "opt/tools/bin",
-            "home/u/.asdf/shims",
-        ] {
-            std::fs::create_dir_all(dir.path().join(d)).unwrap();
-        }
-        let path: Vec<PathBuf> = [
-            "home/u/.pyenv/shims",
-            "opt/tools/bin",
-            "home/u/shims",
-            "home/u/.rbenv/shims", // not there
-            "home/u/.asdf/shims",
-        ]
-        .iter()
-        .map(|d| dir.path().join(d))
-        .collect();
-        let roots: Vec<PathBuf> = shim_roots(&path, Some(&home))
-            .into_iter()
-            .map(|(_, root)| root)
-            .collect();
-        assert_eq!(roots, [home.join(".pyenv"), home.join(".asdf")]);
-        assert!(shim_roots(&[PathBuf::from("/")], None).is_empty());
-        // Without HOME, a `shims` directory's parent is still only that directory.
-        assert_eq!(shim_roots(&path[2..3], None)[0].1, home);
     }
 }

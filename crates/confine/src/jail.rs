@@ -21,7 +21,7 @@ use crate::sys::{ChildSetup, landlock_abi};
 use crate::fs_rules::{Access, OpenRule, Plan, build, open_rule, open_rules};
 
 /// Paths of the system every confined call may read and execute (those that exist)
-pub const SYSTEM_READ: [&str; 12] = [
+pub const SYSTEM_READ: [&str; 13] = [
     "/usr",
     "/bin",
     "/sbin",
@@ -34,6 +34,8 @@ pub const SYSTEM_READ: [&str; 12] = [
     "/proc",
     "/sys",
     "/run/systemd/resolve",
+    // NixOS and Nix: every program, library and `/bin/sh` itself lives here.
+    "/nix/store",
 ];
 
 /// Devices every confined call may read and write; the rest of `/dev` (disks among it) is out
