@@ -184,6 +184,72 @@ fn calls_stream_output_live_and_pass_arguments() {
     );
 }
 
+/// What bash completes after `words` (the last one being typed), through the script
+/// `TOOLCTL_COMPLETE=bash toolctl` prints, with `env` on top of alice's settings: every candidate, in order.
+fn bash_completes(fleet: &Fleet, words: &[&str], env: &[(&str, &str)]) -> Vec<String> {
+    let base = fleet.toolctl_command("client-alice", &[]);
+    let toolctl = base.get_program().to_string_lossy().into_owned();
+    let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+    let script = format!(
+        "source <(TOOLCTL_COMPLETE=bash '{toolctl}')\n\
+         COMP_WORDS=('{toolctl}' {})\nCOMP_CWORD={}\nCOMP_TYPE=9\n\
+         _clap_complete_toolctl toolctl \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"\n\
+         printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        quoted.join(" "),
+        words.len()
+    );
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg("-c").arg(script);
+    for (key, value) in base.get_envs() {
+        if let Some(value) = value {
+            cmd.env(key, value);
+        }
+    }
+    // A variable as generic as clap's usual one, set for something else, changes nothing.
+    cmd.env("COMPLETE", "1").envs(env.iter().copied());
+    let out = run_bounded(cmd, None, Duration::from_secs(20));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stderr),
+        "",
+        "completion prints nothing but candidates"
+    );
+    text(&out.stdout)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Shell completion asks the coordinator: host ids after `call`, the tools that host offers
+/// after `call HOST`, `all` and hosts for a selector; an unreachable coordinator completes no
+/// host, quietly and within seconds.
+#[test]
+fn bash_completes_hosts_and_the_tools_each_host_offers() {
+    let fleet = three_hosts();
+    let hosts: Vec<String> = bash_completes(&fleet, &["call", ""], &[])
+        .into_iter()
+        .filter(|c| !c.starts_with("--"))
+        .collect();
+    assert_eq!(hosts, ["a", "b", "c"]);
+    assert_eq!(
+        bash_completes(&fleet, &["describe", "b", "g"], &[]),
+        ["gpu"]
+    );
+    // A hides `gpu` (no nvidia-smi there); options typed before the host are skipped.
+    let on_a = bash_completes(&fleet, &["call", "--timeout", "5", "a", ""], &[]);
+    assert!(on_a.contains(&"hello".to_string()) && on_a.contains(&"logs".to_string()));
+    assert!(!on_a.contains(&"gpu".to_string()), "{on_a:?}");
+    let selectors = bash_completes(&fleet, &["fanout", ""], &[]);
+    assert_eq!(&selectors[..4], ["all", "a", "b", "c"], "{selectors:?}");
+    assert_eq!(bash_completes(&fleet, &["call", "b"], &[]), ["b"]);
+    let closed = format!("https://127.0.0.1:{}", toolsrv_tests::free_port());
+    let start = Instant::now();
+    let none = bash_completes(&fleet, &["call", ""], &[("TOOLSRV_ADDR", &closed)]);
+    assert!(none.iter().all(|c| c.starts_with("--")), "{none:?}");
+    assert!(start.elapsed() < Duration::from_secs(10));
+}
+
 #[test]
 fn fan_out_reports_every_host_even_offline_and_lost() {
     let mut fleet = three_hosts();

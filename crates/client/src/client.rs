@@ -94,7 +94,6 @@ impl Client {
         }
     }
 
-    /// Every host that has connected since the coordinator started, sorted by id.
     /// Every host of the fleet, sorted by id. A large fleet comes in pages; this asks for
     /// every one.
     pub async fn hosts(&self) -> Result<Vec<HostInfo>, ClientError> {

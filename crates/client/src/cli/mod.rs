@@ -14,7 +14,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
+use clap_complete::{ArgValueCompleter, CompleteEnv};
 use remote::ConnArgs;
 
 /// The toolsrv command line.
@@ -56,6 +57,7 @@ enum Command {
         #[command(flatten)]
         conn: ConnArgs,
         /// Host id
+        #[arg(add = ArgValueCompleter::new(remote::complete::hosts))]
         host: String,
         /// Also list tools hidden on the host, with the reason
         #[arg(long)]
@@ -69,8 +71,10 @@ enum Command {
         #[command(flatten)]
         conn: ConnArgs,
         /// Host id
+        #[arg(add = ArgValueCompleter::new(remote::complete::hosts))]
         host: String,
         /// Tool name
+        #[arg(add = ArgValueCompleter::new(remote::complete::tools))]
         tool: String,
     },
     /// Run a tool on a host: live stdout and stderr, then exit with the tool's exit code
@@ -79,8 +83,10 @@ enum Command {
         #[command(flatten)]
         conn: ConnArgs,
         /// Host id
+        #[arg(add = ArgValueCompleter::new(remote::complete::hosts))]
         host: String,
         /// Tool name
+        #[arg(add = ArgValueCompleter::new(remote::complete::tools))]
         tool: String,
         #[arg(value_name = "ARGS", help = call_args::HELP)]
         args: Vec<String>,
@@ -104,6 +110,7 @@ enum Command {
         conn: ConnArgs,
         /// Comma-separated terms, all of which must hold: `all`, a host id or glob (`web-*`),
         /// a label (`role=db`) or a fact (`os=linux`, `arch=arm64`)
+        #[arg(add = ArgValueCompleter::new(remote::complete::selectors))]
         selector: String,
         /// Tool name
         tool: String,
@@ -212,6 +219,7 @@ enum Command {
         #[command(flatten)]
         conn: ConnArgs,
         /// Which hosts' tools to rank: a host id, `all`, or a selector as for fanout
+        #[arg(add = ArgValueCompleter::new(remote::complete::selectors))]
         selector: String,
         /// What the tool should do, in plain language
         query: String,
@@ -433,6 +441,9 @@ Exit codes:
   78   unusable TLS files    64  bad command line or request (arguments over 1 MiB, ...)
   130  interrupted (Ctrl-C cancels the call)";
 
+/// The environment variable that asks `toolctl` for shell completion.
+pub const COMPLETE_VAR: &str = "TOOLCTL_COMPLETE";
+
 /// `toolctl`'s `main`: parses the command line of this process and runs it.
 pub fn main() -> ExitCode {
     toolsrv_tls::install_crypto_provider();
@@ -445,6 +456,13 @@ pub fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .with_writer(std::io::stderr)
         .init();
+    // `TOOLCTL_COMPLETE=bash toolctl` prints the shell's completion script, and the script runs
+    // `toolctl` with that variable set to complete a word: that answer is all such a run prints.
+    // (Not clap's usual `COMPLETE`: a variable that generic may be set for something else.)
+    CompleteEnv::with_factory(Cli::command)
+        .var(COMPLETE_VAR)
+        .bin("toolctl")
+        .complete();
     // A bad command line exits with the documented usage code, not clap's 2; help and version
     // are not errors.
     let args = match Cli::try_parse() {

@@ -2,6 +2,7 @@
 
 mod approve;
 mod call;
+pub mod complete;
 mod fanout;
 mod hosts;
 mod master;
