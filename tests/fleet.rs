@@ -184,6 +184,27 @@ fn calls_stream_output_live_and_pass_arguments() {
     );
 }
 
+/// Ports are picked free, then released: should another process take the fleet's port before
+/// the coordinator binds it, the coordinator starts on another, and no test talks to the
+/// stranger (a connection that succeeds is not enough: the listener must be the coordinator's).
+#[test]
+fn a_coordinator_whose_port_was_taken_meanwhile_starts_on_another() {
+    let mut fleet = Fleet::new(&["a"]);
+    let taken = fleet.port;
+    let _stranger = std::net::TcpListener::bind(("127.0.0.1", taken)).unwrap();
+    fleet.tool(
+        "hello.meta",
+        r#"{"description": "Say hello", "cmd": "echo hello"}"#,
+        false,
+    );
+    fleet.start_coordinator(&[]);
+    assert_ne!(fleet.port, taken);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "hello");
+    let out = fleet.toolctl(&["call", "a", "hello"]);
+    assert_eq!(text(&out.stdout), "hello\n", "{}", text(&out.stderr));
+}
+
 /// What bash completes after `words` (the last one being typed), through the script
 /// `TOOLCTL_COMPLETE=bash toolctl` prints, with `env` on top of alice's settings: every candidate, in order.
 fn bash_completes(fleet: &Fleet, words: &[&str], env: &[(&str, &str)]) -> Vec<String> {

@@ -104,7 +104,21 @@ impl TestFleet {
             .chain(extra.iter().copied())
             .map(String::from)
             .collect();
-        let proc = launch.start(&try_bin("toolsrv")?, "coordinator", self.work.path())?;
+        // The port was free when picked; should another process take it before the coordinator
+        // binds it, pick another (agents and clients are pointed at the fleet's port later).
+        let mut attempts = 1;
+        let proc = loop {
+            match launch.start(&try_bin("toolsrv")?, "coordinator", self.work.path()) {
+                Err(TestkitError::Exited { log, .. })
+                    if log.contains("Address already in use") && attempts < 3 =>
+                {
+                    attempts += 1;
+                    self.port = try_free_port()?;
+                    launch.port = self.port;
+                }
+                started => break started?,
+            }
+        };
         self.coordinator = Some(proc);
         Ok(())
     }

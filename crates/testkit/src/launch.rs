@@ -61,7 +61,11 @@ impl CoordinatorLaunch {
     pub fn start(&self, toolsrv: &Path, name: &str, log_dir: &Path) -> Result<Proc> {
         let mut proc = Proc::try_spawn(name, self.command(toolsrv), log_dir)?;
         let deadline = Instant::now() + LISTEN_WAIT;
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        // Another process may hold the port (ports are picked free, then released): a
+        // connection must reach this coordinator, not that one.
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err()
+            || !crate::proc::listens_on(proc.pid(), self.port)
+        {
             proc.check_alive()?;
             if Instant::now() > deadline {
                 return Err(TestkitError::Timeout {

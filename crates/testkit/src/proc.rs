@@ -30,6 +30,40 @@ pub fn free_port() -> u16 {
     must(try_free_port())
 }
 
+/// Whether process `pid` holds a listening TCP socket on `port` (any address): one of its file
+/// descriptors is a socket that `/proc/PID/net/tcp` or `tcp6` lists in state LISTEN there.
+pub fn listens_on(pid: i32, port: u16) -> bool {
+    let mut inodes = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // sl, local_address (ADDR:PORT in hex), rem_address, st (0A: LISTEN), ..., inode.
+            let (Some(local), Some(state), Some(inode)) =
+                (fields.get(1), fields.get(3), fields.get(9))
+            else {
+                continue;
+            };
+            let local_port = local
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if local_port == Some(port) && *state == "0A" {
+                inodes.push(format!("socket:[{inode}]"));
+            }
+        }
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
+    })
+}
+
 /// A child process killed (with its whole process group) on drop. When the thread is
 /// panicking, the drop prints the process's log.
 #[derive(Debug)]
@@ -140,5 +174,22 @@ impl Drop for Proc {
         if std::thread::panicking() {
             eprintln!("----- {} log -----\n{}", self.name, self.log());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listener_is_found_on_its_own_process_only() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let me = std::process::id() as i32;
+        assert!(listens_on(me, port));
+        // A connected socket on another port is no listener there; the parent holds none of ours.
+        let _client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        assert!(!listens_on(me, free_port()));
+        assert!(!listens_on(nix::unistd::getppid().as_raw(), port));
     }
 }
