@@ -243,7 +243,7 @@ fn bash_completes(fleet: &Fleet, words: &[&str], env: &[(&str, &str)]) -> Vec<St
 }
 
 /// Shell completion asks the coordinator: host ids after `call`, the tools that host offers
-/// after `call HOST`, `all` and hosts for a selector; an unreachable coordinator completes no
+/// after `call HOST`, the tool's arguments after `call HOST TOOL`, `all` and hosts for a selector; an unreachable coordinator completes no
 /// host, quietly and within seconds.
 #[test]
 fn bash_completes_hosts_and_the_tools_each_host_offers() {
@@ -261,6 +261,28 @@ fn bash_completes_hosts_and_the_tools_each_host_offers() {
     let on_a = bash_completes(&fleet, &["call", "--timeout", "5", "a", ""], &[]);
     assert!(on_a.contains(&"hello".to_string()) && on_a.contains(&"logs".to_string()));
     assert!(!on_a.contains(&"gpu".to_string()), "{on_a:?}");
+    // A tool's arguments, from its schema as the host resolves it.
+    fleet.tool(
+        "args.meta",
+        r#"{"description": "Echo args", "cmd": "cat",
+            "args": {"type": "object", "required": ["n"], "properties": {
+                "n": {"type": "integer", "description": "How many"},
+                "mode": {"type": "string", "enum": ["fast", "slow"]}}}}"#,
+        false,
+    );
+    fleet.wait_online(&["a"], "args");
+    let words = |typed: &[&str]| -> Vec<String> {
+        bash_completes(&fleet, typed, &[])
+            .into_iter()
+            .filter(|c| !c.starts_with("--"))
+            .collect()
+    };
+    assert_eq!(words(&["call", "a", "args", ""]), ["n:=", "mode="]);
+    assert_eq!(words(&["call", "a", "args", "n:=3", ""]), ["mode="]);
+    assert_eq!(
+        words(&["call", "a", "args", "mode="]),
+        ["mode=fast", "mode=slow"]
+    );
     let selectors = bash_completes(&fleet, &["fanout", ""], &[]);
     assert_eq!(&selectors[..4], ["all", "a", "b", "c"], "{selectors:?}");
     assert_eq!(bash_completes(&fleet, &["call", "b"], &[]), ["b"]);

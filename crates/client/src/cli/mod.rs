@@ -88,7 +88,7 @@ enum Command {
         /// Tool name
         #[arg(add = ArgValueCompleter::new(remote::complete::tools))]
         tool: String,
-        #[arg(value_name = "ARGS", help = call_args::HELP)]
+        #[arg(value_name = "ARGS", help = call_args::HELP, add = ArgValueCompleter::new(remote::complete::args))]
         args: Vec<String>,
         /// Working directory on the host (default: the agent's)
         #[arg(long)]

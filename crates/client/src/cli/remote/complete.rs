@@ -1,5 +1,6 @@
 //! Shell completion of what only the coordinator knows: host ids (`call`, `describe`, `tools`,
-//! and `fanout` and `find` selectors) and the tools a host offers (`call HOST <TAB>`).
+//! and `fanout` and `find` selectors), the tools a host offers (`call HOST <TAB>`) and a tool's
+//! arguments as `KEY=VALUE` words (`call HOST TOOL <TAB>`).
 //!
 //! The shell runs `toolctl` with `TOOLCTL_COMPLETE=SHELL` and the words typed so far; these completers
 //! connect as the command itself would (the `--addr`, `--ca`, `--cert`, `--key` and `--control`
@@ -82,6 +83,103 @@ pub fn tools(current: &OsStr) -> Vec<CompletionCandidate> {
         .collect()
 }
 
+/// The argument words of `toolctl call HOST TOOL ...` starting with `current`, from the tool's
+/// schema as that host resolves it: see [`argument_words`].
+pub fn args(current: &OsStr) -> Vec<CompletionCandidate> {
+    let Some(current) = current.to_str() else {
+        return Vec::new();
+    };
+    let words = typed_words();
+    let positionals = positionals_after(&words, &["call"]);
+    // HOST, TOOL, the arguments typed so far, and the one being typed.
+    let [host, tool, typed @ .., _current] = positionals.as_slice() else {
+        return Vec::new();
+    };
+    let (host, tool) = (host.clone(), tool.clone());
+    let conn = conn_from(&words);
+    let Some(definition) = ask(&conn, |client| async move {
+        client.describe(&host, &tool).await
+    }) else {
+        return Vec::new();
+    };
+    let Ok(schema) = serde_json::from_str(&definition.args_schema_json) else {
+        return Vec::new();
+    };
+    argument_words(&schema, typed, current)
+        .into_iter()
+        .map(|(word, help)| CompletionCandidate::new(word).help(help.map(Into::into)))
+        .collect()
+}
+
+/// Words for a tool's arguments given its JSON Schema `schema`, starting with `current`: each
+/// property not in `typed` as `NAME=` (a string, or a property of no declared type) or `NAME:=`
+/// (anything else), required ones first, with the property's description; once `NAME=` is
+/// typed, `NAME=VALUE` for each value its `enum` allows (`NAME:=VALUE` for values that are not
+/// strings).
+fn argument_words(
+    schema: &serde_json::Value,
+    typed: &[String],
+    current: &str,
+) -> Vec<(String, Option<String>)> {
+    let Some(properties) = schema["properties"].as_object() else {
+        return Vec::new();
+    };
+    let required: Vec<&str> = schema["required"]
+        .as_array()
+        .map(|r| r.iter().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    if let Some((key, _)) = current.split_once('=') {
+        let key = key.strip_suffix(':').unwrap_or(key);
+        let Some(values) = properties.get(key).and_then(|p| p["enum"].as_array()) else {
+            return Vec::new();
+        };
+        return values
+            .iter()
+            .map(|v| match v.as_str() {
+                Some(text) => format!("{key}={text}"),
+                None => format!("{key}:={v}"),
+            })
+            .filter(|word| word.starts_with(current))
+            .map(|word| (word, None))
+            .collect();
+    }
+    let given = |name: &str| {
+        typed.iter().any(|w| {
+            w.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('=') || rest.starts_with(":="))
+        })
+    };
+    let mut words: Vec<(bool, String, Option<String>)> = properties
+        .iter()
+        .filter(|(name, _)| !given(name))
+        .map(|(name, property)| {
+            let stringly = match &property["type"] {
+                serde_json::Value::String(t) => t == "string",
+                serde_json::Value::Null => true,
+                _ => false,
+            };
+            let word = format!("{name}{}", if stringly { "=" } else { ":=" });
+            let is_required = required.contains(&name.as_str());
+            let description = property["description"]
+                .as_str()
+                .and_then(|d| d.lines().next())
+                .map(str::to_string);
+            let help = match (is_required, description) {
+                (true, Some(d)) => Some(format!("(required) {d}")),
+                (true, None) => Some("(required)".to_string()),
+                (false, d) => d,
+            };
+            (!is_required, word, help)
+        })
+        .filter(|(_, word, _)| word.starts_with(current))
+        .collect();
+    words.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    words
+        .into_iter()
+        .map(|(_, word, help)| (word, help))
+        .collect()
+}
+
 /// Runs `request` against the coordinator on a runtime of its own, for at most
 /// [`COMPLETION_WAIT`]; `None` on any failure, which completion keeps to itself.
 fn ask<T, F, Fut>(conn: &ConnArgs, request: F) -> Option<T>
@@ -153,7 +251,16 @@ fn conn_from(words: &[String]) -> ConnArgs {
 /// The host of `toolctl call HOST TOOL` (or `describe`): the first positional word after the
 /// subcommand, when another word follows it (the one being completed).
 fn host_word(words: &[String]) -> Option<String> {
-    let command = words.iter().position(|w| w == "call" || w == "describe")?;
+    let positionals = positionals_after(words, &["call", "describe"]);
+    (positionals.len() >= 2).then(|| positionals[0].clone())
+}
+
+/// The positional words after the first of `commands` in `words`: neither options nor the values
+/// of those that take one. The last is the word being completed.
+fn positionals_after(words: &[String], commands: &[&str]) -> Vec<String> {
+    let Some(command) = words.iter().position(|w| commands.contains(&w.as_str())) else {
+        return Vec::new();
+    };
     let mut rest = words[command + 1..].iter();
     let mut positionals = Vec::new();
     while let Some(word) = rest.next() {
@@ -162,11 +269,10 @@ fn host_word(words: &[String]) -> Option<String> {
                 rest.next();
             }
         } else {
-            positionals.push(word);
+            positionals.push(word.clone());
         }
     }
-    // The last word is the one being completed.
-    (positionals.len() >= 2).then(|| positionals[0].clone())
+    positionals
 }
 
 #[cfg(test)]
@@ -203,6 +309,54 @@ mod tests {
         // Still completing the host, or no such command.
         assert_eq!(host_word(&words(&["toolctl", "call", "we"])), None);
         assert_eq!(host_word(&words(&["toolctl", "tools", "a", "b"])), None);
+    }
+
+    #[test]
+    fn arguments_come_from_the_schema_required_first_and_not_twice() {
+        let schema = serde_json::json!({
+            "type": "object",
+            "required": ["path"],
+            "properties": {
+                "algorithm": {"type": "string", "enum": ["sha1", "sha256"], "description": "Digest"},
+                "path": {"type": "string", "description": "File to hash\nmore"},
+                "follow": {"type": "boolean"},
+                "limit": {"type": "integer", "enum": [10, 20]},
+                "anything": {}
+            }
+        });
+        let words = |typed: &[&str], current: &str| -> Vec<(String, Option<String>)> {
+            let typed: Vec<String> = typed.iter().map(|w| (*w).to_string()).collect();
+            argument_words(&schema, &typed, current)
+        };
+        let all: Vec<String> = words(&[], "").into_iter().map(|(w, _)| w).collect();
+        assert_eq!(
+            all,
+            ["path=", "algorithm=", "anything=", "follow:=", "limit:="]
+        );
+        assert_eq!(
+            words(&[], "pa"),
+            [(
+                "path=".to_string(),
+                Some("(required) File to hash".to_string())
+            )]
+        );
+        let left: Vec<String> = words(&["path=/etc/hosts", "follow:=true"], "")
+            .into_iter()
+            .map(|(w, _)| w)
+            .collect();
+        assert_eq!(left, ["algorithm=", "anything=", "limit:="]);
+        let values: Vec<String> = words(&[], "algorithm=")
+            .into_iter()
+            .map(|(w, _)| w)
+            .collect();
+        assert_eq!(values, ["algorithm=sha1", "algorithm=sha256"]);
+        assert_eq!(words(&[], "algorithm=sha2")[0].0, "algorithm=sha256");
+        assert_eq!(words(&[], "limit:=2")[0].0, "limit:=20");
+        assert!(
+            words(&[], "path=/e").is_empty(),
+            "no enum, nothing to offer"
+        );
+        assert!(argument_words(&serde_json::json!({}), &[], "").is_empty());
     }
 
     #[test]
