@@ -283,6 +283,11 @@ fn bash_completes_hosts_and_the_tools_each_host_offers() {
         words(&["call", "a", "args", "mode="]),
         ["mode=fast", "mode=slow"]
     );
+    // For a fan-out, the tools of the host a selector names, or of every online host.
+    assert_eq!(words(&["fanout", "b", "g"]), ["gpu"]);
+    assert_eq!(words(&["fanout", "a", "g"]), Vec::<String>::new());
+    assert_eq!(words(&["fanout", "role=web", "g"]), ["gpu"]);
+    assert_eq!(words(&["fanout", "all", "args", "mode=f"]), ["mode=fast"]);
     let selectors = bash_completes(&fleet, &["fanout", ""], &[]);
     assert_eq!(&selectors[..4], ["all", "a", "b", "c"], "{selectors:?}");
     assert_eq!(bash_completes(&fleet, &["call", "b"], &[]), ["b"]);

@@ -113,8 +113,9 @@ enum Command {
         #[arg(add = ArgValueCompleter::new(remote::complete::selectors))]
         selector: String,
         /// Tool name
+        #[arg(add = ArgValueCompleter::new(remote::complete::tools))]
         tool: String,
-        #[arg(value_name = "ARGS", help = call_args::HELP)]
+        #[arg(value_name = "ARGS", help = call_args::HELP, add = ArgValueCompleter::new(remote::complete::args))]
         args: Vec<String>,
         /// Working directory on each host (default: the agents')
         #[arg(long)]

@@ -58,48 +58,96 @@ pub fn selectors(current: &OsStr) -> Vec<CompletionCandidate> {
     all.into_iter().chain(hosts(current)).collect()
 }
 
-/// The tools the host typed before this word offers, starting with `current`, each with its
-/// description as help.
+/// The tools offered where the command runs, starting with `current`, each with its description
+/// as help: on the host of `call HOST` or `describe HOST`; for `fanout SELECTOR`, on that host
+/// when the selector is a host id, else on any online host (the coordinator alone resolves
+/// selectors, so this offers a little more than the selector may pick).
 pub fn tools(current: &OsStr) -> Vec<CompletionCandidate> {
-    let Some(current) = current.to_str() else {
+    let Some(current) = current.to_str().map(str::to_string) else {
         return Vec::new();
     };
     let words = typed_words();
-    let Some(host) = host_word(&words) else {
+    let Some((command, positionals)) = command_positionals(&words, &["call", "describe", "fanout"])
+    else {
         return Vec::new();
     };
+    // The host or selector, and the word being typed.
+    let [target, _current] = positionals.as_slice() else {
+        return Vec::new();
+    };
+    let target = target.clone();
     let conn = conn_from(&words);
-    let Some(listing) = ask(
-        &conn,
-        |client| async move { client.tools(&host, false).await },
-    ) else {
-        return Vec::new();
-    };
-    listing
-        .tools
+    let offered = ask(&conn, |client| async move {
+        let mut offered = std::collections::BTreeMap::new();
+        for host in hosts_of(&client, &command, &target).await? {
+            for tool in client.tools(&host, false).await?.tools {
+                if tool.visible && tool.name.starts_with(&current) {
+                    offered.entry(tool.name).or_insert(tool.description);
+                }
+            }
+        }
+        Ok(offered)
+    });
+    offered
+        .unwrap_or_default()
         .into_iter()
-        .filter(|t| t.visible && t.name.starts_with(current))
-        .map(|t| CompletionCandidate::new(t.name).help(Some(t.description.into())))
+        .map(|(name, description)| CompletionCandidate::new(name).help(Some(description.into())))
         .collect()
 }
 
-/// The argument words of `toolctl call HOST TOOL ...` starting with `current`, from the tool's
-/// schema as that host resolves it: see [`argument_words`].
+/// Most hosts asked for their tools when completing a selector that is not a host id.
+const MAX_HOSTS_ASKED: usize = 64;
+
+/// The hosts whose tools complete `command TARGET`: the host itself for `call` and `describe`;
+/// for `fanout`, the host a selector names, else the online hosts (at most [`MAX_HOSTS_ASKED`]).
+async fn hosts_of(
+    client: &Client,
+    command: &str,
+    target: &str,
+) -> Result<Vec<String>, crate::ClientError> {
+    if command != "fanout" {
+        return Ok(vec![target.to_string()]);
+    }
+    let hosts = client.hosts().await?;
+    if hosts.iter().any(|h| h.host_id == target) {
+        return Ok(vec![target.to_string()]);
+    }
+    Ok(hosts
+        .into_iter()
+        .filter(|h| h.state == crate::HostState::Online as i32)
+        .take(MAX_HOSTS_ASKED)
+        .map(|h| h.host_id)
+        .collect())
+}
+
+/// The argument words of `toolctl call HOST TOOL ...` (or `fanout SELECTOR TOOL ...`) starting
+/// with `current`, from the tool's schema as the host resolves it (for a fan-out, the first host
+/// of [`hosts_of`] that offers it): see [`argument_words`].
 pub fn args(current: &OsStr) -> Vec<CompletionCandidate> {
     let Some(current) = current.to_str() else {
         return Vec::new();
     };
     let words = typed_words();
-    let positionals = positionals_after(&words, &["call"]);
-    // HOST, TOOL, the arguments typed so far, and the one being typed.
-    let [host, tool, typed @ .., _current] = positionals.as_slice() else {
+    let Some((command, positionals)) = command_positionals(&words, &["call", "fanout"]) else {
         return Vec::new();
     };
-    let (host, tool) = (host.clone(), tool.clone());
+    // HOST (or SELECTOR), TOOL, the arguments typed so far, and the one being typed.
+    let [target, tool, typed @ .., _current] = positionals.as_slice() else {
+        return Vec::new();
+    };
+    let (target, tool) = (target.clone(), tool.clone());
     let conn = conn_from(&words);
-    let Some(definition) = ask(&conn, |client| async move {
-        client.describe(&host, &tool).await
-    }) else {
+    let definition = ask(&conn, |client| async move {
+        let mut last = None;
+        for host in hosts_of(&client, &command, &target).await? {
+            match client.describe(&host, &tool).await {
+                Ok(definition) => return Ok(Some(definition)),
+                Err(e) => last = Some(e),
+            }
+        }
+        last.map_or(Ok(None), Err)
+    });
+    let Some(definition) = definition.flatten() else {
         return Vec::new();
     };
     let Ok(schema) = serde_json::from_str(&definition.args_schema_json) else {
@@ -248,19 +296,10 @@ fn conn_from(words: &[String]) -> ConnArgs {
     }
 }
 
-/// The host of `toolctl call HOST TOOL` (or `describe`): the first positional word after the
-/// subcommand, when another word follows it (the one being completed).
-fn host_word(words: &[String]) -> Option<String> {
-    let positionals = positionals_after(words, &["call", "describe"]);
-    (positionals.len() >= 2).then(|| positionals[0].clone())
-}
-
-/// The positional words after the first of `commands` in `words`: neither options nor the values
-/// of those that take one. The last is the word being completed.
-fn positionals_after(words: &[String], commands: &[&str]) -> Vec<String> {
-    let Some(command) = words.iter().position(|w| commands.contains(&w.as_str())) else {
-        return Vec::new();
-    };
+/// The first of `commands` in `words`, and the positional words after it: neither options nor
+/// the values of those that take one. The last is the word being completed.
+fn command_positionals(words: &[String], commands: &[&str]) -> Option<(String, Vec<String>)> {
+    let command = words.iter().position(|w| commands.contains(&w.as_str()))?;
     let mut rest = words[command + 1..].iter();
     let mut positionals = Vec::new();
     while let Some(word) = rest.next() {
@@ -272,7 +311,7 @@ fn positionals_after(words: &[String], commands: &[&str]) -> Vec<String> {
             positionals.push(word.clone());
         }
     }
-    positionals
+    Some((words[command].clone(), positionals))
 }
 
 #[cfg(test)]
@@ -284,13 +323,16 @@ mod tests {
     }
 
     #[test]
-    fn the_host_is_the_first_positional_after_the_command() {
+    fn positionals_skip_options_and_their_values() {
+        let positionals =
+            |w: &[&str]| command_positionals(&words(w), &["call", "describe", "fanout"]);
+        let p = |c: &str, w: &[&str]| Some((c.to_string(), words(w)));
         assert_eq!(
-            host_word(&words(&["toolctl", "call", "web-1", "di"])),
-            Some("web-1".into())
+            positionals(&["toolctl", "call", "web-1", "di"]),
+            p("call", &["web-1", "di"])
         );
         assert_eq!(
-            host_word(&words(&[
+            positionals(&[
                 "toolctl",
                 "call",
                 "--addr",
@@ -299,16 +341,23 @@ mod tests {
                 "--cwd=/t",
                 "web-1",
                 ""
-            ])),
-            Some("web-1".into())
+            ]),
+            p("call", &["web-1", ""])
         );
         assert_eq!(
-            host_word(&words(&["toolctl", "describe", "--timeout", "3", "db", ""])),
-            Some("db".into())
+            positionals(&[
+                "toolctl",
+                "fanout",
+                "--timeout",
+                "3",
+                "role=db",
+                "x",
+                "a=1",
+                ""
+            ]),
+            p("fanout", &["role=db", "x", "a=1", ""])
         );
-        // Still completing the host, or no such command.
-        assert_eq!(host_word(&words(&["toolctl", "call", "we"])), None);
-        assert_eq!(host_word(&words(&["toolctl", "tools", "a", "b"])), None);
+        assert_eq!(positionals(&["toolctl", "tools", "a", "b"]), None);
     }
 
     #[test]
