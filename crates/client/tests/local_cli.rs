@@ -524,3 +524,68 @@ fn lint_and_local_report_an_oversized_meta_and_keep_the_others() {
     let out = run(toolctl().args(["local", "call", "--tools", &tools, "ok"]));
     assert_eq!(stdout(&out), "fine\n", "{}", stderr(&out));
 }
+
+/// What bash completes after `words` (the last one being typed) through the script
+/// `TOOLCTL_COMPLETE=bash toolctl` prints, options left out.
+fn bash_completes(words: &[&str], env: &[(&str, &str)]) -> Vec<String> {
+    let toolctl = env!("CARGO_BIN_EXE_toolctl");
+    let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+    let script = format!(
+        "source <(TOOLCTL_COMPLETE=bash '{toolctl}')\n\
+         COMP_WORDS=('{toolctl}' {})\nCOMP_CWORD={}\nCOMP_TYPE=9\n\
+         _clap_complete_toolctl toolctl \"${{COMP_WORDS[COMP_CWORD]}}\" x\n\
+         printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        quoted.join(" "),
+        words.len()
+    );
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c")
+        .arg(script)
+        .env_remove("OLLIE_TOOLS_PATH")
+        .envs(env.iter().copied());
+    let out = run(&mut cmd);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stderr(&out), "", "completion prints nothing but candidates");
+    stdout(&out)
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with("--"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn bash_completes_the_tools_of_the_tools_path_and_their_arguments() {
+    let dir = fixture();
+    let t = tools_arg(&dir);
+    let t = t.as_str();
+    assert_eq!(
+        bash_completes(&["local", "call", "--tools", t, "e"], &[]),
+        ["echo"]
+    );
+    // Visible tools only, as this machine (or `--as`) resolves them.
+    assert_eq!(
+        bash_completes(&["local", "describe", "--tools", t, "g"], &[]),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        bash_completes(&["local", "call", "l"], &[("OLLIE_TOOLS_PATH", t)]),
+        ["logs"]
+    );
+    assert_eq!(
+        bash_completes(&["local", "call", "--tools", t, "echo", ""], &[]),
+        ["n:="]
+    );
+    assert_eq!(
+        bash_completes(&["local", "call", "--tools", t, "echo", "n:=1", ""], &[]),
+        Vec::<String>::new()
+    );
+    // No tools path, or one that is not there: nothing, silently.
+    assert_eq!(
+        bash_completes(&["local", "call", "e"], &[]),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        bash_completes(&["local", "call", "--tools", "/nonexistent", "e"], &[]),
+        Vec::<String>::new()
+    );
+}

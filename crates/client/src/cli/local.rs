@@ -43,6 +43,17 @@ pub(super) fn load(tools: &ToolsArgs, report_errors: bool) -> Result<(Catalog, H
     Ok((catalog, host))
 }
 
+/// The catalog of `tools` and the host to resolve it for, printing nothing (shell completion);
+/// `None` without a tools path or with bad `--as` facts.
+pub(super) fn load_quietly(tools: &ToolsArgs) -> Option<(Catalog, Host)> {
+    let path = tools.tools.as_ref()?;
+    let mut host = Host::current();
+    if let Some(facts) = &tools.as_host {
+        apply_as(&mut host, facts).ok()?;
+    }
+    Some((Scanner::new(split_tools_path(path)).scan(), host))
+}
+
 /// Applies `os=...,arch=...` to `host`.
 fn apply_as(host: &mut Host, facts: &str) -> Result<(), String> {
     for pair in facts.split(',').filter(|p| !p.is_empty()) {

@@ -339,6 +339,7 @@ enum LocalCommand {
         #[command(flatten)]
         tools: ToolsArgs,
         /// Tool name
+        #[arg(add = ArgValueCompleter::new(remote::complete::local_tools))]
         name: String,
     },
     /// Rank the tools this host offers against a request in plain words, best first
@@ -376,8 +377,9 @@ enum LocalCommand {
         #[command(flatten)]
         tools: ToolsArgs,
         /// Tool name
+        #[arg(add = ArgValueCompleter::new(remote::complete::local_tools))]
         name: String,
-        #[arg(value_name = "ARGS", help = call_args::HELP)]
+        #[arg(value_name = "ARGS", help = call_args::HELP, add = ArgValueCompleter::new(remote::complete::local_args))]
         args: Vec<String>,
         /// Working directory of the call (default: the current directory)
         #[arg(long)]

@@ -1,6 +1,7 @@
 //! Shell completion of what only the coordinator knows: host ids (`call`, `describe`, `tools`,
 //! and `fanout` and `find` selectors), the tools a host offers (`call HOST <TAB>`) and a tool's
-//! arguments as `KEY=VALUE` words (`call HOST TOOL <TAB>`).
+//! arguments as `KEY=VALUE` words (`call HOST TOOL <TAB>`); and, from the tools path rather than
+//! the coordinator, the tools and arguments of `local call` and `local describe`.
 //!
 //! The shell runs `toolctl` with `TOOLCTL_COMPLETE=SHELL` and the words typed so far; these completers
 //! connect as the command itself would (the `--addr`, `--ca`, `--cert`, `--key` and `--control`
@@ -20,7 +21,7 @@ use crate::Client;
 pub const COMPLETION_WAIT: Duration = Duration::from_secs(2);
 
 /// Options of the remote commands that take a value: the word after one is not a positional.
-const VALUE_OPTIONS: [&str; 7] = [
+const VALUE_OPTIONS: [&str; 10] = [
     "--addr",
     "--ca",
     "--cert",
@@ -28,6 +29,9 @@ const VALUE_OPTIONS: [&str; 7] = [
     "--control",
     "--cwd",
     "--timeout",
+    "--tools",
+    "--as",
+    "--output-cap",
 ];
 
 /// Host ids starting with `current`, each with its state as help.
@@ -228,6 +232,72 @@ fn argument_words(
         .collect()
 }
 
+/// The tools `toolctl local call` (or `local describe`) would find, starting with `current`: the
+/// visible tools of the tools path typed (`--tools`), else `OLLIE_TOOLS_PATH`, on this machine
+/// (or as `--as` says).
+pub fn local_tools(current: &OsStr) -> Vec<CompletionCandidate> {
+    let Some(current) = current.to_str() else {
+        return Vec::new();
+    };
+    let words = typed_words();
+    local_views(&words)
+        .into_iter()
+        .filter(|(name, _)| name.starts_with(current))
+        .map(|(name, tool)| {
+            let help = tool.description.clone().map(Into::into);
+            CompletionCandidate::new(name).help(help)
+        })
+        .collect()
+}
+
+/// The argument words of `toolctl local call TOOL ...` starting with `current`, from the tool's
+/// schema as this machine resolves it: see [`argument_words`].
+pub fn local_args(current: &OsStr) -> Vec<CompletionCandidate> {
+    let Some(current) = current.to_str() else {
+        return Vec::new();
+    };
+    let words = typed_words();
+    let Some((_, positionals)) = command_positionals(&words, &["call"]) else {
+        return Vec::new();
+    };
+    // TOOL, the arguments typed so far, and the one being typed.
+    let [tool, typed @ .., _current] = positionals.as_slice() else {
+        return Vec::new();
+    };
+    let Some((_, resolved)) = local_views(&words)
+        .into_iter()
+        .find(|(name, _)| name == tool)
+    else {
+        return Vec::new();
+    };
+    argument_words(&resolved.args, typed, current)
+        .into_iter()
+        .map(|(word, help)| CompletionCandidate::new(word).help(help.map(Into::into)))
+        .collect()
+}
+
+/// The visible tools, resolved, of the tools path and host facts typed in `words` (or
+/// `OLLIE_TOOLS_PATH` and this machine).
+fn local_views(words: &[String]) -> Vec<(String, toolsrv_meta::ResolvedTool)> {
+    let Some(path) = typed(words, "--tools").or_else(|| env_setting("OLLIE_TOOLS_PATH")) else {
+        return Vec::new();
+    };
+    let tools = crate::cli::ToolsArgs {
+        tools: Some(path),
+        as_host: typed(words, "--as"),
+    };
+    let Some((catalog, host)) = crate::cli::local::load_quietly(&tools) else {
+        return Vec::new();
+    };
+    toolsrv_host::view(&catalog, &host)
+        .into_iter()
+        .filter_map(|v| match v.resolution {
+            toolsrv_meta::Resolution::Visible { tool, .. } => Some((v.name, tool)),
+            toolsrv_meta::Resolution::Hidden { .. } => None,
+        })
+        .collect()
+}
+
 /// Runs `request` against the coordinator on a runtime of its own, for at most
 /// [`COMPLETION_WAIT`]; `None` on any failure, which completion keeps to itself.
 fn ask<T, F, Fut>(conn: &ConnArgs, request: F) -> Option<T>
@@ -271,22 +341,27 @@ fn typed_words() -> Vec<String> {
         .collect()
 }
 
+/// The value of `option` typed in `words` (`--option VALUE` or `--option=VALUE`).
+fn typed(words: &[String], option: &str) -> Option<String> {
+    let with_equals = format!("{option}=");
+    words
+        .iter()
+        .enumerate()
+        .find_map(|(i, w)| match w.strip_prefix(&with_equals) {
+            Some(value) => Some(value.to_string()),
+            None if w == option => words.get(i + 1).cloned(),
+            None => None,
+        })
+}
+
+/// An environment variable that is set and not empty.
+fn env_setting(var: &str) -> Option<String> {
+    std::env::var(var).ok().filter(|v| !v.is_empty())
+}
+
 /// The connection settings typed on the command line, else from the environment.
 fn conn_from(words: &[String]) -> ConnArgs {
-    let typed = |option: &str| -> Option<String> {
-        let with_equals = format!("{option}=");
-        words
-            .iter()
-            .enumerate()
-            .find_map(|(i, w)| match w.strip_prefix(&with_equals) {
-                Some(value) => Some(value.to_string()),
-                None if w == option => words.get(i + 1).cloned(),
-                None => None,
-            })
-    };
-    let setting = |option: &str, var: &str| {
-        typed(option).or_else(|| std::env::var(var).ok().filter(|v| !v.is_empty()))
-    };
+    let setting = |option: &str, var: &str| typed(words, option).or_else(|| env_setting(var));
     ConnArgs {
         addr: setting("--addr", "TOOLSRV_ADDR"),
         ca: setting("--ca", "TOOLSRV_CA").map(PathBuf::from),
