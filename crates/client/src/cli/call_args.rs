@@ -18,14 +18,20 @@ pub struct CallArgs {
     pub string_keys: Vec<String>,
 }
 
-/// What `toolctl` adds when a tool refused, as `message` words it, the value of an argument
+/// What `toolctl` adds when a tool refused, as `message` words it, the type of an argument
 /// given as a `KEY=VALUE` word: that it was a string, and how to give a number, a boolean or
-/// JSON instead. `None` when no such argument is named (a missing or unknown name, say).
+/// JSON instead. `None` when no such argument is refused for its type (a missing or unknown
+/// name, or a string the tool wants but not that one, say).
 pub fn string_note(string_keys: &[String], message: &str) -> Option<String> {
     string_keys.iter().find_map(|key| {
-        // The validator names a value by its JSON pointer and quotes it when it is a string.
+        // The validator names a value by its JSON pointer, quotes it when it is a string, and
+        // joins its complaints with "; ".
         let pointer = key.replace('~', "~0").replace('/', "~1");
-        message.contains(&format!("at /{pointer}: \"")).then(|| {
+        let about = format!("at /{pointer}: \"");
+        let wrong_type = message
+            .split("; ")
+            .any(|part| part.contains(&about) && part.contains("is not of type"));
+        wrong_type.then(|| {
             format!(
                 "note: `{}=...` passes a string; write `{}:=VALUE` for a number, a boolean, \
                  an array or an object (`port:=8080`, `force:=true`)",
@@ -205,6 +211,15 @@ mod tests {
         );
         let note = string_note(&keys, "at /a~1b: \"x\" is not of type \"boolean\"");
         assert!(note.unwrap().contains("`a/b:=VALUE`"));
+        // A string, only not that one (quoting would not help); and with a type error too.
+        let short = "at /name: \"ab\" is shorter than 3 characters";
+        assert_eq!(string_note(&keys, short), None);
+        let both = format!("{short}; at /limit: \"5\" is not of type \"integer\"");
+        assert!(
+            string_note(&keys, &both)
+                .unwrap()
+                .contains("`limit:=VALUE`")
+        );
         // A name the tool does not know, a missing one, or a string it accepts: no note.
         assert_eq!(
             string_note(
