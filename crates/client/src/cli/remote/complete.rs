@@ -3,9 +3,9 @@
 //! arguments as `KEY=VALUE` words (`call HOST TOOL <TAB>`); and, from the tools path rather than
 //! the coordinator, the tools and arguments of `local call` and `local describe`.
 //!
-//! The shell runs `toolctl` with `TOOLCTL_COMPLETE=SHELL` and the words typed so far; these completers
-//! connect as the command itself would (the `--addr`, `--ca`, `--cert`, `--key` and `--control`
-//! already typed, else their environment variables), quietly and for at most
+//! The shell runs `toolctl` with `TOOLCTL_COMPLETE=SHELL` and the words typed so far; these
+//! completers connect as the command itself would (the `--addr`, `--ca`, `--cert`, `--key` and
+//! `--control` already typed, else their environment variables), quietly and for at most
 //! [`COMPLETION_WAIT`]: a coordinator that is not there completes nothing, it prints nothing.
 
 use std::ffi::{OsStr, OsString};
@@ -20,7 +20,8 @@ use crate::Client;
 /// Longest a completion waits for the coordinator.
 pub const COMPLETION_WAIT: Duration = Duration::from_secs(2);
 
-/// Options of the remote commands that take a value: the word after one is not a positional.
+/// Options of the commands completed here that take a value: the word after one is not a
+/// positional.
 const VALUE_OPTIONS: [&str; 10] = [
     "--addr",
     "--ca",
