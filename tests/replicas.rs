@@ -1232,6 +1232,31 @@ fn a_session_is_reached_through_any_replica_and_spans_every_replicas_hosts() {
     );
     drop(watch);
 
+    // Listed through either replica, with one opened through r1: both, wherever they live.
+    let other = ok(r.toolctl(1, &["session", "open"]), "open through r1")
+        .trim()
+        .to_string();
+    assert!(other.ends_with("@r1"), "{other}");
+    let mut both = [id.as_str(), other.as_str()];
+    both.sort_unstable();
+    for i in 0..2 {
+        let listed = json(ok(r.toolctl(i, &["session", "list", "--json"]), "list"));
+        let ids: Vec<&str> = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, both, "through r{i}, sorted by id");
+    }
+    let bobs = r
+        .fleet
+        .toolctl_as("client-bob", &["session", "list", "--json"], None);
+    assert_eq!(ok(bobs, "bob's list").trim(), "[]");
+    ok(
+        r.toolctl(1, &["session", "close", &other]),
+        "close r1's session",
+    );
     ok(r.toolctl(1, &["session", "close", &id]), "close through r1");
     let out = r.toolctl(0, &["session", "show", &id]);
     assert!(!out.status.success(), "closed on r0 too");

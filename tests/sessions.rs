@@ -254,6 +254,33 @@ fn a_session_resolves_tools_per_host_and_is_its_clients_alone() {
     );
     assert_eq!(tool(&state, "only_b")["hosts"], serde_json::json!([]));
 
+    // Alice lists her two sessions, sorted by id; bob lists none of them.
+    let listed: Value =
+        serde_json::from_str(&ok(&fleet.toolctl(&["session", "list", "--json"]), "list")).unwrap();
+    let mut ids = vec![id.clone(), on_a.clone()];
+    ids.sort();
+    let listed_ids: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed_ids, ids);
+    let first = show(&fleet, &ids[0]);
+    for field in ["hosts", "selected", "tools", "maxLoaded"] {
+        assert_eq!(
+            listed[0][field], first[field],
+            "as `session show` has it: {field}"
+        );
+    }
+    let text_list = ok(&fleet.toolctl(&["session", "list"]), "list");
+    assert!(text_list.starts_with("SESSION"), "{text_list}");
+    assert!(text_list.contains(&format!("{id}  all ")), "{text_list}");
+    let bobs = fleet.toolctl_as("client-bob", &["session", "list"], None);
+    assert_eq!(ok(&bobs, "bob's list"), "(no session)\n");
+    let bobs = fleet.toolctl_as("client-bob", &["session", "list", "--json"], None);
+    assert_eq!(ok(&bobs, "bob's list"), "[]\n");
+
     // Bob cannot see, change or close alice's session: it does not exist for him.
     for args in [
         vec!["session", "show", id.as_str()],
@@ -311,6 +338,12 @@ fn a_watcher_sees_loads_meta_edits_and_hosts_going_away() {
     assert_eq!(loaded(&first), ["everyday"]);
     assert_eq!(first["watchers"], 1);
     assert_eq!(first["idleExpiresUnixMs"], 0, "no idle clock while watched");
+    let listed = ok(&fleet.toolctl(&["session", "list"]), "list");
+    let row = listed
+        .lines()
+        .find(|l| l.starts_with(&id))
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert!(row.ends_with(" 1         watched"), "{row}");
 
     ok(
         &fleet.toolctl(&["session", "load", &id, "per_host"]),

@@ -28,7 +28,8 @@ use toolsrv_proto::v1::tools_server::{Tools, ToolsServer};
 use toolsrv_proto::v1::{
     ApproveRequest, ApproveResponse, CallEvent, CallRequest, CatalogEvent, DescribeToolRequest,
     FanOutEvent, FanOutRequest, ListApprovalsRequest, ListApprovalsResponse, ListHostsRequest,
-    ListHostsResponse, ListToolsRequest, ListToolsResponse, ToolDefinition, WatchCatalogRequest,
+    ListHostsResponse, ListSessionsRequest, ListSessionsResponse, ListToolsRequest,
+    ListToolsResponse, ToolDefinition, WatchCatalogRequest,
 };
 use toolsrv_proto::v1::{
     CloseSessionResponse, FindToolsRequest, FindToolsResponse, GetSessionRequest, LoadToolRequest,
@@ -616,6 +617,13 @@ impl Tools for Relay {
         req: Request<GetSessionRequest>,
     ) -> Result<Response<CloseSessionResponse>, Status> {
         self.upstream.clone().close_session(req.into_inner()).await
+    }
+
+    async fn list_sessions(
+        &self,
+        req: Request<ListSessionsRequest>,
+    ) -> Result<Response<ListSessionsResponse>, Status> {
+        self.upstream.clone().list_sessions(req.into_inner()).await
     }
 }
 

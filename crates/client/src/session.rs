@@ -4,8 +4,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 use toolsrv_proto::v1::{
-    FindToolsRequest, FindToolsResponse, GetSessionRequest, LoadToolRequest, OpenSessionRequest,
-    SessionProfile, SessionState, UnloadToolRequest,
+    FindToolsRequest, FindToolsResponse, GetSessionRequest, ListSessionsRequest, LoadToolRequest,
+    OpenSessionRequest, SessionProfile, SessionState, UnloadToolRequest,
 };
 
 use crate::{Client, ClientError};
@@ -152,6 +152,18 @@ impl Client {
             .await?
             .into_inner();
         Ok(SessionWatch { inner })
+    }
+
+    /// This client's open sessions (on every replica that answers in time), sorted by id.
+    pub async fn sessions(&self) -> Result<Vec<SessionState>, ClientError> {
+        let request = ListSessionsRequest {};
+        Ok(self
+            .inner
+            .clone()
+            .list_sessions(request)
+            .await?
+            .into_inner()
+            .sessions)
     }
 
     /// Ends session `id` now.

@@ -19,8 +19,9 @@ use toolsrv_proto::v1::{
     call_event, fan_out_event,
 };
 use toolsrv_proto::v1::{
-    CloseSessionResponse, FindToolsRequest, FindToolsResponse, GetSessionRequest, LoadToolRequest,
-    OpenSessionRequest, SessionState, UnloadToolRequest,
+    CloseSessionResponse, FindToolsRequest, FindToolsResponse, GetSessionRequest,
+    ListSessionsRequest, ListSessionsResponse, LoadToolRequest, OpenSessionRequest, SessionState,
+    UnloadToolRequest,
 };
 use toolsrv_proto::v1::{
     ListRevocationsRequest, ListRevocationsResponse, RevokeRequest, RevokeResponse,
@@ -642,6 +643,22 @@ impl Tools for ToolsService {
         }
         session_api::close(&self.state, &client, &req.session)?;
         Ok(Response::new(CloseSessionResponse {}))
+    }
+
+    async fn list_sessions(
+        &self,
+        req: Request<ListSessionsRequest>,
+    ) -> Result<Response<ListSessionsResponse>, Status> {
+        let client = Caller::client(&req)?;
+        let mut sessions = session_api::list(&self.state, &client).await;
+        // Through any replica, the caller's sessions on every replica.
+        if let Some(replicas) = &self.state.replicas
+            && !replicas::is_relayed(&req)
+        {
+            sessions.extend(replicas.remote_sessions(&client).await);
+        }
+        sessions.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(Response::new(ListSessionsResponse { sessions }))
     }
 
     async fn revoke(

@@ -30,8 +30,8 @@ use toolsrv_proto::v1::{
     ApprovalRequest, ApproveRequest, CallRequest, CallResult, CallStatus, CatalogEvent,
     CatalogEventKind, FindToolsRequest, FindToolsResponse, HostFacts, HostInfo, HostState,
     JoinRequest, JoinResponse, JoinTokenInfo, ListApprovalsRequest, ListJoinTokensRequest,
-    ListToolsRequest, RevokeJoinTokenRequest, RevokeJoinTokenResponse, WatchCatalogRequest,
-    call_event,
+    ListSessionsRequest, ListToolsRequest, RevokeJoinTokenRequest, RevokeJoinTokenResponse,
+    SessionState, WatchCatalogRequest, call_event,
 };
 use toolsrv_registry::{Catalog, Registry};
 
@@ -308,6 +308,16 @@ impl Replicas {
             }
         }
         all
+    }
+
+    /// The sessions `client` opened on the other replicas, from those that answer within
+    /// [`PEER_WAIT`].
+    pub async fn remote_sessions(&self, client: &str) -> Vec<SessionState> {
+        self.gather("sessions", |peer| async move {
+            let (mut tools, request) = self.relay(&peer, client, ListSessionsRequest {})?;
+            Ok(tools.list_sessions(request).await?.into_inner().sessions)
+        })
+        .await
     }
 
     /// The tools of the hosts the other replicas hold, ranked by each against `req` (relayed

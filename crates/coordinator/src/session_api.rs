@@ -1,4 +1,4 @@
-//! The session RPCs of the client API: open, load, unload, show, watch and close a session.
+//! The session RPCs of the client API: open, load, unload, show, watch, list and close sessions.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,6 +76,15 @@ pub async fn unload(
 pub async fn get(state: &State, client: &str, id: &str) -> Result<SessionState, Status> {
     let session = state.sessions.get(client, id)?;
     Ok(state_of(state, &session).await)
+}
+
+/// The states of the sessions `client` opened on this replica.
+pub async fn list(state: &State, client: &str) -> Vec<SessionState> {
+    let mut states = Vec::new();
+    for session in state.sessions.owned_by(client) {
+        states.push(state_of(state, &session).await);
+    }
+    states
 }
 
 pub fn close(state: &State, client: &str, id: &str) -> Result<(), Status> {

@@ -273,6 +273,7 @@ enum SessionCommand {
         #[command(flatten)]
         conn: ConnArgs,
         /// Session id
+        #[arg(add = ArgValueCompleter::new(remote::complete::sessions))]
         id: String,
         /// Tool name
         tool: String,
@@ -285,6 +286,7 @@ enum SessionCommand {
         #[command(flatten)]
         conn: ConnArgs,
         /// Session id
+        #[arg(add = ArgValueCompleter::new(remote::complete::sessions))]
         id: String,
         /// Tool name
         tool: String,
@@ -297,6 +299,7 @@ enum SessionCommand {
         #[command(flatten)]
         conn: ConnArgs,
         /// Session id
+        #[arg(add = ArgValueCompleter::new(remote::complete::sessions))]
         id: String,
         /// Print a JSON object with every loaded tool's definitions
         #[arg(long)]
@@ -307,8 +310,17 @@ enum SessionCommand {
         #[command(flatten)]
         conn: ConnArgs,
         /// Session id
+        #[arg(add = ArgValueCompleter::new(remote::complete::sessions))]
         id: String,
         /// Print one JSON object per line
+        #[arg(long)]
+        json: bool,
+    },
+    /// List this client's open sessions (with replicas, on every replica)
+    List {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// Print a JSON array of sessions, each as `session show --json` prints it
         #[arg(long)]
         json: bool,
     },
@@ -317,6 +329,7 @@ enum SessionCommand {
         #[command(flatten)]
         conn: ConnArgs,
         /// Session id
+        #[arg(add = ArgValueCompleter::new(remote::complete::sessions))]
         id: String,
     },
 }
@@ -690,6 +703,7 @@ async fn session(command: SessionCommand) -> u8 {
         SessionCommand::Show { conn, id, json } => sessions::show(&conn, &id, json).await,
         SessionCommand::Watch { conn, id, json } => sessions::watch(&conn, &id, json).await,
         SessionCommand::Close { conn, id } => sessions::close(&conn, &id).await,
+        SessionCommand::List { conn, json } => sessions::list(&conn, json).await,
     }
 }
 

@@ -54,6 +54,26 @@ pub fn hosts(current: &OsStr) -> Vec<CompletionCandidate> {
         .collect()
 }
 
+/// This client's session ids starting with `current`, each with its hosts and loaded tools as
+/// help.
+pub fn sessions(current: &OsStr) -> Vec<CompletionCandidate> {
+    let Some(current) = current.to_str() else {
+        return Vec::new();
+    };
+    let conn = conn_from(&typed_words());
+    let Some(sessions) = ask(&conn, |client| async move { client.sessions().await }) else {
+        return Vec::new();
+    };
+    sessions
+        .into_iter()
+        .filter(|s| s.id.starts_with(current))
+        .map(|s| {
+            let help = format!("hosts `{}`, {} loaded", s.hosts, s.tools.len());
+            CompletionCandidate::new(s.id).help(Some(help.into()))
+        })
+        .collect()
+}
+
 /// A selector's first term: `all`, or a host id.
 pub fn selectors(current: &OsStr) -> Vec<CompletionCandidate> {
     let all = current

@@ -27,7 +27,7 @@ pub use revoke::{revocations, revoke, unrevoke};
 pub use session::{check_find, find, find_note};
 pub mod sessions {
     //! The `toolctl session` subcommands.
-    pub use super::session::{close, load, open, show, watch};
+    pub use super::session::{close, list, load, open, show, watch};
 }
 pub use tools::{describe, tools};
 pub use watch::watch;

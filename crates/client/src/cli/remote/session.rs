@@ -70,6 +70,65 @@ pub async fn show(conn: &ConnArgs, id: &str, json: bool) -> u8 {
     }
 }
 
+/// `toolctl session list`: this client's open sessions, one line each (`--json`: an array of
+/// what `session show --json` prints).
+pub async fn list(conn: &ConnArgs, json: bool) -> u8 {
+    let remote = match connect(conn).await {
+        Ok(remote) => remote,
+        Err(code) => return code,
+    };
+    let sessions = match remote.client.sessions().await {
+        Ok(sessions) => sessions,
+        Err(e) => return remote.fail("cannot list sessions", &e),
+    };
+    let mut out = std::io::stdout().lock();
+    if json {
+        let values: Result<Vec<_>, _> = sessions.iter().map(session_json).collect();
+        return match values {
+            Ok(values) => written(
+                write_json(&mut out, &serde_json::Value::Array(values)),
+                "the sessions",
+            ),
+            Err(e) => fail_shape(&e),
+        };
+    }
+    if sessions.is_empty() {
+        return written(writeln!(out, "(no session)"), "the sessions");
+    }
+    let now = toolsrv_proto::unix_ms();
+    let rows: Vec<Vec<String>> = sessions.iter().map(|s| session_row(s, now)).collect();
+    written(
+        super::write_table(
+            &mut out,
+            &["SESSION", "HOSTS", "ONLINE", "LOADED", "WATCHERS", "ENDS"],
+            &rows,
+        ),
+        "the sessions",
+    )
+}
+
+/// One line of `session list`: when it ends is `watched` while a watcher is attached, else the
+/// time left before it ends unless one attaches.
+fn session_row(state: &SessionState, now_unix_ms: u64) -> Vec<String> {
+    let online = online(state);
+    let ends = if state.watchers > 0 || state.idle_expires_unix_ms == 0 {
+        "watched".to_string()
+    } else {
+        format!(
+            "in {}",
+            super::human_ms(state.idle_expires_unix_ms.saturating_sub(now_unix_ms))
+        )
+    };
+    vec![
+        state.id.clone(),
+        state.hosts.clone(),
+        format!("{online}/{}", state.selected.len()),
+        format!("{}/{}", state.tools.len(), state.max_loaded),
+        state.watchers.to_string(),
+        ends,
+    ]
+}
+
 /// `toolctl session close`.
 pub async fn close(conn: &ConnArgs, id: &str) -> u8 {
     let remote = match connect(conn).await {
@@ -236,6 +295,15 @@ fn print_state(state: &SessionState, json: bool) -> u8 {
     }
 }
 
+/// How many of the session's selected hosts are not offline.
+fn online(state: &SessionState) -> usize {
+    state
+        .selected
+        .iter()
+        .filter(|h| crate::host_state_name(h.state) != "offline")
+        .count()
+}
+
 /// A few hosts by name, more as a count.
 fn hosts_text(hosts: &[String]) -> String {
     match hosts.len() {
@@ -246,11 +314,7 @@ fn hosts_text(hosts: &[String]) -> String {
 }
 
 fn write_text(out: &mut impl Write, state: &SessionState) -> std::io::Result<()> {
-    let online = state
-        .selected
-        .iter()
-        .filter(|h| crate::host_state_name(h.state) != "offline")
-        .count();
+    let online = online(state);
     writeln!(
         out,
         "session {}  hosts `{}`: {} selected, {online} online  loaded {}/{}",
