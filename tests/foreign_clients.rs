@@ -269,6 +269,9 @@ fn python_grpcio_finds_tools_and_drives_a_session() {
     assert_eq!(names(&watched[1]), ["greet", "disk"], "{report}");
     assert_eq!(names(&watched[2]), ["disk"], "{report}");
     assert_eq!(report["call_status"], "CALL_STATUS_OK", "{report}");
+    // ListSessions: this session, and only it, until it is closed.
+    assert_eq!(report["listed"], serde_json::json!([true]), "{report}");
+    assert_eq!(report["listed_after_close"], 0, "{report}");
     assert_eq!(report["watch_end"], "NOT_FOUND", "{report}");
     assert_eq!(report["load_closed"], "NOT_FOUND", "{report}");
     assert_eq!(report["long_query"], "INVALID_ARGUMENT", "{report}");

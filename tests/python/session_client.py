@@ -94,7 +94,13 @@ def main():
                 result = event.result
         report["call_status"] = common_pb2.CallStatus.Name(result.status) if result else None
 
+        listed = tools.ListSessions(tools_pb2.ListSessionsRequest(), timeout=TIMEOUT)
+        report["listed"] = [s.id == sid for s in listed.sessions]
+
         tools.CloseSession(tools_pb2.GetSessionRequest(session=sid), timeout=TIMEOUT)
+        report["listed_after_close"] = len(
+            tools.ListSessions(tools_pb2.ListSessionsRequest(), timeout=TIMEOUT).sessions
+        )
         try:
             for _ in watch:
                 pass
