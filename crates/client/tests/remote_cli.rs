@@ -535,6 +535,15 @@ async fn a_master_serves_commands_on_its_control_socket() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let out = run(via_control(&fleet, &socket, &["call", "web-1", "nope"])).await;
     assert_exit(&out, 127, &[]);
+    // Sessions through the master: opened, listed, closed.
+    let out = run(via_control(&fleet, &socket, &["session", "open"])).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+    let out = run(via_control(&fleet, &socket, &["session", "list", "--json"])).await;
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed[0]["id"], id.as_str(), "{listed}");
+    let out = run(via_control(&fleet, &socket, &["session", "close", &id])).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
 
     // Ctrl-C on a relayed call cancels it on the host.
     interrupt_slow_call(
