@@ -1344,6 +1344,16 @@ fn a_hung_replica_delays_what_is_asked_of_it_by_a_bounded_time_only() {
     let (out, took) = timed(&mut r, &["approvals"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(took < Duration::from_secs(10), "approvals took {took:?}");
+    // Every session of the list lacks gh's view: the list waits for the hung replica once, not
+    // once per session.
+    for _ in 0..3 {
+        assert!(r.toolctl(0, &["session", "open"]).status.success());
+    }
+    let (out, took) = timed(&mut r, &["session", "list", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listed: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed.len(), 4, "{listed:?}");
+    assert!(took < Duration::from_secs(10), "session list took {took:?}");
     // r0's own host is served meanwhile.
     let (out, _) = timed(&mut r, &["call", "fh", "disk_usage"]);
     assert!(out.status.success(), "{}", text(&out.stderr));

@@ -40,7 +40,7 @@ use crate::calls::{CallSpec, Event};
 use crate::fleet::HostEntry;
 
 /// How long a replica waits for another one's answer to a question about its own state.
-const PEER_WAIT: Duration = Duration::from_secs(3);
+pub(crate) const PEER_WAIT: Duration = Duration::from_secs(3);
 /// Views of other replicas' hosts fetched at once for a session.
 const VIEW_FETCHES: usize = 64;
 
@@ -1238,7 +1238,7 @@ impl Replicas {
 
 /// Runs `futures` together for at most `limit`; their outputs in the same order, `None` for
 /// those not done by then (dropped, so cancelled).
-async fn join_within<F: Future>(
+pub(crate) async fn join_within<F: Future>(
     limit: Duration,
     futures: impl IntoIterator<Item = F>,
 ) -> Vec<Option<F::Output>> {

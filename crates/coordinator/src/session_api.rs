@@ -78,13 +78,26 @@ pub async fn get(state: &State, client: &str, id: &str) -> Result<SessionState, 
     Ok(state_of(state, &session).await)
 }
 
-/// The states of the sessions `client` opened on this replica.
+/// The states of the sessions `client` opened on this replica. With replicas, each state asks
+/// the others for views it lacks (each within their wait); all are computed at once, so that a
+/// replica that does not answer delays the list once, not once per session. A state not ready
+/// after twice that wait is given with this replica's hosts alone.
 pub async fn list(state: &State, client: &str) -> Vec<SessionState> {
-    let mut states = Vec::new();
-    for session in state.sessions.owned_by(client) {
-        states.push(state_of(state, &session).await);
-    }
-    states
+    let sessions = state.sessions.owned_by(client);
+    let limit = 2 * crate::replicas::PEER_WAIT;
+    let states =
+        crate::replicas::join_within(limit, sessions.iter().map(|s| state_of(state, s))).await;
+    sessions
+        .iter()
+        .zip(states)
+        .map(|(session, computed)| {
+            computed.unwrap_or_else(|| {
+                tracing::warn!(session = %session.id, "the hosts other replicas hold did not come in time for the session list");
+                let hosts = session.local_hosts(&state.fleet);
+                session.state(&hosts, &state.registry.catalog(), state.sessions.idle())
+            })
+        })
+        .collect()
 }
 
 pub fn close(state: &State, client: &str, id: &str) -> Result<(), Status> {
