@@ -283,6 +283,19 @@ fn bash_completes_hosts_and_the_tools_each_host_offers() {
         words(&["call", "a", "args", "mode="]),
         ["mode=fast", "mode=slow"]
     );
+    // A session's ids, the tools its hosts offer that it has not loaded, and those it has.
+    let out = fleet.toolctl(&["session", "open"]);
+    let id = text(&out.stdout).trim().to_string();
+    assert_eq!(words(&["session", "show", &id[..4]]), [id.as_str()]);
+    assert!(
+        fleet
+            .toolctl(&["session", "load", &id, "hello"])
+            .status
+            .success()
+    );
+    assert_eq!(words(&["session", "load", &id, "g"]), ["gpu"]);
+    assert_eq!(words(&["session", "load", &id, "h"]), Vec::<String>::new());
+    assert_eq!(words(&["session", "unload", &id, ""]), ["hello"]);
     // For a fan-out, the tools of the host a selector names, or of every online host.
     assert_eq!(words(&["fanout", "b", "g"]), ["gpu"]);
     assert_eq!(words(&["fanout", "a", "g"]), Vec::<String>::new());

@@ -276,6 +276,7 @@ enum SessionCommand {
         #[arg(add = ArgValueCompleter::new(remote::complete::sessions))]
         id: String,
         /// Tool name
+        #[arg(add = ArgValueCompleter::new(remote::complete::session_tools))]
         tool: String,
         /// Print the session as JSON
         #[arg(long)]
@@ -289,6 +290,7 @@ enum SessionCommand {
         #[arg(add = ArgValueCompleter::new(remote::complete::sessions))]
         id: String,
         /// Tool name
+        #[arg(add = ArgValueCompleter::new(remote::complete::session_tools))]
         tool: String,
         /// Print the session as JSON
         #[arg(long)]

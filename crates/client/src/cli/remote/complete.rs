@@ -74,6 +74,58 @@ pub fn sessions(current: &OsStr) -> Vec<CompletionCandidate> {
         .collect()
 }
 
+/// For `session load ID <TAB>`, the tools the session's online hosts offer that it has not
+/// loaded (at most [`MAX_HOSTS_ASKED`] hosts asked); for `session unload ID <TAB>`, the tools
+/// it has loaded. Each starting with `current`.
+pub fn session_tools(current: &OsStr) -> Vec<CompletionCandidate> {
+    let Some(current) = current.to_str().map(str::to_string) else {
+        return Vec::new();
+    };
+    let words = typed_words();
+    let Some((command, positionals)) = command_positionals(&words, &["load", "unload"]) else {
+        return Vec::new();
+    };
+    // The session id, and the word being typed.
+    let [id, _current] = positionals.as_slice() else {
+        return Vec::new();
+    };
+    let id = id.clone();
+    let conn = conn_from(&words);
+    let offered = ask(&conn, |client| async move {
+        let session = client.session(&id).await?;
+        let loaded: Vec<String> = session.tools.iter().map(|t| t.name.clone()).collect();
+        let mut offered = std::collections::BTreeMap::new();
+        if command == "unload" {
+            for name in loaded {
+                offered.insert(name, String::new());
+            }
+            return Ok(offered);
+        }
+        let online = session
+            .selected
+            .iter()
+            .filter(|h| h.state == crate::HostState::Online as i32)
+            .take(MAX_HOSTS_ASKED);
+        for host in online {
+            for tool in client.tools(&host.host_id, false).await?.tools {
+                if tool.visible && !loaded.contains(&tool.name) {
+                    offered.entry(tool.name).or_insert(tool.description);
+                }
+            }
+        }
+        Ok(offered)
+    });
+    offered
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(name, _)| name.starts_with(&current))
+        .map(|(name, description)| {
+            let help = (!description.is_empty()).then(|| description.into());
+            CompletionCandidate::new(name).help(help)
+        })
+        .collect()
+}
+
 /// A selector's first term: `all`, or a host id.
 pub fn selectors(current: &OsStr) -> Vec<CompletionCandidate> {
     let all = current
