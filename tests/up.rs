@@ -343,6 +343,21 @@ fn up_lets_its_agent_run_programs_behind_a_version_managers_shims() {
     up.stop();
 }
 
+/// Runs `script` (a `toolctl find`) until its answer is ranked by meaning: while the coordinator
+/// builds its first ranking it answers by words alone and says so on stderr (how long the build
+/// takes depends on the machine's load). Bounded: 60 s.
+fn find_by_meaning(home: &Path, script: &str) -> std::process::Output {
+    wait_for(
+        "an answer ranked by meaning",
+        Duration::from_secs(60),
+        || {
+            let out = run_bounded(shell(home, script), None, Duration::from_secs(60));
+            let by_words = text(&out.stderr).contains("ranked by words alone for now");
+            (!by_words).then_some(out)
+        },
+    )
+}
+
 /// `--find-model` (here through `TOOLSRV_FIND_MODEL`) gives `up`'s coordinator the sentence
 /// encoder: the banner says so, and a request that shares no word with its tool finds it. What
 /// the coordinator keeps (the texts' vectors, revocations) outlives it in the state directory:
@@ -368,7 +383,7 @@ fn up_ranks_by_meaning_with_a_find_model() {
     let script = format!(
         "{settings}\ntoolctl find local 'fingerprint this tarball so i can tell nobody tampered with it' --json"
     );
-    let out = run_bounded(shell(home, &script), None, Duration::from_secs(60));
+    let out = find_by_meaning(home, &script);
     assert_exit(&out, 0, &[]);
     let hits: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(hits[0]["name"], "checksum", "{hits}");
@@ -392,7 +407,7 @@ fn up_ranks_by_meaning_with_a_find_model() {
 
     let mut up = Up::start(home, port, &env);
     up.banner();
-    let out = run_bounded(shell(home, &script), None, Duration::from_secs(60));
+    let out = find_by_meaning(home, &script);
     assert_exit(&out, 0, &[]);
     let again: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     toolsrv_tests::assert_same_ranking(&again, &hits);
