@@ -82,6 +82,20 @@ fn find_saying(fleet: &Fleet, args: &[&str]) -> (Vec<Value>, String) {
     (found, text(&out.stderr))
 }
 
+/// As [`find`], once the coordinator answers by meaning: while it builds its first ranking it
+/// answers by words alone and says so (how long that takes depends on the machine's load).
+/// Bounded: 60 s.
+fn find_by_meaning(fleet: &Fleet, args: &[&str]) -> Vec<Value> {
+    toolsrv_tests::wait_for(
+        "an answer ranked by meaning",
+        Duration::from_secs(60),
+        || {
+            let (found, said) = find_saying(fleet, args);
+            (!said.contains("ranked by words alone for now")).then_some(found)
+        },
+    )
+}
+
 #[test]
 fn find_ranks_the_tools_of_the_selected_hosts() {
     let fleet = fleet();
@@ -194,7 +208,7 @@ fn with_either_encoder_a_request_in_other_words_finds_its_tool() {
 
 fn other_words_find_their_tool(model: &std::path::Path) {
     let fleet = fleet_with(&["--find-model", model.to_str().unwrap()]);
-    let found = find(&fleet, &["all", "is the storage nearly exhausted"]);
+    let found = find_by_meaning(&fleet, &["all", "is the storage nearly exhausted"]);
     assert_eq!(found[0]["name"], "disk_usage", "{found:?}");
     assert!(found[0]["semantic"].as_f64().unwrap() > 0.0, "{found:?}");
     let found = find(&fleet, &["all", "end the runaway job with pid 4412"]);
@@ -208,7 +222,7 @@ fn while_a_changed_catalog_is_embedded_requests_are_answered_from_the_last_index
     const ADDED: usize = 400;
     let model = find_model_dir();
     let fleet = fleet_with(&["--find-model", model.to_str().unwrap()]);
-    let found = find(&fleet, &["all", "is the storage nearly exhausted"]);
+    let found = find_by_meaning(&fleet, &["all", "is the storage nearly exhausted"]);
     assert_eq!(found[0]["name"], "disk_usage", "{found:?}");
 
     add_widgets(&fleet, ADDED);
