@@ -332,7 +332,7 @@ fn a_restarted_coordinator_embeds_only_texts_it_has_not_seen() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut fleet = fleet_with(&args);
     let request = ["all", "is the storage nearly exhausted"];
-    let before = find(&fleet, &request);
+    let before = find_by_meaning(&fleet, &request);
     assert_eq!(before[0]["name"], "disk_usage", "{before:?}");
     let kept: Vec<_> = std::fs::read_dir(state.path().join("find-vectors"))
         .unwrap()
@@ -343,7 +343,7 @@ fn a_restarted_coordinator_embeds_only_texts_it_has_not_seen() {
     fleet.coordinator.as_mut().unwrap().stop();
     fleet.start_coordinator(&args);
     fleet.wait_online(&["a", "b", "c"], "gpu_status");
-    let after = find(&fleet, &request);
+    let after = find_by_meaning(&fleet, &request);
     toolsrv_tests::assert_same_ranking(&Value::from(after), &Value::from(before));
     let log = fleet.coordinator.as_ref().unwrap().log();
     let line = log
