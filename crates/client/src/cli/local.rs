@@ -23,13 +23,10 @@ pub(super) fn load(tools: &ToolsArgs, report_errors: bool) -> Result<(Catalog, H
         );
         return Err(exit::USAGE);
     };
-    let mut host = Host::current();
-    if let Some(facts) = &tools.as_host {
-        apply_as(&mut host, facts).map_err(|e| {
-            eprintln!("toolctl: --as {facts}: {e}");
-            exit::USAGE
-        })?;
-    }
+    let host = host_for(tools).map_err(|e| {
+        eprintln!("toolctl: {e}");
+        exit::USAGE
+    })?;
     let catalog = Scanner::new(split_tools_path(path)).scan();
     if report_errors {
         for d in catalog
@@ -47,11 +44,17 @@ pub(super) fn load(tools: &ToolsArgs, report_errors: bool) -> Result<(Catalog, H
 /// `None` without a tools path or with bad `--as` facts.
 pub(super) fn load_quietly(tools: &ToolsArgs) -> Option<(Catalog, Host)> {
     let path = tools.tools.as_ref()?;
+    let host = host_for(tools).ok()?;
+    Some((Scanner::new(split_tools_path(path)).scan(), host))
+}
+
+/// This machine as a host, with `--as` facts applied; the error names the facts.
+fn host_for(tools: &ToolsArgs) -> Result<Host, String> {
     let mut host = Host::current();
     if let Some(facts) = &tools.as_host {
-        apply_as(&mut host, facts).ok()?;
+        apply_as(&mut host, facts).map_err(|e| format!("--as {facts}: {e}"))?;
     }
-    Some((Scanner::new(split_tools_path(path)).scan(), host))
+    Ok(host)
 }
 
 /// Applies `os=...,arch=...` to `host`.

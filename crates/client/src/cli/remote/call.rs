@@ -30,12 +30,17 @@ pub async fn call(
         Ok(prepared) => prepared,
         Err(code) => return code,
     };
+    let super::Prepared {
+        args_json,
+        string_keys,
+        timeout_ms,
+    } = prepared;
     let request = CallRequest {
         host: host.to_string(),
         tool: tool.to_string(),
-        args_json: prepared.args_json.clone(),
+        args_json,
         cwd: opts.cwd.unwrap_or_default(),
-        timeout_ms: prepared.timeout_ms,
+        timeout_ms,
         session: String::new(),
     };
     let what = || format!("cannot call `{tool}` on host `{host}`");
@@ -72,7 +77,7 @@ pub async fn call(
                 }
                 if result.status != CallStatus::Ok as i32 {
                     eprintln!("toolctl: {}", failure_line(host, tool, &result));
-                    note_strings(&prepared, &result);
+                    note_strings(&string_keys, &result);
                 }
                 return exit_code(&result);
             }

@@ -8,6 +8,7 @@
 //! `--control` already typed, else their environment variables), quietly and for at most
 //! [`COMPLETION_WAIT`]: a coordinator that is not there completes nothing, it prints nothing.
 
+use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -41,17 +42,12 @@ pub fn hosts(current: &OsStr) -> Vec<CompletionCandidate> {
         return Vec::new();
     };
     let conn = conn_from(&typed_words());
-    let Some(hosts) = ask(&conn, |client| async move { client.hosts().await }) else {
-        return Vec::new();
-    };
-    hosts
-        .into_iter()
-        .filter(|h| h.host_id.starts_with(current))
-        .map(|h| {
-            let state = crate::shape::host_state_name(h.state);
-            CompletionCandidate::new(h.host_id).help(Some(state.into()))
-        })
-        .collect()
+    let hosts = ask(&conn, |client| async move { client.hosts().await }).unwrap_or_default();
+    let words = hosts.into_iter().map(|h| {
+        let state = crate::shape::host_state_name(h.state).to_string();
+        (h.host_id, Some(state))
+    });
+    candidates(words, current)
 }
 
 /// This client's session ids starting with `current`, each with its hosts and loaded tools as
@@ -61,17 +57,12 @@ pub fn sessions(current: &OsStr) -> Vec<CompletionCandidate> {
         return Vec::new();
     };
     let conn = conn_from(&typed_words());
-    let Some(sessions) = ask(&conn, |client| async move { client.sessions().await }) else {
-        return Vec::new();
-    };
-    sessions
-        .into_iter()
-        .filter(|s| s.id.starts_with(current))
-        .map(|s| {
-            let help = format!("hosts `{}`, {} loaded", s.hosts, s.tools.len());
-            CompletionCandidate::new(s.id).help(Some(help.into()))
-        })
-        .collect()
+    let sessions = ask(&conn, |client| async move { client.sessions().await }).unwrap_or_default();
+    let words = sessions.into_iter().map(|s| {
+        let help = format!("hosts `{}`, {} loaded", s.hosts, s.tools.len());
+        (s.id, Some(help))
+    });
+    candidates(words, current)
 }
 
 /// For `session load ID <TAB>`, the tools the session's online hosts offer that it has not
@@ -91,39 +82,24 @@ pub fn session_tools(current: &OsStr) -> Vec<CompletionCandidate> {
     };
     let id = id.clone();
     let conn = conn_from(&words);
-    let offered = ask(&conn, |client| async move {
+    let words = ask(&conn, |client| async move {
         let session = client.session(&id).await?;
-        let loaded: Vec<String> = session.tools.iter().map(|t| t.name.clone()).collect();
-        let mut offered = std::collections::BTreeMap::new();
+        let loaded = session.tools.into_iter().map(|t| (t.name, None));
         if command == "unload" {
-            for name in loaded {
-                offered.insert(name, String::new());
-            }
-            return Ok(offered);
+            return Ok(loaded.collect());
         }
+        let loaded: Vec<String> = loaded.map(|(name, _)| name).collect();
         let online = session
             .selected
-            .iter()
+            .into_iter()
             .filter(|h| h.state == crate::HostState::Online as i32)
-            .take(MAX_HOSTS_ASKED);
-        for host in online {
-            for tool in client.tools(&host.host_id, false).await?.tools {
-                if tool.visible && !loaded.contains(&tool.name) {
-                    offered.entry(tool.name).or_insert(tool.description);
-                }
-            }
-        }
+            .take(MAX_HOSTS_ASKED)
+            .map(|h| h.host_id);
+        let mut offered = offered(&client, online).await?;
+        offered.retain(|name, _| !loaded.contains(name));
         Ok(offered)
     });
-    offered
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|(name, _)| name.starts_with(&current))
-        .map(|(name, description)| {
-            let help = (!description.is_empty()).then(|| description.into());
-            CompletionCandidate::new(name).help(help)
-        })
-        .collect()
+    candidates(words.unwrap_or_default(), &current)
 }
 
 /// A selector's first term: `all`, or a host id.
@@ -154,26 +130,43 @@ pub fn tools(current: &OsStr) -> Vec<CompletionCandidate> {
     };
     let target = target.clone();
     let conn = conn_from(&words);
-    let offered = ask(&conn, |client| async move {
-        let mut offered = std::collections::BTreeMap::new();
-        for host in hosts_of(&client, &command, &target).await? {
-            for tool in client.tools(&host, false).await?.tools {
-                if tool.visible && tool.name.starts_with(&current) {
-                    offered.entry(tool.name).or_insert(tool.description);
-                }
-            }
-        }
-        Ok(offered)
+    let words = ask(&conn, |client| async move {
+        let hosts = hosts_of(&client, &command, &target).await?;
+        offered(&client, hosts).await
     });
-    offered
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(name, description)| CompletionCandidate::new(name).help(Some(description.into())))
-        .collect()
+    candidates(words.unwrap_or_default(), &current)
 }
 
 /// Most hosts asked for their tools when completing a selector that is not a host id.
 const MAX_HOSTS_ASKED: usize = 64;
+
+/// The tools `hosts` offer, each with its description (the first host's that offers it).
+async fn offered(
+    client: &Client,
+    hosts: impl IntoIterator<Item = String>,
+) -> Result<BTreeMap<String, Option<String>>, crate::ClientError> {
+    let mut offered = BTreeMap::new();
+    for host in hosts {
+        for tool in client.tools(&host, false).await?.tools {
+            if tool.visible {
+                offered.entry(tool.name).or_insert(Some(tool.description));
+            }
+        }
+    }
+    Ok(offered)
+}
+
+/// Completion candidates of `words` (each with its help) that start with `current`.
+fn candidates(
+    words: impl IntoIterator<Item = (String, Option<String>)>,
+    current: &str,
+) -> Vec<CompletionCandidate> {
+    words
+        .into_iter()
+        .filter(|(word, _)| word.starts_with(current))
+        .map(|(word, help)| CompletionCandidate::new(word).help(help.map(Into::into)))
+        .collect()
+}
 
 /// The hosts whose tools complete `command TARGET`: the host itself for `call` and `describe`;
 /// for `fanout`, the host a selector names, else the online hosts (at most [`MAX_HOSTS_ASKED`]).
@@ -230,10 +223,7 @@ pub fn args(current: &OsStr) -> Vec<CompletionCandidate> {
     let Ok(schema) = serde_json::from_str(&definition.args_schema_json) else {
         return Vec::new();
     };
-    argument_words(&schema, typed, current)
-        .into_iter()
-        .map(|(word, help)| CompletionCandidate::new(word).help(help.map(Into::into)))
-        .collect()
+    candidates(argument_words(&schema, typed, current), current)
 }
 
 /// Words for a tool's arguments given its JSON Schema `schema`, starting with `current`: each
@@ -312,15 +302,13 @@ pub fn local_tools(current: &OsStr) -> Vec<CompletionCandidate> {
     let Some(current) = current.to_str() else {
         return Vec::new();
     };
-    let words = typed_words();
-    local_views(&words)
-        .into_iter()
-        .filter(|(name, _)| name.starts_with(current))
-        .map(|(name, tool)| {
-            let help = tool.description.clone().map(Into::into);
-            CompletionCandidate::new(name).help(help)
-        })
-        .collect()
+    let views = local_views(&typed_words());
+    candidates(
+        views
+            .into_iter()
+            .map(|(name, tool)| (name, tool.description)),
+        current,
+    )
 }
 
 /// The argument words of `toolctl local call TOOL ...` starting with `current`, from the tool's
@@ -343,10 +331,7 @@ pub fn local_args(current: &OsStr) -> Vec<CompletionCandidate> {
     else {
         return Vec::new();
     };
-    argument_words(&resolved.args, typed, current)
-        .into_iter()
-        .map(|(word, help)| CompletionCandidate::new(word).help(help.map(Into::into)))
-        .collect()
+    candidates(argument_words(&resolved.args, typed, current), current)
 }
 
 /// The visible tools, resolved, of the tools path and host facts typed in `words` (or

@@ -38,12 +38,17 @@ pub async fn fan_out(
         Ok(prepared) => prepared,
         Err(code) => return code,
     };
+    let super::Prepared {
+        args_json,
+        string_keys,
+        timeout_ms,
+    } = prepared;
     let request = FanOutRequest {
         selector: selector.to_string(),
         tool: tool.to_string(),
-        args_json: prepared.args_json.clone(),
+        args_json,
         cwd: opts.cwd.unwrap_or_default(),
-        timeout_ms: prepared.timeout_ms,
+        timeout_ms,
         concurrency: opts.concurrency,
         max_errors: opts.max_errors,
     };
@@ -93,7 +98,7 @@ pub async fn fan_out(
                     .values()
                     .find(|r| r.status == crate::CallStatus::InvalidArgs as i32)
                 {
-                    note_strings(&prepared, refused);
+                    note_strings(&string_keys, refused);
                 }
                 if summary.targeted == 0 {
                     eprintln!("toolctl: selector `{selector}` matches no host");

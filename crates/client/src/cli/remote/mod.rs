@@ -299,15 +299,15 @@ async fn prepare_run(
 /// A call's or fan-out's request fields from the command line.
 struct Prepared {
     args_json: String,
+    /// The names given as `KEY=VALUE` strings, for [`note_strings`].
     string_keys: Vec<String>,
     timeout_ms: u64,
 }
 
 /// Says how to pass a number or a boolean when a tool refused a value given as `KEY=VALUE`.
-fn note_strings(prepared: &Prepared, result: &crate::CallResult) {
+fn note_strings(string_keys: &[String], result: &crate::CallResult) {
     if result.status == crate::CallStatus::InvalidArgs as i32
-        && let Some(note) =
-            crate::cli::call_args::string_note(&prepared.string_keys, &result.message)
+        && let Some(note) = crate::cli::call_args::string_note(string_keys, &result.message)
     {
         eprintln!("toolctl: {note}");
     }
