@@ -37,7 +37,7 @@ pub use config::AgentConfig;
 pub use error::AgentError;
 pub use keeper::CatalogKeeper;
 pub use metrics::AgentMetrics;
-pub use path_reach::shim_roots;
+pub use path_reach::{path_dirs, shim_roots};
 pub use run::{check_identity, run, run_with_connector};
 pub use store::CatalogStore;
 pub use view::definition;

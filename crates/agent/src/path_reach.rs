@@ -73,6 +73,17 @@ fn named(programs: &[PathBuf]) -> String {
     text
 }
 
+/// The absolute directories of this process's `PATH`, in order, as variants read them
+/// ([`Host::path_dirs`](toolsrv_meta::Host::path_dirs)): where they find programs, and what
+/// confined calls may read besides the system.
+pub fn path_dirs() -> Vec<PathBuf> {
+    toolsrv_meta::Host::current()
+        .path_dirs()
+        .filter(|d| d.is_absolute())
+        .map(Path::to_path_buf)
+        .collect()
+}
+
 /// The version managers' shims among `path_dirs` (a directory named `shims`), each with the root
 /// whose programs they run: its parent. A root that is `/`, `home` or holds `home` is no
 /// manager's and is left out.

@@ -223,18 +223,14 @@ where
     settings.hidden = config.hidden_paths();
     // Tools run what variants found on the agent's PATH: its directories are readable and
     // executable (any that lie among the agent's private files stay hidden).
-    if let Some(path) = std::env::var_os("PATH") {
-        let dirs: Vec<PathBuf> = std::env::split_paths(&path)
-            .filter(|d| d.is_absolute())
-            .collect();
-        settings.defaults.read.extend(dirs.iter().cloned());
-        if settings.mode != toolsrv_confine::Mode::Off {
-            let home = std::env::var_os("HOME").map(PathBuf::from);
-            for reach in
-                crate::path_reach::out_of_reach(&dirs, &settings.defaults.read, home.as_deref())
-            {
-                reach.warn();
-            }
+    let dirs = crate::path_reach::path_dirs();
+    settings.defaults.read.extend(dirs.iter().cloned());
+    if settings.mode != toolsrv_confine::Mode::Off {
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        for reach in
+            crate::path_reach::out_of_reach(&dirs, &settings.defaults.read, home.as_deref())
+        {
+            reach.warn();
         }
     }
     let confiner = Confiner::new(settings)?;

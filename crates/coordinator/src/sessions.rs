@@ -246,18 +246,16 @@ impl Sessions {
         }
     }
 
-    /// Ends `owner`'s session `id` now.
     /// The sessions `owner` opened here, in no order.
     pub fn owned_by(&self, owner: &str) -> Vec<Arc<Session>> {
-        self.map
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.lock()
             .values()
             .filter(|s| s.owner() == owner)
             .cloned()
             .collect()
     }
 
+    /// Ends `owner`'s session `id` now.
     pub fn close(&self, owner: &str, id: &str) -> Result<(), SessionError> {
         let mut map = self.lock();
         match map.get(id) {

@@ -134,15 +134,8 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
         .extend(["/var/log".into(), "/run/log/journal".into()]);
     // On a developer's machine, `python3` is often a version manager's shim (pyenv, asdf...),
     // which runs an interpreter under the manager's root: readable here, or the example tools fail.
-    let path_dirs: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|p| {
-            std::env::split_paths(&p)
-                .filter(|d| d.is_absolute())
-                .collect()
-        })
-        .unwrap_or_default();
     let home = std::env::var_os("HOME").map(PathBuf::from);
-    for (shims, root) in toolsrv_agent::shim_roots(&path_dirs, home.as_deref()) {
+    for (shims, root) in toolsrv_agent::shim_roots(&toolsrv_agent::path_dirs(), home.as_deref()) {
         tracing::info!(
             shims = %shims.display(),
             root = %root.display(),
