@@ -13,7 +13,7 @@ const POLICY: &str = r#"{"default": "allow", "rules": [
     {"tools": ["bp_allow", "raw"], "effect": "allow", "bypass": "allow"},
     {"tools": ["bp_deny"], "effect": "allow", "bypass": "deny"},
     {"tools": ["bp_ask"], "effect": "allow", "bypass": "ask"},
-    {"tools": ["bp_bob"], "effect": "allow", "bypass": "ask", "approvers": ["bob"]}]}"#;
+    {"tools": ["bp_bob", "raw_bob"], "effect": "allow", "bypass": "ask", "approvers": ["bob"]}]}"#;
 
 /// Tries to write `$OUT` itself (the sandbox refuses), then asks for a command that writes it
 /// and says which cgroup it ran in.
@@ -46,12 +46,14 @@ fn fleet(extra: &[&str]) -> Fleet {
         let meta = serde_json::json!({"description": tool, "cmd": ASKER});
         fleet.tool(&format!("{tool}.meta"), &meta.to_string(), false);
     }
-    fleet.tool(
-        "raw.meta",
-        &serde_json::json!({"description": "raw", "cmd": "/usr/bin/python3 -c \"$RAW\""})
-            .to_string(),
-        false,
-    );
+    for tool in ["raw", "raw_bob"] {
+        fleet.tool(
+            &format!("{tool}.meta"),
+            &serde_json::json!({"description": tool, "cmd": "/usr/bin/python3 -c \"$RAW\""})
+                .to_string(),
+            false,
+        );
+    }
     let mut args = vec![fleet.policy_arg(POLICY), fleet.audit_arg()];
     args.extend(extra.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -87,6 +89,15 @@ fn bypasses(fleet: &Fleet) -> Vec<(String, Option<String>)> {
 fn mark_args(fleet: &Fleet, name: &str) -> (std::path::PathBuf, String) {
     let out = fleet.work.path().join(name);
     (out.clone(), format!(r#"{{"out": "{}"}}"#, out.display()))
+}
+
+/// The approval requests bob may decide, once there are some.
+fn pending_for_bob(fleet: &Fleet) -> Vec<Value> {
+    wait_for("bob to see the request", Duration::from_secs(20), || {
+        let out = fleet.toolctl_as("client-bob", &["approvals", "--json"], None);
+        let list: Vec<Value> = serde_json::from_slice(&out.stdout).ok()?;
+        (!list.is_empty()).then_some(list)
+    })
 }
 
 fn assert_ran(stdout: &str, mark: &std::path::Path) {
@@ -172,11 +183,7 @@ fn a_second_identity_approves_a_bypass_while_the_caller_waits() {
         fleet.toolctl_command("client-alice", &["call", "a", "bp_bob", &args, "--approve"]);
     caller.stdout(Stdio::piped()).stderr(Stdio::piped());
     let caller = caller.spawn().unwrap();
-    let pending = wait_for("bob to see the request", Duration::from_secs(20), || {
-        let out = fleet.toolctl_as("client-bob", &["approvals", "--json"], None);
-        let list: Vec<Value> = serde_json::from_slice(&out.stdout).ok()?;
-        (!list.is_empty()).then_some(list)
-    });
+    let pending = pending_for_bob(&fleet);
     let id = pending[0]["id"].as_str().unwrap();
     let out = fleet.toolctl_as("client-bob", &["approve", id, "--reason", "ticket 7"], None);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -184,6 +191,57 @@ fn a_second_identity_approves_a_bypass_while_the_caller_waits() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_ran(&text(&out.stdout), &mark);
     assert_eq!(bypasses(&fleet), [("approved".into(), Some("bob".into()))]);
+}
+
+#[test]
+fn the_approver_sees_the_command_asked_for_word_by_word_and_nothing_it_would_hide() {
+    let fleet = fleet(&[]);
+    // A hostile tool's command: an escape sequence that would wipe the line and start it
+    // again with an innocent word, a word with a space in it, a direction override.
+    let argv = ["ls\u{1b}[2K\rrm", "-rf", "/srv/a /etc/shadow"];
+    let request = serde_json::json!({"argv": argv, "reason": "tidy\u{202e}txt"});
+    let args = serde_json::json!({"lines": [request.to_string()]});
+    let shown = r"`$'ls\e[2K\x0drm' -rf '/srv/a /etc/shadow'`";
+    let mut caller =
+        fleet.toolctl_command("client-alice", &["call", "a", "raw_bob", &args.to_string()]);
+    caller.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let caller = caller.spawn().unwrap();
+    let pending = pending_for_bob(&fleet);
+    // Programs get the words exactly.
+    assert_eq!(pending[0]["bypass_argv"], serde_json::json!(argv));
+    assert_eq!(pending[0]["bypass_reason"], "tidy\u{202e}txt");
+    // People get them quoted as a shell reads them back, with nothing that rewrites the line.
+    let out = fleet.toolctl_as("client-bob", &["approvals"], None);
+    let table = text(&out.stdout);
+    assert!(
+        table.contains(&format!("outside the sandbox: {}", shown.trim_matches('`'))),
+        "{table}"
+    );
+    assert!(
+        !table.contains('\u{1b}') && !table.contains('\r'),
+        "{table:?}"
+    );
+    let id = pending[0]["id"].as_str().unwrap();
+    let out = fleet.toolctl_as("client-bob", &["deny", id, "--reason", "no"], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = finish_child(caller, Duration::from_secs(30));
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(
+        stdout.contains(r#""approved":false"#) || stdout.contains(r#""approved": false"#),
+        "{stdout}"
+    );
+    // The caller waiting on bob was told what the tool asks for, the same way.
+    assert!(
+        stderr.contains(&format!(
+            "asks to run {shown} outside its sandbox, saying \"tidy\\u{{202e}}txt\""
+        )),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains('\u{1b}') && !stderr.contains('\u{202e}'),
+        "{stderr:?}"
+    );
+    assert_eq!(bypasses(&fleet), [("denied".into(), Some("bob".into()))]);
 }
 
 #[test]

@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::cli::quote::printable;
+use crate::cli::remote::asked;
 use rmcp::model::{
     CallToolResponse, CallToolResult, ContentBlock, ElicitRequest, ElicitRequestParams,
     ElicitResult, ElicitationAction, InputRequest, InputRequests, InputRequiredResult,
@@ -219,7 +221,7 @@ impl Calls {
                     .expires_unix_ms
                     .saturating_sub(toolsrv_proto::unix_ms())
                     .div_ceil(1000),
-                what(&request)
+                asked(&request)
             );
             eprintln!("toolctl mcp: {text}");
             if let Some(token) = token {
@@ -297,30 +299,12 @@ async fn progress(ctx: &RequestContext<RoleServer>, token: &ProgressToken, value
     }
 }
 
-/// What an approval request is about, in one line.
-fn what(request: &ApprovalRequest) -> String {
-    if request.bypass_argv.is_empty() {
-        format!(
-            "call `{}` on host `{}` with arguments {}",
-            request.tool, request.host, request.args_json
-        )
-    } else {
-        format!(
-            "`{}` on host `{}` asks to run `{}` outside its sandbox ({})",
-            request.tool,
-            request.host,
-            request.bypass_argv.join(" "),
-            request.bypass_reason
-        )
-    }
-}
-
 /// The question a person answers.
 fn elicitation_message(request: &ApprovalRequest) -> String {
     format!(
         "Approve? {}. Why approval is needed: {}.",
-        what(request),
-        request.reason
+        asked(request),
+        printable(&request.reason)
     )
 }
 

@@ -8,6 +8,7 @@ use crate::ApprovalRequest;
 use serde_json::json;
 
 use super::{ConnArgs, Remote, connect, write_json, write_table};
+use crate::cli::quote::{printable, shell_words};
 
 /// How `call` and `fanout` answer the approval requests the caller may decide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,12 +21,35 @@ pub enum Answer {
     Ask,
 }
 
-/// What the request asks for, in one line.
+/// What the request asks for, in one line, every part [`printable`] (a bypass's command and
+/// reason come from the tool that asks).
 fn describe(request: &ApprovalRequest) -> String {
     format!(
-        "call `{}` on host `{}` by {} with {} ({})",
-        request.tool, request.host, request.caller, request.args_json, request.reason
+        "{} by {} ({})",
+        asked(request),
+        printable(&request.caller),
+        printable(&request.reason)
     )
+}
+
+/// The call or the command an approval request is for, in one line, every part [`printable`].
+pub fn asked(request: &ApprovalRequest) -> String {
+    let (tool, host) = (printable(&request.tool), printable(&request.host));
+    if request.bypass_argv.is_empty() {
+        format!(
+            "call `{tool}` on host `{host}` with {}",
+            printable(&request.args_json)
+        )
+    } else {
+        let why = match request.bypass_reason.as_str() {
+            "" => String::new(),
+            reason => format!(", saying \"{}\"", printable(reason)),
+        };
+        format!(
+            "`{tool}` on host `{host}` asks to run `{}` outside its sandbox{why}",
+            shell_words(&request.bypass_argv)
+        )
+    }
 }
 
 /// Seconds until `expires_unix_ms`.
@@ -115,6 +139,8 @@ pub async fn approvals(conn: &ConnArgs, json_out: bool) -> u8 {
                     "args_json": r.args_json, "args_sha256": r.args_sha256,
                     "approvers": r.approvers, "reason": r.reason,
                     "fanout": (!r.fanout.is_empty()).then_some(&r.fanout),
+                    "bypass_argv": r.bypass_argv,
+                    "bypass_reason": (!r.bypass_argv.is_empty()).then_some(&r.bypass_reason),
                     "expires_unix_ms": r.expires_unix_ms,
                 })
             })
@@ -125,12 +151,16 @@ pub async fn approvals(conn: &ConnArgs, json_out: bool) -> u8 {
             .iter()
             .map(|r| {
                 vec![
-                    r.id.clone(),
-                    r.caller.clone(),
-                    r.host.clone(),
-                    r.tool.clone(),
+                    printable(&r.id),
+                    printable(&r.caller),
+                    printable(&r.host),
+                    printable(&r.tool),
                     format!("{} s", expires_in(r)),
-                    r.args_json.clone(),
+                    if r.bypass_argv.is_empty() {
+                        printable(&r.args_json)
+                    } else {
+                        format!("outside the sandbox: {}", shell_words(&r.bypass_argv))
+                    },
                 ]
             })
             .collect();
