@@ -242,6 +242,13 @@ fn the_approver_sees_the_command_asked_for_word_by_word_and_nothing_it_would_hid
         "{stderr:?}"
     );
     assert_eq!(bypasses(&fleet), [("denied".into(), Some("bob".into()))]);
+    // The audit keeps the words' bounds too.
+    let record = fleet
+        .audit_records()
+        .into_iter()
+        .find(|r| r["event"] == "bypass")
+        .unwrap();
+    assert_eq!(record["bypass_argv"], shown.trim_matches('`'));
 }
 
 #[test]

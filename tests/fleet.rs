@@ -682,6 +682,28 @@ fn host_only_tools_and_the_concurrency_limit() {
         "hello\n",
         "the shipped tool wins a name clash"
     );
+    // The host's own tool is listed as such; a shipped one says what the catalog says.
+    let out = fleet.toolctl(&["tools", "a"]);
+    let listing = text(&out.stdout);
+    let line = |name: &str| {
+        listing
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} in {listing}"))
+            .to_string()
+    };
+    assert!(line("mine").ends_with("Only here [host-only]"), "{listing}");
+    assert!(line("hello").ends_with("Say hello"), "{listing}");
+    let out = fleet.toolctl(&["tools", "a", "--json"]);
+    let tools: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let own: Vec<&str> = tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["host_only"] == true)
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(own, ["mine"]);
 
     // With one slot, two 2-second calls run one after the other.
     let spawn = |fleet: &Fleet| {

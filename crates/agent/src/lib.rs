@@ -40,4 +40,4 @@ pub use metrics::AgentMetrics;
 pub use path_reach::{path_dirs, shim_roots};
 pub use run::{check_identity, run, run_with_connector};
 pub use store::CatalogStore;
-pub use view::definition;
+pub use toolsrv_registry::definition;

@@ -3,10 +3,10 @@
 //! into messages.
 
 use prost::Message;
-use toolsrv_meta::{Host, Resolution, ResolvedTool};
+use toolsrv_meta::{Host, Resolution};
 use toolsrv_proto::limits::{MAX_MESSAGE_BYTES, MAX_VIEW_BYTES, view_tool_bytes};
-use toolsrv_proto::v1::{HostView, ToolDefinition, ToolStatus};
-use toolsrv_registry::Catalog;
+use toolsrv_proto::v1::{HostView, ToolStatus};
+use toolsrv_registry::{Catalog, definition};
 
 /// Most bytes of tools per view message. Far below [`MAX_MESSAGE_BYTES`], and small so that
 /// neither side keeps a large buffer for the life of the link; a single larger tool still goes
@@ -39,6 +39,8 @@ pub fn tool_status(
             reason: String::new(),
             description: tool.description.clone().unwrap_or_default(),
             definition: Some(definition(tool)),
+            // The coordinator knows which tools it ships; an agent does not say.
+            host_only: false,
         },
         Resolution::Hidden { reason } => ToolStatus {
             name: name.to_string(),
@@ -47,25 +49,8 @@ pub fn tool_status(
             reason: reason.clone(),
             description: hidden_description.unwrap_or_default().to_string(),
             definition: None,
+            host_only: false,
         },
-    }
-}
-
-/// The model-facing definition of a resolved tool.
-pub fn definition(tool: &ResolvedTool) -> ToolDefinition {
-    ToolDefinition {
-        name: tool.name.clone(),
-        description: tool.description.clone().unwrap_or_default(),
-        prompt: tool.prompt.clone().unwrap_or_default(),
-        keywords: tool.keywords.clone(),
-        args_schema_json: serde_json::to_string(&tool.args).unwrap_or_default(),
-        tier: tool
-            .tier
-            .map(|t| t.as_str().to_string())
-            .unwrap_or_default(),
-        scope: tool.scope.clone().unwrap_or_default(),
-        output_format: tool.output_format.clone().unwrap_or_default(),
-        resets_counter: tool.resets_counter,
     }
 }
 
@@ -136,6 +121,7 @@ fn too_large(tool: ToolStatus) -> ToolStatus {
         definition: None,
         description: String::new(),
         name: tool.name,
+        host_only: false,
     }
 }
 
@@ -173,6 +159,7 @@ pub fn parts(view: HostView) -> Vec<HostView> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use toolsrv_proto::v1::ToolDefinition;
 
     fn tool(name: &str, prompt_bytes: usize) -> ToolStatus {
         ToolStatus {

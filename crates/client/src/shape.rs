@@ -16,6 +16,7 @@ pub fn list_entry(status: &ToolStatus) -> ListEntry<'_> {
         variant: status.variant.and_then(|v| usize::try_from(v).ok()),
         reason: (!status.visible).then_some(status.reason.as_str()),
         description,
+        host_only: status.host_only,
     }
 }
 
@@ -233,6 +234,7 @@ mod tests {
                 description: "A tool".into(),
                 ..Default::default()
             }),
+            host_only: false,
         };
         let hidden = ToolStatus {
             name: "b".into(),
@@ -241,6 +243,7 @@ mod tests {
             reason: "no variant matches this host".into(),
             description: "B tool".into(),
             definition: None,
+            host_only: true,
         };
         let plain = ToolStatus {
             name: "c".into(),
@@ -258,7 +261,7 @@ mod tests {
             json,
             json!([
                 {"name": "a", "visible": true, "variant": 1, "reason": null, "description": "A tool"},
-                {"name": "b", "visible": false, "variant": null, "reason": "no variant matches this host", "description": "B tool"},
+                {"name": "b", "visible": false, "variant": null, "reason": "no variant matches this host", "description": "B tool", "host_only": true},
                 {"name": "c", "visible": true, "variant": null, "reason": null, "description": null},
             ])
         );

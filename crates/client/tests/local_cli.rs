@@ -543,14 +543,111 @@ fn bash_completes(words: &[&str], env: &[(&str, &str)]) -> Vec<String> {
         .arg(script)
         .env_remove("OLLIE_TOOLS_PATH")
         .envs(env.iter().copied());
-    let out = run(&mut cmd);
+    candidates(run(&mut cmd), str::to_string)
+}
+
+/// What fish offers for the command line `toolctl WORDS` (the last word being completed), from
+/// the script `TOOLCTL_COMPLETE=fish toolctl` prints, through fish's own `complete -C`.
+fn fish_completes(words: &[&str], env: &[(&str, &str)]) -> Vec<String> {
+    let toolctl = env!("CARGO_BIN_EXE_toolctl");
+    let line = format!("toolctl {}", words.join(" "));
+    let script = format!(
+        "source (TOOLCTL_COMPLETE=fish '{toolctl}' | psub); complete -C '{}'",
+        line.replace('\'', "\\'")
+    );
+    let mut cmd = Command::new(shell("fish"));
+    cmd.arg("--no-config")
+        .arg("-c")
+        .arg(script)
+        .env_remove("OLLIE_TOOLS_PATH")
+        .envs(env.iter().copied());
+    candidates(run(&mut cmd), |line| {
+        line.split('\t').next().unwrap_or(line).to_string()
+    })
+}
+
+/// What zsh offers for `toolctl WORDS`: the function `TOOLCTL_COMPLETE=zsh toolctl` defines,
+/// run by zsh on the words as its completion system passes them, with `_describe` (which
+/// would draw the menu) replaced by one that prints each value.
+fn zsh_completes(words: &[&str], env: &[(&str, &str)]) -> Vec<String> {
+    let toolctl = env!("CARGO_BIN_EXE_toolctl");
+    let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+    let script = format!(
+        "compdef() {{ }}\n\
+         _describe() {{ print -rl -- \"${{(@P)3}}\" }}\n\
+         source <(TOOLCTL_COMPLETE=zsh '{toolctl}')\n\
+         words=(toolctl {})\nCURRENT={}\n\
+         _clap_dynamic_completer_toolctl",
+        quoted.join(" "),
+        words.len() + 1
+    );
+    let mut cmd = Command::new(shell("zsh"));
+    cmd.arg("-f")
+        .arg("-c")
+        .arg(script)
+        .env_remove("OLLIE_TOOLS_PATH")
+        .envs(env.iter().copied());
+    // `_describe` takes `VALUE:DESCRIPTION`, a colon in the value escaped.
+    candidates(run(&mut cmd), |line| {
+        let mut value = String::new();
+        let mut chars = line.chars();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => value.extend(chars.next()),
+                ':' => break,
+                c => value.push(c),
+            }
+        }
+        value
+    })
+}
+
+/// `name` on `PATH`; a test of that shell fails, not skips, where it is not installed.
+fn shell(name: &str) -> String {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(name).is_file()));
+    assert!(
+        found,
+        "{name} is not installed: `apt-get install -y {name}` (.ci/run does)"
+    );
+    name.to_string()
+}
+
+/// The values a completion run printed, options left out, each read by `value`.
+fn candidates(out: std::process::Output, value: impl Fn(&str) -> String) -> Vec<String> {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stderr(&out), "", "completion prints nothing but candidates");
     stdout(&out)
         .lines()
         .filter(|l| !l.is_empty() && !l.starts_with("--"))
-        .map(str::to_string)
+        .map(value)
         .collect()
+}
+
+#[test]
+fn zsh_and_fish_complete_tools_and_arguments_as_bash_does() {
+    let dir = fixture();
+    let t = tools_arg(&dir);
+    let t = t.as_str();
+    /// The words of a command line, and the environment it completes in.
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)]);
+    let cases: &[Case] = &[
+        (&["local", "call", "--tools", t, "e"], &[]),
+        (&["local", "describe", "--tools", t, "g"], &[]),
+        (&["local", "call", "l"], &[("OLLIE_TOOLS_PATH", t)]),
+        (&["local", "call", "--tools", t, "echo", ""], &[]),
+        (&["local", "call", "--tools", t, "echo", "n:=1", ""], &[]),
+        (&["local", "call", "--tools", "/nonexistent", "e"], &[]),
+        (&["local", "c"], &[]),
+    ];
+    for (words, env) in cases {
+        let bash = bash_completes(words, env);
+        assert_eq!(zsh_completes(words, env), bash, "zsh: {words:?}");
+        assert_eq!(fish_completes(words, env), bash, "fish: {words:?}");
+    }
+    // Not vacuous: the cases above offer something.
+    assert_eq!(zsh_completes(cases[0].0, &[]), ["echo"]);
+    assert_eq!(fish_completes(cases[3].0, &[]), ["n:="]);
 }
 
 #[test]

@@ -16,10 +16,11 @@ use tonic::server::NamedService;
 use tonic::{Request, Response, Status, Streaming};
 use toolsrv_proto::limits::MAX_MESSAGE_BYTES;
 use toolsrv_proto::received::Received;
+use toolsrv_proto::text::printable_line;
 use toolsrv_proto::v1::agent_link_server::{AgentLink, AgentLinkServer};
 use toolsrv_proto::v1::{
     AgentMessage, BlobChunk, CallOutput, CoordinatorMessage, FetchBlobRequest, Goodbye, Hello,
-    Keepalive, Welcome, agent_message, coordinator_message::Msg,
+    HostView, Keepalive, Welcome, agent_message, coordinator_message::Msg,
 };
 
 use crate::State;
@@ -29,6 +30,10 @@ use crate::framing::{self, Inbound};
 use crate::identity::Caller;
 use crate::link::{AgentEvent, Link};
 use crate::views::ViewParts;
+
+/// Most bytes of an agent's message on how a call ended that the coordinator passes on (cut
+/// past that, saying so); the agent's own are a line.
+const MAX_CALL_MESSAGE_BYTES: usize = 4096;
 
 /// How long an agent has to send its Hello after attaching.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -367,7 +372,7 @@ where
                 Some(Ok(msg)) => {
                     heard = tokio::time::Instant::now();
                     last_seen.store(now_ms(), Ordering::Relaxed);
-                    if let Some(reason) = handle(state, link, &mut views, msg) {
+                    if let Some(reason) = handle(state, link, &shipped, &mut views, msg) {
                         return reason;
                     }
                 }
@@ -419,11 +424,17 @@ where
 /// Handles one message from the agent; `Some(reason)` ends the session.
 ///
 /// A view in parts is stored once its last part is in (`views` piles them up, within a bound).
-fn handle(state: &State, link: &Link, views: &mut ViewParts, msg: AgentMessage) -> Option<String> {
+fn handle(
+    state: &State,
+    link: &Link,
+    shipped: &Shipped,
+    views: &mut ViewParts,
+    msg: AgentMessage,
+) -> Option<String> {
     use agent_message::Msg as M;
     match msg.msg {
         Some(M::View(part)) => match views.add(part) {
-            Ok(Some(view)) => state.fleet.set_view(&link.host_id, link.generation, view),
+            Ok(Some(view)) => store_view(state, link, shipped, view),
             Ok(None) => {}
             Err(reason) => return Some(reason),
         },
@@ -431,16 +442,49 @@ fn handle(state: &State, link: &Link, views: &mut ViewParts, msg: AgentMessage) 
             call_id,
             chunk: Some(chunk),
         })) => link.deliver(call_id, AgentEvent::Output(chunk)),
-        Some(M::Finished(f)) => link.deliver(
-            f.call_id,
-            AgentEvent::Finished(f.result.unwrap_or_default()),
-        ),
+        Some(M::Finished(f)) => {
+            let mut result = f.result.unwrap_or_default();
+            // The agent's words on how the call ended reach terminals and models: one line.
+            result.message = printable_line(&result.message, MAX_CALL_MESSAGE_BYTES);
+            link.deliver(f.call_id, AgentEvent::Finished(result))
+        }
         Some(M::Bypass(request)) => link.deliver(request.call_id, AgentEvent::Bypass(request)),
-        Some(M::Goodbye(g)) => return Some(format!("goodbye: {}", g.reason)),
+        // Reaches the callers of the calls the link ends: one bounded line.
+        Some(M::Goodbye(g)) => return Some(format!("goodbye: {}", printable_line(&g.reason, 256))),
         Some(M::Hello(_)) => return Some("protocol error: a second hello".into()),
         Some(M::Keepalive(_)) | Some(M::Output(_)) | None => {}
     }
     None
+}
+
+/// Stores a whole view the agent reported, checked against the catalog it was computed from
+/// ([`crate::views::Interner::check`]). A view of a catalog this link did not ship lately is
+/// passed over: a newer one follows the update the agent has yet to read.
+fn store_view(state: &State, link: &Link, shipped: &Shipped, view: HostView) {
+    let Some(catalog) = shipped.catalog(view.catalog_revision) else {
+        tracing::warn!(
+            host = %link.host_id,
+            revision = view.catalog_revision,
+            "the agent reported a view of a catalog revision this link did not ship lately: passed over"
+        );
+        return;
+    };
+    let checked = state.fleet.check_view(view, catalog);
+    if !checked.problems.is_empty() {
+        const SHOWN: usize = 5;
+        let mut problems = checked.problems[..checked.problems.len().min(SHOWN)].join("; ");
+        if checked.problems.len() > SHOWN {
+            problems.push_str(&format!("; and {} more", checked.problems.len() - SHOWN));
+        }
+        tracing::warn!(
+            host = %link.host_id,
+            revision = catalog.revision,
+            "the agent's view differs from the catalog, which has the last word: {problems}"
+        );
+    }
+    state
+        .fleet
+        .set_view(&link.host_id, link.generation, checked.view);
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use serde_json::json;
+use toolsrv_proto::text::shell_words;
 use toolsrv_proto::v1::{ApprovalRequest, CallResult, CallStatus};
 
 use crate::approvals::Decision;
@@ -163,7 +164,8 @@ impl Audit {
         self.write(json!({
             "ts_unix_ms": now_ms(),
             "event": if bypass { "bypass" } else { "approval" },
-            "bypass_argv": bypass.then(|| bounded(&request.bypass_argv.join(" "), MAX_MESSAGE_FIELD)),
+            // As a shell reads it back: the words' bounds stay visible.
+            "bypass_argv": bypass.then(|| bounded(&shell_words(&request.bypass_argv), MAX_MESSAGE_FIELD)),
             "bypass_reason": bypass.then(|| bounded(&request.bypass_reason, MAX_MESSAGE_FIELD)),
             "id": request.id,
             "client": bounded(&request.caller, MAX_NAME_FIELD),

@@ -11,16 +11,40 @@ use toolsrv_registry::Catalog;
 /// (a single larger `.meta` still goes out whole).
 const BATCH_BYTES: usize = 16 << 10;
 
-/// What one agent was last sent: the catalog it was brought up to, shared with every link sent
-/// the same one (a link keeps a pointer, not a list as long as the catalog).
+/// Catalogs a link remembers having shipped, to check the views its agent reports against the
+/// one each was computed from: an agent answers an update with a view, and one more update may
+/// be on its way meanwhile, so a few suffice; a view of an older one is followed by a newer.
+const SHIPPED_KEPT: usize = 4;
+
+/// What one agent was sent: the catalog it was brought up to last, and the few before it, shared
+/// with every link sent the same ones (a link keeps pointers, not lists as long as the catalog).
 #[derive(Debug, Default)]
 pub struct Shipped {
     last: Option<Arc<Catalog>>,
+    before: std::collections::VecDeque<Arc<Catalog>>,
 }
 
 impl Shipped {
+    /// The catalog of `revision`, if it is the last one shipped or one of the few before it.
+    pub fn catalog(&self, revision: u64) -> Option<&Arc<Catalog>> {
+        self.last
+            .iter()
+            .chain(self.before.iter().rev())
+            .find(|c| c.revision == revision)
+    }
+
     /// The messages that bring the agent from what it was sent to `catalog`; empty when nothing changed.
     pub fn updates(&mut self, catalog: &Arc<Catalog>) -> Vec<CatalogUpdate> {
+        if let Some(last) = self
+            .last
+            .as_ref()
+            .filter(|c| c.revision != catalog.revision)
+        {
+            if self.before.len() == SHIPPED_KEPT - 1 {
+                self.before.pop_front();
+            }
+            self.before.push_back(last.clone());
+        }
         let previous = self.last.replace(catalog.clone());
         let full = previous.is_none();
         let previous = match previous {
@@ -155,6 +179,25 @@ mod tests {
         assert_eq!(names(&next[0]), ["b", "c"]);
         assert_eq!(next[0].removals, ["a"]);
         assert_eq!(next[0].revision, reg.catalog().revision);
+    }
+
+    #[test]
+    fn the_last_few_catalogs_shipped_are_remembered() {
+        let mut shipped = Shipped::default();
+        let catalog = |revision| {
+            Arc::new(Catalog {
+                revision,
+                ..Catalog::default()
+            })
+        };
+        assert!(shipped.catalog(0).is_none());
+        for revision in 1..=6 {
+            shipped.updates(&catalog(revision));
+            // The same revision again is not remembered twice.
+            shipped.updates(&catalog(revision));
+        }
+        let kept: Vec<u64> = (0..=7).filter(|r| shipped.catalog(*r).is_some()).collect();
+        assert_eq!(kept, (7 - SHIPPED_KEPT as u64..=6).collect::<Vec<_>>());
     }
 
     #[test]

@@ -8,11 +8,11 @@ use tokio::sync::broadcast;
 use toolsrv_proto::v1::{
     CatalogEvent, CatalogEventKind, HostFacts, HostInfo, HostState, HostView, InvalidTool,
 };
-use toolsrv_registry::CatalogChanges;
+use toolsrv_registry::{Catalog, CatalogChanges};
 
 use crate::link::Link;
 use crate::selector::{self, Selector};
-use crate::views::{Interner, StoredTool, StoredView};
+use crate::views::{Checked, Interner, StoredTool, StoredView};
 
 /// Most tool names one registry event lists; a larger change counts the rest in `omitted`.
 pub const MAX_EVENT_NAMES: usize = 256;
@@ -253,7 +253,7 @@ impl Fleet {
     }
 
     /// Stores a host's new view (tools sorted by name) if `generation` is its current connection.
-    pub fn set_view(&self, id: &str, generation: u64, view: HostView) {
+    pub fn set_view(&self, id: &str, generation: u64, view: StoredView) {
         let view = self.interner.share(view);
         self.views_stored.fetch_add(1, Ordering::Relaxed);
         let revision = view.catalog_revision;
@@ -266,6 +266,11 @@ impl Fleet {
         {
             self.emit(CatalogEventKind::HostView, id, revision);
         }
+    }
+
+    /// An agent's view of `catalog` as it may be stored ([`Interner::check`]).
+    pub fn check_view(&self, view: HostView, catalog: &Catalog) -> Checked {
+        self.interner.check(view, catalog)
     }
 
     /// How many views have been stored so far; a change means some host's view may differ.
@@ -438,10 +443,10 @@ mod tests {
         (e, generation)
     }
 
-    fn view(revision: u64) -> HostView {
-        HostView {
+    fn view(revision: u64) -> StoredView {
+        StoredView {
             catalog_revision: revision,
-            ..HostView::default()
+            ..StoredView::default()
         }
     }
 

@@ -1,5 +1,6 @@
 //! The coordinator in process against fake agents (real mTLS links, the real protocol, nothing
-//! run): a fan-out's error budget and concurrency limit, and credit on a streaming call.
+//! run): a fan-out's error budget and concurrency limit, credit on a streaming call, and what a
+//! compromised agent can and cannot make the coordinator say.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
 mod common;
@@ -11,10 +12,12 @@ use std::time::Duration;
 use common::{Coordinator, WAIT, client};
 use tokio_stream::StreamExt;
 use toolsrv_proto::v1::{
-    CallRequest, CallStatus, FanOutRequest, FanOutSummary, HostState, ListHostsRequest, call_event,
-    fan_out_event,
+    CallRequest, CallStatus, FanOutRequest, FanOutSummary, FindToolsRequest, HostState,
+    ListHostsRequest, ListToolsRequest, call_event, fan_out_event,
 };
-use toolsrv_testkit::fake::{Answer, Behaviour, Connected, FakeAgents, Gate, fake_id};
+use toolsrv_testkit::fake::{
+    Answer, Behaviour, Connected, Definitions, FORGED_TEXT, FORGED_TOOL, FakeAgents, Gate, fake_id,
+};
 use toolsrv_testkit::{must, wait_until};
 
 const TOOL: &str = r#"{"description": "fake", "cmd": "true"}"#;
@@ -282,5 +285,132 @@ async fn credit_goes_back_in_batches_as_the_caller_reads() {
         "{grants} grants for {} chunks: batched",
         BYTES / CHUNK
     );
+    coordinator.stop().await;
+}
+
+/// A compromised agent says every tool is about something else, offers a tool the catalog does
+/// not have, gives a hidden tool a reason that would clear the screen and runs on for 100 KB,
+/// and ends calls with such a message. The coordinator takes from it which shipped tools its
+/// host offers and why not the others, as one bounded line; what each shipped tool says comes
+/// from the catalog. The tool the catalog does not have is listed as the host's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compromised_agent_cannot_make_a_tool_say_what_its_meta_does_not() {
+    let id = fake_id(0);
+    let coordinator = Coordinator::start_with(
+        &[id.as_str()],
+        &[
+            ("t.meta", TOOL),
+            (
+                "hidden_t.meta",
+                r#"{"description": "hidden here", "cmd": "true"}"#,
+            ),
+        ],
+        |_, _| {},
+    )
+    .await;
+    let connected = must(
+        Connected::connect(
+            &coordinator.url,
+            &coordinator.pki(),
+            std::slice::from_ref(&id),
+            1,
+        )
+        .await,
+    );
+    let agents = connected.attach_with(|_| Behaviour {
+        definitions: Definitions::Forged,
+        answer: Answer::Hostile,
+        ..Behaviour::default()
+    });
+    must(agents.wait_ready(WAIT).await);
+    let mut api = coordinator.tools(&client("alice")).await;
+    let list = must(
+        wait_until("the compromised host's view", WAIT, async || {
+            let list = api
+                .list_tools(ListToolsRequest {
+                    host: id.clone(),
+                    include_hidden: true,
+                    ..ListToolsRequest::default()
+                })
+                .await
+                .ok()?
+                .into_inner();
+            (!list.tools.is_empty()).then_some(list)
+        })
+        .await,
+    );
+    let names: Vec<&str> = list.tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, [FORGED_TOOL, "hidden_t", "t"]);
+    // Its own tool is the host's word, and says so.
+    let own = &list.tools[0];
+    assert!(own.visible && own.host_only);
+    assert_eq!(own.definition.as_ref().unwrap().prompt, FORGED_TEXT);
+    let t = &list.tools[2];
+    assert!(!t.host_only);
+    assert!(t.visible);
+    let def = t.definition.as_ref().unwrap();
+    assert_eq!(
+        (def.description.as_str(), def.prompt.as_str()),
+        ("fake", "")
+    );
+    assert_eq!(t.description, "fake");
+    assert_eq!(def.args_schema_json, r#"{"type":"object"}"#);
+    let hidden = &list.tools[1];
+    assert!(!hidden.host_only);
+    assert!(!hidden.visible);
+    assert_eq!(hidden.description, "hidden here");
+    assert!(
+        hidden
+            .reason
+            .starts_with("\\u{1b}[2J\\u{1b}[Hall clear\\nsecond line"),
+        "{}",
+        &hidden.reason[..80]
+    );
+    assert!(hidden.reason.len() < 5_000, "{}", hidden.reason.len());
+    assert!(!hidden.reason.contains(['\u{1b}', '\n']));
+
+    // The forged words find only the host's own tool: they are in no shipped tool's definition.
+    let found = api
+        .find_tools(FindToolsRequest {
+            selector: "all".into(),
+            query: FORGED_TEXT.into(),
+            limit: 10,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        found
+            .matches
+            .iter()
+            .all(|m| m.name == FORGED_TOOL || !m.description.contains("IGNORE")),
+        "{found:?}"
+    );
+
+    // How a call ended, in the agent's words: one bounded line.
+    let mut events = api
+        .call(CallRequest {
+            host: id.clone(),
+            tool: "t".into(),
+            ..CallRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let result = common::call_result(&mut events).await;
+    assert_eq!(result.status, CallStatus::ToolError as i32);
+    assert!(
+        result.message.starts_with("\\u{1b}[2J"),
+        "{}",
+        &result.message[..40]
+    );
+    assert!(result.message.len() < 5_000, "{}", result.message.len());
+    assert!(!result.message.contains(['\u{1b}', '\n']));
+    assert!(
+        result.message.ends_with("bytes)"),
+        "{}",
+        &result.message[result.message.len() - 40..]
+    );
+    drop(agents);
     coordinator.stop().await;
 }

@@ -10,7 +10,7 @@ use common::{Coordinator, WAIT, client};
 use tokio_stream::StreamExt;
 use toolsrv_proto::v1::{
     AgentMessage, CallFinished, CallRequest, CallResult, CallStatus, Hello, HostState, HostView,
-    ListHostsRequest, ListToolsRequest, ToolDefinition, ToolStatus, agent_message, call_event,
+    ListHostsRequest, ListToolsRequest, ToolDefinition, ToolStatus, agent_message,
     coordinator_message,
 };
 
@@ -125,16 +125,7 @@ async fn a_call_right_after_attach_waits_for_the_view() {
     .unwrap()
     .unwrap()
     .into_inner();
-    let result = tokio::time::timeout(WAIT, async {
-        while let Some(event) = events.next().await {
-            if let Some(call_event::Event::Result(result)) = event.unwrap().event {
-                return result;
-            }
-        }
-        panic!("the call stream ended without a result");
-    })
-    .await
-    .unwrap();
+    let result = common::call_result(&mut events).await;
     assert_eq!(result.status, CallStatus::Ok as i32, "{result:?}");
     assert!(
         attached.elapsed() >= VIEW_DELAY,

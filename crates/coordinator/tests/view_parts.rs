@@ -19,10 +19,16 @@ use toolsrv_proto::v1::{
 };
 use toolsrv_testkit::{must, wait_until};
 
-/// A coordinator serving one tool, with agent `a` in its PKI.
+/// A coordinator serving tools `a` to `d`, with agent `a` in its PKI.
 async fn coordinator() -> Coordinator {
-    let one = r#"{"description": "one", "cmd": "true"}"#;
-    Coordinator::start_with(&["a"], &[("one.meta", one)], |config, _| {
+    let meta = r#"{"description": "a tool", "cmd": "true"}"#;
+    let tools = [
+        ("a.meta", meta),
+        ("b.meta", meta),
+        ("c.meta", meta),
+        ("d.meta", meta),
+    ];
+    Coordinator::start_with(&["a"], &tools, |config, _| {
         // Parts take a while to send in a debug build; silence is not what this test is about.
         config.lost_after = Duration::from_secs(30);
     })

@@ -26,6 +26,10 @@ pub struct ListEntry<'a> {
     /// Why a hidden tool is hidden; `null` for a visible one.
     pub reason: Option<&'a str>,
     pub description: Option<&'a str>,
+    /// Served by the host from its own tools directory, not shipped by the coordinator (only
+    /// a coordinator knows; present only when true).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub host_only: bool,
 }
 
 impl ToolView {
@@ -46,6 +50,7 @@ impl ToolView {
                 variant: *variant,
                 reason: None,
                 description: tool.description.as_deref(),
+                host_only: false,
             },
             Resolution::Hidden { reason } => ListEntry {
                 name: self.name(),
@@ -53,6 +58,7 @@ impl ToolView {
                 variant: None,
                 reason: Some(reason),
                 description: self.hidden_description(),
+                host_only: false,
             },
         }
     }

@@ -104,6 +104,22 @@ impl Meta {
         }
     }
 
+    /// The definition a host that chose `variant` sees (`None`: the tool's own, for a tool
+    /// without variants), as [`Meta::resolve`] gives it; `None` when no host can have chosen
+    /// it: the tool has no such variant, or it has variants and none was named, or the
+    /// variant has a match key this version does not know (so it never matches).
+    pub fn resolve_variant(&self, variant: Option<usize>) -> Option<ResolvedTool> {
+        match variant {
+            None if self.variants.is_empty() => Some(self.finish(&self.def)),
+            None => None,
+            Some(i) => self
+                .variants
+                .get(i)
+                .filter(|v| v.unknown_keys.is_empty())
+                .map(|v| self.finish(&v.def.over(&self.def))),
+        }
+    }
+
     fn finish(&self, def: &ToolDef) -> ResolvedTool {
         let (args, validator) = match &def.args {
             Some((schema, validator)) => (schema.clone(), validator.clone()),

@@ -350,3 +350,47 @@ fn command_resolution_order() {
     assert!(err.to_string().contains("/tools/t.meta"), "{err}");
     assert!(err.to_string().contains("no `cmd`"), "{err}");
 }
+
+#[test]
+fn a_variant_named_resolves_as_a_host_that_chose_it_sees_it() {
+    let m = meta(json!({"description": "top", "variants": [
+        {"match": {"binary": "journalctl"}, "description": "journald", "cmd": "a"},
+        {"match": {"kernel": "6.1"}, "cmd": "b"},
+        {"match": {}, "cmd": "c"},
+    ]}));
+    let both = host("linux", "amd64", &[], &["/bin/journalctl"], &[]);
+    let seen = |h: &Host| {
+        let Resolution::Visible { variant, tool } = m.resolve(h) else {
+            panic!("hidden")
+        };
+        (variant, tool)
+    };
+    for h in [both, linux()] {
+        let (variant, tool) = seen(&h);
+        let named = m.resolve_variant(variant).unwrap();
+        assert_eq!(
+            serde_json::to_value(&named).unwrap(),
+            serde_json::to_value(&tool).unwrap()
+        );
+        assert_eq!(named.cmd, tool.cmd);
+    }
+    assert_eq!(
+        m.resolve_variant(Some(0)).unwrap().description.as_deref(),
+        Some("journald")
+    );
+    assert_eq!(
+        m.resolve_variant(Some(2)).unwrap().description.as_deref(),
+        Some("top")
+    );
+    // What no host can have chosen: no variant named, one past the end, one that never matches.
+    assert!(m.resolve_variant(None).is_none());
+    assert!(m.resolve_variant(Some(3)).is_none());
+    assert!(m.resolve_variant(Some(usize::MAX)).is_none());
+    assert!(m.resolve_variant(Some(1)).is_none());
+    let plain = meta(json!({"description": "plain"}));
+    assert_eq!(
+        plain.resolve_variant(None).unwrap().description.as_deref(),
+        Some("plain")
+    );
+    assert!(plain.resolve_variant(Some(0)).is_none());
+}

@@ -11,6 +11,7 @@ pub mod codec;
 pub mod limits;
 pub mod received;
 mod results;
+pub mod text;
 
 pub use results::status_name;
 

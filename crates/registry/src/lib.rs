@@ -3,9 +3,11 @@
 //! A [`Catalog`] is an immutable snapshot; every effective change (a tool added, removed, or its
 //! `.meta` or co-located executable changed) produces a new one with the next revision.
 
+mod definition;
 mod scan;
 mod watch;
 
+pub use definition::definition;
 pub use scan::{
     Catalog, CatalogChanges, Executable, Hashed, Invalid, ReadError, SETTLE_AGE, Scanner, Tool,
     hash_file, hash_file_bounded, hex_sha256, read_meta, split_tools_path,

@@ -746,15 +746,20 @@ fn write_listing(
     let width = entries.iter().map(|e| e.name.len()).max().unwrap_or(0);
     for e in entries {
         let name = e.name;
+        let own = if e.host_only { " [host-only]" } else { "" };
         if e.visible {
             let variant = e
                 .variant
                 .map(|i| format!(" [variant {i}]"))
                 .unwrap_or_default();
             let desc = e.description.unwrap_or("");
-            writeln!(out, "{name:width$}  {desc}{variant}")?;
+            writeln!(out, "{name:width$}  {desc}{variant}{own}")?;
         } else {
-            writeln!(out, "{name:width$}  (hidden) {}", e.reason.unwrap_or(""))?;
+            writeln!(
+                out,
+                "{name:width$}  (hidden) {}{own}",
+                e.reason.unwrap_or("")
+            )?;
         }
     }
     Ok(())

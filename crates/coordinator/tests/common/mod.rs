@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
@@ -18,7 +19,9 @@ use toolsrv_coordinator::CoordinatorConfig;
 use toolsrv_proto::limits::MAX_MESSAGE_BYTES;
 use toolsrv_proto::v1::agent_link_client::AgentLinkClient;
 use toolsrv_proto::v1::tools_client::ToolsClient;
-use toolsrv_proto::v1::{AgentMessage, CoordinatorMessage, Hello, agent_message};
+use toolsrv_proto::v1::{
+    AgentMessage, CallEvent, CallResult, CoordinatorMessage, Hello, agent_message, call_event,
+};
 use toolsrv_tls::{Identity, Role, TlsFiles};
 
 /// Every wait in these tests is bounded by this.
@@ -154,6 +157,20 @@ impl Drop for Coordinator {
     fn drop(&mut self) {
         self.stop.cancel();
     }
+}
+
+/// The result a call's event stream ends with, within [`WAIT`].
+pub async fn call_result(events: &mut Streaming<CallEvent>) -> CallResult {
+    tokio::time::timeout(WAIT, async {
+        while let Some(event) = events.next().await {
+            if let Some(call_event::Event::Result(result)) = event.unwrap().event {
+                return result;
+            }
+        }
+        panic!("the call stream ended without a result");
+    })
+    .await
+    .expect("the call ends within the wait")
 }
 
 pub fn client(name: &str) -> Identity {
