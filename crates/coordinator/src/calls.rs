@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use toolsrv_proto::text::printable_line;
 use toolsrv_proto::v1::{
     ApprovalRequest, BypassRequest, CallResult, CallStatus, OutputChunk, StartCall,
 };
@@ -41,6 +42,26 @@ pub enum Event {
 
 /// Extra time past a call's own timeout before the coordinator gives up on the agent's answer.
 const DEADLINE_SLACK: Duration = Duration::from_secs(30);
+
+/// Most bytes of a bypass request's command and reason together. An agent of this version
+/// refuses a request line of more than 64 KiB besides its standard input, so only a
+/// compromised or broken one sends more; what a person is asked to read stays bounded.
+const MAX_BYPASS_BYTES: usize = 64 * 1024;
+
+/// Why a bypass request cannot be put to anyone, if it cannot: no command, or a command and
+/// reason larger than [`MAX_BYPASS_BYTES`].
+fn malformed_bypass(request: &BypassRequest) -> Option<String> {
+    let bytes: usize = request.argv.iter().map(String::len).sum::<usize>() + request.reason.len();
+    if request.argv.is_empty() || request.argv[0].is_empty() {
+        Some("refused: the request names no command".into())
+    } else if bytes > MAX_BYPASS_BYTES {
+        Some(format!(
+            "refused: the command and reason take {bytes} bytes, more than the {MAX_BYPASS_BYTES} a request may"
+        ))
+    } else {
+        None
+    }
+}
 
 /// A call the coordinator may start: the host's link, what the policy said, the quota slot.
 struct Routed {
@@ -197,6 +218,18 @@ where
     Fut: Future<Output = bool>,
 {
     let mut request = call_request(host_id, spec);
+    if let Some(why) = malformed_bypass(bypass) {
+        // Audited as what it is, without the flood: the start of the command and its size.
+        request.bypass_argv = vec![printable_line(&bypass.argv.join(" "), 256)];
+        request.bypass_reason = printable_line(&bypass.reason, 256);
+        request.reason = why.clone();
+        let decision = Decision::Denied {
+            by: "coordinator".into(),
+            reason: why.clone(),
+        };
+        state.audit.approval(&request, &decision);
+        return Some((false, why));
+    }
     request.bypass_argv = bypass.argv.clone();
     request.bypass_reason = bypass.reason.clone();
     let decided = match verdict.bypass {
