@@ -12,7 +12,7 @@ use toolsrv_proto::v1::agent_message::Msg as Out;
 use toolsrv_proto::v1::coordinator_message::Msg as In;
 use toolsrv_proto::v1::{
     AgentMessage, BypassDecision, BypassRequest, CallFinished, CallRequest, CallResult, CallStatus,
-    CoordinatorMessage, Hello, HostView, ListApprovalsRequest, ToolDefinition, ToolStatus,
+    CoordinatorMessage, HostView, ListApprovalsRequest, ToolDefinition, ToolStatus,
 };
 
 /// The next message of `kind` from the coordinator, within the wait.
@@ -47,13 +47,7 @@ async fn bypass_requests_no_person_should_read_are_refused_by_the_coordinator() 
         config.policy = Some(policy);
     })
     .await;
-    let (out, mut inbound) = coordinator
-        .attach(Hello {
-            host_id: "a".into(),
-            agent_version: "test".into(),
-            ..Hello::default()
-        })
-        .await;
+    let (out, mut inbound) = coordinator.attach_as("a").await;
     let revision = next(&mut inbound, |m| match m {
         In::Catalog(update) if !update.more => Some(update.revision),
         _ => None,

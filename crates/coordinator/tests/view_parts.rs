@@ -14,8 +14,8 @@ use toolsrv_proto::limits::{MAX_MESSAGE_BYTES, MAX_VIEW_BYTES};
 use toolsrv_proto::v1::agent_message::Msg as Out;
 use toolsrv_proto::v1::coordinator_message::Msg as In;
 use toolsrv_proto::v1::{
-    AgentMessage, CoordinatorMessage, Hello, HostInfo, HostView, ListHostsRequest,
-    ListToolsRequest, ToolDefinition, ToolStatus,
+    AgentMessage, CoordinatorMessage, HostInfo, HostView, ListHostsRequest, ListToolsRequest,
+    ToolDefinition, ToolStatus,
 };
 use toolsrv_testkit::{must, wait_until};
 
@@ -51,13 +51,7 @@ async fn host_a(coordinator: &Coordinator) -> Option<HostInfo> {
 
 /// Attaches as agent `a`: sends the Hello, reads the Welcome and the catalog.
 async fn attach(coordinator: &Coordinator) -> Agent {
-    let (out, mut inbound) = coordinator
-        .attach(Hello {
-            host_id: "a".into(),
-            agent_version: "test".into(),
-            ..Hello::default()
-        })
-        .await;
+    let (out, mut inbound) = coordinator.attach_as("a").await;
     let mut revision = None;
     while revision.is_none() {
         let msg = tokio::time::timeout(WAIT, inbound.message())

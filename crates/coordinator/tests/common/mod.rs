@@ -123,6 +123,19 @@ impl Coordinator {
 
     /// Attaches as agent `hello.host_id` with its certificate and sends `hello`; returns the
     /// sender of the agent's next messages and the coordinator's messages.
+    /// [`Coordinator::attach`] as agent `host_id`, with an otherwise default Hello.
+    pub async fn attach_as(
+        &self,
+        host_id: &str,
+    ) -> (mpsc::Sender<AgentMessage>, Streaming<CoordinatorMessage>) {
+        self.attach(Hello {
+            host_id: host_id.into(),
+            agent_version: "test".into(),
+            ..Hello::default()
+        })
+        .await
+    }
+
     pub async fn attach(
         &self,
         hello: Hello,
