@@ -269,8 +269,8 @@ impl Fleet {
     }
 
     /// An agent's view of `catalog` as it may be stored ([`Interner::check`]).
-    pub fn check_view(&self, view: HostView, catalog: &Catalog) -> Checked {
-        self.interner.check(view, catalog)
+    pub fn check_view(&self, view: HostView, catalog: &Catalog, host_only: bool) -> Checked {
+        self.interner.check(view, catalog, host_only)
     }
 
     /// How many views have been stored so far; a change means some host's view may differ.

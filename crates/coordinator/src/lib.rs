@@ -100,6 +100,9 @@ pub struct CoordinatorConfig {
     pub limits: Limits,
     /// How long a call waits for an approval before it is denied.
     pub approval_timeout: Duration,
+    /// Offer only the tools the catalog ships: tools an agent serves from its own directories
+    /// are listed hidden, saying so, and nobody can call them through this coordinator.
+    pub refuse_host_only_tools: bool,
     /// How long idle sessions live and how many a client may hold.
     pub sessions: SessionLimits,
     /// A sentence encoder's directory (all-MiniLM-L6-v2 or all-mpnet-base-v2:
@@ -149,6 +152,7 @@ impl CoordinatorConfig {
             host_labels: None,
             limits: Limits::default(),
             approval_timeout: Duration::from_secs(60),
+            refuse_host_only_tools: false,
             sessions: SessionLimits::default(),
             find_model: None,
             admins: vec![DEFAULT_ADMIN.to_string()],

@@ -227,6 +227,10 @@ struct Resolved {
 /// ones are cut, saying so); a real reason names each variant's miss in a few dozen bytes.
 pub const MAX_REASON_BYTES: usize = 4096;
 
+/// Why a host-only tool is hidden on a coordinator that offers only the tools it ships.
+pub const REFUSED_HOST_ONLY: &str = "host-only tools are refused by this coordinator \
+                                     (--refuse-host-only-tools): only the tools it ships are offered";
+
 /// An agent's view as the coordinator keeps it ([`Interner::check`]), and what it had to leave
 /// out or correct, for the log.
 #[derive(Debug)]
@@ -290,15 +294,16 @@ impl Interner {
     /// listing, the ranking of every host's tools). A shipped tool offered by a variant that no
     /// host can choose is kept hidden, saying so. A tool the catalog does not ship is the
     /// host's own (from its `--tools` directories), marked `host_only`, with its definition as
-    /// the host gives it if its name is a tool name and its schema a JSON object. Reasons are
-    /// kept to one line of at most [`MAX_REASON_BYTES`]; a name reported twice counts once.
-    pub fn check(&self, view: HostView, catalog: &Catalog) -> Checked {
+    /// the host gives it if its name is a tool name and its schema a JSON object; without
+    /// `host_only` (`--refuse-host-only-tools`), hidden, saying why. Reasons are kept to one
+    /// line of at most [`MAX_REASON_BYTES`]; a name reported twice counts once.
+    pub fn check(&self, view: HostView, catalog: &Catalog, host_only: bool) -> Checked {
         let mut problems = Vec::new();
         let mut state = self.lock();
         let mut tools: Vec<StoredTool> = Vec::with_capacity(view.tools.len());
         for reported in view.tools {
             let Some(tool) = catalog.tools.get(&reported.name) else {
-                match state.host_only(reported) {
+                match state.host_only(reported, host_only) {
                     Ok((stored, problem)) => {
                         problems.extend(problem);
                         tools.push(stored);
@@ -418,7 +423,11 @@ impl InternState {
     /// A tool the catalog does not ship, as its host reports it: `Err` (why it is left out)
     /// when its name is not a tool name; hidden, with a problem to log, when it is offered
     /// without a definition or with a schema that is not a JSON object.
-    fn host_only(&mut self, reported: ToolStatus) -> Result<(StoredTool, Option<String>), String> {
+    fn host_only(
+        &mut self,
+        reported: ToolStatus,
+        allowed: bool,
+    ) -> Result<(StoredTool, Option<String>), String> {
         if !toolsrv_meta::is_valid_name(&reported.name) {
             return Err(format!(
                 "`{}` is not a tool name: left out",
@@ -426,6 +435,10 @@ impl InternState {
             ));
         }
         let mut stored = StoredTool::hidden(reported.name, true);
+        if !allowed {
+            stored.reason = REFUSED_HOST_ONLY.into();
+            return Ok((stored, None));
+        }
         let why = match reported.definition {
             _ if !reported.visible => {
                 stored.reason = printable_line(&reported.reason, MAX_REASON_BYTES);
@@ -743,6 +756,7 @@ mod tests {
                 more: false,
             },
             &catalog,
+            true,
         );
         let view = checked.view;
         assert_eq!(
@@ -811,6 +825,7 @@ mod tests {
                     more: false,
                 },
                 &catalog,
+                true,
             );
             let logs = checked.view.tool("logs").unwrap().status();
             assert!(!logs.visible && logs.definition.is_none(), "{variant:?}");
@@ -841,6 +856,7 @@ mod tests {
                 more: false,
             },
             &catalog,
+            true,
         );
         let reasons: Vec<(String, bool)> = checked
             .view
@@ -868,6 +884,7 @@ mod tests {
                 more: false,
             },
             &catalog,
+            true,
         );
         assert!(!plain_variant.view.tools[0].visible);
 
@@ -882,6 +899,7 @@ mod tests {
                         more: false,
                     },
                     &catalog,
+                    true,
                 )
                 .view
         };

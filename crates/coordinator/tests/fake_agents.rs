@@ -13,7 +13,7 @@ use common::{Coordinator, WAIT, client};
 use tokio_stream::StreamExt;
 use toolsrv_proto::v1::{
     CallRequest, CallStatus, FanOutRequest, FanOutSummary, FindToolsRequest, HostState,
-    ListHostsRequest, ListToolsRequest, call_event, fan_out_event,
+    ListHostsRequest, ListToolsRequest, ListToolsResponse, call_event, fan_out_event,
 };
 use toolsrv_testkit::fake::{
     Answer, Behaviour, Connected, Definitions, FORGED_TEXT, FORGED_TOOL, FakeAgents, Gate, fake_id,
@@ -288,26 +288,17 @@ async fn credit_goes_back_in_batches_as_the_caller_reads() {
     coordinator.stop().await;
 }
 
-/// A compromised agent says every tool is about something else, offers a tool the catalog does
-/// not have, gives a hidden tool a reason that would clear the screen and runs on for 100 KB,
-/// and ends calls with such a message. The coordinator takes from it which shipped tools its
-/// host offers and why not the others, as one bounded line; what each shipped tool says comes
-/// from the catalog. The tool the catalog does not have is listed as the host's own.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_compromised_agent_cannot_make_a_tool_say_what_its_meta_does_not() {
+/// A compromised agent (`Definitions::Forged`, answering calls `answer`) attached as host
+/// `fake-0000` to a coordinator serving `tools` and set up by `configure`; its whole view, once
+/// reported.
+async fn compromised_host(
+    tools: &[(&str, &str)],
+    configure: impl FnOnce(&mut toolsrv_coordinator::CoordinatorConfig),
+    answer: Answer,
+) -> (Coordinator, FakeAgents, ListToolsResponse) {
     let id = fake_id(0);
-    let coordinator = Coordinator::start_with(
-        &[id.as_str()],
-        &[
-            ("t.meta", TOOL),
-            (
-                "hidden_t.meta",
-                r#"{"description": "hidden here", "cmd": "true"}"#,
-            ),
-        ],
-        |_, _| {},
-    )
-    .await;
+    let coordinator =
+        Coordinator::start_with(&[id.as_str()], tools, |config, _| configure(config)).await;
     let connected = must(
         Connected::connect(
             &coordinator.url,
@@ -317,9 +308,9 @@ async fn a_compromised_agent_cannot_make_a_tool_say_what_its_meta_does_not() {
         )
         .await,
     );
-    let agents = connected.attach_with(|_| Behaviour {
+    let agents = connected.attach_with(move |_| Behaviour {
         definitions: Definitions::Forged,
-        answer: Answer::Hostile,
+        answer,
         ..Behaviour::default()
     });
     must(agents.wait_ready(WAIT).await);
@@ -339,6 +330,36 @@ async fn a_compromised_agent_cannot_make_a_tool_say_what_its_meta_does_not() {
         })
         .await,
     );
+    (coordinator, agents, list)
+}
+
+/// What every host's tools rank for the forged words.
+async fn find_forged(coordinator: &Coordinator) -> toolsrv_proto::v1::FindToolsResponse {
+    let request = FindToolsRequest {
+        selector: "all".into(),
+        query: FORGED_TEXT.into(),
+        limit: 10,
+    };
+    let mut api = coordinator.tools(&client("alice")).await;
+    api.find_tools(request).await.unwrap().into_inner()
+}
+
+/// A compromised agent says every tool is about something else, offers a tool the catalog does
+/// not have, gives a hidden tool a reason that would clear the screen and runs on for 100 KB,
+/// and ends calls with such a message. The coordinator takes from it which shipped tools its
+/// host offers and why not the others, as one bounded line; what each shipped tool says comes
+/// from the catalog. The tool the catalog does not have is listed as the host's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compromised_agent_cannot_make_a_tool_say_what_its_meta_does_not() {
+    let id = fake_id(0);
+    let hidden_t = r#"{"description": "hidden here", "cmd": "true"}"#;
+    let (coordinator, agents, list) = compromised_host(
+        &[("t.meta", TOOL), ("hidden_t.meta", hidden_t)],
+        |_| {},
+        Answer::Hostile,
+    )
+    .await;
+    let mut api = coordinator.tools(&client("alice")).await;
     let names: Vec<&str> = list.tools.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names, [FORGED_TOOL, "hidden_t", "t"]);
     // Its own tool is the host's word, and says so.
@@ -370,15 +391,7 @@ async fn a_compromised_agent_cannot_make_a_tool_say_what_its_meta_does_not() {
     assert!(!hidden.reason.contains(['\u{1b}', '\n']));
 
     // The forged words find only the host's own tool: they are in no shipped tool's definition.
-    let found = api
-        .find_tools(FindToolsRequest {
-            selector: "all".into(),
-            query: FORGED_TEXT.into(),
-            limit: 10,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let found = find_forged(&coordinator).await;
     assert!(
         found
             .matches
@@ -411,6 +424,49 @@ async fn a_compromised_agent_cannot_make_a_tool_say_what_its_meta_does_not() {
         "{}",
         &result.message[result.message.len() - 40..]
     );
+    drop(agents);
+    coordinator.stop().await;
+}
+
+/// With `--refuse-host-only-tools`, the tool a compromised agent adds is listed hidden, saying
+/// why, ranks for nothing and cannot be called; the shipped tools are offered as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_that_refuses_host_only_tools_offers_only_what_it_ships() {
+    let id = fake_id(0);
+    let (coordinator, agents, list) = compromised_host(
+        &[("t.meta", TOOL)],
+        |config| config.refuse_host_only_tools = true,
+        Answer::Ok,
+    )
+    .await;
+    let mut api = coordinator.tools(&client("alice")).await;
+    let own = &list.tools[0];
+    assert_eq!(own.name, FORGED_TOOL);
+    assert!(!own.visible && own.host_only && own.definition.is_none());
+    assert!(
+        own.reason.contains("--refuse-host-only-tools"),
+        "{}",
+        own.reason
+    );
+    assert!(!own.description.contains("IGNORE"), "{}", own.description);
+    assert!(list.tools[1].visible && list.tools[1].name == "t");
+
+    let found = find_forged(&coordinator).await;
+    assert!(
+        found.matches.iter().all(|m| m.name != FORGED_TOOL),
+        "{found:?}"
+    );
+    let mut events = api
+        .call(CallRequest {
+            host: id.clone(),
+            tool: FORGED_TOOL.into(),
+            ..CallRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let result = common::call_result(&mut events).await;
+    assert_eq!(result.status, CallStatus::Hidden as i32, "{result:?}");
     drop(agents);
     coordinator.stop().await;
 }

@@ -174,6 +174,10 @@ pub struct CoordinatorArgs {
     /// The longest timeout (seconds) a call may ask for; longer ones are refused
     #[arg(long, env = "TOOLSRV_MAX_CALL_TIMEOUT_SECS", default_value_t = 3600)]
     pub max_call_timeout_secs: u64,
+    /// Offer only the tools the catalog ships: tools an agent serves from its own `--tools`
+    /// directories are listed hidden, saying so, and cannot be called through this coordinator
+    #[arg(long, env = "TOOLSRV_REFUSE_HOST_ONLY_TOOLS")]
+    pub refuse_host_only_tools: bool,
     /// How long (seconds) a call the policy marks `approve` waits for a decision; then it is denied
     #[arg(long, env = "TOOLSRV_APPROVAL_TIMEOUT_SECS", default_value_t = 60)]
     pub approval_timeout_secs: u64,
@@ -465,6 +469,7 @@ impl CoordinatorArgs {
             finds_per_client: self.max_finds_per_client.max(1),
         };
         config.approval_timeout = Duration::from_secs(self.approval_timeout_secs.max(1));
+        config.refuse_host_only_tools = self.refuse_host_only_tools;
         config.sessions = toolsrv_coordinator::SessionLimits {
             idle: Duration::from_secs(self.session_idle_secs.max(1)),
             per_client: self.max_sessions_per_client.max(1),
