@@ -256,6 +256,19 @@ impl<T> Default for WeakSet<T> {
     }
 }
 
+/// Drops the entries `live` rejects, and the buckets left empty, once `buckets` holds more than
+/// twice as many keys as after the last sweep (`swept_at`) and 1,024 more: dead entries cost a
+/// little memory for a while, and no insert walks the whole map.
+fn sweep<E>(buckets: &mut HashMap<u64, Vec<E>>, swept_at: &mut usize, live: impl Fn(&E) -> bool) {
+    if buckets.len() > 2 * *swept_at + 1024 {
+        buckets.retain(|_, bucket| {
+            bucket.retain(&live);
+            !bucket.is_empty()
+        });
+        *swept_at = buckets.len();
+    }
+}
+
 impl<T> WeakSet<T> {
     /// The live value under `key` that `same` accepts, or `value` stored as a new one.
     fn share(&mut self, key: u64, value: T, same: impl Fn(&T, &T) -> bool) -> Arc<T> {
@@ -270,13 +283,9 @@ impl<T> WeakSet<T> {
         bucket.retain(|w| w.strong_count() > 0);
         let shared = Arc::new(value);
         bucket.push(Arc::downgrade(&shared));
-        if self.buckets.len() > 2 * self.swept_at + 1024 {
-            self.buckets.retain(|_, bucket| {
-                bucket.retain(|w| w.strong_count() > 0);
-                !bucket.is_empty()
-            });
-            self.swept_at = self.buckets.len();
-        }
+        sweep(&mut self.buckets, &mut self.swept_at, |w| {
+            w.strong_count() > 0
+        });
         shared
     }
 
@@ -494,13 +503,9 @@ impl InternState {
             variant,
             def: Arc::downgrade(&def),
         });
-        if self.resolved.len() > 2 * self.resolved_swept_at + 1024 {
-            self.resolved.retain(|_, bucket| {
-                bucket.retain(|e| e.def.strong_count() > 0);
-                !bucket.is_empty()
-            });
-            self.resolved_swept_at = self.resolved.len();
-        }
+        sweep(&mut self.resolved, &mut self.resolved_swept_at, |e| {
+            e.def.strong_count() > 0
+        });
         Some(def)
     }
 }

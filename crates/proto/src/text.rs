@@ -19,15 +19,7 @@ pub fn disguises(c: char) -> bool {
 /// `text` with every character that [`disguises`] escaped (`\u{1b}`, `\n`, `\u{202e}`), nothing
 /// cut: for text someone must read whole to judge it.
 pub fn printable(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if disguises(c) {
-            out.extend(c.escape_debug());
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    printable_line(text, usize::MAX)
 }
 
 /// [`printable`] `text`, cut to at most `max` bytes (on a character boundary, escapes whole)

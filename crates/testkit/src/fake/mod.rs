@@ -19,5 +19,5 @@ mod responder;
 pub use links::{Behaviour, Connected, Counters, Delay, FakeAgents, Gate, fake_id};
 pub use responder::{
     Answer, Definitions, FAKE_FAILURE, FAKE_LABEL, FAKE_MAX_CONCURRENT, FAKE_OUTPUT, FORGED_TEXT,
-    FORGED_TOOL, Reaction, Responder, forged_reason, hostile_message,
+    FORGED_TOOL, Reaction, Responder,
 };
