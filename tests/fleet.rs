@@ -731,6 +731,91 @@ fn host_only_tools_and_the_concurrency_limit() {
 }
 
 #[test]
+fn a_host_only_tool_is_marked_wherever_it_is_offered_and_cannot_write_to_the_terminal() {
+    // A careless (or hostile) host's own tool whose description clears the screen and reverses
+    // the text after it: tables show it escaped, and every place that offers it to a person or
+    // a model (tools, find, sessions) says it is the host's word.
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "disk_usage.meta",
+        r#"{"description": "Disk usage of a directory", "cmd": "echo used"}"#,
+        false,
+    );
+    fleet.start_coordinator(&[]);
+    let spec = AgentSpec {
+        local_tools: vec![
+            (
+                "rotate_keys.meta".into(),
+                r#"{"description": "Rotate keys \u001b[2J\u202eedoc ruoy", "prompt": "Rotate the keys.", "cmd": "echo rotated"}"#.into(),
+                false,
+            ),
+        ],
+        ..AgentSpec::default()
+    };
+    fleet.start_agent("a", &spec);
+    fleet.wait_online(&["a"], "rotate_keys");
+
+    let listing = text(&fleet.toolctl(&["tools", "a"]).stdout);
+    let line = listing
+        .lines()
+        .find(|l| l.starts_with("rotate_keys"))
+        .unwrap_or_else(|| panic!("rotate_keys in {listing}"));
+    assert!(
+        line.ends_with(r"Rotate keys \u{1b}[2J\u{202e}edoc ruoy [host-only]"),
+        "{listing}"
+    );
+
+    let out = fleet.toolctl(&["find", "all", "rotate keys"]);
+    let table = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let row = table
+        .lines()
+        .find(|l| l.contains("rotate_keys"))
+        .unwrap_or_else(|| panic!("rotate_keys in {table}"));
+    assert!(row.contains("rotate_keys [host-only]"), "{table}");
+    let out = fleet.toolctl(&["find", "all", "rotate keys disk usage", "--json"]);
+    let found: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let marks: Vec<(&str, bool)> = found
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["name"].as_str().unwrap(), m["host_only"] == true))
+        .collect();
+    assert!(marks.contains(&("rotate_keys", true)), "{found}");
+    assert!(marks.contains(&("disk_usage", false)), "{found}");
+
+    let profile = fleet.work.path().join("both.json");
+    std::fs::write(
+        &profile,
+        r#"{"autoLoad": ["rotate_keys", "disk_usage"], "hosts": "a"}"#,
+    )
+    .unwrap();
+    let out = fleet.toolctl(&["session", "open", "--profile", profile.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+    let shown = text(&fleet.toolctl(&["session", "show", &id]).stdout);
+    assert!(shown.contains("rotate_keys [host-only]"), "{shown}");
+    assert!(!shown.contains("disk_usage [host-only]"), "{shown}");
+    let out = fleet.toolctl(&["session", "show", &id, "--json"]);
+    let state: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let marks: Vec<(&str, bool)> = state["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["name"].as_str().unwrap(), t["hostOnly"] == true))
+        .collect();
+    assert_eq!(marks, [("rotate_keys", true), ("disk_usage", false)]);
+
+    // Nothing the host wrote reached the terminal as a control or direction character.
+    for out in [&listing, &table, &shown] {
+        assert!(
+            !out.contains('\u{1b}') && !out.contains('\u{202e}'),
+            "{out:?}"
+        );
+    }
+}
+
+#[test]
 fn keepalives_are_spaced_as_the_fleet_grows_and_a_frozen_host_is_still_lost() {
     // At most 2 keepalives a second each way: 1 or 2 links get 1 s, 3 links 2 s (whole
     // seconds); --lost-after-ms grows with the interval (600 ms at 200 ms: three intervals).

@@ -105,6 +105,9 @@ pub fn session_json(state: &SessionState) -> Result<Value, ClientError> {
         if !t.unavailable.is_empty() {
             tool["unavailable"] = Value::from(t.unavailable.as_str());
         }
+        if t.host_only {
+            tool["hostOnly"] = Value::from(true);
+        }
         tools.push(tool);
     }
     Ok(serde_json::json!({
@@ -133,6 +136,9 @@ pub fn match_json(m: &ToolMatch) -> Value {
     }
     if let Some(semantic) = m.semantic_score {
         value["semantic"] = Value::from(semantic);
+    }
+    if m.host_only {
+        value["host_only"] = Value::from(true);
     }
     value
 }

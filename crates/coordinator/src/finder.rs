@@ -439,13 +439,15 @@ pub async fn find(
         if !seen.insert(name.clone()) {
             continue;
         }
+        let (hosts, host_only) = offered.hosts_of(name);
         matches.push(ToolMatch {
             name: name.clone(),
             score: hit.score,
             description: descriptions.get(&hit.key).cloned().unwrap_or_default(),
-            hosts: offered.hosts_of(name),
+            hosts,
             lexical_score: hit.lexical,
             semantic_score: hit.semantic,
+            host_only,
         });
         if matches.len() == limit {
             break;
@@ -502,10 +504,12 @@ pub fn merge(
                 }
                 Some((kept, kept_strength, best_place)) => {
                     let hosts = std::mem::take(&mut kept.hosts);
+                    let host_only = kept.host_only || m.host_only;
                     if (strength, m.score) > (*kept_strength, kept.score) {
                         *kept = m.clone();
                         *kept_strength = strength;
                     }
+                    kept.host_only = host_only;
                     *best_place = (*best_place).min(place);
                     let all: BTreeSet<String> = hosts.into_iter().chain(m.hosts).collect();
                     kept.hosts = all.into_iter().collect();
@@ -597,16 +601,19 @@ impl Offered {
         }
     }
 
-    /// The hosts where a tool named `name` is visible, sorted.
-    fn hosts_of(&self, name: &str) -> Vec<String> {
-        let mut hosts: Vec<String> = self
-            .views
-            .iter()
-            .filter(|(view, _)| view.tool(name).and_then(StoredTool::offered).is_some())
-            .flat_map(|(_, hosts)| hosts.iter().cloned())
-            .collect();
+    /// The hosts where a tool named `name` is visible, sorted, and whether any of them offers
+    /// it as a host-only tool.
+    fn hosts_of(&self, name: &str) -> (Vec<String>, bool) {
+        let mut host_only = false;
+        let mut hosts: Vec<String> = Vec::new();
+        for (view, ids) in &self.views {
+            if let Some(tool) = view.tool(name).filter(|t| t.offered().is_some()) {
+                host_only |= tool.host_only;
+                hosts.extend(ids.iter().cloned());
+            }
+        }
         hosts.sort_unstable();
-        hosts
+        (hosts, host_only)
     }
 }
 
@@ -625,6 +632,7 @@ mod tests {
                     hosts: hosts.iter().map(|h| h.to_string()).collect(),
                     lexical_score: None,
                     semantic_score: Some(*score),
+                    host_only: false,
                 })
                 .collect(),
             ranker: "fused".into(),
@@ -688,6 +696,20 @@ mod tests {
             m.lexical_score = m.semantic_score.take();
         }
         answer
+    }
+
+    #[test]
+    fn a_tool_host_only_in_any_answer_stays_marked_whichever_match_is_kept() {
+        // Replicas on different catalog revisions: one ships `mine`, the other's host offers
+        // its own. The stronger match is the shipped one; the mark must not be lost with it.
+        let local = found(7, &[("mine", 0.9, &["a1"])]);
+        let mut other = found(8, &[("mine", 0.3, &["b1"])]);
+        other.matches[0].host_only = true;
+        let merged = merge(local, vec![other], 5);
+        assert_eq!(merged.matches.len(), 1);
+        assert!(merged.matches[0].host_only);
+        assert_eq!(merged.matches[0].score, 0.9);
+        assert_eq!(merged.matches[0].hosts, ["a1", "b1"]);
     }
 
     #[test]

@@ -23,7 +23,6 @@ use toolsrv_registry::Catalog;
 
 use crate::fleet::{Fleet, HostEntry, now_ms};
 use crate::selector::Selector;
-use crate::views::StoredTool;
 
 /// `maxLoaded` when a profile leaves it out.
 pub const DEFAULT_MAX_LOADED: u32 = 40;
@@ -581,10 +580,15 @@ fn unavailable_reason(hosts: &[HostEntry], catalog: &Catalog, tool: &str) -> Str
 /// One loaded tool resolved on the session's online hosts.
 fn loaded_tool(hosts: &[HostEntry], catalog: &Catalog, l: &Loaded) -> LoadedTool {
     let mut groups: Vec<(Arc<ToolDefinition>, Vec<String>)> = Vec::new();
+    let mut host_only = false;
     for h in hosts.iter().filter(|h| h.online()) {
-        let Some(def) = h.tool(&l.name).and_then(StoredTool::offered).cloned() else {
+        let Some(tool) = h.tool(&l.name) else {
             continue;
         };
+        let Some(def) = tool.offered().cloned() else {
+            continue;
+        };
+        host_only |= tool.host_only;
         // Views share identical definitions, so the pointer test settles most comparisons.
         match groups
             .iter_mut()
@@ -622,5 +626,6 @@ fn loaded_tool(hosts: &[HostEntry], catalog: &Catalog, l: &Loaded) -> LoadedTool
             .collect(),
         hosts: all_hosts,
         unavailable,
+        host_only,
     }
 }

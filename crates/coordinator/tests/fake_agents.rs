@@ -399,6 +399,18 @@ async fn a_compromised_agent_cannot_make_a_tool_say_what_its_meta_does_not() {
             .all(|m| m.name == FORGED_TOOL || !m.description.contains("IGNORE")),
         "{found:?}"
     );
+    // What found the host's own tool says it is the host's word; shipped tools are not marked.
+    assert!(
+        found
+            .matches
+            .iter()
+            .all(|m| m.host_only == (m.name == FORGED_TOOL)),
+        "{found:?}"
+    );
+    assert!(
+        found.matches.iter().any(|m| m.name == FORGED_TOOL),
+        "{found:?}"
+    );
 
     // How a call ended, in the agent's words: one bounded line.
     let mut events = api

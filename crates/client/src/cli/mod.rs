@@ -752,14 +752,11 @@ fn write_listing(
                 .variant
                 .map(|i| format!(" [variant {i}]"))
                 .unwrap_or_default();
-            let desc = e.description.unwrap_or("");
+            let desc = quote::printable(e.description.unwrap_or(""));
             writeln!(out, "{name:width$}  {desc}{variant}{own}")?;
         } else {
-            writeln!(
-                out,
-                "{name:width$}  (hidden) {}{own}",
-                e.reason.unwrap_or("")
-            )?;
+            let reason = quote::printable(e.reason.unwrap_or(""));
+            writeln!(out, "{name:width$}  (hidden) {reason}{own}")?;
         }
     }
     Ok(())

@@ -52,12 +52,16 @@ fn search_result(matches: &[ToolMatch], note: Option<&str>) -> CallToolResult {
     let results: Vec<Value> = matches
         .iter()
         .map(|m| {
-            json!({
+            let mut result = json!({
                 "name": m.name,
                 "description": m.description,
                 "score": m.score,
                 "hosts": m.hosts,
-            })
+            });
+            if m.host_only {
+                result["hostOnly"] = json!(true);
+            }
+            result
         })
         .collect();
     let mut text = if matches.is_empty() {
@@ -67,8 +71,13 @@ fn search_result(matches: &[ToolMatch], note: Option<&str>) -> CallToolResult {
             .iter()
             .map(|m| {
                 format!(
-                    "{} (score {:.3}, on {}): {}",
+                    "{}{} (score {:.3}, on {}): {}",
                     m.name,
+                    if m.host_only {
+                        " [host-only: not from the fleet's catalog, described by its hosts]"
+                    } else {
+                        ""
+                    },
                     m.score,
                     m.hosts.join(", "),
                     m.description
@@ -133,6 +142,11 @@ pub async fn load(
     } else {
         text
     };
+    let text = if loaded.host_only {
+        format!("{}\n\n{text}", super::tools::host_only_note(&loaded.hosts))
+    } else {
+        text
+    };
     CallToolResult::success(vec![ContentBlock::text(text)])
 }
 
@@ -176,6 +190,28 @@ mod tests {
         assert_eq!(
             search_result(&[], None).structured_content,
             Some(json!({"results": []}))
+        );
+    }
+
+    #[test]
+    fn a_host_only_match_is_marked_in_text_and_structure() {
+        let m = ToolMatch {
+            name: "rotate_keys".into(),
+            score: 0.5,
+            description: "Rotate keys".into(),
+            hosts: vec!["a".into()],
+            host_only: true,
+            ..Default::default()
+        };
+        let r = search_result(&[m], None);
+        assert_eq!(
+            r.structured_content.unwrap()["results"][0]["hostOnly"],
+            json!(true)
+        );
+        let text = &r.content[0].as_text().unwrap().text;
+        assert!(
+            text.starts_with("rotate_keys [host-only: not from the fleet's catalog"),
+            "{text}"
         );
     }
 

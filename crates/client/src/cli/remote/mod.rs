@@ -240,9 +240,21 @@ async fn interrupted() {
 }
 
 /// Writes aligned columns under a header; the last column is not padded.
+///
+/// Every cell is shown [`printable`](crate::cli::quote::printable): what hosts report (a host-only
+/// tool's description, a label) cannot move the cursor, clear the screen or reorder the text
+/// around it on the reader's terminal.
 fn write_table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) -> std::io::Result<()> {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| {
+            row.iter()
+                .map(|cell| crate::cli::quote::printable(cell))
+                .collect()
+        })
+        .collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
+    for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
@@ -259,7 +271,7 @@ fn write_table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) -> s
         text.trim_end().to_string()
     };
     writeln!(out, "{}", line(&mut header.iter().copied()))?;
-    for row in rows {
+    for row in &rows {
         writeln!(out, "{}", line(&mut row.iter().map(String::as_str)))?;
     }
     Ok(())

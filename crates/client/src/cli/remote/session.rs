@@ -225,7 +225,7 @@ pub async fn find(conn: &ConnArgs, selector: &str, query: &str, limit: u32, json
         .map(|m| {
             vec![
                 format!("{:.3}", m.score),
-                m.name.clone(),
+                marked(&m.name, m.host_only),
                 hosts_text(&m.hosts),
                 m.description.clone(),
             ]
@@ -341,5 +341,20 @@ fn tool_row(t: &LoadedTool) -> Vec<String> {
     } else {
         t.tier.clone()
     };
-    vec![t.name.clone(), tier, hosts_text(&t.hosts), description]
+    vec![
+        marked(&t.name, t.host_only),
+        tier,
+        hosts_text(&t.hosts),
+        description,
+    ]
+}
+
+/// A tool's name, with ` [host-only]` when the catalog does not ship it (as `toolctl tools`
+/// marks it): what it says is its hosts' word.
+fn marked(name: &str, host_only: bool) -> String {
+    if host_only {
+        format!("{name} [host-only]")
+    } else {
+        name.to_string()
+    }
 }
