@@ -749,6 +749,11 @@ fn a_host_only_tool_is_marked_wherever_it_is_offered_and_cannot_write_to_the_ter
                 r#"{"description": "Rotate keys \u001b[2J\u202eedoc ruoy", "prompt": "Rotate the keys.", "cmd": "echo rotated"}"#.into(),
                 false,
             ),
+            (
+                "wipe_cache.meta".into(),
+                r#"{"description": "Wipe the package cache", "cmd": "echo wiped"}"#.into(),
+                false,
+            ),
         ],
         ..AgentSpec::default()
     };
@@ -805,6 +810,18 @@ fn a_host_only_tool_is_marked_wherever_it_is_offered_and_cannot_write_to_the_ter
         .map(|t| (t["name"].as_str().unwrap(), t["hostOnly"] == true))
         .collect();
     assert_eq!(marks, [("rotate_keys", true), ("disk_usage", false)]);
+    // A host-only tool loads by name as a shipped one does (what `tool_search` finds, a model
+    // loads); a name no host offers and the catalog lacks is refused, saying both.
+    let out = fleet.toolctl(&["session", "load", &id, "wipe_cache"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&fleet.toolctl(&["session", "show", &id]).stdout);
+    assert!(shown.contains("wipe_cache [host-only]"), "{shown}");
+    let out = fleet.toolctl(&["session", "load", &id, "no_such_tool"]);
+    assert_exit(
+        &out,
+        127,
+        &["not in the catalog, and no host of the session offers it as its own"],
+    );
 
     // Nothing the host wrote reached the terminal as a control or direction character.
     for out in [&listing, &table, &shown] {

@@ -311,6 +311,101 @@ fn tool_search_returns_structured_matches() {
     assert_eq!(results[0]["name"], "greet", "{search}");
 }
 
+/// Tools a host serves from its own directory reach the model marked as the host's word: in the
+/// tool list (description and `_meta`), in `tool_search` and in what `tool_load` returns.
+#[test]
+fn a_host_only_tool_is_offered_to_the_model_as_the_host_s_word() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool("greet.meta", GREET, false);
+    fleet.start_coordinator(&[]);
+    let own = |description: &str| {
+        format!(
+            r#"{{"description": "{description}", "prompt": "Use it whenever asked.", "cmd": "echo own"}}"#
+        )
+    };
+    let spec = AgentSpec {
+        local_tools: vec![
+            (
+                "rotate_keys.meta".into(),
+                own("Rotate the host keys"),
+                false,
+            ),
+            (
+                "wipe_cache.meta".into(),
+                own("Wipe the package cache"),
+                false,
+            ),
+        ],
+        ..AgentSpec::default()
+    };
+    fleet.start_agent("a", &spec);
+    fleet.wait_online(&["a"], "wipe_cache");
+    let profile = profile(
+        &fleet,
+        &json!({"autoLoad": ["greet", "rotate_keys"], "hosts": "a"}),
+    );
+    let mut config = server_config(&fleet, &["mcp", "--profile", profile.to_str().unwrap()]);
+    config["query"] = json!("wipe the package cache");
+    config["load"] = json!("wipe_cache");
+    let out = scenario("host_only", &config);
+
+    let tool = |name: &str| {
+        out["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("{name} in {}", out["tools"]))
+            .clone()
+    };
+    let rotate = tool("rotate_keys");
+    let description = rotate["description"].as_str().unwrap();
+    assert!(
+        description.starts_with("[Host-only tool: not from the fleet's tool catalog.")
+            && description.contains("host `a`")
+            && description.ends_with("Rotate the host keys\n\nUse it whenever asked."),
+        "{rotate}"
+    );
+    assert_eq!(rotate["_meta"]["toolsrv/hostOnly"], true, "{rotate}");
+    let greet = tool("greet");
+    assert!(
+        greet["description"]
+            .as_str()
+            .unwrap()
+            .starts_with("Greets someone"),
+        "{greet}"
+    );
+    assert!(greet["_meta"].get("toolsrv/hostOnly").is_none(), "{greet}");
+
+    let results = out["search"]["structuredContent"]["results"]
+        .as_array()
+        .unwrap();
+    let wipe = results
+        .iter()
+        .find(|r| r["name"] == "wipe_cache")
+        .unwrap_or_else(|| panic!("{}", out["search"]));
+    assert_eq!(wipe["hostOnly"], true, "{wipe}");
+    assert!(
+        results
+            .iter()
+            .filter(|r| r["name"] != "wipe_cache" && r["name"] != "rotate_keys")
+            .all(|r| r.get("hostOnly").is_none()),
+        "{results:?}"
+    );
+    assert!(
+        result_text(&out["search"]).contains("wipe_cache [host-only:"),
+        "{}",
+        out["search"]
+    );
+
+    assert_eq!(out["load"]["isError"], false, "{}", out["load"]);
+    let loaded = result_text(&out["load"]);
+    assert!(
+        loaded.starts_with("[Host-only tool:") && loaded.ends_with("Use it whenever asked."),
+        "{loaded}"
+    );
+}
+
 /// What a careless or hostile model might send: each request is answered on its own, as an
 /// error result naming what is wrong (a tool that does not exist is a protocol error, as MCP
 /// wants), nothing it sent comes back unbounded, and the server goes on serving the session.

@@ -209,7 +209,20 @@ async def http(cfg):
         }
 
 
-SCENARIOS = {f.__name__: f for f in (basics, cancel, search, multihost, approve, hostile, http)}
+async def host_only(cfg):
+    """Lists the session's tools, searches for `query` and loads `load`."""
+    async with await connect(cfg) as client:
+        return {
+            "tools": [dump(t) for t in (await client.list_tools()).tools],
+            "search": dump(await client.call_tool("tool_search", {"query": cfg["query"]})),
+            "load": dump(await client.call_tool("tool_load", {"name": cfg["load"]})),
+        }
+
+
+SCENARIOS = {
+    f.__name__: f
+    for f in (basics, cancel, search, multihost, approve, hostile, http, host_only)
+}
 
 
 def main():

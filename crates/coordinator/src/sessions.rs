@@ -64,7 +64,7 @@ pub enum SessionError {
         "this client has {0} sessions open, the most allowed (--max-sessions-per-client): close one or let it end"
     )]
     TooMany(usize),
-    #[error("tool `{tool}` is not in the catalog")]
+    #[error("tool `{tool}` is not in the catalog, and no host of the session offers it as its own")]
     UnknownTool { tool: String },
     #[error("tool `{tool}` is offered by no host of the session: {why}")]
     Unavailable { tool: String, why: String },
@@ -364,9 +364,9 @@ impl Session {
         &self.owner
     }
 
-    /// Loads `tool`: refused when the catalog has no such tool or no host of the session
-    /// (`hosts`, sorted by id) offers it; a tool loaded already is only marked used. A full
-    /// session unloads a colder tool first.
+    /// Loads `tool`: refused when no host of the session (`hosts`, sorted by id) offers it,
+    /// whether from the catalog or as a host-only tool of its own; a tool loaded already is only
+    /// marked used. A full session unloads a colder tool first.
     pub fn load(
         &self,
         hosts: &[HostEntry],
@@ -381,21 +381,19 @@ impl Session {
                 return Ok(());
             }
         }
-        if !catalog.tools.contains_key(tool) {
-            return Err(match catalog.invalid.get(tool) {
-                Some(invalid) => SessionError::Unavailable {
-                    tool: tool.to_string(),
-                    why: format!("its files are invalid: {}", invalid.reason()),
-                },
-                None => SessionError::UnknownTool {
-                    tool: tool.to_string(),
-                },
-            });
-        }
         if definition_on(hosts, tool, false).is_none() {
-            return Err(SessionError::Unavailable {
-                tool: tool.to_string(),
-                why: unavailable_reason(hosts, catalog, tool),
+            let known = catalog.tools.contains_key(tool)
+                || catalog.invalid.contains_key(tool)
+                || hosts.iter().any(|h| h.tool(tool).is_some());
+            return Err(if known {
+                SessionError::Unavailable {
+                    tool: tool.to_string(),
+                    why: unavailable_reason(hosts, catalog, tool),
+                }
+            } else {
+                SessionError::UnknownTool {
+                    tool: tool.to_string(),
+                }
             });
         }
         let mut inner = self.lock();
@@ -554,11 +552,11 @@ fn unavailable_reason(hosts: &[HostEntry], catalog: &Catalog, tool: &str) -> Str
     if hosts.is_empty() {
         return "the session's selector picks no host".to_string();
     }
-    if !catalog.tools.contains_key(tool) {
-        return match catalog.invalid.get(tool) {
-            Some(invalid) => format!("its files are invalid: {}", invalid.reason()),
-            None => "not in the catalog".to_string(),
-        };
+    if let Some(invalid) = catalog.invalid.get(tool) {
+        return format!("its files are invalid: {}", invalid.reason());
+    }
+    if !catalog.tools.contains_key(tool) && hosts.iter().all(|h| h.tool(tool).is_none()) {
+        return "not in the catalog, and no host of the session offers it as its own".to_string();
     }
     let online: Vec<&HostEntry> = hosts.iter().filter(|h| h.online()).collect();
     if online.is_empty() {
