@@ -103,6 +103,38 @@ fn only_tools_visible_here_are_ranked() {
     assert_eq!(names(&out), ["gpu_docs"]);
 }
 
+/// A tools path can be another user's directory: what its tools say reaches the terminal of
+/// `local find` and `local list` with control and direction characters escaped.
+#[test]
+fn a_tool_s_description_cannot_write_to_the_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        "gpu_docs.meta",
+        r#"{"description": "GPU manuals\u001b]0;owned\u0007\u001b[2J\u202e", "cmd": "true"}"#,
+    );
+    let out = run(toolctl()
+        .args(["local", "find", "--tools"])
+        .arg(dir.path())
+        .arg("gpu manuals"));
+    assert_exit(&out, 0, &[]);
+    let found = text(&out.stdout);
+    assert!(
+        found.contains(r"GPU manuals\u{1b}]0;owned\u{7}\u{1b}[2J\u{202e}"),
+        "{found:?}"
+    );
+    let out = run(toolctl().args(["local", "list", "--tools"]).arg(dir.path()));
+    assert_exit(&out, 0, &[]);
+    let listed = text(&out.stdout);
+    assert!(listed.contains(r"GPU manuals\u{1b}]0;owned"), "{listed:?}");
+    for shown in [&found, &listed] {
+        assert!(
+            !shown.contains(['\u{1b}', '\u{7}', '\u{202e}']),
+            "{shown:?}"
+        );
+    }
+}
+
 #[test]
 fn bad_limits_requests_and_model_directories_are_refused() {
     for limit in ["0", "1001", "-1", "many"] {

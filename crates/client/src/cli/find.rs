@@ -130,10 +130,13 @@ fn doc(tool: &ResolvedTool) -> Doc {
     }
 }
 
+/// One line per match; a description is shown [`printable`](super::quote::printable), since a
+/// tools path can be another user's directory.
 fn write_table(out: &mut impl Write, found: &[Found<'_>]) -> std::io::Result<()> {
     let width = found.iter().map(|f| f.name.len()).max().unwrap_or(0);
     for f in found {
-        writeln!(out, "{:.3}  {:width$}  {}", f.score, f.name, f.description)?;
+        let description = super::quote::printable(f.description);
+        writeln!(out, "{:.3}  {:width$}  {description}", f.score, f.name)?;
     }
     Ok(())
 }
