@@ -823,8 +823,15 @@ fn a_host_only_tool_is_marked_wherever_it_is_offered_and_cannot_write_to_the_ter
         &["not in the catalog, and no host of the session offers it as its own"],
     );
 
+    // What the coordinator says back quotes what it was given: escaped on the terminal too.
+    let out = fleet.toolctl(&["find", "a,\u{1b}[2J\u{202e}", "rotate keys"]);
+    let said = text(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains(r"\u{1b}[2J\u{202e}"),
+        "{said:?}"
+    );
     // Nothing the host wrote reached the terminal as a control or direction character.
-    for out in [&listing, &table, &shown] {
+    for out in [&listing, &table, &shown, &said] {
         assert!(
             !out.contains('\u{1b}') && !out.contains('\u{202e}'),
             "{out:?}"

@@ -114,11 +114,14 @@ struct Remote {
 impl Remote {
     /// Prints one line for an error and returns its exit code. What the coordinator answered is
     /// printed as it worded it (`toolctl: <message>`), the same line whichever command met the
-    /// condition; anything else says what we were doing and where (`toolctl: <what> at <addr>:
-    /// <error>`).
+    /// condition, with control and direction characters escaped (it may quote what the caller
+    /// typed, or what a host said); anything else says what we were doing and where (`toolctl:
+    /// <what> at <addr>: <error>`).
     fn fail(&self, what: &str, e: &ClientError) -> u8 {
         match e {
-            ClientError::Status { .. } => eprintln!("toolctl: {e}"),
+            ClientError::Status { .. } => {
+                eprintln!("toolctl: {}", crate::cli::quote::printable(&e.to_string()));
+            }
             _ => eprintln!("toolctl: {what} at {}: {e}", self.addr),
         }
         error_code(e)
