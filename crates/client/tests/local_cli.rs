@@ -525,6 +525,65 @@ fn lint_and_local_report_an_oversized_meta_and_keep_the_others() {
     assert_eq!(stdout(&out), "fine\n", "{}", stderr(&out));
 }
 
+/// Files named by another user of a shared tools directory: names holding an escape sequence,
+/// a terminal title sequence or a line break are shown escaped, one line per problem, by
+/// `lint`, `local list` (its listing and its warnings) and `local call`'s refusal.
+#[test]
+fn odd_file_names_are_shown_escaped_and_on_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write(
+        d,
+        "good.meta",
+        r#"{"description": "fine", "cmd": "echo fine"}"#,
+    );
+    write(
+        d,
+        "x\u{1b}[2Jy.meta",
+        r#"{"description": "fine", "cmd": "true"}"#,
+    );
+    write(d, "bad\u{1b}]0;owned\u{7}.meta", r#"{"description": 5}"#);
+    write(
+        d,
+        "two\nlines.meta",
+        r#"{"description": "fine", "cmd": "true"}"#,
+    );
+    let tools = tools_arg(&dir);
+    let clean = |shown: &str| {
+        assert!(!shown.contains(['\u{1b}', '\u{7}']), "{shown:?}");
+    };
+
+    let out = run(toolctl().arg("lint").arg(d));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let lint = stdout(&out);
+    clean(&lint);
+    // Four problems (three bad names, one bad field), four lines.
+    assert_eq!(lint.lines().count(), 4, "{lint}");
+    assert!(lint.contains(r"x\u{1b}[2Jy.meta: error:"), "{lint}");
+    assert!(lint.contains(r"two\nlines.meta: error:"), "{lint}");
+
+    let out = run(toolctl().args(["local", "list", "--all", "--tools", &tools]));
+    let listed = stdout(&out);
+    clean(&listed);
+    // Without --all the broken files are warned about on stderr instead.
+    let warned = stderr(&run(toolctl().args(["local", "list", "--tools", &tools])));
+    clean(&warned);
+    assert_eq!(warned.lines().count(), 4, "{warned}");
+    assert_eq!(listed.lines().count(), 4, "{listed}");
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.starts_with(r"bad\u{1b}]0;owned\u{7}  (hidden)")),
+        "{listed}"
+    );
+    assert!(warned.contains(r"x\u{1b}[2Jy"), "{warned}");
+
+    let out = run(toolctl().args(["local", "call", "--tools", &tools, "x\u{1b}[2Jy"]));
+    assert_ne!(out.status.code(), Some(0));
+    clean(&stderr(&out));
+    assert!(stderr(&out).contains(r"x\u{1b}[2Jy"), "{}", stderr(&out));
+}
+
 /// What bash completes after `words` (the last one being typed) through the script
 /// `TOOLCTL_COMPLETE=bash toolctl` prints, options left out.
 fn bash_completes(words: &[&str], env: &[(&str, &str)]) -> Vec<String> {

@@ -26,13 +26,14 @@ pub fn run(paths: &[String], json: bool) -> u8 {
             value["severity"] = serde_json::json!(severity);
             println!("{value}");
         } else {
-            println!(
-                "{}",
-                Diagnostic {
-                    severity,
-                    ..d.clone()
-                }
-            );
+            // One line per problem whatever the file is called: a name holding a line break or
+            // an escape sequence is shown escaped, not obeyed by the terminal.
+            let line = Diagnostic {
+                severity,
+                ..d.clone()
+            }
+            .to_string();
+            println!("{}", super::quote::printable(&line));
         }
     }
     if !json {

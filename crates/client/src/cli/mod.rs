@@ -743,9 +743,10 @@ fn write_listing(
     out: &mut impl Write,
     entries: &[toolsrv_host::ListEntry<'_>],
 ) -> std::io::Result<()> {
-    let width = entries.iter().map(|e| e.name.len()).max().unwrap_or(0);
-    for e in entries {
-        let name = e.name;
+    // An invalid tool is listed under its file's name, which can hold anything.
+    let names: Vec<String> = entries.iter().map(|e| quote::printable(e.name)).collect();
+    let width = names.iter().map(|n| n.chars().count()).max().unwrap_or(0);
+    for (e, name) in entries.iter().zip(&names) {
         let own = if e.host_only { " [host-only]" } else { "" };
         if e.visible {
             let variant = e
