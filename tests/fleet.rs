@@ -830,8 +830,14 @@ fn a_host_only_tool_is_marked_wherever_it_is_offered_and_cannot_write_to_the_ter
         !out.status.success() && said.contains(r"\u{1b}[2J\u{202e}"),
         "{said:?}"
     );
+    let out = fleet.toolctl(&["call", "a", "no\u{1b}[2Jpe"]);
+    let refused = text(&out.stderr);
+    assert!(
+        !out.status.success() && refused.contains(r"no\u{1b}[2Jpe"),
+        "{refused:?}"
+    );
     // Nothing the host wrote reached the terminal as a control or direction character.
-    for out in [&listing, &table, &shown, &said] {
+    for out in [&listing, &table, &shown, &said, &refused] {
         assert!(
             !out.contains('\u{1b}') && !out.contains('\u{202e}'),
             "{out:?}"

@@ -95,7 +95,8 @@ pub async fn call(
 /// (unknown host or tool, hidden, offline, denied, busy, bad arguments) prints the message as the
 /// coordinator or agent worded it, the same words `describe`, `tools` and `fanout` use for the
 /// same condition; a tool that ran and failed is named with its host:
-/// `` tool `fail` on host `web-1`: exited with code 3 ``.
+/// `` tool `fail` on host `web-1`: exited with code 3 ``. Control and direction characters are
+/// escaped.
 pub fn failure_line(host: &str, tool: &str, result: &CallResult) -> String {
     let message = result.message.trim();
     let refused = matches!(
@@ -109,14 +110,16 @@ pub fn failure_line(host: &str, tool: &str, result: &CallResult) -> String {
             | CallStatus::InvalidArgs
             | CallStatus::FailedToStart)
     );
-    match message {
+    let line = match message {
         "" => format!(
             "tool `{tool}` on host `{host}`: {}",
             status_name(result.status).replace('_', " ")
         ),
         message if refused => message.to_string(),
         message => format!("tool `{tool}` on host `{host}`: {message}"),
-    }
+    };
+    // It may quote what the caller typed (an unknown tool's name): one escaped line.
+    crate::cli::quote::printable(&line)
 }
 
 /// The exit code `toolctl call` ends with for a call's result, the same as `toolctl local call`

@@ -28,7 +28,8 @@ pub async fn watch(conn: &ConnArgs, json: bool) -> u8 {
                 let line = if json {
                     event_json(&event).to_string()
                 } else {
-                    event_line(&event)
+                    // What changed is named by files and hosts: escaped like every table.
+                    crate::cli::quote::printable(&event_line(&event))
                 };
                 let mut out = std::io::stdout().lock();
                 if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
