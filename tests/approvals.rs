@@ -129,6 +129,71 @@ fn a_two_person_rule_waits_for_the_second_identity() {
     assert_eq!(decision["reason"], "ticket 42");
 }
 
+/// An approver deciding on a host's own tool is told so: it is vetted by no one but the host.
+#[test]
+fn an_approver_is_told_when_the_tool_is_the_host_s_own() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "drop_table.meta",
+        r#"{"description": "drop_table", "cmd": "echo drop_table ran"}"#,
+        false,
+    );
+    let policy = r#"{"default": "allow", "rules": [
+        {"tools": ["drop_table", "wipe"], "effect": "approve", "approvers": ["bob"]}]}"#;
+    let args = [fleet.policy_arg(policy), fleet.audit_arg()];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    fleet.start_coordinator(&args);
+    let spec = AgentSpec {
+        local_tools: vec![(
+            "wipe.meta".into(),
+            r#"{"description": "Wipe", "cmd": "echo wiped"}"#.into(),
+            false,
+        )],
+        ..AgentSpec::default()
+    };
+    fleet.start_agent("a", &spec);
+    fleet.wait_online(&["a"], "wipe");
+
+    for (tool, host_only) in [("wipe", true), ("drop_table", false)] {
+        let mut caller = fleet.toolctl_command("client-alice", &["call", "a", tool]);
+        caller.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let caller = caller.spawn().unwrap();
+        let pending = wait_for("bob to see the request", Duration::from_secs(20), || {
+            let out = fleet.toolctl_as("client-bob", &["approvals", "--json"], None);
+            let list: Vec<Value> = serde_json::from_slice(&out.stdout).ok()?;
+            (!list.is_empty()).then_some(list)
+        });
+        assert_eq!(pending[0]["tool"], tool);
+        assert_eq!(pending[0]["host_only"], host_only, "{pending:?}");
+        let table = text(&fleet.toolctl_as("client-bob", &["approvals"], None).stdout);
+        assert_eq!(
+            table.contains(&format!("{tool} [host-only]")),
+            host_only,
+            "{table}"
+        );
+        let id = pending[0]["id"].as_str().unwrap();
+        let out = fleet.toolctl_as("client-bob", &["approve", id], None);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let out = finish_child(caller, Duration::from_secs(30));
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let waiting = text(&out.stderr);
+        assert_eq!(
+            waiting.contains(&format!(
+                "`{tool}` (host-only: the host's own tool, not the catalog's) on host `a`"
+            )),
+            host_only,
+            "{waiting}"
+        );
+    }
+    let records = fleet.audit_records();
+    let marks: Vec<(&str, bool)> = records
+        .iter()
+        .filter(|r| r["event"] == "approval")
+        .map(|r| (r["tool"].as_str().unwrap(), r["host_only"] == true))
+        .collect();
+    assert_eq!(marks, [("wipe", true), ("drop_table", false)]);
+}
+
 #[test]
 fn an_unanswered_request_expires_as_a_denial() {
     let fleet = fleet(&["--approval-timeout-secs=1"]);

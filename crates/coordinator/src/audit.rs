@@ -171,6 +171,8 @@ impl Audit {
             "client": bounded(&request.caller, MAX_NAME_FIELD),
             "host": bounded(&request.host, MAX_NAME_FIELD),
             "tool": bounded(&request.tool, MAX_NAME_FIELD),
+            // The host's own tool, which the catalog does not ship.
+            "host_only": request.host_only.then_some(true),
             "args_sha256": request.args_sha256,
             "fanout": (!request.fanout.is_empty()).then_some(&request.fanout),
             "approvers": request.approvers,

@@ -163,7 +163,12 @@ fn rule_text(verdict: &Verdict, what: &str) -> String {
 }
 
 /// The approval request of a call, before any bypass.
-fn call_request(host_id: &str, spec: &CallSpec) -> ApprovalRequest {
+fn call_request(state: &State, host_id: &str, spec: &CallSpec) -> ApprovalRequest {
+    let host_only = state
+        .fleet
+        .get(host_id)
+        .and_then(|host| host.tool(&spec.tool).map(|t| t.host_only))
+        .unwrap_or(false);
     ApprovalRequest {
         caller: spec.client.clone(),
         host: host_id.to_string(),
@@ -171,6 +176,7 @@ fn call_request(host_id: &str, spec: &CallSpec) -> ApprovalRequest {
         args_sha256: spec.args_sha256.clone(),
         args_json: spec.args_json.clone(),
         fanout: spec.fanout.clone().unwrap_or_default(),
+        host_only,
         ..ApprovalRequest::default()
     }
 }
@@ -188,7 +194,7 @@ where
     F: FnMut(Event) -> Fut,
     Fut: Future<Output = bool>,
 {
-    let mut request = call_request(host_id, spec);
+    let mut request = call_request(state, host_id, spec);
     request.reason = rule_text(verdict, "requires approval");
     let Some(decision) = ask(state, request, &verdict.approvers, emit).await else {
         return Err((
@@ -217,7 +223,7 @@ where
     F: FnMut(Event) -> Fut,
     Fut: Future<Output = bool>,
 {
-    let mut request = call_request(host_id, spec);
+    let mut request = call_request(state, host_id, spec);
     if let Some(why) = malformed_bypass(bypass) {
         // Audited as what it is, without the flood: the start of the command and its size.
         request.bypass_argv = vec![printable_line(&bypass.argv.join(" "), 256)];

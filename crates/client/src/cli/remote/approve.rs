@@ -35,9 +35,15 @@ fn describe(request: &ApprovalRequest) -> String {
 /// The call or the command an approval request is for, in one line, every part [`printable`].
 pub fn asked(request: &ApprovalRequest) -> String {
     let (tool, host) = (printable(&request.tool), printable(&request.host));
+    // The host's own tool: what it does is vetted by no one but the host.
+    let tool = if request.host_only {
+        format!("`{tool}` (host-only: the host's own tool, not the catalog's)")
+    } else {
+        format!("`{tool}`")
+    };
     if request.bypass_argv.is_empty() {
         format!(
-            "call `{tool}` on host `{host}` with {}",
+            "call {tool} on host `{host}` with {}",
             printable(&request.args_json)
         )
     } else {
@@ -46,7 +52,7 @@ pub fn asked(request: &ApprovalRequest) -> String {
             reason => format!(", saying \"{}\"", printable(reason)),
         };
         format!(
-            "`{tool}` on host `{host}` asks to run `{}` outside its sandbox{why}",
+            "{tool} on host `{host}` asks to run `{}` outside its sandbox{why}",
             shell_words(&request.bypass_argv)
         )
     }
@@ -142,6 +148,7 @@ pub async fn approvals(conn: &ConnArgs, json_out: bool) -> u8 {
                     "bypass_argv": r.bypass_argv,
                     "bypass_reason": (!r.bypass_argv.is_empty()).then_some(&r.bypass_reason),
                     "expires_unix_ms": r.expires_unix_ms,
+                    "host_only": r.host_only,
                 })
             })
             .collect();
@@ -154,7 +161,11 @@ pub async fn approvals(conn: &ConnArgs, json_out: bool) -> u8 {
                     printable(&r.id),
                     printable(&r.caller),
                     printable(&r.host),
-                    printable(&r.tool),
+                    if r.host_only {
+                        format!("{} [host-only]", printable(&r.tool))
+                    } else {
+                        printable(&r.tool)
+                    },
                     format!("{} s", expires_in(r)),
                     if r.bypass_argv.is_empty() {
                         printable(&r.args_json)
