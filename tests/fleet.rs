@@ -770,6 +770,23 @@ fn a_host_only_tool_is_marked_wherever_it_is_offered_and_cannot_write_to_the_ter
         "{listing}"
     );
 
+    // describe prints the definition as it is, and says on stderr whose word it is.
+    let out = fleet.toolctl(&["describe", "a", "rotate_keys"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let described: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(described["name"], "rotate_keys");
+    assert!(
+        text(&out.stderr).contains("`rotate_keys` is host `a`'s own tool, not the catalog's"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = fleet.toolctl(&["describe", "a", "disk_usage"]);
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "{}",
+        text(&out.stderr)
+    );
+
     let out = fleet.toolctl(&["find", "all", "rotate keys"]);
     let table = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));

@@ -1,5 +1,6 @@
 //! `toolctl tools` and `toolctl describe`: a host's tools, in the shapes `toolctl local` prints.
 
+use crate::cli::quote::printable;
 use crate::{definition_json, list_entry};
 
 use super::{ConnArgs, connect, exit, write_json, written};
@@ -31,6 +32,16 @@ pub async fn describe(conn: &ConnArgs, host: &str, tool: &str) -> u8 {
             );
         }
     };
+    // The definition says nothing of where it comes from; the host's listing does.
+    if let Ok(listing) = remote.client.tools(host, false).await
+        && listing.tools.iter().any(|t| t.name == tool && t.host_only)
+    {
+        eprintln!(
+            "toolctl: note: `{}` is host `{}`'s own tool, not the catalog's: what it says is the host's word",
+            printable(tool),
+            printable(host)
+        );
+    }
     match definition_json(&definition) {
         Ok(value) => written(
             write_json(&mut std::io::stdout().lock(), &value),
