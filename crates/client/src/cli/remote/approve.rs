@@ -200,3 +200,37 @@ pub async fn decide(conn: &ConnArgs, id: &str, approve: bool, reason: &str) -> u
         Err(e) => remote.fail(&format!("cannot {verb} request {id}"), &e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_for_a_host_s_own_tool_says_so_in_both_forms() {
+        let call = ApprovalRequest {
+            tool: "wipe".into(),
+            host: "a".into(),
+            args_json: "{}".into(),
+            host_only: true,
+            ..ApprovalRequest::default()
+        };
+        assert_eq!(
+            asked(&call),
+            "call `wipe` (host-only: the host's own tool, not the catalog's) on host `a` with {}"
+        );
+        let bypass = ApprovalRequest {
+            bypass_argv: vec!["rm".into(), "-rf".into(), "/srv/a b".into()],
+            ..call.clone()
+        };
+        assert_eq!(
+            asked(&bypass),
+            "`wipe` (host-only: the host's own tool, not the catalog's) on host `a` asks to run \
+             `rm -rf '/srv/a b'` outside its sandbox"
+        );
+        let shipped = ApprovalRequest {
+            host_only: false,
+            ..call
+        };
+        assert_eq!(asked(&shipped), "call `wipe` on host `a` with {}");
+    }
+}
