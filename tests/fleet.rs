@@ -754,6 +754,16 @@ fn a_host_only_tool_is_marked_wherever_it_is_offered_and_cannot_write_to_the_ter
                 r#"{"description": "Wipe the package cache", "cmd": "echo wiped"}"#.into(),
                 false,
             ),
+            // As large as a `.meta` may be: the coordinator's bound on a host-only tool's
+            // definition (against a compromised agent) must let it through.
+            (
+                "big_doc.meta".into(),
+                format!(
+                    r#"{{"description": "Large documentation", "cmd": "true", "prompt": "{}"}}"#,
+                    "p".repeat(256 * 1024 - 80)
+                ),
+                false,
+            ),
         ],
         ..AgentSpec::default()
     };
@@ -767,6 +777,12 @@ fn a_host_only_tool_is_marked_wherever_it_is_offered_and_cannot_write_to_the_ter
         .unwrap_or_else(|| panic!("rotate_keys in {listing}"));
     assert!(
         line.ends_with(r"Rotate keys \u{1b}[2J\u{202e}edoc ruoy [host-only]"),
+        "{listing}"
+    );
+    assert!(
+        listing
+            .lines()
+            .any(|l| l.starts_with("big_doc") && l.ends_with("Large documentation [host-only]")),
         "{listing}"
     );
 

@@ -17,7 +17,7 @@ use std::hash::{BuildHasher, Hash, RandomState};
 use std::sync::{Arc, Mutex, Weak};
 
 use prost::Message;
-use toolsrv_proto::limits::{MAX_VIEW_BYTES, view_tool_bytes};
+use toolsrv_proto::limits::{MAX_META_BYTES, MAX_VIEW_BYTES, view_tool_bytes};
 use toolsrv_proto::text::printable_line;
 use toolsrv_proto::v1::{HostView, ToolDefinition, ToolStatus};
 use toolsrv_registry::{Catalog, Tool, definition};
@@ -226,6 +226,13 @@ struct Resolved {
 /// Most bytes of the reason an agent gives for a hidden tool that the coordinator keeps (longer
 /// ones are cut, saying so); a real reason names each variant's miss in a few dozen bytes.
 pub const MAX_REASON_BYTES: usize = 4096;
+
+/// Largest definition of a host-only tool the coordinator keeps (encoded): the largest `.meta`
+/// an agent reads, which a definition made from it cannot outgrow (every text is in the file,
+/// and protobuf frames a field in fewer bytes than JSON), and room for the name, which is the
+/// file's.
+#[allow(clippy::cast_possible_truncation)] // 256 KiB fits in any usize.
+pub const MAX_HOST_ONLY_DEFINITION_BYTES: usize = MAX_META_BYTES as usize + 4096;
 
 /// Why a host-only tool is hidden on a coordinator that offers only the tools it ships.
 pub const REFUSED_HOST_ONLY: &str = "host-only tools are refused by this coordinator \
@@ -454,12 +461,19 @@ impl InternState {
                 stored.hidden_description = printable_line(&reported.description, MAX_REASON_BYTES);
                 return Ok((stored, None));
             }
-            None => "offered without a definition",
+            None => "offered without a definition".to_string(),
+            // Made from one `.meta`, a definition is never larger than the file: a larger one
+            // is not the host's tool but a load on every index and session that would hold it.
+            Some(def) if def.encoded_len() > MAX_HOST_ONLY_DEFINITION_BYTES => format!(
+                "offered with a definition of {} bytes, more than a `.meta` may hold ({} bytes)",
+                def.encoded_len(),
+                MAX_HOST_ONLY_DEFINITION_BYTES
+            ),
             Some(def)
                 if !serde_json::from_str::<serde_json::Value>(&def.args_schema_json)
                     .is_ok_and(|schema| schema.is_object()) =>
             {
-                "offered with an `args` schema that is not a JSON object"
+                "offered with an `args` schema that is not a JSON object".to_string()
             }
             Some(mut def) => {
                 def.name.clone_from(&stored.name);
@@ -848,6 +862,9 @@ mod tests {
         bad_schema.definition.as_mut().unwrap().args_schema_json = "[1]".into();
         let mut no_def = forged("own_none", None);
         no_def.definition = None;
+        let mut huge = forged("own_huge", None);
+        huge.definition.as_mut().unwrap().prompt = "p".repeat(MAX_HOST_ONLY_DEFINITION_BYTES);
+        let huge_len = huge.definition.as_ref().unwrap().encoded_len();
         let own_hidden = ToolStatus {
             name: "own_hidden".into(),
             reason: "needs\u{7}jq".into(),
@@ -857,7 +874,7 @@ mod tests {
         let checked = interner.check(
             HostView {
                 catalog_revision: 7,
-                tools: vec![bad_schema, no_def, own_hidden],
+                tools: vec![bad_schema, no_def, own_hidden, huge],
                 more: false,
             },
             &catalog,
@@ -877,10 +894,17 @@ mod tests {
                     false
                 ),
                 ("needs\\u{7}jq".into(), false),
+                (
+                    format!(
+                        "the host offered with a definition of {} bytes, more than a `.meta` may hold ({MAX_HOST_ONLY_DEFINITION_BYTES} bytes)",
+                        huge_len
+                    ),
+                    false
+                ),
                 ("the host offered without a definition".into(), false),
             ]
         );
-        assert_eq!(checked.problems.len(), 2, "{:?}", checked.problems);
+        assert_eq!(checked.problems.len(), 3, "{:?}", checked.problems);
 
         let plain_variant = interner.check(
             HostView {
