@@ -353,6 +353,11 @@ impl<K: Clone> Index<K> {
 /// one: measured on the evaluation set, half the summary plus half the best keyword finds more
 /// paraphrased requests (recall@3 0.76) than the summary alone (0.61), the summary and the
 /// whole prompt (0.58) or the best of all texts (0.70).
+///
+/// At most [`MAX_KEYWORD_PASSAGES`] keyword phrases are embedded on their own (the first ones):
+/// each costs an encoder pass, and a tool's author (or a compromised host offering a tool of its
+/// own) could otherwise list ten thousand of them in one `.meta` and keep the encoder busy for
+/// minutes on every index build. The rest still count in the summary and for the words.
 fn passages(doc: &Doc) -> Vec<String> {
     let name = doc.name.replace(['_', '-'], " ");
     let first_paragraph = doc
@@ -370,10 +375,15 @@ fn passages(doc: &Doc) -> Vec<String> {
         doc.keywords
             .iter()
             .filter(|k| !k.trim().is_empty())
+            .take(MAX_KEYWORD_PASSAGES)
             .cloned(),
     );
     texts
 }
+
+/// Most keyword phrases of one tool embedded on their own (see [`passages`]); real tools list
+/// under a dozen.
+pub const MAX_KEYWORD_PASSAGES: usize = 32;
 
 fn hash(text: &str) -> TextHash {
     Sha256::digest(text.as_bytes()).into()
@@ -392,6 +402,30 @@ mod tests {
     }
 
     fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn ten_thousand_keywords_cost_at_most_a_bounded_number_of_encoder_passes() {
+        let mut flood = doc("flood", "Many keywords");
+        flood.keywords = (0..10_000).map(|i| format!("phrase {i}")).collect();
+        flood.keywords.insert(3, "  ".into());
+        let texts = passages(&flood);
+        assert_eq!(texts.len(), 1 + MAX_KEYWORD_PASSAGES);
+        assert_eq!(texts[1], "phrase 0");
+        assert_eq!(
+            texts[MAX_KEYWORD_PASSAGES],
+            format!("phrase {}", MAX_KEYWORD_PASSAGES - 1)
+        );
+        // Words still find the tool by its last keyword.
+        let index = Index::new(None);
+        index
+            .update(vec![
+                ("flood".to_string(), flood),
+                ("other".to_string(), doc("other", "Something else")),
+            ])
+            .unwrap();
+        let hits = index.search("phrase 9999", 5, |_| true).unwrap();
+        assert_eq!(hits.first().map(|h| h.key.as_str()), Some("flood"));
+    }
 
     #[test]
     fn index_is_send_and_sync() {
