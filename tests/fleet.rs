@@ -878,6 +878,53 @@ fn a_host_only_tool_is_marked_wherever_it_is_offered_and_cannot_write_to_the_ter
     }
 }
 
+/// A coordinator that refuses host-only tools: a session that names one says why it has none,
+/// in the coordinator's words, and cannot load it.
+#[test]
+fn a_session_says_why_a_refused_host_only_tool_is_unavailable() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "disk_usage.meta",
+        r#"{"description": "Disk usage", "cmd": "echo used"}"#,
+        false,
+    );
+    fleet.start_coordinator(&["--refuse-host-only-tools"]);
+    let spec = AgentSpec {
+        local_tools: vec![(
+            "wipe.meta".into(),
+            r#"{"description": "Wipe", "cmd": "echo wiped"}"#.into(),
+            false,
+        )],
+        ..AgentSpec::default()
+    };
+    fleet.start_agent("a", &spec);
+    fleet.wait_online(&["a"], "disk_usage");
+    wait_for("the refused tool listed", Duration::from_secs(20), || {
+        let out = fleet.toolctl(&["tools", "a", "--all"]);
+        text(&out.stdout).contains("wipe").then_some(())
+    });
+    let profile = fleet.work.path().join("wipe.json");
+    std::fs::write(&profile, r#"{"autoLoad": ["wipe"], "hosts": "a"}"#).unwrap();
+    let out = fleet.toolctl(&["session", "open", "--profile", profile.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+    let out = fleet.toolctl(&["session", "show", &id, "--json"]);
+    let state: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let why = state["tools"][0]["unavailable"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        why.starts_with("hidden on a: host-only tools are refused by this coordinator"),
+        "{state}"
+    );
+    // A session that has not loaded it cannot (one that has keeps the name, as above).
+    let out = fleet.toolctl(&["session", "open", "--hosts", "a"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let other = text(&out.stdout).trim().to_string();
+    let out = fleet.toolctl(&["session", "load", &other, "wipe"]);
+    assert_exit(&out, 69, &["hidden on a: host-only tools are refused"]);
+}
+
 #[test]
 fn keepalives_are_spaced_as_the_fleet_grows_and_a_frozen_host_is_still_lost() {
     // At most 2 keepalives a second each way: 1 or 2 links get 1 s, 3 links 2 s (whole
