@@ -143,14 +143,7 @@ fn an_approver_is_told_when_the_tool_is_the_host_s_own() {
     let args = [fleet.policy_arg(policy), fleet.audit_arg()];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     fleet.start_coordinator(&args);
-    let spec = AgentSpec {
-        local_tools: vec![(
-            "wipe.meta".into(),
-            r#"{"description": "Wipe", "cmd": "echo wiped"}"#.into(),
-            false,
-        )],
-        ..AgentSpec::default()
-    };
+    let spec = AgentSpec::own_tools(&[("wipe", r#"{"description": "Wipe", "cmd": "echo wiped"}"#)]);
     fleet.start_agent("a", &spec);
     fleet.wait_online(&["a"], "wipe");
 

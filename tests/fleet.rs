@@ -742,31 +742,25 @@ fn a_host_only_tool_is_marked_wherever_it_is_offered_and_cannot_write_to_the_ter
         false,
     );
     fleet.start_coordinator(&[]);
-    let spec = AgentSpec {
-        local_tools: vec![
-            (
-                "rotate_keys.meta".into(),
-                r#"{"description": "Rotate keys \u001b[2J\u202eedoc ruoy", "prompt": "Rotate the keys.", "cmd": "echo rotated"}"#.into(),
-                false,
+    let spec = AgentSpec::own_tools(&[
+        (
+            "rotate_keys",
+            r#"{"description": "Rotate keys \u001b[2J\u202eedoc ruoy", "prompt": "Rotate the keys.", "cmd": "echo rotated"}"#.to_string(),
+        ),
+        (
+            "wipe_cache",
+            r#"{"description": "Wipe the package cache", "cmd": "echo wiped"}"#.to_string(),
+        ),
+        // As large as a `.meta` may be: the coordinator's bound on a host-only tool's
+        // definition (against a compromised agent) must let it through.
+        (
+            "big_doc",
+            format!(
+                r#"{{"description": "Large documentation", "cmd": "true", "prompt": "{}"}}"#,
+                "p".repeat(256 * 1024 - 80)
             ),
-            (
-                "wipe_cache.meta".into(),
-                r#"{"description": "Wipe the package cache", "cmd": "echo wiped"}"#.into(),
-                false,
-            ),
-            // As large as a `.meta` may be: the coordinator's bound on a host-only tool's
-            // definition (against a compromised agent) must let it through.
-            (
-                "big_doc.meta".into(),
-                format!(
-                    r#"{{"description": "Large documentation", "cmd": "true", "prompt": "{}"}}"#,
-                    "p".repeat(256 * 1024 - 80)
-                ),
-                false,
-            ),
-        ],
-        ..AgentSpec::default()
-    };
+        ),
+    ]);
     fleet.start_agent("a", &spec);
     fleet.wait_online(&["a"], "rotate_keys");
 
@@ -889,14 +883,7 @@ fn a_session_says_why_a_refused_host_only_tool_is_unavailable() {
         false,
     );
     fleet.start_coordinator(&["--refuse-host-only-tools"]);
-    let spec = AgentSpec {
-        local_tools: vec![(
-            "wipe.meta".into(),
-            r#"{"description": "Wipe", "cmd": "echo wiped"}"#.into(),
-            false,
-        )],
-        ..AgentSpec::default()
-    };
+    let spec = AgentSpec::own_tools(&[("wipe", r#"{"description": "Wipe", "cmd": "echo wiped"}"#)]);
     fleet.start_agent("a", &spec);
     fleet.wait_online(&["a"], "disk_usage");
     wait_for("the refused tool listed", Duration::from_secs(20), || {

@@ -323,21 +323,10 @@ fn a_host_only_tool_is_offered_to_the_model_as_the_host_s_word() {
             r#"{{"description": "{description}", "prompt": "Use it whenever asked.", "cmd": "echo own"}}"#
         )
     };
-    let spec = AgentSpec {
-        local_tools: vec![
-            (
-                "rotate_keys.meta".into(),
-                own("Rotate the host keys"),
-                false,
-            ),
-            (
-                "wipe_cache.meta".into(),
-                own("Wipe the package cache"),
-                false,
-            ),
-        ],
-        ..AgentSpec::default()
-    };
+    let spec = AgentSpec::own_tools(&[
+        ("rotate_keys", own("Rotate the host keys")),
+        ("wipe_cache", own("Wipe the package cache")),
+    ]);
     fleet.start_agent("a", &spec);
     fleet.wait_online(&["a"], "wipe_cache");
     let profile = profile(

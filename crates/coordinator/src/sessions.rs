@@ -64,7 +64,7 @@ pub enum SessionError {
         "this client has {0} sessions open, the most allowed (--max-sessions-per-client): close one or let it end"
     )]
     TooMany(usize),
-    #[error("tool `{tool}` is not in the catalog, and no host of the session offers it as its own")]
+    #[error("tool `{tool}` is {}", NOWHERE)]
     UnknownTool { tool: String },
     #[error("tool `{tool}` is offered by no host of the session: {why}")]
     Unavailable { tool: String, why: String },
@@ -382,10 +382,7 @@ impl Session {
             }
         }
         if definition_on(hosts, tool, false).is_none() {
-            let known = catalog.tools.contains_key(tool)
-                || catalog.invalid.contains_key(tool)
-                || hosts.iter().any(|h| h.tool(tool).is_some());
-            return Err(if known {
+            return Err(if known(hosts, catalog, tool) {
                 SessionError::Unavailable {
                     tool: tool.to_string(),
                     why: unavailable_reason(hosts, catalog, tool),
@@ -547,6 +544,17 @@ fn definition_on(
         .and_then(|t| t.definition.clone())
 }
 
+/// What is said of a tool neither the catalog nor any host of a session has.
+const NOWHERE: &str = "not in the catalog, and no host of the session offers it as its own";
+
+/// Whether the catalog (its tools or its invalid files) or a host of the session, in its view,
+/// has `tool`, offered or not.
+fn known(hosts: &[HostEntry], catalog: &Catalog, tool: &str) -> bool {
+    catalog.tools.contains_key(tool)
+        || catalog.invalid.contains_key(tool)
+        || hosts.iter().any(|h| h.tool(tool).is_some())
+}
+
 /// Why no online host of the session offers `tool`.
 fn unavailable_reason(hosts: &[HostEntry], catalog: &Catalog, tool: &str) -> String {
     if hosts.is_empty() {
@@ -555,8 +563,8 @@ fn unavailable_reason(hosts: &[HostEntry], catalog: &Catalog, tool: &str) -> Str
     if let Some(invalid) = catalog.invalid.get(tool) {
         return format!("its files are invalid: {}", invalid.reason());
     }
-    if !catalog.tools.contains_key(tool) && hosts.iter().all(|h| h.tool(tool).is_none()) {
-        return "not in the catalog, and no host of the session offers it as its own".to_string();
+    if !known(hosts, catalog, tool) {
+        return NOWHERE.to_string();
     }
     let online: Vec<&HostEntry> = hosts.iter().filter(|h| h.online()).collect();
     if online.is_empty() {

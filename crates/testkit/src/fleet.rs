@@ -53,6 +53,20 @@ pub struct AgentSpec {
     pub enroll: Option<Vec<String>>,
 }
 
+impl AgentSpec {
+    /// An agent whose own tools directory (host-only tools) holds `tools`: each a `.meta` file's
+    /// name without `.meta`, and its content.
+    pub fn own_tools<S: AsRef<str>>(tools: &[(&str, S)]) -> Self {
+        Self {
+            local_tools: tools
+                .iter()
+                .map(|(name, meta)| (format!("{name}.meta"), meta.as_ref().to_string(), false))
+                .collect(),
+            ..Self::default()
+        }
+    }
+}
+
 impl TestFleet {
     /// A PKI for `agents` (plus `alice` and `bob` clients) and an empty tools directory.
     pub fn try_new(agents: &[&str]) -> Result<Self> {

@@ -24,7 +24,7 @@ pub(super) fn load(tools: &ToolsArgs, report_errors: bool) -> Result<(Catalog, H
         return Err(exit::USAGE);
     };
     let host = host_for(tools).map_err(|e| {
-        eprintln!("toolctl: {}", super::quote::printable(&e.to_string()));
+        super::quote::say(&e);
         exit::USAGE
     })?;
     let catalog = Scanner::new(split_tools_path(path)).scan();
@@ -34,7 +34,7 @@ pub(super) fn load(tools: &ToolsArgs, report_errors: bool) -> Result<(Catalog, H
             .iter()
             .filter(|d| d.severity == Severity::Error)
         {
-            eprintln!("toolctl: {}", super::quote::printable(&d.to_string()));
+            super::quote::say(d);
         }
     }
     Ok((catalog, host))
@@ -98,7 +98,7 @@ pub fn describe(tools: &ToolsArgs, name: &str) -> u8 {
     };
     let Some(entry) = catalog.tools.get(name) else {
         let e = toolsrv_host::unknown(&catalog, name);
-        eprintln!("toolctl: {}", super::quote::printable(&e.to_string()));
+        super::quote::say(&e);
         return call_error_code(&e);
     };
     match entry.meta.resolve(&host) {
@@ -138,7 +138,7 @@ pub async fn call(tools: &ToolsArgs, name: &str, args: &[String], opts: CallOpti
     let args = match call_args::parse(args) {
         Ok(args) => args,
         Err(e) => {
-            eprintln!("toolctl: {}", super::quote::printable(&e.to_string()));
+            super::quote::say(&e);
             return exit::USAGE;
         }
     };
@@ -182,7 +182,7 @@ pub async fn call(tools: &ToolsArgs, name: &str, args: &[String], opts: CallOpti
     let mut execution = match started {
         Ok(execution) => execution,
         Err(e) => {
-            eprintln!("toolctl: {}", super::quote::printable(&e.to_string()));
+            super::quote::say(&e);
             if let Some(note) = call_args::string_note(&string_keys, &e.to_string()) {
                 eprintln!("toolctl: {note}");
             }

@@ -22,6 +22,12 @@ pub fn quoted(value: &str) -> String {
 
 pub use toolsrv_proto::text::{printable, shell_words};
 
+/// Prints `toolctl: MESSAGE` on stderr, [`printable`]: for an error that may quote what
+/// someone else wrote (a file's name, a coordinator's answer quoting a name).
+pub fn say(message: impl std::fmt::Display) {
+    eprintln!("toolctl: {}", printable(&message.to_string()));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@ use std::io::{BufRead, Write};
 use crate::ApprovalRequest;
 use serde_json::json;
 
-use super::{ConnArgs, Remote, connect, write_json, write_table};
+use super::{ConnArgs, Remote, connect, marked, write_json, write_table};
 use crate::cli::quote::{printable, shell_words};
 
 /// How `call` and `fanout` answer the approval requests the caller may decide.
@@ -161,11 +161,7 @@ pub async fn approvals(conn: &ConnArgs, json_out: bool) -> u8 {
                     printable(&r.id),
                     printable(&r.caller),
                     printable(&r.host),
-                    if r.host_only {
-                        format!("{} [host-only]", printable(&r.tool))
-                    } else {
-                        printable(&r.tool)
-                    },
+                    marked(&r.tool, r.host_only),
                     format!("{} s", expires_in(r)),
                     if r.bypass_argv.is_empty() {
                         printable(&r.args_json)

@@ -119,9 +119,7 @@ impl Remote {
     /// <what> at <addr>: <error>`).
     fn fail(&self, what: &str, e: &ClientError) -> u8 {
         match e {
-            ClientError::Status { .. } => {
-                eprintln!("toolctl: {}", crate::cli::quote::printable(&e.to_string()));
-            }
+            ClientError::Status { .. } => crate::cli::quote::say(e),
             _ => eprintln!("toolctl: {what} at {}: {e}", self.addr),
         }
         error_code(e)
@@ -278,6 +276,16 @@ fn write_table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) -> s
         writeln!(out, "{}", line(&mut row.iter().map(String::as_str)))?;
     }
     Ok(())
+}
+
+/// A tool's name for a table, with ` [host-only]` when the catalog does not ship it (as
+/// `toolctl tools` marks it): what it says is its hosts' word.
+fn marked(name: &str, host_only: bool) -> String {
+    if host_only {
+        format!("{name} [host-only]")
+    } else {
+        name.to_string()
+    }
 }
 
 /// A duration in milliseconds for people: `850ms`, `1.25s`, `3m05s`.

@@ -8,7 +8,7 @@ use crate::{
     ClientError, FindToolsResponse, LoadedTool, Profile, SessionState, match_json, session_json,
 };
 
-use super::{ConnArgs, connect, exit, interrupted, write_json, written};
+use super::{ConnArgs, connect, exit, interrupted, marked, write_json, written};
 
 /// Longest request `find` sends (the coordinator's limit too).
 const MAX_QUERY_BYTES: usize = 4096;
@@ -347,14 +347,4 @@ fn tool_row(t: &LoadedTool) -> Vec<String> {
         hosts_text(&t.hosts),
         description,
     ]
-}
-
-/// A tool's name, with ` [host-only]` when the catalog does not ship it (as `toolctl tools`
-/// marks it): what it says is its hosts' word.
-fn marked(name: &str, host_only: bool) -> String {
-    if host_only {
-        format!("{name} [host-only]")
-    } else {
-        name.to_string()
-    }
 }
