@@ -912,6 +912,60 @@ fn a_session_says_why_a_refused_host_only_tool_is_unavailable() {
     assert_exit(&out, 69, &["hidden on a: host-only tools are refused"]);
 }
 
+/// A host with more tools of its own than the coordinator keeps of one host
+/// (`--max-host-only-tools`): the first by name are offered, the others not (a call to one is
+/// refused as unknown), the shipped tool is untouched, and the coordinator's log says why.
+#[test]
+fn a_host_offers_at_most_max_host_only_tools_of_its_own() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "disk_usage.meta",
+        r#"{"description": "Disk usage", "cmd": "echo used"}"#,
+        false,
+    );
+    fleet.start_coordinator(&["--max-host-only-tools", "2"]);
+    let own: Vec<(String, String)> = ["own_e", "own_d", "own_c", "own_b", "own_a"]
+        .iter()
+        .map(|n| {
+            (
+                n.to_string(),
+                format!(r#"{{"description": "Tool {n}", "cmd": "echo {n}"}}"#),
+            )
+        })
+        .collect();
+    let own: Vec<(&str, &str)> = own.iter().map(|(n, m)| (n.as_str(), m.as_str())).collect();
+    fleet.start_agent("a", &AgentSpec::own_tools(&own));
+    fleet.wait_online(&["a"], "disk_usage");
+    let listed = wait_for(
+        "the host's own tools listed",
+        Duration::from_secs(20),
+        || {
+            let out = fleet.toolctl(&["tools", "a", "--all", "--json"]);
+            let tools: Value = serde_json::from_slice(&out.stdout).ok()?;
+            let names: Vec<String> = tools
+                .as_array()?
+                .iter()
+                .filter_map(|t| t["name"].as_str().map(String::from))
+                .collect();
+            names.iter().any(|n| n.starts_with("own_")).then_some(names)
+        },
+    );
+    assert_eq!(listed, ["disk_usage", "own_a", "own_b"]);
+    let out = fleet.toolctl(&["call", "a", "own_a"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "own_a");
+    let out = fleet.toolctl(&["call", "a", "own_e"]);
+    assert_exit(&out, 127, &["unknown tool `own_e` on host `a`"]);
+    let log = fleet.coordinator.as_ref().unwrap().log();
+    assert!(
+        log.contains(
+            "5 tools of its own offered, more than this coordinator keeps of one host \
+             (--max-host-only-tools 2)"
+        ),
+        "{log}"
+    );
+}
+
 #[test]
 fn keepalives_are_spaced_as_the_fleet_grows_and_a_frozen_host_is_still_lost() {
     // At most 2 keepalives a second each way: 1 or 2 links get 1 s, 3 links 2 s (whole

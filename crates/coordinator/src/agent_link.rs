@@ -469,8 +469,9 @@ fn store_view(state: &State, link: &Link, shipped: &Shipped, view: HostView) {
         );
         return;
     };
-    let host_only = !state.config.refuse_host_only_tools;
-    let checked = state.fleet.check_view(view, catalog, host_only);
+    let checked = state
+        .fleet
+        .check_view(view, catalog, state.config.host_only);
     if !checked.problems.is_empty() {
         const SHOWN: usize = 5;
         let mut problems = checked.problems[..checked.problems.len().min(SHOWN)].join("; ");

@@ -12,7 +12,7 @@ use toolsrv_registry::{Catalog, CatalogChanges};
 
 use crate::link::Link;
 use crate::selector::{self, Selector};
-use crate::views::{Checked, Interner, StoredTool, StoredView};
+use crate::views::{Checked, HostOnly, Interner, StoredTool, StoredView};
 
 /// Most tool names one registry event lists; a larger change counts the rest in `omitted`.
 pub const MAX_EVENT_NAMES: usize = 256;
@@ -269,7 +269,7 @@ impl Fleet {
     }
 
     /// An agent's view of `catalog` as it may be stored ([`Interner::check`]).
-    pub fn check_view(&self, view: HostView, catalog: &Catalog, host_only: bool) -> Checked {
+    pub fn check_view(&self, view: HostView, catalog: &Catalog, host_only: HostOnly) -> Checked {
         self.interner.check(view, catalog, host_only)
     }
 

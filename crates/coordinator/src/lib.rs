@@ -64,6 +64,7 @@ pub use policy::Policy;
 pub use quota::Limits;
 pub use sessions::SessionLimits;
 pub use toolsrv_cluster::{ClusterConfig, EtcdTls};
+pub use views::{DEFAULT_MAX_HOST_ONLY_TOOLS, HostOnly};
 
 /// The client allowed to administer a coordinator unless `--admin` says otherwise: the one
 /// `toolsrv up` and `toolsrv pki init --clients admin` issue.
@@ -100,9 +101,10 @@ pub struct CoordinatorConfig {
     pub limits: Limits,
     /// How long a call waits for an approval before it is denied.
     pub approval_timeout: Duration,
-    /// Offer only the tools the catalog ships: tools an agent serves from its own directories
-    /// are listed hidden, saying so, and nobody can call them through this coordinator.
-    pub refuse_host_only_tools: bool,
+    /// What is taken of the tools an agent serves from its own directories: whether they are
+    /// offered at all (`allowed: false`: listed hidden, saying so, and nobody can call them
+    /// through this coordinator), and how many of one host are kept.
+    pub host_only: HostOnly,
     /// How long idle sessions live and how many a client may hold.
     pub sessions: SessionLimits,
     /// A sentence encoder's directory (all-MiniLM-L6-v2 or all-mpnet-base-v2:
@@ -152,7 +154,7 @@ impl CoordinatorConfig {
             host_labels: None,
             limits: Limits::default(),
             approval_timeout: Duration::from_secs(60),
-            refuse_host_only_tools: false,
+            host_only: HostOnly::default(),
             sessions: SessionLimits::default(),
             find_model: None,
             admins: vec![DEFAULT_ADMIN.to_string()],

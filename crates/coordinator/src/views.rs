@@ -234,6 +234,31 @@ pub const MAX_REASON_BYTES: usize = 4096;
 #[allow(clippy::cast_possible_truncation)] // 256 KiB fits in any usize.
 pub const MAX_HOST_ONLY_DEFINITION_BYTES: usize = MAX_META_BYTES as usize + 4096;
 
+/// Most tools of its own one host may offer by default (`--max-host-only-tools`): a tools
+/// directory of a host holds a few dozen; each one kept is a document of the find index (a
+/// summary and up to 32 keyword phrases for the encoder) and part of every session of the host.
+pub const DEFAULT_MAX_HOST_ONLY_TOOLS: usize = 256;
+
+/// What a coordinator takes of the tools an agent offers from its own `--tools` directories.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostOnly {
+    /// Whether they are offered at all (`--refuse-host-only-tools` turns it off): refused ones
+    /// are listed hidden, saying why.
+    pub allowed: bool,
+    /// Most of them kept per host view, the first by name; the rest are left out, saying how
+    /// many in the log.
+    pub max: usize,
+}
+
+impl Default for HostOnly {
+    fn default() -> Self {
+        HostOnly {
+            allowed: true,
+            max: DEFAULT_MAX_HOST_ONLY_TOOLS,
+        }
+    }
+}
+
 /// Why a host-only tool is hidden on a coordinator that offers only the tools it ships.
 pub const REFUSED_HOST_ONLY: &str = "host-only tools are refused by this coordinator \
                                      (--refuse-host-only-tools): only the tools it ships are offered";
@@ -310,22 +335,45 @@ impl Interner {
     /// listing, the ranking of every host's tools). A shipped tool offered by a variant that no
     /// host can choose is kept hidden, saying so. A tool the catalog does not ship is the
     /// host's own (from its `--tools` directories), marked `host_only`, with its definition as
-    /// the host gives it if its name is a tool name and its schema a JSON object; without
-    /// `host_only` (`--refuse-host-only-tools`), hidden, saying why. Reasons are kept to one
+    /// the host gives it if its name is a tool name and its schema a JSON object; when
+    /// `host_only` does not allow them (`--refuse-host-only-tools`), hidden, saying why; past
+    /// its `max`, the first by name are kept and the rest left out. Reasons are kept to one
     /// line of at most [`MAX_REASON_BYTES`]; a name reported twice counts once.
-    pub fn check(&self, view: HostView, catalog: &Catalog, host_only: bool) -> Checked {
+    pub fn check(&self, view: HostView, catalog: &Catalog, host_only: HostOnly) -> Checked {
         let mut problems = Vec::new();
+        let (shipped, mut own): (Vec<ToolStatus>, Vec<ToolStatus>) = view
+            .tools
+            .into_iter()
+            .partition(|t| catalog.tools.contains_key(&t.name));
+        // The first report of each name, then the first `max` names: a host cannot make the
+        // coordinator hold, index and embed more than `max` tools of its own by sending more.
+        own.sort_by(|a, b| a.name.cmp(&b.name));
+        let reported_own = own.len();
+        own.dedup_by(|later, first| later.name == first.name);
+        let repeated = reported_own - own.len();
+        if own.len() > host_only.max {
+            problems.push(format!(
+                "{} tools of its own offered, more than this coordinator keeps of one host \
+                 (--max-host-only-tools {}): the first {} by name kept, the rest left out",
+                own.len(),
+                host_only.max,
+                host_only.max
+            ));
+            own.truncate(host_only.max);
+        }
         let mut state = self.lock();
-        let mut tools: Vec<StoredTool> = Vec::with_capacity(view.tools.len());
-        for reported in view.tools {
-            let Some(tool) = catalog.tools.get(&reported.name) else {
-                match state.host_only(reported, host_only) {
-                    Ok((stored, problem)) => {
-                        problems.extend(problem);
-                        tools.push(stored);
-                    }
-                    Err(problem) => problems.push(problem),
+        let mut tools: Vec<StoredTool> = Vec::with_capacity(shipped.len() + own.len());
+        for reported in own {
+            match state.host_only(reported, host_only.allowed) {
+                Ok((stored, problem)) => {
+                    problems.extend(problem);
+                    tools.push(stored);
                 }
+                Err(problem) => problems.push(problem),
+            }
+        }
+        for reported in shipped {
+            let Some(tool) = catalog.tools.get(&reported.name) else {
                 continue;
             };
             let mut stored = StoredTool::hidden(reported.name, false);
@@ -366,10 +414,10 @@ impl Interner {
         tools.sort_by(|a, b| a.name.cmp(&b.name));
         let reported = tools.len();
         tools.dedup_by(|later, first| later.name == first.name);
-        if tools.len() < reported {
+        let repeated = repeated + reported - tools.len();
+        if repeated > 0 {
             problems.push(format!(
-                "{} tools reported more than once: the first report of each kept",
-                reported - tools.len()
+                "{repeated} tools reported more than once: the first report of each kept"
             ));
         }
         Checked {
@@ -775,7 +823,7 @@ mod tests {
                 more: false,
             },
             &catalog,
-            true,
+            HostOnly::default(),
         );
         let view = checked.view;
         assert_eq!(
@@ -844,7 +892,7 @@ mod tests {
                     more: false,
                 },
                 &catalog,
-                true,
+                HostOnly::default(),
             );
             let logs = checked.view.tool("logs").unwrap().status();
             assert!(!logs.visible && logs.definition.is_none(), "{variant:?}");
@@ -878,7 +926,7 @@ mod tests {
                 more: false,
             },
             &catalog,
-            true,
+            HostOnly::default(),
         );
         let reasons: Vec<(String, bool)> = checked
             .view
@@ -913,7 +961,7 @@ mod tests {
                 more: false,
             },
             &catalog,
-            true,
+            HostOnly::default(),
         );
         assert!(!plain_variant.view.tools[0].visible);
 
@@ -928,7 +976,7 @@ mod tests {
                         more: false,
                     },
                     &catalog,
-                    true,
+                    HostOnly::default(),
                 )
                 .view
         };
@@ -948,6 +996,61 @@ mod tests {
             tools: names.iter().map(|n| status(n, true, "p")).collect(),
             more,
         }
+    }
+
+    #[test]
+    fn a_host_keeps_at_most_max_tools_of_its_own_the_first_by_name() {
+        let catalog = catalog(7, &[("shipped", serde_json::json!({"description": "s"}))]);
+        let own = |name: &str| ToolStatus {
+            name: name.into(),
+            visible: true,
+            definition: Some(ToolDefinition {
+                name: name.into(),
+                description: format!("{name} does things"),
+                args_schema_json: "{}".into(),
+                ..ToolDefinition::default()
+            }),
+            ..ToolStatus::default()
+        };
+        let view = || HostView {
+            catalog_revision: 7,
+            // Last name first, one repeated: neither the order nor a repeat buys a place.
+            tools: ["e", "d", "c", "b", "b", "a", "shipped"]
+                .into_iter()
+                .map(own)
+                .collect(),
+            more: false,
+        };
+        let interner = Interner::default();
+        for allowed in [true, false] {
+            let checked = interner.check(view(), &catalog, HostOnly { allowed, max: 2 });
+            let kept: Vec<(&str, bool, bool)> = checked
+                .view
+                .tools
+                .iter()
+                .map(|t| (t.name.as_str(), t.host_only, t.visible))
+                .collect();
+            assert_eq!(
+                kept,
+                [
+                    ("a", true, allowed),
+                    ("b", true, allowed),
+                    ("shipped", false, true)
+                ]
+            );
+            assert_eq!(
+                checked.problems,
+                [
+                    "5 tools of its own offered, more than this coordinator keeps of one host \
+                     (--max-host-only-tools 2): the first 2 by name kept, the rest left out",
+                    "1 tools reported more than once: the first report of each kept",
+                ]
+            );
+        }
+        // No limit reached, nothing said.
+        let checked = interner.check(view(), &catalog, HostOnly::default());
+        assert_eq!(checked.view.tools.len(), 6);
+        assert_eq!(checked.problems.len(), 1, "{:?}", checked.problems);
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::{Coordinator, WAIT, client};
 use tokio_stream::StreamExt;
+use toolsrv_coordinator::DEFAULT_MAX_HOST_ONLY_TOOLS;
 use toolsrv_proto::v1::{
     CallRequest, CallStatus, FanOutRequest, FanOutSummary, FindToolsRequest, HostState,
     ListHostsRequest, ListToolsRequest, ListToolsResponse, call_event, fan_out_event,
@@ -288,12 +289,13 @@ async fn credit_goes_back_in_batches_as_the_caller_reads() {
     coordinator.stop().await;
 }
 
-/// A compromised agent (`Definitions::Forged`, answering calls `answer`) attached as host
+/// A compromised agent (`definitions`, answering calls `answer`) attached as host
 /// `fake-0000` to a coordinator serving `tools` and set up by `configure`; its whole view, once
 /// reported.
 async fn compromised_host(
     tools: &[(&str, &str)],
     configure: impl FnOnce(&mut toolsrv_coordinator::CoordinatorConfig),
+    definitions: Definitions,
     answer: Answer,
 ) -> (Coordinator, FakeAgents, ListToolsResponse) {
     let id = fake_id(0);
@@ -309,7 +311,7 @@ async fn compromised_host(
         .await,
     );
     let agents = connected.attach_with(move |_| Behaviour {
-        definitions: Definitions::Forged,
+        definitions,
         answer,
         ..Behaviour::default()
     });
@@ -356,6 +358,7 @@ async fn a_compromised_agent_cannot_make_a_tool_say_what_its_meta_does_not() {
     let (coordinator, agents, list) = compromised_host(
         &[("t.meta", TOOL), ("hidden_t.meta", hidden_t)],
         |_| {},
+        Definitions::Forged,
         Answer::Hostile,
     )
     .await;
@@ -440,6 +443,79 @@ async fn a_compromised_agent_cannot_make_a_tool_say_what_its_meta_does_not() {
     coordinator.stop().await;
 }
 
+/// A compromised agent offering 10,000 tools of its own cannot make the coordinator hold, list,
+/// index and embed them all: the first 256 by name are kept (`--max-host-only-tools`), the
+/// rest are not offered, and the host's shipped tool and every request go on as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_cannot_flood_the_coordinator_with_tools_of_its_own() {
+    let id = fake_id(0);
+    let (coordinator, agents, list) = compromised_host(
+        &[("t.meta", TOOL)],
+        |_| {},
+        Definitions::Flood(10_000),
+        Answer::Ok,
+    )
+    .await;
+    let mut api = coordinator.tools(&client("alice")).await;
+    let own: Vec<&str> = list
+        .tools
+        .iter()
+        .filter(|t| t.host_only)
+        .map(|t| t.name.as_str())
+        .collect();
+    let first: Vec<String> = (0..DEFAULT_MAX_HOST_ONLY_TOOLS)
+        .map(|i| format!("flood_{i:05}"))
+        .collect();
+    assert_eq!(own.len(), first.len(), "tools of its own kept");
+    assert_eq!(own, first, "the first by name, whatever order they came in");
+    assert!(list.tools.iter().filter(|t| t.host_only).all(|t| t.visible));
+    let shipped = list.tools.iter().find(|t| t.name == "t").unwrap();
+    assert!(shipped.visible && !shipped.host_only);
+
+    // A tool past the limit is not on the host as the coordinator knows it: a call to it is
+    // refused, not run.
+    let mut events = api
+        .call(CallRequest {
+            host: id.clone(),
+            tool: "flood_09999".into(),
+            ..CallRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let result = common::call_result(&mut events).await;
+    assert_eq!(result.status, CallStatus::UnknownTool as i32, "{result:?}");
+    // The kept ones rank (once the index has taken the view in); the rest are in no index.
+    let find = async |query: &str| {
+        let mut api = coordinator.tools(&client("alice")).await;
+        let found = api
+            .find_tools(FindToolsRequest {
+                selector: "all".into(),
+                query: query.into(),
+                limit: 5,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        found
+            .matches
+            .into_iter()
+            .map(|m| m.name)
+            .collect::<Vec<_>>()
+    };
+    let kept = must(
+        wait_until("a kept tool in the index", WAIT, async || {
+            Some(find("flooding tool number 255").await).filter(|f| !f.is_empty())
+        })
+        .await,
+    );
+    assert_eq!(kept[0], "flood_00255", "{kept:?}");
+    let left_out = find("flooding tool number 9999").await;
+    assert!(left_out.is_empty(), "{left_out:?}");
+    drop(agents);
+    coordinator.stop().await;
+}
+
 /// With `--refuse-host-only-tools`, the tool a compromised agent adds is listed hidden, saying
 /// why, ranks for nothing and cannot be called; the shipped tools are offered as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -447,7 +523,8 @@ async fn a_coordinator_that_refuses_host_only_tools_offers_only_what_it_ships() 
     let id = fake_id(0);
     let (coordinator, agents, list) = compromised_host(
         &[("t.meta", TOOL)],
-        |config| config.refuse_host_only_tools = true,
+        |config| config.host_only.allowed = false,
+        Definitions::Forged,
         Answer::Ok,
     )
     .await;

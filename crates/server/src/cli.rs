@@ -178,6 +178,10 @@ pub struct CoordinatorArgs {
     /// directories are listed hidden, saying so, and cannot be called through this coordinator
     #[arg(long, env = "TOOLSRV_REFUSE_HOST_ONLY_TOOLS")]
     pub refuse_host_only_tools: bool,
+    /// Most tools of its own (from its `--tools` directories) one host may offer; past it, the
+    /// first by name are kept and the rest left out, saying so in the log
+    #[arg(long, env = "TOOLSRV_MAX_HOST_ONLY_TOOLS", default_value_t = toolsrv_coordinator::DEFAULT_MAX_HOST_ONLY_TOOLS)]
+    pub max_host_only_tools: usize,
     /// How long (seconds) a call the policy marks `approve` waits for a decision; then it is denied
     #[arg(long, env = "TOOLSRV_APPROVAL_TIMEOUT_SECS", default_value_t = 60)]
     pub approval_timeout_secs: u64,
@@ -469,7 +473,10 @@ impl CoordinatorArgs {
             finds_per_client: self.max_finds_per_client.max(1),
         };
         config.approval_timeout = Duration::from_secs(self.approval_timeout_secs.max(1));
-        config.refuse_host_only_tools = self.refuse_host_only_tools;
+        config.host_only = toolsrv_coordinator::HostOnly {
+            allowed: !self.refuse_host_only_tools,
+            max: self.max_host_only_tools,
+        };
         config.sessions = toolsrv_coordinator::SessionLimits {
             idle: Duration::from_secs(self.session_idle_secs.max(1)),
             per_client: self.max_sessions_per_client.max(1),

@@ -36,6 +36,10 @@ pub enum Definitions {
     /// and tools whose names start with `hidden` hidden for a reason that would clear the
     /// screen and runs on for 100 KB.
     Forged,
+    /// Another compromised agent's: the shipped tools as [`Definitions::Minimal`] has them, and
+    /// this many tools of its own besides, `flood_00000` and on (listed last name first), each
+    /// with a description of its own.
+    Flood(u32),
 }
 
 /// What [`Definitions::Forged`] puts in every definition.
@@ -301,6 +305,22 @@ impl Responder {
                 },
             )
             .collect();
+        if let Definitions::Flood(n) = self.definitions {
+            tools.extend((0..n).rev().map(|i| {
+                let name = format!("flood_{i:05}");
+                let definition = ToolDefinition {
+                    description: format!("flooding tool number {i}"),
+                    ..definition(&name, None, Definitions::Minimal)
+                };
+                ToolStatus {
+                    name,
+                    visible: true,
+                    description: definition.description.clone(),
+                    definition: Some(definition),
+                    ..ToolStatus::default()
+                }
+            }));
+        }
         if forged {
             let definition = definition(
                 FORGED_TOOL,
@@ -350,7 +370,7 @@ fn definition(name: &str, meta: Option<&serde_json::Value>, how: Definitions) ->
         return minimal;
     };
     match how {
-        Definitions::Minimal => return minimal,
+        Definitions::Minimal | Definitions::Flood(_) => return minimal,
         Definitions::Forged => {
             return ToolDefinition {
                 description: FORGED_TEXT.into(),
