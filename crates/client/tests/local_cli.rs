@@ -584,6 +584,33 @@ fn odd_file_names_are_shown_escaped_and_on_one_line() {
     assert!(stderr(&out).contains(r"x\u{1b}[2Jy"), "{}", stderr(&out));
 }
 
+/// A hidden tool's reason quotes its `.meta` (the file a variant needs), which whoever can
+/// write to a shared tools directory wrote: `describe`, `call` and `list --all` show it escaped.
+#[test]
+fn a_hidden_tool_s_reason_cannot_write_to_the_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        "x.meta",
+        r#"{"description": "d", "cmd": "true",
+            "variants": [{"match": {"file": "/nonexistent\u001b[2J\u001b]0;owned\u0007"}}]}"#,
+    );
+    let tools = tools_arg(&dir);
+    for args in [
+        &["local", "describe", "--tools", &tools, "x"][..],
+        &["local", "call", "--tools", &tools, "x"],
+        &["local", "list", "--all", "--tools", &tools],
+    ] {
+        let out = run(toolctl().args(args));
+        let shown = format!("{}{}", stdout(&out), stderr(&out));
+        assert!(!shown.contains(['\u{1b}', '\u{7}']), "{args:?}: {shown:?}");
+        assert!(
+            shown.contains(r"/nonexistent\u{1b}[2J\u{1b}]0;owned\u{7}"),
+            "{args:?}: {shown}"
+        );
+    }
+}
+
 /// What bash completes after `words` (the last one being typed) through the script
 /// `TOOLCTL_COMPLETE=bash toolctl` prints, options left out.
 fn bash_completes(words: &[&str], env: &[(&str, &str)]) -> Vec<String> {

@@ -112,14 +112,13 @@ pub fn describe(tools: &ToolsArgs, name: &str) -> u8 {
                 exit::INTERNAL
             }
         },
+        // The reason quotes the `.meta` (a file a match names), which anyone who can write
+        // to the tools path wrote.
         Resolution::Hidden { reason } => {
-            eprintln!(
-                "toolctl: {}",
-                CallError::Hidden {
-                    name: name.to_string(),
-                    reason
-                }
-            );
+            super::quote::say(CallError::Hidden {
+                name: name.to_string(),
+                reason,
+            });
             exit::HIDDEN
         }
     }
