@@ -913,8 +913,8 @@ fn a_session_says_why_a_refused_host_only_tool_is_unavailable() {
 }
 
 /// A host with more tools of its own than the coordinator keeps of one host
-/// (`--max-host-only-tools`): the first by name are offered, the others not (a call to one is
-/// refused as unknown), the shipped tool is untouched, and the coordinator's log says why.
+/// (`--max-host-only-tools`): the first by name are offered, the others listed hidden (a call to
+/// one is refused, saying why), the shipped tool is untouched, and the coordinator's log says so.
 #[test]
 fn a_host_offers_at_most_max_host_only_tools_of_its_own() {
     let mut fleet = Fleet::new(&["a"]);
@@ -950,12 +950,28 @@ fn a_host_offers_at_most_max_host_only_tools_of_its_own() {
             names.iter().any(|n| n.starts_with("own_")).then_some(names)
         },
     );
-    assert_eq!(listed, ["disk_usage", "own_a", "own_b"]);
+    assert_eq!(
+        listed,
+        ["disk_usage", "own_a", "own_b", "own_c", "own_d", "own_e"]
+    );
+    let out = fleet.toolctl(&["tools", "a"]);
+    let offered = text(&out.stdout);
+    assert!(
+        offered.contains("own_b") && !offered.contains("own_c"),
+        "{offered}"
+    );
     let out = fleet.toolctl(&["call", "a", "own_a"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim(), "own_a");
     let out = fleet.toolctl(&["call", "a", "own_e"]);
-    assert_exit(&out, 127, &["unknown tool `own_e` on host `a`"]);
+    assert_exit(
+        &out,
+        69,
+        &[
+            "the host offers 5 tools of its own, more than this coordinator keeps of one host \
+           (--max-host-only-tools 2): only the first 2 by name are offered",
+        ],
+    );
     let log = fleet.coordinator.as_ref().unwrap().log();
     assert!(
         log.contains(

@@ -97,8 +97,8 @@ fn watched<T: Send + 'static>(
 const MAX_CWD_BYTES: usize = 4096;
 /// Longest host selector a fan-out may give.
 const MAX_SELECTOR_BYTES: usize = 4096;
-/// Longest tool name a request may give (a file name's limit).
-const MAX_TOOL_NAME_BYTES: usize = 255;
+/// Longest tool name a request may give.
+const MAX_TOOL_NAME_BYTES: usize = toolsrv_meta::MAX_NAME_BYTES;
 
 /// Refuses a request field longer than `max` bytes, naming the field and the limit.
 fn bounded(field: &str, value: &str, max: usize) -> Result<(), Status> {

@@ -64,7 +64,7 @@ pub use policy::Policy;
 pub use quota::Limits;
 pub use sessions::SessionLimits;
 pub use toolsrv_cluster::{ClusterConfig, EtcdTls};
-pub use views::{DEFAULT_MAX_HOST_ONLY_TOOLS, HostOnly};
+pub use views::{DEFAULT_MAX_HOST_ONLY_TOOLS, HostOnly, MAX_HOST_ONLY_PAST_LIMIT};
 
 /// The client allowed to administer a coordinator unless `--admin` says otherwise: the one
 /// `toolsrv up` and `toolsrv pki init --clients admin` issue.

@@ -31,7 +31,7 @@ pub const MAX_MAX_LOADED: u32 = 1000;
 /// Longest selector a session may have.
 const MAX_SELECTOR_BYTES: usize = 4096;
 /// Longest tool name a request may give.
-const MAX_TOOL_NAME_BYTES: usize = 255;
+const MAX_TOOL_NAME_BYTES: usize = toolsrv_meta::MAX_NAME_BYTES;
 
 /// How long sessions live and how many one client may hold.
 #[derive(Debug, Clone)]
@@ -311,8 +311,9 @@ fn check_name(name: &str) -> Result<(), SessionError> {
     }
     if !toolsrv_meta::is_valid_name(name) {
         return Err(SessionError::Invalid(format!(
-            "`{}` is not a tool name ([A-Za-z0-9_.-]+)",
-            name.escape_debug()
+            "`{}` is not a tool name: {}",
+            name.escape_debug(),
+            toolsrv_meta::NAME_RULE
         )));
     }
     Ok(())

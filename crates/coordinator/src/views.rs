@@ -239,14 +239,19 @@ pub const MAX_HOST_ONLY_DEFINITION_BYTES: usize = MAX_META_BYTES as usize + 4096
 /// summary and up to 32 keyword phrases for the encoder) and part of every session of the host.
 pub const DEFAULT_MAX_HOST_ONLY_TOOLS: usize = 256;
 
+/// Most tools of its own past [`HostOnly::max`] that one host's view keeps, by name only, hidden,
+/// saying why: so that a listing shows them and a call to one says why it is not offered; the
+/// rest are left out.
+pub const MAX_HOST_ONLY_PAST_LIMIT: usize = 4096;
+
 /// What a coordinator takes of the tools an agent offers from its own `--tools` directories.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostOnly {
     /// Whether they are offered at all (`--refuse-host-only-tools` turns it off): refused ones
     /// are listed hidden, saying why.
     pub allowed: bool,
-    /// Most of them kept per host view, the first by name; the rest are left out, saying how
-    /// many in the log.
+    /// Most of them offered per host view, the first by name; the next
+    /// [`MAX_HOST_ONLY_PAST_LIMIT`] are listed hidden, saying why, and the rest left out.
     pub max: usize,
 }
 
@@ -337,7 +342,8 @@ impl Interner {
     /// host's own (from its `--tools` directories), marked `host_only`, with its definition as
     /// the host gives it if its name is a tool name and its schema a JSON object; when
     /// `host_only` does not allow them (`--refuse-host-only-tools`), hidden, saying why; past
-    /// its `max`, the first by name are kept and the rest left out. Reasons are kept to one
+    /// its `max`, the first by name are kept, the next [`MAX_HOST_ONLY_PAST_LIMIT`] listed
+    /// hidden (by name only), and the rest left out. Reasons are kept to one
     /// line of at most [`MAX_REASON_BYTES`]; a name reported twice counts once.
     pub fn check(&self, view: HostView, catalog: &Catalog, host_only: HostOnly) -> Checked {
         let mut problems = Vec::new();
@@ -351,18 +357,37 @@ impl Interner {
         let reported_own = own.len();
         own.dedup_by(|later, first| later.name == first.name);
         let repeated = reported_own - own.len();
+        let mut tools: Vec<StoredTool> = Vec::with_capacity(shipped.len() + own.len());
         if own.len() > host_only.max {
+            let offered = own.len();
+            let past: Vec<ToolStatus> = own.drain(host_only.max..).collect();
+            let reason = format!(
+                "the host offers {offered} tools of its own, more than this coordinator keeps of \
+                 one host (--max-host-only-tools {}): only the first {} by name are offered",
+                host_only.max, host_only.max
+            );
+            let listed = past.len().min(MAX_HOST_ONLY_PAST_LIMIT);
+            for reported in past.into_iter().take(listed) {
+                if toolsrv_meta::is_valid_name(&reported.name) {
+                    let mut stored = StoredTool::hidden(reported.name, true);
+                    stored.reason.clone_from(&reason);
+                    tools.push(stored);
+                }
+            }
+            let left_out = offered - host_only.max - listed;
             problems.push(format!(
-                "{} tools of its own offered, more than this coordinator keeps of one host \
-                 (--max-host-only-tools {}): the first {} by name kept, the rest left out",
-                own.len(),
+                "{offered} tools of its own offered, more than this coordinator keeps of one host \
+                 (--max-host-only-tools {}): the first {} by name kept, {listed} more listed \
+                 hidden{}",
                 host_only.max,
-                host_only.max
+                host_only.max,
+                match left_out {
+                    0 => String::new(),
+                    n => format!(", {n} left out"),
+                }
             ));
-            own.truncate(host_only.max);
         }
         let mut state = self.lock();
-        let mut tools: Vec<StoredTool> = Vec::with_capacity(shipped.len() + own.len());
         for reported in own {
             match state.host_only(reported, host_only.allowed) {
                 Ok((stored, problem)) => {
@@ -817,6 +842,7 @@ mod tests {
                     forged("plain", None),
                     forged("plain", None),
                     forged("not a name\u{1b}]0;x", None),
+                    forged(&"n".repeat(toolsrv_meta::MAX_NAME_BYTES + 1), None),
                     forged("own_tool", Some(2)),
                     hidden,
                 ],
@@ -881,7 +907,15 @@ mod tests {
             problems.contains("1 tools reported more than once"),
             "{problems}"
         );
-        assert_eq!(checked.problems.len(), 2, "{problems}");
+        // A name no file could have (longer than a file name) is no tool name either.
+        assert!(
+            problems.contains(&format!(
+                "`{}… (251 bytes)` is not a tool name: left out",
+                "n".repeat(128)
+            )),
+            "{problems}"
+        );
+        assert_eq!(checked.problems.len(), 3, "{problems}");
 
         // Variants no host can choose are kept hidden, saying so.
         for variant in [None, Some(1), Some(3), Some(u32::MAX)] {
@@ -1012,18 +1046,16 @@ mod tests {
             }),
             ..ToolStatus::default()
         };
-        let view = || HostView {
+        let view = |names: &[&str]| HostView {
             catalog_revision: 7,
-            // Last name first, one repeated: neither the order nor a repeat buys a place.
-            tools: ["e", "d", "c", "b", "b", "a", "shipped"]
-                .into_iter()
-                .map(own)
-                .collect(),
+            tools: names.iter().map(|n| own(n)).collect(),
             more: false,
         };
+        // Last name first, one repeated: neither the order nor a repeat buys a place.
+        let names = ["e", "d", "c", "b", "b", "a", "shipped"];
         let interner = Interner::default();
         for allowed in [true, false] {
-            let checked = interner.check(view(), &catalog, HostOnly { allowed, max: 2 });
+            let checked = interner.check(view(&names), &catalog, HostOnly { allowed, max: 2 });
             let kept: Vec<(&str, bool, bool)> = checked
                 .view
                 .tools
@@ -1035,22 +1067,57 @@ mod tests {
                 [
                     ("a", true, allowed),
                     ("b", true, allowed),
+                    ("c", true, false),
+                    ("d", true, false),
+                    ("e", true, false),
                     ("shipped", false, true)
                 ]
             );
+            // Past the limit: listed by name alone, saying why.
+            let past = checked.view.tool("d").unwrap().status();
+            assert_eq!(
+                past.reason,
+                "the host offers 5 tools of its own, more than this coordinator keeps of one \
+                 host (--max-host-only-tools 2): only the first 2 by name are offered"
+            );
+            assert!(past.definition.is_none() && past.description.is_empty());
             assert_eq!(
                 checked.problems,
                 [
                     "5 tools of its own offered, more than this coordinator keeps of one host \
-                     (--max-host-only-tools 2): the first 2 by name kept, the rest left out",
+                     (--max-host-only-tools 2): the first 2 by name kept, 3 more listed hidden",
                     "1 tools reported more than once: the first report of each kept",
                 ]
             );
         }
         // No limit reached, nothing said.
-        let checked = interner.check(view(), &catalog, HostOnly::default());
+        let checked = interner.check(view(&names), &catalog, HostOnly::default());
         assert_eq!(checked.view.tools.len(), 6);
         assert_eq!(checked.problems.len(), 1, "{:?}", checked.problems);
+
+        // Past the names listed hidden, the rest are left out.
+        let many: Vec<String> = (0..MAX_HOST_ONLY_PAST_LIMIT + 10)
+            .map(|i| format!("t{i:05}"))
+            .collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let checked = interner.check(
+            view(&many),
+            &catalog,
+            HostOnly {
+                allowed: true,
+                max: 3,
+            },
+        );
+        assert_eq!(checked.view.tools.len(), 3 + MAX_HOST_ONLY_PAST_LIMIT);
+        assert_eq!(
+            checked.problems,
+            [format!(
+                "{} tools of its own offered, more than this coordinator keeps of one host \
+                 (--max-host-only-tools 3): the first 3 by name kept, {MAX_HOST_ONLY_PAST_LIMIT} \
+                 more listed hidden, 7 left out",
+                MAX_HOST_ONLY_PAST_LIMIT + 10
+            )]
+        );
     }
 
     #[test]

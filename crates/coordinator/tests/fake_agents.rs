@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::{Coordinator, WAIT, client};
 use tokio_stream::StreamExt;
-use toolsrv_coordinator::DEFAULT_MAX_HOST_ONLY_TOOLS;
+use toolsrv_coordinator::{DEFAULT_MAX_HOST_ONLY_TOOLS, MAX_HOST_ONLY_PAST_LIMIT};
 use toolsrv_proto::v1::{
     CallRequest, CallStatus, FanOutRequest, FanOutSummary, FindToolsRequest, HostState,
     ListHostsRequest, ListToolsRequest, ListToolsResponse, call_event, fan_out_event,
@@ -444,8 +444,9 @@ async fn a_compromised_agent_cannot_make_a_tool_say_what_its_meta_does_not() {
 }
 
 /// A compromised agent offering 10,000 tools of its own cannot make the coordinator hold, list,
-/// index and embed them all: the first 256 by name are kept (`--max-host-only-tools`), the
-/// rest are not offered, and the host's shipped tool and every request go on as before.
+/// index and embed them all: the first 256 by name are kept (`--max-host-only-tools`), the next
+/// 4,096 listed hidden by name, the rest left out, and the host's shipped tool and every
+/// request go on as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_cannot_flood_the_coordinator_with_tools_of_its_own() {
     let id = fake_id(0);
@@ -460,7 +461,7 @@ async fn a_host_cannot_flood_the_coordinator_with_tools_of_its_own() {
     let own: Vec<&str> = list
         .tools
         .iter()
-        .filter(|t| t.host_only)
+        .filter(|t| t.host_only && t.visible)
         .map(|t| t.name.as_str())
         .collect();
     let first: Vec<String> = (0..DEFAULT_MAX_HOST_ONLY_TOOLS)
@@ -468,23 +469,46 @@ async fn a_host_cannot_flood_the_coordinator_with_tools_of_its_own() {
         .collect();
     assert_eq!(own.len(), first.len(), "tools of its own kept");
     assert_eq!(own, first, "the first by name, whatever order they came in");
-    assert!(list.tools.iter().filter(|t| t.host_only).all(|t| t.visible));
+    // The next ones by name are listed hidden, by name alone, saying why; the rest left out.
+    let past: Vec<&str> = list
+        .tools
+        .iter()
+        .filter(|t| t.host_only && !t.visible)
+        .map(|t| t.name.as_str())
+        .collect();
+    assert_eq!(past.len(), MAX_HOST_ONLY_PAST_LIMIT);
+    assert_eq!(past[0], format!("flood_{DEFAULT_MAX_HOST_ONLY_TOOLS:05}"));
+    assert_eq!(
+        list.tools.len(),
+        1 + DEFAULT_MAX_HOST_ONLY_TOOLS + MAX_HOST_ONLY_PAST_LIMIT
+    );
     let shipped = list.tools.iter().find(|t| t.name == "t").unwrap();
     assert!(shipped.visible && !shipped.host_only);
 
-    // A tool past the limit is not on the host as the coordinator knows it: a call to it is
-    // refused, not run.
-    let mut events = api
-        .call(CallRequest {
-            host: id.clone(),
-            tool: "flood_09999".into(),
-            ..CallRequest::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let result = common::call_result(&mut events).await;
-    assert_eq!(result.status, CallStatus::UnknownTool as i32, "{result:?}");
+    // A call to a tool past the limit is refused, not run: hidden, saying why, or, past the
+    // names listed, unknown.
+    for (tool, status, says) in [
+        (
+            "flood_00256",
+            CallStatus::Hidden,
+            "the host offers 10000 tools of its own, more than this coordinator keeps of one host \
+             (--max-host-only-tools 256)",
+        ),
+        ("flood_09999", CallStatus::UnknownTool, "unknown tool"),
+    ] {
+        let mut events = api
+            .call(CallRequest {
+                host: id.clone(),
+                tool: tool.into(),
+                ..CallRequest::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let result = common::call_result(&mut events).await;
+        assert_eq!(result.status, status as i32, "{result:?}");
+        assert!(result.message.contains(says), "{}", result.message);
+    }
     // The kept ones rank (once the index has taken the view in); the rest are in no index.
     let find = async |query: &str| {
         let mut api = coordinator.tools(&client("alice")).await;

@@ -2,8 +2,12 @@
 //! catalog store and the linter, so a name the coordinator serves is a name every agent accepts.
 
 /// The rule, as error messages state it.
-pub const NAME_RULE: &str =
-    "tool names match [A-Za-z0-9_.-]+, do not start with `.` and do not end in `.meta`";
+pub const NAME_RULE: &str = "tool names match [A-Za-z0-9_.-]+, are at most 250 bytes long, do \
+                             not start with `.` and do not end in `.meta`";
+
+/// Longest tool name: the file `N.meta` that defines a tool `N` must fit in a file name (255
+/// bytes on Linux and macOS).
+pub const MAX_NAME_BYTES: usize = 250;
 
 /// Why `name` is not a valid tool name, or `None` when it is one.
 ///
@@ -18,6 +22,9 @@ pub const NAME_RULE: &str =
 pub fn name_problem(name: &str) -> Option<&'static str> {
     if name.is_empty() {
         return Some("it is empty");
+    }
+    if name.len() > MAX_NAME_BYTES {
+        return Some("it is longer than 250 bytes (its `.meta` could not be a file)");
     }
     if !name
         .bytes()
@@ -75,6 +82,8 @@ mod tests {
             ("x.meta", false),
             ("sp ace", false),
             ("ünï", false),
+            (&"a".repeat(MAX_NAME_BYTES), true),
+            (&"a".repeat(MAX_NAME_BYTES + 1), false),
         ];
         for (name, ok) in cases {
             assert_eq!(is_valid_name(name), ok, "{name:?}");
