@@ -357,7 +357,8 @@ impl Interner {
         let reported_own = own.len();
         own.dedup_by(|later, first| later.name == first.name);
         let repeated = reported_own - own.len();
-        let mut tools: Vec<StoredTool> = Vec::with_capacity(shipped.len() + own.len());
+        let kept = own.len().min(host_only.max + MAX_HOST_ONLY_PAST_LIMIT);
+        let mut tools: Vec<StoredTool> = Vec::with_capacity(shipped.len() + kept);
         if own.len() > host_only.max {
             let offered = own.len();
             let past: Vec<ToolStatus> = own.drain(host_only.max..).collect();
