@@ -362,11 +362,15 @@ impl Interner {
         if own.len() > host_only.max {
             let offered = own.len();
             let past: Vec<ToolStatus> = own.drain(host_only.max..).collect();
-            let reason = format!(
-                "the host offers {offered} tools of its own, more than this coordinator keeps of \
-                 one host (--max-host-only-tools {}): only the first {} by name are offered",
-                host_only.max, host_only.max
-            );
+            let reason = match host_only.max {
+                0 => "this coordinator offers no host's own tools (--max-host-only-tools 0)"
+                    .to_string(),
+                max => format!(
+                    "the host offers {offered} tools of its own, more than this coordinator keeps \
+                     of one host (--max-host-only-tools {max}): only the first {max} by name are \
+                     offered"
+                ),
+            };
             let listed = past.len().min(MAX_HOST_ONLY_PAST_LIMIT);
             for reported in past.into_iter().take(listed) {
                 if toolsrv_meta::is_valid_name(&reported.name) {
@@ -1091,6 +1095,26 @@ mod tests {
                 ]
             );
         }
+        // None offered at all: listed hidden, saying so.
+        let checked = interner.check(
+            view(&names),
+            &catalog,
+            HostOnly {
+                allowed: true,
+                max: 0,
+            },
+        );
+        assert_eq!(
+            checked.view.tool("a").unwrap().status().reason,
+            "this coordinator offers no host's own tools (--max-host-only-tools 0)"
+        );
+        assert!(
+            checked
+                .view
+                .tools
+                .iter()
+                .all(|t| !t.host_only || !t.visible)
+        );
         // No limit reached, nothing said.
         let checked = interner.check(view(&names), &catalog, HostOnly::default());
         assert_eq!(checked.view.tools.len(), 6);
