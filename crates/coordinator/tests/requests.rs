@@ -80,7 +80,7 @@ async fn oversized_requests_are_refused_naming_the_limit() {
                 tool: huge.clone(),
             })
             .await,
-            "255",
+            "250",
         );
     })
     .await
