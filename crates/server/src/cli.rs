@@ -178,8 +178,8 @@ pub struct CoordinatorArgs {
     /// directories are listed hidden, saying so, and cannot be called through this coordinator
     #[arg(long, env = "TOOLSRV_REFUSE_HOST_ONLY_TOOLS")]
     pub refuse_host_only_tools: bool,
-    /// Most tools of its own (from its `--tools` directories) one host may offer; past it, the
-    /// first by name are kept and the rest left out, saying so in the log
+    /// Most tools of its own (from its `--tools` directories) one host may offer, the first by
+    /// name (0: none); the next 4,096 are listed hidden, saying why, the rest left out
     #[arg(long, env = "TOOLSRV_MAX_HOST_ONLY_TOOLS", default_value_t = toolsrv_coordinator::DEFAULT_MAX_HOST_ONLY_TOOLS)]
     pub max_host_only_tools: usize,
     /// How long (seconds) a call the policy marks `approve` waits for a decision; then it is denied
