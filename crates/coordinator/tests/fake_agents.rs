@@ -11,9 +11,11 @@ use std::time::Duration;
 
 use common::{Coordinator, WAIT, client};
 use tokio_stream::StreamExt;
+use tonic::transport::Channel;
 use toolsrv_coordinator::{DEFAULT_MAX_HOST_ONLY_TOOLS, MAX_HOST_ONLY_PAST_LIMIT};
+use toolsrv_proto::v1::tools_client::ToolsClient;
 use toolsrv_proto::v1::{
-    CallRequest, CallStatus, FanOutRequest, FanOutSummary, FindToolsRequest, HostState,
+    CallRequest, CallResult, CallStatus, FanOutRequest, FanOutSummary, FindToolsRequest, HostState,
     ListHostsRequest, ListToolsRequest, ListToolsResponse, call_event, fan_out_event,
 };
 use toolsrv_testkit::fake::{
@@ -335,6 +337,20 @@ async fn compromised_host(
     (coordinator, agents, list)
 }
 
+/// How a call of `tool` on `host`, without arguments, ended.
+async fn called(api: &mut ToolsClient<Channel>, host: &str, tool: &str) -> CallResult {
+    let mut events = api
+        .call(CallRequest {
+            host: host.to_string(),
+            tool: tool.to_string(),
+            ..CallRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    common::call_result(&mut events).await
+}
+
 /// What every host's tools rank for the forged words.
 async fn find_forged(coordinator: &Coordinator) -> toolsrv_proto::v1::FindToolsResponse {
     let request = FindToolsRequest {
@@ -416,16 +432,7 @@ async fn a_compromised_agent_cannot_make_a_tool_say_what_its_meta_does_not() {
     );
 
     // How a call ended, in the agent's words: one bounded line.
-    let mut events = api
-        .call(CallRequest {
-            host: id.clone(),
-            tool: "t".into(),
-            ..CallRequest::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let result = common::call_result(&mut events).await;
+    let result = called(&mut api, &id, "t").await;
     assert_eq!(result.status, CallStatus::ToolError as i32);
     assert!(
         result.message.starts_with("\\u{1b}[2J"),
@@ -496,16 +503,7 @@ async fn a_host_cannot_flood_the_coordinator_with_tools_of_its_own() {
         ),
         ("flood_09999", CallStatus::UnknownTool, "unknown tool"),
     ] {
-        let mut events = api
-            .call(CallRequest {
-                host: id.clone(),
-                tool: tool.into(),
-                ..CallRequest::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let result = common::call_result(&mut events).await;
+        let result = called(&mut api, &id, tool).await;
         assert_eq!(result.status, status as i32, "{result:?}");
         assert!(result.message.contains(says), "{}", result.message);
     }
@@ -569,16 +567,7 @@ async fn a_coordinator_that_refuses_host_only_tools_offers_only_what_it_ships() 
         found.matches.iter().all(|m| m.name != FORGED_TOOL),
         "{found:?}"
     );
-    let mut events = api
-        .call(CallRequest {
-            host: id.clone(),
-            tool: FORGED_TOOL.into(),
-            ..CallRequest::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let result = common::call_result(&mut events).await;
+    let result = called(&mut api, &id, FORGED_TOOL).await;
     assert_eq!(result.status, CallStatus::Hidden as i32, "{result:?}");
     drop(agents);
     coordinator.stop().await;
