@@ -347,10 +347,15 @@ impl Interner {
     /// line of at most [`MAX_REASON_BYTES`]; a name reported twice counts once.
     pub fn check(&self, view: HostView, catalog: &Catalog, host_only: HostOnly) -> Checked {
         let mut problems = Vec::new();
-        let (shipped, mut own): (Vec<ToolStatus>, Vec<ToolStatus>) = view
-            .tools
-            .into_iter()
-            .partition(|t| catalog.tools.contains_key(&t.name));
+        // Each shipped tool with its `.meta`; the rest are the host's own.
+        let mut shipped: Vec<(&Tool, ToolStatus)> = Vec::new();
+        let mut own: Vec<ToolStatus> = Vec::new();
+        for reported in view.tools {
+            match catalog.tools.get(&reported.name) {
+                Some(tool) => shipped.push((tool, reported)),
+                None => own.push(reported),
+            }
+        }
         // The first report of each name, then the first `max` names: a host cannot make the
         // coordinator hold, index and embed more than `max` tools of its own by sending more.
         own.sort_by(|a, b| a.name.cmp(&b.name));
@@ -402,10 +407,7 @@ impl Interner {
                 Err(problem) => problems.push(problem),
             }
         }
-        for reported in shipped {
-            let Some(tool) = catalog.tools.get(&reported.name) else {
-                continue;
-            };
+        for (tool, reported) in shipped {
             let mut stored = StoredTool::hidden(reported.name, false);
             let offered = match reported.visible {
                 true => state.resolved(&stored.name, tool, reported.variant),
