@@ -924,16 +924,15 @@ fn a_host_offers_at_most_max_host_only_tools_of_its_own() {
         false,
     );
     fleet.start_coordinator(&["--max-host-only-tools", "2"]);
-    let own: Vec<(String, String)> = ["own_e", "own_d", "own_c", "own_b", "own_a"]
-        .iter()
+    let own: Vec<(&str, String)> = ["own_e", "own_d", "own_c", "own_b", "own_a"]
+        .into_iter()
         .map(|n| {
             (
-                n.to_string(),
+                n,
                 format!(r#"{{"description": "Tool {n}", "cmd": "echo {n}"}}"#),
             )
         })
         .collect();
-    let own: Vec<(&str, &str)> = own.iter().map(|(n, m)| (n.as_str(), m.as_str())).collect();
     fleet.start_agent("a", &AgentSpec::own_tools(&own));
     fleet.wait_online(&["a"], "disk_usage");
     let listed = wait_for(
