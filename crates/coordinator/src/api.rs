@@ -9,6 +9,7 @@ use tokio::sync::{Semaphore, broadcast, mpsc};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
+use toolsrv_meta::MAX_NAME_BYTES;
 use toolsrv_proto::limits::MAX_ARGS_BYTES;
 use toolsrv_proto::v1::tools_server::Tools;
 use toolsrv_proto::v1::{
@@ -97,8 +98,6 @@ fn watched<T: Send + 'static>(
 const MAX_CWD_BYTES: usize = 4096;
 /// Longest host selector a fan-out may give.
 const MAX_SELECTOR_BYTES: usize = 4096;
-/// Longest tool name a request may give.
-const MAX_TOOL_NAME_BYTES: usize = toolsrv_meta::MAX_NAME_BYTES;
 
 /// Refuses a request field longer than `max` bytes, naming the field and the limit.
 fn bounded(field: &str, value: &str, max: usize) -> Result<(), Status> {
@@ -129,7 +128,7 @@ fn call_spec(
             MAX_ARGS_BYTES
         )));
     }
-    bounded("the tool name", &tool, MAX_TOOL_NAME_BYTES)?;
+    bounded("the tool name", &tool, MAX_NAME_BYTES)?;
     bounded("cwd", &cwd, MAX_CWD_BYTES)?;
     let max_timeout = state.quotas.limits.max_call_timeout;
     if u128::from(timeout_ms) > max_timeout.as_millis() {
@@ -250,7 +249,7 @@ impl Tools for ToolsService {
         let mut req = req.into_inner();
         // Both end up in error messages: bounded, so no request can grow a response header.
         bounded("the host id", &req.host, toolsrv_tls::MAX_NAME_LEN)?;
-        bounded("the tool name", &req.tool, MAX_TOOL_NAME_BYTES)?;
+        bounded("the tool name", &req.tool, MAX_NAME_BYTES)?;
         req.host = toolsrv_tls::normalize_name(&req.host);
         if let (Some(record), Some(replicas)) = (
             replicas::route_elsewhere(&self.state, &req.host, relayed),

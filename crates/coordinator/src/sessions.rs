@@ -16,6 +16,7 @@ use std::time::Duration;
 use prost::Message;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use toolsrv_meta::MAX_NAME_BYTES;
 use toolsrv_proto::v1::{
     LoadedTool, SessionHost, SessionProfile, SessionState, ToolDefinition, ToolResolution,
 };
@@ -30,8 +31,6 @@ pub const DEFAULT_MAX_LOADED: u32 = 40;
 pub const MAX_MAX_LOADED: u32 = 1000;
 /// Longest selector a session may have.
 const MAX_SELECTOR_BYTES: usize = 4096;
-/// Longest tool name a request may give.
-const MAX_TOOL_NAME_BYTES: usize = toolsrv_meta::MAX_NAME_BYTES;
 
 /// How long sessions live and how many one client may hold.
 #[derive(Debug, Clone)]
@@ -303,9 +302,9 @@ fn bounded_id(id: &str) -> String {
 }
 
 fn check_name(name: &str) -> Result<(), SessionError> {
-    if name.is_empty() || name.len() > MAX_TOOL_NAME_BYTES {
+    if name.is_empty() || name.len() > MAX_NAME_BYTES {
         return Err(SessionError::Invalid(format!(
-            "a tool name must be 1 to {MAX_TOOL_NAME_BYTES} bytes, not {}",
+            "a tool name must be 1 to {MAX_NAME_BYTES} bytes, not {}",
             name.len()
         )));
     }
@@ -434,7 +433,7 @@ impl Session {
         let mut inner = self.lock();
         let Some(i) = inner.loaded.iter().position(|l| l.name == tool) else {
             return Err(SessionError::NotLoaded {
-                tool: tool.chars().take(MAX_TOOL_NAME_BYTES).collect(),
+                tool: tool.chars().take(MAX_NAME_BYTES).collect(),
             });
         };
         inner.loaded.remove(i);
