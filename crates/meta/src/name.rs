@@ -88,6 +88,10 @@ mod tests {
         for (name, ok) in cases {
             assert_eq!(is_valid_name(name), ok, "{name:?}");
         }
+        // The words state the bound the code holds.
+        let bound = MAX_NAME_BYTES.to_string();
+        assert!(NAME_RULE.contains(&bound));
+        assert!(name_problem(&"a".repeat(MAX_NAME_BYTES + 1)).is_some_and(|p| p.contains(&bound)));
     }
 
     #[test]
