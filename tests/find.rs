@@ -494,3 +494,151 @@ fn requests_in_progress_are_limited_per_client(flag: Option<usize>) {
     }
     assert_eq!(bob.unwrap().matches[0].name, "widget_7");
 }
+
+/// A host whose own tools keep changing (a compromised agent, or a script rewriting its tools
+/// directory) cannot keep the coordinator's encoder busy: once it has spent its texts of the
+/// hour (`--max-host-only-embeds-per-hour`), its new tools are left out of FindTools, still
+/// listed and callable, and the coordinator says so once; another host's new tool of its own
+/// and the catalog's tools are found as before.
+#[test]
+fn a_host_whose_own_tools_keep_changing_cannot_keep_the_encoder_busy() {
+    const PER_HOUR: usize = 40;
+    const TOOLS: usize = 10;
+    let model = find_model_dir();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let mut fleet = Fleet::new(&["a", "b"]);
+    fleet.tool(
+        "disk_usage.meta",
+        r#"{"description": "Show disk usage per mounted filesystem", "keywords": ["df", "free space"], "cmd": "df -h"}"#,
+        false,
+    );
+    let per_hour = PER_HOUR.to_string();
+    fleet.start_coordinator(&[
+        "--find-model",
+        model.to_str().unwrap(),
+        "--max-host-only-embeds-per-hour",
+        &per_hour,
+        &format!("--metrics-listen={metrics}"),
+    ]);
+    // One text each (a summary, no keyword phrases): a round of edits costs a's budget TOOLS.
+    let churn = |round: usize| -> Vec<(String, String)> {
+        (0..TOOLS)
+            .map(|i| {
+                let meta = format!(
+                    r#"{{"description": "Rotate flux capacitor number {i}, revision {round}", "cmd": "true"}}"#
+                );
+                (format!("churn_{i}"), meta)
+            })
+            .collect()
+    };
+    let first = churn(0);
+    let first: Vec<(&str, &String)> = first.iter().map(|(n, m)| (n.as_str(), m)).collect();
+    fleet.start_agent("a", &AgentSpec::own_tools(&first));
+    fleet.start_agent(
+        "b",
+        &AgentSpec::own_tools(&[(
+            "polish_telescope",
+            r#"{"description": "Polish the brass telescope on the roof", "cmd": "true"}"#,
+        )]),
+    );
+    fleet.wait_online(&["a", "b"], "disk_usage");
+    let metric = |name: &str| -> f64 {
+        let (_, exposition) = http_get(&metrics, "/metrics").unwrap();
+        exposition
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} "))?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} in\n{exposition}"))
+    };
+    // The first embedding of every host's tools is done when a answers by meaning.
+    let found = find_by_meaning(&fleet, &["a", "turn the flux capacitor"]);
+    assert!(
+        found[0]["name"].as_str().unwrap().starts_with("churn_"),
+        "{found:?}"
+    );
+
+    // Rewrite a's tools, round after round, until a build leaves all of them out (a few rounds
+    // past 40 texts; each round waited for, so that no round goes unembedded).
+    let dir = fleet.work.path().join("host-a/local-tools");
+    let mut round = 0;
+    while metric("toolsrv_find_index_deferred") < TOOLS as f64 {
+        round += 1;
+        assert!(
+            round <= 3 * PER_HOUR / TOOLS,
+            "round {round}: a is never stopped"
+        );
+        for (name, meta) in churn(round) {
+            std::fs::write(dir.join(format!("{name}.meta")), meta).unwrap();
+        }
+        let revision = format!("revision {round}");
+        wait_for(
+            &format!("round {round} on a"),
+            Duration::from_secs(30),
+            || {
+                let tools = fleet.tools("a")?;
+                let listed = tools.iter().filter(|t| {
+                    t["description"]
+                        .as_str()
+                        .is_some_and(|d| d.contains(&revision))
+                });
+                (listed.count() == TOOLS).then_some(())
+            },
+        );
+        wait_for(
+            &format!("the index after round {round}"),
+            Duration::from_secs(30),
+            || {
+                let deferred = metric("toolsrv_find_index_deferred");
+                let embedded = metric(r#"toolsrv_find_index_texts_total{source="embedded"}"#);
+                // Either a's new texts are in, or some were left out.
+                let whole = embedded >= (3 + 1 + TOOLS * (round + 1)) as f64;
+                (deferred > 0.0 || whole).then_some(())
+            },
+        );
+    }
+    // What the encoder took of a: its first round and the budget's 40 texts, not a round more
+    // (the catalog's disk_usage is 3 texts, b's tool 1; a text refills every 90 s).
+    let embedded = metric(r#"toolsrv_find_index_texts_total{source="embedded"}"#);
+    assert!(
+        embedded <= (3 + 1 + PER_HOUR + 1) as f64,
+        "{embedded} texts embedded in {round} rounds"
+    );
+    assert!(round >= PER_HOUR / TOOLS, "{round}");
+
+    // a's tools are offered and callable, and not found: neither by meaning nor by words.
+    let (found, _) = find_saying(&fleet, &["a", "rotate flux capacitor number 3"]);
+    assert!(
+        found
+            .iter()
+            .all(|m| !m["name"].as_str().unwrap().starts_with("churn_")),
+        "{found:?}"
+    );
+    let out = fleet.toolctl(&["call", "a", "churn_3"]);
+    assert_exit(&out, 0, &[]);
+    let log = fleet.coordinator.as_ref().unwrap().log();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("--max-host-only-embeds-per-hour"))
+        .collect();
+    assert_eq!(said.len(), 1, "said once, whatever the rounds after: {log}");
+    assert!(
+        said[0].contains("host=a") && said[0].contains("of them are left out"),
+        "{}",
+        said[0]
+    );
+
+    // b's budget is its own: a new tool of b's is found by meaning, and so is the catalog's.
+    std::fs::write(
+        fleet
+            .work
+            .path()
+            .join("host-b/local-tools/feed_parrot.meta"),
+        r#"{"description": "Give the parrot in the lobby its seeds", "cmd": "true"}"#,
+    )
+    .unwrap();
+    wait_for("b's new tool found", Duration::from_secs(30), || {
+        let (found, _) = find_saying(&fleet, &["b", "the bird downstairs is hungry"]);
+        (found.first()?["name"] == "feed_parrot").then_some(())
+    });
+    let found = find_by_meaning(&fleet, &["all", "is the storage nearly exhausted"]);
+    assert_eq!(found[0]["name"], "disk_usage", "{found:?}");
+}

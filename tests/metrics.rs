@@ -151,6 +151,7 @@ fn calls_show_in_the_metrics_that_promtool_and_prometheus_accept() {
         (r#"toolsrv_find_duration_seconds_count"#, 2.0),
         // Both hosts resolve `hello` the same way: one document.
         ("toolsrv_find_index_documents", 1.0),
+        ("toolsrv_find_index_deferred", 0.0),
         // No encoder: no text is embedded, reused or kept.
         (r#"toolsrv_find_index_texts_total{source="embedded"}"#, 0.0),
         (r#"toolsrv_find_index_texts_total{source="kept"}"#, 0.0),

@@ -23,6 +23,7 @@ use toolsrv_find::{Doc, Encoder, FindError, Index, Updated, VectorStore};
 use toolsrv_proto::v1::{FindToolsRequest, FindToolsResponse, ToolDefinition, ToolMatch};
 
 use crate::State;
+use crate::embeds::{Budget, Spent};
 use crate::selector::Selector;
 use crate::views::{StoredTool, StoredView};
 
@@ -83,6 +84,14 @@ pub struct Finder {
     /// The most requests one client may have in progress ([`crate::Limits::finds_per_client`]);
     /// more are refused at once with RESOURCE_EXHAUSTED.
     per_client: usize,
+    /// What the encoder may embed of each host's own tools.
+    budget: Arc<std::sync::Mutex<Budget>>,
+    /// Tools of hosts' own the last build left out, their hosts' budgets spent.
+    deferred: std::sync::atomic::AtomicUsize,
+    /// When [`follow_views`] builds again for tools left out.
+    retry_at: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// Tells [`follow_views`] that `retry_at` changed.
+    retry_changed: tokio::sync::Notify,
 }
 
 impl Finder {
@@ -93,6 +102,7 @@ impl Finder {
         encoder: Option<Arc<Encoder>>,
         state_dir: Option<&std::path::Path>,
         per_client: usize,
+        host_only_embeds_per_hour: usize,
     ) -> Self {
         let store = match (&encoder, state_dir) {
             (Some(encoder), Some(dir)) => {
@@ -126,6 +136,12 @@ impl Finder {
             )),
             in_flight: Arc::default(),
             per_client: per_client.max(1),
+            budget: Arc::new(std::sync::Mutex::new(Budget::new(
+                host_only_embeds_per_hour,
+            ))),
+            deferred: std::sync::atomic::AtomicUsize::new(0),
+            retry_at: std::sync::Mutex::new(None),
+            retry_changed: tokio::sync::Notify::new(),
         }
     }
 
@@ -180,7 +196,7 @@ impl Finder {
     async fn ready_index(&self, state: &State) -> Result<(), Status> {
         let has_index = || self.has_index.load(std::sync::atomic::Ordering::Acquire);
         match self.built.try_lock() {
-            Ok(built) => match self.refresh_locked(state, built).await {
+            Ok(built) => match self.refresh_locked(state, built, false).await {
                 // The last index still answers: better than no answer, and the failure is
                 // in the log (the next request tries the rebuild again).
                 Err(e) if has_index() => {
@@ -199,6 +215,12 @@ impl Finder {
         self.index.len()
     }
 
+    /// Tools of hosts' own the last build left out until their hosts' budgets allow embedding
+    /// them.
+    pub fn deferred(&self) -> usize {
+        self.deferred.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The ranker answers are made by.
     pub fn ranker(&self) -> &'static str {
         if self.index.has_encoder() {
@@ -210,7 +232,8 @@ impl Finder {
 
     /// Rebuilds the index when views were stored since the last build.
     async fn refresh(&self, state: &State) -> Result<(), Status> {
-        self.refresh_locked(state, self.built.lock().await).await
+        self.refresh_locked(state, self.built.lock().await, false)
+            .await
     }
 
     /// Rebuilds the words-only index when views were stored since its last build.
@@ -231,16 +254,23 @@ impl Finder {
         Ok(())
     }
 
+    /// Rebuilds the index when views were stored since the last build, or with `force` (to
+    /// take tools the last build left out).
     async fn refresh_locked(
         &self,
         state: &State,
         mut built: tokio::sync::MutexGuard<'_, Option<u64>>,
+        force: bool,
     ) -> Result<(), Status> {
         let now = state.fleet.views_stored();
-        if *built == Some(now) {
+        if *built == Some(now) && !force {
             return Ok(());
         }
         let (docs, descriptions) = documents(state);
+        let owners = match self.index.has_encoder() {
+            true => owners(state),
+            false => HashMap::new(),
+        };
         tracing::debug!(docs = docs.len(), "rebuilding the tool index");
         // Requests answered while the index is swapped must find the descriptions of both
         // sets: the new ones are added now, the old ones dropped once the new index is in.
@@ -249,19 +279,31 @@ impl Finder {
             .unwrap_or_else(|p| p.into_inner())
             .extend(descriptions.iter().map(|(k, v)| (k.clone(), v.clone())));
         let index = self.index.clone();
+        let budget = self.budget.clone();
         let started = std::time::Instant::now();
         // Embedding new texts runs a model: not on the runtime's threads. A build follows a burst
         // of views (decoded, interned, their copies freed) and, with an encoder, allocates and
         // frees a great deal on the encoder's threads: what the allocator keeps of both is given
         // back once it is done.
-        let updated = updated(
-            tokio::task::spawn_blocking(move || {
-                let updated = index.update(docs);
-                crate::heap::give_back();
-                updated
-            })
-            .await,
-        );
+        let joined = tokio::task::spawn_blocking(move || {
+            let mut budget = budget.lock().unwrap_or_else(|p| p.into_inner());
+            let mut round = budget.round(std::time::Instant::now());
+            let updated = index.update_admitting(docs, |key, texts| {
+                round.admit(owners.get(key).map_or(&[], Vec::as_slice), texts)
+            });
+            let spent = round.finish();
+            crate::heap::give_back();
+            (updated, spent)
+        })
+        .await;
+        let (result, spent) = match joined {
+            Ok((result, spent)) => (Ok(result), Some(spent)),
+            Err(e) => (Err(e), None),
+        };
+        if let Some(spent) = spent {
+            self.spent(spent);
+        }
+        let updated = updated(result);
         state
             .metrics
             .index_built(updated.as_ref().ok(), started.elapsed());
@@ -308,6 +350,35 @@ impl Finder {
     }
 }
 
+impl Finder {
+    /// Logs whose own tools a build left out or took again, and when to build again for them.
+    fn spent(&self, spent: Spent) {
+        let per_hour = self
+            .budget
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .per_hour();
+        for (host, tools) in &spent.started {
+            tracing::warn!(
+                host = %host,
+                tools,
+                "the host's own tools bring more new texts than the encoder embeds for one host \
+                 ({per_hour} an hour, --max-host-only-embeds-per-hour): {tools} of them are left \
+                 out of FindTools (still listed and callable) until the host's budget refills"
+            );
+        }
+        for host in &spent.cleared {
+            tracing::info!(host = %host, "FindTools finds every tool of the host's own again");
+        }
+        self.deferred
+            .store(spent.deferred, std::sync::atomic::Ordering::Relaxed);
+        *self.retry_at.lock().unwrap_or_else(|p| p.into_inner()) = spent
+            .retry_in
+            .map(|wait| tokio::time::Instant::now() + wait);
+        self.retry_changed.notify_one();
+    }
+}
+
 /// What an index update run on a blocking thread did, or why it failed, as the request's error.
 fn updated(
     joined: Result<Result<Updated, FindError>, tokio::task::JoinError>,
@@ -333,31 +404,80 @@ fn documents(state: &State) -> (Vec<(DocKey, Doc)>, HashMap<DocKey, String>) {
 }
 
 /// Keeps the index current in the background, so that a request after a catalog change does not
-/// wait for the encoder: a rebuild once views stop changing for a moment.
+/// wait for the encoder: a rebuild once views stop changing for a moment, and another when a
+/// host whose tools of its own a build left out ([`crate::embeds`]) can pay for one of them.
 pub async fn follow_views(state: Arc<State>) {
     /// Views of one catalog change arrive from every host within moments: one rebuild for all.
     const SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
     let mut events = state.fleet.subscribe();
     loop {
-        let kicked = tokio::select! {
+        let finder = &state.finder;
+        let retry_at = *finder.retry_at.lock().unwrap_or_else(|p| p.into_inner());
+        let retry = async {
+            match retry_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let (settle, force) = tokio::select! {
             () = state.shutdown.cancelled() => return,
-            () = state.finder.kick.notified() => true,
+            () = finder.kick.notified() => (false, false),
+            () = finder.retry_changed.notified() => continue,
+            () = retry => (false, true),
             event = events.recv() => match event {
-                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => false,
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => (true, false),
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             },
         };
-        if !kicked {
+        if settle {
             tokio::select! {
                 () = state.shutdown.cancelled() => return,
                 () = tokio::time::sleep(SETTLE) => {}
             }
         }
         while events.try_recv().is_ok() {}
-        if let Err(e) = state.finder.refresh(&state).await {
+        let built = finder.built.lock().await;
+        if let Err(e) = finder.refresh_locked(&state, built, force).await {
             tracing::warn!(error = %e.message(), "cannot keep the tool index current; FindTools will retry");
         }
     }
+}
+
+/// The hosts that offer each document as a tool of their own, sorted; a document some host
+/// offers as the catalog's has none (the catalog's tools are always embedded).
+fn owners(state: &State) -> HashMap<DocKey, Vec<String>> {
+    // Hosts alike share their view: each view is gone over once, each definition keyed once.
+    let mut views: HashMap<*const StoredView, (Arc<StoredView>, Vec<String>)> = HashMap::new();
+    for (id, view) in state.fleet.views() {
+        views
+            .entry(Arc::as_ptr(&view))
+            .or_insert_with(|| (view, Vec::new()))
+            .1
+            .push(id);
+    }
+    let mut keys: HashMap<*const ToolDefinition, DocKey> = HashMap::new();
+    let mut owners: HashMap<DocKey, Vec<String>> = HashMap::new();
+    let mut shipped: HashSet<DocKey> = HashSet::new();
+    for (view, ids) in views.values() {
+        for tool in &view.tools {
+            let Some(def) = tool.offered() else { continue };
+            let key = keys
+                .entry(Arc::as_ptr(def))
+                .or_insert_with(|| key_of(def))
+                .clone();
+            if tool.host_only {
+                owners.entry(key).or_default().extend(ids.iter().cloned());
+            } else {
+                shipped.insert(key);
+            }
+        }
+    }
+    owners.retain(|key, _| !shipped.contains(key));
+    for hosts in owners.values_mut() {
+        hosts.sort_unstable();
+        hosts.dedup();
+    }
+    owners
 }
 
 /// The texts ranked, as the index takes them.

@@ -379,6 +379,14 @@ impl Fleet {
             .cloned()
             .collect()
     }
+
+    /// Every host's id with its latest view, online or not.
+    pub fn views(&self) -> Vec<(String, Arc<StoredView>)> {
+        self.read()
+            .values()
+            .filter_map(|h| Some((h.id.clone(), h.view.clone()?)))
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ mod approvals;
 mod audit;
 mod calls;
 mod catalog;
+mod embeds;
 mod enroll;
 mod error;
 mod expiry;
@@ -55,6 +56,7 @@ use toolsrv_tls::{ServerCreds, TlsFiles};
 
 pub use agent_link::{AgentLinkRoutes, AgentLinkService};
 pub use api::ToolsService;
+pub use embeds::DEFAULT_MAX_HOST_ONLY_EMBEDS_PER_HOUR;
 pub use enroll::kubernetes::{self as kubernetes_join, KubernetesJoin};
 pub use enroll::{DEFAULT_AGENT_CERT_TTL, SigningCa};
 pub use error::FileError;
@@ -341,6 +343,7 @@ pub async fn serve(
             encoder,
             config.state_dir.as_deref(),
             config.limits.finds_per_client,
+            config.host_only.embeds_per_hour,
         ),
         metrics: metrics::Metrics::default(),
         pace: pace::Pace::new(

@@ -275,6 +275,13 @@ impl MetricsCollector for StateCollector {
             "Distinct tool definitions in the FindTools index (a tool resolved two ways counts twice)",
             count(state.finder.documents()),
         )?;
+        encode_gauge(
+            &mut encoder,
+            "find_index_deferred",
+            "Tools of hosts' own left out of the FindTools index until their host's embedding \
+             budget (--max-host-only-embeds-per-hour) refills",
+            count(state.finder.deferred()),
+        )?;
         Ok(())
     }
 }

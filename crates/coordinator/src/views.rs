@@ -253,6 +253,9 @@ pub struct HostOnly {
     /// Most of them offered per host view, the first by name; the next
     /// [`MAX_HOST_ONLY_PAST_LIMIT`] are listed hidden, saying why, and the rest left out.
     pub max: usize,
+    /// Texts of one host's own tools the find index's encoder embeds per hour
+    /// ([`crate::embeds`]); those it cannot pay for are found by `FindTools` once it can.
+    pub embeds_per_hour: usize,
 }
 
 impl Default for HostOnly {
@@ -260,6 +263,7 @@ impl Default for HostOnly {
         HostOnly {
             allowed: true,
             max: DEFAULT_MAX_HOST_ONLY_TOOLS,
+            embeds_per_hour: crate::embeds::DEFAULT_MAX_HOST_ONLY_EMBEDS_PER_HOUR,
         }
     }
 }
@@ -1062,7 +1066,15 @@ mod tests {
         let names = ["e", "d", "c", "b", "b", "a", "shipped"];
         let interner = Interner::default();
         for allowed in [true, false] {
-            let checked = interner.check(view(&names), &catalog, HostOnly { allowed, max: 2 });
+            let checked = interner.check(
+                view(&names),
+                &catalog,
+                HostOnly {
+                    allowed,
+                    max: 2,
+                    ..HostOnly::default()
+                },
+            );
             let kept: Vec<(&str, bool, bool)> = checked
                 .view
                 .tools
@@ -1104,6 +1116,7 @@ mod tests {
             HostOnly {
                 allowed: true,
                 max: 0,
+                ..HostOnly::default()
             },
         );
         assert_eq!(
@@ -1133,6 +1146,7 @@ mod tests {
             HostOnly {
                 allowed: true,
                 max: 3,
+                ..HostOnly::default()
             },
         );
         assert_eq!(checked.view.tools.len(), 3 + MAX_HOST_ONLY_PAST_LIMIT);

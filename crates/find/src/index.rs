@@ -82,6 +82,9 @@ pub struct Updated {
     /// Why the store could not be read or written, when it could not: the update is done all
     /// the same, embedding what it did not find there.
     pub store_problem: Option<String>,
+    /// Documents left out because [`Index::update_admitting`]'s `admit` refused to embed their
+    /// new texts.
+    pub deferred: usize,
 }
 
 /// One immutable document set; a search holds an `Arc` of it, so an update never waits for
@@ -189,14 +192,23 @@ impl<K: Clone> Index<K> {
     /// against the previous set until the new one is swapped in; on error the index is
     /// unchanged.
     pub fn update(&self, docs: Vec<(K, Doc)>) -> Result<Updated, FindError> {
+        self.update_admitting(docs, |_, _| true)
+    }
+
+    /// As [`Index::update`], asking `admit` before the encoder embeds a document's texts: it is
+    /// given the document's key and how many of its texts have no vector yet (it is not asked
+    /// about a document whose texts all have one, nor without an encoder), in document order.
+    /// A document it refuses is left out of this document set, its texts not embedded, and
+    /// counted in [`Updated::deferred`]; a later update may take it. So a caller can bound what
+    /// documents from untrusted sources cost the encoder.
+    pub fn update_admitting(
+        &self,
+        mut docs: Vec<(K, Doc)>,
+        mut admit: impl FnMut(&K, usize) -> bool,
+    ) -> Result<Updated, FindError> {
         let mut kept = self.updating.lock().unwrap_or_else(PoisonError::into_inner);
         let previous = self.snapshot();
-        let refs: Vec<&Doc> = docs.iter().map(|(_, d)| d).collect();
-        let lexical = Lexical::build(&self.analyzer, &refs, &self.options.lexical);
-        let mut updated = Updated {
-            docs: docs.len(),
-            ..Updated::default()
-        };
+        let mut updated = Updated::default();
         let mut cache = Vectors::new();
         let mut semantic = Semantic::default();
         if let Some(encoder) = &self.encoder {
@@ -207,7 +219,36 @@ impl<K: Clone> Index<K> {
                     Err(e) => updated.store_problem = Some(e.to_string()),
                 }
             }
-            let texts: Vec<Vec<String>> = refs.iter().map(|d| passages(d)).collect();
+            let mut texts: Vec<Vec<String>> = docs.iter().map(|(_, d)| passages(d)).collect();
+            let mut queued: HashSet<TextHash> = HashSet::new();
+            let mut admitted = Vec::with_capacity(docs.len());
+            for ((key, _), doc_texts) in docs.iter().zip(&texts) {
+                let mut new_here = HashSet::new();
+                for text in doc_texts {
+                    let hash = hash(text);
+                    let known = cache.contains_key(&hash)
+                        || queued.contains(&hash)
+                        || previous.cache.contains_key(&hash)
+                        || kept.reserve.contains_key(&hash);
+                    if !known {
+                        new_here.insert(hash);
+                    }
+                }
+                let admitted_here = new_here.is_empty() || admit(key, new_here.len());
+                if admitted_here {
+                    queued.extend(new_here);
+                } else {
+                    updated.deferred += 1;
+                }
+                admitted.push(admitted_here);
+            }
+            if updated.deferred > 0 {
+                let mut keep = admitted.iter().copied();
+                docs.retain(|_| keep.next().unwrap_or(false));
+                let mut keep = admitted.iter().copied();
+                texts.retain(|_| keep.next().unwrap_or(false));
+            }
+            updated.docs = docs.len();
             let mut missing: Vec<(TextHash, &str)> = Vec::new();
             let mut queued = HashSet::new();
             for text in texts.iter().flatten() {
@@ -271,6 +312,9 @@ impl<K: Clone> Index<K> {
                 });
             }
         }
+        updated.docs = docs.len();
+        let refs: Vec<&Doc> = docs.iter().map(|(_, d)| d).collect();
+        let lexical = Lexical::build(&self.analyzer, &refs, &self.options.lexical);
         let next = Snapshot {
             keys: docs.into_iter().map(|(k, _)| k).collect(),
             lexical,

@@ -59,7 +59,7 @@ mod transformer;
 
 pub use encoder::{Encoder, MODEL_FILES, VECTORS_REVISION};
 pub use error::FindError;
-pub use index::{Hit, Index, MAX_QUERY_BYTES, Options, Updated};
+pub use index::{Hit, Index, MAX_KEYWORD_PASSAGES, MAX_QUERY_BYTES, Options, Updated};
 pub use store::VectorStore;
 pub use text::Analyzer;
 

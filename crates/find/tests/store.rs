@@ -378,3 +378,52 @@ fn without_an_encoder_nothing_is_kept() {
     assert_eq!((updated.embedded, updated.stored), (0, 0));
     assert!(!path.exists());
 }
+
+/// A caller bounds what documents from untrusted sources cost the encoder: `admit` is asked
+/// with each document's count of texts without a vector, and a document it refuses is left out
+/// unembedded, to be taken by a later update; a document whose texts all have vectors costs
+/// nothing and is never asked about.
+#[test]
+fn a_refused_document_is_left_out_unembedded_and_taken_later() {
+    let docs = docs();
+    let index = Index::new(Some(encoder()));
+    let refused = docs[3].0.clone();
+    let mut asked = Vec::new();
+    let updated = index
+        .update_admitting(docs.clone(), |key, new| {
+            asked.push((key.clone(), new));
+            *key != refused
+        })
+        .unwrap();
+    assert_eq!(asked.len(), docs.len(), "every document is new: {asked:?}");
+    assert!(asked.iter().all(|(_, new)| *new >= 1), "{asked:?}");
+    let refused_texts = asked.iter().find(|(k, _)| *k == refused).unwrap().1;
+    assert_eq!(updated.deferred, 1);
+    assert_eq!(updated.docs, docs.len() - 1);
+    assert_eq!(updated.embedded, texts(&docs) - refused_texts);
+    assert_eq!(index.len(), docs.len() - 1);
+    // Left out of both rankers: not found by its own name.
+    let by_name = docs[3].1.name.replace('_', " ");
+    assert!(
+        index
+            .search(&by_name, 20, |_| true)
+            .unwrap()
+            .iter()
+            .all(|h| h.key != refused),
+        "a refused document was ranked"
+    );
+
+    // The next update asks about the refused document only, and takes it.
+    let mut asked = Vec::new();
+    let updated = index
+        .update_admitting(docs.clone(), |key, new| {
+            asked.push((key.clone(), new));
+            true
+        })
+        .unwrap();
+    assert_eq!(asked, vec![(refused.clone(), refused_texts)]);
+    assert_eq!((updated.deferred, updated.docs), (0, docs.len()));
+    assert_eq!(updated.embedded, refused_texts);
+    let hits = index.search(&by_name, 3, |_| true).unwrap();
+    assert_eq!(hits.first().map(|h| &h.key), Some(&refused), "{hits:?}");
+}

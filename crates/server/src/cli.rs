@@ -182,6 +182,10 @@ pub struct CoordinatorArgs {
     /// name (0: none); the next 4,096 are listed hidden, saying why, the rest left out
     #[arg(long, env = "TOOLSRV_MAX_HOST_ONLY_TOOLS", default_value_t = toolsrv_coordinator::DEFAULT_MAX_HOST_ONLY_TOOLS)]
     pub max_host_only_tools: usize,
+    /// With --find-model: texts of one host's own tools the encoder embeds per hour (at least
+    /// 33, one tool's); a tool whose host has spent them is found by FindTools once it has more
+    #[arg(long, env = "TOOLSRV_MAX_HOST_ONLY_EMBEDS_PER_HOUR", default_value_t = toolsrv_coordinator::DEFAULT_MAX_HOST_ONLY_EMBEDS_PER_HOUR)]
+    pub max_host_only_embeds_per_hour: usize,
     /// How long (seconds) a call the policy marks `approve` waits for a decision; then it is denied
     #[arg(long, env = "TOOLSRV_APPROVAL_TIMEOUT_SECS", default_value_t = 60)]
     pub approval_timeout_secs: u64,
@@ -476,6 +480,7 @@ impl CoordinatorArgs {
         config.host_only = toolsrv_coordinator::HostOnly {
             allowed: !self.refuse_host_only_tools,
             max: self.max_host_only_tools,
+            embeds_per_hour: self.max_host_only_embeds_per_hour,
         };
         config.sessions = toolsrv_coordinator::SessionLimits {
             idle: Duration::from_secs(self.session_idle_secs.max(1)),
