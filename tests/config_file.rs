@@ -133,3 +133,92 @@ fn a_coordinator_and_an_agent_from_their_files_serve_a_call() {
         "the agent's state is beside its file"
     );
 }
+
+/// A file setting that names a device or a runaway file (`/dev/zero`, by mistake or by a
+/// hostile edit of a unit file) stops the role at once with an error naming the file and the
+/// bound, instead of reading until memory runs out; a missing file says so once.
+#[test]
+fn a_file_setting_that_never_ends_stops_the_role_naming_it() {
+    let fleet = Fleet::new(&["a"]);
+    let tools = fleet.work.path().join("tools");
+    // The role's certificate flags, but those `extra` gives itself.
+    let run = |role: &str, stem: &str, extra: &[&str]| {
+        let mut cmd = Command::new(bin("toolsrv"));
+        cmd.arg(role);
+        for tls in fleet.pki.tls_args(stem) {
+            let flag = tls.split('=').next().unwrap_or_default();
+            if !extra.iter().any(|e| e.starts_with(flag)) {
+                cmd.arg(tls);
+            }
+        }
+        if role == "coordinator" {
+            cmd.arg("--listen=127.0.0.1:0")
+                .arg(format!("--tools={}", tools.display()));
+        } else {
+            cmd.args(["--coordinator=https://127.0.0.1:9", "--host-id=a"]);
+        }
+        cmd.args(extra);
+        toolsrv_tests::run_bounded(cmd, None, Duration::from_secs(30))
+    };
+    let runs: [(&str, &str, &[&str], &str); 6] = [
+        (
+            "coordinator",
+            "coordinator",
+            &["--config=/dev/zero"],
+            "the configuration file /dev/zero",
+        ),
+        (
+            "agent",
+            "agent-a",
+            &["--config=/dev/zero"],
+            "the configuration file /dev/zero",
+        ),
+        (
+            "coordinator",
+            "coordinator",
+            &["--policy=/dev/zero"],
+            "/dev/zero",
+        ),
+        (
+            "coordinator",
+            "coordinator",
+            &["--host-labels=/dev/zero"],
+            "/dev/zero",
+        ),
+        (
+            "coordinator",
+            "coordinator",
+            &["--crl=/dev/zero"],
+            "/dev/zero",
+        ),
+        (
+            "coordinator",
+            "coordinator",
+            &["--ca=/dev/zero"],
+            "/dev/zero",
+        ),
+    ];
+    for (role, stem, extra, names) in runs {
+        let out = run(role, stem, extra);
+        let said = text(&out.stderr);
+        assert!(!out.status.success(), "{role} {extra:?} started: {said}");
+        let last = said.lines().last().unwrap_or_default();
+        assert!(
+            last.contains(names) && last.contains("larger than"),
+            "{role} {extra:?}: {said}"
+        );
+    }
+    // The cause is said once, not again after itself.
+    let out = run(
+        "coordinator",
+        "coordinator",
+        &["--policy=/nonexistent/policy.json"],
+    );
+    let said = text(&out.stderr);
+    let last = said.lines().last().unwrap_or_default();
+    assert_eq!(
+        last.matches("No such file or directory").count(),
+        1,
+        "{said}"
+    );
+}

@@ -60,11 +60,30 @@ fn oversized_arguments_are_refused_and_leave_other_calls_and_the_link_alone() {
     wait_for("bob's call to run", Duration::from_secs(20), || {
         mark.exists().then_some(())
     });
+    // On stdin, toolctl reads no more than a call may carry and refuses the rest itself.
     for size in [5_000_000, 15_000_000] {
         let args = format!(r#"{{"x": "{}"}}"#, "a".repeat(size));
         let out = fleet.toolctl_as("client-alice", &["call", "a", "echo", "-"], Some(&args));
-        assert_exit(&out, 64, &["1048576"]);
+        assert_exit(
+            &out,
+            64,
+            &["arguments on stdin are over the limit of 1048576 bytes"],
+        );
     }
+    // As words (each under the kernel's 128 KiB per argument), 1.1 MiB of them reach the
+    // coordinator, which refuses them.
+    let words: Vec<String> = (0..9)
+        .map(|i| format!("k{i}={}", "a".repeat(127 * 1024)))
+        .collect();
+    let mut argv = vec!["call", "a", "echo"];
+    argv.extend(words.iter().map(String::as_str));
+    let out = fleet.toolctl_as("client-alice", &argv, None);
+    assert_exit(&out, 64, &["1048576"]);
+    assert!(
+        !text(&out.stderr).contains("on stdin"),
+        "{}",
+        text(&out.stderr)
+    );
     let bob = finish_child(bob, Duration::from_secs(30));
     assert!(bob.status.success(), "{}", text(&bob.stderr));
     assert_eq!(text(&bob.stdout).trim(), "finished");

@@ -97,8 +97,9 @@ struct Stored {
 
 fn read_stored(files: &TlsFiles) -> Result<Stored, AgentError> {
     let bad = |msg: String| AgentError::Identity(format!("{}: {msg}", files.cert.display()));
-    let text = std::fs::read_to_string(&files.cert)
-        .map_err(|e| AgentError::io("cannot read", &files.cert, e))?;
+    let text =
+        toolsrv_tls::files::read_text_bounded(&files.cert, toolsrv_tls::files::MAX_PEM_BYTES)
+            .map_err(|e| AgentError::io("cannot read", &files.cert, e))?;
     let certs = pki::certs_from_pem(&text).map_err(bad)?;
     let host_id = match toolsrv_tls::identity_of(&certs[0]) {
         Ok(Identity::Agent(id)) => id,
@@ -239,7 +240,8 @@ async fn join(
     };
     let ca_pem = match trust {
         CaTrust::File(path) => {
-            std::fs::read_to_string(path).map_err(|e| AgentError::io("cannot read", path, e))?
+            toolsrv_tls::files::read_text_bounded(path, toolsrv_tls::files::MAX_PEM_BYTES)
+                .map_err(|e| AgentError::io("cannot read", path, e))?
         }
         CaTrust::Pin(pin) => {
             // Nothing secret goes over this connection: only the CA bundle comes back, and

@@ -133,7 +133,7 @@ fn enrollment(state: &State) -> Result<&Enrollment, Status> {
 }
 
 fn ca_bundle(state: &State) -> Result<String, Status> {
-    std::fs::read_to_string(&state.config.tls.ca).map_err(|e| {
+    toolsrv_tls::files::read_text_bounded(&state.config.tls.ca, toolsrv_tls::files::MAX_PEM_BYTES).map_err(|e| {
         tracing::error!(error = %e, path = %state.config.tls.ca.display(), "cannot read the CA bundle");
         Status::internal("the coordinator cannot read its CA bundle; see its log")
     })

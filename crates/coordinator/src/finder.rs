@@ -323,6 +323,7 @@ impl Finder {
             embedded = updated.embedded,
             reused = updated.reused,
             stored = updated.stored,
+            deferred = updated.deferred,
             "tool index rebuilt"
         );
         *built = Some(now);

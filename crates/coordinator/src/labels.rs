@@ -48,7 +48,8 @@ impl HostLabels {
 
     pub fn load(path: &Path) -> Result<Self, FileError> {
         let text =
-            std::fs::read_to_string(path).map_err(|e| FileError::read("host labels", path, e))?;
+            toolsrv_tls::files::read_text_bounded(path, toolsrv_tls::files::MAX_SETTINGS_BYTES)
+                .map_err(|e| FileError::read("host labels", path, e))?;
         Self::parse(&text).map_err(|e| FileError::invalid("host labels", path, e))
     }
 

@@ -291,7 +291,9 @@ impl Policy {
     }
 
     pub fn load(path: &Path) -> Result<Self, FileError> {
-        let text = std::fs::read_to_string(path).map_err(|e| FileError::read("policy", path, e))?;
+        let text =
+            toolsrv_tls::files::read_text_bounded(path, toolsrv_tls::files::MAX_SETTINGS_BYTES)
+                .map_err(|e| FileError::read("policy", path, e))?;
         Self::parse(&text).map_err(|e| FileError::invalid("policy", path, e))
     }
 

@@ -123,7 +123,7 @@ impl Revocations {
         let path = state_dir.map(|dir| dir.join(FILE_NAME));
         let mut list = BTreeMap::new();
         if let Some(path) = &path {
-            match std::fs::read(path) {
+            match toolsrv_tls::files::read_bounded(path, toolsrv_tls::files::MAX_SETTINGS_BYTES) {
                 Ok(bytes) => {
                     let disk: OnDisk = serde_json::from_slice(&bytes).map_err(|e| {
                         FileError::invalid(

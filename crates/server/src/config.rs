@@ -53,7 +53,10 @@ pub fn parse_command_line() -> Start {
             // Exit 0 all the same: the configuration was shown as asked; what would stop the
             // role is said beside it.
             if let Err(e) = cli.check() {
-                eprintln!("toolsrv: note: this configuration would not start: {e:#}");
+                eprintln!(
+                    "toolsrv: note: this configuration would not start: {}",
+                    toolsrv_tls::error_chain(e.as_ref())
+                );
             }
             Start::Exit(ExitCode::SUCCESS)
         }

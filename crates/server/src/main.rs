@@ -38,7 +38,8 @@ fn main() -> ExitCode {
     match runtime.block_on(cli::run(*cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("toolsrv: {e:#}");
+            // Each cause once: most errors here say their cause in their own words too.
+            eprintln!("toolsrv: {}", toolsrv_tls::error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }

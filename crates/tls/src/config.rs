@@ -47,7 +47,8 @@ pub fn install_crypto_provider() {
 
 /// Reads every certificate of a PEM file; an error if there is none.
 pub(crate) fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let bytes = std::fs::read(path).map_err(|e| TlsError::io("cannot read", path, e))?;
+    let bytes = crate::files::read_bounded(path, crate::files::MAX_PEM_BYTES)
+        .map_err(|e| TlsError::io("cannot read", path, e))?;
     let certs = CertificateDer::pem_slice_iter(&bytes)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| TlsError::bad_file(path, format!("not a valid PEM certificate file: {e}")))?;
@@ -95,7 +96,8 @@ pub struct CertificateExpiry {
 }
 
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let bytes = std::fs::read(path).map_err(|e| TlsError::io("cannot read", path, e))?;
+    let bytes = crate::files::read_bounded(path, crate::files::MAX_PEM_BYTES)
+        .map_err(|e| TlsError::io("cannot read", path, e))?;
     PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| match e {
         rustls_pki_types::pem::Error::NoItemsFound => TlsError::bad_file(
             path,

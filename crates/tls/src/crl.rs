@@ -94,7 +94,8 @@ impl Crls {
 }
 
 fn read_crl_file(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, TlsError> {
-    let bytes = std::fs::read(path).map_err(|e| TlsError::io("cannot read", path, e))?;
+    let bytes = crate::files::read_bounded(path, crate::files::MAX_CRL_BYTES)
+        .map_err(|e| TlsError::io("cannot read", path, e))?;
     // DER starts with a SEQUENCE tag; anything else is taken for PEM.
     if bytes.first() == Some(&0x30) {
         return Ok(vec![CertificateRevocationListDer::from(bytes)]);

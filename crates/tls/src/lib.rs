@@ -14,6 +14,7 @@ mod creds;
 mod crl;
 pub mod enroll;
 mod error;
+pub mod files;
 mod identity;
 mod pki;
 mod server;

@@ -237,7 +237,8 @@ fn ca_params(days: u32) -> CertificateParams {
 type Ca = Issuer<'static, KeyPair>;
 
 fn read_text(path: &Path) -> Result<String, TlsError> {
-    fs::read_to_string(path).map_err(|e| TlsError::io("cannot read", path, e))
+    crate::files::read_text_bounded(path, crate::files::MAX_PEM_BYTES)
+        .map_err(|e| TlsError::io("cannot read", path, e))
 }
 
 /// Loads the CA of `dir`; `None` if neither of its files exists.

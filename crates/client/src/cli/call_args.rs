@@ -1,7 +1,10 @@
 //! A call's arguments as `toolctl call`, `fanout` and `local call` take them: one JSON object,
 //! `-` for one on stdin, or `KEY=VALUE` and `KEY:=JSON` words, each one argument.
 
+use std::io::Read;
+
 use serde_json::{Map, Value};
+use toolsrv_proto::limits::MAX_ARGS_BYTES;
 
 use super::quote::quoted;
 
@@ -42,6 +45,24 @@ pub fn string_note(string_keys: &[String], message: &str) -> Option<String> {
     })
 }
 
+/// What `input` holds, as the arguments of `-`: at most what a call may carry
+/// ([`MAX_ARGS_BYTES`]), so that `toolctl call HOST TOOL - < /dev/zero` (or a large file piped
+/// by mistake) is refused at once instead of read until memory runs out.
+fn stdin_arguments(input: impl std::io::Read) -> Result<String, String> {
+    let mut bytes = Vec::new();
+    input
+        .take(MAX_ARGS_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read arguments from stdin: {e}"))?;
+    if bytes.len() > MAX_ARGS_BYTES {
+        return Err(format!(
+            "arguments on stdin are over the limit of {MAX_ARGS_BYTES} bytes; hand large \
+             inputs to a tool as files"
+        ));
+    }
+    String::from_utf8(bytes).map_err(|_| "arguments on stdin are not valid UTF-8".to_string())
+}
+
 /// The arguments of `words`; the error names the word at fault and what it should be.
 pub fn parse(words: &[String]) -> Result<CallArgs, String> {
     let object = |value: Value| {
@@ -57,8 +78,7 @@ pub fn parse(words: &[String]) -> Result<CallArgs, String> {
     match words {
         [] => object(Value::Object(Map::new())),
         [only] if only == "-" => {
-            let text = std::io::read_to_string(std::io::stdin())
-                .map_err(|e| format!("cannot read arguments from stdin: {e}"))?;
+            let text = stdin_arguments(std::io::stdin().lock())?;
             object(
                 serde_json::from_str(&text)
                     .map_err(|e| format!("arguments on stdin are not valid JSON: {e}"))?,
@@ -135,6 +155,20 @@ fn from_words(words: &[String]) -> Result<CallArgs, String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn arguments_on_stdin_are_read_up_to_the_limit_of_a_call() {
+        let at_limit = format!("{{\"a\":\"{}\"}}", "x".repeat(MAX_ARGS_BYTES - 8));
+        assert_eq!(
+            stdin_arguments(at_limit.as_bytes()).unwrap().len(),
+            MAX_ARGS_BYTES
+        );
+        // An endless input stops one byte past the limit.
+        let err = stdin_arguments(std::io::repeat(b' ')).unwrap_err();
+        assert!(err.contains("over the limit of 1048576 bytes"), "{err}");
+        let err = stdin_arguments(&[b'"', 0xff, b'"'][..]).unwrap_err();
+        assert!(err.contains("not valid UTF-8"), "{err}");
+    }
 
     fn words(words: &[&str]) -> Vec<String> {
         words.iter().map(|w| (*w).to_string()).collect()

@@ -196,7 +196,11 @@ impl Reviewer {
                 self.config.api_url
             ))
         };
-        let bearer = std::fs::read_to_string(&self.config.api_token_file).map_err(|e| {
+        let bearer = toolsrv_tls::files::read_text_bounded(
+            &self.config.api_token_file,
+            toolsrv_tls::files::MAX_PEM_BYTES,
+        )
+        .map_err(|e| {
             unavailable(format!(
                 "cannot read the coordinator's own API token {}: {e}",
                 self.config.api_token_file.display()

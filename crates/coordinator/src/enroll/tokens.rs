@@ -161,7 +161,10 @@ impl Tokens {
             .create(dir)
             .map_err(|e| format!("cannot create the state directory {}: {e}", dir.display()))?;
         let path = dir.join(TOKENS_FILE);
-        let records = match std::fs::read_to_string(&path) {
+        let records = match toolsrv_tls::files::read_text_bounded(
+            &path,
+            toolsrv_tls::files::MAX_SETTINGS_BYTES,
+        ) {
             Ok(text) => {
                 let file: TokenFile = serde_json::from_str(&text).map_err(|e| {
                     format!(

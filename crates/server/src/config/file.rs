@@ -28,12 +28,13 @@ pub(crate) struct FileValue {
 
 /// Reads `path` against the flags `settings`; the problems, one a line, when it is unusable.
 pub(crate) fn read(path: &Path, settings: &[Setting]) -> Result<FileSettings, Vec<String>> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        vec![format!(
-            "cannot read the configuration file {}: {e}",
-            path.display()
-        )]
-    })?;
+    let text = toolsrv_tls::files::read_text_bounded(path, toolsrv_tls::files::MAX_SETTINGS_BYTES)
+        .map_err(|e| {
+            vec![format!(
+                "cannot read the configuration file {}: {e}",
+                path.display()
+            )]
+        })?;
     // Relative paths in the file are taken from its directory, wherever the process runs. The
     // directory without `..` or links, but not the file itself: a Kubernetes ConfigMap's file
     // is a link into a directory that each update replaces.
