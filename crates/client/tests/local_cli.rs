@@ -441,6 +441,37 @@ fn lint_reports_every_problem_with_file_and_field() {
     assert_exit(&out, 1, &[]);
 }
 
+/// A FIFO named like a `.meta` (which a reader would wait on forever) and a link to a device:
+/// `lint` of the directory and of the FIFO itself, and `local list --all`, each end at once
+/// with an error naming the file and what it is.
+#[test]
+fn lint_and_list_name_a_fifo_or_a_device_where_a_meta_should_be() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write(d, "ok.meta", r#"{"description": "fine", "cmd": "true"}"#);
+    let fifo = d.join("pipe.meta");
+    toolsrv_testkit::mkfifo(&fifo);
+    std::os::unix::fs::symlink("/dev/zero", d.join("zero.meta")).unwrap();
+    let out = run(toolctl().arg("lint").arg(d));
+    assert_exit(&out, 1, &["2 error(s)"]);
+    let said = stdout(&out);
+    assert!(
+        said.contains("pipe.meta: error: cannot read: a FIFO, not a regular file")
+            && said.contains("zero.meta: error: cannot read: a device"),
+        "{said}"
+    );
+    let out = run(toolctl().arg("lint").arg(&fifo));
+    assert_exit(&out, 1, &["1 error(s)"]);
+    assert!(stdout(&out).contains("pipe.meta: error: cannot read: a FIFO"));
+    let out = run(toolctl()
+        .args(["local", "list", "--all", "--json", "--tools"])
+        .arg(d));
+    assert_exit(&out, 0, &[]);
+    let listed: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = listed.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["ok", "pipe", "zero"], "{listed:?}");
+}
+
 #[test]
 fn a_bad_command_line_exits_64_and_help_exits_0() {
     for args in [&["call", "--bogus"][..], &[][..]] {

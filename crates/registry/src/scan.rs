@@ -455,7 +455,6 @@ pub enum ReadError {
 ///
 /// The registry scan and `toolctl lint` both read through here, so they reject the same files.
 pub fn read_meta(path: &Path) -> Result<Vec<u8>, ReadError> {
-    use std::io::Read;
     let rejected = |code, message: String| {
         ReadError::Rejected(Box::new(Diagnostic::error(path, None, code, message)))
     };
@@ -466,8 +465,23 @@ pub fn read_meta(path: &Path) -> Result<Vec<u8>, ReadError> {
             rejected(Code::Io, format!("cannot read: {e}"))
         }
     };
-    let file = std::fs::File::open(path).map_err(unreadable)?;
+    let file = open_regular(path).map_err(unreadable)?;
     let announced = file.metadata().map_err(unreadable)?.len();
+    read_meta_from(path, file, announced)
+}
+
+/// The bytes of `.meta` `path` from `file`, whose metadata announced `announced` bytes: at most
+/// [`MAX_META_BYTES`], whatever it announced.
+fn read_meta_from(
+    path: &Path,
+    file: impl std::io::Read,
+    announced: u64,
+) -> Result<Vec<u8>, ReadError> {
+    use std::io::Read;
+    let rejected = |code, message: String| {
+        ReadError::Rejected(Box::new(Diagnostic::error(path, None, code, message)))
+    };
+    let unreadable = |e: std::io::Error| rejected(Code::Io, format!("cannot read: {e}"));
     if announced > MAX_META_BYTES {
         return Err(rejected(Code::TooLarge, meta_too_large(announced)));
     }
@@ -532,20 +546,22 @@ impl Stamp {
 }
 
 /// `(name, path)` of the `.meta` files in `dir`, sorted by name; dot-files are skipped.
+///
+/// A name that is not UTF-8 is kept under its lossy form, and a FIFO, socket or device named
+/// `x.meta` is kept too: reading them reports them ([`read_meta`]), where skipping them would
+/// leave a tool missing without a word.
 fn list_meta_files(dir: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let file_name = entry.file_name();
-        let Some(file_name) = file_name.to_str() else {
-            continue;
-        };
+        let file_name = file_name.to_string_lossy();
         // An invalid name is kept: parsing reports it, like any other broken `.meta`.
-        let Some(name) = toolsrv_meta::tool_name_of(file_name) else {
+        let Some(name) = toolsrv_meta::tool_name_of(&file_name) else {
             continue;
         };
         // Follow symlinks: a linked .meta is a tool, a directory named x.meta is not.
-        if std::fs::metadata(entry.path()).is_ok_and(|m| m.is_file()) {
+        if std::fs::metadata(entry.path()).is_ok_and(|m| !m.is_dir()) {
             out.push((name.to_string(), entry.path()));
         }
     }
@@ -558,9 +574,37 @@ pub fn hex_sha256(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
+/// Opens `path` for reading if it is a regular file (after symbolic links), and refuses
+/// anything else without blocking: a FIFO put where a `.meta` or an executable was (between a
+/// look at its type and the open) would otherwise hang the reader until someone writes to it.
+fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    if kind.is_file() {
+        return Ok(file);
+    }
+    let what = if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device"
+    } else {
+        "not a file"
+    };
+    Err(std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!("{what}, not a regular file"),
+    ))
+}
+
 /// Hex SHA-256 of a file's content, streamed.
 pub fn hash_file(path: &Path) -> std::io::Result<String> {
-    let mut file = std::fs::File::open(path)?;
+    let mut file = open_regular(path)?;
     let mut hasher = Sha256::new();
     std::io::copy(&mut file, &mut hasher)?;
     Ok(hex(&hasher.finalize()))
@@ -577,7 +621,7 @@ pub struct Hashed {
 /// [`hash_file`] reading at most `limit` bytes: `None` when the file is larger.
 pub fn hash_file_bounded(path: &Path, limit: u64) -> std::io::Result<Option<Hashed>> {
     use std::io::Read;
-    let file = std::fs::File::open(path)?;
+    let file = open_regular(path)?;
     let mut hasher = Sha256::new();
     let size = std::io::copy(&mut file.take(limit.saturating_add(1)), &mut hasher)?;
     if size > limit {
@@ -597,4 +641,38 @@ fn hex(bytes: &[u8]) -> String {
             let _ = write!(s, "{b:02x}");
             s
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_meta_is_read_up_to_the_limit_whatever_its_metadata_announced() {
+        let path = Path::new("grows.meta");
+        // Announced empty, endless in fact (a file that grew after the look at its size).
+        match read_meta_from(path, std::io::repeat(b' '), 0) {
+            Err(ReadError::Rejected(d)) => {
+                assert_eq!(d.code, Code::TooLarge);
+                assert!(
+                    d.message
+                        .contains(&format!("at least {} bytes", MAX_META_BYTES + 1)),
+                    "{d}"
+                );
+            }
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+        // Announced too large: refused before reading.
+        match read_meta_from(path, std::io::empty(), MAX_META_BYTES + 10) {
+            Err(ReadError::Rejected(d)) => assert!(
+                d.message
+                    .contains(&format!("is {} bytes", MAX_META_BYTES + 10)),
+                "{d}"
+            ),
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+        let exact = vec![b' '; MAX_META_BYTES as usize];
+        let read = read_meta_from(path, &exact[..], 0).unwrap_or_default();
+        assert_eq!(read.len(), exact.len());
+    }
 }

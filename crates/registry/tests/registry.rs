@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use toolsrv_meta::{Code, Severity};
 use toolsrv_registry::{Numbering, Registry, SETTLE_AGE, Scanner, WatchOptions, split_tools_path};
-use toolsrv_testkit::{write, write_executable};
+use toolsrv_testkit::{mkfifo, write, write_executable};
 
 fn tool(desc: &str) -> String {
     format!(r#"{{"description": "{desc}", "cmd": "echo {desc}"}}"#)
@@ -610,37 +610,21 @@ fn an_oversized_executable_rejects_its_tool() {
 /// The bounded readers stop at the limit even when the size announced up front is wrong (a file
 /// that grows while read; a FIFO announces 0 bytes).
 #[test]
-fn bounded_readers_stop_at_the_limit_whatever_the_metadata_said() {
-    use toolsrv_proto::limits::MAX_META_BYTES;
+fn bounded_readers_stop_at_the_limit_and_refuse_what_is_not_a_file() {
     use toolsrv_registry::{ReadError, hash_file_bounded, read_meta};
     let dir = tempfile::tempdir().unwrap();
+    // How a `.meta` that grows while it is read is cut is tested beside `read_meta`; a FIFO,
+    // which a reader would wait on for a writer, is refused without waiting.
     let fifo = dir.path().join("grows.meta");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap();
-    assert!(made.success());
-    let writer = {
-        let fifo = fifo.clone();
-        std::thread::spawn(move || {
-            use std::io::Write;
-            let mut f = std::fs::OpenOptions::new().write(true).open(fifo).unwrap();
-            // The reader stops early; a broken pipe is expected.
-            let _ = f.write_all(&vec![b' '; 2 * MAX_META_BYTES as usize]);
-        })
-    };
+    mkfifo(&fifo);
     match read_meta(&fifo) {
         Err(ReadError::Rejected(d)) => {
-            assert_eq!(d.code, Code::TooLarge);
-            assert!(
-                d.message
-                    .contains(&format!("at least {} bytes", MAX_META_BYTES + 1)),
-                "{d}"
-            );
+            assert_eq!(d.code, Code::Io);
+            assert!(d.message.contains("a FIFO, not a regular file"), "{d}");
         }
         other => panic!("expected a rejection, got {other:?}"),
     }
-    writer.join().unwrap();
+    assert!(hash_file_bounded(&fifo, 10).is_err());
 
     let small = dir.path().join("small");
     std::fs::write(&small, b"12345").unwrap();
@@ -669,4 +653,57 @@ fn a_meta_meta_file_is_reported_not_served() {
         .unwrap_or_else(|| panic!("no diagnostic: {:?}", cat.diagnostics));
     assert!(d.file.ends_with("x.meta.meta"));
     assert!(d.message.contains("ends in `.meta`"), "{d}");
+}
+
+/// A FIFO, a device and a name that is not UTF-8, each where a `.meta` would be: none hangs the
+/// scan or is skipped without a word; each is an error naming its file, and the good tool
+/// beside them loads. Also when a FIFO takes a `.meta`'s place after a scan (the reader no
+/// longer opens what it looked at before).
+#[test]
+fn a_fifo_a_device_or_an_odd_name_where_a_meta_should_be_is_reported_without_hanging() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "good.meta", &tool("good"));
+    let fifo = dir.path().join("pipe.meta");
+    mkfifo(&fifo);
+    std::os::unix::fs::symlink("/dev/zero", dir.path().join("zero.meta")).unwrap();
+    let odd = dir
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"odd\xff\x1b[2J.meta"));
+    std::fs::write(&odd, tool("odd")).unwrap();
+    // A tool whose file is swapped for a FIFO once it was scanned.
+    write(dir.path(), "swapped.meta", &tool("swapped"));
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = dir.path().to_path_buf();
+    std::thread::spawn(move || {
+        let reg = Registry::open(vec![path.clone()]);
+        let first = reg.catalog();
+        std::fs::remove_file(path.join("swapped.meta")).unwrap();
+        mkfifo(&path.join("swapped.meta"));
+        let mut scanner = Scanner::new(vec![path]);
+        let _ = tx.send((first, scanner.scan()));
+    });
+    let (first, second) = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the scan hangs on a FIFO or a device");
+    assert_eq!(first.tools.keys().collect::<Vec<_>>(), ["good", "swapped"]);
+    assert_eq!(second.tools.keys().collect::<Vec<_>>(), ["good"]);
+    let error_of = |cat: &toolsrv_registry::Catalog, file: &Path| {
+        cat.diagnostics
+            .iter()
+            .find(|d| d.severity == Severity::Error && d.file == file)
+            .map(|d| d.message.clone())
+            .unwrap_or_else(|| panic!("no error for {}: {:?}", file.display(), cat.diagnostics))
+    };
+    assert!(error_of(&first, &fifo).contains("a FIFO, not a regular file"));
+    assert!(error_of(&first, &dir.path().join("zero.meta")).contains("a device"));
+    assert!(error_of(&second, &dir.path().join("swapped.meta")).contains("a FIFO"));
+    // The odd name is not a tool name, and says so.
+    let odd_error = first
+        .diagnostics
+        .iter()
+        .find(|d| d.file == odd)
+        .unwrap_or_else(|| panic!("{:?}", first.diagnostics));
+    assert_eq!(odd_error.code, Code::BadName, "{odd_error:?}");
 }

@@ -47,6 +47,20 @@ pub fn write_executable(dir: &Path, name: &str, body: &str) {
     );
 }
 
+/// Makes a FIFO at `path` (`mkfifo`), where tests put one in place of a file that a reader
+/// would wait on.
+#[track_caller]
+pub fn mkfifo(path: &Path) {
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .map_err(|e| TestkitError::io("cannot run mkfifo", e));
+    match must(made).success() {
+        true => {}
+        false => panic!("mkfifo {} failed", path.display()),
+    }
+}
+
 /// Captured output as text, invalid UTF-8 replaced.
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()

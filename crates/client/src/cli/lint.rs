@@ -44,7 +44,9 @@ pub fn run(paths: &[String], json: bool) -> u8 {
 }
 
 fn lint_path(path: &Path) -> Vec<Diagnostic> {
-    if path.is_file() {
+    // Anything but a directory is linted as a file: a FIFO or a device named on the command
+    // line is reported as what it is, not as a directory that cannot be read.
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_dir()) {
         return lint_file(path);
     }
     let mut scanner = Scanner::new(vec![path.to_path_buf()]);
