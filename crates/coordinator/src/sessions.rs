@@ -8,7 +8,7 @@
 //! When a load would exceed `max_loaded`, `cold` tools are unloaded first, then `warm` ones,
 //! least recently used first; `hot` tools never. A tool without `tier` is `warm`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -191,20 +191,23 @@ impl Sessions {
         };
         let mut loaded: Vec<Loaded> = Vec::new();
         let now = now_ms();
-        for name in profile.auto_load {
-            check_name(&name)?;
-            if !loaded.iter().any(|l| l.name == name) {
+        // Repeated names count once, found in a set: a request may carry a million names, and
+        // comparing each with every one kept before took minutes of a runtime thread.
+        let mut named: HashSet<&str> = HashSet::new();
+        for name in &profile.auto_load {
+            check_name(name)?;
+            if named.insert(name) && named.len() <= max_loaded as usize {
                 loaded.push(Loaded {
-                    name,
+                    name: name.clone(),
                     auto: true,
                     last_used_ms: now,
                 });
             }
         }
-        if loaded.len() > max_loaded as usize {
+        if named.len() > max_loaded as usize {
             return Err(SessionError::Invalid(format!(
                 "autoLoad names {} tools, more than maxLoaded ({max_loaded})",
-                loaded.len()
+                named.len()
             )));
         }
         let mut map = self.lock();
@@ -633,5 +636,52 @@ fn loaded_tool(hosts: &[HostEntry], catalog: &Catalog, l: &Loaded) -> LoadedTool
         hosts: all_hosts,
         unavailable,
         host_only,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn profile(auto_load: Vec<String>, max_loaded: u32) -> SessionProfile {
+        SessionProfile {
+            auto_load,
+            hosts: String::new(),
+            max_loaded,
+        }
+    }
+
+    /// A million distinct names (what a 16 MiB request can carry) are counted once each: the
+    /// refusal says how many, and comes at once (the names were compared with one another,
+    /// minutes of a runtime thread).
+    #[test]
+    fn auto_load_counts_each_name_once_however_many_a_request_carries() {
+        let sessions = Sessions::new(SessionLimits::default(), None);
+        let names: Vec<String> = (0..1_000_000).map(|i| format!("t{i}")).collect();
+        let err = sessions
+            .open("alice", profile(names, MAX_MAX_LOADED), String::new())
+            .err()
+            .unwrap();
+        assert!(
+            err.to_string()
+                .contains("autoLoad names 1000000 tools, more than maxLoaded (1000)"),
+            "{err}"
+        );
+        // Repeats count once, in their first order.
+        let mut names: Vec<String> = (0..1_000_000).map(|i| format!("t{}", i % 3)).collect();
+        names.insert(0, "t2".into());
+        let session = sessions
+            .open("alice", profile(names, 3), String::new())
+            .unwrap();
+        let loaded: Vec<String> = session
+            .inner
+            .lock()
+            .unwrap()
+            .loaded
+            .iter()
+            .map(|l| l.name.clone())
+            .collect();
+        assert_eq!(loaded, ["t2", "t0", "t1"]);
     }
 }
