@@ -75,20 +75,35 @@ impl AgentLink for AgentLinkService {
         Caller::agent(&req)?;
         let sha = req.into_inner().sha256;
         let catalog = self.state.registry.catalog();
-        let path = catalog
+        let (path, size) = catalog
             .tools
             .values()
             .filter_map(|t| t.executable.as_ref())
             .find(|e| e.sha256 == sha)
-            .map(|e| e.path.clone())
+            .map(|e| (e.path.clone(), e.size))
             .ok_or_else(|| {
                 Status::not_found(format!(
                     "no executable with sha256 {sha} in the current catalog"
                 ))
             })?;
-        let mut file = tokio::fs::File::open(&path)
-            .await
-            .map_err(|e| Status::unavailable(format!("cannot open {}: {e}", path.display())))?;
+        // Not waiting on a FIFO put in the executable's place since the scan, and no more than
+        // the bytes hashed then (a file that grew, or a link now to /dev/zero, is cut there and
+        // fails the agent's digest check).
+        let opened = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || toolsrv_registry::open_regular(&path)).await
+        };
+        let file = match opened {
+            Ok(Ok(file)) => file,
+            Ok(Err(e)) => {
+                return Err(Status::unavailable(format!(
+                    "cannot open {}: {e}",
+                    path.display()
+                )));
+            }
+            Err(e) => return Err(Status::internal(format!("opening the executable: {e}"))),
+        };
+        let mut file = tokio::io::AsyncReadExt::take(tokio::fs::File::from_std(file), size);
         let (tx, rx) = mpsc::channel(4);
         self.state.tasks.spawn(async move {
             use tokio::io::AsyncReadExt;

@@ -577,7 +577,7 @@ pub fn hex_sha256(bytes: &[u8]) -> String {
 /// Opens `path` for reading if it is a regular file (after symbolic links), and refuses
 /// anything else without blocking: a FIFO put where a `.meta` or an executable was (between a
 /// look at its type and the open) would otherwise hang the reader until someone writes to it.
-fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
+pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let file = std::fs::OpenOptions::new()
         .read(true)
