@@ -7,17 +7,23 @@
 //! Fact keys are `os`, `arch`, `hostname`, `kernel` and `sandbox` (the level the agent reports:
 //! `sandbox=enforced`); any other key is a label.
 
+mod compiled;
+
 use std::collections::BTreeMap;
 
 use toolsrv_tls::normalize_name;
+
+use compiled::Globs;
 
 /// A parsed selector such as `web-*,role=db,os=linux`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Selector {
     /// Host ids or globs; any may match. Empty: any host.
     hosts: Vec<String>,
-    /// `key=value` terms by key; for each key any value (a glob) may match.
-    pairs: BTreeMap<String, Vec<String>>,
+    /// `hosts` compiled.
+    host_globs: Option<Globs>,
+    /// `key=value` terms by key; for each key any value (a glob) may match, compiled together.
+    pairs: BTreeMap<String, Globs>,
 }
 
 /// A host as a selector or policy rule sees it (borrowed from the fleet entry; the wire type
@@ -44,6 +50,7 @@ impl Selector {
     /// Parses a selector; the error names the offending term.
     pub fn parse(text: &str) -> Result<Self, SelectorError> {
         let mut selector = Selector::default();
+        let mut values: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for raw in text.split(',') {
             let term = raw.trim();
             if term.is_empty() {
@@ -59,7 +66,7 @@ impl Selector {
                     } else {
                         v.to_string()
                     };
-                    selector.pairs.entry(k.to_string()).or_default().push(v)
+                    values.entry(k.to_string()).or_default().push(v)
                 }
                 Some(_) => {
                     return Err(SelectorError(format!(
@@ -74,6 +81,13 @@ impl Selector {
                 }
             }
         }
+        if !selector.hosts.is_empty() {
+            selector.host_globs = Some(Globs::new(selector.hosts.iter().map(String::as_str)));
+        }
+        selector.pairs = values
+            .into_iter()
+            .map(|(key, patterns)| (key, Globs::new(patterns.iter().map(String::as_str))))
+            .collect();
         Ok(selector)
     }
 
@@ -87,7 +101,7 @@ impl Selector {
 
     /// True when the host satisfies the selector.
     pub fn matches(&self, host: &Candidate<'_>) -> bool {
-        let id_ok = self.hosts.is_empty() || self.hosts.iter().any(|p| glob(p, host.id));
+        let id_ok = self.host_globs.as_ref().is_none_or(|g| g.matches(host.id));
         id_ok
             && self.pairs.iter().all(|(key, patterns)| {
                 let value = match key.as_str() {
@@ -99,7 +113,7 @@ impl Selector {
                     "sandbox" => Some(host.sandbox),
                     label => host.labels.get(label).map(String::as_str),
                 };
-                value.is_some_and(|v| patterns.iter().any(|p| glob(p, v)))
+                value.is_some_and(|v| patterns.matches(v))
             })
     }
 }
@@ -129,9 +143,16 @@ mod tests {
             ("a*b*c", "aXXbYYc", true),
             ("a*b*c", "aXXbYY", false),
             ("exact", "exact", true),
+            ("", "", true),
+            ("", "a", false),
+            ("**", "", true),
+            ("*?", "", false),
+            ("é?x", "éÿx", true),
         ];
         for (p, t, want) in cases {
             assert_eq!(glob(p, t), want, "{p} vs {t}");
+            // The selectors' compiled form agrees (and with random patterns: `compiled`).
+            assert_eq!(Globs::new([p]).matches(t), want, "compiled: {p} vs {t}");
         }
     }
 
