@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use toolsrv_tests::{
-    AgentSpec, Fleet, assert_exit, find_model_dir, free_port, http_get, mpnet_model_dir, text,
-    wait_for,
+    AgentSpec, Fleet, assert_exit, find_model_dir, http_get, mpnet_model_dir, text, wait_for,
 };
 
 fn fleet() -> Fleet {
@@ -322,12 +321,11 @@ fn with_no_tool_at_all_the_answer_promises_nothing_more_by_meaning() {
 fn a_restarted_coordinator_embeds_only_texts_it_has_not_seen() {
     let model = find_model_dir();
     let state = tempfile::tempdir().unwrap();
-    let metrics = format!("127.0.0.1:{}", free_port());
     let args = [
         "--find-model".to_string(),
         model.display().to_string(),
         format!("--state-dir={}", state.path().display()),
-        format!("--metrics-listen={metrics}"),
+        "--metrics-listen=127.0.0.1:0".to_string(),
     ];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut fleet = fleet_with(&args);
@@ -351,6 +349,7 @@ fn a_restarted_coordinator_embeds_only_texts_it_has_not_seen() {
         .find(|l| l.contains("tool index built from the vectors kept by an earlier run"))
         .unwrap_or_else(|| panic!("{log}"));
     assert!(line.contains("embedded=0"), "{line}");
+    let metrics = fleet.coordinator.as_ref().unwrap().metrics_addr();
     let (_, exposition) = http_get(&metrics, "/metrics").unwrap();
     let texts = |source: &str| {
         let series = format!("toolsrv_find_index_texts_total{{source=\"{source}\"}} ");
@@ -505,7 +504,6 @@ fn a_host_whose_own_tools_keep_changing_cannot_keep_the_encoder_busy() {
     const PER_HOUR: usize = 40;
     const TOOLS: usize = 10;
     let model = find_model_dir();
-    let metrics = format!("127.0.0.1:{}", free_port());
     let mut fleet = Fleet::new(&["a", "b"]);
     fleet.tool(
         "disk_usage.meta",
@@ -518,8 +516,9 @@ fn a_host_whose_own_tools_keep_changing_cannot_keep_the_encoder_busy() {
         model.to_str().unwrap(),
         "--max-host-only-embeds-per-hour",
         &per_hour,
-        &format!("--metrics-listen={metrics}"),
+        "--metrics-listen=127.0.0.1:0",
     ]);
+    let metrics = fleet.coordinator.as_ref().unwrap().metrics_addr();
     // One text each (a summary, no keyword phrases): a round of edits costs a's budget TOOLS.
     let churn = |round: usize| -> Vec<(String, String)> {
         (0..TOOLS)

@@ -7,8 +7,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use toolsrv_tests::{
-    AgentSpec, Fleet, Prometheus, assert_exit, bin, ensure_program, free_port, http_get,
-    run_bounded, text, wait_for,
+    AgentSpec, Fleet, Prometheus, assert_exit, bin, ensure_program, http_get, run_bounded, text,
+    wait_for,
 };
 
 /// The label names any toolsrv series may carry: each takes a handful of values, none a host
@@ -39,19 +39,21 @@ fn metered_fleet() -> Metered {
         r#"{"description": "Say hello", "cmd": "echo hello; echo to-stderr >&2"}"#,
         false,
     );
-    let coordinator = format!("127.0.0.1:{}", free_port());
-    fleet.start_coordinator(&[&format!("--metrics-listen={coordinator}")]);
-    let mut agents = Vec::new();
+    // Ports the system chooses, read back from each process's log: a port picked in advance
+    // can be taken meanwhile by any connection's own port.
+    fleet.start_coordinator(&["--metrics-listen=127.0.0.1:0"]);
     for id in ["a", "b"] {
-        let addr = format!("127.0.0.1:{}", free_port());
         let spec = AgentSpec {
-            args: vec![format!("--metrics-listen={addr}")],
+            args: vec!["--metrics-listen=127.0.0.1:0".into()],
             ..AgentSpec::default()
         };
         fleet.start_agent(id, &spec);
-        agents.push(addr);
     }
     fleet.wait_online(&["a", "b"], "hello");
+    let coordinator = fleet.coordinator.as_ref().unwrap().metrics_addr();
+    let agents = ["a", "b"]
+        .map(|id| fleet.agents[id].metrics_addr())
+        .to_vec();
     Metered {
         fleet,
         coordinator,

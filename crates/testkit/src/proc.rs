@@ -107,6 +107,24 @@ impl Proc {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Where the process serves its metrics, from its log line `metrics at http://ADDR/metrics`:
+    /// started with `--metrics-listen 127.0.0.1:0`, the port the system chose, so that no port
+    /// picked in advance can be taken by another process meanwhile. Waits for the line at most
+    /// 20 s.
+    #[track_caller]
+    pub fn metrics_addr(&self) -> String {
+        crate::wait_for(
+            &format!("{} to serve its metrics", self.name),
+            Duration::from_secs(20),
+            || {
+                self.log().lines().find_map(|l| {
+                    let rest = l.split("metrics at http://").nth(1)?;
+                    Some(rest.split('/').next()?.to_string())
+                })
+            },
+        )
+    }
+
     /// The last `lines` lines of the process's output.
     pub fn log_tail(&self, lines: usize) -> String {
         let log = self.log();
