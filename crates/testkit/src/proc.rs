@@ -16,12 +16,46 @@ const TERMINATE_WAIT: Duration = Duration::from_secs(20);
 /// How long [`Proc::stop`] waits for a clean exit before killing the group.
 const STOP_WAIT: Duration = Duration::from_secs(10);
 
-/// A free port on 127.0.0.1 (bound, then released: good enough for tests).
+/// Lowest port [`try_free_port`] picks below the ephemeral range.
+const FIRST_OWN_PORT: u16 = 10_000;
+
+/// A port on 127.0.0.1 that nothing listens on now, for a process a test starts to listen on.
+///
+/// Taken below the kernel's range of ephemeral ports (`ip_local_port_range`) when there is room:
+/// a port of that range, free when picked, can become any outgoing connection's own end before
+/// the process binds it (an agent's metrics port was lost that way in one CI run), where a port
+/// below it goes only to a listener that asks for it by number. Never the same port twice in
+/// one test process. Falls back to a port the kernel picks (bound, then released).
 pub fn try_free_port() -> Result<u16> {
-    std::net::TcpListener::bind("127.0.0.1:0")
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok());
+    if let Some(low) = ephemeral.filter(|&low| low > FIRST_OWN_PORT + 1000) {
+        let span = u64::from(low - FIRST_OWN_PORT);
+        let mut seed = u64::from(std::process::id())
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+            ^ (given.len() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        for _ in 0..256 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let port = FIRST_OWN_PORT + u16::try_from(seed % span).unwrap_or(0);
+            if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                given.push(port);
+                return Ok(port);
+            }
+        }
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .map_err(|e| TestkitError::io("cannot find a free port on 127.0.0.1", e))
+        .map_err(|e| TestkitError::io("cannot find a free port on 127.0.0.1", e))?;
+    given.push(port);
+    Ok(port)
 }
 
 /// [`try_free_port`], failing the test on error.
@@ -209,5 +243,30 @@ mod tests {
         let _client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         assert!(!listens_on(me, free_port()));
         assert!(!listens_on(nix::unistd::getppid().as_raw(), port));
+    }
+
+    #[test]
+    fn free_ports_are_distinct_and_outside_the_ephemeral_range_when_there_is_room() {
+        let low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let ports: Vec<u16> = (0..200).map(|_| free_port()).collect();
+        let mut distinct = ports.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), ports.len(), "a port was given twice");
+        if low > FIRST_OWN_PORT + 1000 {
+            assert!(
+                ports.iter().all(|&p| (FIRST_OWN_PORT..low).contains(&p)),
+                "{ports:?} against the range from {low}"
+            );
+        }
+        for port in ports {
+            std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        }
     }
 }
