@@ -206,7 +206,7 @@ impl Finder {
                 done => done,
             },
             Err(_) if has_index() => Ok(()),
-            Err(_) => self.refresh(state).await,
+            Err(_) => self.refresh(state, false).await,
         }
     }
 
@@ -230,9 +230,10 @@ impl Finder {
         }
     }
 
-    /// Rebuilds the index when views were stored since the last build.
-    async fn refresh(&self, state: &State) -> Result<(), Status> {
-        self.refresh_locked(state, self.built.lock().await, false)
+    /// Rebuilds the index when views were stored since the last build, or with `force` (to
+    /// take tools the last build left out).
+    async fn refresh(&self, state: &State, force: bool) -> Result<(), Status> {
+        self.refresh_locked(state, self.built.lock().await, force)
             .await
     }
 
@@ -349,9 +350,7 @@ impl Finder {
         }
         Ok(())
     }
-}
 
-impl Finder {
     /// Logs whose own tools a build left out or took again, and when to build again for them.
     fn spent(&self, spent: Spent) {
         let per_hour = self
@@ -437,8 +436,7 @@ pub async fn follow_views(state: Arc<State>) {
             }
         }
         while events.try_recv().is_ok() {}
-        let built = finder.built.lock().await;
-        if let Err(e) = finder.refresh_locked(&state, built, force).await {
+        if let Err(e) = finder.refresh(&state, force).await {
             tracing::warn!(error = %e.message(), "cannot keep the tool index current; FindTools will retry");
         }
     }
@@ -447,19 +445,12 @@ pub async fn follow_views(state: Arc<State>) {
 /// The hosts that offer each document as a tool of their own, sorted; a document some host
 /// offers as the catalog's has none (the catalog's tools are always embedded).
 fn owners(state: &State) -> HashMap<DocKey, Vec<String>> {
-    // Hosts alike share their view: each view is gone over once, each definition keyed once.
-    let mut views: HashMap<*const StoredView, (Arc<StoredView>, Vec<String>)> = HashMap::new();
-    for (id, view) in state.fleet.views() {
-        views
-            .entry(Arc::as_ptr(&view))
-            .or_insert_with(|| (view, Vec::new()))
-            .1
-            .push(id);
-    }
+    let views = by_view(state.fleet.views());
+    // Each definition keyed once, however many views have it.
     let mut keys: HashMap<*const ToolDefinition, DocKey> = HashMap::new();
     let mut owners: HashMap<DocKey, Vec<String>> = HashMap::new();
     let mut shipped: HashSet<DocKey> = HashSet::new();
-    for (view, ids) in views.values() {
+    for (view, ids) in &views {
         for tool in &view.tools {
             let Some(def) = tool.offered() else { continue };
             let key = keys
@@ -479,6 +470,24 @@ fn owners(state: &State) -> HashMap<DocKey, Vec<String>> {
         hosts.dedup();
     }
     owners
+}
+
+/// Each distinct view of `hosts` (id, view) with the ids of those that have it: hosts alike share
+/// their view, so a walk over the result meets each view (and its definitions) once however many
+/// hosts have it.
+fn by_view(
+    hosts: impl IntoIterator<Item = (String, Arc<StoredView>)>,
+) -> Vec<(Arc<StoredView>, Vec<String>)> {
+    let mut at: HashMap<*const StoredView, usize> = HashMap::new();
+    let mut views: Vec<(Arc<StoredView>, Vec<String>)> = Vec::new();
+    for (id, view) in hosts {
+        let i = *at.entry(Arc::as_ptr(&view)).or_insert_with(|| {
+            views.push((view, Vec::new()));
+            views.len() - 1
+        });
+        views[i].1.push(id);
+    }
+    views
 }
 
 /// The texts ranked, as the index takes them.
@@ -690,23 +699,15 @@ struct Offered {
 
 impl Offered {
     fn on(state: &State, selector: &Selector) -> Self {
-        // Hosts alike share their view (and views their definitions): each view is gone over
-        // once and each definition keyed once, however many hosts have them.
-        let mut at: HashMap<*const StoredView, usize> = HashMap::new();
-        let mut views: Vec<(Arc<StoredView>, Vec<String>)> = Vec::new();
-        for host in state
-            .fleet
-            .select(selector)
-            .into_iter()
-            .filter(|h| h.online())
-        {
-            let Some(view) = host.view else { continue };
-            let i = *at.entry(Arc::as_ptr(&view)).or_insert_with(|| {
-                views.push((view, Vec::new()));
-                views.len() - 1
-            });
-            views[i].1.push(host.id);
-        }
+        let views = by_view(
+            state
+                .fleet
+                .select(selector)
+                .into_iter()
+                .filter(|h| h.online())
+                .filter_map(|h| Some((h.id, h.view?))),
+        );
+        // Each definition keyed once, however many views have it.
         let mut visible: HashSet<DocKey> = HashSet::new();
         let mut keyed: HashSet<*const ToolDefinition> = HashSet::new();
         for (view, _) in &views {

@@ -219,71 +219,63 @@ impl<K: Clone> Index<K> {
                     Err(e) => updated.store_problem = Some(e.to_string()),
                 }
             }
-            let mut texts: Vec<Vec<String>> = docs.iter().map(|(_, d)| passages(d)).collect();
-            let mut queued: HashSet<TextHash> = HashSet::new();
+            let texts: Vec<Vec<String>> = docs.iter().map(|(_, d)| passages(d)).collect();
+            // Each admitted document's text hashes, in order; what the encoder is to embed.
+            let mut hashes: Vec<Vec<TextHash>> = Vec::with_capacity(docs.len());
             let mut admitted = Vec::with_capacity(docs.len());
-            for ((key, _), doc_texts) in docs.iter().zip(&texts) {
-                let mut new_here = HashSet::new();
-                for text in doc_texts {
-                    let hash = hash(text);
-                    let known = cache.contains_key(&hash)
-                        || queued.contains(&hash)
-                        || previous.cache.contains_key(&hash)
-                        || kept.reserve.contains_key(&hash);
-                    if !known {
-                        new_here.insert(hash);
-                    }
-                }
-                let admitted_here = new_here.is_empty() || admit(key, new_here.len());
-                if admitted_here {
-                    queued.extend(new_here);
-                } else {
-                    updated.deferred += 1;
-                }
-                admitted.push(admitted_here);
-            }
-            if updated.deferred > 0 {
-                let mut keep = admitted.iter().copied();
-                docs.retain(|_| keep.next().unwrap_or(false));
-                let mut keep = admitted.iter().copied();
-                texts.retain(|_| keep.next().unwrap_or(false));
-            }
-            updated.docs = docs.len();
             let mut missing: Vec<(TextHash, &str)> = Vec::new();
             let mut queued = HashSet::new();
-            for text in texts.iter().flatten() {
-                let hash = hash(text);
-                if cache.contains_key(&hash) || queued.contains(&hash) {
+            for ((key, _), doc_texts) in docs.iter().zip(&texts) {
+                let doc_hashes: Vec<TextHash> = doc_texts.iter().map(|t| hash(t)).collect();
+                let new: HashSet<&TextHash> = doc_hashes
+                    .iter()
+                    .filter(|h| {
+                        !(cache.contains_key(*h)
+                            || queued.contains(*h)
+                            || previous.cache.contains_key(*h)
+                            || kept.reserve.contains_key(*h))
+                    })
+                    .collect();
+                let admit_here = new.is_empty() || admit(key, new.len());
+                admitted.push(admit_here);
+                if !admit_here {
+                    updated.deferred += 1;
                     continue;
                 }
-                if let Some(v) = previous.cache.get(&hash) {
-                    cache.insert(hash, v.clone());
-                    updated.reused += 1;
-                    continue;
-                }
-                match kept.reserve.get(&hash) {
-                    Some(v) => {
-                        cache.insert(hash, v.clone());
-                        updated.stored += 1;
+                for (hash, text) in doc_hashes.iter().zip(doc_texts) {
+                    if cache.contains_key(hash) || queued.contains(hash) {
+                        continue;
                     }
-                    None => {
-                        queued.insert(hash);
-                        missing.push((hash, text));
+                    if let Some(v) = previous.cache.get(hash) {
+                        cache.insert(*hash, v.clone());
+                        updated.reused += 1;
+                        continue;
+                    }
+                    match kept.reserve.get(hash) {
+                        Some(v) => {
+                            cache.insert(*hash, v.clone());
+                            updated.stored += 1;
+                        }
+                        None => {
+                            queued.insert(*hash);
+                            missing.push((*hash, text));
+                        }
                     }
                 }
+                hashes.push(doc_hashes);
+            }
+            if updated.deferred > 0 {
+                let mut keep = admitted.into_iter();
+                docs.retain(|_| keep.next().unwrap_or(false));
             }
             let fresh = encoder.embed(&missing.iter().map(|(_, t)| *t).collect::<Vec<_>>())?;
             updated.embedded = fresh.len();
             for ((hash, _), v) in missing.iter().zip(fresh) {
                 cache.insert(*hash, Arc::from(v));
             }
-            let vectors: Vec<DocVectors> = texts
+            let vectors: Vec<DocVectors> = hashes
                 .iter()
-                .map(|ts| {
-                    ts.iter()
-                        .filter_map(|t| cache.get(&hash(t)).cloned())
-                        .collect()
-                })
+                .map(|hs| hs.iter().filter_map(|h| cache.get(h).cloned()).collect())
                 .collect();
             semantic = Semantic::build(
                 &vectors,
@@ -292,7 +284,7 @@ impl<K: Clone> Index<K> {
                     hub_neighbours: self.options.hub_neighbours,
                 },
             )?;
-            if updated.docs > 0 {
+            if !docs.is_empty() {
                 if updated.stored == 0 {
                     kept.reserve = Vectors::new();
                 } else {
