@@ -309,14 +309,12 @@ async fn join(
 
 /// The projected token, as the kubelet last wrote it. Bounded: a token is a few KiB.
 fn read_service_account_token(path: &Path) -> Result<String, AgentError> {
-    use std::io::Read;
     const MAX: u64 = 64 * 1024;
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX + 1).read_to_string(&mut text))
+    let text = std::fs::File::open(path)
+        .and_then(|f| toolsrv_tls::files::read_text_up_to(f, MAX))
         .map_err(|e| AgentError::io("cannot read the service account token", path, e))?;
-    let token = text.trim();
-    if token.is_empty() || text.len() as u64 > MAX {
+    let token = text.as_deref().map_or("", str::trim);
+    if token.is_empty() {
         return Err(AgentError::Identity(format!(
             "--k8s-token-file {}: not a service account token (empty, or over {} KiB)",
             path.display(),

@@ -35,15 +35,9 @@ impl Profile {
     pub fn load(path: &Path) -> Result<Self, ClientError> {
         let fail = |why: String| ClientError::Profile(format!("{}: {why}", path.display()));
         let file = std::fs::File::open(path).map_err(|e| fail(format!("cannot open: {e}")))?;
-        let mut text = String::new();
-        std::io::Read::read_to_string(
-            &mut std::io::Read::take(file, MAX_PROFILE_BYTES + 1),
-            &mut text,
-        )
-        .map_err(|e| fail(format!("cannot read: {e}")))?;
-        if text.len() as u64 > MAX_PROFILE_BYTES {
-            return Err(fail(format!("over the limit of {MAX_PROFILE_BYTES} bytes")));
-        }
+        let text = toolsrv_tls::files::read_text_up_to(file, MAX_PROFILE_BYTES)
+            .map_err(|e| fail(format!("cannot read: {e}")))?
+            .ok_or_else(|| fail(format!("over the limit of {MAX_PROFILE_BYTES} bytes")))?;
         Self::parse(&text).map_err(fail)
     }
 

@@ -14,28 +14,43 @@ pub const MAX_CRL_BYTES: u64 = 256 << 20;
 /// coordinator's own.
 pub const MAX_SETTINGS_BYTES: u64 = 64 << 20;
 
-/// The bytes of `path`, or an error when it holds more than `max` (read up to `max + 1`).
-pub fn read_bounded(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+/// At most `max` bytes of `input`: `None` when it holds more (it is read up to `max + 1`, so an
+/// endless input ends there). Every bounded read of a file, a pipe or stdin goes through here,
+/// each caller saying in its own words that the input was too large.
+pub fn read_up_to(input: impl Read, max: u64) -> std::io::Result<Option<Vec<u8>>> {
     let mut bytes = Vec::new();
-    std::fs::File::open(path)?
-        .take(max.saturating_add(1))
-        .read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > max {
-        return Err(std::io::Error::other(format!(
-            "larger than {max} bytes, the most read of such a file"
-        )));
-    }
-    Ok(bytes)
+    input.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 <= max).then_some(bytes))
+}
+
+/// [`read_up_to`], as UTF-8 text (invalid UTF-8 is an error, as `read_to_string` makes it).
+pub fn read_text_up_to(input: impl Read, max: u64) -> std::io::Result<Option<String>> {
+    read_up_to(input, max)?
+        .map(|bytes| {
+            String::from_utf8(bytes).map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "stream did not contain valid UTF-8",
+                )
+            })
+        })
+        .transpose()
+}
+
+/// The bytes of `path`, or an error when it holds more than `max`.
+pub fn read_bounded(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    read_up_to(std::fs::File::open(path)?, max)?.ok_or_else(|| too_large(max))
 }
 
 /// [`read_bounded`], as UTF-8 text.
 pub fn read_text_bounded(path: &Path, max: u64) -> std::io::Result<String> {
-    String::from_utf8(read_bounded(path, max)?).map_err(|_| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "stream did not contain valid UTF-8",
-        )
-    })
+    read_text_up_to(std::fs::File::open(path)?, max)?.ok_or_else(|| too_large(max))
+}
+
+fn too_large(max: u64) -> std::io::Error {
+    std::io::Error::other(format!(
+        "larger than {max} bytes, the most read of such a file"
+    ))
 }
 
 #[cfg(test)]

@@ -1,8 +1,6 @@
 //! A call's arguments as `toolctl call`, `fanout` and `local call` take them: one JSON object,
 //! `-` for one on stdin, or `KEY=VALUE` and `KEY:=JSON` words, each one argument.
 
-use std::io::Read;
-
 use serde_json::{Map, Value};
 use toolsrv_proto::limits::MAX_ARGS_BYTES;
 
@@ -49,17 +47,14 @@ pub fn string_note(string_keys: &[String], message: &str) -> Option<String> {
 /// ([`MAX_ARGS_BYTES`]), so that `toolctl call HOST TOOL - < /dev/zero` (or a large file piped
 /// by mistake) is refused at once instead of read until memory runs out.
 fn stdin_arguments(input: impl std::io::Read) -> Result<String, String> {
-    let mut bytes = Vec::new();
-    input
-        .take(MAX_ARGS_BYTES as u64 + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read arguments from stdin: {e}"))?;
-    if bytes.len() > MAX_ARGS_BYTES {
-        return Err(format!(
-            "arguments on stdin are over the limit of {MAX_ARGS_BYTES} bytes; hand large \
-             inputs to a tool as files"
-        ));
-    }
+    let bytes = toolsrv_tls::files::read_up_to(input, MAX_ARGS_BYTES as u64)
+        .map_err(|e| format!("cannot read arguments from stdin: {e}"))?
+        .ok_or_else(|| {
+            format!(
+                "arguments on stdin are over the limit of {MAX_ARGS_BYTES} bytes; hand large \
+                 inputs to a tool as files"
+            )
+        })?;
     String::from_utf8(bytes).map_err(|_| "arguments on stdin are not valid UTF-8".to_string())
 }
 

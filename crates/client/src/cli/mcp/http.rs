@@ -122,17 +122,13 @@ fn token_in(path: &Path) -> Result<String, String> {
             meta.mode() & 0o777
         ));
     }
-    let mut text = String::new();
-    std::io::Read::read_to_string(
-        &mut std::io::Read::take(file, MAX_TOKEN_FILE_BYTES + 1),
-        &mut text,
-    )
-    .map_err(|e| format!("--http-token-file {shown}: cannot read it: {e}"))?;
-    if text.len() as u64 > MAX_TOKEN_FILE_BYTES {
-        return Err(format!(
-            "--http-token-file {shown}: over {MAX_TOKEN_FILE_BYTES} bytes; a token is one line"
-        ));
-    }
+    let text = toolsrv_tls::files::read_text_up_to(file, MAX_TOKEN_FILE_BYTES)
+        .map_err(|e| format!("--http-token-file {shown}: cannot read it: {e}"))?
+        .ok_or_else(|| {
+            format!(
+                "--http-token-file {shown}: over {MAX_TOKEN_FILE_BYTES} bytes; a token is one line"
+            )
+        })?;
     let token = text.trim();
     if token.chars().count() < MIN_TOKEN_CHARS || !token.chars().all(|c| c.is_ascii_graphic()) {
         return Err(format!(
