@@ -29,6 +29,7 @@ use crate::fleet::{HostEntry, now_ms};
 use crate::framing::{self, Inbound};
 use crate::identity::Caller;
 use crate::link::{AgentEvent, Link};
+use crate::view_pace::ViewPace;
 use crate::views::ViewParts;
 
 /// Most bytes of an agent's message on how a call ended that the coordinator passes on (cut
@@ -362,6 +363,7 @@ where
     // of a megabyte on a slow uplink) is not whole yet, and its keepalives wait behind it.
     let mut bytes_heard = alive.received.bytes();
     let mut views = ViewParts::default();
+    let mut pace = ViewPace::new(tokio::time::Instant::now());
     loop {
         if catalog_changed {
             catalog_changed = false;
@@ -387,7 +389,8 @@ where
                 Some(Ok(msg)) => {
                     heard = tokio::time::Instant::now();
                     last_seen.store(now_ms(), Ordering::Relaxed);
-                    if let Some(reason) = handle(state, link, &shipped, &mut views, msg) {
+                    let mut reported = Reported { views: &mut views, pace: &mut pace };
+                    if let Some(reason) = handle(state, link, &shipped, &mut reported, msg) {
                         return reason;
                     }
                 }
@@ -398,6 +401,11 @@ where
                 Ok(()) => catalog_changed = true,
                 Err(_) => return "registry stopped".into(),
             },
+            () = until(pace.due()) => {
+                if let Some(view) = pace.take_due(tokio::time::Instant::now()) {
+                    store_view(state, link, &shipped, view);
+                }
+            }
             scheduled = tick.tick() => {
                 if alive.received.arrived_since(&mut bytes_heard) {
                     heard = tokio::time::Instant::now();
@@ -436,20 +444,33 @@ where
     }
 }
 
+/// Sleeps until `at`; for ever when `None`.
+async fn until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Where the views an agent reports go before they are stored: parts pile up in `views`
+/// (within a bound) until the last is in, then the whole view waits its turn in `pace`.
+struct Reported<'a> {
+    views: &'a mut ViewParts,
+    pace: &'a mut ViewPace,
+}
+
 /// Handles one message from the agent; `Some(reason)` ends the session.
-///
-/// A view in parts is stored once its last part is in (`views` piles them up, within a bound).
 fn handle(
     state: &State,
     link: &Link,
     shipped: &Shipped,
-    views: &mut ViewParts,
+    reported: &mut Reported<'_>,
     msg: AgentMessage,
 ) -> Option<String> {
     use agent_message::Msg as M;
     match msg.msg {
-        Some(M::View(part)) => match views.add(part) {
-            Ok(Some(view)) => store_view(state, link, shipped, view),
+        Some(M::View(part)) => match reported.views.add(part) {
+            Ok(Some(view)) => offer_view(state, link, shipped, reported.pace, view),
             Ok(None) => {}
             Err(reason) => return Some(reason),
         },
@@ -470,6 +491,27 @@ fn handle(
         Some(M::Keepalive(_)) | Some(M::Output(_)) | None => {}
     }
     None
+}
+
+/// A whole view the agent reported: stored now if its link has a turn ([`crate::view_pace`]),
+/// else kept until its turn comes, in place of any view already waiting.
+fn offer_view(state: &State, link: &Link, shipped: &Shipped, pace: &mut ViewPace, view: HostView) {
+    let offered = pace.offer(view, tokio::time::Instant::now());
+    if offered.replaced {
+        state.metrics.view_passed_over();
+    }
+    if offered.first_wait {
+        tracing::warn!(
+            host = %link.host_id,
+            "the agent reports views faster than they are stored ({} at once, then one each {} ms): \
+             each waits for its turn and a newer one replaces it; the newest is always stored",
+            crate::view_pace::BURST,
+            crate::view_pace::INTERVAL.as_millis()
+        );
+    }
+    if let Some(view) = offered.store {
+        store_view(state, link, shipped, view);
+    }
 }
 
 /// Stores a whole view the agent reported, checked against the catalog it was computed from

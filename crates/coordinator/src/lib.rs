@@ -37,6 +37,7 @@ mod revocation;
 pub mod selector;
 mod session_api;
 mod sessions;
+mod view_pace;
 mod views;
 
 use std::path::PathBuf;

@@ -28,6 +28,7 @@ pub struct Metrics {
     streamed: Family<Labels<1>, Counter>,
     approvals: Family<Labels<1>, Counter>,
     attachments: Counter,
+    views_passed_over: Counter,
     finds: Family<Labels<1>, Counter>,
     find_duration: Histogram,
     index_builds: Family<Labels<1>, Counter>,
@@ -50,6 +51,7 @@ impl Default for Metrics {
             streamed: Family::default(),
             approvals: Family::default(),
             attachments: Counter::default(),
+            views_passed_over: Counter::default(),
             finds: Family::default(),
             find_duration: duration_histogram(),
             index_builds: Family::default(),
@@ -96,6 +98,11 @@ impl Metrics {
             "agent_attachments",
             "Agent links accepted (a reconnect counts again)",
             self.attachments.clone(),
+        );
+        registry.register(
+            "views_passed_over",
+            "Host views an agent reported that a newer one replaced before they were stored: an agent reporting more than 16 at once or 2 a second (each view stored is passed on to every watcher)",
+            self.views_passed_over.clone(),
         );
         registry.register(
             "find_requests",
@@ -184,6 +191,11 @@ impl Metrics {
                 .get_or_create(&[("kind", kind)])
                 .observe(elapsed.as_secs_f64());
         })))
+    }
+
+    /// A view waiting for its turn was replaced by a newer one (`crate::view_pace`).
+    pub fn view_passed_over(&self) {
+        self.views_passed_over.inc();
     }
 
     pub fn fanout(&self, hosts: usize) {

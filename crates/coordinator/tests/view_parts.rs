@@ -7,15 +7,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Coordinator, WAIT, client};
+use common::{Coordinator, WAIT, catalog_revision, client};
 use tokio::sync::mpsc;
 use tonic::Streaming;
 use toolsrv_proto::limits::{MAX_MESSAGE_BYTES, MAX_VIEW_BYTES};
 use toolsrv_proto::v1::agent_message::Msg as Out;
-use toolsrv_proto::v1::coordinator_message::Msg as In;
 use toolsrv_proto::v1::{
-    AgentMessage, CoordinatorMessage, HostInfo, HostView, ListHostsRequest, ListToolsRequest,
-    ToolDefinition, ToolStatus,
+    AgentMessage, CoordinatorMessage, HostView, ListToolsRequest, ToolDefinition, ToolStatus,
 };
 use toolsrv_testkit::{must, wait_until};
 
@@ -35,40 +33,14 @@ async fn coordinator() -> Coordinator {
     .await
 }
 
-/// Host `a` as the client API lists it.
-async fn host_a(coordinator: &Coordinator) -> Option<HostInfo> {
-    let hosts = coordinator
-        .tools(&client("alice"))
-        .await
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .list_hosts(ListHostsRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .hosts;
-    hosts.into_iter().find(|h| h.host_id == "a")
-}
-
 /// Attaches as agent `a`: sends the Hello, reads the Welcome and the catalog.
 async fn attach(coordinator: &Coordinator) -> Agent {
     let (out, mut inbound) = coordinator.attach_as("a").await;
-    let mut revision = None;
-    while revision.is_none() {
-        let msg = tokio::time::timeout(WAIT, inbound.message())
-            .await
-            .expect("the coordinator answers")
-            .unwrap()
-            .unwrap();
-        if let Some(In::Catalog(update)) = msg.msg
-            && !update.more
-        {
-            revision = Some(update.revision);
-        }
-    }
+    let revision = catalog_revision(&mut inbound).await;
     Agent {
         out,
         inbound,
-        revision: revision.unwrap_or_default(),
+        revision,
     }
 }
 
@@ -119,13 +91,13 @@ async fn a_view_in_parts_is_stored_whole_and_endless_parts_end_the_link() {
     assert!(agent.part(vec![tool("a", 10), tool("b", 10)], true).await);
     assert!(agent.part(vec![tool("c", 10)], true).await);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let host = host_a(&coordinator).await.unwrap();
+    let host = coordinator.host("a").await.unwrap();
     assert_eq!((host.view_revision, host.visible_tools), (0, 0));
 
     assert!(agent.part(vec![tool("d", 10)], false).await);
     must(
         wait_until("the whole view", WAIT, async || {
-            let host = host_a(&coordinator).await?;
+            let host = coordinator.host("a").await?;
             (host.visible_tools == 4).then_some(())
         })
         .await,
@@ -174,7 +146,7 @@ async fn a_view_in_parts_is_stored_whole_and_endless_parts_end_the_link() {
     assert!(sent <= parts_allowed + 8, "{sent} parts taken");
     let host = must(
         wait_until("the host to go offline", WAIT, async || {
-            let host = host_a(&coordinator).await?;
+            let host = coordinator.host("a").await?;
             (host.state == toolsrv_proto::v1::HostState::Offline as i32).then_some(host)
         })
         .await,

@@ -18,9 +18,11 @@ use tonic::transport::Channel;
 use toolsrv_coordinator::CoordinatorConfig;
 use toolsrv_proto::limits::MAX_MESSAGE_BYTES;
 use toolsrv_proto::v1::agent_link_client::AgentLinkClient;
+use toolsrv_proto::v1::coordinator_message::Msg as In;
 use toolsrv_proto::v1::tools_client::ToolsClient;
 use toolsrv_proto::v1::{
-    AgentMessage, CallEvent, CallResult, CoordinatorMessage, Hello, agent_message, call_event,
+    AgentMessage, CallEvent, CallResult, CoordinatorMessage, Hello, HostInfo, ListHostsRequest,
+    agent_message, call_event,
 };
 use toolsrv_tls::{Identity, Role, TlsFiles};
 
@@ -158,6 +160,20 @@ impl Coordinator {
         (tx, inbound)
     }
 
+    /// Host `id` as the client API lists it to `alice`.
+    pub async fn host(&self, id: &str) -> Option<HostInfo> {
+        let hosts = self
+            .tools(&client("alice"))
+            .await
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .list_hosts(ListHostsRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .hosts;
+        hosts.into_iter().find(|h| h.host_id == id)
+    }
+
     pub async fn stop(mut self) {
         self.stop.cancel();
         if let Some(task) = self.task.take() {
@@ -169,6 +185,22 @@ impl Coordinator {
 impl Drop for Coordinator {
     fn drop(&mut self) {
         self.stop.cancel();
+    }
+}
+
+/// The revision of the first whole catalog an attached agent is sent, within [`WAIT`].
+pub async fn catalog_revision(inbound: &mut Streaming<CoordinatorMessage>) -> u64 {
+    loop {
+        let msg = tokio::time::timeout(WAIT, inbound.message())
+            .await
+            .expect("the coordinator answers")
+            .unwrap()
+            .unwrap();
+        if let Some(In::Catalog(update)) = msg.msg
+            && !update.more
+        {
+            return update.revision;
+        }
     }
 }
 

@@ -1,0 +1,194 @@
+//! The pace at which one link's views are stored. Every view stored tells every client watching
+//! the catalog, wakes every session watcher and the `FindTools` index, and (with replicas) every
+//! other replica. An agent reporting views without pause (a compromised one, or a script
+//! rewriting its tools directory in a loop) sent about 20,000 a second, all of them passed on.
+//!
+//! A link may store [`BURST`] views at once, then one each [`INTERVAL`]. A view that comes
+//! before its turn waits for it, and a later view replaces the waiting one (which is passed
+//! over, never stored): the last view an agent reports is always stored, at most [`INTERVAL`]
+//! late, and an agent reporting at the usual pace (after a catalog change, or when something on
+//! its host changed) is never held back.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use toolsrv_proto::v1::HostView;
+
+/// Views one link may store at once.
+pub(crate) const BURST: u32 = 16;
+/// Then one view each this long.
+pub(crate) const INTERVAL: Duration = Duration::from_millis(500);
+
+/// One link's pace, and the view waiting for its turn.
+#[derive(Debug)]
+pub(crate) struct ViewPace {
+    /// When the bucket is full again: each stored view moves it [`INTERVAL`] later, and a view
+    /// may be stored while it is at most `BURST` intervals ahead (a token bucket kept as one
+    /// instant, as GCRA does).
+    full_at: Instant,
+    waiting: Option<HostView>,
+    /// Whether a view has waited on this link yet.
+    held: bool,
+}
+
+/// What to do with a view the agent reported.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Offered {
+    /// The view to store now; `None`: it waits for its turn.
+    pub store: Option<HostView>,
+    /// A view that was waiting is passed over: this one replaces it.
+    pub replaced: bool,
+    /// The first view of the link that waits.
+    pub first_wait: bool,
+}
+
+impl ViewPace {
+    pub fn new(now: Instant) -> Self {
+        Self {
+            full_at: now,
+            waiting: None,
+            held: false,
+        }
+    }
+
+    /// A whole view from the agent at `now`.
+    pub fn offer(&mut self, view: HostView, now: Instant) -> Offered {
+        let (store, replaced, first_wait) = if self.take_turn(now) {
+            (Some(view), self.waiting.take().is_some(), false)
+        } else {
+            let replaced = self.waiting.replace(view).is_some();
+            (None, replaced, !std::mem::replace(&mut self.held, true))
+        };
+        Offered {
+            store,
+            replaced,
+            first_wait,
+        }
+    }
+
+    /// When the waiting view's turn comes; `None` when none waits.
+    pub fn due(&self) -> Option<Instant> {
+        self.waiting.as_ref()?;
+        Some(self.turn_at())
+    }
+
+    /// The waiting view, if its turn has come at `now`.
+    pub fn take_due(&mut self, now: Instant) -> Option<HostView> {
+        self.waiting.as_ref()?;
+        if !self.take_turn(now) {
+            return None;
+        }
+        self.waiting.take()
+    }
+
+    /// The first instant a view may be stored.
+    fn turn_at(&self) -> Instant {
+        self.full_at
+            .checked_sub(INTERVAL * (BURST - 1))
+            .unwrap_or(self.full_at)
+    }
+
+    /// Takes a turn at `now` if one is free.
+    fn take_turn(&mut self, now: Instant) -> bool {
+        if now < self.turn_at() {
+            return false;
+        }
+        self.full_at = self.full_at.max(now) + INTERVAL;
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(revision: u64) -> HostView {
+        HostView {
+            catalog_revision: revision,
+            ..HostView::default()
+        }
+    }
+
+    fn stored(view: HostView) -> Offered {
+        Offered {
+            store: Some(view),
+            replaced: false,
+            first_wait: false,
+        }
+    }
+
+    fn waits(first_wait: bool, replaced: bool) -> Offered {
+        Offered {
+            store: None,
+            replaced,
+            first_wait,
+        }
+    }
+
+    #[test]
+    fn a_burst_is_stored_at_once_then_one_view_each_interval_and_the_last_always() {
+        let start = Instant::now();
+        let mut pace = ViewPace::new(start);
+        for i in 0..u64::from(BURST) {
+            assert_eq!(pace.offer(view(i), start), stored(view(i)));
+        }
+        assert_eq!(pace.due(), None);
+        // The next waits for one interval; those after it replace it.
+        assert_eq!(pace.offer(view(100), start), waits(true, false));
+        let due = pace.due().unwrap();
+        assert_eq!(due, start + INTERVAL);
+        for r in 101..110 {
+            let now = start + Duration::from_millis(10);
+            assert_eq!(pace.offer(view(r), now), waits(false, true));
+        }
+        assert_eq!(pace.take_due(due - Duration::from_millis(1)), None);
+        assert_eq!(pace.take_due(due), Some(view(109)), "the latest is stored");
+        assert_eq!(pace.due(), None);
+        // Still out of turns: the next waits another interval.
+        assert_eq!(pace.offer(view(200), due), waits(false, false));
+        assert_eq!(pace.due(), Some(due + INTERVAL));
+    }
+
+    #[test]
+    fn a_quiet_link_gets_its_burst_back_and_a_steady_one_is_never_held() {
+        let start = Instant::now();
+        let mut pace = ViewPace::new(start);
+        for i in 0..BURST {
+            assert!(pace.offer(view(0), start).store.is_some(), "{i}");
+        }
+        // Quiet for BURST intervals: a whole burst again.
+        let later = start + INTERVAL * BURST;
+        for i in 0..BURST {
+            assert!(pace.offer(view(1), later).store.is_some(), "{i}");
+        }
+        // A view each interval, for ever: stored each time.
+        let mut now = later;
+        for i in 0..1000 {
+            now += INTERVAL;
+            assert_eq!(pace.offer(view(2), now), stored(view(2)), "{i}");
+        }
+    }
+
+    #[test]
+    fn a_view_arriving_when_the_waiting_one_is_due_is_stored_in_its_place() {
+        // The link's loop had not woken for the waiting view when a newer one came: the newer
+        // one is stored, the waiting one passed over.
+        let start = Instant::now();
+        let mut pace = ViewPace::new(start);
+        for _ in 0..BURST {
+            pace.offer(view(0), start);
+        }
+        assert_eq!(pace.offer(view(1), start), waits(true, false));
+        let late = start + INTERVAL * 3;
+        assert_eq!(
+            pace.offer(view(2), late),
+            Offered {
+                store: Some(view(2)),
+                replaced: true,
+                first_wait: false,
+            }
+        );
+        assert_eq!(pace.due(), None);
+        assert_eq!(pace.take_due(late + INTERVAL * 100), None);
+    }
+}
