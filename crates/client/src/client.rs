@@ -178,16 +178,24 @@ impl Client {
 
     /// One tool's definition as `host` resolves it.
     pub async fn describe(&self, host: &str, tool: &str) -> Result<ToolDefinition, ClientError> {
+        Ok(self.describe_tool(host, tool).await?.definition)
+    }
+
+    /// [`Client::describe`], and whether the tool is the host's own rather than the catalog's.
+    pub async fn describe_tool(&self, host: &str, tool: &str) -> Result<Described, ClientError> {
         let request = DescribeToolRequest {
             host: host.to_string(),
             tool: tool.to_string(),
         };
-        Ok(self
-            .inner
-            .clone()
-            .describe_tool(request)
-            .await?
-            .into_inner())
+        let response = self.inner.clone().describe_tool(request).await?;
+        let host_only = response
+            .metadata()
+            .get(toolsrv_proto::HOST_ONLY_METADATA)
+            .is_some_and(|v| v.as_bytes() == b"true");
+        Ok(Described {
+            definition: response.into_inner(),
+            host_only,
+        })
     }
 
     /// Starts a call. Read the stream to its result; dropping it early cancels the call on the host.
@@ -270,6 +278,15 @@ impl Client {
             .into_inner();
         Ok(WatchStream { inner: stream })
     }
+}
+
+/// One tool's definition on one host, and where it comes from.
+#[derive(Debug, Clone)]
+pub struct Described {
+    pub definition: ToolDefinition,
+    /// The host's own tool (from its agent's own tools directories): what it says is that
+    /// host's word, not the catalog's.
+    pub host_only: bool,
 }
 
 /// A call's output and result, collected.

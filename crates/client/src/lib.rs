@@ -25,8 +25,8 @@ mod shape;
 mod status;
 
 pub use client::{
-    CallOutcome, CallStream, Client, ConnectOptions, FanOutStream, HostEvent, MAX_MESSAGE_SIZE,
-    WatchStream,
+    CallOutcome, CallStream, Client, ConnectOptions, Described, FanOutStream, HostEvent,
+    MAX_MESSAGE_SIZE, WatchStream,
 };
 pub use error::ClientError;
 pub use session::{Profile, SessionWatch};

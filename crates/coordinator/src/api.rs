@@ -264,9 +264,14 @@ impl Tools for ToolsService {
                 .await
                 .map_err(Refusal::grpc)?;
         let tool = refusal::visible_tool(state, &host, &req.tool).map_err(Refusal::grpc)?;
-        Ok(Response::new(
-            tool.definition.as_deref().cloned().unwrap_or_default(),
-        ))
+        let mut response = Response::new(tool.definition.as_deref().cloned().unwrap_or_default());
+        if tool.host_only {
+            response.metadata_mut().insert(
+                toolsrv_proto::HOST_ONLY_METADATA,
+                tonic::metadata::MetadataValue::from_static("true"),
+            );
+        }
+        Ok(response)
     }
 
     async fn call(&self, req: Request<CallRequest>) -> Result<Response<Self::CallStream>, Status> {

@@ -29,5 +29,9 @@ pub fn unix_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// Response metadata of `DescribeTool` when the tool described is the host's own, not the
+/// catalog's (its value is `true`).
+pub const HOST_ONLY_METADATA: &str = "toolsrv-host-only";
+
 /// The encoded file descriptor set, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("toolsrv_descriptor");

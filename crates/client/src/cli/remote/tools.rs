@@ -23,8 +23,8 @@ pub async fn describe(conn: &ConnArgs, host: &str, tool: &str) -> u8 {
         Ok(remote) => remote,
         Err(code) => return code,
     };
-    let definition = match remote.client.describe(host, tool).await {
-        Ok(definition) => definition,
+    let described = match remote.client.describe_tool(host, tool).await {
+        Ok(described) => described,
         Err(e) => {
             return remote.fail(
                 &format!("cannot describe tool `{tool}` on host `{host}`"),
@@ -32,17 +32,14 @@ pub async fn describe(conn: &ConnArgs, host: &str, tool: &str) -> u8 {
             );
         }
     };
-    // The definition says nothing of where it comes from; the host's listing does.
-    if let Ok(listing) = remote.client.tools(host, false).await
-        && listing.tools.iter().any(|t| t.name == tool && t.host_only)
-    {
+    if described.host_only {
         eprintln!(
             "toolctl: note: `{}` is host `{}`'s own tool, not the catalog's: what it says is the host's word",
             printable(tool),
             printable(host)
         );
     }
-    match definition_json(&definition) {
+    match definition_json(&described.definition) {
         Ok(value) => written(
             write_json(&mut std::io::stdout().lock(), &value),
             "the definition",
