@@ -303,6 +303,21 @@ fn one_client_cannot_fill_a_host_and_others_are_served_at_once() {
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
 
+/// Sends the coordinator SIGHUP and waits for the audit log it reopens to appear at `file`.
+fn reopen_audit_log(fleet: &Fleet, file: &Path) {
+    let pid = fleet.coordinator.as_ref().unwrap().pid();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    wait_for(
+        "the coordinator to reopen its audit log",
+        Duration::from_secs(20),
+        || file.exists().then_some(()),
+    );
+}
+
 #[test]
 fn sighup_reopens_the_audit_log_for_logrotate() {
     let mut fleet = Fleet::new(&["a"]);
@@ -318,17 +333,7 @@ fn sighup_reopens_the_audit_log_for_logrotate() {
     assert!(fleet.toolctl(&["call", "a", "echo"]).status.success());
     let rotated = fleet.work.path().join("audit.jsonl.1");
     std::fs::rename(&log, &rotated).unwrap();
-    let pid = fleet.coordinator.as_ref().unwrap().pid();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGHUP,
-    )
-    .unwrap();
-    wait_for(
-        "the coordinator to reopen its audit log",
-        Duration::from_secs(20),
-        || log.exists().then_some(()),
-    );
+    reopen_audit_log(&fleet, &log);
     assert!(fleet.toolctl(&["call", "a", "echo"]).status.success());
     assert_eq!(
         json_lines(&rotated).len(),
@@ -340,6 +345,80 @@ fn sighup_reopens_the_audit_log_for_logrotate() {
         1,
         "the second call goes to the new file"
     );
+}
+
+/// The audit log on a full disk (`/dev/full`, through a symlink): the call that finds it so
+/// runs, its record going to the coordinator's log instead; every call and fan-out after it is
+/// refused before reaching a host (exit 75, naming the log), and so says the metric. Once the
+/// log takes records again (the symlink pointed at a file, then SIGHUP), the refusal that is
+/// written lets the next call run.
+#[test]
+fn an_audit_log_that_cannot_be_written_stops_calls_until_it_can() {
+    let mut fleet = Fleet::new(&["a"]);
+    let work = fleet.work.path().to_path_buf();
+    let log = work.join("audit-now.jsonl");
+    std::os::unix::fs::symlink("/dev/full", &log).unwrap();
+    let mark = fleet.marks().join("ran");
+    marking_tool(&fleet, "mark", &mark, 0);
+    fleet.start_coordinator(&[
+        &format!("--audit-log={}", log.display()),
+        "--metrics-listen=127.0.0.1:0",
+    ]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "mark");
+    let failing = || {
+        let addr = fleet.coordinator.as_ref().unwrap().metrics_addr();
+        let (_, body) = toolsrv_tests::http_get(&addr, "/metrics").unwrap();
+        body.lines()
+            .find_map(|l| l.strip_prefix("toolsrv_audit_log_failing "))
+            .map(|v| v.trim().to_string())
+    };
+    assert_eq!(failing().as_deref(), Some("0"));
+
+    // The first call runs: nothing said the log was full before its record.
+    let out = fleet.toolctl(&["call", "a", "mark"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(mark.exists());
+    let coordinator_log = fleet.coordinator.as_ref().unwrap().log();
+    assert!(
+        coordinator_log.contains("cannot write the audit log")
+            && coordinator_log.contains("logged here instead"),
+        "{coordinator_log}"
+    );
+    assert_eq!(failing().as_deref(), Some("1"));
+
+    // Then nothing runs, a call or a fan-out.
+    std::fs::remove_file(&mark).unwrap();
+    let refused = |args: &[&str]| {
+        let out = fleet.toolctl(args);
+        assert_exit(
+            &out,
+            75,
+            &["cannot write its audit log", &log.display().to_string()],
+        );
+    };
+    refused(&["call", "a", "mark"]);
+    refused(&["fanout", "all", "mark"]);
+    assert!(!mark.exists(), "a refused call reached the host");
+
+    // Room again: the log points at a file, the coordinator reopens it.
+    let file = work.join("audit.jsonl");
+    let next = work.join("audit-next.jsonl");
+    std::os::unix::fs::symlink(&file, &next).unwrap();
+    std::fs::rename(&next, &log).unwrap();
+    reopen_audit_log(&fleet, &file);
+    // The first call is refused still; its refusal is the record that shows the log works.
+    refused(&["call", "a", "mark"]);
+    assert_eq!(failing().as_deref(), Some("0"));
+    let out = fleet.toolctl(&["call", "a", "mark"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(mark.exists());
+    let records = json_lines(&file);
+    assert_eq!(records.len(), 2, "{records:?}");
+    assert_eq!(records[0]["event"], "refusal");
+    assert_eq!(records[0]["code"], "Unavailable");
+    assert_eq!(records[1]["event"], "call");
+    assert_eq!(records[1]["status"], "CALL_STATUS_OK");
 }
 
 /// One client may hold `--max-watches-per-client` watch streams (catalog and session watches

@@ -287,6 +287,7 @@ impl Tools for ToolsService {
         // Counted before the drain check: a drain that begins after the check waits for it.
         let running = state.in_flight.token();
         draining(&state).map_err(refuse)?;
+        audit_writable(&state).map_err(refuse)?;
         bounded("the host id", &req.host, toolsrv_tls::MAX_NAME_LEN).map_err(refuse)?;
         if !req.session.is_empty() {
             session_api::touch(&state, &client, &req.session, &req.tool).map_err(refuse)?;
@@ -344,6 +345,7 @@ impl Tools for ToolsService {
         };
         let running = state.in_flight.token();
         draining(&state).map_err(refuse)?;
+        audit_writable(&state).map_err(refuse)?;
         bounded("the selector", &req.selector, MAX_SELECTOR_BYTES).map_err(refuse)?;
         let selector = Selector::parse(&req.selector)
             .map_err(|e| refuse(Status::invalid_argument(e.to_string())))?;
@@ -823,6 +825,11 @@ fn draining(state: &State) -> Result<(), Status> {
         ));
     }
     Ok(())
+}
+
+/// Refuses a new call or fan-out while the audit log cannot be written ([`crate::audit`]).
+fn audit_writable(state: &State) -> Result<(), Status> {
+    state.audit.writable().map_err(Status::unavailable)
 }
 
 fn host_event(host: &str, event: fan_out_event::Event) -> FanOutEvent {

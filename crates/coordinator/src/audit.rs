@@ -5,6 +5,12 @@
 //! created before the call is routed and writes its record when finished or, if the caller
 //! vanishes first (its future is dropped), from `Drop`; requests refused before routing (bad
 //! arguments, selector, quota) are written by [`Audit::refused`].
+//!
+//! A record that cannot be written (a full disk, a read-only or vanished file system) makes
+//! [`Audit::writable`] refuse every new call and fan-out until a record can be written again:
+//! the refusal's own record is the attempt, so the first one written after the cause is gone
+//! lets the next call run. Calls already running finish; their records may be lost, and the
+//! coordinator's log says so for each.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -27,7 +33,45 @@ const MAX_MESSAGE_FIELD: usize = 1024;
 /// Where audit records go: a file (JSON lines), or the log under the `audit` target.
 #[derive(Debug)]
 pub struct Audit {
-    file: Option<(PathBuf, Mutex<std::fs::File>)>,
+    file: Option<(PathBuf, Mutex<Sink>)>,
+}
+
+/// The audit file and whether its last write failed.
+#[derive(Debug)]
+struct Sink {
+    out: Box<dyn WriteFile>,
+    /// Why the last write failed; `None` while records are written.
+    failing: Option<String>,
+    /// A failed write left part of a record in the file: the next one starts on a new line.
+    cut: bool,
+}
+
+/// What the audit sink writes to: the file, or a test's stand-in.
+trait WriteFile: Write + Send + std::fmt::Debug {}
+impl<T: Write + Send + std::fmt::Debug> WriteFile for T {}
+
+impl Sink {
+    fn new(out: Box<dyn WriteFile>) -> Self {
+        Self {
+            out,
+            failing: None,
+            cut: false,
+        }
+    }
+
+    /// Writes `line` whole, or says how many of its bytes went out before the error.
+    fn write_counted(&mut self, line: &[u8]) -> Result<(), (usize, std::io::Error)> {
+        let mut done = 0;
+        while done < line.len() {
+            match self.out.write(&line[done..]) {
+                Ok(0) => return Err((done, std::io::ErrorKind::WriteZero.into())),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err((done, e)),
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What the audit log records of one call, besides its outcome.
@@ -71,7 +115,10 @@ impl Audit {
     pub fn open(path: Option<&Path>) -> Result<Self, FileError> {
         let file = match path {
             None => None,
-            Some(p) => Some((p.to_path_buf(), Mutex::new(open(p, "open")?))),
+            Some(p) => Some((
+                p.to_path_buf(),
+                Mutex::new(Sink::new(Box::new(open(p, "open")?))),
+            )),
         };
         Ok(Self { file })
     }
@@ -83,8 +130,37 @@ impl Audit {
             return Ok(());
         };
         let fresh = open(path, "reopen")?;
-        *file.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
+        let mut sink = file.lock().unwrap_or_else(|p| p.into_inner());
+        sink.out = Box::new(fresh);
+        // A new file holds no part of a record.
+        sink.cut = false;
         Ok(())
+    }
+
+    /// Refuses a new call while the audit file cannot be written: no call runs without its
+    /// record. The refusal's own record ([`Audit::refused`]) tries again.
+    pub fn writable(&self) -> Result<(), String> {
+        let Some((path, file)) = &self.file else {
+            return Ok(());
+        };
+        match &file.lock().unwrap_or_else(|p| p.into_inner()).failing {
+            None => Ok(()),
+            Some(e) => Err(format!(
+                "the coordinator cannot write its audit log {} ({e}) and runs no call it cannot \
+                 record: retry once an operator has made room for it",
+                path.display()
+            )),
+        }
+    }
+
+    /// Whether the last write to the audit file failed.
+    pub fn failing(&self) -> bool {
+        self.file.as_ref().is_some_and(|(_, file)| {
+            file.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .failing
+                .is_some()
+        })
     }
 
     /// Records a call's outcome.
@@ -204,13 +280,34 @@ impl Audit {
     fn write(&self, line: serde_json::Value) {
         match &self.file {
             Some((path, file)) => {
-                let mut line = line.to_string();
-                line.push('\n');
-                let mut f = file.lock().unwrap_or_else(|p| p.into_inner());
-                // One write per record, so that concurrent records never interleave; a `File`
-                // has no user-space buffer, so the record is in the kernel when this returns.
-                if let Err(e) = f.write_all(line.as_bytes()) {
-                    tracing::error!(error = %e, path = %path.display(), "cannot write the audit log");
+                let mut sink = file.lock().unwrap_or_else(|p| p.into_inner());
+                // After a record cut short, this one starts on a line of its own: readers lose
+                // the broken line, never the next record.
+                let mut text = if sink.cut {
+                    "\n".to_string()
+                } else {
+                    String::new()
+                };
+                text.push_str(&line.to_string());
+                text.push('\n');
+                // One write per record under the lock, so that concurrent records never
+                // interleave; a `File` has no user-space buffer, so the record is in the kernel
+                // when this returns.
+                match sink.write_counted(text.as_bytes()) {
+                    Ok(()) => {
+                        sink.cut = false;
+                        if let Some(was) = sink.failing.take() {
+                            tracing::warn!(path = %path.display(), was = %was, "the audit log is written again: calls are taken again");
+                        }
+                    }
+                    Err((written, e)) => {
+                        sink.cut |= written > 0;
+                        if sink.failing.is_none() {
+                            tracing::error!(error = %e, path = %path.display(), "cannot write the audit log: new calls and fan-outs are refused until a record can be written");
+                        }
+                        tracing::error!(error = %e, path = %path.display(), record = %line, "an audit record the audit log could not take, logged here instead");
+                        sink.failing = Some(e.to_string());
+                    }
                 }
             }
             None => tracing::info!(target: "audit", "{line}"),
@@ -342,6 +439,96 @@ mod tests {
                 .ends_with("[5242880 bytes]")
         );
         assert_eq!(got[1]["status"], "REFUSED");
+    }
+
+    /// A file that takes `room` bytes more, then fails as a full disk does; what it took is
+    /// shared with the test.
+    #[derive(Debug, Clone)]
+    struct Disk {
+        taken: std::sync::Arc<Mutex<Vec<u8>>>,
+        room: std::sync::Arc<Mutex<usize>>,
+    }
+
+    impl Write for Disk {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let mut room = self.room.lock().unwrap();
+            if *room == 0 {
+                // ENOSPC, as a full disk answers.
+                return Err(std::io::Error::from_raw_os_error(28));
+            }
+            let n = buf.len().min(*room);
+            *room -= n;
+            self.taken.lock().unwrap().extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_log_that_cannot_be_written_refuses_calls_until_a_record_is_written_again() {
+        let disk = Disk {
+            taken: Default::default(),
+            room: std::sync::Arc::new(Mutex::new(usize::MAX)),
+        };
+        let audit = Audit {
+            file: Some((
+                PathBuf::from("/var/log/toolsrv/audit.jsonl"),
+                Mutex::new(Sink::new(Box::new(disk.clone()))),
+            )),
+        };
+        let ok = || CallResult::not_run(CallStatus::Ok, "");
+        audit.record(&record("one"), &ok());
+        assert!(audit.writable().is_ok() && !audit.failing());
+
+        // The disk fills in the middle of the next record.
+        *disk.room.lock().unwrap() = 10;
+        audit.record(&record("two"), &ok());
+        assert!(audit.failing());
+        let why = audit.writable().unwrap_err();
+        assert!(
+            why.contains("/var/log/toolsrv/audit.jsonl")
+                && why.contains("No space left on device")
+                && why.contains("runs no call it cannot record"),
+            "{why}"
+        );
+        // A refusal written to a full disk: still failing.
+        let refusal = tonic::Status::unavailable(why);
+        audit.refused("alice", "a", "t", &refusal);
+        assert!(audit.writable().is_err());
+
+        // Room again: the next refusal is written, and calls are taken again.
+        *disk.room.lock().unwrap() = usize::MAX;
+        audit.refused("alice", "a", "t", &refusal);
+        assert!(audit.writable().is_ok() && !audit.failing());
+        audit.record(&record("three"), &ok());
+
+        // Every line but the one cut short is a whole record, in order.
+        let taken = String::from_utf8(disk.taken.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = taken.lines().collect();
+        assert_eq!(lines.len(), 4, "{taken}");
+        let parsed: Vec<Option<serde_json::Value>> =
+            lines.iter().map(|l| serde_json::from_str(l).ok()).collect();
+        assert_eq!(parsed[0].as_ref().unwrap()["host"], "one");
+        assert!(parsed[1].is_none(), "the cut record: {}", lines[1]);
+        assert_eq!(lines[1].len(), 10);
+        assert_eq!(parsed[2].as_ref().unwrap()["event"], "refusal");
+        assert!(
+            parsed[2].as_ref().unwrap()["message"]
+                .as_str()
+                .unwrap()
+                .contains("cannot write its audit log")
+        );
+        assert_eq!(parsed[3].as_ref().unwrap()["host"], "three");
+    }
+
+    #[test]
+    fn without_a_file_calls_are_always_taken() {
+        let audit = Audit::open(None).unwrap();
+        audit.record(&record("a"), &CallResult::not_run(CallStatus::Ok, ""));
+        assert!(audit.writable().is_ok() && !audit.failing());
     }
 
     #[test]

@@ -283,6 +283,12 @@ impl MetricsCollector for StateCollector {
         )?;
         encode_gauge(
             &mut encoder,
+            "audit_log_failing",
+            "1 while the last write to --audit-log failed: new calls and fan-outs are refused until a record can be written",
+            i64::from(state.audit.failing()),
+        )?;
+        encode_gauge(
+            &mut encoder,
             "find_index_documents",
             "Distinct tool definitions in the FindTools index (a tool resolved two ways counts twice)",
             count(state.finder.documents()),
