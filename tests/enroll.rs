@@ -493,9 +493,12 @@ fn renewal_under_a_short_lifetime_keeps_a_running_call_and_the_link() {
         first_end.contains("its certificate expired"),
         "the first link ended for its certificate, after the call: {first_end}"
     );
-    let hosts = fleet.hosts();
-    let host = hosts.iter().find(|h| h["host_id"] == "r-1").unwrap();
-    assert_eq!(host["state"], "online", "{host}");
+    // The new link is up; its view may take a moment more (the host is `syncing` until then).
+    wait_for("r-1 online again", Duration::from_secs(20), || {
+        let hosts = fleet.hosts();
+        let host = hosts.iter().find(|h| h["host_id"] == "r-1")?;
+        (host["state"] == "online").then_some(())
+    });
     assert!(fleet.toolctl(&["call", "r-1", "slow"]).status.success());
     fleet.coordinator = None;
     start_enrolling(&mut fleet, &["--agent-cert-ttl=6s"]);
@@ -664,6 +667,59 @@ mod wire {
             assert_eq!(err.code(), tonic::Code::PermissionDenied);
             assert!(err.message().contains("already used"), "{err:?}");
         });
+    }
+
+    /// The audit log on a full disk (`/dev/full`, through a symlink): the token created as the
+    /// log fails is handed out (its record goes to the coordinator's log instead), then neither
+    /// a token nor a certificate is until the log takes records again; the token refused
+    /// meanwhile stays usable.
+    #[test]
+    fn nothing_is_granted_that_the_audit_log_cannot_record() {
+        let mut fleet = Fleet::new(&["a"]);
+        fleet.tool("hello.meta", HELLO, false);
+        let log = fleet.audit_log();
+        std::os::unix::fs::symlink("/dev/full", &log).unwrap();
+        start_enrolling(&mut fleet, &[]);
+        let (tok, _) = token(&fleet, "h-1", &[]);
+        let out = create_token(&fleet, "client-alice", &["--host-id", "h-2"]).unwrap_err();
+        assert_exit(&out, 75, &["cannot write its audit log"]);
+        runtime().block_on(async {
+            let mut client = EnrollmentClient::new(anonymous(&fleet).await);
+            let join = || JoinRequest {
+                token: tok.clone(),
+                csr_der: csr(Vec::new()).1,
+                ..JoinRequest::default()
+            };
+            let err = client.join(join()).await.unwrap_err();
+            assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+            assert!(
+                err.message().contains("cannot write its audit log"),
+                "{err:?}"
+            );
+
+            // Room again: the symlink goes, and the coordinator makes a file in its place.
+            std::fs::remove_file(&log).unwrap();
+            let pid = fleet.coordinator.as_ref().unwrap().pid();
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGHUP,
+            )
+            .unwrap();
+            wait_for("the audit log reopened", Duration::from_secs(20), || {
+                log.symlink_metadata()
+                    .is_ok_and(|m| m.is_file())
+                    .then_some(())
+            });
+            // The refusal written is what shows the log works; the token was never used.
+            let err = client.join(join()).await.unwrap_err();
+            assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+            let issued = client.join(join()).await.unwrap().into_inner();
+            assert_eq!(issued.host_id, "h-1");
+        });
+        let joins = audit(&fleet, "join");
+        assert_eq!(joins.len(), 2, "{joins:?}");
+        assert_eq!(joins[0]["outcome"], "refused");
+        assert_eq!(joins[1]["outcome"], "granted");
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! arguments, selector, quota) are written by [`Audit::refused`].
 //!
 //! A record that cannot be written (a full disk, a read-only or vanished file system) makes
-//! [`Audit::writable`] refuse every new call and fan-out until a record can be written again:
+//! [`Audit::writable`] refuse every new call, fan-out, join and join token until a record can
+//! be written again:
 //! the refusal's own record is the attempt, so the first one written after the cause is gone
 //! lets the next call run. Calls already running finish; their records may be lost, and the
 //! coordinator's log says so for each.
@@ -146,8 +147,8 @@ impl Audit {
         match &file.lock().unwrap_or_else(|p| p.into_inner()).failing {
             None => Ok(()),
             Some(e) => Err(format!(
-                "the coordinator cannot write its audit log {} ({e}) and runs no call it cannot \
-                 record: retry once an operator has made room for it",
+                "the coordinator cannot write its audit log {} ({e}), and starts no call, \
+                 fan-out or join it cannot record: retry once an operator has made room for it",
                 path.display()
             )),
         }
@@ -303,7 +304,7 @@ impl Audit {
                     Err((written, e)) => {
                         sink.cut |= written > 0;
                         if sink.failing.is_none() {
-                            tracing::error!(error = %e, path = %path.display(), "cannot write the audit log: new calls and fan-outs are refused until a record can be written");
+                            tracing::error!(error = %e, path = %path.display(), "cannot write the audit log: new calls, fan-outs, joins and join tokens are refused until a record can be written");
                         }
                         tracing::error!(error = %e, path = %path.display(), record = %line, "an audit record the audit log could not take, logged here instead");
                         sink.failing = Some(e.to_string());
@@ -491,7 +492,7 @@ mod tests {
         assert!(
             why.contains("/var/log/toolsrv/audit.jsonl")
                 && why.contains("No space left on device")
-                && why.contains("runs no call it cannot record"),
+                && why.contains("starts no call, fan-out or join it cannot record"),
             "{why}"
         );
         // A refusal written to a full disk: still failing.

@@ -176,7 +176,10 @@ impl EnrollmentRpc for EnrollmentService {
         };
         let mut by = serde_json::Value::Null;
         let mut signed_by = None;
-        let mut result = if body.kubernetes_token.is_empty() {
+        // No certificate is handed out that the audit log cannot record ([`crate::audit`]).
+        let mut result = if let Err(why) = self.state.audit.writable() {
+            Err((body.host_id.clone(), Status::unavailable(why)))
+        } else if body.kubernetes_token.is_empty() {
             self.inner_join(&body)
         } else {
             self.inner_kubernetes_join(&body, &mut by).await
@@ -337,7 +340,10 @@ impl JoinTokens for JoinTokensService {
         let client = Caller::client(&req).unwrap_or_default();
         let admin = Caller::admin(&req, &self.state.config.admins);
         let body = req.into_inner();
-        let result = admin.and_then(|admin| self.inner_create(&admin, &body));
+        let result = admin.and_then(|admin| {
+            self.state.audit.writable().map_err(Status::unavailable)?;
+            self.inner_create(&admin, &body)
+        });
         let (outcome, message, expires) = match &result {
             Ok((_, record)) => ("granted", String::new(), Some(record.expires_unix)),
             Err(status) => ("refused", status.message().to_string(), None),
