@@ -517,17 +517,7 @@ mod wire {
         CreateJoinTokenRequest, FetchBlobRequest, ListHostsRequest, RenewRequest,
     };
 
-    fn runtime() -> tokio::runtime::Runtime {
-        toolsrv_tls::install_crypto_provider();
-        tokio::runtime::Runtime::new().unwrap()
-    }
-
-    async fn anonymous(fleet: &Fleet) -> tonic::transport::Channel {
-        let tls =
-            toolsrv_tls::anonymous_client_config(&fleet.pki.path("ca.pem"), Role::Coordinator)
-                .unwrap();
-        toolsrv_tls::connect(&fleet.url(), tls).await.unwrap()
-    }
+    use toolsrv_tests::{anonymous_channel as anonymous, runtime};
 
     #[test]
     fn a_peer_without_a_certificate_gets_nothing_but_enrollment() {

@@ -444,3 +444,85 @@ fn a_coordinator_without_kubernetes_join_refuses_such_tokens_and_bad_settings_st
         );
     }
 }
+
+/// A peer without a certificate sends bogus joins in a loop, service account tokens the API
+/// does not know and join tokens that do not exist: after 10 refusals its joins are refused
+/// unexamined (RESOURCE_EXHAUSTED, saying when to come back), so the API reviews at most 10 of
+/// them and the audit log holds a dozen records rather than one per request (before: every
+/// request reviewed and recorded). A pod with a good token on the same address joins once it
+/// has waited.
+#[test]
+fn an_address_that_keeps_sending_bad_joins_is_slowed_and_not_recorded_each_time() {
+    use toolsrv_proto::v1::JoinRequest;
+    use toolsrv_proto::v1::enrollment_client::EnrollmentClient;
+
+    let mut fleet = Fleet::new(&["a"]);
+    let api = FakeKubeApi::start(fleet.work.path()).unwrap();
+    api.add_token("jwt-good", pod_token(Some("node-g")));
+    let flags = kubernetes_flags(&fleet, &api, "1h");
+    start(&mut fleet, &flags);
+
+    const SENT: usize = 200;
+    let started = std::time::Instant::now();
+    let codes = toolsrv_tests::runtime().block_on(async {
+        let mut client = EnrollmentClient::new(toolsrv_tests::anonymous_channel(&fleet).await);
+        let mut codes = Vec::new();
+        for i in 0..SENT {
+            let mut join = JoinRequest {
+                csr_der: b"not even a CSR".to_vec(),
+                ..JoinRequest::default()
+            };
+            if i % 2 == 0 {
+                join.kubernetes_token = format!("jwt-bogus-{i}");
+            } else {
+                join.token = format!("tsj_bogus{i:040}");
+            }
+            let err = client.join(join).await.unwrap_err();
+            codes.push((err.code(), err.message().to_string()));
+        }
+        codes
+    });
+    let took = started.elapsed();
+    // Examined: the first 10, and one more per 6 s the loop took.
+    let examined = 10 + (took.as_secs() / 6) as usize + 1;
+    let throttled: Vec<_> = codes
+        .iter()
+        .filter(|(code, _)| *code == tonic::Code::ResourceExhausted)
+        .collect();
+    assert!(
+        throttled.len() >= SENT - examined,
+        "{} of {SENT} throttled in {took:?}; the first answers: {:?}",
+        throttled.len(),
+        &codes[..12]
+    );
+    assert!(
+        throttled[0]
+            .1
+            .contains("too many refused joins from 127.0.0.1")
+            && throttled[0].1.contains("come back in"),
+        "{:?}",
+        throttled[0]
+    );
+    let reviews = api.reviews().len();
+    assert!(reviews <= examined, "{reviews} reviews asked of the API");
+    let records = joins(&fleet);
+    assert!(
+        records.len() <= examined + 1,
+        "{} join records: {records:?}",
+        records.len()
+    );
+    assert!(records.iter().any(|r| r["outcome"] == "throttled"));
+    let log = fleet.coordinator.as_ref().unwrap().log();
+    assert_eq!(
+        log.matches("joins refused unexamined").count(),
+        1,
+        "warned once per run: {log}"
+    );
+
+    // Once it has waited, a good token from the same address is examined, and granted.
+    std::thread::sleep(Duration::from_secs(7));
+    let file = token_file(&fleet, "node-g", "jwt-good");
+    fleet.start_agent("node-g", &k8s_spec(&fleet, &file, &[]));
+    fleet.wait_online(&["node-g"], "hello");
+    assert_eq!(joins(&fleet).last().unwrap()["outcome"], "granted");
+}

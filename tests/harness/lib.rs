@@ -16,6 +16,27 @@ pub use toolsrv_testkit::{
 /// use for [`TestFleet`]).
 pub use toolsrv_testkit::TestFleet as Fleet;
 
+/// A runtime for a test that speaks gRPC itself, with the TLS provider installed.
+#[allow(clippy::expect_used)] // A test fixture: fails loudly.
+pub fn runtime() -> tokio::runtime::Runtime {
+    toolsrv_tls::install_crypto_provider();
+    tokio::runtime::Runtime::new().expect("a tokio runtime")
+}
+
+/// A connection to the fleet's coordinator from a peer without a certificate, as a host that
+/// comes to join has.
+#[allow(clippy::expect_used)] // A test fixture: fails loudly.
+pub async fn anonymous_channel(fleet: &Fleet) -> tonic::transport::Channel {
+    let tls = toolsrv_tls::anonymous_client_config(
+        &fleet.pki.path("ca.pem"),
+        toolsrv_tls::Role::Coordinator,
+    )
+    .expect("a client configuration without a certificate");
+    toolsrv_tls::connect(&fleet.url(), tls)
+        .await
+        .expect("a connection to the coordinator")
+}
+
 /// Asserts that two `--json` answers of `find` rank the same tools in the same order with the
 /// same scores, to 1e-6: two processes that rank alike may still differ in the last bits of a
 /// score (the coordinator sums a catalog's vectors in its hash map's order, which differs from

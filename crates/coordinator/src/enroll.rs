@@ -9,9 +9,11 @@
 //! - `Renewal` (agents): a new certificate for the caller's own host id and labels, as proven
 //!   by its current certificate.
 //!
-//! Every token creation, join and renewal, granted or refused, is audited.
+//! Every token creation, join and renewal, granted or refused, is audited; an address whose
+//! joins keep being refused is slowed down ([`throttle`]).
 
 pub mod kubernetes;
+mod throttle;
 pub mod tokens;
 
 use std::sync::Arc;
@@ -62,6 +64,8 @@ pub(crate) struct Enrollment {
     pin: String,
     /// Joins with Kubernetes service account tokens; `None` when off.
     kubernetes: Option<Reviewer>,
+    /// Refused joins per address.
+    throttle: throttle::Throttle,
 }
 
 impl Enrollment {
@@ -119,6 +123,7 @@ impl Enrollment {
             tokens,
             pin,
             kubernetes,
+            throttle: throttle::Throttle::default(),
         }))
     }
 }
@@ -140,10 +145,13 @@ fn ca_bundle(state: &State) -> Result<String, Status> {
 }
 
 fn remote<T>(req: &Request<T>) -> String {
+    remote_addr(req).map(|a| a.to_string()).unwrap_or_default()
+}
+
+fn remote_addr<T>(req: &Request<T>) -> Option<std::net::SocketAddr> {
     req.extensions()
         .get::<toolsrv_tls::ConnInfo>()
-        .map(|c| c.remote.to_string())
-        .unwrap_or_default()
+        .map(|c| c.remote)
 }
 
 /// The `Enrollment` service: served to anyone who reaches the port.
@@ -166,14 +174,41 @@ impl EnrollmentRpc for EnrollmentService {
 
     async fn join(&self, req: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
         let from = remote(&req);
-        // Marked by another replica that did not know the token: answered here alone.
+        // Marked by another replica that did not know the token: answered here alone, and
+        // counted against the joining host's address by the replica it reached.
         let relayed = crate::replicas::is_relayed(&req);
+        let counted = match (&self.state.enrollment, remote_addr(&req)) {
+            (Some(enrollment), Some(addr)) if !relayed => Some((&enrollment.throttle, addr.ip())),
+            _ => None,
+        };
         let body = req.into_inner();
         let with = if body.kubernetes_token.is_empty() {
             "join_token"
         } else {
             "kubernetes"
         };
+        if let Some((throttle, ip)) = counted
+            && let throttle::Admit::No {
+                retry_after,
+                record,
+            } = throttle.admit(ip, tokio::time::Instant::now())
+        {
+            self.state.metrics.join_throttled();
+            let message = format!(
+                "too many refused joins from {ip}: come back in {} s",
+                retry_after.as_secs().max(1)
+            );
+            if record {
+                tracing::warn!(remote = %from, "joins refused unexamined: too many refused joins from this address (10 at once, then one each 6 s); only the first is recorded");
+                self.state.audit.enrollment(
+                    "join",
+                    json!({"outcome": "throttled", "host": "", "remote": from,
+                           "asked_host": body.host_id, "with": with, "message": format!(
+                               "{message}; until then its joins are refused without a record each")}),
+                );
+            }
+            return Err(Status::resource_exhausted(message));
+        }
         let mut by = serde_json::Value::Null;
         let mut signed_by = None;
         // No certificate is handed out that the audit log cannot record ([`crate::audit`]).
@@ -210,6 +245,12 @@ impl EnrollmentRpc for EnrollmentService {
             Err((host, status)) => {
                 tracing::info!(host = %host, remote = %from, with, reason = %status.message(), "join refused");
                 audit("refused", host, status.message());
+                // The coordinator's own trouble (its audit log) is not the joining host's.
+                if let Some((throttle, ip)) = counted
+                    && status.code() != tonic::Code::Unavailable
+                {
+                    throttle.refused(ip, tokio::time::Instant::now());
+                }
             }
         }
         result.map(Response::new).map_err(|(_, status)| status)

@@ -12,6 +12,7 @@ mod agent_link;
 mod api;
 mod approvals;
 mod audit;
+mod bucket;
 mod calls;
 mod catalog;
 mod embeds;

@@ -29,6 +29,7 @@ pub struct Metrics {
     approvals: Family<Labels<1>, Counter>,
     attachments: Counter,
     views_passed_over: Counter,
+    joins_throttled: Counter,
     finds: Family<Labels<1>, Counter>,
     find_duration: Histogram,
     index_builds: Family<Labels<1>, Counter>,
@@ -52,6 +53,7 @@ impl Default for Metrics {
             approvals: Family::default(),
             attachments: Counter::default(),
             views_passed_over: Counter::default(),
+            joins_throttled: Counter::default(),
             finds: Family::default(),
             find_duration: duration_histogram(),
             index_builds: Family::default(),
@@ -103,6 +105,11 @@ impl Metrics {
             "views_passed_over",
             "Host views an agent reported that a newer one replaced before they were stored: an agent reporting more than 16 at once or 2 a second (each view stored is passed on to every watcher)",
             self.views_passed_over.clone(),
+        );
+        registry.register(
+            "joins_throttled",
+            "Joins refused unexamined because their address had too many refused joins (10 at once, then one each 6 s)",
+            self.joins_throttled.clone(),
         );
         registry.register(
             "find_requests",
@@ -196,6 +203,11 @@ impl Metrics {
     /// A view waiting for its turn was replaced by a newer one (`crate::view_pace`).
     pub fn view_passed_over(&self) {
         self.views_passed_over.inc();
+    }
+
+    /// A join was refused unexamined (`enroll::throttle`).
+    pub fn join_throttled(&self) {
+        self.joins_throttled.inc();
     }
 
     pub fn fanout(&self, hosts: usize) {

@@ -14,18 +14,23 @@ use std::time::Duration;
 use tokio::time::Instant;
 use toolsrv_proto::v1::HostView;
 
+use crate::bucket::{Bucket, Rate};
+
 /// Views one link may store at once.
 pub(crate) const BURST: u32 = 16;
 /// Then one view each this long.
 pub(crate) const INTERVAL: Duration = Duration::from_millis(500);
 
+const RATE: Rate = Rate {
+    burst: BURST,
+    interval: INTERVAL,
+};
+
 /// One link's pace, and the view waiting for its turn.
 #[derive(Debug)]
 pub(crate) struct ViewPace {
-    /// When the bucket is full again: each stored view moves it [`INTERVAL`] later, and a view
-    /// may be stored while it is at most `BURST` intervals ahead (a token bucket kept as one
-    /// instant, as GCRA does).
-    full_at: Instant,
+    /// A turn to store a view is a token.
+    turns: Bucket,
     waiting: Option<HostView>,
     /// Whether a view has waited on this link yet.
     held: bool,
@@ -45,7 +50,7 @@ pub(crate) struct Offered {
 impl ViewPace {
     pub fn new(now: Instant) -> Self {
         Self {
-            full_at: now,
+            turns: Bucket::full(now),
             waiting: None,
             held: false,
         }
@@ -53,7 +58,7 @@ impl ViewPace {
 
     /// A whole view from the agent at `now`.
     pub fn offer(&mut self, view: HostView, now: Instant) -> Offered {
-        let (store, replaced, first_wait) = if self.take_turn(now) {
+        let (store, replaced, first_wait) = if self.turns.try_take(now, RATE) {
             (Some(view), self.waiting.take().is_some(), false)
         } else {
             let replaced = self.waiting.replace(view).is_some();
@@ -69,32 +74,16 @@ impl ViewPace {
     /// When the waiting view's turn comes; `None` when none waits.
     pub fn due(&self) -> Option<Instant> {
         self.waiting.as_ref()?;
-        Some(self.turn_at())
+        Some(self.turns.next_at(RATE))
     }
 
     /// The waiting view, if its turn has come at `now`.
     pub fn take_due(&mut self, now: Instant) -> Option<HostView> {
         self.waiting.as_ref()?;
-        if !self.take_turn(now) {
+        if !self.turns.try_take(now, RATE) {
             return None;
         }
         self.waiting.take()
-    }
-
-    /// The first instant a view may be stored.
-    fn turn_at(&self) -> Instant {
-        self.full_at
-            .checked_sub(INTERVAL * (BURST - 1))
-            .unwrap_or(self.full_at)
-    }
-
-    /// Takes a turn at `now` if one is free.
-    fn take_turn(&mut self, now: Instant) -> bool {
-        if now < self.turn_at() {
-            return false;
-        }
-        self.full_at = self.full_at.max(now) + INTERVAL;
-        true
     }
 }
 
