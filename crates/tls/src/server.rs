@@ -6,10 +6,10 @@
 //! every request's extensions; [`peer_of`] reads it back in a handler or
 //! interceptor.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -37,6 +37,27 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a peer has, after the TLS handshake, to send the HTTP/2 connection
 /// preface; a connection that stays silent is closed instead of being held open.
 pub const PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connections from one address (see [`address_key`]) being set up at once: in their TLS
+/// handshake or waiting for their HTTP/2 preface. More are closed as soon as they are accepted,
+/// so that a peer opening connections faster than they time out cannot take every file
+/// descriptor (and with them every other host's next connection). A real host sets up one
+/// connection at a time, and each takes milliseconds: a NAT in front of hundreds of hosts that
+/// all reconnect at once (a coordinator restarted) stays under it or sees a few closed and
+/// retried.
+pub const MAX_SETTING_UP_PER_ADDRESS: usize = 256;
+
+/// The address a peer is counted under: an IPv4 address (also when mapped into IPv6), or an
+/// IPv6 address's /64, which one host can hold whole.
+pub fn address_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
+        },
+    }
+}
 
 /// What every client of a gRPC server sends first (RFC 9113 §3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -314,14 +335,24 @@ async fn accept_loop(
 ) {
     // Owned here so that aborting this task aborts every pending handshake.
     let mut handshakes = JoinSet::new();
+    let mut setting_up = SettingUp::default();
     loop {
         tokio::select! {
             () = tx.closed() => return,
-            Some(_) = handshakes.join_next(), if !handshakes.is_empty() => {}
+            Some(done) = handshakes.join_next_with_id(), if !handshakes.is_empty() => {
+                setting_up.done(match done {
+                    Ok((id, ())) => id,
+                    Err(e) => e.id(),
+                });
+            }
             accepted = listener.accept() => match accepted {
                 Ok((tcp, remote)) => {
+                    if !setting_up.admit(remote) {
+                        continue;
+                    }
                     let acceptor = TlsAcceptor::from(creds.borrow().clone());
-                    handshakes.spawn(handshake(acceptor, tcp, remote, timeouts, conns.clone(), tx.clone()));
+                    let task = handshakes.spawn(handshake(acceptor, tcp, remote, timeouts, conns.clone(), tx.clone()));
+                    setting_up.started(task.id(), remote.ip());
                 }
                 Err(e) => {
                     // Usually out of file descriptors: back off instead of
@@ -330,6 +361,49 @@ async fn accept_loop(
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
+        }
+    }
+}
+
+/// Connections being set up, per address ([`MAX_SETTING_UP_PER_ADDRESS`]).
+#[derive(Debug, Default)]
+struct SettingUp {
+    tasks: HashMap<tokio::task::Id, IpAddr>,
+    /// Per address: how many, and whether its going over the limit was logged.
+    addresses: HashMap<IpAddr, (usize, bool)>,
+}
+
+impl SettingUp {
+    /// Whether a connection from `remote` may be set up now; logs the first one refused of
+    /// each run.
+    fn admit(&mut self, remote: SocketAddr) -> bool {
+        let Some((n, logged)) = self.addresses.get_mut(&address_key(remote.ip())) else {
+            return true;
+        };
+        if *n < MAX_SETTING_UP_PER_ADDRESS {
+            return true;
+        }
+        if !std::mem::replace(logged, true) {
+            tracing::warn!(%remote, limit = MAX_SETTING_UP_PER_ADDRESS, "too many connections from this address being set up at once: new ones are closed until some are done");
+        }
+        false
+    }
+
+    fn started(&mut self, task: tokio::task::Id, ip: IpAddr) {
+        let key = address_key(ip);
+        self.tasks.insert(task, key);
+        self.addresses.entry(key).or_insert((0, false)).0 += 1;
+    }
+
+    fn done(&mut self, task: tokio::task::Id) {
+        let Some(key) = self.tasks.remove(&task) else {
+            return;
+        };
+        if let Some((n, _)) = self.addresses.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                self.addresses.remove(&key);
+            }
         }
     }
 }

@@ -113,3 +113,60 @@ async fn a_connection_that_sent_its_preface_outlives_the_timeout() {
     drop(tls);
     server.stop().await;
 }
+
+/// A TCP connection to `to` from the local address `from` (any port).
+async fn connect_from(from: &str, to: std::net::SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    socket.connect(to).await.unwrap()
+}
+
+/// A peer that opens connections and never handshakes holds at most
+/// `MAX_SETTING_UP_PER_ADDRESS` of them: the next are closed at once (before, each one was
+/// kept until its handshake timed out, so a peer opening them faster than that took every
+/// file descriptor). Another address is served meanwhile, and the peer is served again once
+/// its connections are gone.
+#[tokio::test]
+async fn a_peer_opening_connections_without_end_holds_only_a_few_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    common::pki(tmp.path());
+    let creds = ServerCreds::new(files(tmp.path(), &Identity::Coordinator)).unwrap();
+    let long = AcceptTimeouts {
+        handshake: Duration::from_secs(30),
+        preface: Duration::from_secs(30),
+    };
+    let server = common::serve_with("127.0.0.1:0", creds.subscribe(), long).await;
+    const FLOODER: &str = "127.0.0.2";
+
+    let mut held = Vec::new();
+    for _ in 0..toolsrv_tls::MAX_SETTING_UP_PER_ADDRESS {
+        held.push(connect_from(FLOODER, server.addr).await);
+    }
+    // One more: closed at once, well before any timeout.
+    let extra = connect_from(FLOODER, server.addr).await;
+    let took = until_closed(extra).await;
+    assert!(took < Duration::from_secs(3), "closed after {took:?}");
+    // Another address is served meanwhile.
+    let url = format!("https://{}", server.addr);
+    check(&url, client_cfg(tmp.path(), &alice())).await.unwrap();
+
+    // Its connections gone, the peer is served again.
+    drop(held);
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let tcp = connect_from(FLOODER, server.addr).await;
+        let tls = tokio_rustls::TlsConnector::from(client_cfg(tmp.path(), &alice()))
+            .connect(ServerName::IpAddress(server.addr.ip().into()), tcp)
+            .await;
+        if tls.is_ok() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never served again: {:?}",
+            tls.err()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.stop().await;
+}

@@ -21,6 +21,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use toolsrv_tls::address_key;
 
 use crate::bucket::{Bucket, Rate};
 
@@ -56,18 +57,6 @@ pub(crate) enum Admit {
     },
 }
 
-/// The address refusals are counted under: an IPv4 address (also when mapped into IPv6), or an
-/// IPv6 address's /64.
-fn key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
-        },
-    }
-}
-
 impl Throttle {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Counted>> {
         self.addresses.lock().unwrap_or_else(|p| p.into_inner())
@@ -76,7 +65,7 @@ impl Throttle {
     /// Whether a join from `ip` at `now` is examined.
     pub fn admit(&self, ip: IpAddr, now: Instant) -> Admit {
         let mut addresses = self.lock();
-        let Some(counted) = addresses.get_mut(&key(ip)) else {
+        let Some(counted) = addresses.get_mut(&address_key(ip)) else {
             return Admit::Yes;
         };
         let next = counted.refusals.next_at(RATE);
@@ -92,7 +81,7 @@ impl Throttle {
 
     /// A join from `ip` was examined and refused at `now`.
     pub fn refused(&self, ip: IpAddr, now: Instant) {
-        let key = key(ip);
+        let key = address_key(ip);
         let mut addresses = self.lock();
         if !addresses.contains_key(&key) && addresses.len() >= MAX_ADDRESSES {
             addresses.retain(|_, c| !c.refusals.is_full(now));
