@@ -496,7 +496,8 @@ fn handle(
 /// A whole view the agent reported: stored now if its link has a turn ([`crate::view_pace`]),
 /// else kept until its turn comes, in place of any view already waiting.
 fn offer_view(state: &State, link: &Link, shipped: &Shipped, pace: &mut ViewPace, view: HostView) {
-    let offered = pace.offer(view, tokio::time::Instant::now());
+    let sent = shipped.catalog(view.catalog_revision).is_some();
+    let offered = pace.offer(view, sent, tokio::time::Instant::now());
     if offered.replaced {
         state.metrics.view_passed_over();
     }

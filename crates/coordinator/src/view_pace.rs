@@ -7,7 +7,10 @@
 //! before its turn waits for it, and a later view replaces the waiting one (which is passed
 //! over, never stored): the last view an agent reports is always stored, at most [`INTERVAL`]
 //! late, and an agent reporting at the usual pace (after a catalog change, or when something on
-//! its host changed) is never held back.
+//! its host changed) is never held back. The first view of a catalog revision newer than any
+//! view stored on the link, and one the link was sent, is stored at once even without a turn:
+//! how often those come is the coordinator's to say (a catalog edited in many steps makes many
+//! revisions), not the agent's.
 
 use std::time::Duration;
 
@@ -34,6 +37,8 @@ pub(crate) struct ViewPace {
     waiting: Option<HostView>,
     /// Whether a view has waited on this link yet.
     held: bool,
+    /// The newest catalog revision of a view stored on this link.
+    newest: Option<u64>,
 }
 
 /// What to do with a view the agent reported.
@@ -53,12 +58,18 @@ impl ViewPace {
             turns: Bucket::full(now),
             waiting: None,
             held: false,
+            newest: None,
         }
     }
 
-    /// A whole view from the agent at `now`.
-    pub fn offer(&mut self, view: HostView, now: Instant) -> Offered {
-        let (store, replaced, first_wait) = if self.turns.try_take(now, RATE) {
+    /// A whole view from the agent at `now`; `sent`: its catalog revision is one the link was
+    /// sent lately (another is passed over when stored, so it has no claim to be on time).
+    pub fn offer(&mut self, view: HostView, sent: bool, now: Instant) -> Offered {
+        let new_revision = sent && self.newest.is_none_or(|n| view.catalog_revision > n);
+        // A view of a newer catalog takes a turn when one is free, and is stored regardless.
+        let turn = self.turns.try_take(now, RATE);
+        let (store, replaced, first_wait) = if turn || new_revision {
+            self.newest = self.newest.max(Some(view.catalog_revision));
             (Some(view), self.waiting.take().is_some(), false)
         } else {
             let replaced = self.waiting.replace(view).is_some();
@@ -83,18 +94,31 @@ impl ViewPace {
         if !self.turns.try_take(now, RATE) {
             return None;
         }
-        self.waiting.take()
+        let view = self.waiting.take()?;
+        self.newest = self.newest.max(Some(view.catalog_revision));
+        Some(view)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use toolsrv_proto::v1::ToolStatus;
+
     use super::*;
 
-    fn view(revision: u64) -> HostView {
+    /// A view of catalog revision 1, told apart from the others by `tag`.
+    fn view(tag: u64) -> HostView {
+        of_revision(1, tag)
+    }
+
+    fn of_revision(revision: u64, tag: u64) -> HostView {
         HostView {
             catalog_revision: revision,
-            ..HostView::default()
+            tools: vec![ToolStatus {
+                name: format!("t{tag}"),
+                ..ToolStatus::default()
+            }],
+            more: false,
         }
     }
 
@@ -119,22 +143,22 @@ mod tests {
         let start = Instant::now();
         let mut pace = ViewPace::new(start);
         for i in 0..u64::from(BURST) {
-            assert_eq!(pace.offer(view(i), start), stored(view(i)));
+            assert_eq!(pace.offer(view(i), true, start), stored(view(i)));
         }
         assert_eq!(pace.due(), None);
         // The next waits for one interval; those after it replace it.
-        assert_eq!(pace.offer(view(100), start), waits(true, false));
+        assert_eq!(pace.offer(view(100), true, start), waits(true, false));
         let due = pace.due().unwrap();
         assert_eq!(due, start + INTERVAL);
         for r in 101..110 {
             let now = start + Duration::from_millis(10);
-            assert_eq!(pace.offer(view(r), now), waits(false, true));
+            assert_eq!(pace.offer(view(r), true, now), waits(false, true));
         }
         assert_eq!(pace.take_due(due - Duration::from_millis(1)), None);
         assert_eq!(pace.take_due(due), Some(view(109)), "the latest is stored");
         assert_eq!(pace.due(), None);
         // Still out of turns: the next waits another interval.
-        assert_eq!(pace.offer(view(200), due), waits(false, false));
+        assert_eq!(pace.offer(view(200), true, due), waits(false, false));
         assert_eq!(pace.due(), Some(due + INTERVAL));
     }
 
@@ -143,18 +167,18 @@ mod tests {
         let start = Instant::now();
         let mut pace = ViewPace::new(start);
         for i in 0..BURST {
-            assert!(pace.offer(view(0), start).store.is_some(), "{i}");
+            assert!(pace.offer(view(0), true, start).store.is_some(), "{i}");
         }
         // Quiet for BURST intervals: a whole burst again.
         let later = start + INTERVAL * BURST;
         for i in 0..BURST {
-            assert!(pace.offer(view(1), later).store.is_some(), "{i}");
+            assert!(pace.offer(view(1), true, later).store.is_some(), "{i}");
         }
         // A view each interval, for ever: stored each time.
         let mut now = later;
         for i in 0..1000 {
             now += INTERVAL;
-            assert_eq!(pace.offer(view(2), now), stored(view(2)), "{i}");
+            assert_eq!(pace.offer(view(2), true, now), stored(view(2)), "{i}");
         }
     }
 
@@ -165,12 +189,12 @@ mod tests {
         let start = Instant::now();
         let mut pace = ViewPace::new(start);
         for _ in 0..BURST {
-            pace.offer(view(0), start);
+            pace.offer(view(0), true, start);
         }
-        assert_eq!(pace.offer(view(1), start), waits(true, false));
+        assert_eq!(pace.offer(view(1), true, start), waits(true, false));
         let late = start + INTERVAL * 3;
         assert_eq!(
-            pace.offer(view(2), late),
+            pace.offer(view(2), true, late),
             Offered {
                 store: Some(view(2)),
                 replaced: true,
@@ -179,5 +203,50 @@ mod tests {
         );
         assert_eq!(pace.due(), None);
         assert_eq!(pace.take_due(late + INTERVAL * 100), None);
+    }
+
+    #[test]
+    fn the_first_view_of_a_newer_catalog_is_stored_at_once_and_only_the_first() {
+        // A catalog edited in many steps: every agent reports a view per revision, as fast as
+        // the revisions come, and none of them is held.
+        let start = Instant::now();
+        let mut pace = ViewPace::new(start);
+        for revision in 1..=100 {
+            let view = of_revision(revision, 0);
+            assert_eq!(
+                pace.offer(view.clone(), true, start),
+                stored(view),
+                "{revision}"
+            );
+        }
+        // Out of turns now (the first 16 took them): more views of revision 100, or of an
+        // older one, wait their turn.
+        assert_eq!(
+            pace.offer(of_revision(100, 1), true, start),
+            waits(true, false)
+        );
+        assert_eq!(
+            pace.offer(of_revision(100, 2), true, start),
+            waits(false, true)
+        );
+        assert_eq!(
+            pace.offer(of_revision(99, 3), true, start),
+            waits(false, true)
+        );
+        // A newer revision the link was never sent (an agent making numbers up) has no such
+        // claim: it waits like the rest.
+        assert_eq!(
+            pace.offer(of_revision(5000, 5), false, start),
+            waits(false, true)
+        );
+        // A newer revision it was sent replaces the waiting view and is stored at once.
+        assert_eq!(
+            pace.offer(of_revision(101, 4), true, start),
+            Offered {
+                store: Some(of_revision(101, 4)),
+                replaced: true,
+                first_wait: false,
+            }
+        );
     }
 }
