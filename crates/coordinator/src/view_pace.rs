@@ -37,7 +37,7 @@ pub(crate) struct ViewPace {
     waiting: Option<HostView>,
     /// Whether a view has waited on this link yet.
     held: bool,
-    /// The newest catalog revision of a view stored on this link.
+    /// The newest catalog revision, among those the link was sent, of a view stored on it.
     newest: Option<u64>,
 }
 
@@ -69,7 +69,9 @@ impl ViewPace {
         // A view of a newer catalog takes a turn when one is free, and is stored regardless.
         let turn = self.turns.try_take(now, RATE);
         let (store, replaced, first_wait) = if turn || new_revision {
-            self.newest = self.newest.max(Some(view.catalog_revision));
+            if sent {
+                self.newest = self.newest.max(Some(view.catalog_revision));
+            }
             (Some(view), self.waiting.take().is_some(), false)
         } else {
             let replaced = self.waiting.replace(view).is_some();
@@ -94,9 +96,8 @@ impl ViewPace {
         if !self.turns.try_take(now, RATE) {
             return None;
         }
-        let view = self.waiting.take()?;
-        self.newest = self.newest.max(Some(view.catalog_revision));
-        Some(view)
+        // Never of a newer revision the link was sent: that one would not have waited.
+        self.waiting.take()
     }
 }
 
@@ -234,14 +235,20 @@ mod tests {
             waits(false, true)
         );
         // A newer revision the link was never sent (an agent making numbers up) has no such
-        // claim: it waits like the rest.
+        // claim: it waits like the rest, and stored on its turn, it raises no bar.
         assert_eq!(
             pace.offer(of_revision(5000, 5), false, start),
             waits(false, true)
         );
+        let turn = pace.due().unwrap();
+        assert_eq!(pace.take_due(turn), Some(of_revision(5000, 5)));
+        assert_eq!(
+            pace.offer(of_revision(100, 6), true, turn),
+            waits(false, false)
+        );
         // A newer revision it was sent replaces the waiting view and is stored at once.
         assert_eq!(
-            pace.offer(of_revision(101, 4), true, start),
+            pace.offer(of_revision(101, 4), true, turn),
             Offered {
                 store: Some(of_revision(101, 4)),
                 replaced: true,
