@@ -712,6 +712,49 @@ mod wire {
         assert_eq!(joins[1]["outcome"], "granted");
     }
 
+    /// An agent renewing in a loop (compromised, or broken) gets 5 renewals at once, then one
+    /// each quarter of its certificate's lifetime: the rest are refused unexamined, nothing
+    /// signed, one record for the run (before: each one signed and recorded).
+    #[test]
+    fn an_agent_renewing_in_a_loop_is_slowed_and_not_recorded_each_time() {
+        let fleet = enrolling_fleet(&["a"], &["--agent-cert-ttl=1h"]);
+        let codes = runtime().block_on(async {
+            let files = fleet.pki.files(&Identity::Agent("a".into()));
+            let channel = toolsrv_tls::connect_reloading(&fleet.url(), &files, Role::Coordinator)
+                .await
+                .unwrap();
+            let mut client = RenewalClient::new(channel);
+            let mut codes = Vec::new();
+            for _ in 0..50 {
+                let renewed = client
+                    .renew(RenewRequest {
+                        csr_der: csr(Vec::new()).1,
+                        host_id: String::new(),
+                    })
+                    .await;
+                codes.push(
+                    renewed
+                        .map(drop)
+                        .map_err(|e| (e.code(), e.message().to_string())),
+                );
+            }
+            codes
+        });
+        let granted = codes.iter().filter(|c| c.is_ok()).count();
+        assert_eq!(granted, 5, "{:?}", &codes[..8]);
+        let Err((code, message)) = &codes[5] else {
+            panic!("{:?}", codes[5]);
+        };
+        assert_eq!(*code, tonic::Code::ResourceExhausted);
+        assert!(
+            message.contains("too many renewals from `a`") && message.contains("come back in"),
+            "{message}"
+        );
+        let renewals = audit(&fleet, "renewal");
+        assert_eq!(renewals.len(), 6, "{renewals:?}");
+        assert_eq!(renewals[5]["outcome"], "throttled");
+    }
+
     #[test]
     fn an_agent_renews_only_its_own_certificate() {
         let fleet = enrolling_fleet(&["a"], &[]);

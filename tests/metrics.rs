@@ -146,7 +146,6 @@ fn calls_show_in_the_metrics_that_promtool_and_prometheus_accept() {
         (r#"toolsrv_agents{state="offline"}"#, 0.0),
         ("toolsrv_agent_attachments_total", 2.0),
         ("toolsrv_views_passed_over_total", 0.0),
-        ("toolsrv_joins_throttled_total", 0.0),
         ("toolsrv_catalog_revision", 1.0),
         ("toolsrv_sessions", 0.0),
         ("toolsrv_audit_log_failing", 0.0),

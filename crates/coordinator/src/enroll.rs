@@ -10,7 +10,7 @@
 //!   by its current certificate.
 //!
 //! Every token creation, join and renewal, granted or refused, is audited; an address whose
-//! joins keep being refused is slowed down ([`throttle`]).
+//! joins keep being refused, and an agent that keeps renewing, are slowed down ([`throttle`]).
 
 pub mod kubernetes;
 mod throttle;
@@ -64,8 +64,10 @@ pub(crate) struct Enrollment {
     pin: String,
     /// Joins with Kubernetes service account tokens; `None` when off.
     kubernetes: Option<Reviewer>,
-    /// Refused joins per address.
-    throttle: throttle::Throttle,
+    /// Refused joins per address ([`toolsrv_tls::address_key`]).
+    joins: throttle::Throttle<std::net::IpAddr>,
+    /// Renewals per agent.
+    renewals: throttle::Throttle<String>,
 }
 
 impl Enrollment {
@@ -123,7 +125,8 @@ impl Enrollment {
             tokens,
             pin,
             kubernetes,
-            throttle: throttle::Throttle::default(),
+            joins: throttle::Throttle::new(throttle::JOIN_RATE),
+            renewals: throttle::Throttle::new(throttle::renewal_rate(config.agent_cert_ttl)),
         }))
     }
 }
@@ -178,7 +181,9 @@ impl EnrollmentRpc for EnrollmentService {
         // counted against the joining host's address by the replica it reached.
         let relayed = crate::replicas::is_relayed(&req);
         let counted = match (&self.state.enrollment, remote_addr(&req)) {
-            (Some(enrollment), Some(addr)) if !relayed => Some((&enrollment.throttle, addr.ip())),
+            (Some(enrollment), Some(addr)) if !relayed => {
+                Some((&enrollment.joins, toolsrv_tls::address_key(addr.ip())))
+            }
             _ => None,
         };
         let body = req.into_inner();
@@ -191,9 +196,9 @@ impl EnrollmentRpc for EnrollmentService {
             && let throttle::Admit::No {
                 retry_after,
                 record,
-            } = throttle.admit(ip, tokio::time::Instant::now())
+            } = throttle.admit(&ip, tokio::time::Instant::now())
         {
-            self.state.metrics.join_throttled();
+            self.state.metrics.enrollment_throttled("join");
             let message = format!(
                 "too many refused joins from {ip}: come back in {} s",
                 retry_after.as_secs().max(1)
@@ -249,7 +254,7 @@ impl EnrollmentRpc for EnrollmentService {
                 if let Some((throttle, ip)) = counted
                     && status.code() != tonic::Code::Unavailable
                 {
-                    throttle.refused(ip, tokio::time::Instant::now());
+                    throttle.count(ip, tokio::time::Instant::now());
                 }
             }
         }
@@ -570,6 +575,32 @@ impl Renewal for RenewalService {
     async fn renew(&self, req: Request<RenewRequest>) -> Result<Response<RenewResponse>, Status> {
         let caller = Caller::of(req.extensions(), toolsrv_tls::Role::Agent)?.clone();
         let body = req.into_inner();
+        if let Some(enrollment) = &self.state.enrollment {
+            let now = tokio::time::Instant::now();
+            if let throttle::Admit::No {
+                retry_after,
+                record,
+            } = enrollment.renewals.admit(&caller.name, now)
+            {
+                self.state.metrics.enrollment_throttled("renewal");
+                let message = format!(
+                    "too many renewals from `{}`: come back in {} s",
+                    caller.name,
+                    retry_after.as_secs().max(1)
+                );
+                if record {
+                    tracing::warn!(host = %caller.name, "renewals refused unexamined: the agent asked for more than its certificate's lifetime calls for; only the first is recorded");
+                    self.state.audit.enrollment(
+                        "renewal",
+                        json!({"outcome": "throttled", "host": caller.name, "asked_host": body.host_id,
+                               "labels": caller.labels, "message": format!(
+                                   "{message}; until then its renewals are refused without a record each")}),
+                    );
+                }
+                return Err(Status::resource_exhausted(message));
+            }
+            enrollment.renewals.count(caller.name.clone(), now);
+        }
         let result = self.inner_renew(&caller, &body);
         let (outcome, message) = match &result {
             Ok(_) => ("granted", String::new()),

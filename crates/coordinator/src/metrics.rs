@@ -29,7 +29,7 @@ pub struct Metrics {
     approvals: Family<Labels<1>, Counter>,
     attachments: Counter,
     views_passed_over: Counter,
-    joins_throttled: Counter,
+    enrollment_throttled: Family<Labels<1>, Counter>,
     finds: Family<Labels<1>, Counter>,
     find_duration: Histogram,
     index_builds: Family<Labels<1>, Counter>,
@@ -53,7 +53,7 @@ impl Default for Metrics {
             approvals: Family::default(),
             attachments: Counter::default(),
             views_passed_over: Counter::default(),
-            joins_throttled: Counter::default(),
+            enrollment_throttled: Family::default(),
             finds: Family::default(),
             find_duration: duration_histogram(),
             index_builds: Family::default(),
@@ -107,9 +107,9 @@ impl Metrics {
             self.views_passed_over.clone(),
         );
         registry.register(
-            "joins_throttled",
-            "Joins refused unexamined because their address had too many refused joins (10 at once, then one each 6 s)",
-            self.joins_throttled.clone(),
+            "enrollment_throttled",
+            "Enrollment requests refused unexamined, by kind: join (the address had too many refused joins: 10 at once, then one each 6 s), renewal (the agent asked for more renewals than its certificate's lifetime calls for)",
+            self.enrollment_throttled.clone(),
         );
         registry.register(
             "find_requests",
@@ -205,9 +205,11 @@ impl Metrics {
         self.views_passed_over.inc();
     }
 
-    /// A join was refused unexamined (`enroll::throttle`).
-    pub fn join_throttled(&self) {
-        self.joins_throttled.inc();
+    /// A join or renewal was refused unexamined (`enroll::throttle`).
+    pub fn enrollment_throttled(&self, kind: &'static str) {
+        self.enrollment_throttled
+            .get_or_create(&[("kind", kind)])
+            .inc();
     }
 
     pub fn fanout(&self, hosts: usize) {
