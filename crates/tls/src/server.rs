@@ -504,3 +504,57 @@ async fn handshake(
     // An error means the server is gone; the connection just closes.
     let _ = tx.send(conn).await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn an_ipv6_slash_64_is_one_address_and_mapped_ipv4_its_ipv4() {
+        assert_eq!(address_key(ip("192.0.2.7")), ip("192.0.2.7"));
+        assert_eq!(address_key(ip("::ffff:198.51.100.1")), ip("198.51.100.1"));
+        assert_eq!(
+            address_key(ip("2001:db8:1:2:ffff:ee:dd:9")),
+            ip("2001:db8:1:2::")
+        );
+        assert_eq!(
+            address_key(ip("2001:db8:1:2::1")),
+            address_key(ip("2001:db8:1:2:8000::"))
+        );
+        assert_ne!(
+            address_key(ip("2001:db8:1:2::1")),
+            address_key(ip("2001:db8:1:3::1"))
+        );
+    }
+
+    #[test]
+    fn setting_up_counts_per_address_and_forgets_an_address_at_zero() {
+        let mut setting_up = SettingUp::default();
+        let from = |s: &str| SocketAddr::new(ip(s), 40000);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut tasks = JoinSet::new();
+        let ids: Vec<_> = (0..MAX_SETTING_UP_PER_ADDRESS)
+            .map(|_| rt.block_on(async { tasks.spawn(async {}).id() }))
+            .collect();
+        for id in &ids {
+            assert!(setting_up.admit(from("2001:db8::1")));
+            setting_up.started(*id, ip("2001:db8::1"));
+        }
+        // The same /64 is full; another address is not.
+        assert!(!setting_up.admit(from("2001:db8::2")));
+        assert!(setting_up.admit(from("192.0.2.1")));
+        setting_up.done(ids[0]);
+        assert!(setting_up.admit(from("2001:db8::3")));
+        for id in &ids[1..] {
+            setting_up.done(*id);
+        }
+        assert!(setting_up.addresses.is_empty() && setting_up.tasks.is_empty());
+        rt.block_on(async { while tasks.join_next().await.is_some() {} });
+    }
+}
