@@ -94,6 +94,9 @@ pub struct CoordinatorConfig {
     /// Keepalives per second each way the coordinator spaces links' intervals to stay under
     /// (the interval grows in whole seconds as the fleet does; `lost_after` with it); 0: never.
     pub max_keepalive_rate: u32,
+    /// Connections from one address in their TLS handshake or before their HTTP/2 preface at
+    /// once; more are closed when accepted. 0: no limit.
+    pub max_connecting_per_address: usize,
     /// Output bytes a call may have in flight between agent and caller.
     pub credit_window: u64,
     pub policy: Option<PathBuf>,
@@ -152,6 +155,7 @@ impl CoordinatorConfig {
             keepalive: Duration::from_secs(1),
             lost_after: Duration::from_secs(3),
             max_keepalive_rate: DEFAULT_MAX_KEEPALIVE_RATE,
+            max_connecting_per_address: toolsrv_tls::MAX_SETTING_UP_PER_ADDRESS,
             credit_window: 1 << 20,
             policy: None,
             audit_log: None,
@@ -374,7 +378,14 @@ pub async fn serve(
     #[cfg(unix)]
     tasks.spawn(reopen_audit_on_hangup(state.clone()));
     let reload = creds.spawn_reload_on_change(config.tls_reload, shutdown.clone());
-    let incoming = toolsrv_tls::incoming(listener, creds.subscribe());
+    let incoming = toolsrv_tls::incoming_with(
+        listener,
+        creds.subscribe(),
+        toolsrv_tls::AcceptOptions {
+            max_setting_up_per_address: config.max_connecting_per_address,
+            ..toolsrv_tls::AcceptOptions::DEFAULT
+        },
+    );
     let conns = incoming.connections();
     revocations.enforce_on(conns.clone());
     expiry.watch_peers(&conns);

@@ -154,6 +154,15 @@ pub struct CoordinatorArgs {
         default_value_t = toolsrv_coordinator::DEFAULT_MAX_KEEPALIVE_RATE
     )]
     pub max_keepalive_rate: u32,
+    /// Connections from one address (IPv4, or IPv6 /64) in their TLS handshake or before their
+    /// first HTTP/2 bytes at once; more are closed as soon as they are accepted. 0: no limit
+    #[arg(
+        long,
+        env = "TOOLSRV_MAX_CONNECTING_PER_ADDRESS",
+        value_name = "N",
+        default_value_t = toolsrv_tls::MAX_SETTING_UP_PER_ADDRESS
+    )]
+    pub max_connecting_per_address: usize,
     /// Rescan the tools path this often (seconds) even without file events
     #[arg(long, env = "TOOLSRV_RESCAN_SECS", default_value_t = 30)]
     pub rescan_secs: u64,
@@ -464,6 +473,7 @@ impl CoordinatorArgs {
         config.keepalive = Duration::from_millis(self.keepalive_ms.max(1));
         config.lost_after = Duration::from_millis(self.lost_after_ms);
         config.max_keepalive_rate = self.max_keepalive_rate;
+        config.max_connecting_per_address = self.max_connecting_per_address;
         config.policy = self.policy.clone();
         config.audit_log = self.audit_log.clone();
         config.watch.rescan_every = Duration::from_secs(self.rescan_secs.max(1));

@@ -41,6 +41,6 @@ pub use pki::{
     CA_CERT, CA_KEY, DEFAULT_VALID_DAYS, PkiOptions, file_stem, init, issue, write_atomically,
 };
 pub use server::{
-    AcceptTimeouts, ConnInfo, HANDSHAKE_TIMEOUT, MAX_SETTING_UP_PER_ADDRESS, PREFACE_TIMEOUT,
+    AcceptOptions, ConnInfo, HANDSHAKE_TIMEOUT, MAX_SETTING_UP_PER_ADDRESS, PREFACE_TIMEOUT,
     PeerInfo, TlsConn, TlsIncoming, address_key, incoming, incoming_with, peer, peer_of,
 };

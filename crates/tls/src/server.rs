@@ -38,8 +38,9 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// preface; a connection that stays silent is closed instead of being held open.
 pub const PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Connections from one address (see [`address_key`]) being set up at once: in their TLS
-/// handshake or waiting for their HTTP/2 preface. More are closed as soon as they are accepted,
+/// Connections from one address (see [`address_key`]) being set up at once by default
+/// ([`AcceptOptions::max_setting_up_per_address`]): in their TLS handshake or waiting for their
+/// HTTP/2 preface. More are closed as soon as they are accepted,
 /// so that a peer opening connections faster than they time out cannot take every file
 /// descriptor (and with them every other host's next connection). A real host sets up one
 /// connection at a time, and each takes milliseconds: a NAT in front of hundreds of hosts that
@@ -62,21 +63,31 @@ pub fn address_key(ip: IpAddr) -> IpAddr {
 /// What every client of a gRPC server sends first (RFC 9113 §3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// How long [`incoming_with`] waits for a connection to prove itself before handing it over.
+/// How long [`incoming_with`] waits for a connection to prove itself before handing it over,
+/// and how many it sets up at once from one address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AcceptTimeouts {
+pub struct AcceptOptions {
     /// From accepting the TCP connection to the end of the TLS handshake.
     pub handshake: Duration,
     /// From the end of the TLS handshake to the last byte of the HTTP/2 preface.
     pub preface: Duration,
+    /// Connections from one address being set up at once; more are closed when accepted.
+    /// 0: no limit.
+    pub max_setting_up_per_address: usize,
 }
 
-impl Default for AcceptTimeouts {
+impl AcceptOptions {
+    /// The defaults: [`HANDSHAKE_TIMEOUT`], [`PREFACE_TIMEOUT`], [`MAX_SETTING_UP_PER_ADDRESS`].
+    pub const DEFAULT: Self = Self {
+        handshake: HANDSHAKE_TIMEOUT,
+        preface: PREFACE_TIMEOUT,
+        max_setting_up_per_address: MAX_SETTING_UP_PER_ADDRESS,
+    };
+}
+
+impl Default for AcceptOptions {
     fn default() -> Self {
-        Self {
-            handshake: HANDSHAKE_TIMEOUT,
-            preface: PREFACE_TIMEOUT,
-        }
+        Self::DEFAULT
     }
 }
 
@@ -311,25 +322,25 @@ impl Drop for TlsIncoming {
 /// preface; failures are logged and dropped, never ending the stream. Must be
 /// called inside a tokio runtime.
 pub fn incoming(listener: TcpListener, creds: watch::Receiver<Arc<ServerConfig>>) -> TlsIncoming {
-    incoming_with(listener, creds, AcceptTimeouts::default())
+    incoming_with(listener, creds, AcceptOptions::default())
 }
 
-/// [`incoming`] with other timeouts.
+/// [`incoming`] with other timeouts or another limit per address.
 pub fn incoming_with(
     listener: TcpListener,
     creds: watch::Receiver<Arc<ServerConfig>>,
-    timeouts: AcceptTimeouts,
+    options: AcceptOptions,
 ) -> TlsIncoming {
     let (tx, rx) = mpsc::channel(QUEUE);
     let conns = Connections::default();
-    let accept = tokio::spawn(accept_loop(listener, creds, timeouts, conns.clone(), tx));
+    let accept = tokio::spawn(accept_loop(listener, creds, options, conns.clone(), tx));
     TlsIncoming { rx, accept, conns }
 }
 
 async fn accept_loop(
     listener: TcpListener,
     creds: watch::Receiver<Arc<ServerConfig>>,
-    timeouts: AcceptTimeouts,
+    options: AcceptOptions,
     conns: Connections,
     tx: mpsc::Sender<TlsConn>,
 ) {
@@ -347,11 +358,11 @@ async fn accept_loop(
             }
             accepted = listener.accept() => match accepted {
                 Ok((tcp, remote)) => {
-                    if !setting_up.admit(remote) {
+                    if !setting_up.admit(remote, options.max_setting_up_per_address) {
                         continue;
                     }
                     let acceptor = TlsAcceptor::from(creds.borrow().clone());
-                    let task = handshakes.spawn(handshake(acceptor, tcp, remote, timeouts, conns.clone(), tx.clone()));
+                    let task = handshakes.spawn(handshake(acceptor, tcp, remote, options, conns.clone(), tx.clone()));
                     setting_up.started(task.id(), remote.ip());
                 }
                 Err(e) => {
@@ -374,17 +385,17 @@ struct SettingUp {
 }
 
 impl SettingUp {
-    /// Whether a connection from `remote` may be set up now; logs the first one refused of
-    /// each run.
-    fn admit(&mut self, remote: SocketAddr) -> bool {
+    /// Whether a connection from `remote` may be set up now, with at most `limit` (0: any
+    /// number) from its address; logs the first one refused of each run.
+    fn admit(&mut self, remote: SocketAddr, limit: usize) -> bool {
         let Some((n, logged)) = self.addresses.get_mut(&address_key(remote.ip())) else {
             return true;
         };
-        if *n < MAX_SETTING_UP_PER_ADDRESS {
+        if limit == 0 || *n < limit {
             return true;
         }
         if !std::mem::replace(logged, true) {
-            tracing::warn!(%remote, limit = MAX_SETTING_UP_PER_ADDRESS, "too many connections from this address being set up at once: new ones are closed until some are done");
+            tracing::warn!(%remote, limit, "too many connections from this address being set up at once: new ones are closed until some are done (--max-connecting-per-address)");
         }
         false
     }
@@ -412,21 +423,21 @@ async fn handshake(
     acceptor: TlsAcceptor,
     tcp: TcpStream,
     remote: SocketAddr,
-    timeouts: AcceptTimeouts,
+    options: AcceptOptions,
     conns: Connections,
     tx: mpsc::Sender<TlsConn>,
 ) {
     if let Err(e) = tcp.set_nodelay(true) {
         tracing::debug!(%remote, error = %e, "cannot set TCP_NODELAY");
     }
-    let mut stream = match tokio::time::timeout(timeouts.handshake, acceptor.accept(tcp)).await {
+    let mut stream = match tokio::time::timeout(options.handshake, acceptor.accept(tcp)).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => {
             tracing::info!(%remote, error = %e, "TLS handshake failed; connection dropped");
             return;
         }
         Err(_) => {
-            tracing::info!(%remote, timeout = ?timeouts.handshake, "TLS handshake timed out; connection dropped");
+            tracing::info!(%remote, timeout = ?options.handshake, "TLS handshake timed out; connection dropped");
             return;
         }
     };
@@ -459,7 +470,7 @@ async fn handshake(
     // hyper waits for the preface without a deadline (its keepalive pings start only after it),
     // so an authenticated peer that goes quiet here would hold the connection forever.
     let mut preface = [0u8; H2_PREFACE.len()];
-    match tokio::time::timeout(timeouts.preface, stream.read_exact(&mut preface)).await {
+    match tokio::time::timeout(options.preface, stream.read_exact(&mut preface)).await {
         Ok(Ok(_)) if preface == *H2_PREFACE => {}
         Ok(Ok(_)) => {
             tracing::info!(%remote, %identity, "peer did not speak HTTP/2; connection dropped");
@@ -470,7 +481,7 @@ async fn handshake(
             return;
         }
         Err(_) => {
-            tracing::info!(%remote, %identity, timeout = ?timeouts.preface, "no HTTP/2 preface after the TLS handshake; connection dropped");
+            tracing::info!(%remote, %identity, timeout = ?options.preface, "no HTTP/2 preface after the TLS handshake; connection dropped");
             return;
         }
     }
@@ -543,14 +554,16 @@ mod tests {
             .map(|_| rt.block_on(async { tasks.spawn(async {}).id() }))
             .collect();
         for id in &ids {
-            assert!(setting_up.admit(from("2001:db8::1")));
+            assert!(setting_up.admit(from("2001:db8::1"), MAX_SETTING_UP_PER_ADDRESS));
             setting_up.started(*id, ip("2001:db8::1"));
         }
         // The same /64 is full; another address is not.
-        assert!(!setting_up.admit(from("2001:db8::2")));
-        assert!(setting_up.admit(from("192.0.2.1")));
+        assert!(!setting_up.admit(from("2001:db8::2"), MAX_SETTING_UP_PER_ADDRESS));
+        assert!(setting_up.admit(from("192.0.2.1"), MAX_SETTING_UP_PER_ADDRESS));
+        // No limit: taken however many.
+        assert!(setting_up.admit(from("2001:db8::2"), 0));
         setting_up.done(ids[0]);
-        assert!(setting_up.admit(from("2001:db8::3")));
+        assert!(setting_up.admit(from("2001:db8::3"), MAX_SETTING_UP_PER_ADDRESS));
         for id in &ids[1..] {
             setting_up.done(*id);
         }

@@ -10,13 +10,14 @@ use rustls_pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
-use toolsrv_tls::{AcceptTimeouts, Identity, ServerCreds};
+use toolsrv_tls::{AcceptOptions, Identity, ServerCreds};
 
 use common::{alice, check, client_cfg, files};
 
-const SHORT: AcceptTimeouts = AcceptTimeouts {
+const SHORT: AcceptOptions = AcceptOptions {
     handshake: Duration::from_millis(300),
     preface: Duration::from_millis(300),
+    ..AcceptOptions::DEFAULT
 };
 /// Well past the timeouts above, well short of the default ones.
 const BOUND: Duration = Duration::from_secs(5);
@@ -131,9 +132,10 @@ async fn a_peer_opening_connections_without_end_holds_only_a_few_at_once() {
     let tmp = tempfile::tempdir().unwrap();
     common::pki(tmp.path());
     let creds = ServerCreds::new(files(tmp.path(), &Identity::Coordinator)).unwrap();
-    let long = AcceptTimeouts {
+    let long = AcceptOptions {
         handshake: Duration::from_secs(30),
         preface: Duration::from_secs(30),
+        ..AcceptOptions::DEFAULT
     };
     let server = common::serve_with("127.0.0.1:0", creds.subscribe(), long).await;
     const FLOODER: &str = "127.0.0.2";

@@ -73,6 +73,9 @@ impl Replicas {
             format!("--metrics-listen={}", self.metrics[i]),
             format!("--max-fanout-hosts={}", self.n),
             format!("--max-calls-per-client={}", self.n),
+            // Every stand-in host connects from this one loopback address, which no real
+            // fleet's hosts share.
+            "--max-connecting-per-address=0".to_string(),
         ];
         args.extend(
             self.keepalive_rate

@@ -73,6 +73,9 @@ fn coordinator_args(s: &Settings, metrics: &str, work: &Path) -> Vec<String> {
         format!("--max-calls-per-client={}", s.agents),
         format!("--keepalive-ms={}", s.keepalive_ms),
         format!("--lost-after-ms={}", 3 * s.keepalive_ms),
+        // Every stand-in host connects from this one loopback address, which no real fleet's
+        // hosts share.
+        "--max-connecting-per-address=0".to_string(),
     ]
 }
 

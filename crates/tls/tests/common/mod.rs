@@ -15,9 +15,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
-use toolsrv_tls::{
-    AcceptTimeouts, Identity, Role, TlsFiles, client_config, incoming_with, peer_of,
-};
+use toolsrv_tls::{AcceptOptions, Identity, Role, TlsFiles, client_config, incoming_with, peer_of};
 
 /// Every wait in these tests is bounded by this.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -74,14 +72,14 @@ pub async fn serve(creds: watch::Receiver<Arc<ServerConfig>>) -> Server {
 
 /// [`serve`] on another loopback address.
 pub async fn serve_on(bind: &str, creds: watch::Receiver<Arc<ServerConfig>>) -> Server {
-    serve_with(bind, creds, AcceptTimeouts::default()).await
+    serve_with(bind, creds, AcceptOptions::default()).await
 }
 
 /// [`serve_on`] with other accept timeouts.
 pub async fn serve_with(
     bind: &str,
     creds: watch::Receiver<Arc<ServerConfig>>,
-    timeouts: AcceptTimeouts,
+    timeouts: AcceptOptions,
 ) -> Server {
     let listener = TcpListener::bind(bind).await.unwrap();
     let addr = listener.local_addr().unwrap();
