@@ -284,13 +284,8 @@ impl Audit {
                 let mut sink = file.lock().unwrap_or_else(|p| p.into_inner());
                 // After a record cut short, this one starts on a line of its own: readers lose
                 // the broken line, never the next record.
-                let mut text = if sink.cut {
-                    "\n".to_string()
-                } else {
-                    String::new()
-                };
-                text.push_str(&line.to_string());
-                text.push('\n');
+                let record = line.to_string();
+                let text = format!("{}{record}\n", if sink.cut { "\n" } else { "" });
                 // One write per record under the lock, so that concurrent records never
                 // interleave; a `File` has no user-space buffer, so the record is in the kernel
                 // when this returns.
@@ -306,7 +301,7 @@ impl Audit {
                         if sink.failing.is_none() {
                             tracing::error!(error = %e, path = %path.display(), "cannot write the audit log: new calls, fan-outs, joins and join tokens are refused until a record can be written");
                         }
-                        tracing::error!(error = %e, path = %path.display(), record = %line, "an audit record the audit log could not take, logged here instead");
+                        tracing::error!(error = %e, path = %path.display(), %record, "an audit record the audit log could not take, logged here instead");
                         sink.failing = Some(e.to_string());
                     }
                 }

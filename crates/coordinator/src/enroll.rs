@@ -140,6 +140,35 @@ fn enrollment(state: &State) -> Result<&Enrollment, Status> {
     })
 }
 
+/// The refusal of a join or renewal (`event`) its asker's [`throttle`] did not admit, counted
+/// in the metrics; `too_many` says whose requests are over. `record`: the first of a run, with
+/// the fields of its audit record, which says `"outcome": "throttled"`.
+fn throttled(
+    state: &State,
+    event: &'static str,
+    too_many: String,
+    retry_after: Duration,
+    record: Option<serde_json::Value>,
+) -> Status {
+    state.metrics.enrollment_throttled(event);
+    let message = format!(
+        "{too_many}: come back in {} s",
+        retry_after.as_secs().max(1)
+    );
+    if let Some(serde_json::Value::Object(fields)) = record {
+        let mut line = serde_json::Map::from_iter([("outcome".to_string(), json!("throttled"))]);
+        line.extend(fields);
+        line.insert(
+            "message".into(),
+            json!(format!(
+                "{message}; until then its {event}s are refused without a record each"
+            )),
+        );
+        state.audit.enrollment(event, line.into());
+    }
+    Status::resource_exhausted(message)
+}
+
 fn ca_bundle(state: &State) -> Result<String, Status> {
     toolsrv_tls::files::read_text_bounded(&state.config.tls.ca, toolsrv_tls::files::MAX_PEM_BYTES).map_err(|e| {
         tracing::error!(error = %e, path = %state.config.tls.ca.display(), "cannot read the CA bundle");
@@ -198,21 +227,18 @@ impl EnrollmentRpc for EnrollmentService {
                 record,
             } = throttle.admit(&ip, tokio::time::Instant::now())
         {
-            self.state.metrics.enrollment_throttled("join");
-            let message = format!(
-                "too many refused joins from {ip}: come back in {} s",
-                retry_after.as_secs().max(1)
-            );
             if record {
                 tracing::warn!(remote = %from, "joins refused unexamined: too many refused joins from this address (10 at once, then one each 6 s); only the first is recorded");
-                self.state.audit.enrollment(
-                    "join",
-                    json!({"outcome": "throttled", "host": "", "remote": from,
-                           "asked_host": body.host_id, "with": with, "message": format!(
-                               "{message}; until then its joins are refused without a record each")}),
-                );
             }
-            return Err(Status::resource_exhausted(message));
+            return Err(throttled(
+                &self.state,
+                "join",
+                format!("too many refused joins from {ip}"),
+                retry_after,
+                record.then(|| {
+                    json!({"host": "", "remote": from, "asked_host": body.host_id, "with": with})
+                }),
+            ));
         }
         let mut by = serde_json::Value::Null;
         let mut signed_by = None;
@@ -582,22 +608,18 @@ impl Renewal for RenewalService {
                 record,
             } = enrollment.renewals.admit(&caller.name, now)
             {
-                self.state.metrics.enrollment_throttled("renewal");
-                let message = format!(
-                    "too many renewals from `{}`: come back in {} s",
-                    caller.name,
-                    retry_after.as_secs().max(1)
-                );
                 if record {
                     tracing::warn!(host = %caller.name, "renewals refused unexamined: the agent asked for more than its certificate's lifetime calls for; only the first is recorded");
-                    self.state.audit.enrollment(
-                        "renewal",
-                        json!({"outcome": "throttled", "host": caller.name, "asked_host": body.host_id,
-                               "labels": caller.labels, "message": format!(
-                                   "{message}; until then its renewals are refused without a record each")}),
-                    );
                 }
-                return Err(Status::resource_exhausted(message));
+                return Err(throttled(
+                    &self.state,
+                    "renewal",
+                    format!("too many renewals from `{}`", caller.name),
+                    retry_after,
+                    record.then(|| {
+                        json!({"host": caller.name, "asked_host": body.host_id, "labels": caller.labels})
+                    }),
+                ));
             }
             enrollment.renewals.count(caller.name.clone(), now);
         }

@@ -298,7 +298,7 @@ impl MetricsCollector for StateCollector {
         encode_gauge(
             &mut encoder,
             "audit_log_failing",
-            "1 while the last write to --audit-log failed: new calls and fan-outs are refused until a record can be written",
+            "1 while the last write to --audit-log failed: new calls, fan-outs, joins and join tokens are refused until a record can be written",
             i64::from(state.audit.failing()),
         )?;
         encode_gauge(

@@ -358,12 +358,12 @@ async fn accept_loop(
             }
             accepted = listener.accept() => match accepted {
                 Ok((tcp, remote)) => {
-                    if !setting_up.admit(remote, options.max_setting_up_per_address) {
+                    let Some(key) = setting_up.admit(remote, options.max_setting_up_per_address) else {
                         continue;
-                    }
+                    };
                     let acceptor = TlsAcceptor::from(creds.borrow().clone());
                     let task = handshakes.spawn(handshake(acceptor, tcp, remote, options, conns.clone(), tx.clone()));
-                    setting_up.started(task.id(), remote.ip());
+                    setting_up.started(task.id(), key);
                 }
                 Err(e) => {
                     // Usually out of file descriptors: back off instead of
@@ -385,23 +385,25 @@ struct SettingUp {
 }
 
 impl SettingUp {
-    /// Whether a connection from `remote` may be set up now, with at most `limit` (0: any
-    /// number) from its address; logs the first one refused of each run.
-    fn admit(&mut self, remote: SocketAddr, limit: usize) -> bool {
-        let Some((n, logged)) = self.addresses.get_mut(&address_key(remote.ip())) else {
-            return true;
+    /// The address a connection from `remote` is counted under ([`address_key`]), if it may be
+    /// set up now with at most `limit` (0: any number) from that address; logs the first one
+    /// refused of each run.
+    fn admit(&mut self, remote: SocketAddr, limit: usize) -> Option<IpAddr> {
+        let key = address_key(remote.ip());
+        let Some((n, logged)) = self.addresses.get_mut(&key) else {
+            return Some(key);
         };
         if limit == 0 || *n < limit {
-            return true;
+            return Some(key);
         }
         if !std::mem::replace(logged, true) {
             tracing::warn!(%remote, limit, "too many connections from this address being set up at once: new ones are closed until some are done (--max-connecting-per-address)");
         }
-        false
+        None
     }
 
-    fn started(&mut self, task: tokio::task::Id, ip: IpAddr) {
-        let key = address_key(ip);
+    /// Counts the connection set up by `task` under `key`, as [`SettingUp::admit`] gave it.
+    fn started(&mut self, task: tokio::task::Id, key: IpAddr) {
         self.tasks.insert(task, key);
         self.addresses.entry(key).or_insert((0, false)).0 += 1;
     }
@@ -554,16 +556,29 @@ mod tests {
             .map(|_| rt.block_on(async { tasks.spawn(async {}).id() }))
             .collect();
         for id in &ids {
-            assert!(setting_up.admit(from("2001:db8::1"), MAX_SETTING_UP_PER_ADDRESS));
-            setting_up.started(*id, ip("2001:db8::1"));
+            let key = setting_up.admit(from("2001:db8::1"), MAX_SETTING_UP_PER_ADDRESS);
+            assert_eq!(key, Some(ip("2001:db8::")));
+            setting_up.started(*id, ip("2001:db8::"));
         }
         // The same /64 is full; another address is not.
-        assert!(!setting_up.admit(from("2001:db8::2"), MAX_SETTING_UP_PER_ADDRESS));
-        assert!(setting_up.admit(from("192.0.2.1"), MAX_SETTING_UP_PER_ADDRESS));
+        assert!(
+            setting_up
+                .admit(from("2001:db8::2"), MAX_SETTING_UP_PER_ADDRESS)
+                .is_none()
+        );
+        assert!(
+            setting_up
+                .admit(from("192.0.2.1"), MAX_SETTING_UP_PER_ADDRESS)
+                .is_some()
+        );
         // No limit: taken however many.
-        assert!(setting_up.admit(from("2001:db8::2"), 0));
+        assert!(setting_up.admit(from("2001:db8::2"), 0).is_some());
         setting_up.done(ids[0]);
-        assert!(setting_up.admit(from("2001:db8::3"), MAX_SETTING_UP_PER_ADDRESS));
+        assert!(
+            setting_up
+                .admit(from("2001:db8::3"), MAX_SETTING_UP_PER_ADDRESS)
+                .is_some()
+        );
         for id in &ids[1..] {
             setting_up.done(*id);
         }

@@ -61,7 +61,7 @@ struct Counted {
     recorded: bool,
 }
 
-/// Whether to examine a join.
+/// Whether to examine a request.
 #[derive(Debug, PartialEq)]
 pub(crate) enum Admit {
     Yes,
