@@ -468,3 +468,153 @@ fn watch_streams_per_client_are_bounded() {
             .then_some(())
     });
 }
+
+/// Descriptors the process `pid` has open.
+fn open_fds(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+/// Sets the process's limit of open files (soft and hard) to `n`.
+fn limit_fds(pid: i32, n: usize) {
+    let out = Command::new("prlimit")
+        .arg(format!("--pid={pid}"))
+        .arg(format!("--nofile={n}:{n}"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "prlimit: {}", text(&out.stderr));
+}
+
+/// The plain-text ports (the coordinator's gRPC health and `/metrics`, an agent's `/metrics`)
+/// answer whoever reaches them; a flood of idle connections from 40 addresses must not take the
+/// descriptors the processes need for links, calls and clients. Before, each port kept every
+/// connection it accepted: with the processes' limits a few hundred descriptors above what they
+/// use, the coordinator could no longer accept the client's connection and the call failed.
+#[test]
+fn idle_connections_to_the_plain_text_ports_leave_the_processes_their_descriptors() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "echo.meta",
+        r#"{"description": "echo", "cmd": "echo still here"}"#,
+        false,
+    );
+    fleet.start_coordinator(&[
+        "--metrics-listen=127.0.0.1:0",
+        "--health-listen=127.0.0.1:0",
+    ]);
+    fleet.start_agent(
+        "a",
+        &AgentSpec {
+            args: vec!["--metrics-listen=127.0.0.1:0".into()],
+            ..AgentSpec::default()
+        },
+    );
+    fleet.wait_online(&["a"], "echo");
+    let coordinator = fleet.coordinator.as_ref().unwrap();
+    let agent = &fleet.agents["a"];
+    let ports: Vec<std::net::SocketAddr> = [
+        coordinator.health_addr(),
+        coordinator.metrics_addr(),
+        agent.metrics_addr(),
+    ]
+    .iter()
+    .map(|a| a.parse().unwrap())
+    .collect();
+    let (coordinator_pid, agent_pid) = (coordinator.pid(), agent.pid());
+    // Room for the test's own connections and a call, not for a flood.
+    let coordinator_before = open_fds(coordinator_pid);
+    let agent_before = open_fds(agent_pid);
+    limit_fds(coordinator_pid, coordinator_before + 700);
+    limit_fds(agent_pid, agent_before + 400);
+
+    let rt = toolsrv_tests::runtime();
+    let flood = rt.block_on(async {
+        let mut held = Vec::new();
+        for port in &ports {
+            // A port whose backlog is full (nothing accepted any more) stops taking connections:
+            // a few unanswered attempts are enough to say so.
+            let mut unanswered = 0;
+            for host in 2..42u8 {
+                for _ in 0..20 {
+                    if unanswered == 5 {
+                        break;
+                    }
+                    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                    socket
+                        .bind(std::net::SocketAddr::from(([127, 0, 0, host], 0)))
+                        .unwrap();
+                    match tokio::time::timeout(Duration::from_millis(500), socket.connect(*port))
+                        .await
+                    {
+                        Ok(Ok(conn)) => held.push(conn),
+                        _ => unanswered += 1,
+                    }
+                }
+            }
+        }
+        // Let the servers accept (and close) what they will.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        held
+    });
+    assert!(flood.len() >= 3 * 256, "{} connections opened", flood.len());
+
+    // 16 per address and 256 in all per port: the rest were closed.
+    let coordinator_now = open_fds(coordinator_pid);
+    let agent_now = open_fds(agent_pid);
+    assert!(
+        coordinator_now <= coordinator_before + 2 * 256 + 32,
+        "the coordinator holds {coordinator_now} descriptors, {coordinator_before} before the flood"
+    );
+    assert!(
+        agent_now <= agent_before + 256 + 32,
+        "the agent holds {agent_now} descriptors, {agent_before} before the flood"
+    );
+    // Clients, links and calls still have their descriptors.
+    let out = fleet.toolctl(&["call", "a", "echo"]);
+    assert_exit(&out, 0, &[]);
+    assert_eq!(text(&out.stdout).trim(), "still here");
+    assert_eq!(host(&fleet.hosts(), "a")["state"], "online");
+
+    // The flood gone, every port answers again.
+    drop(flood);
+    let coordinator = fleet.coordinator.as_ref().unwrap();
+    for metrics in [coordinator.metrics_addr(), fleet.agents["a"].metrics_addr()] {
+        let status = wait_for("/metrics to answer again", Duration::from_secs(10), || {
+            toolsrv_tests::http_get(&metrics, "/metrics")
+                .ok()
+                .filter(|(status, _)| *status == 200)
+        });
+        assert_eq!(status.0, 200);
+    }
+    let health = coordinator.health_addr();
+    let serving = rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let checked = async {
+                let channel = tonic::transport::Endpoint::from_shared(format!("http://{health}"))
+                    .unwrap()
+                    .connect()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                tonic_health::pb::health_client::HealthClient::new(channel)
+                    .check(tonic_health::pb::HealthCheckRequest::default())
+                    .await
+                    .map(|r| r.into_inner().status)
+                    .map_err(|e| e.to_string())
+            };
+            match tokio::time::timeout(Duration::from_secs(3), checked).await {
+                Ok(Ok(status)) => return status,
+                other => assert!(
+                    Instant::now() < deadline,
+                    "health never answered: {other:?}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    assert_eq!(
+        serving,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+}

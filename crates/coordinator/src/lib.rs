@@ -446,7 +446,16 @@ pub async fn serve(
         let health_service = health_service.clone();
         let shutdown = shutdown.clone();
         tasks.spawn(async move {
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(health);
+            match health.local_addr() {
+                Ok(addr) => tracing::info!(%addr, "gRPC health (plain text) at {addr}"),
+                Err(e) => tracing::warn!(error = %e, "cannot read the health port's address"),
+            }
+            let incoming = toolsrv_tls::PlainListener::new(
+                health,
+                toolsrv_tls::PlainLimits::DEFAULT,
+                "health",
+            )
+            .incoming();
             let served = tonic::transport::Server::builder()
                 .add_service(health_service)
                 .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())

@@ -12,6 +12,7 @@ use axum::routing::get;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use toolsrv_tls::{PlainConn, PlainLimits, PlainListener};
 
 /// The OpenMetrics content type this endpoint answers with when asked.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -35,7 +36,8 @@ pub struct MetricsServer {
 
 impl MetricsServer {
     /// Serves `registry` on `listener` until `shutdown` is cancelled. Only `GET /metrics` (and
-    /// `HEAD`) is answered; every other path is 404.
+    /// `HEAD`) is answered; every other path is 404. Connections are held within
+    /// [`PlainLimits::DEFAULT`].
     pub fn spawn(
         listener: TcpListener,
         registry: Arc<Registry>,
@@ -45,6 +47,11 @@ impl MetricsServer {
         let app = Router::new()
             .route("/metrics", get(scrape))
             .with_state(registry);
+        let listener = Plain(PlainListener::new(
+            listener,
+            PlainLimits::DEFAULT,
+            "metrics",
+        ));
         tokio::spawn(async move {
             let served = axum::serve(listener, app)
                 .with_graceful_shutdown(shutdown.cancelled_owned())
@@ -54,6 +61,22 @@ impl MetricsServer {
             }
         });
         Ok(Self { addr })
+    }
+}
+
+/// The endpoint's listener: [`PlainListener`]'s bounds on connections, for axum.
+struct Plain(PlainListener);
+
+impl axum::serve::Listener for Plain {
+    type Io = PlainConn;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (PlainConn, SocketAddr) {
+        self.0.accept().await
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.0.local_addr()
     }
 }
 

@@ -147,13 +147,30 @@ impl Proc {
     /// 20 s.
     #[track_caller]
     pub fn metrics_addr(&self) -> String {
+        self.logged_addr("its metrics", "metrics at http://")
+    }
+
+    /// Where a coordinator serves gRPC health in plain text, from its log line `gRPC health
+    /// (plain text) at ADDR` (started with `--health-listen 127.0.0.1:0`), as
+    /// [`Proc::metrics_addr`].
+    #[track_caller]
+    pub fn health_addr(&self) -> String {
+        self.logged_addr("gRPC health", "gRPC health (plain text) at ")
+    }
+
+    /// The address after `marker` in the first log line that has it; waits at most 20 s.
+    #[track_caller]
+    fn logged_addr(&self, what: &str, marker: &str) -> String {
         crate::wait_for(
-            &format!("{} to serve its metrics", self.name),
+            &format!("{} to serve {what}", self.name),
             Duration::from_secs(20),
             || {
                 self.log().lines().find_map(|l| {
-                    let rest = l.split("metrics at http://").nth(1)?;
-                    Some(rest.split('/').next()?.to_string())
+                    let rest = l.split(marker).nth(1)?;
+                    let end = rest
+                        .find(|c: char| c.is_whitespace() || c == '"' || c == '/')
+                        .unwrap_or(rest.len());
+                    Some(rest[..end].to_string())
                 })
             },
         )

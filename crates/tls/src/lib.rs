@@ -17,6 +17,7 @@ mod error;
 pub mod files;
 mod identity;
 mod pki;
+mod plain;
 mod server;
 mod usage;
 
@@ -40,7 +41,9 @@ pub use identity::{
 pub use pki::{
     CA_CERT, CA_KEY, DEFAULT_VALID_DAYS, PkiOptions, file_stem, init, issue, write_atomically,
 };
+pub use plain::{PlainConn, PlainLimits, PlainListener};
 pub use server::{
-    AcceptOptions, ConnInfo, HANDSHAKE_TIMEOUT, MAX_SETTING_UP_PER_ADDRESS, PREFACE_TIMEOUT,
-    PeerInfo, TlsConn, TlsIncoming, address_key, incoming, incoming_with, peer, peer_of,
+    ANONYMOUS_LIFETIME, AcceptOptions, ConnInfo, HANDSHAKE_TIMEOUT, MAX_SETTING_UP_PER_ADDRESS,
+    PREFACE_TIMEOUT, PeerInfo, TlsConn, TlsIncoming, address_key, incoming, incoming_with, peer,
+    peer_of,
 };

@@ -11,7 +11,7 @@ use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -48,6 +48,13 @@ pub const PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
 /// retried.
 pub const MAX_SETTING_UP_PER_ADDRESS: usize = 256;
 
+/// How long a connection without a certificate lasts: it exists to join (one `Join`, a
+/// `TokenReview` of at most 10 s included), and while it is open it counts among its address's
+/// connections being set up ([`MAX_SETTING_UP_PER_ADDRESS`]). Without a bound, a peer that can
+/// reach the port when enrollment is on could keep connections open there without end (HTTP/2
+/// keepalive pings would hold them) and take every file descriptor.
+pub const ANONYMOUS_LIFETIME: Duration = Duration::from_secs(60);
+
 /// The address a peer is counted under: an IPv4 address (also when mapped into IPv6), or an
 /// IPv6 address's /64, which one host can hold whole.
 pub fn address_key(ip: IpAddr) -> IpAddr {
@@ -74,14 +81,18 @@ pub struct AcceptOptions {
     /// Connections from one address being set up at once; more are closed when accepted.
     /// 0: no limit.
     pub max_setting_up_per_address: usize,
+    /// How long a connection without a certificate lasts ([`ANONYMOUS_LIFETIME`]).
+    pub anonymous_lifetime: Duration,
 }
 
 impl AcceptOptions {
-    /// The defaults: [`HANDSHAKE_TIMEOUT`], [`PREFACE_TIMEOUT`], [`MAX_SETTING_UP_PER_ADDRESS`].
+    /// The defaults: [`HANDSHAKE_TIMEOUT`], [`PREFACE_TIMEOUT`], [`MAX_SETTING_UP_PER_ADDRESS`],
+    /// [`ANONYMOUS_LIFETIME`].
     pub const DEFAULT: Self = Self {
         handshake: HANDSHAKE_TIMEOUT,
         preface: PREFACE_TIMEOUT,
         max_setting_up_per_address: MAX_SETTING_UP_PER_ADDRESS,
+        anonymous_lifetime: ANONYMOUS_LIFETIME,
     };
 }
 
@@ -138,6 +149,10 @@ pub struct TlsConn {
     /// end its streams and refuse its requests from the expiry on, with a status saying why.)
     /// Agents are not cut here: their link lets running calls finish first.
     expires: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A connection without a certificate: its place among its address's connections being set
+    /// up, kept until it closes, and the end of its lifetime
+    /// ([`AcceptOptions::anonymous_lifetime`], in seconds for the message).
+    anonymous: Option<(SetUpPermit, Pin<Box<tokio::time::Sleep>>, u64)>,
 }
 
 /// How long a client's connection outlives its certificate: time for the statuses that end its
@@ -174,6 +189,11 @@ impl TlsConn {
         {
             return Some(expired_certificate());
         }
+        if let Some((_, ends, secs)) = self.anonymous.as_mut()
+            && ends.as_mut().poll(cx).is_ready()
+        {
+            return Some(anonymous_lifetime_over(*secs));
+        }
         None
     }
 }
@@ -183,6 +203,17 @@ fn expired_certificate() -> io::Error {
     io::Error::new(
         io::ErrorKind::ConnectionAborted,
         "the server closed this connection: the client's certificate expired",
+    )
+}
+
+/// The error a connection without a certificate returns past its lifetime.
+fn anonymous_lifetime_over(secs: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        format!(
+            "the server closed this connection: one without a certificate lasts at most {secs} s, \
+             time to join"
+        ),
     )
 }
 
@@ -346,24 +377,18 @@ async fn accept_loop(
 ) {
     // Owned here so that aborting this task aborts every pending handshake.
     let mut handshakes = JoinSet::new();
-    let mut setting_up = SettingUp::default();
+    let setting_up = SettingUp::default();
     loop {
         tokio::select! {
             () = tx.closed() => return,
-            Some(done) = handshakes.join_next_with_id(), if !handshakes.is_empty() => {
-                setting_up.done(match done {
-                    Ok((id, ())) => id,
-                    Err(e) => e.id(),
-                });
-            }
+            Some(_) = handshakes.join_next(), if !handshakes.is_empty() => {}
             accepted = listener.accept() => match accepted {
                 Ok((tcp, remote)) => {
-                    let Some(key) = setting_up.admit(remote, options.max_setting_up_per_address) else {
+                    let Some(permit) = setting_up.admit(remote, options.max_setting_up_per_address) else {
                         continue;
                     };
                     let acceptor = TlsAcceptor::from(creds.borrow().clone());
-                    let task = handshakes.spawn(handshake(acceptor, tcp, remote, options, conns.clone(), tx.clone()));
-                    setting_up.started(task.id(), key);
+                    handshakes.spawn(handshake(acceptor, tcp, remote, permit, options, conns.clone(), tx.clone()));
                 }
                 Err(e) => {
                     // Usually out of file descriptors: back off instead of
@@ -376,48 +401,60 @@ async fn accept_loop(
     }
 }
 
-/// Connections being set up, per address ([`MAX_SETTING_UP_PER_ADDRESS`]).
-#[derive(Debug, Default)]
+/// Connections being set up, per address ([`MAX_SETTING_UP_PER_ADDRESS`]): each counted from
+/// its accept until its [`SetUpPermit`] is dropped (the handshake done, or for a connection
+/// without a certificate, the connection closed).
+#[derive(Debug, Clone, Default)]
 struct SettingUp {
-    tasks: HashMap<tokio::task::Id, IpAddr>,
     /// Per address: how many, and whether its going over the limit was logged.
-    addresses: HashMap<IpAddr, (usize, bool)>,
+    addresses: Arc<Mutex<HashMap<IpAddr, (usize, bool)>>>,
+}
+
+/// One connection's place among its address's connections being set up.
+#[derive(Debug)]
+struct SetUpPermit {
+    setting_up: SettingUp,
+    key: IpAddr,
+}
+
+impl Drop for SetUpPermit {
+    fn drop(&mut self) {
+        let mut addresses = self
+            .setting_up
+            .addresses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some((n, _)) = addresses.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                addresses.remove(&self.key);
+            }
+        }
+    }
 }
 
 impl SettingUp {
-    /// The address a connection from `remote` is counted under ([`address_key`]), if it may be
-    /// set up now with at most `limit` (0: any number) from that address; logs the first one
-    /// refused of each run.
-    fn admit(&mut self, remote: SocketAddr, limit: usize) -> Option<IpAddr> {
+    /// A place for a connection from `remote`, counted under its [`address_key`], if at most
+    /// `limit` (0: any number) are being set up from there; logs the first one refused of each
+    /// run.
+    fn admit(&self, remote: SocketAddr, limit: usize) -> Option<SetUpPermit> {
         let key = address_key(remote.ip());
-        let Some((n, logged)) = self.addresses.get_mut(&key) else {
-            return Some(key);
-        };
-        if limit == 0 || *n < limit {
-            return Some(key);
-        }
-        if !std::mem::replace(logged, true) {
-            tracing::warn!(%remote, limit, "too many connections from this address being set up at once: new ones are closed until some are done (--max-connecting-per-address)");
-        }
-        None
-    }
-
-    /// Counts the connection set up by `task` under `key`, as [`SettingUp::admit`] gave it.
-    fn started(&mut self, task: tokio::task::Id, key: IpAddr) {
-        self.tasks.insert(task, key);
-        self.addresses.entry(key).or_insert((0, false)).0 += 1;
-    }
-
-    fn done(&mut self, task: tokio::task::Id) {
-        let Some(key) = self.tasks.remove(&task) else {
-            return;
-        };
-        if let Some((n, _)) = self.addresses.get_mut(&key) {
-            *n -= 1;
-            if *n == 0 {
-                self.addresses.remove(&key);
+        let mut addresses = self
+            .addresses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let (n, logged) = addresses.entry(key).or_insert((0, false));
+        if limit != 0 && *n >= limit {
+            if !std::mem::replace(logged, true) {
+                tracing::warn!(%remote, limit, "too many connections from this address being set up at once: new ones are closed until some are done (--max-connecting-per-address)");
             }
+            return None;
         }
+        *n += 1;
+        Some(SetUpPermit {
+            setting_up: self.clone(),
+            key,
+        })
     }
 }
 
@@ -425,6 +462,7 @@ async fn handshake(
     acceptor: TlsAcceptor,
     tcp: TcpStream,
     remote: SocketAddr,
+    permit: SetUpPermit,
     options: AcceptOptions,
     conns: Connections,
     tx: mpsc::Sender<TlsConn>,
@@ -506,6 +544,18 @@ async fn handshake(
                 crate::until_unix(not_after) + EXPIRED_CLIENT_GRACE,
             ))
         });
+    // A peer with a certificate is set up; one without stays counted until it closes.
+    let anonymous = match &peer {
+        Some(_) => {
+            drop(permit);
+            None
+        }
+        None => Some((
+            permit,
+            Box::pin(tokio::time::sleep(options.anonymous_lifetime)),
+            options.anonymous_lifetime.as_secs(),
+        )),
+    };
     let conn = TlsConn {
         stream,
         info: ConnInfo { peer, remote },
@@ -513,6 +563,7 @@ async fn handshake(
         registration,
         closing,
         expires,
+        anonymous,
     };
     // An error means the server is gone; the connection just closes.
     let _ = tx.send(conn).await;
@@ -546,20 +597,17 @@ mod tests {
 
     #[test]
     fn setting_up_counts_per_address_and_forgets_an_address_at_zero() {
-        let mut setting_up = SettingUp::default();
+        let setting_up = SettingUp::default();
         let from = |s: &str| SocketAddr::new(ip(s), 40000);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let mut tasks = JoinSet::new();
-        let ids: Vec<_> = (0..MAX_SETTING_UP_PER_ADDRESS)
-            .map(|_| rt.block_on(async { tasks.spawn(async {}).id() }))
+        let mut permits: Vec<SetUpPermit> = (0..MAX_SETTING_UP_PER_ADDRESS)
+            .map(|_| {
+                let permit = setting_up
+                    .admit(from("2001:db8::1"), MAX_SETTING_UP_PER_ADDRESS)
+                    .unwrap();
+                assert_eq!(permit.key, ip("2001:db8::"));
+                permit
+            })
             .collect();
-        for id in &ids {
-            let key = setting_up.admit(from("2001:db8::1"), MAX_SETTING_UP_PER_ADDRESS);
-            assert_eq!(key, Some(ip("2001:db8::")));
-            setting_up.started(*id, ip("2001:db8::"));
-        }
         // The same /64 is full; another address is not.
         assert!(
             setting_up
@@ -573,16 +621,13 @@ mod tests {
         );
         // No limit: taken however many.
         assert!(setting_up.admit(from("2001:db8::2"), 0).is_some());
-        setting_up.done(ids[0]);
-        assert!(
+        permits.pop();
+        permits.push(
             setting_up
                 .admit(from("2001:db8::3"), MAX_SETTING_UP_PER_ADDRESS)
-                .is_some()
+                .unwrap(),
         );
-        for id in &ids[1..] {
-            setting_up.done(*id);
-        }
-        assert!(setting_up.addresses.is_empty() && setting_up.tasks.is_empty());
-        rt.block_on(async { while tasks.join_next().await.is_some() {} });
+        drop(permits);
+        assert!(setting_up.addresses.lock().unwrap().is_empty());
     }
 }

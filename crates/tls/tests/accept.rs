@@ -172,3 +172,77 @@ async fn a_peer_opening_connections_without_end_holds_only_a_few_at_once() {
     }
     server.stop().await;
 }
+
+/// An HTTP/2 connection without a client certificate (as a joining agent opens), idle after its
+/// preface and an empty SETTINGS frame.
+async fn anonymous_idle(
+    from: &str,
+    to: std::net::SocketAddr,
+    tmp: &std::path::Path,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let tcp = connect_from(from, to).await;
+    let config = toolsrv_tls::anonymous_client_config(
+        &tmp.join(toolsrv_tls::CA_CERT),
+        toolsrv_tls::Role::Coordinator,
+    )
+    .unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(config)
+        .connect(ServerName::IpAddress(to.ip().into()), tcp)
+        .await?;
+    tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await?;
+    tls.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await?;
+    tls.flush().await?;
+    Ok(tls)
+}
+
+/// A peer without a certificate, which the server lets in to join when enrollment is on, keeps
+/// its connections counted among its address's connections being set up for as long as they
+/// are open, and each lasts only `anonymous_lifetime`. Before, an anonymous connection stopped
+/// counting once its preface came, and HTTP/2 keepalive held it open for good: one peer could
+/// open connections until the process ran out of file descriptors.
+#[tokio::test]
+async fn connections_without_a_certificate_count_until_they_close_and_end_after_a_while() {
+    let tmp = tempfile::tempdir().unwrap();
+    common::pki(tmp.path());
+    let creds =
+        ServerCreds::with_options(files(tmp.path(), &Identity::Coordinator), Vec::new(), true)
+            .unwrap();
+    let options = AcceptOptions {
+        max_setting_up_per_address: 4,
+        anonymous_lifetime: Duration::from_millis(1500),
+        ..AcceptOptions::DEFAULT
+    };
+    let server = common::serve_with("127.0.0.1:0", creds.subscribe(), options).await;
+    const JOINER: &str = "127.0.0.2";
+
+    let mut held = Vec::new();
+    for _ in 0..options.max_setting_up_per_address {
+        held.push(
+            anonymous_idle(JOINER, server.addr, tmp.path())
+                .await
+                .unwrap(),
+        );
+    }
+    // One more from there: closed at once, before its handshake.
+    let extra = connect_from(JOINER, server.addr).await;
+    let took = until_closed(extra).await;
+    assert!(took < Duration::from_secs(1), "closed after {took:?}");
+    // A client with a certificate from another address is served meanwhile.
+    let url = format!("https://{}", server.addr);
+    check(&url, client_cfg(tmp.path(), &alice())).await.unwrap();
+
+    // Idle as they are, the anonymous connections end after their lifetime...
+    let start = Instant::now();
+    for conn in held {
+        until_closed(conn).await;
+    }
+    let took = start.elapsed();
+    assert!(took >= Duration::from_millis(700), "closed after {took:?}");
+    // ... and the address is served again.
+    let deadline = Instant::now() + BOUND;
+    while let Err(e) = anonymous_idle(JOINER, server.addr, tmp.path()).await {
+        assert!(Instant::now() < deadline, "never served again: {e}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.stop().await;
+}
