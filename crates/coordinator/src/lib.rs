@@ -97,6 +97,9 @@ pub struct CoordinatorConfig {
     /// Connections from one address in their TLS handshake or before their HTTP/2 preface at
     /// once; more are closed when accepted. 0: no limit.
     pub max_connecting_per_address: usize,
+    /// Connections open at once with one certificate identity; more are closed after their
+    /// handshake. 0: no limit.
+    pub max_connections_per_identity: usize,
     /// Output bytes a call may have in flight between agent and caller.
     pub credit_window: u64,
     pub policy: Option<PathBuf>,
@@ -156,6 +159,7 @@ impl CoordinatorConfig {
             lost_after: Duration::from_secs(3),
             max_keepalive_rate: DEFAULT_MAX_KEEPALIVE_RATE,
             max_connecting_per_address: toolsrv_tls::MAX_SETTING_UP_PER_ADDRESS,
+            max_connections_per_identity: toolsrv_tls::MAX_OPEN_PER_IDENTITY,
             credit_window: 1 << 20,
             policy: None,
             audit_log: None,
@@ -383,6 +387,7 @@ pub async fn serve(
         creds.subscribe(),
         toolsrv_tls::AcceptOptions {
             max_setting_up_per_address: config.max_connecting_per_address,
+            max_open_per_identity: config.max_connections_per_identity,
             ..toolsrv_tls::AcceptOptions::DEFAULT
         },
     );

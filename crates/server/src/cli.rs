@@ -163,6 +163,16 @@ pub struct CoordinatorArgs {
         default_value_t = toolsrv_tls::MAX_SETTING_UP_PER_ADDRESS
     )]
     pub max_connecting_per_address: usize,
+    /// Connections open at once with one certificate identity (one agent, or one client
+    /// certificate however many commands share it); more are closed after their handshake.
+    /// 0: no limit
+    #[arg(
+        long,
+        env = "TOOLSRV_MAX_CONNECTIONS_PER_IDENTITY",
+        value_name = "N",
+        default_value_t = toolsrv_tls::MAX_OPEN_PER_IDENTITY
+    )]
+    pub max_connections_per_identity: usize,
     /// Rescan the tools path this often (seconds) even without file events
     #[arg(long, env = "TOOLSRV_RESCAN_SECS", default_value_t = 30)]
     pub rescan_secs: u64,
@@ -474,6 +484,7 @@ impl CoordinatorArgs {
         config.lost_after = Duration::from_millis(self.lost_after_ms);
         config.max_keepalive_rate = self.max_keepalive_rate;
         config.max_connecting_per_address = self.max_connecting_per_address;
+        config.max_connections_per_identity = self.max_connections_per_identity;
         config.policy = self.policy.clone();
         config.audit_log = self.audit_log.clone();
         config.watch.rescan_every = Duration::from_secs(self.rescan_secs.max(1));

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use rustls_pki_types::CertificateDer;
 use tokio_util::sync::CancellationToken;
 
-use crate::PeerInfo;
+use crate::{Identity, PeerInfo};
 
 /// Called with each connection as it is accepted (the peer and its leaf certificate).
 type Observer = Box<dyn Fn(&PeerInfo, &CertificateDer<'static>) + Send + Sync>;
@@ -30,6 +30,8 @@ struct Inner {
 struct Live {
     next: u64,
     conns: HashMap<u64, Tracked>,
+    /// Per identity: its open connections, and whether its going over the limit was logged.
+    per_identity: HashMap<Identity, (usize, bool)>,
 }
 
 struct Tracked {
@@ -56,7 +58,16 @@ pub(crate) struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.conns.lock().conns.remove(&self.id);
+        let mut live = self.conns.lock();
+        let Some(tracked) = live.conns.remove(&self.id) else {
+            return;
+        };
+        if let Some((n, _)) = live.per_identity.get_mut(&tracked.peer.identity) {
+            *n -= 1;
+            if *n == 0 {
+                live.per_identity.remove(&tracked.peer.identity);
+            }
+        }
     }
 }
 
@@ -66,12 +77,31 @@ impl Connections {
         self.inner.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn register(&self, peer: &PeerInfo, leaf: CertificateDer<'static>) -> Registration {
+    /// Counts a connection of `peer`, unless its identity has `limit` open already (0: no
+    /// limit); `None` then (the first refused of a run is logged), and the connection is to be
+    /// closed.
+    pub(crate) fn register(
+        &self,
+        peer: &PeerInfo,
+        leaf: CertificateDer<'static>,
+        limit: usize,
+    ) -> Option<Registration> {
         if let Some(observe) = self.inner.observer.get() {
             observe(peer, &leaf);
         }
         let close = CancellationToken::new();
         let mut live = self.lock();
+        let (open, logged) = live
+            .per_identity
+            .entry(peer.identity.clone())
+            .or_insert((0, false));
+        if limit != 0 && *open >= limit {
+            if !std::mem::replace(logged, true) {
+                tracing::warn!(identity = %peer.identity, remote = %peer.remote, limit, "too many connections open with this certificate's identity: new ones are closed until some end (--max-connections-per-identity)");
+            }
+            return None;
+        }
+        *open += 1;
         live.next += 1;
         let id = live.next;
         live.conns.insert(
@@ -82,11 +112,11 @@ impl Connections {
                 close: close.clone(),
             },
         );
-        Registration {
+        Some(Registration {
             id,
             conns: self.clone(),
             close,
-        }
+        })
     }
 
     /// Calls `observe` with every connection accepted from now on, before it is handed over

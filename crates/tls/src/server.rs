@@ -55,6 +55,14 @@ pub const MAX_SETTING_UP_PER_ADDRESS: usize = 256;
 /// keepalive pings would hold them) and take every file descriptor.
 pub const ANONYMOUS_LIFETIME: Duration = Duration::from_secs(60);
 
+/// Connections open at once with one certificate identity by default
+/// ([`AcceptOptions::max_open_per_identity`]). Each holds a file descriptor, and HTTP/2
+/// keepalive holds an idle one for good: without a bound, one stolen certificate (or a
+/// compromised host's) could open connections until the process has no descriptor left for
+/// anyone else. An agent keeps one; a client one per running command, and the per-client
+/// quotas (64 calls, 256 watch streams) stay well under this.
+pub const MAX_OPEN_PER_IDENTITY: usize = 1024;
+
 /// The address a peer is counted under: an IPv4 address (also when mapped into IPv6), or an
 /// IPv6 address's /64, which one host can hold whole.
 pub fn address_key(ip: IpAddr) -> IpAddr {
@@ -83,16 +91,20 @@ pub struct AcceptOptions {
     pub max_setting_up_per_address: usize,
     /// How long a connection without a certificate lasts ([`ANONYMOUS_LIFETIME`]).
     pub anonymous_lifetime: Duration,
+    /// Connections open at once with one certificate identity; more are closed after their
+    /// handshake. 0: no limit.
+    pub max_open_per_identity: usize,
 }
 
 impl AcceptOptions {
     /// The defaults: [`HANDSHAKE_TIMEOUT`], [`PREFACE_TIMEOUT`], [`MAX_SETTING_UP_PER_ADDRESS`],
-    /// [`ANONYMOUS_LIFETIME`].
+    /// [`ANONYMOUS_LIFETIME`], [`MAX_OPEN_PER_IDENTITY`].
     pub const DEFAULT: Self = Self {
         handshake: HANDSHAKE_TIMEOUT,
         preface: PREFACE_TIMEOUT,
         max_setting_up_per_address: MAX_SETTING_UP_PER_ADDRESS,
         anonymous_lifetime: ANONYMOUS_LIFETIME,
+        max_open_per_identity: MAX_OPEN_PER_IDENTITY,
     };
 }
 
@@ -529,7 +541,13 @@ async fn handshake(
     // Connections with a proven peer are tracked, so they can be closed when it is revoked;
     // an unauthenticated one can do nothing but enroll.
     let registration = match (&peer, leaf) {
-        (Some(peer), Some(leaf)) => Some(conns.register(peer, leaf)),
+        (Some(peer), Some(leaf)) => {
+            match conns.register(peer, leaf, options.max_open_per_identity) {
+                Some(registration) => Some(registration),
+                // Too many open with this identity: closed (logged by `register`).
+                None => return,
+            }
+        }
         _ => None,
     };
     let closing = registration

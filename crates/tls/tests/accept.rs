@@ -173,19 +173,14 @@ async fn a_peer_opening_connections_without_end_holds_only_a_few_at_once() {
     server.stop().await;
 }
 
-/// An HTTP/2 connection without a client certificate (as a joining agent opens), idle after its
-/// preface and an empty SETTINGS frame.
-async fn anonymous_idle(
+/// An HTTP/2 connection from `from` to `to` made with `config`, idle after its preface and an
+/// empty SETTINGS frame.
+async fn idle_h2(
     from: &str,
     to: std::net::SocketAddr,
-    tmp: &std::path::Path,
+    config: std::sync::Arc<rustls::ClientConfig>,
 ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
     let tcp = connect_from(from, to).await;
-    let config = toolsrv_tls::anonymous_client_config(
-        &tmp.join(toolsrv_tls::CA_CERT),
-        toolsrv_tls::Role::Coordinator,
-    )
-    .unwrap();
     let mut tls = tokio_rustls::TlsConnector::from(config)
         .connect(ServerName::IpAddress(to.ip().into()), tcp)
         .await?;
@@ -193,6 +188,20 @@ async fn anonymous_idle(
     tls.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await?;
     tls.flush().await?;
     Ok(tls)
+}
+
+/// [`idle_h2`] without a client certificate, as a joining agent connects.
+async fn anonymous_idle(
+    from: &str,
+    to: std::net::SocketAddr,
+    tmp: &std::path::Path,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let config = toolsrv_tls::anonymous_client_config(
+        &tmp.join(toolsrv_tls::CA_CERT),
+        toolsrv_tls::Role::Coordinator,
+    )
+    .unwrap();
+    idle_h2(from, to, config).await
 }
 
 /// A peer without a certificate, which the server lets in to join when enrollment is on, keeps
@@ -244,5 +253,52 @@ async fn connections_without_a_certificate_count_until_they_close_and_end_after_
         assert!(Instant::now() < deadline, "never served again: {e}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    server.stop().await;
+}
+
+/// One certificate identity holds at most `max_open_per_identity` connections at once: the next
+/// is closed right after its handshake, other identities are served meanwhile, and the identity
+/// is served again once one of its connections closes. Before, a stolen or compromised
+/// certificate could keep open as many idle connections (held by HTTP/2 keepalive) as the
+/// process had file descriptors.
+#[tokio::test]
+async fn one_identity_holds_only_so_many_connections() {
+    let tmp = tempfile::tempdir().unwrap();
+    common::pki(tmp.path());
+    let creds = ServerCreds::new(files(tmp.path(), &Identity::Coordinator)).unwrap();
+    let options = AcceptOptions {
+        max_open_per_identity: 3,
+        ..AcceptOptions::DEFAULT
+    };
+    let server = common::serve_with("127.0.0.1:0", creds.subscribe(), options).await;
+    let alice_cfg = || client_cfg(tmp.path(), &alice());
+
+    let mut held = Vec::new();
+    for _ in 0..options.max_open_per_identity {
+        held.push(
+            idle_h2("127.0.0.1", server.addr, alice_cfg())
+                .await
+                .unwrap(),
+        );
+    }
+    // One more: closed once the server sees whose it is.
+    if let Ok(extra) = idle_h2("127.0.0.1", server.addr, alice_cfg()).await {
+        let took = until_closed(extra).await;
+        assert!(took < Duration::from_secs(1), "closed after {took:?}");
+    }
+    // Another identity is served meanwhile.
+    let url = format!("https://{}", server.addr);
+    let agent = Identity::Agent("web-1".into());
+    check(&url, client_cfg(tmp.path(), &agent)).await.unwrap();
+
+    // One closed, alice is served again.
+    held.pop();
+    let deadline = Instant::now() + BOUND;
+    while let Err(e) = check(&url, alice_cfg()).await {
+        assert!(Instant::now() < deadline, "never served again: {e}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(server.seen.lock().unwrap().contains(&alice()));
+    drop(held);
     server.stop().await;
 }
