@@ -580,6 +580,46 @@ mod wire {
         assert!(audit(&fleet, "join_token").is_empty());
     }
 
+    /// A peer without a certificate holds at most 64 requests open at once: past that, its
+    /// streams are refused at once instead of each waiting for a body that never comes. Before,
+    /// one connection opened 20,000 such streams and the coordinator grew by 120 MB; nothing
+    /// stopped it at any number.
+    #[test]
+    fn a_peer_without_a_certificate_cannot_hold_requests_open_without_end() {
+        let fleet = enrolling_fleet(&["a"], &["--metrics-listen=127.0.0.1:0"]);
+        let tls = toolsrv_tls::anonymous_client_config(
+            &fleet.pki.path("ca.pem"),
+            toolsrv_tls::Role::Coordinator,
+        )
+        .unwrap();
+        let streams = runtime().block_on(toolsrv_tests::open_bodiless_streams(
+            &fleet,
+            tls,
+            "/toolsrv.v1.Enrollment/Join",
+            2000,
+        ));
+        assert_eq!(streams.taken, 64, "{streams:?}");
+        assert_eq!(streams.refused, 2000 - 64);
+        let answers: Vec<_> = streams.answers.iter().collect();
+        assert_eq!(answers.len(), 1, "{answers:?}");
+        assert_eq!(answers[0].0, "8", "RESOURCE_EXHAUSTED: {answers:?}");
+        assert!(answers[0].1.contains("127.0.0.1"), "{answers:?}");
+        let metrics = toolsrv_tests::http_get(
+            &fleet.coordinator.as_ref().unwrap().metrics_addr(),
+            "/metrics",
+        )
+        .unwrap()
+        .1;
+        assert!(
+            metrics.contains("toolsrv_requests_refused_total 1936"),
+            "{metrics}"
+        );
+        // The coordinator still serves the fleet.
+        let out = fleet.toolctl(&["hosts"]);
+        toolsrv_tests::assert_exit(&out, 0, &[]);
+        drop(streams);
+    }
+
     fn csr(sans: Vec<rcgen::SanType>) -> (rcgen::KeyPair, Vec<u8>) {
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
         let mut params = rcgen::CertificateParams::default();

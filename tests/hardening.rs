@@ -618,3 +618,52 @@ fn idle_connections_to_the_plain_text_ports_leave_the_processes_their_descriptor
         tonic_health::pb::health_check_response::ServingStatus::Serving as i32
     );
 }
+
+/// One client certificate holds at most `--max-requests-per-identity` requests open at once,
+/// over all its connections: streams opened past it (headers, never a body) are refused at
+/// once, other clients are served meanwhile, and the client is served again once its streams
+/// are gone. Before, each such stream waited for its body for good, a few kilobytes each, with
+/// no bound on how many one connection opened.
+#[test]
+fn one_client_cannot_hold_requests_open_without_end() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "echo.meta",
+        r#"{"description": "echo", "cmd": "cat"}"#,
+        false,
+    );
+    fleet.start_coordinator(&["--max-requests-per-identity=50"]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "echo");
+    let alice = toolsrv_tls::client_config(
+        &fleet
+            .pki
+            .files(&toolsrv_tls::Identity::Client("alice".into())),
+        toolsrv_tls::Role::Coordinator,
+    )
+    .unwrap();
+    let rt = toolsrv_tests::runtime();
+    let streams = rt.block_on(toolsrv_tests::open_bodiless_streams(
+        &fleet,
+        alice,
+        "/toolsrv.v1.Tools/ListHosts",
+        500,
+    ));
+    assert_eq!((streams.taken, streams.refused), (50, 450), "{streams:?}");
+    let answers: Vec<_> = streams.answers.iter().collect();
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0].0, "8", "RESOURCE_EXHAUSTED: {answers:?}");
+    assert!(answers[0].1.contains("client/alice"), "{answers:?}");
+
+    // Alice's next command is refused too, and says why; Bob is served.
+    let out = fleet.toolctl(&["hosts"]);
+    assert_exit(&out, 75, &["client/alice has 50 requests open"]);
+    let out = fleet.toolctl_as("client-bob", &["call", "a", "echo", r#"{"x":1}"#], None);
+    assert_exit(&out, 0, &[]);
+
+    // Her streams gone with their connection, she is served again.
+    drop(streams);
+    wait_for("alice to be served again", Duration::from_secs(10), || {
+        fleet.toolctl(&["hosts"]).status.success().then_some(())
+    });
+}

@@ -146,6 +146,7 @@ fn calls_show_in_the_metrics_that_promtool_and_prometheus_accept() {
         (r#"toolsrv_agents{state="offline"}"#, 0.0),
         ("toolsrv_agent_attachments_total", 2.0),
         ("toolsrv_views_passed_over_total", 0.0),
+        ("toolsrv_requests_refused_total", 0.0),
         ("toolsrv_catalog_revision", 1.0),
         ("toolsrv_sessions", 0.0),
         ("toolsrv_audit_log_failing", 0.0),

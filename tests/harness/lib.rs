@@ -60,3 +60,96 @@ pub fn assert_same_ranking(a: &serde_json::Value, b: &serde_json::Value) {
         assert!((x - y).abs() < 1e-6, "{name}: {x} and {y}\n{a}\n{b}");
     }
 }
+
+/// What became of the streams [`open_bodiless_streams`] opened.
+pub struct Streams {
+    /// Still waiting for an answer (the coordinator took them).
+    pub taken: usize,
+    /// Answered at once, with the gRPC status and message of each kind of answer.
+    pub refused: usize,
+    pub answers: std::collections::BTreeSet<(String, String)>,
+    /// The connection and the streams still waiting, kept open while the caller looks.
+    pub connection: h2::client::SendRequest<bytes::Bytes>,
+    pub waiting: Vec<(h2::SendStream<bytes::Bytes>, h2::client::ResponseFuture)>,
+}
+
+impl std::fmt::Debug for Streams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Streams")
+            .field("taken", &self.taken)
+            .field("refused", &self.refused)
+            .field("answers", &self.answers)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opens `n` gRPC requests to `path` on one HTTP/2 connection to the fleet's coordinator made
+/// with `tls`: headers only, never a body, as a peer that means to hold streams would. Each is
+/// given 3 s to be answered.
+#[allow(clippy::expect_used)] // A test fixture: fails loudly.
+pub async fn open_bodiless_streams(
+    fleet: &Fleet,
+    tls: std::sync::Arc<tokio_rustls::rustls::ClientConfig>,
+    path: &str,
+    n: usize,
+) -> Streams {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", fleet.port))
+        .await
+        .expect("a TCP connection to the coordinator");
+    let name =
+        tokio_rustls::rustls::pki_types::ServerName::try_from("localhost").expect("a server name");
+    let stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .expect("a TLS connection to the coordinator");
+    let (mut send, conn) = h2::client::handshake(stream).await.expect("HTTP/2");
+    tokio::spawn(conn);
+    let mut answers = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        send = send.ready().await.expect("room for a stream");
+        let request = http::Request::post(format!("https://localhost:{}{path}", fleet.port))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .expect("a request");
+        let (mut response, body) = send.send_request(request, false).expect("a stream");
+        answers.spawn(async move {
+            // Unanswered, the stream is handed back whole: dropping it would cancel it.
+            let answered =
+                tokio::time::timeout(std::time::Duration::from_secs(3), &mut response).await;
+            let Ok(answered) = answered else {
+                return Err((body, response));
+            };
+            let header = |h: &str| {
+                answered
+                    .as_ref()
+                    .ok()
+                    .and_then(|r| r.headers().get(h))
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            Ok((header("grpc-status"), header("grpc-message")))
+        });
+    }
+    let mut streams = Streams {
+        taken: 0,
+        refused: 0,
+        answers: Default::default(),
+        connection: send,
+        waiting: Vec::new(),
+    };
+    while let Some(answer) = answers.join_next().await {
+        match answer.expect("an answer task") {
+            Ok(answer) => {
+                streams.refused += 1;
+                streams.answers.insert(answer);
+            }
+            Err(waiting) => {
+                streams.taken += 1;
+                streams.waiting.push(waiting);
+            }
+        }
+    }
+    streams
+}

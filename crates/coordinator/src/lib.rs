@@ -38,6 +38,7 @@ mod revocation;
 pub mod selector;
 mod session_api;
 mod sessions;
+mod streams;
 mod view_pace;
 mod views;
 
@@ -67,6 +68,7 @@ pub use identity::{Caller, RequireRole};
 pub use policy::Policy;
 pub use quota::Limits;
 pub use sessions::SessionLimits;
+pub use streams::DEFAULT_MAX_PER_IDENTITY as DEFAULT_MAX_REQUESTS_PER_IDENTITY;
 pub use toolsrv_cluster::{ClusterConfig, EtcdTls};
 pub use views::{DEFAULT_MAX_HOST_ONLY_TOOLS, HostOnly, MAX_HOST_ONLY_PAST_LIMIT};
 
@@ -100,6 +102,9 @@ pub struct CoordinatorConfig {
     /// Connections open at once with one certificate identity; more are closed after their
     /// handshake. 0: no limit.
     pub max_connections_per_identity: usize,
+    /// Requests (HTTP/2 streams) open at once with one certificate identity; more are refused
+    /// with RESOURCE_EXHAUSTED. 0: no limit.
+    pub max_requests_per_identity: usize,
     /// Output bytes a call may have in flight between agent and caller.
     pub credit_window: u64,
     pub policy: Option<PathBuf>,
@@ -160,6 +165,7 @@ impl CoordinatorConfig {
             max_keepalive_rate: DEFAULT_MAX_KEEPALIVE_RATE,
             max_connecting_per_address: toolsrv_tls::MAX_SETTING_UP_PER_ADDRESS,
             max_connections_per_identity: toolsrv_tls::MAX_OPEN_PER_IDENTITY,
+            max_requests_per_identity: streams::DEFAULT_MAX_PER_IDENTITY,
             credit_window: 1 << 20,
             policy: None,
             audit_log: None,
@@ -498,10 +504,15 @@ pub async fn serve(
     let enrollment = EnrollmentServer::new(enroll::EnrollmentService {
         state: state.clone(),
     });
+    let stream_limits = streams::StreamLimits::new(
+        state.config.max_requests_per_identity,
+        state.metrics.requests_refused.clone(),
+    );
     let served = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))
         .tcp_nodelay(true)
+        .layer(streams::StreamLimitLayer(stream_limits))
         .add_service(agent_link)
         .add_service(tools)
         .add_service(join_tokens)

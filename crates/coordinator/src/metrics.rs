@@ -30,6 +30,8 @@ pub struct Metrics {
     attachments: Counter,
     views_passed_over: Counter,
     enrollment_throttled: Family<Labels<1>, Counter>,
+    /// Requests refused for too many open at once (`crate::streams`).
+    pub(crate) requests_refused: Counter,
     finds: Family<Labels<1>, Counter>,
     find_duration: Histogram,
     index_builds: Family<Labels<1>, Counter>,
@@ -53,6 +55,7 @@ impl Default for Metrics {
             approvals: Family::default(),
             attachments: Counter::default(),
             views_passed_over: Counter::default(),
+            requests_refused: Counter::default(),
             enrollment_throttled: Family::default(),
             finds: Family::default(),
             find_duration: duration_histogram(),
@@ -105,6 +108,11 @@ impl Metrics {
             "views_passed_over",
             "Host views an agent reported that a newer one replaced before they were stored: an agent reporting more than 16 at once or 2 a second (each view stored is passed on to every watcher)",
             self.views_passed_over.clone(),
+        );
+        registry.register(
+            "requests_refused",
+            "Requests refused before any service saw them: the peer had too many open at once (--max-requests-per-identity per certificate identity, 64 per address without a certificate)",
+            self.requests_refused.clone(),
         );
         registry.register(
             "enrollment_throttled",

@@ -173,6 +173,15 @@ pub struct CoordinatorArgs {
         default_value_t = toolsrv_tls::MAX_OPEN_PER_IDENTITY
     )]
     pub max_connections_per_identity: usize,
+    /// Requests (HTTP/2 streams) open at once with one certificate identity, over all its
+    /// connections; more are refused with RESOURCE_EXHAUSTED. 0: no limit
+    #[arg(
+        long,
+        env = "TOOLSRV_MAX_REQUESTS_PER_IDENTITY",
+        value_name = "N",
+        default_value_t = toolsrv_coordinator::DEFAULT_MAX_REQUESTS_PER_IDENTITY
+    )]
+    pub max_requests_per_identity: usize,
     /// Rescan the tools path this often (seconds) even without file events
     #[arg(long, env = "TOOLSRV_RESCAN_SECS", default_value_t = 30)]
     pub rescan_secs: u64,
@@ -485,6 +494,7 @@ impl CoordinatorArgs {
         config.max_keepalive_rate = self.max_keepalive_rate;
         config.max_connecting_per_address = self.max_connecting_per_address;
         config.max_connections_per_identity = self.max_connections_per_identity;
+        config.max_requests_per_identity = self.max_requests_per_identity;
         config.policy = self.policy.clone();
         config.audit_log = self.audit_log.clone();
         config.watch.rescan_every = Duration::from_secs(self.rescan_secs.max(1));
