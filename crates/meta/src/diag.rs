@@ -39,6 +39,9 @@ pub enum Code {
     Suspicious,
     /// A tool of the same name earlier on the tools path hides this one.
     Shadowed,
+    /// The file (a `.meta` or its executable), or a directory on the way to it, is writable by
+    /// every user of the machine: the tool is not served.
+    Exposed,
 }
 
 /// One problem found in one file.

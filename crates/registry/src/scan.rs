@@ -249,6 +249,7 @@ impl Scanner {
         let mut seen_metas = HashSet::with_capacity(self.metas.len());
         let mut seen_exes = HashSet::new();
         let mut claimed: HashMap<String, PathBuf> = HashMap::new();
+        let mut exposure = Exposure::default();
         for dir in self.dirs.clone() {
             let files = match list_meta_files(&dir) {
                 Ok(files) => files,
@@ -302,11 +303,24 @@ impl Scanner {
                     seen_metas.insert(path);
                     continue;
                 };
-                let executable = match self.executable(&dir.join(&name)) {
+                let executable = self.executable(&dir.join(&name)).and_then(|executable| {
+                    // Anyone who can rewrite the .meta or the executable chooses what runs.
+                    let exposed = std::iter::once(path.as_path())
+                        .chain(executable.as_ref().map(|e| e.path.as_path()))
+                        .find_map(|file| Some((file, exposure.of(file)?)));
+                    match exposed {
+                        Some((file, reason)) => {
+                            Err(Diagnostic::error(file, None, Code::Exposed, reason))
+                        }
+                        None => Ok(executable),
+                    }
+                });
+                let executable = match executable {
                     Ok(executable) => executable,
                     Err(diag) => {
-                        // Served without its executable, the tool would silently run
-                        // something else (its `cmd`, or a binary on PATH): not served at all.
+                        // Exposed, not served; served without its executable, the tool
+                        // would silently run something else (its `cmd`, or a binary on PATH):
+                        // not served at all.
                         catalog.diagnostics.push(diag.clone());
                         catalog.invalid.insert(name, invalid(vec![diag]));
                         seen_metas.insert(path);
@@ -439,6 +453,65 @@ fn executable_too_large(path: &Path, size: u64) -> Diagnostic {
          on the hosts and call it from `cmd`)"
     );
     Diagnostic::error(path, None, Code::TooLarge, message)
+}
+
+/// Whether a tool's files could be rewritten by any user of the machine: the file itself, or a
+/// directory on the way to it (after symbolic links) writable by every user. A directory with
+/// the sticky bit (as `/tmp`) lets nobody replace another's file, and nothing on a file system
+/// mounted read-only (a Kubernetes ConfigMap, whose directories are mode 0777) can be written:
+/// neither counts. Directories are looked at once per scan.
+#[derive(Debug, Default)]
+struct Exposure {
+    dirs: HashMap<PathBuf, Option<String>>,
+}
+
+impl Exposure {
+    /// Why `file` is exposed, if it is.
+    fn of(&mut self, file: &Path) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        let mode = std::fs::metadata(file).ok()?.mode();
+        if mode & 0o002 != 0 && !read_only(file) {
+            return Some(format!(
+                "writable by every user of this machine (mode {:04o}): anyone here could change \
+                 what the tool runs, so it is not served: chmod o-w {}",
+                mode & 0o7777,
+                file.display()
+            ));
+        }
+        // The directories that hold the name as given (a symbolic link in them could be
+        // replaced) and those that hold the file it leads to.
+        let given = std::path::absolute(file).ok()?;
+        let real = std::fs::canonicalize(file).ok()?;
+        let mut dirs = given.ancestors().skip(1).chain(real.ancestors().skip(1));
+        dirs.find_map(|dir| {
+            self.dirs
+                .entry(dir.to_path_buf())
+                .or_insert_with(|| exposed_dir(dir))
+                .clone()
+        })
+    }
+}
+
+/// Why files in `dir` could be replaced by any user, if they could.
+fn exposed_dir(dir: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mode = std::fs::metadata(dir).ok()?.mode();
+    if mode & 0o002 == 0 || mode & 0o1000 != 0 || read_only(dir) {
+        return None;
+    }
+    Some(format!(
+        "the directory {} is writable by every user of this machine (mode {:04o}) and has no \
+         sticky bit: anyone here could replace the tool, so it is not served: chmod o-w {}",
+        dir.display(),
+        mode & 0o7777,
+        dir.display()
+    ))
+}
+
+/// Whether `path` is on a file system mounted read-only.
+fn read_only(path: &Path) -> bool {
+    use nix::sys::statvfs::{FsFlags, statvfs};
+    statvfs(path).is_ok_and(|s| s.flags().contains(FsFlags::ST_RDONLY))
 }
 
 /// Why [`read_meta`] returned no bytes.

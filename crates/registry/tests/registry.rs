@@ -707,3 +707,138 @@ fn a_fifo_a_device_or_an_odd_name_where_a_meta_should_be_is_reported_without_han
         .unwrap_or_else(|| panic!("{:?}", first.diagnostics));
     assert_eq!(odd_error.code, Code::BadName, "{odd_error:?}");
 }
+
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// The `Exposed` diagnostics of a catalog, as (file, message).
+fn exposed(cat: &toolsrv_registry::Catalog) -> Vec<(std::path::PathBuf, String)> {
+    cat.diagnostics
+        .iter()
+        .filter(|d| d.code == Code::Exposed)
+        .map(|d| {
+            assert_eq!(d.severity, Severity::Error);
+            (d.file.clone(), d.message.clone())
+        })
+        .collect()
+}
+
+/// Another user of the machine must not choose what a tool runs: a `.meta` or an executable
+/// writable by every user, or one in a directory every user may write (and replace files in),
+/// even through a symbolic link, is not served, with an error naming the file or directory and
+/// its mode; once fixed, the next scan serves it. Before, such tools were served: with `chmod
+/// 777` on a tools directory, anyone logged in to the coordinator's machine could ship a tool
+/// to every host.
+#[test]
+fn tools_every_user_could_rewrite_are_not_served() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("tools");
+    std::fs::create_dir(&dir).unwrap();
+    write(&dir, "good.meta", &tool("good"));
+    write(&dir, "open_meta.meta", &tool("open"));
+    write(&dir, "open_exe.meta", &tool("exe"));
+    write_executable(&dir, "open_exe", "#!/bin/sh\necho hi\n");
+    // A .meta linked from a directory anyone may write.
+    let drop_box = root.path().join("drop-box");
+    std::fs::create_dir(&drop_box).unwrap();
+    write(&drop_box, "linked.meta", &tool("linked"));
+    std::os::unix::fs::symlink(drop_box.join("linked.meta"), dir.join("linked.meta")).unwrap();
+    chmod(&dir.join("open_meta.meta"), 0o666);
+    chmod(&dir.join("open_exe"), 0o777);
+    chmod(&drop_box, 0o777);
+
+    let reg = Registry::open(vec![dir.clone()]);
+    let cat = reg.catalog();
+    assert_eq!(cat.tools.keys().collect::<Vec<_>>(), ["good"]);
+    let mut found = exposed(&cat);
+    found.sort();
+    let names: Vec<&Path> = found.iter().map(|(f, _)| f.as_path()).collect();
+    assert_eq!(
+        names,
+        [
+            dir.join("linked.meta").as_path(),
+            &dir.join("open_exe"),
+            &dir.join("open_meta.meta")
+        ],
+        "{found:?}"
+    );
+    assert!(
+        found[0]
+            .1
+            .contains(&format!("the directory {}", drop_box.display()))
+    );
+    assert!(found[0].1.contains("mode 0777") && found[0].1.contains("chmod o-w"));
+    assert!(found[1].1.contains("mode 0777"), "{found:?}");
+    assert!(found[2].1.contains("mode 0666"), "{found:?}");
+    for name in ["open_meta", "open_exe", "linked"] {
+        assert!(cat.invalid.contains_key(name), "{name}");
+    }
+
+    // Fixed, they are served at the next scan (a chmod changes no content).
+    chmod(&dir.join("open_meta.meta"), 0o644);
+    chmod(&dir.join("open_exe"), 0o755);
+    chmod(&drop_box, 0o755);
+    reg.rescan();
+    let cat = reg.catalog();
+    assert_eq!(cat.tools.len(), 4, "{:?}", cat.diagnostics);
+    assert!(exposed(&cat).is_empty());
+
+    // The tools directory itself open to everyone: nothing in it is served. With the sticky
+    // bit (as /tmp), nobody replaces another's files: served.
+    chmod(&dir, 0o777);
+    reg.rescan();
+    let cat = reg.catalog();
+    assert!(cat.tools.is_empty(), "{:?}", cat.tools.keys());
+    assert_eq!(exposed(&cat).len(), 4);
+    chmod(&dir, 0o1777);
+    reg.rescan();
+    assert_eq!(reg.catalog().tools.len(), 4);
+}
+
+/// A file system mounted read-only cannot be written whatever the modes say: a Kubernetes
+/// ConfigMap's directories are mode 0777, and its tools are served. (Needs root, for the mount.)
+#[test]
+fn modes_on_a_read_only_file_system_do_not_count() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test mounts a file system: run it as root"
+    );
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("mounted");
+    std::fs::create_dir(&dir).unwrap();
+    let mount = |args: &[&str]| {
+        let out = std::process::Command::new("mount")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mount {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let target = dir.to_str().unwrap();
+    mount(&["-t", "tmpfs", "-o", "mode=0777,size=1m", "tools", target]);
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(dir.clone());
+    write(&dir, "ro.meta", &tool("ro"));
+    chmod(&dir.join("ro.meta"), 0o666);
+    let reg = Registry::open(vec![dir.clone()]);
+    assert!(reg.catalog().tools.is_empty(), "writable: not served");
+    mount(&["-o", "remount,ro", target]);
+    reg.rescan();
+    let cat = reg.catalog();
+    assert_eq!(
+        cat.tools.keys().collect::<Vec<_>>(),
+        ["ro"],
+        "{:?}",
+        cat.diagnostics
+    );
+}
