@@ -222,3 +222,60 @@ fn a_file_setting_that_never_ends_stops_the_role_naming_it() {
         "{said}"
     );
 }
+
+/// A configuration file every user of the machine could rewrite sets nothing: it could make
+/// anyone an administrator or turn the sandbox off. The role stops at start, naming the file
+/// and the `chmod` that fixes it; so does a coordinator given such a policy or host labels.
+#[test]
+fn files_every_user_could_rewrite_stop_the_role() {
+    use std::os::unix::fs::PermissionsExt;
+    let fleet = Fleet::new(&["a"]);
+    let dir = fleet.work.path();
+    let open = |name: &str, content: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, content).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        path
+    };
+    let config = open("coordinator.toml", "listen = \"127.0.0.1:0\"\n");
+    let out = toolsrv_tests::run_bounded(
+        from_file("coordinator", &config, dir),
+        None,
+        Duration::from_secs(30),
+    );
+    assert_exit(
+        &out,
+        2,
+        &[
+            &format!("the configuration file {}", config.display()),
+            "writable by every user of this machine (mode 0666)",
+            &format!("chmod o-w {}", config.display()),
+        ],
+    );
+    let agent_config = open("agent.toml", "host_id = \"a\"\n");
+    let out = toolsrv_tests::run_bounded(
+        from_file("agent", &agent_config, dir),
+        None,
+        Duration::from_secs(30),
+    );
+    assert_exit(&out, 2, &[&format!("chmod o-w {}", agent_config.display())]);
+
+    for (flag, file) in [
+        ("--policy", open("policy.json", r#"{"rules": []}"#)),
+        ("--host-labels", open("labels.json", "{}")),
+    ] {
+        let mut cmd = Command::new(bin("toolsrv"));
+        cmd.arg("coordinator")
+            .args(fleet.pki.tls_args("coordinator"))
+            .arg("--listen=127.0.0.1:0")
+            .arg(format!("--tools={}", dir.join("tools").display()))
+            .arg(format!("{flag}={}", file.display()));
+        let out = toolsrv_tests::run_bounded(cmd, None, Duration::from_secs(30));
+        assert!(!out.status.success(), "{flag}: {out:?}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(&format!("chmod o-w {}", file.display())),
+            "{flag}: {err}"
+        );
+    }
+}

@@ -42,4 +42,22 @@ impl FileError {
             message,
         }
     }
+
+    /// An error if every user of the machine could rewrite `path` (see
+    /// [`toolsrv_registry::writable_by_anyone`]): whoever writes a file that says who may do
+    /// what could grant themselves anything.
+    pub fn unless_guarded(what: &'static str, path: &std::path::Path) -> Result<(), Self> {
+        match toolsrv_registry::writable_by_anyone(path) {
+            Some(open) => Err(Self::invalid(
+                what,
+                path,
+                format!(
+                    "{open}: anyone here could rewrite who may do what, so it is not used: \
+                     chmod o-w {}",
+                    open.path.display()
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
 }

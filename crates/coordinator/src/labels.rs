@@ -47,6 +47,7 @@ impl HostLabels {
     }
 
     pub fn load(path: &Path) -> Result<Self, FileError> {
+        FileError::unless_guarded("host labels", path)?;
         let text =
             toolsrv_tls::files::read_text_bounded(path, toolsrv_tls::files::MAX_SETTINGS_BYTES)
                 .map_err(|e| FileError::read("host labels", path, e))?;

@@ -291,6 +291,7 @@ impl Policy {
     }
 
     pub fn load(path: &Path) -> Result<Self, FileError> {
+        FileError::unless_guarded("policy", path)?;
         let text =
             toolsrv_tls::files::read_text_bounded(path, toolsrv_tls::files::MAX_SETTINGS_BYTES)
                 .map_err(|e| FileError::read("policy", path, e))?;
@@ -607,5 +608,19 @@ mod tests {
         let err = Policy::load(&bad).unwrap_err();
         assert!(matches!(err, FileError::Invalid { .. }));
         assert!(err.to_string().starts_with("policy "), "{err}");
+
+        // One every user of the machine could rewrite grants nothing.
+        use std::os::unix::fs::PermissionsExt;
+        let open = dir.path().join("open.json");
+        std::fs::write(&open, r#"{"rules": []}"#).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let err = Policy::load(&open).unwrap_err().to_string();
+        assert!(
+            err.contains("writable by every user of this machine (mode 0666)")
+                && err.contains(&format!("chmod o-w {}", open.display())),
+            "{err}"
+        );
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+        Policy::load(&open).unwrap();
     }
 }

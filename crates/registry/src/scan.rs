@@ -455,57 +455,104 @@ fn executable_too_large(path: &Path, size: u64) -> Diagnostic {
     Diagnostic::error(path, None, Code::TooLarge, message)
 }
 
-/// Whether a tool's files could be rewritten by any user of the machine: the file itself, or a
-/// directory on the way to it (after symbolic links) writable by every user. A directory with
-/// the sticky bit (as `/tmp`) lets nobody replace another's file, and nothing on a file system
-/// mounted read-only (a Kubernetes ConfigMap, whose directories are mode 0777) can be written:
-/// neither counts. Directories are looked at once per scan.
+/// Whether a tool's files could be rewritten by any user of the machine ([`writable_by_anyone`]),
+/// with the directories looked at once per scan.
 #[derive(Debug, Default)]
 struct Exposure {
-    dirs: HashMap<PathBuf, Option<String>>,
+    dirs: HashMap<PathBuf, Option<OpenToAll>>,
 }
 
 impl Exposure {
-    /// Why `file` is exposed, if it is.
+    /// Why `file` is exposed, if it is, as the error that rejects its tool.
     fn of(&mut self, file: &Path) -> Option<String> {
-        use std::os::unix::fs::MetadataExt;
-        let mode = std::fs::metadata(file).ok()?.mode();
-        if mode & 0o002 != 0 && !read_only(file) {
-            return Some(format!(
-                "writable by every user of this machine (mode {:04o}): anyone here could change \
-                 what the tool runs, so it is not served: chmod o-w {}",
-                mode & 0o7777,
-                file.display()
-            ));
-        }
-        // The directories that hold the name as given (a symbolic link in them could be
-        // replaced) and those that hold the file it leads to.
-        let given = std::path::absolute(file).ok()?;
-        let real = std::fs::canonicalize(file).ok()?;
-        let mut dirs = given.ancestors().skip(1).chain(real.ancestors().skip(1));
-        dirs.find_map(|dir| {
+        let open = writable_by_anyone_with(file, |dir| {
             self.dirs
                 .entry(dir.to_path_buf())
-                .or_insert_with(|| exposed_dir(dir))
+                .or_insert_with(|| open_dir(dir))
                 .clone()
-        })
+        })?;
+        Some(format!(
+            "{open}: anyone here could change what the tool runs, so it is not served: chmod o-w {}",
+            open.path.display()
+        ))
     }
 }
 
-/// Why files in `dir` could be replaced by any user, if they could.
-fn exposed_dir(dir: &Path) -> Option<String> {
+/// A file, or a directory holding it, that every user of the machine may write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenToAll {
+    /// The file, or the directory; `chmod o-w` it to close it.
+    pub path: PathBuf,
+    /// Its permission bits.
+    pub mode: u32,
+    pub directory: bool,
+}
+
+impl std::fmt::Display for OpenToAll {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.directory {
+            write!(
+                f,
+                "in the directory {}, which every user of this machine may write (mode {:04o}, \
+                 no sticky bit)",
+                self.path.display(),
+                self.mode
+            )
+        } else {
+            write!(
+                f,
+                "writable by every user of this machine (mode {:04o})",
+                self.mode
+            )
+        }
+    }
+}
+
+/// Whether any user of this machine could rewrite `file`: it is writable by every user, or a
+/// directory holding it (as named, or after symbolic links) is, without the sticky bit. A
+/// directory with the sticky bit (as `/tmp`) lets nobody replace another's file, and nothing on
+/// a file system mounted read-only (a Kubernetes ConfigMap, whose directories are mode 0777)
+/// can be written: neither counts. `None` also when `file` cannot be looked at; a device's own
+/// mode does not count.
+pub fn writable_by_anyone(file: &Path) -> Option<OpenToAll> {
+    writable_by_anyone_with(file, open_dir)
+}
+
+fn writable_by_anyone_with(
+    file: &Path,
+    mut dir_open: impl FnMut(&Path) -> Option<OpenToAll>,
+) -> Option<OpenToAll> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata(file).ok()?;
+    let mode = md.mode();
+    // Devices (`/dev/null` is mode 0666) are not files anyone rewrites.
+    if md.is_file() && mode & 0o002 != 0 && !read_only(file) {
+        return Some(OpenToAll {
+            path: file.to_path_buf(),
+            mode: mode & 0o7777,
+            directory: false,
+        });
+    }
+    // The directories that hold the name as given (a symbolic link in them could be replaced)
+    // and those that hold the file it leads to.
+    let given = std::path::absolute(file).ok()?;
+    let real = std::fs::canonicalize(file).ok()?;
+    let mut dirs = given.ancestors().skip(1).chain(real.ancestors().skip(1));
+    dirs.find_map(&mut dir_open)
+}
+
+/// Whether files in `dir` could be replaced by any user.
+fn open_dir(dir: &Path) -> Option<OpenToAll> {
     use std::os::unix::fs::MetadataExt;
     let mode = std::fs::metadata(dir).ok()?.mode();
     if mode & 0o002 == 0 || mode & 0o1000 != 0 || read_only(dir) {
         return None;
     }
-    Some(format!(
-        "the directory {} is writable by every user of this machine (mode {:04o}) and has no \
-         sticky bit: anyone here could replace the tool, so it is not served: chmod o-w {}",
-        dir.display(),
-        mode & 0o7777,
-        dir.display()
-    ))
+    Some(OpenToAll {
+        path: dir.to_path_buf(),
+        mode: mode & 0o7777,
+        directory: true,
+    })
 }
 
 /// Whether `path` is on a file system mounted read-only.

@@ -28,6 +28,15 @@ pub(crate) struct FileValue {
 
 /// Reads `path` against the flags `settings`; the problems, one a line, when it is unusable.
 pub(crate) fn read(path: &Path, settings: &[Setting]) -> Result<FileSettings, Vec<String>> {
+    // It sets any flag: the policy, the sandbox, who is an administrator.
+    if let Some(open) = toolsrv_registry::writable_by_anyone(path) {
+        return Err(vec![format!(
+            "the configuration file {} is {open}: anyone here could rewrite how this process \
+             runs and who may do what, so it is not used: chmod o-w {}",
+            path.display(),
+            open.path.display()
+        )]);
+    }
     let text = toolsrv_tls::files::read_text_bounded(path, toolsrv_tls::files::MAX_SETTINGS_BYTES)
         .map_err(|e| {
             vec![format!(
