@@ -614,6 +614,12 @@ mod wire {
             metrics.contains("toolsrv_requests_refused_total 1936"),
             "{metrics}"
         );
+        // One record for the run, not one per refusal.
+        let refusals = audit(&fleet, "refusal");
+        assert_eq!(refusals.len(), 1, "{refusals:?}");
+        assert_eq!(refusals[0]["client"], "127.0.0.1 (without a certificate)");
+        assert_eq!(refusals[0]["rpc"], "/toolsrv.v1.Enrollment/Join");
+        assert_eq!(refusals[0]["code"], "ResourceExhausted");
         // The coordinator still serves the fleet.
         let out = fleet.toolctl(&["hosts"]);
         toolsrv_tests::assert_exit(&out, 0, &[]);

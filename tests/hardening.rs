@@ -632,7 +632,8 @@ fn one_client_cannot_hold_requests_open_without_end() {
         r#"{"description": "echo", "cmd": "cat"}"#,
         false,
     );
-    fleet.start_coordinator(&["--max-requests-per-identity=50"]);
+    let audit = fleet.audit_arg();
+    fleet.start_coordinator(&["--max-requests-per-identity=50", &audit]);
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "echo");
     let alice = toolsrv_tls::client_config(
@@ -660,6 +661,18 @@ fn one_client_cannot_hold_requests_open_without_end() {
     assert_exit(&out, 75, &["client/alice has 50 requests open"]);
     let out = fleet.toolctl_as("client-bob", &["call", "a", "echo", r#"{"x":1}"#], None);
     assert_exit(&out, 0, &[]);
+    // The run's first refusal is recorded, the others are not; bob's call is.
+    let records = fleet.audit_records();
+    let refusals: Vec<&Value> = records.iter().filter(|r| r["event"] == "refusal").collect();
+    assert_eq!(refusals.len(), 1, "{records:?}");
+    assert_eq!(refusals[0]["client"], "alice");
+    assert_eq!(refusals[0]["rpc"], "/toolsrv.v1.Tools/ListHosts");
+    assert!(
+        records
+            .iter()
+            .any(|r| r["event"] == "call" && r["client"] == "bob"),
+        "{records:?}"
+    );
 
     // Her streams gone with their connection, she is served again.
     drop(streams);

@@ -180,21 +180,26 @@ impl Audit {
     /// Records a request refused before it was routed to any host. `target` is the host or
     /// selector asked for.
     pub fn refused(&self, client: &str, target: &str, tool: &str, why: &tonic::Status) {
-        self.write(json!({
-            "ts_unix_ms": now_ms(),
-            "event": "refusal",
-            "client": bounded(client, MAX_NAME_FIELD),
-            "host": bounded(target, MAX_NAME_FIELD),
-            "tool": bounded(tool, MAX_NAME_FIELD),
-            "args_sha256": null,
-            "fanout": null,
-            "status": "REFUSED",
-            "code": format!("{:?}", why.code()),
-            "exit_code": null,
-            "signal": null,
-            "duration_ms": 0,
-            "message": bounded(why.message(), MAX_MESSAGE_FIELD),
-        }));
+        self.write(refusal_json(
+            client,
+            Some(target),
+            Some(tool),
+            why,
+            why.message(),
+        ));
+    }
+
+    /// Records the first request of a run that [`crate::streams`] refused, before any service
+    /// saw it (a refusal with `rpc`, the method asked for): `peer` had too many open at once,
+    /// and until it has none open its next requests are refused without a record each.
+    pub fn requests_refused(&self, peer: &str, rpc: &str, why: &tonic::Status) {
+        let message = format!(
+            "{}; until fewer are open, its requests are refused without a record each",
+            why.message()
+        );
+        let mut record = refusal_json(peer, None, None, why, &message);
+        record["rpc"] = json!(bounded(rpc, MAX_NAME_FIELD));
+        self.write(record);
     }
 
     /// Records a revocation RPC (`"event": "revocation"`): `action` is `revoke` or `unrevoke`,
@@ -351,6 +356,31 @@ impl Drop for Pending<'_> {
 }
 
 /// A call's audit record (`"event": "call"`).
+/// A refusal record (`"event": "refusal"`, status `REFUSED`): a request that reached no host.
+fn refusal_json(
+    client: &str,
+    host: Option<&str>,
+    tool: Option<&str>,
+    why: &tonic::Status,
+    message: &str,
+) -> serde_json::Value {
+    json!({
+        "ts_unix_ms": now_ms(),
+        "event": "refusal",
+        "client": bounded(client, MAX_NAME_FIELD),
+        "host": host.map(|h| bounded(h, MAX_NAME_FIELD)),
+        "tool": tool.map(|t| bounded(t, MAX_NAME_FIELD)),
+        "args_sha256": null,
+        "fanout": null,
+        "status": "REFUSED",
+        "code": format!("{:?}", why.code()),
+        "exit_code": null,
+        "signal": null,
+        "duration_ms": 0,
+        "message": bounded(message, MAX_MESSAGE_FIELD),
+    })
+}
+
 fn call_json(r: &Record<'_>, result: &CallResult) -> serde_json::Value {
     let status = CallStatus::try_from(result.status).unwrap_or(CallStatus::Unspecified);
     json!({

@@ -504,9 +504,15 @@ pub async fn serve(
     let enrollment = EnrollmentServer::new(enroll::EnrollmentService {
         state: state.clone(),
     });
+    let audit_to = Arc::downgrade(&state);
     let stream_limits = streams::StreamLimits::new(
         state.config.max_requests_per_identity,
         state.metrics.requests_refused.clone(),
+        Arc::new(move |peer: &str, rpc: &str, why: &tonic::Status| {
+            if let Some(state) = audit_to.upgrade() {
+                state.audit.requests_refused(peer, rpc, why);
+            }
+        }),
     );
     let served = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))

@@ -50,6 +50,19 @@ impl std::fmt::Display for Asker {
     }
 }
 
+impl Asker {
+    /// Who it is in an audit record: a client's name, as in the records of its calls.
+    fn audited(&self) -> String {
+        match self {
+            Asker::Identity(Identity::Client(name)) => name.clone(),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// Called with the first refusal of each run: who, the method asked for, the refusal.
+pub type OnRun = Arc<dyn Fn(&str, &str, &Status) + Send + Sync>;
+
 /// The counts, shared by every connection.
 #[derive(Debug, Default)]
 struct Open {
@@ -58,28 +71,45 @@ struct Open {
 }
 
 /// The limits and counts; cloned into every connection's service.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct StreamLimits {
     per_identity: usize,
     anonymous_per_address: usize,
     open: Arc<Mutex<Open>>,
     refused: Counter,
+    /// The audit record of a run's first refusal.
+    on_run: OnRun,
+}
+
+impl std::fmt::Debug for StreamLimits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamLimits")
+            .field("per_identity", &self.per_identity)
+            .field("anonymous_per_address", &self.anonymous_per_address)
+            .finish_non_exhaustive()
+    }
 }
 
 impl StreamLimits {
-    /// `per_identity` 0: no limit for peers with a certificate. `refused` counts refusals.
-    pub fn new(per_identity: usize, refused: Counter) -> Self {
+    /// `per_identity` 0: no limit for peers with a certificate. `refused` counts refusals;
+    /// `on_run` is called with the first of each run (until the peer has none open).
+    pub fn new(per_identity: usize, refused: Counter, on_run: OnRun) -> Self {
         Self {
             per_identity,
             anonymous_per_address: MAX_ANONYMOUS_PER_ADDRESS,
             open: Arc::default(),
             refused,
+            on_run,
         }
     }
 
-    /// A place for one more request of `info`'s peer, or why not. `None` for a request not
-    /// counted (another replica's, or one without connection information).
-    fn admit(&self, info: Option<&toolsrv_tls::ConnInfo>) -> Result<Option<Place>, Status> {
+    /// A place for one more request of `info`'s peer for method `rpc`, or why not. `None` for
+    /// a request not counted (another replica's, or one without connection information).
+    fn admit(
+        &self,
+        info: Option<&toolsrv_tls::ConnInfo>,
+        rpc: &str,
+    ) -> Result<Option<Place>, Status> {
         let Some(info) = info else { return Ok(None) };
         let (asker, limit) = match &info.peer {
             Some(peer) if peer.identity.role() == Role::Coordinator => return Ok(None),
@@ -92,15 +122,18 @@ impl StreamLimits {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         let (n, logged) = open.askers.entry(asker.clone()).or_insert((0, false));
         if limit != 0 && *n >= limit {
-            if !std::mem::replace(logged, true) {
-                tracing::warn!(asker = %asker, remote = %info.remote, limit, "too many requests open at once: new ones are refused until some end (--max-requests-per-identity)");
-            }
+            let first = !std::mem::replace(logged, true);
             drop(open);
             self.refused.inc();
-            return Err(Status::resource_exhausted(format!(
+            let status = Status::resource_exhausted(format!(
                 "{asker} has {limit} requests open on this coordinator, the most it may: \
                  finish some first"
-            )));
+            ));
+            if first {
+                tracing::warn!(asker = %asker, remote = %info.remote, limit, rpc, "too many requests open at once: new ones are refused until some end (--max-requests-per-identity)");
+                (self.on_run)(&asker.audited(), rpc, &status);
+            }
+            return Err(status);
         }
         *n += 1;
         Ok(Some(Place {
@@ -164,10 +197,10 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        match self
-            .limits
-            .admit(req.extensions().get::<toolsrv_tls::ConnInfo>())
-        {
+        match self.limits.admit(
+            req.extensions().get::<toolsrv_tls::ConnInfo>(),
+            req.uri().path(),
+        ) {
             Ok(None) => Box::pin(self.inner.call(req)),
             Ok(Some(place)) => {
                 let fut = self.inner.call(req);
@@ -236,38 +269,65 @@ mod tests {
     #[test]
     fn counted_per_identity_or_address_and_given_back() {
         let refused = Counter::default();
-        let limits = StreamLimits::new(2, refused.clone());
+        let runs: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+        let seen = runs.clone();
+        let limits = StreamLimits::new(
+            2,
+            refused.clone(),
+            Arc::new(move |peer: &str, rpc: &str, _: &Status| {
+                seen.lock().unwrap().push((peer.into(), rpc.into()));
+            }),
+        );
         let alice = info(Some(Identity::Client("alice".into())), "192.0.2.1:1");
         let bob = info(Some(Identity::Client("bob".into())), "192.0.2.1:2");
         let held: Vec<Place> = (0..2)
-            .map(|_| limits.admit(Some(&alice)).unwrap().unwrap())
+            .map(|_| limits.admit(Some(&alice), "/t/M").unwrap().unwrap())
             .collect();
-        let err = limits.admit(Some(&alice)).unwrap_err();
+        let err = limits.admit(Some(&alice), "/t/M").unwrap_err();
         assert_eq!(err.code(), tonic::Code::ResourceExhausted);
         assert!(err.message().contains("client/alice"), "{err:?}");
         assert!(
-            limits.admit(Some(&bob)).unwrap().is_some(),
+            limits.admit(Some(&bob), "/t/M").unwrap().is_some(),
             "another identity"
         );
         // Replicas are not counted.
         let replica = info(Some(Identity::Coordinator), "192.0.2.9:1");
         for _ in 0..10 {
-            assert!(limits.admit(Some(&replica)).unwrap().is_none());
+            assert!(limits.admit(Some(&replica), "/t/M").unwrap().is_none());
         }
         // Without a certificate: per address (an IPv6 /64), at its own limit.
         let anonymous: Vec<Place> = (0..MAX_ANONYMOUS_PER_ADDRESS)
             .map(|i| {
                 limits
-                    .admit(Some(&info(None, &format!("[2001:db8::{i:x}]:1"))))
+                    .admit(Some(&info(None, &format!("[2001:db8::{i:x}]:1"))), "/t/M")
                     .unwrap()
                     .unwrap()
             })
             .collect();
-        assert!(limits.admit(Some(&info(None, "[2001:db8::ff]:1"))).is_err());
-        assert!(limits.admit(Some(&info(None, "192.0.2.1:3"))).is_ok());
+        assert!(
+            limits
+                .admit(Some(&info(None, "[2001:db8::ff]:1")), "/t/M")
+                .is_err()
+        );
+        assert!(
+            limits
+                .admit(Some(&info(None, "192.0.2.1:3")), "/t/M")
+                .is_ok()
+        );
         assert_eq!(refused.get(), 2);
+        // Each run's first refusal is recorded: alice's (by her name), the /64's.
+        assert_eq!(
+            *runs.lock().unwrap(),
+            [
+                ("alice".to_string(), "/t/M".to_string()),
+                (
+                    "2001:db8:: (without a certificate)".to_string(),
+                    "/t/M".to_string()
+                )
+            ]
+        );
         drop((held, anonymous));
-        assert!(limits.admit(Some(&alice)).unwrap().is_some());
+        assert!(limits.admit(Some(&alice), "/t/M").unwrap().is_some());
         assert!(
             limits.open.lock().unwrap().askers.is_empty(),
             "every place given back"
