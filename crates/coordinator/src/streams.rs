@@ -14,10 +14,9 @@
 //! The per-client quotas (calls, watches, finds) bound what a client keeps open on purpose, far
 //! under these limits; this bounds what the quotas do not see.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -25,6 +24,7 @@ use tonic::Status;
 use tonic::body::Body;
 use tonic::codegen::{BoxFuture, Service, http};
 use toolsrv_metrics::Counter;
+use toolsrv_tls::counts::{OpenCounts, Slot};
 use toolsrv_tls::{Identity, Role};
 
 /// Requests open at once with one certificate identity by default.
@@ -63,19 +63,16 @@ impl Asker {
 /// Called with the first refusal of each run: who, the method asked for, the refusal.
 pub type OnRun = Arc<dyn Fn(&str, &str, &Status) + Send + Sync>;
 
-/// The counts, shared by every connection.
-#[derive(Debug, Default)]
-struct Open {
-    /// Per asker: requests open, and whether going over the limit was logged this run.
-    askers: HashMap<Asker, (usize, bool)>,
-}
+/// One request's place among its asker's open requests, given back when dropped.
+type Place = Slot<Asker>;
 
 /// The limits and counts; cloned into every connection's service.
 #[derive(Clone)]
 pub struct StreamLimits {
     per_identity: usize,
     anonymous_per_address: usize,
-    open: Arc<Mutex<Open>>,
+    /// Requests open per asker, shared by every connection.
+    open: OpenCounts<Asker>,
     refused: Counter,
     /// The audit record of a run's first refusal.
     on_run: OnRun,
@@ -97,7 +94,7 @@ impl StreamLimits {
         Self {
             per_identity,
             anonymous_per_address: MAX_ANONYMOUS_PER_ADDRESS,
-            open: Arc::default(),
+            open: OpenCounts::default(),
             refused,
             on_run,
         }
@@ -119,46 +116,20 @@ impl StreamLimits {
                 self.anonymous_per_address,
             ),
         };
-        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        let (n, logged) = open.askers.entry(asker.clone()).or_insert((0, false));
-        if limit != 0 && *n >= limit {
-            let first = !std::mem::replace(logged, true);
-            drop(open);
-            self.refused.inc();
-            let status = Status::resource_exhausted(format!(
-                "{asker} has {limit} requests open on this coordinator, the most it may: \
-                 finish some first"
-            ));
-            if first {
-                tracing::warn!(asker = %asker, remote = %info.remote, limit, rpc, "too many requests open at once: new ones are refused until some end (--max-requests-per-identity)");
-                (self.on_run)(&asker.audited(), rpc, &status);
-            }
-            return Err(status);
+        let full = match self.open.admit(asker.clone(), limit) {
+            Ok(place) => return Ok(Some(place)),
+            Err(full) => full,
+        };
+        self.refused.inc();
+        let status = Status::resource_exhausted(format!(
+            "{asker} has {limit} requests open on this coordinator, the most it may: finish some \
+             first"
+        ));
+        if full.first {
+            tracing::warn!(asker = %asker, remote = %info.remote, limit, rpc, "too many requests open at once: new ones are refused until some end (--max-requests-per-identity)");
+            (self.on_run)(&asker.audited(), rpc, &status);
         }
-        *n += 1;
-        Ok(Some(Place {
-            open: self.open.clone(),
-            asker,
-        }))
-    }
-}
-
-/// One request's place in the counts, given back when dropped.
-#[derive(Debug)]
-struct Place {
-    open: Arc<Mutex<Open>>,
-    asker: Asker,
-}
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((n, _)) = open.askers.get_mut(&self.asker) {
-            *n -= 1;
-            if *n == 0 {
-                open.askers.remove(&self.asker);
-            }
-        }
+        Err(status)
     }
 }
 
@@ -250,6 +221,7 @@ impl HttpBody for Counted {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use std::net::SocketAddr;
+    use std::sync::Mutex;
 
     use super::*;
 
@@ -328,9 +300,6 @@ mod tests {
         );
         drop((held, anonymous));
         assert!(limits.admit(Some(&alice), "/t/M").unwrap().is_some());
-        assert!(
-            limits.open.lock().unwrap().askers.is_empty(),
-            "every place given back"
-        );
+        assert!(limits.open.is_empty(), "every place given back");
     }
 }

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use rustls_pki_types::CertificateDer;
 use tokio_util::sync::CancellationToken;
 
+use crate::counts::{OpenCounts, Slot};
 use crate::{Identity, PeerInfo};
 
 /// Called with each connection as it is accepted (the peer and its leaf certificate).
@@ -23,6 +24,8 @@ pub struct Connections {
 #[derive(Default)]
 struct Inner {
     live: Mutex<Live>,
+    /// Connections open per identity.
+    per_identity: OpenCounts<Identity>,
     observer: OnceLock<Observer>,
 }
 
@@ -30,8 +33,6 @@ struct Inner {
 struct Live {
     next: u64,
     conns: HashMap<u64, Tracked>,
-    /// Per identity: its open connections, and whether its going over the limit was logged.
-    per_identity: HashMap<Identity, (usize, bool)>,
 }
 
 struct Tracked {
@@ -54,20 +55,13 @@ pub(crate) struct Registration {
     id: u64,
     conns: Connections,
     pub(crate) close: CancellationToken,
+    /// Its place among its identity's open connections.
+    _identity: Slot<Identity>,
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let mut live = self.conns.lock();
-        let Some(tracked) = live.conns.remove(&self.id) else {
-            return;
-        };
-        if let Some((n, _)) = live.per_identity.get_mut(&tracked.peer.identity) {
-            *n -= 1;
-            if *n == 0 {
-                live.per_identity.remove(&tracked.peer.identity);
-            }
-        }
+        self.conns.lock().conns.remove(&self.id);
     }
 }
 
@@ -89,19 +83,17 @@ impl Connections {
         if let Some(observe) = self.inner.observer.get() {
             observe(peer, &leaf);
         }
+        let slot = match self.inner.per_identity.admit(peer.identity.clone(), limit) {
+            Ok(slot) => slot,
+            Err(full) => {
+                if full.first {
+                    tracing::warn!(identity = %peer.identity, remote = %peer.remote, limit, "too many connections open with this certificate's identity: new ones are closed until some end (--max-connections-per-identity)");
+                }
+                return None;
+            }
+        };
         let close = CancellationToken::new();
         let mut live = self.lock();
-        let (open, logged) = live
-            .per_identity
-            .entry(peer.identity.clone())
-            .or_insert((0, false));
-        if limit != 0 && *open >= limit {
-            if !std::mem::replace(logged, true) {
-                tracing::warn!(identity = %peer.identity, remote = %peer.remote, limit, "too many connections open with this certificate's identity: new ones are closed until some end (--max-connections-per-identity)");
-            }
-            return None;
-        }
-        *open += 1;
         live.next += 1;
         let id = live.next;
         live.conns.insert(
@@ -116,6 +108,7 @@ impl Connections {
             id,
             conns: self.clone(),
             close,
+            _identity: slot,
         })
     }
 

@@ -10,6 +10,7 @@ mod cert_info;
 mod client;
 mod config;
 mod conns;
+pub mod counts;
 mod creds;
 mod crl;
 pub mod enroll;

@@ -8,12 +8,10 @@
 //! A probe or a scrape takes one connection for milliseconds (Prometheus keeps one open between
 //! scrapes and opens another when it is closed).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -24,6 +22,7 @@ use tokio_stream::Stream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use crate::address_key;
+use crate::counts::{OpenCounts, Slot};
 
 /// How many connections a plain port keeps, and for how long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,75 +55,18 @@ impl Default for PlainLimits {
 pub struct PlainListener {
     listener: TcpListener,
     limits: PlainLimits,
-    open: Arc<Mutex<Open>>,
+    /// Connections open, in all (one key) and per address.
+    total: OpenCounts<()>,
+    addresses: OpenCounts<IpAddr>,
     /// What the port serves, for the log ("metrics", "health").
     what: &'static str,
 }
 
-/// Connections open now.
-#[derive(Debug, Default)]
-struct Open {
-    total: usize,
-    /// Whether going over the total was logged since the port was last under it.
-    total_logged: bool,
-    /// Per address: how many, and whether its going over was logged.
-    addresses: HashMap<IpAddr, (usize, bool)>,
-}
-
-impl Open {
-    /// Counts a connection from `ip` if the limits allow it; logs the first refused of a run.
-    fn admit(&mut self, ip: IpAddr, limits: &PlainLimits, what: &str) -> Option<IpAddr> {
-        let key = address_key(ip);
-        if self.total >= limits.total {
-            if !std::mem::replace(&mut self.total_logged, true) {
-                tracing::warn!(
-                    port = what,
-                    limit = limits.total,
-                    "too many connections open on this plain-text port: new ones are closed until some end"
-                );
-            }
-            return None;
-        }
-        let (n, logged) = self.addresses.entry(key).or_insert((0, false));
-        if *n >= limits.per_address {
-            if !std::mem::replace(logged, true) {
-                tracing::warn!(port = what, remote = %ip, limit = limits.per_address, "too many connections open from this address on a plain-text port: new ones are closed until some end");
-            }
-            return None;
-        }
-        *n += 1;
-        self.total += 1;
-        Some(key)
-    }
-
-    fn release(&mut self, key: IpAddr) {
-        self.total = self.total.saturating_sub(1);
-        if self.total == 0 {
-            self.total_logged = false;
-        }
-        if let Some((n, _)) = self.addresses.get_mut(&key) {
-            *n -= 1;
-            if *n == 0 {
-                self.addresses.remove(&key);
-            }
-        }
-    }
-}
-
-/// One connection's place in its listener's count, given back when the connection is dropped.
+/// One connection's places in its listener's counts, given back when the connection is dropped.
 #[derive(Debug)]
 struct Permit {
-    open: Arc<Mutex<Open>>,
-    key: IpAddr,
-}
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        self.open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .release(self.key);
-    }
+    _total: Slot<()>,
+    _address: Slot<IpAddr>,
 }
 
 impl PlainListener {
@@ -133,9 +75,45 @@ impl PlainListener {
         Self {
             listener,
             limits,
-            open: Arc::default(),
+            total: OpenCounts::default(),
+            addresses: OpenCounts::default(),
             what,
         }
+    }
+
+    /// Places for a connection from `ip` if the limits allow it; logs the first refused of a
+    /// run.
+    fn admit(&self, ip: IpAddr) -> Option<Permit> {
+        let what = self.what;
+        let total = match self.total.admit((), self.limits.total) {
+            Ok(slot) => slot,
+            Err(full) => {
+                if full.first {
+                    tracing::warn!(
+                        port = what,
+                        limit = self.limits.total,
+                        "too many connections open on this plain-text port: new ones are closed until some end"
+                    );
+                }
+                return None;
+            }
+        };
+        let address = match self
+            .addresses
+            .admit(address_key(ip), self.limits.per_address)
+        {
+            Ok(slot) => slot,
+            Err(full) => {
+                if full.first {
+                    tracing::warn!(port = what, remote = %ip, limit = self.limits.per_address, "too many connections open from this address on a plain-text port: new ones are closed until some end");
+                }
+                return None;
+            }
+        };
+        Some(Permit {
+            _total: total,
+            _address: address,
+        })
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -147,16 +125,9 @@ impl PlainListener {
         loop {
             match self.listener.accept().await {
                 Ok((tcp, remote)) => {
-                    let admitted = self
-                        .open
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .admit(remote.ip(), &self.limits, self.what);
                     // Refused: `tcp` is dropped, which closes it.
-                    let Some(key) = admitted else { continue };
-                    let permit = Permit {
-                        open: self.open.clone(),
-                        key,
+                    let Some(permit) = self.admit(remote.ip()) else {
+                        continue;
                     };
                     let conn = PlainConn {
                         tcp,
@@ -360,22 +331,20 @@ mod tests {
         assert!(again.is_some(), "served again once the others ended");
     }
 
-    #[test]
-    fn counts_go_back_to_nothing() {
-        let mut open = Open::default();
+    #[tokio::test]
+    async fn counts_go_back_to_nothing() {
+        let listener = PlainListener::new(
+            TcpListener::bind("127.0.0.1:0").await.unwrap(),
+            SMALL,
+            "test",
+        );
         let ip: IpAddr = "2001:db8::1".parse().unwrap();
-        let keys: Vec<IpAddr> = (0..SMALL.per_address)
-            .map(|_| open.admit(ip, &SMALL, "test").unwrap())
+        let permits: Vec<Permit> = (0..SMALL.per_address)
+            .map(|_| listener.admit(ip).unwrap())
             .collect();
         // Another host of the same /64 is the same address.
-        assert_eq!(
-            open.admit("2001:db8::2".parse().unwrap(), &SMALL, "test"),
-            None
-        );
-        for key in keys {
-            open.release(key);
-        }
-        assert_eq!(open.total, 0);
-        assert!(open.addresses.is_empty() && !open.total_logged);
+        assert!(listener.admit("2001:db8::2".parse().unwrap()).is_none());
+        drop(permits);
+        assert!(listener.total.is_empty() && listener.addresses.is_empty());
     }
 }

@@ -6,12 +6,12 @@
 //! every request's extensions; [`peer_of`] reads it back in a handler or
 //! interceptor.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -27,6 +27,7 @@ use tokio_util::sync::WaitForCancellationFutureOwned;
 use tonic::transport::server::Connected;
 
 use crate::conns::{Connections, Registration};
+use crate::counts::{OpenCounts, Slot};
 use crate::enroll::labels_of;
 use crate::{Identity, identity_of};
 
@@ -164,7 +165,7 @@ pub struct TlsConn {
     /// A connection without a certificate: its place among its address's connections being set
     /// up, kept until it closes, and the end of its lifetime
     /// ([`AcceptOptions::anonymous_lifetime`], in seconds for the message).
-    anonymous: Option<(SetUpPermit, Pin<Box<tokio::time::Sleep>>, u64)>,
+    anonymous: Option<(Slot<IpAddr>, Pin<Box<tokio::time::Sleep>>, u64)>,
 }
 
 /// How long a client's connection outlives its certificate: time for the statuses that end its
@@ -414,59 +415,25 @@ async fn accept_loop(
 }
 
 /// Connections being set up, per address ([`MAX_SETTING_UP_PER_ADDRESS`]): each counted from
-/// its accept until its [`SetUpPermit`] is dropped (the handshake done, or for a connection
-/// without a certificate, the connection closed).
+/// its accept until its slot is dropped (the handshake done, or for a connection without a
+/// certificate, the connection closed).
 #[derive(Debug, Clone, Default)]
-struct SettingUp {
-    /// Per address: how many, and whether its going over the limit was logged.
-    addresses: Arc<Mutex<HashMap<IpAddr, (usize, bool)>>>,
-}
-
-/// One connection's place among its address's connections being set up.
-#[derive(Debug)]
-struct SetUpPermit {
-    setting_up: SettingUp,
-    key: IpAddr,
-}
-
-impl Drop for SetUpPermit {
-    fn drop(&mut self) {
-        let mut addresses = self
-            .setting_up
-            .addresses
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some((n, _)) = addresses.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                addresses.remove(&self.key);
-            }
-        }
-    }
-}
+struct SettingUp(OpenCounts<IpAddr>);
 
 impl SettingUp {
     /// A place for a connection from `remote`, counted under its [`address_key`], if at most
     /// `limit` (0: any number) are being set up from there; logs the first one refused of each
     /// run.
-    fn admit(&self, remote: SocketAddr, limit: usize) -> Option<SetUpPermit> {
-        let key = address_key(remote.ip());
-        let mut addresses = self
-            .addresses
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let (n, logged) = addresses.entry(key).or_insert((0, false));
-        if limit != 0 && *n >= limit {
-            if !std::mem::replace(logged, true) {
-                tracing::warn!(%remote, limit, "too many connections from this address being set up at once: new ones are closed until some are done (--max-connecting-per-address)");
+    fn admit(&self, remote: SocketAddr, limit: usize) -> Option<Slot<IpAddr>> {
+        match self.0.admit(address_key(remote.ip()), limit) {
+            Ok(slot) => Some(slot),
+            Err(full) => {
+                if full.first {
+                    tracing::warn!(%remote, limit, "too many connections from this address being set up at once: new ones are closed until some are done (--max-connecting-per-address)");
+                }
+                None
             }
-            return None;
         }
-        *n += 1;
-        Some(SetUpPermit {
-            setting_up: self.clone(),
-            key,
-        })
     }
 }
 
@@ -474,7 +441,7 @@ async fn handshake(
     acceptor: TlsAcceptor,
     tcp: TcpStream,
     remote: SocketAddr,
-    permit: SetUpPermit,
+    permit: Slot<IpAddr>,
     options: AcceptOptions,
     conns: Connections,
     tx: mpsc::Sender<TlsConn>,
@@ -617,12 +584,12 @@ mod tests {
     fn setting_up_counts_per_address_and_forgets_an_address_at_zero() {
         let setting_up = SettingUp::default();
         let from = |s: &str| SocketAddr::new(ip(s), 40000);
-        let mut permits: Vec<SetUpPermit> = (0..MAX_SETTING_UP_PER_ADDRESS)
+        let mut permits: Vec<Slot<IpAddr>> = (0..MAX_SETTING_UP_PER_ADDRESS)
             .map(|_| {
                 let permit = setting_up
                     .admit(from("2001:db8::1"), MAX_SETTING_UP_PER_ADDRESS)
                     .unwrap();
-                assert_eq!(permit.key, ip("2001:db8::"));
+                assert_eq!(permit.key(), &ip("2001:db8::"));
                 permit
             })
             .collect();
@@ -646,6 +613,6 @@ mod tests {
                 .unwrap(),
         );
         drop(permits);
-        assert!(setting_up.addresses.lock().unwrap().is_empty());
+        assert!(setting_up.0.is_empty());
     }
 }

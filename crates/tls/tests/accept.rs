@@ -85,17 +85,10 @@ async fn a_connection_that_sent_its_preface_outlives_the_timeout() {
     common::pki(tmp.path());
     let creds = ServerCreds::new(files(tmp.path(), &Identity::Coordinator)).unwrap();
     let server = common::serve_with("127.0.0.1:0", creds.subscribe(), SHORT).await;
-    let tcp = TcpStream::connect(server.addr).await.unwrap();
-    let mut tls = tokio_rustls::TlsConnector::from(client_cfg(tmp.path(), &alice()))
-        .connect(ServerName::IpAddress(server.addr.ip().into()), tcp)
-        .await
-        .unwrap();
     // The preface and an empty SETTINGS frame, then an idle HTTP/2 connection.
-    tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+    let mut tls = idle_h2("127.0.0.1", server.addr, client_cfg(tmp.path(), &alice()))
         .await
         .unwrap();
-    tls.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
-    tls.flush().await.unwrap();
     let idle = async {
         let mut buf = [0u8; 1024];
         loop {
