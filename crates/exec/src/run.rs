@@ -140,10 +140,35 @@ pub fn spawn(inv: Invocation, cancel: CancellationToken) -> Result<Execution, Ex
     })
 }
 
+/// Pauses before each new try of a start the kernel refused with "text file busy", doubling
+/// from 1 ms: 63 ms in all.
+const BUSY_RETRIES: u32 = 6;
+
+/// [`start_once`], tried again while the executable is busy. The kernel refuses to run a file
+/// some process holds open for writing, and a process forked anywhere in the agent holds a copy
+/// of every descriptor open at that instant until it runs its own program: a call started just
+/// as the agent writes another tool's executable (a blob fetched from the coordinator) can be
+/// refused for a moment though nothing is wrong with its own. The pauses block the thread, as
+/// the fork itself does; it happens only on that refusal.
+fn start(inv: &Invocation, program: &str) -> Result<Started, ExecError> {
+    let mut tries = 0;
+    loop {
+        match start_once(inv, program) {
+            Err(ExecError::Spawn { source, .. })
+                if source.kind() == io::ErrorKind::ExecutableFileBusy && tries < BUSY_RETRIES =>
+            {
+                std::thread::sleep(Duration::from_millis(1 << tries));
+                tries += 1;
+            }
+            started => return started,
+        }
+    }
+}
+
 /// Starts the tool: confined calls through the jail's spawner, which does not fork the agent
 /// (Linux, absolute programs); anything else through tokio, the jail's steps (if any) run
 /// between fork and exec.
-fn start(inv: &Invocation, program: &str) -> Result<Started, ExecError> {
+fn start_once(inv: &Invocation, program: &str) -> Result<Started, ExecError> {
     let spawn_error = |source: io::Error| ExecError::Spawn {
         program: program.to_owned(),
         reason: os_reason(&source),

@@ -476,3 +476,37 @@ async fn the_result_keeps_only_the_start_of_a_large_output_while_all_of_it_strea
     );
     assert!(text.len() < (1 << 20) + 200);
 }
+
+/// A process that holds the executable open for writing a moment longer (as every process
+/// forked in the agent does with whatever it was writing, until it runs its own program) does
+/// not fail the call: the start is tried again once the file is free.
+#[tokio::test]
+async fn an_executable_busy_for_a_moment_still_starts() {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tool");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o755)
+        .open(&path)
+        .unwrap();
+    file.write_all(b"#!/bin/sh\necho started\n").unwrap();
+    // Still open for writing when the call starts; closed 20 ms later.
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        drop(file);
+    });
+    let mut inv = Invocation::new(Program::Exec(path), "/");
+    inv.env = vec![("PATH".into(), PATH.into())];
+    let (stdout, stderr, outcome) = run(inv).await;
+    writer.join().unwrap();
+    assert_eq!(
+        outcome.exit,
+        Exit::Code(0),
+        "{}",
+        String::from_utf8_lossy(&stderr)
+    );
+    assert!(String::from_utf8_lossy(&stdout).contains("started"));
+}
