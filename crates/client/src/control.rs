@@ -187,16 +187,25 @@ pub async fn bind(path: &Path) -> io::Result<ControlListener> {
     })
 }
 
+/// Held while [`bind_private`] has the umask changed.
+static UMASK_TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// `bind(2)` with the umask set to leave the socket file mode 0600 as it is created.
 ///
 /// Changing the mode afterwards by path would follow whatever is at the path by then: a symbolic
 /// link swapped in after the bind would turn our `chmod` onto another file. bind(2) itself never
 /// follows a link at the final component (an existing one is `EADDRINUSE`). The umask is
 /// process-wide, but restored right after this one call; a file another thread creates meanwhile
-/// only comes out with fewer permissions.
+/// only comes out with fewer permissions. Two binds at once take turns: otherwise each would
+/// restore the umask the other set, one socket coming out with the usual umask (0755) and the
+/// process left with the restricted one.
 fn bind_private(path: &Path) -> io::Result<std::os::unix::net::UnixListener> {
     use nix::sys::stat::{Mode, umask};
+    let _turn = UMASK_TURN.lock().unwrap_or_else(|p| p.into_inner());
     let previous = umask(Mode::S_IXUSR | Mode::S_IRWXG | Mode::S_IRWXO);
+    // Tests widen the window in which two binds at once would race.
+    #[cfg(test)]
+    std::thread::sleep(std::time::Duration::from_millis(1));
     let bound = std::os::unix::net::UnixListener::bind(path);
     umask(previous);
     bound
@@ -630,6 +639,48 @@ impl Tools for Relay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The process's umask, read while no bind has it changed.
+    fn process_umask() -> String {
+        let _turn = UMASK_TURN.lock().unwrap_or_else(|p| p.into_inner());
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Umask:"))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
+    #[test]
+    fn sockets_bound_at_once_are_each_private_and_leave_the_umask_as_it_was() {
+        use std::os::unix::fs::PermissionsExt;
+        let before = process_umask();
+        let dir = tempfile::tempdir().unwrap();
+        let start = std::sync::Arc::new(std::sync::Barrier::new(8));
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let dir = dir.path().to_path_buf();
+                let start = std::sync::Arc::clone(&start);
+                std::thread::spawn(move || {
+                    start.wait();
+                    (0..50)
+                        .map(|i| {
+                            let path = dir.join(format!("{t}-{i}.sock"));
+                            drop(bind_private(&path).unwrap());
+                            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for thread in threads {
+            for mode in thread.join().unwrap() {
+                assert_eq!(mode, 0o600, "{mode:o}");
+            }
+        }
+        assert_eq!(process_umask(), before);
+    }
 
     #[tokio::test]
     async fn bind_replaces_a_stale_socket_and_refuses_what_is_not_one() {
