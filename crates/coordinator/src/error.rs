@@ -51,11 +51,7 @@ impl FileError {
             Some(open) => Err(Self::invalid(
                 what,
                 path,
-                format!(
-                    "{open}: anyone here could rewrite who may do what, so it is not used: \
-                     chmod o-w {}",
-                    open.path.display()
-                ),
+                open.explained("anyone here could rewrite who may do what, so it is not used"),
             )),
             None => Ok(()),
         }

@@ -471,10 +471,7 @@ impl Exposure {
                 .or_insert_with(|| open_dir(dir))
                 .clone()
         })?;
-        Some(format!(
-            "{open}: anyone here could change what the tool runs, so it is not served: chmod o-w {}",
-            open.path.display()
-        ))
+        Some(open.explained("anyone here could change what the tool runs, so it is not served"))
     }
 }
 
@@ -486,6 +483,13 @@ pub struct OpenToAll {
     /// Its permission bits.
     pub mode: u32,
     pub directory: bool,
+}
+
+impl OpenToAll {
+    /// What is open, `why` that matters, and the `chmod` that closes it.
+    pub fn explained(&self, why: &str) -> String {
+        format!("{self}: {why}: chmod o-w {}", self.path.display())
+    }
 }
 
 impl std::fmt::Display for OpenToAll {

@@ -31,10 +31,12 @@ pub(crate) fn read(path: &Path, settings: &[Setting]) -> Result<FileSettings, Ve
     // It sets any flag: the policy, the sandbox, who is an administrator.
     if let Some(open) = toolsrv_registry::writable_by_anyone(path) {
         return Err(vec![format!(
-            "the configuration file {} is {open}: anyone here could rewrite how this process \
-             runs and who may do what, so it is not used: chmod o-w {}",
+            "the configuration file {} is {}",
             path.display(),
-            open.path.display()
+            open.explained(
+                "anyone here could rewrite how this process runs and who may do what, so it is \
+                 not used"
+            )
         )]);
     }
     let text = toolsrv_tls::files::read_text_bounded(path, toolsrv_tls::files::MAX_SETTINGS_BYTES)
