@@ -195,3 +195,65 @@ fn an_unanswered_request_expires_as_a_denial() {
     let records = fleet.audit_records();
     assert_eq!(decisions(&records, "approval"), [("expired".into(), None)]);
 }
+
+/// No call runs that the audit log cannot record, however it comes to run: an approval given
+/// while the log cannot be written is refused to its approver (exit 75, naming the log), the
+/// request keeps waiting, and once the log is written again (the refusal's record is its next
+/// try) the approval goes through and the call runs, each step recorded.
+#[test]
+fn an_approval_the_audit_log_cannot_record_is_not_given() {
+    let fleet = fleet(&[]);
+    let mut caller =
+        fleet.toolctl_command("client-alice", &["call", "a", "drop_table", "--approve"]);
+    caller.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let caller = caller.spawn().unwrap();
+    let pending = || -> Vec<Value> {
+        let out = fleet.toolctl_as("client-bob", &["approvals", "--json"], None);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let id = wait_for("bob to see the request", Duration::from_secs(20), || {
+        pending()
+            .first()
+            .map(|r| r["id"].as_str().unwrap().to_string())
+    });
+
+    // The disk fills up; the next record (a call to a host nobody knows) cannot be written.
+    fleet.point_audit_log_at(std::path::Path::new("/dev/full"));
+    let out = fleet.toolctl(&["call", "nowhere", "restart"]);
+    assert!(!out.status.success());
+    let approve = || fleet.toolctl_as("client-bob", &["approve", &id], None);
+    let out = approve();
+    assert_exit(
+        &out,
+        75,
+        &[
+            "cannot write its audit log",
+            &fleet.audit_log().display().to_string(),
+        ],
+    );
+    assert_eq!(pending().len(), 1, "the request keeps waiting");
+
+    // Room again: the first approval is refused still, and its refusal is recorded.
+    let file = fleet.work.path().join("audit-after.jsonl");
+    std::fs::write(&file, "").unwrap();
+    fleet.point_audit_log_at(&file);
+    assert_exit(&approve(), 75, &["cannot write its audit log"]);
+    let out = approve();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = finish_child(caller, Duration::from_secs(30));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "drop_table ran\n");
+
+    let records = toolsrv_tests::json_lines(&file);
+    let events: Vec<&str> = records
+        .iter()
+        .map(|r| r["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(events, ["refusal", "approval", "call"], "{records:?}");
+    assert_eq!(records[0]["client"], "bob");
+    assert_eq!(records[0]["approval_id"], id.as_str());
+    assert_eq!(records[0]["code"], "Unavailable");
+    assert_eq!(records[1]["decided_by"], "bob");
+    assert_eq!(records[2]["status"], "CALL_STATUS_OK");
+}

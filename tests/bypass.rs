@@ -10,7 +10,7 @@ use serde_json::Value;
 use toolsrv_tests::{AgentSpec, Fleet, bin, decisions, finish_child, text, wait_for};
 
 const POLICY: &str = r#"{"default": "allow", "rules": [
-    {"tools": ["bp_allow", "raw"], "effect": "allow", "bypass": "allow"},
+    {"tools": ["bp_allow", "raw", "bp_wait"], "effect": "allow", "bypass": "allow"},
     {"tools": ["bp_deny"], "effect": "allow", "bypass": "deny"},
     {"tools": ["bp_ask"], "effect": "allow", "bypass": "ask"},
     {"tools": ["bp_bob", "raw_bob"], "effect": "allow", "bypass": "ask", "approvers": ["bob"]}]}"#;
@@ -21,6 +21,17 @@ const ASKER: &str = r#"set -u
 out=$(jq -r .out)
 if (echo inside > "$out") 2>/dev/null; then echo "tool wrote=yes"; else echo "tool wrote=no"; fi
 toolsrv bypass --no-stdin --reason "write the mark" -- sh -c 'echo outside > "$1" && echo "cmd wrote=yes" && grep -c "/call-" /proc/self/cgroup | sed "s/^/cmd in call cgroup lines=/"' sh "$out"
+echo "bypass exit=$?""#;
+
+/// Says it started (`$started`), waits for the test's go (`$go`, at most 60 s), then asks for a
+/// command that writes `$out`.
+const WAITER: &str = r#"set -u
+args=$(cat)
+arg() { printf '%s' "$args" | jq -r ".$1"; }
+touch "$(arg started)"
+i=0
+while [ ! -e "$(arg go)" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+toolsrv bypass --no-stdin --reason "write the mark" -- sh -c 'echo outside > "$1"' sh "$(arg out)"
 echo "bypass exit=$?""#;
 
 /// Speaks the wire format itself: a malformed line, then a good request, on one connection;
@@ -46,6 +57,11 @@ fn fleet(extra: &[&str]) -> Fleet {
         let meta = serde_json::json!({"description": tool, "cmd": ASKER});
         fleet.tool(&format!("{tool}.meta"), &meta.to_string(), false);
     }
+    fleet.tool(
+        "bp_wait.meta",
+        &serde_json::json!({"description": "bp_wait", "cmd": WAITER}).to_string(),
+        false,
+    );
     for tool in ["raw", "raw_bob"] {
         fleet.tool(
             &format!("{tool}.meta"),
@@ -324,5 +340,41 @@ fn another_calls_tool_cannot_use_this_calls_socket() {
     assert!(
         bypasses(&fleet).is_empty(),
         "nothing reached the coordinator"
+    );
+}
+
+/// Nothing runs outside the sandbox that the audit log cannot record: a bypass the policy
+/// allows, asked for while the log cannot be written, is denied by the coordinator, naming the
+/// log, and the command never runs.
+#[test]
+fn a_bypass_the_audit_log_cannot_record_is_denied() {
+    let fleet = fleet(&[]);
+    let (mark, _) = mark_args(&fleet, "unrecorded.txt");
+    let (started, go) = (fleet.marks().join("started"), fleet.marks().join("go"));
+    let args = serde_json::json!({"out": mark, "started": started, "go": go}).to_string();
+    let mut caller = fleet.toolctl_command("client-alice", &["call", "a", "bp_wait", &args]);
+    caller.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let caller = caller.spawn().unwrap();
+    wait_for("the call to start", Duration::from_secs(20), || {
+        started.exists().then_some(())
+    });
+
+    // The disk fills up; the next record (a call to a host nobody knows) cannot be written.
+    fleet.point_audit_log_at(std::path::Path::new("/dev/full"));
+    let out = fleet.toolctl(&["call", "nowhere", "bp_allow"]);
+    assert!(!out.status.success());
+    std::fs::write(&go, "").unwrap();
+    let out = finish_child(caller, Duration::from_secs(60));
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(stdout.contains("bypass exit=77"), "{stdout}{stderr}");
+    assert!(stderr.contains("cannot write its audit log"), "{stderr}");
+    assert!(
+        !mark.exists(),
+        "the command ran outside the sandbox unrecorded"
+    );
+    let log = fleet.coordinator.as_ref().unwrap().log();
+    assert!(
+        log.contains(r#"\"event\":\"bypass\""#) || log.contains(r#""event":"bypass""#),
+        "the denial's record went to the coordinator's log: {log}"
     );
 }

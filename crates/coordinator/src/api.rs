@@ -415,6 +415,15 @@ impl Tools for ToolsService {
         let req = req.into_inner();
         bounded("the request id", &req.id, 64)?;
         bounded("the reason", &req.reason, 1024)?;
+        // No call is let run that the audit log cannot record: the request keeps waiting, to be
+        // approved once the log is written again (this refusal's record is its next try).
+        if req.approve
+            && let Some(request) = self.state.approvals.get(&req.id)
+            && let Err(why) = audit_writable(&self.state)
+        {
+            self.state.audit.approval_refused(&client, &request, &why);
+            return Err(why);
+        }
         match self
             .state
             .approvals

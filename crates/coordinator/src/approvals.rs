@@ -133,6 +133,11 @@ impl Approvals {
         self.lock().len()
     }
 
+    /// The request `id` while it waits for a decision.
+    pub fn get(&self, id: &str) -> Option<ApprovalRequest> {
+        self.lock().get(id).map(|entry| entry.request.clone())
+    }
+
     /// Files `request` (its id and who may decide are set here): `approvers` empty or
     /// `["caller"]` lets the caller decide, other globs a second identity.
     pub fn file(&self, mut request: ApprovalRequest, approvers: &[String]) -> Waiting<'_> {

@@ -189,6 +189,21 @@ impl Audit {
         ));
     }
 
+    /// Records an approval refused before it was given (`"event": "refusal"` with the request's
+    /// `approval_id`): `decider` approved `request` while the audit log could not be written.
+    /// The request keeps waiting; this record is the log's next try.
+    pub fn approval_refused(&self, decider: &str, request: &ApprovalRequest, why: &tonic::Status) {
+        let mut record = refusal_json(
+            decider,
+            Some(&request.host),
+            Some(&request.tool),
+            why,
+            why.message(),
+        );
+        record["approval_id"] = json!(bounded(&request.id, MAX_NAME_FIELD));
+        self.write(record);
+    }
+
     /// Records the first request of a run that [`crate::streams`] refused, before any service
     /// saw it (a refusal with `rpc`, the method asked for): `peer` had too many open at once,
     /// and until it has none open its next requests are refused without a record each.

@@ -131,10 +131,24 @@ where
         state.metrics.approval(&Decision::Withdrawn);
         return None;
     }
-    let decision = waiting.decision(timeout).await;
+    let decision = unless_unrecorded(state, waiting.decision(timeout).await);
     state.audit.approval(&waiting.request, &decision);
     state.metrics.approval(&decision);
     Some(decision)
+}
+
+/// A decision to run something (a call the policy asks about, a command outside the sandbox),
+/// turned into the coordinator's denial while the audit log cannot be written: nothing runs
+/// that the log cannot record ([`crate::audit`]). `Approve` refuses such an approval first;
+/// this holds for one given as the log failed, and for the policy's own.
+fn unless_unrecorded(state: &State, decision: Decision) -> Decision {
+    match (&decision, state.audit.writable()) {
+        (Decision::Approved { .. }, Err(why)) => Decision::Denied {
+            by: "coordinator".into(),
+            reason: why,
+        },
+        _ => decision,
+    }
 }
 
 /// Why a decision refused, for the caller or the tool.
@@ -254,19 +268,25 @@ where
     };
     // Decided by policy alone: audited all the same.
     let (approved, why) = decided;
+    request.reason = why.clone();
     let decision = if approved {
         Decision::Approved {
             by: "policy".into(),
-            reason: why.clone(),
+            reason: why,
         }
     } else {
         Decision::Denied {
             by: "policy".into(),
-            reason: why.clone(),
+            reason: why,
         }
     };
-    request.reason = why.clone();
+    let decision = unless_unrecorded(state, decision);
     state.audit.approval(&request, &decision);
+    let approved = matches!(decision, Decision::Approved { .. });
+    let why = match decision {
+        Decision::Approved { reason, .. } | Decision::Denied { reason, .. } => reason,
+        Decision::Expired | Decision::Withdrawn => request.reason,
+    };
     Some((approved, why))
 }
 

@@ -217,6 +217,39 @@ impl TestFleet {
         format!("--audit-log={}", self.audit_log().display())
     }
 
+    /// Makes [`TestFleet::audit_log`] a symbolic link to `target` (`/dev/full` for a full disk,
+    /// a file for room again), replacing what is there, and has the coordinator reopen it
+    /// (SIGHUP); returns once it has.
+    #[track_caller]
+    pub fn point_audit_log_at(&self, target: &std::path::Path) {
+        const REOPENED: &str = "SIGHUP: audit log reopened";
+        let Some(coordinator) = self.coordinator.as_ref() else {
+            panic!("point_audit_log_at: no coordinator is running");
+        };
+        let next = self.work.path().join("audit-next.jsonl");
+        let _ = std::fs::remove_file(&next);
+        must(
+            std::os::unix::fs::symlink(target, &next)
+                .and_then(|()| std::fs::rename(&next, self.audit_log()))
+                .map_err(|e| TestkitError::io("cannot point the audit log elsewhere", e)),
+        );
+        let before = coordinator.log().matches(REOPENED).count();
+        must(
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(coordinator.pid()),
+                nix::sys::signal::Signal::SIGHUP,
+            )
+            .map_err(|e| {
+                TestkitError::io("cannot signal the coordinator", std::io::Error::from(e))
+            }),
+        );
+        wait_for(
+            "the coordinator to reopen its audit log",
+            Duration::from_secs(20),
+            || (coordinator.log().matches(REOPENED).count() > before).then_some(()),
+        );
+    }
+
     /// The records of [`TestFleet::audit_log`] so far.
     pub fn audit_records(&self) -> Vec<Value> {
         crate::files::json_lines(&self.audit_log())
