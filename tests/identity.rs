@@ -228,3 +228,103 @@ fn host_and_client_names_compare_case_insensitively() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("hello"), "{}", text(&out.stdout));
 }
+
+/// Whoever can read a private key can act as its holder: another user of the machine who reads
+/// an agent's, the coordinator's or an administrator's key, or the CA's, is that agent, that
+/// coordinator, that administrator, or signs anyone in. A key file every user may read stops
+/// whoever was given it, naming the file and the `chmod` that fixes it; one its group may read
+/// (as the deployments give a service's group its key) is used.
+#[test]
+fn private_keys_every_user_could_read_are_not_used() {
+    use std::os::unix::fs::PermissionsExt;
+    let fleet = fleet_with_a();
+    let dir = fleet.work.path();
+    let copy = |name: &str, mode: u32| {
+        let open = dir.join(format!("copy-{mode:o}-{name}"));
+        std::fs::copy(fleet.pki.path(name), &open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(mode)).unwrap();
+        open
+    };
+    let refused = |out: &std::process::Output, key: &std::path::Path, who: &str| {
+        assert!(!out.status.success(), "{who} used an open key: {out:?}");
+        let err = text(&out.stderr);
+        for needle in [
+            format!(
+                "{}: readable by every user of this machine (mode 0644)",
+                key.display()
+            ),
+            format!("chmod o-rw {}", key.display()),
+        ] {
+            assert!(err.contains(&needle), "{who}: no {needle:?} in {err}");
+        }
+    };
+
+    // The coordinator.
+    let key = copy("coordinator-key.pem", 0o644);
+    let mut cmd = Command::new(bin("toolsrv"));
+    cmd.arg("coordinator")
+        .arg(format!("--ca={}", fleet.pki.path("ca.pem").display()))
+        .arg(format!(
+            "--cert={}",
+            fleet.pki.path("coordinator.pem").display()
+        ))
+        .arg(format!("--key={}", key.display()))
+        .arg("--listen=127.0.0.1:0")
+        .arg(format!("--tools={}", dir.join("tools").display()));
+    refused(
+        &run_bounded(cmd, None, Duration::from_secs(30)),
+        &key,
+        "the coordinator",
+    );
+
+    // An agent: it never reaches the coordinator.
+    let key = copy("agent-b-key.pem", 0o644);
+    let out = run_agent_briefly(
+        &fleet,
+        "b",
+        &[
+            format!("--ca={}", fleet.pki.path("ca.pem").display()),
+            format!("--cert={}", fleet.pki.path("agent-b.pem").display()),
+            format!("--key={}", key.display()),
+        ],
+    );
+    refused(&out, &key, "the agent");
+    assert!(!host_ids(&fleet).contains(&"b".to_string()));
+
+    // A client, then the same key readable by its group only.
+    let toolctl = |key: &std::path::Path| {
+        let mut cmd = Command::new(bin("toolctl"));
+        cmd.arg("hosts")
+            .env("TOOLSRV_ADDR", fleet.url())
+            .env("TOOLSRV_CA", fleet.pki.path("ca.pem"))
+            .env("TOOLSRV_CERT", fleet.pki.path("client-alice.pem"))
+            .env("TOOLSRV_KEY", key);
+        run_bounded(cmd, None, Duration::from_secs(30))
+    };
+    let key = copy("client-alice-key.pem", 0o644);
+    let out = toolctl(&key);
+    refused(&out, &key, "toolctl");
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    let out = toolctl(&copy("client-alice-key.pem", 0o640));
+    assert!(out.status.success(), "{out:?}");
+    assert!(text(&out.stdout).contains('a'), "{}", text(&out.stdout));
+
+    // The CA: `toolsrv pki init` adds nothing with a CA key others may read.
+    let ca_dir = dir.join("open-ca");
+    std::fs::create_dir(&ca_dir).unwrap();
+    for name in ["ca.pem", "ca-key.pem"] {
+        std::fs::copy(fleet.pki.path(name), ca_dir.join(name)).unwrap();
+    }
+    let ca_key = ca_dir.join("ca-key.pem");
+    std::fs::set_permissions(&ca_key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut cmd = Command::new(bin("toolsrv"));
+    cmd.args(["pki", "init"])
+        .arg(&ca_dir)
+        .args(["--agents", "mallory"]);
+    refused(
+        &run_bounded(cmd, None, Duration::from_secs(30)),
+        &ca_key,
+        "toolsrv pki",
+    );
+    assert!(!ca_dir.join("agent-mallory.pem").exists());
+}

@@ -43,7 +43,7 @@ fn intermediate_ca(fleet: &Fleet) -> (PathBuf, PathBuf) {
     let dir = fleet.work.path();
     let (cert_path, key_path) = (dir.join("signing.pem"), dir.join("signing-key.pem"));
     std::fs::write(&cert_path, cert.pem() + &root_pem).unwrap();
-    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    toolsrv_testkit::write_key(&key_path, &key.serialize_pem()).unwrap();
     (cert_path, key_path)
 }
 

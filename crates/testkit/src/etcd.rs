@@ -340,7 +340,8 @@ fn write_certs(dir: &Path) -> Result<EtcdClientTls> {
             .signed_by(&key, &issuer)
             .map_err(|e| failed(stem, e))?;
         let cert_path = write(&format!("{stem}.pem"), cert.pem())?;
-        let key_path = write(&format!("{stem}-key.pem"), key.serialize_pem())?;
+        let key_path = dir.join(format!("{stem}-key.pem"));
+        crate::pki::write_key(&key_path, &key.serialize_pem())?;
         Ok::<_, TestkitError>((cert_path, key_path))
     };
     issue("server", rcgen::ExtendedKeyUsagePurpose::ServerAuth)?;

@@ -64,11 +64,24 @@ pub fn sign_with_ca_until(
         .signed_by(&key, &issuer)
         .map_err(|e| failed(e.to_string()))?;
     let files = stem_files(dir, stem);
-    for (path, pem) in [(&files.cert, cert.pem()), (&files.key, key.serialize_pem())] {
-        std::fs::write(path, pem)
-            .map_err(|e| TestkitError::io(format!("cannot write {}", path.display()), e))?;
-    }
+    std::fs::write(&files.cert, cert.pem())
+        .map_err(|e| TestkitError::io(format!("cannot write {}", files.cert.display()), e))?;
+    write_key(&files.key, &key.serialize_pem())?;
     Ok(files)
+}
+
+/// Writes a private key as `toolsrv pki` does: mode 0600 (a key others may read is refused).
+pub fn write_key(path: &Path, pem: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(pem.as_bytes()))
+        .map_err(|e| TestkitError::io(format!("cannot write {}", path.display()), e))
 }
 
 /// The CA, certificate and key of certificate `stem` (`agent-web-1`, `client-alice`) in `dir`.

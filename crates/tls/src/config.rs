@@ -96,9 +96,8 @@ pub struct CertificateExpiry {
 }
 
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let bytes = crate::files::read_bounded(path, crate::files::MAX_PEM_BYTES)
-        .map_err(|e| TlsError::io("cannot read", path, e))?;
-    PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| match e {
+    let text = crate::files::read_private_key(path)?;
+    PrivateKeyDer::from_pem_slice(text.as_bytes()).map_err(|e| match e {
         rustls_pki_types::pem::Error::NoItemsFound => TlsError::bad_file(
             path,
             "no private key in it: expected a -----BEGIN PRIVATE KEY----- block",

@@ -344,8 +344,7 @@ impl Signer {
         let certs = read_certs(cert_path)?;
         let der = &certs[0];
         let parsed = parse_der(der).map_err(|e| TlsError::bad_file(cert_path, e))?;
-        let key_pem = crate::files::read_text_bounded(key_path, crate::files::MAX_PEM_BYTES)
-            .map_err(|e| TlsError::io("cannot read", key_path, e))?;
+        let key_pem = crate::files::read_private_key(key_path)?;
         let key = KeyPair::from_pem(&key_pem).map_err(|e| {
             TlsError::bad_file(key_path, format!("not a usable PEM private key: {e}"))
         })?;

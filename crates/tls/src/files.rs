@@ -47,6 +47,52 @@ pub fn read_text_bounded(path: &Path, max: u64) -> std::io::Result<String> {
     read_text_up_to(std::fs::File::open(path)?, max)?.ok_or_else(|| too_large(max))
 }
 
+/// The text of the private key file `path`, refused when every user of the machine may read
+/// or write it: whoever can read a key acts as its certificate's holder (an agent, the
+/// coordinator, an administrator, or a CA that signs anyone in), as `ssh` refuses such a key.
+/// Its group may read it (the deployments give a service's group the key, mode 0440 or 0640);
+/// only a regular file's mode counts (a pipe, `/dev/stdin`, has none to speak of), and only
+/// when it holds a private key (a certificate given as the key is left to the caller's parser
+/// to explain). The mode is that of the file opened, so a rename in between changes nothing.
+pub fn read_private_key(path: &Path) -> Result<String, crate::TlsError> {
+    use std::os::unix::fs::MetadataExt;
+    let cannot_read = |e| crate::TlsError::io("cannot read", path, e);
+    let file = std::fs::File::open(path).map_err(cannot_read)?;
+    let md = file.metadata().map_err(cannot_read)?;
+    let text = read_text_up_to(file, MAX_PEM_BYTES)
+        .map_err(cannot_read)?
+        .ok_or_else(|| cannot_read(too_large(MAX_PEM_BYTES)))?;
+    if text.contains("PRIVATE KEY-----")
+        && let Some(why) = open_to_others(md.is_file(), md.mode())
+    {
+        return Err(crate::TlsError::bad_file(
+            path,
+            format!(
+                "{why}: anyone logged in here could use this private key to act as its \
+                 certificate's holder, so it is not used: chmod o-rw {} (in a Kubernetes Secret \
+                 volume, give it defaultMode 0400, or 0440 with the pod's fsGroup)",
+                path.display()
+            ),
+        ));
+    }
+    Ok(text)
+}
+
+/// What makes a file of `mode` open to every user of the machine, if anything.
+fn open_to_others(regular: bool, mode: u32) -> Option<String> {
+    let what = match (mode & 0o004 != 0, mode & 0o002 != 0) {
+        _ if !regular => return None,
+        (true, true) => "readable and writable",
+        (true, false) => "readable",
+        (false, true) => "writable",
+        (false, false) => return None,
+    };
+    Some(format!(
+        "{what} by every user of this machine (mode {:04o})",
+        mode & 0o7777
+    ))
+}
+
 fn too_large(max: u64) -> std::io::Error {
     std::io::Error::other(format!(
         "larger than {max} bytes, the most read of such a file"
@@ -70,5 +116,49 @@ mod tests {
         std::fs::write(&path, [0xff, 0xfe]).unwrap();
         assert!(read_text_bounded(&path, 1024).is_err());
         assert!(read_bounded(&dir.path().join("missing"), 1).is_err());
+    }
+
+    #[test]
+    fn a_private_key_every_user_may_read_or_write_is_refused_naming_the_fix() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("key.pem");
+        std::fs::write(&path, "-----BEGIN PRIVATE KEY-----\n").unwrap();
+        for (mode, what) in [
+            (0o644, "readable by every user of this machine (mode 0644)"),
+            (0o604, "readable by every user of this machine (mode 0604)"),
+            (0o602, "writable by every user of this machine (mode 0602)"),
+            (
+                0o666,
+                "readable and writable by every user of this machine (mode 0666)",
+            ),
+        ] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let err = read_private_key(&path).unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("{}: {what}", path.display())),
+                "{err}"
+            );
+            assert!(
+                err.contains(&format!("chmod o-rw {}", path.display())),
+                "{err}"
+            );
+        }
+        // Its owner and its group may read it.
+        for mode in [0o400, 0o600, 0o640, 0o440, 0o660] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert_eq!(
+                read_private_key(&path).unwrap(),
+                "-----BEGIN PRIVATE KEY-----\n"
+            );
+        }
+        // A file with no key in it (a certificate given as the key) is left to the parser.
+        std::fs::write(&path, "-----BEGIN CERTIFICATE-----\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(read_private_key(&path).is_ok());
+        // A pipe's mode says nothing about who holds the key.
+        assert_eq!(open_to_others(false, 0o666), None);
+        let err = read_private_key(&dir.path().join("missing")).unwrap_err();
+        assert!(err.to_string().starts_with("cannot read"), "{err}");
     }
 }

@@ -268,7 +268,7 @@ fn load_ca(dir: &Path) -> Result<Option<Ca>, TlsError> {
         }
     }
     let cert_pem = read_text(&cert_path)?;
-    let key = KeyPair::from_pem(&read_text(&key_path)?)
+    let key = KeyPair::from_pem(&crate::files::read_private_key(&key_path)?)
         .map_err(|e| TlsError::bad_file(&key_path, format!("not a usable PEM private key: {e}")))?;
     let cert_der = crate::config::read_certs(&cert_path)?
         .into_iter()
