@@ -615,3 +615,66 @@ fn a_client_certificate_that_expires_ends_its_streams_and_is_refused_on_its_conn
     });
     assert_eq!(renewed, Ok(1), "the renewed certificate was not taken up");
 }
+
+/// The coordinator's state files are its own. In a state directory others may write (a volume
+/// mounted mode 0777), a symbolic link left where the revocation list's temporary file goes
+/// does not make a revocation write through it onto the file it leads to; and a revocation list
+/// another user could have written (owned by them, or writable by every user) stops a
+/// coordinator at start, naming it, instead of letting it start with someone else's list.
+#[test]
+fn state_files_another_user_could_have_written_are_not_used() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let fleet = admin_fleet(&["a"], &[]);
+    let state = fleet.work.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let victim = fleet.work.path().join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    std::os::unix::fs::symlink(&victim, state.join(".revocations.json.tmp")).unwrap();
+    let out = fleet.toolctl(&["revoke", "client/bob", "--reason", "laptop stolen"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    let list = state.join("revocations.json");
+    let md = std::fs::symlink_metadata(&list).unwrap();
+    assert!(md.is_file(), "the list is a file of its own: {md:?}");
+    assert_eq!(md.mode() & 0o777, 0o600);
+    assert!(
+        std::fs::read_to_string(&list)
+            .unwrap()
+            .contains("client/bob")
+    );
+
+    let start = || {
+        let mut cmd = Command::new(bin("toolsrv"));
+        cmd.arg("coordinator")
+            .args(fleet.pki.tls_args("coordinator"))
+            .arg("--listen=127.0.0.1:0")
+            .arg(format!(
+                "--tools={}",
+                fleet.work.path().join("tools").display()
+            ))
+            .arg(format!("--state-dir={}", state.display()));
+        run_bounded(cmd, None, Duration::from_secs(30))
+    };
+    std::fs::set_permissions(&list, std::fs::Permissions::from_mode(0o666)).unwrap();
+    assert_exit(
+        &start(),
+        1,
+        &[
+            &list.display().to_string(),
+            "writable by every user of this machine (mode 0666)",
+            &format!("chmod o-w {}", list.display()),
+        ],
+    );
+    std::fs::set_permissions(&list, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::chown(&list, Some(65534), None).unwrap();
+    assert_exit(
+        &start(),
+        1,
+        &[
+            &list.display().to_string(),
+            "owned by uid 65534",
+            &format!("chown 0 {}", list.display()),
+        ],
+    );
+}

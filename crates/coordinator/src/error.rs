@@ -1,7 +1,7 @@
 //! Errors of the files a coordinator reads at start (policy, host labels, audit log): which file,
 //! and either the I/O error underneath or what is wrong with its content.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// A configuration file that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +41,56 @@ impl FileError {
             path: path.to_path_buf(),
             message,
         }
+    }
+
+    /// The bytes of a state file the coordinator wrote for itself (`what`: `join token file`,
+    /// `revocations file`), `None` when there is none yet. Refused when another user could
+    /// have written it: it is owned by someone other than this process's user or root (made
+    /// there before the coordinator made it, or put in its place, in a directory others may
+    /// write), or every user may write it. Such a file could hold someone's own join token or
+    /// lack a revocation; starting without it would lose the real ones, so the role stops.
+    pub fn read_own_state(what: &'static str, path: &Path) -> Result<Option<Vec<u8>>, Self> {
+        use std::os::unix::fs::MetadataExt;
+        let file = match std::fs::File::open(path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Self::read(what, path, e)),
+        };
+        let md = file.metadata().map_err(|e| Self::read(what, path, e))?;
+        let uid = nix::unistd::geteuid().as_raw();
+        let why = if md.uid() != uid && md.uid() != 0 {
+            Some(format!(
+                "owned by uid {}, neither this process's user (uid {uid}) nor root: another user \
+                 could have written it, so it is not used; if its content is yours, chown {uid} {}",
+                md.uid(),
+                path.display()
+            ))
+        } else if md.is_file() && md.mode() & 0o002 != 0 {
+            Some(format!(
+                "writable by every user of this machine (mode {:04o}), so it is not used; if \
+                 its content is yours, chmod o-w {}",
+                md.mode() & 0o7777,
+                path.display()
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(Self::invalid(what, path, why));
+        }
+        toolsrv_tls::files::read_up_to(file, toolsrv_tls::files::MAX_SETTINGS_BYTES)
+            .map_err(|e| Self::read(what, path, e))?
+            .map(Some)
+            .ok_or_else(|| {
+                Self::invalid(
+                    what,
+                    path,
+                    format!(
+                        "larger than {} bytes, the most read of such a file",
+                        toolsrv_tls::files::MAX_SETTINGS_BYTES
+                    ),
+                )
+            })
     }
 
     /// An error if every user of the machine could rewrite `path` (see

@@ -123,24 +123,20 @@ impl Revocations {
         let path = state_dir.map(|dir| dir.join(FILE_NAME));
         let mut list = BTreeMap::new();
         if let Some(path) = &path {
-            match toolsrv_tls::files::read_bounded(path, toolsrv_tls::files::MAX_SETTINGS_BYTES) {
-                Ok(bytes) => {
-                    let disk: OnDisk = serde_json::from_slice(&bytes).map_err(|e| {
-                        FileError::invalid(
-                            "revocations file",
-                            path,
-                            format!("{e}; fix or restore it (it lists revoked identities)"),
-                        )
+            if let Some(bytes) = FileError::read_own_state("revocations file", path)? {
+                let disk: OnDisk = serde_json::from_slice(&bytes).map_err(|e| {
+                    FileError::invalid(
+                        "revocations file",
+                        path,
+                        format!("{e}; fix or restore it (it lists revoked identities)"),
+                    )
+                })?;
+                for entry in disk.revocations {
+                    let identity = parse_identity(&entry.identity).map_err(|e| {
+                        FileError::invalid("revocations file", path, e.message().to_string())
                     })?;
-                    for entry in disk.revocations {
-                        let identity = parse_identity(&entry.identity).map_err(|e| {
-                            FileError::invalid("revocations file", path, e.message().to_string())
-                        })?;
-                        list.insert(identity.to_string(), entry);
-                    }
+                    list.insert(identity.to_string(), entry);
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(FileError::read("revocations file", path, e)),
             }
             if !list.is_empty() {
                 tracing::info!(revoked = list.len(), file = %path.display(), "revoked identities loaded");

@@ -412,6 +412,11 @@ fn issue_with(
 
 /// Replaces `path` with `bytes` (mode 0600) so that a reader sees the old or the new content,
 /// never a mix, and the new content is on disk when this returns.
+///
+/// The temporary file beside it is made new: whatever is at its name is removed first (a
+/// symbolic link itself, never what it leads to), and a file that appears there in between is
+/// an error. Opening an existing name instead would write through a link another user left
+/// there onto the file it leads to, or into a file that user can still write.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
@@ -419,10 +424,13 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp"));
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
     let mut f = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
         .open(&tmp)?;
     f.write_all(bytes)?;

@@ -161,12 +161,11 @@ impl Tokens {
             .create(dir)
             .map_err(|e| format!("cannot create the state directory {}: {e}", dir.display()))?;
         let path = dir.join(TOKENS_FILE);
-        let records = match toolsrv_tls::files::read_text_bounded(
-            &path,
-            toolsrv_tls::files::MAX_SETTINGS_BYTES,
-        ) {
-            Ok(text) => {
-                let file: TokenFile = serde_json::from_str(&text).map_err(|e| {
+        let records = match crate::error::FileError::read_own_state("join token file", &path)
+            .map_err(|e| e.to_string())?
+        {
+            Some(bytes) => {
+                let file: TokenFile = serde_json::from_slice(&bytes).map_err(|e| {
                     format!(
                         "{}: not a join token file: {e}; move it away to start without tokens",
                         path.display()
@@ -174,8 +173,7 @@ impl Tokens {
                 })?;
                 file.tokens
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+            None => Vec::new(),
         };
         Ok(Self {
             path: Some(path),
