@@ -400,6 +400,38 @@ mod tests {
         );
     }
 
+    /// A token file someone else could have written holds tokens nobody here made: another
+    /// user's own, for any host. The coordinator does not start with it. (Needs root, to give
+    /// the file away.)
+    #[test]
+    fn a_token_file_another_user_could_have_written_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = Tokens::open(Some(dir.path())).unwrap();
+        tokens.add(record("t1", "web-1", i64::MAX), 0).unwrap();
+        drop(tokens);
+        let path = dir.path().join(TOKENS_FILE);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o646)).unwrap();
+        let Err(err) = Tokens::open(Some(dir.path())) else {
+            panic!("a token file every user may write was used");
+        };
+        assert!(
+            err.contains("writable by every user of this machine (mode 0646)")
+                && err.contains(&format!("chmod o-w {}", path.display())),
+            "{err}"
+        );
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+        let Err(err) = Tokens::open(Some(dir.path())) else {
+            panic!("a token file another user owns was used");
+        };
+        assert!(err.contains("owned by uid 65534"), "{err}");
+        // Given back, it is read as it was.
+        std::os::unix::fs::chown(&path, Some(nix::unistd::geteuid().as_raw()), None).unwrap();
+        let tokens = Tokens::open(Some(dir.path())).unwrap();
+        assert!(tokens.check("t1", "web-1", 1).is_ok());
+    }
+
     #[test]
     fn a_token_is_used_once_and_not_after_expiry() {
         let tokens = Tokens::open(None).unwrap();
