@@ -977,3 +977,41 @@ fn tokens_are_listed_by_id_and_an_unused_one_can_be_revoked() {
         "{revoked:?}"
     );
 }
+
+/// Someone who could write an agent's state directory made its enrollment directory first (to
+/// put their own certificate there later): the agent does not join into it, and its token is
+/// left unused; made by the agent, it joins.
+#[test]
+fn an_enrollment_directory_another_user_made_stops_the_agent() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut fleet = enrolling_fleet(&["a"], &[]);
+    let (tok, pin) = token(&fleet, "x-1", &[]);
+    let state = fleet.work.path().join("planted");
+    let enroll = state.join("enroll");
+    std::fs::create_dir_all(&enroll).unwrap();
+    std::fs::set_permissions(&enroll, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let args = [
+        format!("--join={tok}"),
+        format!("--ca-pin={pin}"),
+        "--host-id=x-1".to_string(),
+    ];
+    let out = run_agent(&fleet, &state, &args);
+    let log = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(&enroll.display().to_string()) && log.contains("lets other users write it"),
+        "{log}"
+    );
+    assert!(!enroll.join("identity.pem").exists());
+    std::os::unix::fs::chown(&enroll, Some(65534), None).unwrap();
+    std::fs::set_permissions(&enroll, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let out = run_agent(&fleet, &state, &args);
+    assert!(
+        text(&out.stderr).contains("owned by uid 65534"),
+        "{}",
+        text(&out.stderr)
+    );
+    // The token was never used: the host joins with it into a directory of its own.
+    fleet.start_agent("x-1", &join_spec(&tok, &pin));
+    fleet.wait_online(&["x-1"], "hello");
+}
