@@ -680,3 +680,60 @@ fn one_client_cannot_hold_requests_open_without_end() {
         fleet.toolctl(&["hosts"]).status.success().then_some(())
     });
 }
+
+/// Whoever can write the audit log can change or erase its records. A log another user made
+/// first (in a directory every user may write: `/tmp`, an emptyDir), one every user may write,
+/// or a symbolic link another user left at its name (which would lead the records into a file
+/// of the link's choosing) stops the coordinator at start, naming it and the fix, and nothing is
+/// written through the link.
+#[test]
+fn an_audit_log_another_user_could_rewrite_is_not_written() {
+    use std::os::unix::fs::PermissionsExt;
+    let fleet = Fleet::new(&["a"]);
+    let dir = fleet.work.path();
+    let start = |log: &Path| {
+        let mut cmd = Command::new(toolsrv_tests::bin("toolsrv"));
+        cmd.arg("coordinator")
+            .args(fleet.pki.tls_args("coordinator"))
+            .arg("--listen=127.0.0.1:0")
+            .arg(format!("--tools={}", dir.join("tools").display()))
+            .arg(format!("--audit-log={}", log.display()));
+        toolsrv_tests::run_bounded(cmd, None, Duration::from_secs(30))
+    };
+    let refused = |log: &Path, needles: &[&str]| {
+        let out = start(log);
+        assert!(!out.status.success(), "{log:?} was used: {out:?}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(&format!("audit log {}", log.display())),
+            "{err}"
+        );
+        for needle in needles {
+            assert!(err.contains(needle), "no {needle:?} in {err}");
+        }
+    };
+
+    let open = dir.join("open.jsonl");
+    std::fs::write(&open, "").unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o666)).unwrap();
+    refused(
+        &open,
+        &[
+            "writable by every user of this machine (mode 0666)",
+            &format!("chmod o-w {}", open.display()),
+        ],
+    );
+
+    let theirs = dir.join("theirs.jsonl");
+    std::fs::write(&theirs, "").unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    refused(&theirs, &["owned by uid 65534", "chown 0"]);
+
+    let victim = dir.join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let link = dir.join("link.jsonl");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).unwrap();
+    refused(&link, &["owned by uid 65534"]);
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+}

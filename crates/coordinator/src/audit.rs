@@ -87,17 +87,30 @@ pub struct Record<'a> {
     pub fanout: Option<&'a str>,
 }
 
+/// Opens the audit log for appending (made when missing). Refused when another user could
+/// change or erase its records: the file is theirs, or every user may write it, or the name is
+/// a symbolic link another user made (which could lead the records into any file the
+/// coordinator may write), as in a directory every user may write (`/tmp`, an emptyDir).
 fn open(path: &Path, action: &'static str) -> Result<std::fs::File, FileError> {
-    std::fs::OpenOptions::new()
+    let io = |source| FileError::Io {
+        what: "audit log",
+        action,
+        path: path.to_path_buf(),
+        source,
+    };
+    const WHY: &str = "could change or erase its records, so it is not written; if it is yours";
+    if let Ok(link) = std::fs::symlink_metadata(path)
+        && link.file_type().is_symlink()
+    {
+        FileError::unless_own("audit log", path, &link, WHY)?;
+    }
+    let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
-        .map_err(|source| FileError::Io {
-            what: "audit log",
-            action,
-            path: path.to_path_buf(),
-            source,
-        })
+        .map_err(io)?;
+    FileError::unless_own("audit log", path, &file.metadata().map_err(io)?, WHY)?;
+    Ok(file)
 }
 
 /// At most `max` bytes of `s` (cut at a character boundary), with the full length noted when cut.

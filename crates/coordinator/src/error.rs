@@ -50,34 +50,18 @@ impl FileError {
     /// write), or every user may write it. Such a file could hold someone's own join token or
     /// lack a revocation; starting without it would lose the real ones, so the role stops.
     pub fn read_own_state(what: &'static str, path: &Path) -> Result<Option<Vec<u8>>, Self> {
-        use std::os::unix::fs::MetadataExt;
         let file = match std::fs::File::open(path) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(Self::read(what, path, e)),
         };
         let md = file.metadata().map_err(|e| Self::read(what, path, e))?;
-        let uid = nix::unistd::geteuid().as_raw();
-        let why = if md.uid() != uid && md.uid() != 0 {
-            Some(format!(
-                "owned by uid {}, neither this process's user (uid {uid}) nor root: another user \
-                 could have written it, so it is not used; if its content is yours, chown {uid} {}",
-                md.uid(),
-                path.display()
-            ))
-        } else if md.is_file() && md.mode() & 0o002 != 0 {
-            Some(format!(
-                "writable by every user of this machine (mode {:04o}), so it is not used; if \
-                 its content is yours, chmod o-w {}",
-                md.mode() & 0o7777,
-                path.display()
-            ))
-        } else {
-            None
-        };
-        if let Some(why) = why {
-            return Err(Self::invalid(what, path, why));
-        }
+        Self::unless_own(
+            what,
+            path,
+            &md,
+            "could have written it, so it is not used; if its content is yours",
+        )?;
         toolsrv_tls::files::read_up_to(file, toolsrv_tls::files::MAX_SETTINGS_BYTES)
             .map_err(|e| Self::read(what, path, e))?
             .map(Some)
@@ -91,6 +75,38 @@ impl FileError {
                     ),
                 )
             })
+    }
+
+    /// An error if `md` (of `path`, as opened) says another user could have written the file:
+    /// it is owned by someone other than this process's user or root, or (a regular file)
+    /// every user may write it. `why` says what that other user could have done, and is
+    /// followed by the `chown` or `chmod` that makes it the coordinator's own.
+    pub fn unless_own(
+        what: &'static str,
+        path: &Path,
+        md: &std::fs::Metadata,
+        why: &str,
+    ) -> Result<(), Self> {
+        use std::os::unix::fs::MetadataExt;
+        let uid = nix::unistd::geteuid().as_raw();
+        let message = if md.uid() != uid && md.uid() != 0 {
+            format!(
+                "owned by uid {}, neither this process's user (uid {uid}) nor root: another user \
+                 {why}, chown {uid} {}",
+                md.uid(),
+                path.display()
+            )
+        } else if md.is_file() && md.mode() & 0o002 != 0 {
+            format!(
+                "writable by every user of this machine (mode {:04o}): another user {why}, \
+                 chmod o-w {}",
+                md.mode() & 0o7777,
+                path.display()
+            )
+        } else {
+            return Ok(());
+        };
+        Err(Self::invalid(what, path, message))
     }
 
     /// An error if every user of the machine could rewrite `path` (see
