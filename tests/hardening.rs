@@ -345,6 +345,12 @@ fn sighup_reopens_the_audit_log_for_logrotate() {
         1,
         "the second call goes to the new file"
     );
+    // Each log the coordinator made is its user's and group's only.
+    use std::os::unix::fs::PermissionsExt;
+    for file in [&rotated, &log] {
+        let mode = std::fs::metadata(file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640, "{}", file.display());
+    }
 }
 
 /// The audit log on a full disk (`/dev/full`, through a symlink): the call that finds it so

@@ -14,6 +14,7 @@
 //! coordinator's log says so for each.
 
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -87,7 +88,7 @@ pub struct Record<'a> {
     pub fanout: Option<&'a str>,
 }
 
-/// Opens the audit log for appending (made when missing). Refused when another user could
+/// Opens the audit log for appending (made mode 0640 when missing). Refused when another user could
 /// change or erase its records: the file is theirs, or every user may write it, or the name is
 /// a symbolic link another user made (which could lead the records into any file the
 /// coordinator may write), as in a directory every user may write (`/tmp`, an emptyDir).
@@ -104,9 +105,12 @@ fn open(path: &Path, action: &'static str) -> Result<std::fs::File, FileError> {
     {
         FileError::unless_own("audit log", path, &link, WHY)?;
     }
+    // A new log is readable by the coordinator's user and group (a log shipper's): who called
+    // what, where, is no business of every user of the machine.
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o640)
         .open(path)
         .map_err(io)?;
     FileError::unless_own("audit log", path, &file.metadata().map_err(io)?, WHY)?;
