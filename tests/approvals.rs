@@ -30,6 +30,13 @@ fn fleet(extra: &[&str]) -> Fleet {
     fleet
 }
 
+/// The pending requests client `stem` may decide, as `toolctl approvals --json` lists them.
+fn approvals_for(fleet: &Fleet, stem: &str) -> Vec<Value> {
+    let out = fleet.toolctl_as(stem, &["approvals", "--json"], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 #[test]
 fn the_caller_approves_or_denies_its_own_call() {
     let fleet = fleet(&[]);
@@ -83,11 +90,7 @@ fn a_two_person_rule_waits_for_the_second_identity() {
     caller.stdout(Stdio::piped()).stderr(Stdio::piped());
     let caller = caller.spawn().unwrap();
 
-    let list = |stem: &str| -> Vec<Value> {
-        let out = fleet.toolctl_as(stem, &["approvals", "--json"], None);
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
+    let list = |stem: &str| approvals_for(&fleet, stem);
     let pending = wait_for("bob to see the request", Duration::from_secs(20), || {
         let list = list("client-bob");
         (!list.is_empty()).then_some(list)
@@ -207,11 +210,7 @@ fn an_approval_the_audit_log_cannot_record_is_not_given() {
         fleet.toolctl_command("client-alice", &["call", "a", "drop_table", "--approve"]);
     caller.stdout(Stdio::piped()).stderr(Stdio::piped());
     let caller = caller.spawn().unwrap();
-    let pending = || -> Vec<Value> {
-        let out = fleet.toolctl_as("client-bob", &["approvals", "--json"], None);
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
+    let pending = || approvals_for(&fleet, "client-bob");
     let id = wait_for("bob to see the request", Duration::from_secs(20), || {
         pending()
             .first()

@@ -303,21 +303,6 @@ fn one_client_cannot_fill_a_host_and_others_are_served_at_once() {
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
 
-/// Sends the coordinator SIGHUP and waits for the audit log it reopens to appear at `file`.
-fn reopen_audit_log(fleet: &Fleet, file: &Path) {
-    let pid = fleet.coordinator.as_ref().unwrap().pid();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGHUP,
-    )
-    .unwrap();
-    wait_for(
-        "the coordinator to reopen its audit log",
-        Duration::from_secs(20),
-        || file.exists().then_some(()),
-    );
-}
-
 #[test]
 fn sighup_reopens_the_audit_log_for_logrotate() {
     let mut fleet = Fleet::new(&["a"]);
@@ -333,7 +318,7 @@ fn sighup_reopens_the_audit_log_for_logrotate() {
     assert!(fleet.toolctl(&["call", "a", "echo"]).status.success());
     let rotated = fleet.work.path().join("audit.jsonl.1");
     std::fs::rename(&log, &rotated).unwrap();
-    reopen_audit_log(&fleet, &log);
+    fleet.reopen_audit_log();
     assert!(fleet.toolctl(&["call", "a", "echo"]).status.success());
     assert_eq!(
         json_lines(&rotated).len(),
@@ -362,7 +347,7 @@ fn sighup_reopens_the_audit_log_for_logrotate() {
 fn an_audit_log_that_cannot_be_written_stops_calls_until_it_can() {
     let mut fleet = Fleet::new(&["a"]);
     let work = fleet.work.path().to_path_buf();
-    let log = work.join("audit-now.jsonl");
+    let log = fleet.audit_log();
     std::os::unix::fs::symlink("/dev/full", &log).unwrap();
     let mark = fleet.marks().join("ran");
     marking_tool(&fleet, "mark", &mark, 0);
@@ -408,11 +393,8 @@ fn an_audit_log_that_cannot_be_written_stops_calls_until_it_can() {
     assert!(!mark.exists(), "a refused call reached the host");
 
     // Room again: the log points at a file, the coordinator reopens it.
-    let file = work.join("audit.jsonl");
-    let next = work.join("audit-next.jsonl");
-    std::os::unix::fs::symlink(&file, &next).unwrap();
-    std::fs::rename(&next, &log).unwrap();
-    reopen_audit_log(&fleet, &file);
+    let file = work.join("audit-after.jsonl");
+    fleet.point_audit_log_at(&file);
     // The first call is refused still; its refusal is the record that shows the log works.
     refused(&["call", "a", "mark"]);
     assert_eq!(failing().as_deref(), Some("0"));

@@ -387,7 +387,6 @@ impl Drop for Pending<'_> {
     }
 }
 
-/// A call's audit record (`"event": "call"`).
 /// A refusal record (`"event": "refusal"`, status `REFUSED`): a request that reached no host.
 fn refusal_json(
     client: &str,
@@ -413,6 +412,7 @@ fn refusal_json(
     })
 }
 
+/// A call's audit record (`"event": "call"`).
 fn call_json(r: &Record<'_>, result: &CallResult) -> serde_json::Value {
     let status = CallStatus::try_from(result.status).unwrap_or(CallStatus::Unspecified);
     json!({

@@ -219,13 +219,9 @@ impl TestFleet {
 
     /// Makes [`TestFleet::audit_log`] a symbolic link to `target` (`/dev/full` for a full disk,
     /// a file for room again), replacing what is there, and has the coordinator reopen it
-    /// (SIGHUP); returns once it has.
+    /// ([`TestFleet::reopen_audit_log`]).
     #[track_caller]
     pub fn point_audit_log_at(&self, target: &std::path::Path) {
-        const REOPENED: &str = "SIGHUP: audit log reopened";
-        let Some(coordinator) = self.coordinator.as_ref() else {
-            panic!("point_audit_log_at: no coordinator is running");
-        };
         let next = self.work.path().join("audit-next.jsonl");
         let _ = std::fs::remove_file(&next);
         must(
@@ -233,6 +229,17 @@ impl TestFleet {
                 .and_then(|()| std::fs::rename(&next, self.audit_log()))
                 .map_err(|e| TestkitError::io("cannot point the audit log elsewhere", e)),
         );
+        self.reopen_audit_log();
+    }
+
+    /// Sends the coordinator SIGHUP, which reopens its audit log by its path (as logrotate
+    /// does), and returns once it says it has.
+    #[track_caller]
+    pub fn reopen_audit_log(&self) {
+        const REOPENED: &str = "SIGHUP: audit log reopened";
+        let Some(coordinator) = self.coordinator.as_ref() else {
+            panic!("reopen_audit_log: no coordinator is running");
+        };
         let before = coordinator.log().matches(REOPENED).count();
         must(
             nix::sys::signal::kill(
