@@ -16,6 +16,16 @@ fn repeated(term: &str) -> String {
     vec![term; n].join(",")
 }
 
+/// Every 20th of the short host ids, named one by one: as many as fit in 4 KiB (409), as a
+/// selector generated from an inventory would.
+fn named_hosts() -> String {
+    let n = 4096 / "web-00000,".len();
+    (0..n)
+        .map(|i| format!("web-{:05}", i * 20))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// A Linux host named `id`.
 fn candidate<'a>(id: &'a str, labels: &'a BTreeMap<String, String>) -> Candidate<'a> {
     Candidate {
@@ -53,6 +63,7 @@ fn main() -> Result<(), BenchError> {
         ),
         ("*a*a…*ab (2,000 *a)", format!("{}b", "*a".repeat(2000))),
         ("*w*e*b…?5 × 1,000", repeated("*w*e*b*?5")),
+        ("409 host ids named", named_hosts()),
     ];
     let samples = iterations(7, 2);
     let mut table = Table::new([

@@ -710,29 +710,21 @@ fn rand_id() -> u64 {
 /// The hosts a fan-out targets, sorted: those the selector picks, and hosts it names outright
 /// that never connected (reported as unknown rather than dropped).
 fn targets(state: &State, selector: &Selector) -> Vec<String> {
+    // Hosts offline here stay targets (reported offline, or routed to the replica that holds
+    // them now).
     let mut targets: Vec<String> = state
         .fleet
         .select(selector)
         .into_iter()
-        .filter(|h| h.online() || state.replicas.is_none())
         .map(|h| h.id)
         .collect();
     if let Some(replicas) = &state.replicas {
-        // Hosts offline here but held elsewhere are in the routing table; hosts offline
-        // everywhere stay targets (reported offline).
+        // Hosts held by other replicas, from the routing table.
         targets.extend(
             replicas
                 .select_remote(selector)
                 .into_iter()
                 .map(|(id, _)| id),
-        );
-        targets.extend(
-            state
-                .fleet
-                .select(selector)
-                .into_iter()
-                .filter(|h| !h.online())
-                .map(|h| h.id),
         );
     }
     for exact in selector.exact_hosts() {

@@ -106,6 +106,9 @@ impl HostEntry {
     }
 }
 
+/// Hosts a selection looks at per hold of the fleet's lock ([`Fleet::select`]).
+const SELECT_SLICE: usize = 256;
+
 /// All hosts, and the change feed clients watch.
 #[derive(Debug)]
 pub struct Fleet {
@@ -371,13 +374,42 @@ impl Fleet {
         (page, String::new())
     }
 
-    /// Host ids a selector picks, sorted.
+    /// The hosts a selector picks, sorted by id.
+    ///
+    /// The fleet is read [`SELECT_SLICE`] hosts at a time, its lock let go in between: a client's
+    /// selector can cost 40 µs a host (BENCHMARKS.md, "Selectors"), and an agent attaching or
+    /// storing its view waits for the lock no longer than one slice takes. A host attached or
+    /// gone meanwhile is picked or not by where the walk stands, as it would be a moment later.
     pub fn select(&self, selector: &Selector) -> Vec<HostEntry> {
-        self.read()
-            .values()
-            .filter(|h| selector.matches(&h.selector_facts()))
-            .cloned()
-            .collect()
+        self.select_between(selector, || {})
+    }
+
+    /// [`Fleet::select`], running `between` each time the lock is let go.
+    fn select_between(&self, selector: &Selector, mut between: impl FnMut()) -> Vec<HostEntry> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let mut picked = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let hosts = self.read();
+            let mut slice = match &after {
+                None => hosts.range::<str, _>((Unbounded, Unbounded)),
+                Some(id) => hosts.range::<str, _>((Excluded(id.as_str()), Unbounded)),
+            };
+            let mut last = None;
+            for (id, host) in slice.by_ref().take(SELECT_SLICE) {
+                if selector.matches(&host.selector_facts()) {
+                    picked.push(host.clone());
+                }
+                last = Some(id);
+            }
+            let more = slice.next().is_some();
+            match last {
+                Some(id) if more => after = Some(id.clone()),
+                _ => return picked,
+            }
+            drop(hosts);
+            between();
+        }
     }
 
     /// Every host's id with its latest view, online or not.
@@ -439,6 +471,44 @@ mod tests {
         let (page, next) = fleet.page("", 1);
         assert_eq!(page.len(), 1);
         assert_eq!(next, "host-000");
+    }
+
+    #[test]
+    fn a_selection_lets_go_of_the_lock_between_slices() {
+        let fleet = Fleet::new(1);
+        let n = SELECT_SLICE * 3 + 10;
+        for i in 0..n {
+            fleet.attach(entry(&format!("web-{i:04}")));
+        }
+        fleet.attach(entry("db-1"));
+        let selector = Selector::parse("web-*").unwrap();
+        let ids = |hosts: Vec<HostEntry>| hosts.into_iter().map(|h| h.id).collect::<Vec<_>>();
+        let expected: Vec<String> = (0..n).map(|i| format!("web-{i:04}")).collect();
+        assert_eq!(ids(fleet.select(&selector)), expected);
+
+        // Between slices the lock is free: an agent attaching there is not held. A host
+        // attached behind the walk is not picked, one ahead of it is.
+        let mut pauses = 0;
+        let picked = fleet.select_between(&selector, || {
+            pauses += 1;
+            assert!(
+                fleet.hosts.try_write().is_ok(),
+                "the lock is held between slices"
+            );
+            if pauses == 1 {
+                fleet.attach(entry("web-0000a"));
+                fleet.attach(entry("web-9999"));
+            }
+        });
+        assert_eq!(pauses, 3);
+        let mut want = expected.clone();
+        want.push("web-9999".into());
+        assert_eq!(ids(picked), want);
+        // Nothing is picked twice or left out where slices meet, whatever their number.
+        assert_eq!(
+            ids(fleet.select(&Selector::parse("web-0*,web-9*").unwrap())).len(),
+            n + 2
+        );
     }
 
     fn connected(id: &str, fleet: &Fleet) -> (HostEntry, u64) {

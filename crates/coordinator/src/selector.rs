@@ -9,7 +9,7 @@
 
 mod compiled;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use toolsrv_tls::normalize_name;
 
@@ -21,9 +21,32 @@ pub struct Selector {
     /// Host ids or globs; any may match. Empty: any host.
     hosts: Vec<String>,
     /// `hosts` compiled.
-    host_globs: Option<Globs>,
-    /// `key=value` terms by key; for each key any value (a glob) may match, compiled together.
-    pairs: BTreeMap<String, Globs>,
+    host_terms: Option<Terms>,
+    /// `key=value` terms by key; for each key any value (a glob, or a value alone) may match.
+    pairs: BTreeMap<String, Terms>,
+}
+
+/// The alternatives of one kind of term: values without a wildcard looked up whole, so that a
+/// selector naming hundreds of hosts costs one lookup a host, and globs compiled together.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct Terms {
+    exact: HashSet<String>,
+    globs: Option<Globs>,
+}
+
+impl Terms {
+    fn new<'a>(patterns: impl IntoIterator<Item = &'a str>) -> Self {
+        let (globs, exact): (Vec<&str>, Vec<&str>) =
+            patterns.into_iter().partition(|p| p.contains(['*', '?']));
+        Self {
+            exact: exact.into_iter().map(str::to_string).collect(),
+            globs: (!globs.is_empty()).then(|| Globs::new(globs)),
+        }
+    }
+
+    fn matches(&self, text: &str) -> bool {
+        self.exact.contains(text) || self.globs.as_ref().is_some_and(|g| g.matches(text))
+    }
 }
 
 /// A host as a selector or policy rule sees it (borrowed from the fleet entry; the wire type
@@ -82,11 +105,11 @@ impl Selector {
             }
         }
         if !selector.hosts.is_empty() {
-            selector.host_globs = Some(Globs::new(selector.hosts.iter().map(String::as_str)));
+            selector.host_terms = Some(Terms::new(selector.hosts.iter().map(String::as_str)));
         }
         selector.pairs = values
             .into_iter()
-            .map(|(key, patterns)| (key, Globs::new(patterns.iter().map(String::as_str))))
+            .map(|(key, patterns)| (key, Terms::new(patterns.iter().map(String::as_str))))
             .collect();
         Ok(selector)
     }
@@ -101,7 +124,7 @@ impl Selector {
 
     /// True when the host satisfies the selector.
     pub fn matches(&self, host: &Candidate<'_>) -> bool {
-        let id_ok = self.host_globs.as_ref().is_none_or(|g| g.matches(host.id));
+        let id_ok = self.host_terms.as_ref().is_none_or(|t| t.matches(host.id));
         id_ok
             && self.pairs.iter().all(|(key, patterns)| {
                 let value = match key.as_str() {
@@ -195,6 +218,13 @@ mod tests {
             ("sandbox=enforced", true, false),
             ("sandbox=off,os=darwin", false, true),
             ("os=linux,os=darwin", true, true),
+            // Values looked up whole and globs, side by side.
+            ("db-1,mac-*", true, true),
+            ("db-*,mac-1", true, true),
+            ("db-,db-12,db-1?", false, false),
+            ("os=linux,os=dar*", true, true),
+            ("os=lin,os=darwi?", false, true),
+            ("role=d*,role=web", true, false),
         ];
         for (text, want_db, want_mac) in cases {
             let s = Selector::parse(text).unwrap();
