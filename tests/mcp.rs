@@ -698,6 +698,138 @@ fn streamable_http_serves_on_loopback_only_unless_told() {
     );
 }
 
+/// Connections that never present the token (another user of the machine may open them: the
+/// token refuses their requests, not their connections) are few and short-lived: they cannot
+/// take the server's file descriptors, a client with the token gets in meanwhile, and a
+/// connection that presented it is kept.
+#[test]
+fn streamable_http_holds_few_connections_that_never_present_the_token() {
+    use std::io::Read;
+    let fleet = one_host_fleet(&[]);
+    let profile = one_host_profile(&fleet);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let command = fleet.toolctl_command(
+        "client-alice",
+        &[
+            "mcp",
+            "--profile",
+            profile.to_str().unwrap(),
+            "--http",
+            &addr,
+        ],
+    );
+    let server = toolsrv_tests::Proc::spawn("mcp-http", command, fleet.work.path());
+    let token = wait_for(
+        "the MCP HTTP server to listen",
+        Duration::from_secs(20),
+        || bearer_in(&server.log()),
+    );
+    let pid = server.pid();
+    let descriptors = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+    };
+    // A hundred descriptors to spare, no more.
+    let base = descriptors();
+    let limit = (base + 100).to_string();
+    let mut prlimit = Command::new("prlimit");
+    prlimit.args([format!("--pid={pid}"), format!("--nofile={limit}:{limit}")]);
+    let out = run_bounded(prlimit, None, Duration::from_secs(10));
+    assert!(out.status.success(), "prlimit: {}", text(&out.stderr));
+
+    // A connection that presents the token, then stays idle past a stranger's lifetime.
+    let mut kept = std::net::TcpStream::connect(&addr).unwrap();
+    // MCP's answer to a GET without a session: past the token's check (which would say 401).
+    let (status, head) = exchange(&mut kept, &addr, &token);
+    assert_eq!(status, 400, "{head}");
+
+    // 400 connections that send nothing.
+    let to: std::net::SocketAddr = addr.parse().unwrap();
+    let idle: Vec<std::net::TcpStream> = (0..400)
+        .map(|i| {
+            std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5))
+                .unwrap_or_else(|e| panic!("connection {i}: not accepted: {e}"))
+        })
+        .collect();
+    // A client with the token is served meanwhile.
+    assert_eq!(initialize_over_http(&addr, Some(&token)).0, 200);
+    wait_for(
+        "the server to hold at most 64 of them",
+        Duration::from_secs(20),
+        || (descriptors() <= base + 64 + 8).then_some(()),
+    );
+    let closed = |stream: &std::net::TcpStream| {
+        stream
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        match (&*stream).read(&mut [0u8; 16]) {
+            Ok(0) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+            Ok(_) => false,
+        }
+    };
+    assert!(closed(&idle[0]), "the oldest stranger is still open");
+    let log = server.log();
+    assert_eq!(
+        log.matches("connections are open that have not presented the bearer token")
+            .count(),
+        1,
+        "{log}"
+    );
+    // After their lifetime (10 s) the newest are closed too, and the descriptors are back.
+    wait_for(
+        "the newest strangers to be closed",
+        Duration::from_secs(30),
+        || closed(&idle[399]).then_some(()),
+    );
+    wait_for("the descriptors back", Duration::from_secs(10), || {
+        (descriptors() <= base + 8).then_some(())
+    });
+    // The trusted connection is still served.
+    let (status, head) = exchange(&mut kept, &addr, &token);
+    assert_eq!(status, 400, "{head}");
+    drop(idle);
+}
+
+/// One `GET /mcp` with the token on `stream`, kept open: the status and the response head.
+fn exchange(stream: &mut std::net::TcpStream, addr: &str, token: &str) -> (u16, String) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let request = format!(
+        "GET /mcp HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\
+         Authorization: Bearer {token}\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut reader = BufReader::new(&*stream);
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap() == 0 || line == "\r\n" {
+            break;
+        }
+        head.push_str(&line);
+    }
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP status: {head:?}"));
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or_else(|| panic!("no content-length: {head:?}"));
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).unwrap();
+    (status, head)
+}
+
 /// The bearer token `toolctl mcp --http` printed, once it listens.
 fn bearer_in(log: &str) -> Option<String> {
     if !log.contains("serving MCP on") {

@@ -9,7 +9,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
-use axum::extract::Request;
+use axum::extract::{ConnectInfo, Request};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -19,6 +19,7 @@ use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
 use super::server::Server;
+use super::strangers::{self, Standing};
 
 /// The path the server answers on.
 pub const PATH: &str = "/mcp";
@@ -171,13 +172,17 @@ fn presents(header: Option<&[u8]>, token: &str) -> bool {
             == 0
 }
 
-/// Refuses a request without the token: 401 with `WWW-Authenticate: Bearer`.
+/// Refuses a request without the token: 401 with `WWW-Authenticate: Bearer`. A request with
+/// it makes its connection trusted ([`strangers`]).
 async fn require(token: Arc<str>, request: Request, next: Next) -> Response {
     let header = request
         .headers()
         .get(header::AUTHORIZATION)
         .map(|v| v.as_bytes());
     if presents(header, &token) {
+        if let Some(ConnectInfo(standing)) = request.extensions().get::<ConnectInfo<Standing>>() {
+            standing.trust();
+        }
         return next.run(request).await;
     }
     (
@@ -217,6 +222,7 @@ pub async fn serve(
     );
     let router = axum::Router::new().nest_service(PATH, service);
     eprintln!("toolctl mcp: serving MCP on http://{local}{PATH}");
+    let open = matches!(auth, Auth::Open);
     let router = match auth {
         Auth::Bearer { token, from } => {
             match from {
@@ -242,10 +248,14 @@ pub async fn serve(
             router
         }
     };
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-        .map_err(|e| format!("serving HTTP on {local}: {e}"))
+    let listener = strangers::Listener::new(listener, open);
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<Standing>(),
+    )
+    .with_graceful_shutdown(shutdown.cancelled_owned())
+    .await
+    .map_err(|e| format!("serving HTTP on {local}: {e}"))
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ mod http;
 mod keeper;
 mod own;
 mod server;
+mod strangers;
 mod tools;
 
 use std::net::SocketAddr;
