@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use std::process::Command;
 
-use toolsrv_tests::{AgentSpec, Fleet, Pki, assert_exit, bin, run_bounded, text};
+use toolsrv_tests::{AgentSpec, Fleet, Pki, assert_exit, bin, run_bounded, text, wait_for};
 
 fn fleet_with_a() -> Fleet {
     let mut fleet = Fleet::new(&["a", "b"]);
@@ -122,8 +122,9 @@ fn an_agent_certificate_cannot_use_the_client_api_and_foreign_cas_are_refused() 
     assert_eq!(text(&out.stdout), "hello\n");
 }
 
-#[test]
-fn policy_denies_by_proven_identity_and_every_call_is_audited() {
+/// Host `a` offering `hello`, under a policy that denies bob on `role=db` hosts, with the
+/// coordinator's host labels `labels` (kept in the returned file) and an audit log.
+fn bob_denied_on_db_hosts(labels: &str) -> (Fleet, std::path::PathBuf) {
     let mut fleet = Fleet::new(&["a"]);
     fleet.tool(
         "hello.meta",
@@ -133,18 +134,23 @@ fn policy_denies_by_proven_identity_and_every_call_is_audited() {
     let policy = fleet.policy_arg(
         r#"{"default": "allow", "rules": [{"clients": ["bob"], "hosts": "role=db", "effect": "deny"}]}"#,
     );
-    // The rule matches a label the coordinator assigns: what an agent says of itself is not
-    // trusted for policy.
-    let labels = fleet.work.path().join("host-labels.json");
-    std::fs::write(&labels, r#"{"a": {"role": "db"}}"#).unwrap();
+    let path = fleet.work.path().join("host-labels.json");
+    std::fs::write(&path, labels).unwrap();
     fleet.start_coordinator(&[
         &policy,
         &fleet.audit_arg(),
-        &format!("--host-labels={}", labels.display()),
+        &format!("--host-labels={}", path.display()),
     ]);
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "hello");
+    (fleet, path)
+}
 
+#[test]
+fn policy_denies_by_proven_identity_and_every_call_is_audited() {
+    // The rule matches a label the coordinator assigns: what an agent says of itself is not
+    // trusted for policy.
+    let (fleet, _) = bob_denied_on_db_hosts(r#"{"a": {"role": "db"}}"#);
     let out = fleet.toolctl_as("client-bob", &["call", "a", "hello"], None);
     assert_exit(&out, 77, &["denies client bob"]);
     let out = fleet.toolctl(&["call", "a", "hello"]);
@@ -162,6 +168,186 @@ fn policy_denies_by_proven_identity_and_every_call_is_audited() {
     );
     assert_eq!(lines[1]["host"], "a");
     assert!(lines[1]["args_sha256"].as_str().unwrap().len() == 64);
+}
+
+/// The policy file is followed while the coordinator runs: an edit decides the calls from then
+/// on and reaches the agents' sandboxes; a broken file, or one every user could rewrite, leaves
+/// the policy in force; each is audited.
+#[test]
+fn a_policy_edited_while_the_coordinator_runs_decides_the_calls_from_then_on() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "hello.meta",
+        r#"{"description": "Say hello", "cmd": "echo hello"}"#,
+        false,
+    );
+    // Writes a mark in a directory the agent's sandbox does not grant by default.
+    let outside = fleet.work.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mark = outside.join("mark");
+    fleet.tool(
+        "touch_it.meta",
+        &format!(
+            r#"{{"description": "Leave a mark", "cmd": "touch {}"}}"#,
+            mark.display()
+        ),
+        false,
+    );
+    let policy = fleet
+        .policy_arg(r#"{"default": "allow", "rules": [{"clients": ["bob"], "effect": "deny"}]}"#);
+    let path = fleet.work.path().join("policy.json");
+    // Each version put in place whole, with its mode, as an editor saving by rename does: a
+    // look between a truncation and a write would see an empty file.
+    let new = fleet.work.path().join("policy.json.new");
+    let put = |text: &str, mode: u32| {
+        std::fs::write(&new, text).unwrap();
+        std::fs::set_permissions(&new, std::fs::Permissions::from_mode(mode)).unwrap();
+        std::fs::rename(&new, &path).unwrap();
+    };
+    fleet.start_coordinator(&[&policy, &fleet.audit_arg()]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "touch_it");
+
+    let bob = |fleet: &Fleet| fleet.toolctl_as("client-bob", &["call", "a", "hello"], None);
+    assert_exit(&bob(&fleet), 77, &["denies client bob"]);
+    let out = fleet.toolctl(&["call", "a", "touch_it"]);
+    assert!(!out.status.success(), "the sandbox let the mark be written");
+    assert!(!mark.exists());
+
+    // Bob allowed, alice's hello denied, and touch_it granted the directory.
+    let second = format!(
+        r#"{{"default": "allow",
+            "rules": [{{"clients": ["alice"], "tools": ["hello"], "effect": "deny"}}],
+            "sandbox": [{{"tools": ["touch_it"], "write": ["{}"]}}]}}"#,
+        outside.display()
+    );
+    put(&second, 0o644);
+    wait_for(
+        "bob allowed by the new policy",
+        Duration::from_secs(15),
+        || bob(&fleet).status.success().then_some(()),
+    );
+    assert_exit(
+        &fleet.toolctl(&["call", "a", "hello"]),
+        77,
+        &["denies client alice"],
+    );
+    wait_for(
+        "the agent's new sandbox grant",
+        Duration::from_secs(15),
+        || {
+            fleet
+                .toolctl(&["call", "a", "touch_it"])
+                .status
+                .success()
+                .then_some(())
+        },
+    );
+    assert!(mark.exists());
+
+    // Broken, then open to every user: each refused once, the second policy stays in force.
+    let coordinator_log = || fleet.coordinator.as_ref().unwrap().log();
+    let refused = "policy: the file changed and cannot be used";
+    put(
+        r#"{"default": "deny", "rules": [{"effect": "allow", "typo": 1}]}"#,
+        0o644,
+    );
+    wait_for("the broken policy refused", Duration::from_secs(15), || {
+        (coordinator_log().matches(refused).count() == 1).then_some(())
+    });
+    put(r#"{"default": "deny"}"#, 0o666);
+    wait_for("the open policy refused", Duration::from_secs(15), || {
+        (coordinator_log().matches(refused).count() == 2).then_some(())
+    });
+    assert!(
+        coordinator_log().contains("chmod o-w"),
+        "{}",
+        coordinator_log()
+    );
+    assert!(
+        bob(&fleet).status.success(),
+        "the second policy is no longer in force"
+    );
+    assert_exit(
+        &fleet.toolctl(&["call", "a", "hello"]),
+        77,
+        &["denies client alice"],
+    );
+    // Fixed: in force.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    wait_for("the fixed policy in force", Duration::from_secs(15), || {
+        (bob(&fleet).status.code() == Some(77)).then_some(())
+    });
+
+    let policies: Vec<(String, String)> = fleet
+        .audit_records()
+        .iter()
+        .filter(|r| r["event"] == "policy")
+        .map(|r| {
+            let detail = match r["outcome"].as_str() {
+                Some("loaded") => format!("{} rules, {} sandbox", r["rules"], r["sandbox"]),
+                _ => r["reason"].as_str().unwrap_or_default().to_string(),
+            };
+            (
+                r["outcome"].as_str().unwrap_or_default().to_string(),
+                detail,
+            )
+        })
+        .collect();
+    assert_eq!(policies.len(), 4, "{policies:?}");
+    assert_eq!(policies[0], ("loaded".into(), "1 rules, 1 sandbox".into()));
+    assert_eq!(policies[1].0, "refused");
+    assert!(policies[1].1.contains("typo"), "{policies:?}");
+    assert!(
+        policies[2].1.contains("mode 0666") || policies[2].1.contains("666"),
+        "{policies:?}"
+    );
+    assert_eq!(policies[3], ("loaded".into(), "0 rules, 0 sandbox".into()));
+}
+
+/// The host labels file is followed too: a host given a label while connected is matched by
+/// policy rules and sandbox entries at once, and shows it.
+#[test]
+fn host_labels_edited_while_the_coordinator_runs_relabel_hosts_at_once() {
+    use std::os::unix::fs::PermissionsExt;
+    let (fleet, labels) = bob_denied_on_db_hosts("{}");
+    let bob = |fleet: &Fleet| fleet.toolctl_as("client-bob", &["call", "a", "hello"], None);
+    assert!(bob(&fleet).status.success());
+
+    let new = fleet.work.path().join("host-labels.json.new");
+    std::fs::write(&new, r#"{"a*": {"role": "db"}}"#).unwrap();
+    std::fs::set_permissions(&new, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::rename(&new, &labels).unwrap();
+    wait_for(
+        "bob denied on the relabelled host",
+        Duration::from_secs(15),
+        || (bob(&fleet).status.code() == Some(77)).then_some(()),
+    );
+    let out = fleet.toolctl(&["hosts", "--json"]);
+    let hosts: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(hosts[0]["trusted_labels"]["role"], "db", "{hosts}");
+    // The same host is selected by its new label.
+    let out = fleet.toolctl(&["fanout", "role=db", "hello"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("hello"), "{}", text(&out.stdout));
+    // Broken: refused, the labels stay.
+    std::fs::write(&new, r#"{"a*": {"role": 7}}"#).unwrap();
+    std::fs::rename(&new, &labels).unwrap();
+    wait_for("the broken labels refused", Duration::from_secs(15), || {
+        let log = fleet.coordinator.as_ref().unwrap().log();
+        log.contains("host_labels: the file changed and cannot be used")
+            .then_some(())
+    });
+    assert_eq!(bob(&fleet).status.code(), Some(77));
+    let records: Vec<String> = fleet
+        .audit_records()
+        .iter()
+        .filter(|r| r["event"] == "host_labels")
+        .map(|r| format!("{} {}", r["outcome"], r["hosts_relabelled"]))
+        .collect();
+    assert_eq!(records, ["\"loaded\" 1", "\"refused\" null"]);
 }
 
 #[test]

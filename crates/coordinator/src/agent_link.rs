@@ -20,7 +20,7 @@ use toolsrv_proto::text::printable_line;
 use toolsrv_proto::v1::agent_link_server::{AgentLink, AgentLinkServer};
 use toolsrv_proto::v1::{
     AgentMessage, BlobChunk, CallOutput, CoordinatorMessage, FetchBlobRequest, Goodbye, Hello,
-    HostView, Keepalive, Welcome, agent_message, coordinator_message::Msg,
+    HostView, Keepalive, SandboxPolicy, Welcome, agent_message, coordinator_message::Msg,
 };
 
 use crate::State;
@@ -155,20 +155,13 @@ impl AgentLinkService {
             state.config.credit_window,
         ));
         tracing::info!(host = %id, version = ?hello.agent_version, "agent attached");
-        let facts = hello.facts.clone().unwrap_or_default();
-        // Trusted: the labels the certificate carries (bound at enrollment), with the ones
-        // `--host-labels` assigns over them.
-        let mut trusted_labels = caller.labels;
-        trusted_labels.extend(state.host_labels.of(&id));
-        let mut selectable_labels: std::collections::BTreeMap<String, String> =
-            facts.labels.clone().into_iter().collect();
-        selectable_labels.extend(trusted_labels.clone());
-        let entry = HostEntry {
+        let mut entry = HostEntry {
             id: id.clone(),
-            facts,
+            facts: hello.facts.clone().unwrap_or_default(),
             synced: false,
-            trusted_labels,
-            selectable_labels,
+            certificate_labels: caller.labels,
+            trusted_labels: Default::default(),
+            selectable_labels: Default::default(),
             agent_version: hello.agent_version.clone(),
             max_concurrent_calls: hello.max_concurrent_calls,
             connected_unix_ms: now_ms(),
@@ -177,6 +170,9 @@ impl AgentLinkService {
             remote: None,
             last_seen: Arc::new(now_ms().into()),
         };
+        // Trusted: the labels the certificate carries (bound at enrollment), with the ones
+        // `--host-labels` assigns over them.
+        entry.relabel(state.host_labels.now().of(&id));
         // With replicas, the link is this replica's only once etcd says so.
         if let Some(replicas) = &state.replicas {
             replicas.claim(&entry, &link.link_id).await?;
@@ -342,13 +338,11 @@ where
     if !link.send(Msg::Welcome(welcome)).await {
         return "the agent went away before the welcome".into();
     }
-    // The host's sandbox grants go before the catalog, so no call can run without them.
-    let sandbox = state
-        .fleet
-        .get(&link.host_id)
-        .map(|host| state.policy.sandbox_for(&host.policy_facts()))
-        .unwrap_or_default();
-    if !link.send(Msg::Sandbox(sandbox)).await {
+    // The host's sandbox grants go before the catalog, so no call can run without them; and
+    // again whenever a new policy changes them (subscribed first, so none is missed).
+    let mut policies = state.settings_applied.subscribe();
+    let mut grants = grants_for(state, &link.host_id);
+    if !link.send(Msg::Sandbox(grants.clone())).await {
         return "the agent went away".into();
     }
     let mut catalogs = state.registry.subscribe();
@@ -401,6 +395,18 @@ where
                 Ok(()) => catalog_changed = true,
                 Err(_) => return "registry stopped".into(),
             },
+            changed = policies.changed() => {
+                if changed.is_err() {
+                    return "coordinator shutting down".into();
+                }
+                let now = grants_for(state, &link.host_id);
+                if now != grants {
+                    grants = now;
+                    if !link.send(Msg::Sandbox(grants.clone())).await {
+                        return "the agent went away".into();
+                    }
+                }
+            }
             () = until(pace.due()) => {
                 if let Some(view) = pace.take_due(tokio::time::Instant::now()) {
                     store_view(state, link, &shipped, view);
@@ -442,6 +448,15 @@ where
             }
         }
     }
+}
+
+/// The policy's sandbox grants for host `id`, as it is now.
+fn grants_for(state: &State, id: &str) -> SandboxPolicy {
+    state
+        .fleet
+        .get(id)
+        .map(|host| state.policy.now().sandbox_for(&host.policy_facts()))
+        .unwrap_or_default()
 }
 
 /// Sleeps until `at`; for ever when `None`.

@@ -297,9 +297,9 @@ impl Audit {
         }));
     }
 
-    /// Records an enrollment event (`join_token`, `join`, `renewal`): `fields` are added to the
-    /// record's time and event name, strings cut as in other records.
-    pub fn enrollment(&self, event: &str, fields: serde_json::Value) {
+    /// Records an event of its own kind (enrollment's `join_token`, `join`, `renewal`; `policy`):
+    /// `fields` are added to the record's time and event name, strings cut as in other records.
+    pub fn event(&self, event: &str, fields: serde_json::Value) {
         let mut line = json!({"ts_unix_ms": now_ms(), "event": event});
         if let (Some(line), serde_json::Value::Object(fields)) = (line.as_object_mut(), fields) {
             for (k, v) in fields {

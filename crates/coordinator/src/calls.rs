@@ -87,6 +87,7 @@ async fn route(
     refusal::visible_tool(state, &host, &spec.tool).map_err(Refusal::result)?;
     let verdict = state
         .policy
+        .now()
         .check(&spec.client, &spec.tool, &host.policy_facts())
         .map_err(|reason| CallResult::not_run(CallStatus::Denied, reason))?;
     if let Some(rule) = verdict.require_sandbox {

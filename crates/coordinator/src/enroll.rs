@@ -164,7 +164,7 @@ fn throttled(
                 "{message}; until then its {event}s are refused without a record each"
             )),
         );
-        state.audit.enrollment(event, line.into());
+        state.audit.event(event, line.into());
     }
     Status::resource_exhausted(message)
 }
@@ -261,7 +261,7 @@ impl EnrollmentRpc for EnrollmentService {
             result = answer.map_err(|status| (body.host_id.clone(), status));
         }
         let audit = |outcome: &str, host: &str, message: &str| {
-            self.state.audit.enrollment(
+            self.state.audit.event(
                 "join",
                 json!({"outcome": outcome, "host": host, "remote": from, "asked_host": body.host_id,
                        "with": with, "kubernetes": by, "message": message,
@@ -420,7 +420,7 @@ impl JoinTokens for JoinTokensService {
             Ok((_, record)) => ("granted", String::new(), Some(record.expires_unix)),
             Err(status) => ("refused", status.message().to_string(), None),
         };
-        self.state.audit.enrollment(
+        self.state.audit.event(
             "join_token",
             json!({"outcome": outcome, "client": client, "host": body.host_id,
                    "labels": body.labels, "expires_unix": expires, "message": message}),
@@ -508,7 +508,7 @@ impl JoinTokens for JoinTokensService {
             Ok(t) => ("granted", String::new(), t.host_id.clone()),
             Err(s) => ("refused", s.message().to_string(), String::new()),
         };
-        self.state.audit.enrollment(
+        self.state.audit.event(
             "join_token_revoked",
             json!({"outcome": outcome, "client": client, "id": id, "host": host, "message": message}),
         );
@@ -628,7 +628,7 @@ impl Renewal for RenewalService {
             Ok(_) => ("granted", String::new()),
             Err(status) => ("refused", status.message().to_string()),
         };
-        self.state.audit.enrollment(
+        self.state.audit.event(
             "renewal",
             json!({"outcome": outcome, "host": caller.name, "asked_host": body.host_id,
                    "labels": caller.labels, "message": message}),

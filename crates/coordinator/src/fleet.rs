@@ -32,7 +32,10 @@ pub struct HostEntry {
     /// Whether the current connection has reported its view yet (until then `view` is the
     /// previous connection's, if any, and the host shows as syncing).
     pub synced: bool,
-    /// Labels the coordinator assigns (its `--host-labels` file): what policy matches.
+    /// Labels the host's certificate carries (bound to its join token).
+    pub certificate_labels: BTreeMap<String, String>,
+    /// The certificate's labels with the ones the coordinator assigns (its `--host-labels`
+    /// file) over them: what policy matches.
     pub trusted_labels: BTreeMap<String, String>,
     /// The agent's own labels with the trusted ones over them: what selectors match.
     pub selectable_labels: BTreeMap<String, String>,
@@ -46,6 +49,24 @@ pub struct HostEntry {
 }
 
 impl HostEntry {
+    /// Sets the trusted labels (the certificate's, with `assigned` over them) and the
+    /// selectable ones (the agent's own, with the trusted over them); whether they changed.
+    pub fn relabel(&mut self, assigned: BTreeMap<String, String>) -> bool {
+        let mut trusted = self.certificate_labels.clone();
+        trusted.extend(assigned);
+        let mut selectable: BTreeMap<String, String> = self
+            .facts
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        selectable.extend(trusted.clone());
+        let changed = trusted != self.trusted_labels || selectable != self.selectable_labels;
+        self.trusted_labels = trusted;
+        self.selectable_labels = selectable;
+        changed
+    }
+
     pub fn online(&self) -> bool {
         self.remote.is_some() || self.link.as_ref().is_some_and(|l| !l.closed.is_cancelled())
     }
@@ -412,6 +433,25 @@ impl Fleet {
         }
     }
 
+    /// Labels every host again with `assigned` (what the coordinator's labels file gives a
+    /// host id), and tells watchers of each host whose labels changed; their ids.
+    pub fn relabel(&self, assigned: impl Fn(&str) -> BTreeMap<String, String>) -> Vec<String> {
+        let changed: Vec<(String, u64)> = self
+            .write()
+            .values_mut()
+            .filter_map(|host| {
+                host.relabel(assigned(&host.id)).then(|| {
+                    let revision = host.view.as_ref().map_or(0, |v| v.catalog_revision);
+                    (host.id.clone(), revision)
+                })
+            })
+            .collect();
+        for (id, revision) in &changed {
+            self.emit(CatalogEventKind::HostView, id, *revision);
+        }
+        changed.into_iter().map(|(id, _)| id).collect()
+    }
+
     /// Every host's id with its latest view, online or not.
     pub fn views(&self) -> Vec<(String, Arc<StoredView>)> {
         self.read()
@@ -438,6 +478,7 @@ mod tests {
             connected_unix_ms: 0,
             view: None,
             synced: false,
+            certificate_labels: BTreeMap::new(),
             trusted_labels: BTreeMap::new(),
             selectable_labels: BTreeMap::new(),
             link: None,
@@ -471,6 +512,51 @@ mod tests {
         let (page, next) = fleet.page("", 1);
         assert_eq!(page.len(), 1);
         assert_eq!(next, "host-000");
+    }
+
+    #[test]
+    fn relabelling_puts_the_file_over_the_certificate_and_the_trusted_over_the_agent() {
+        let fleet = Fleet::new(1);
+        let mut a = entry("a");
+        a.certificate_labels = [("role".into(), "web".into()), ("zone".into(), "1".into())].into();
+        a.facts.labels = [("role".into(), "said".into()), ("team".into(), "x".into())].into();
+        a.relabel(BTreeMap::new());
+        fleet.attach(a);
+        fleet.attach(entry("b"));
+        let mut events = fleet.subscribe();
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let changed = fleet.relabel(|id| match id {
+            "a" => labels(&[("role", "db")]),
+            _ => BTreeMap::new(),
+        });
+        assert_eq!(changed, ["a"]);
+        let a = fleet.get("a").unwrap();
+        assert_eq!(a.trusted_labels, labels(&[("role", "db"), ("zone", "1")]));
+        assert_eq!(
+            a.selectable_labels,
+            labels(&[("role", "db"), ("team", "x"), ("zone", "1")])
+        );
+        let event = events.try_recv().unwrap();
+        assert_eq!(
+            (event.kind, event.host.as_str()),
+            (CatalogEventKind::HostView as i32, "a")
+        );
+        assert!(events.try_recv().is_err(), "b did not change");
+        // The same labels again change nothing.
+        assert!(
+            fleet
+                .relabel(|id| if id == "a" {
+                    labels(&[("role", "db")])
+                } else {
+                    BTreeMap::new()
+                })
+                .is_empty()
+        );
     }
 
     #[test]

@@ -21,6 +21,7 @@ mod error;
 mod expiry;
 mod finder;
 mod fleet;
+mod followed;
 /// Public for the fuzz targets; the coordinator's own use is `AgentLinkRoutes`.
 pub mod framing;
 mod heap;
@@ -221,9 +222,14 @@ pub(crate) struct State {
     pub config: CoordinatorConfig,
     pub registry: Registry,
     pub fleet: fleet::Fleet,
-    pub policy: Policy,
+    /// The policy in force, following `--policy`.
+    pub policy: followed::Followed<Policy>,
     pub audit: audit::Audit,
-    pub host_labels: labels::HostLabels,
+    /// The host labels in force, following `--host-labels`.
+    pub host_labels: followed::Followed<labels::HostLabels>,
+    /// Bumped once a new policy or new host labels are in force, hosts relabelled: each agent's
+    /// link then sends its sandbox grants again if they changed.
+    pub settings_applied: tokio::sync::watch::Sender<u64>,
     pub quotas: Arc<quota::Quotas>,
     pub approvals: approvals::Approvals,
     pub sessions: sessions::Sessions,
@@ -290,15 +296,10 @@ pub async fn serve(
         config.crls.clone(),
         enrollment.is_some(),
     )?;
-    let policy = match &config.policy {
-        Some(path) => Policy::load(path)?,
-        None => Policy::default(),
-    };
+    let policy = followed::Followed::open(config.policy.as_deref(), Policy::load)?;
     let audit = audit::Audit::open(config.audit_log.as_deref())?;
-    let host_labels = match &config.host_labels {
-        Some(path) => labels::HostLabels::load(path)?,
-        None => labels::HostLabels::default(),
-    };
+    let host_labels =
+        followed::Followed::open(config.host_labels.as_deref(), labels::HostLabels::load)?;
     let encoder = match &config.find_model {
         Some(dir) => {
             let encoder = toolsrv_find::Encoder::load(dir).map_err(CoordinatorError::FindModel)?;
@@ -349,6 +350,7 @@ pub async fn serve(
         policy,
         audit,
         host_labels,
+        settings_applied: tokio::sync::watch::Sender::new(0),
         quotas: Arc::new(quota::Quotas::new(config.limits.clone())),
         approvals: approvals::Approvals::default(),
         sessions: sessions::Sessions::new(
@@ -387,6 +389,7 @@ pub async fn serve(
     tasks.spawn(finder::follow_views(state.clone()));
     #[cfg(unix)]
     tasks.spawn(reopen_audit_on_hangup(state.clone()));
+    tasks.spawn(follow_settings(state.clone()));
     let reload = creds.spawn_reload_on_change(config.tls_reload, shutdown.clone());
     let incoming = toolsrv_tls::incoming_with(
         listener,
@@ -605,6 +608,98 @@ async fn reopen_audit_on_hangup(state: Arc<State>) {
             }
         }
     }
+}
+
+/// Follows the `--policy` and `--host-labels` files: looked at every 2 s and on SIGHUP. A new
+/// policy decides the calls that start from then on (a running call keeps the verdict it
+/// started with); new host labels relabel every host at once. Then each agent whose sandbox
+/// grants changed is sent them. A file that cannot be used leaves the settings in force. Each
+/// is logged and audited (`"event": "policy"` or `"host_labels"`).
+async fn follow_settings(state: Arc<State>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    if state.policy.path().is_none() && state.host_labels.path().is_none() {
+        return;
+    }
+    let mut hangups = signal(SignalKind::hangup()).ok();
+    let mut ticks = tokio::time::interval(followed::LOOK_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let hangup = async {
+            match &mut hangups {
+                Some(h) => h.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = state.shutdown.cancelled() => return,
+            _ = ticks.tick() => {}
+            _ = hangup => {}
+        }
+        let mut applied = false;
+        match state.policy.look() {
+            followed::Looked::Same => {}
+            followed::Looked::Loaded => {
+                let policy = state.policy.now();
+                let (rules, sandbox) = (policy.rules(), policy.sandbox_entries());
+                tracing::info!(
+                    rules,
+                    sandbox,
+                    "policy reloaded: calls that start from now on are decided by it"
+                );
+                let fields = serde_json::json!({"rules": rules, "sandbox": sandbox});
+                settings_record(&state, "policy", state.policy.path(), Ok(fields));
+                applied = true;
+            }
+            followed::Looked::Refused(e) => {
+                settings_record(&state, "policy", state.policy.path(), Err(e));
+            }
+        }
+        match state.host_labels.look() {
+            followed::Looked::Same => {}
+            followed::Looked::Loaded => {
+                let labels = state.host_labels.now();
+                let relabelled = state.fleet.relabel(|id| labels.of(id)).len();
+                tracing::info!(
+                    hosts = relabelled,
+                    "host labels reloaded: every host of this coordinator relabelled"
+                );
+                let fields = serde_json::json!({"hosts_relabelled": relabelled});
+                settings_record(&state, "host_labels", state.host_labels.path(), Ok(fields));
+                applied = true;
+            }
+            followed::Looked::Refused(e) => {
+                settings_record(&state, "host_labels", state.host_labels.path(), Err(e));
+            }
+        }
+        if applied {
+            state.settings_applied.send_modify(|n| *n += 1);
+        }
+    }
+}
+
+/// Audits a settings file read again (`"event": what`): `loaded` with `fields`, or `refused`
+/// with the reason, which is logged too.
+fn settings_record(
+    state: &State,
+    what: &str,
+    path: Option<&std::path::Path>,
+    outcome: Result<serde_json::Value, FileError>,
+) {
+    let file = path.map(|p| p.display().to_string()).unwrap_or_default();
+    let record = match outcome {
+        Ok(mut fields) => {
+            if let Some(fields) = fields.as_object_mut() {
+                fields.insert("file".into(), file.into());
+                fields.insert("outcome".into(), "loaded".into());
+            }
+            fields
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "{what}: the file changed and cannot be used; what was in force stays");
+            serde_json::json!({"file": file, "outcome": "refused", "reason": e.to_string()})
+        }
+    };
+    state.audit.event(what, record);
 }
 
 /// Mirrors registry changes into the fleet's change feed: each new revision, and each tool that

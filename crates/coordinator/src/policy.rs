@@ -346,6 +346,16 @@ impl Policy {
 
     /// The `sandbox` entries whose host selector matches `host`, in order: what its agent is
     /// sent when it attaches.
+    /// How many rules it has.
+    pub fn rules(&self) -> usize {
+        self.rules.len()
+    }
+
+    /// How many `sandbox` entries it has.
+    pub fn sandbox_entries(&self) -> usize {
+        self.sandbox.len()
+    }
+
     pub fn sandbox_for(&self, host: &Candidate<'_>) -> SandboxPolicy {
         SandboxPolicy {
             grants: self

@@ -695,6 +695,7 @@ fn check_policy(
     let trusted = labels_of(&record.facts, "trusted.");
     state
         .policy
+        .now()
         .check(&spec.client, &spec.tool, &candidate(host, record, &trusted))
         .map(|_| ())
 }
@@ -1280,6 +1281,7 @@ fn remote_entry(
         connected_unix_ms: info.connected_unix_ms,
         synced: view.is_some(),
         view,
+        certificate_labels: BTreeMap::new(),
         trusted_labels: labels_of(&record.facts, "trusted."),
         // What the table keeps as `label.` is already the selectable set (trusted ones over).
         selectable_labels: labels_of(&record.facts, "label."),
