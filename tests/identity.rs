@@ -206,9 +206,17 @@ fn a_policy_edited_while_the_coordinator_runs_decides_the_calls_from_then_on() {
         std::fs::set_permissions(&new, std::fs::Permissions::from_mode(mode)).unwrap();
         std::fs::rename(&new, &path).unwrap();
     };
-    fleet.start_coordinator(&[&policy, &fleet.audit_arg()]);
+    fleet.start_coordinator(&[&policy, &fleet.audit_arg(), "--metrics-listen=127.0.0.1:0"]);
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "touch_it");
+    let refused_gauge = || {
+        let addr = fleet.coordinator.as_ref().unwrap().metrics_addr();
+        let (_, body) = toolsrv_tests::http_get(&addr, "/metrics").unwrap();
+        body.lines()
+            .find_map(|l| l.strip_prefix("toolsrv_policy_file_refused "))
+            .map(|v| v.trim().to_string())
+    };
+    assert_eq!(refused_gauge().as_deref(), Some("0"));
 
     let bob = |fleet: &Fleet| fleet.toolctl_as("client-bob", &["call", "a", "hello"], None);
     assert_exit(&bob(&fleet), 77, &["denies client bob"]);
@@ -266,6 +274,7 @@ fn a_policy_edited_while_the_coordinator_runs_decides_the_calls_from_then_on() {
         "{}",
         coordinator_log()
     );
+    assert_eq!(refused_gauge().as_deref(), Some("1"));
     assert!(
         bob(&fleet).status.success(),
         "the second policy is no longer in force"
@@ -305,6 +314,7 @@ fn a_policy_edited_while_the_coordinator_runs_decides_the_calls_from_then_on() {
         "{policies:?}"
     );
     assert_eq!(policies[3], ("loaded".into(), "0 rules, 0 sandbox".into()));
+    assert_eq!(refused_gauge().as_deref(), Some("0"));
 }
 
 /// The host labels file is followed too: a host given a label while connected is matched by

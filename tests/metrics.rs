@@ -150,6 +150,8 @@ fn calls_show_in_the_metrics_that_promtool_and_prometheus_accept() {
         ("toolsrv_catalog_revision", 1.0),
         ("toolsrv_sessions", 0.0),
         ("toolsrv_audit_log_failing", 0.0),
+        ("toolsrv_policy_file_refused", 0.0),
+        ("toolsrv_host_labels_file_refused", 0.0),
         (r#"toolsrv_find_requests_total{outcome="matched"}"#, 1.0),
         (r#"toolsrv_find_requests_total{outcome="no_match"}"#, 1.0),
         (r#"toolsrv_find_requests_total{outcome="refused"}"#, 1.0),

@@ -8,6 +8,7 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -63,6 +64,8 @@ pub struct Followed<T> {
     load: fn(&Path) -> Result<T, FileError>,
     now: RwLock<Arc<T>>,
     stamp: Mutex<Option<Stamp>>,
+    /// Whether the file as it is now was refused (what is in force is an older one).
+    refused: AtomicBool,
 }
 
 impl<T: Default> Followed<T> {
@@ -81,12 +84,18 @@ impl<T: Default> Followed<T> {
             load,
             now: RwLock::new(Arc::new(settings)),
             stamp: Mutex::new(stamp),
+            refused: AtomicBool::new(false),
         })
     }
 
     /// The settings in force.
     pub fn now(&self) -> Arc<T> {
         self.now.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Whether the file changed since what is in force was read, and cannot be used.
+    pub fn refused(&self) -> bool {
+        self.refused.load(Ordering::Relaxed)
     }
 
     pub fn path(&self) -> Option<&Path> {
@@ -111,9 +120,13 @@ impl<T: Default> Followed<T> {
         match (self.load)(path) {
             Ok(settings) => {
                 *self.now.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(settings);
+                self.refused.store(false, Ordering::Relaxed);
                 Looked::Loaded
             }
-            Err(e) => Looked::Refused(e),
+            Err(e) => {
+                self.refused.store(true, Ordering::Relaxed);
+                Looked::Refused(e)
+            }
         }
     }
 }
@@ -149,6 +162,7 @@ mod tests {
         assert!(matches!(followed.look(), Looked::Refused(_)));
         assert!(matches!(followed.look(), Looked::Same));
         assert_eq!(*followed.now(), "two, longer");
+        assert!(followed.refused());
 
         // Gone: refused once; back, read again.
         std::fs::remove_file(&path).unwrap();
@@ -157,6 +171,7 @@ mod tests {
         std::fs::write(&path, "three").unwrap();
         assert!(matches!(followed.look(), Looked::Loaded));
         assert_eq!(*followed.now(), "three");
+        assert!(!followed.refused());
 
         // Another file put in its place, as an editor saving by rename does: another inode.
         let other = dir.path().join("other");

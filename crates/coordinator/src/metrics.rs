@@ -311,6 +311,18 @@ impl MetricsCollector for StateCollector {
         )?;
         encode_gauge(
             &mut encoder,
+            "policy_file_refused",
+            "1 while the --policy file has changed and cannot be used: the policy read before it is in force",
+            i64::from(state.policy.refused()),
+        )?;
+        encode_gauge(
+            &mut encoder,
+            "host_labels_file_refused",
+            "1 while the --host-labels file has changed and cannot be used: the labels read before it are in force",
+            i64::from(state.host_labels.refused()),
+        )?;
+        encode_gauge(
+            &mut encoder,
             "find_index_documents",
             "Distinct tool definitions in the FindTools index (a tool resolved two ways counts twice)",
             count(state.finder.documents()),
