@@ -360,6 +360,98 @@ fn host_labels_edited_while_the_coordinator_runs_relabel_hosts_at_once() {
     assert_eq!(records, ["\"loaded\" 1", "\"refused\" null"]);
 }
 
+/// `toolsrv policy check` reads a policy and host labels as the coordinator does and says what
+/// it decides for one call, with the exit status a script can test.
+#[test]
+fn policy_check_says_what_the_policy_decides_for_a_call() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.json");
+    std::fs::write(
+        &policy,
+        r#"{"default": "allow",
+            "rules": [{"clients": ["ci-*"], "tools": ["service_*"], "effect": "deny"},
+                      {"tools": ["restart_*"], "hosts": "role=db", "effect": "approve",
+                       "approvers": ["oncall-*"], "require_sandbox": true}],
+            "sandbox": [{"tools": ["system_logs"], "hosts": "os=linux", "read": ["/var/log"]}]}"#,
+    )
+    .unwrap();
+    let labels = dir.path().join("labels.json");
+    std::fs::write(&labels, r#"{"db-*": {"role": "db"}}"#).unwrap();
+    let check = |args: &[&str]| {
+        let mut command = Command::new(bin("toolsrv"));
+        command.args(["policy", "check"]).arg(&policy).args(args);
+        let out = run_bounded(command, None, Duration::from_secs(10));
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let (code, stdout, _) = check(&[]);
+    assert_eq!(code, Some(0));
+    assert!(stdout.contains("2 rules, 1 sandbox entry"), "{stdout}");
+
+    // Approved by on-call, confined, with the labels the file gives db-1 (names in any case).
+    let labels_arg = format!("--host-labels={}", labels.display());
+    let (code, stdout, _) = check(&[
+        &labels_arg,
+        "--client=Alice",
+        "--tool=restart_nginx",
+        "--host=DB-1",
+        "--fact=os=linux",
+        "--fact=sandbox=enforced",
+    ]);
+    assert_eq!(code, Some(0), "{stdout}");
+    for line in [
+        "trusted labels of db-1: role=db",
+        "alice calling restart_nginx on db-1: approve: waits for one of oncall-* (policy rule 1)",
+        "must run confined (policy rule 1): the host's sandbox is enforced",
+        "sandbox grants for db-1: 1",
+        "tools system_logs; read /var/log",
+    ] {
+        assert!(stdout.contains(line), "{line:?} in {stdout}");
+    }
+    // The same call where the sandbox is off: refused, as the coordinator refuses it.
+    let (code, stdout, _) = check(&[
+        &labels_arg,
+        "--client=alice",
+        "--tool=restart_nginx",
+        "--host=db-1",
+        "--fact=sandbox=off",
+    ]);
+    assert_eq!(code, Some(77), "{stdout}");
+    assert!(stdout.contains("refused `unconfined`"), "{stdout}");
+    // Denied by a rule; a label only the certificate carries counts as trusted too.
+    let (code, stdout, _) = check(&["--client=ci-7", "--tool=service_status", "--host=web-1"]);
+    assert_eq!(code, Some(77), "{stdout}");
+    assert!(
+        stdout.contains("denied: policy rule 0 denies client ci-7 calling service_status on web-1"),
+        "{stdout}"
+    );
+    let (code, stdout, _) = check(&[
+        "--client=bob",
+        "--tool=restart_x",
+        "--host=web-1",
+        "--label=role=db",
+    ]);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout.contains("approve: waits for one of oncall-*"),
+        "{stdout}"
+    );
+
+    // What is not a fact, and what a file cannot be.
+    let (code, _, stderr) = check(&["--client=a", "--tool=t", "--host=h", "--fact=role=db"]);
+    assert_eq!(code, Some(64));
+    assert!(stderr.contains("--fact role: not a fact"), "{stderr}");
+    std::fs::write(&policy, r#"{"rules": [{"effect": "allow", "typo": 1}]}"#).unwrap();
+    let (code, _, stderr) = check(&[]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("unknown field `typo`"), "{stderr}");
+    std::fs::write(&policy, "{}").unwrap();
+    std::fs::set_permissions(&policy, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let (code, _, stderr) = check(&[]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("chmod o-w"), "{stderr}");
+}
+
 #[test]
 fn host_and_client_names_compare_case_insensitively() {
     let mut fleet = Fleet::new(&["db-2"]);

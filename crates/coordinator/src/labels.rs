@@ -31,6 +31,15 @@ pub struct HostLabels {
 }
 
 impl HostLabels {
+    /// How many entries (host-id globs) it has.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     pub fn parse(text: &str) -> Result<Self, String> {
         let raw: serde_json::Map<String, serde_json::Value> = serde_json::from_str(text)
             .map_err(|e| format!("invalid host labels (an object of host-id globs): {e}"))?;

@@ -344,8 +344,6 @@ impl Policy {
         }
     }
 
-    /// The `sandbox` entries whose host selector matches `host`, in order: what its agent is
-    /// sent when it attaches.
     /// How many rules it has.
     pub fn rules(&self) -> usize {
         self.rules.len()
@@ -356,6 +354,8 @@ impl Policy {
         self.sandbox.len()
     }
 
+    /// The `sandbox` entries whose host selector matches `host`, in order: what its agent is
+    /// sent when it attaches, and again when a new policy changes them.
     pub fn sandbox_for(&self, host: &Candidate<'_>) -> SandboxPolicy {
         SandboxPolicy {
             grants: self

@@ -56,6 +56,16 @@ enum Command {
     Up(crate::up::UpArgs),
     /// Ask to run a command outside the call's sandbox: `toolsrv bypass --reason TEXT -- CMD ARGS...`
     Bypass(crate::bypass::BypassArgs),
+    /// Policy files, without a coordinator
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// Check a policy (and host labels) file as the coordinator reads it, and say what it
+    /// decides for one call: `toolsrv policy check FILE --client NAME --tool NAME --host ID`
+    Check(crate::policy_check::PolicyCheckArgs),
 }
 
 /// TLS files, shared by both roles. Each is needed, as a flag or from the environment: they are
@@ -943,7 +953,15 @@ impl Cli {
         match &self.command {
             Command::Coordinator(args) => args.config().map(drop),
             Command::Agent(args) => args.config().map(drop),
-            Command::Pki(_) | Command::Up(_) | Command::Bypass(_) => Ok(()),
+            Command::Pki(_) | Command::Up(_) | Command::Bypass(_) | Command::Policy(_) => Ok(()),
+        }
+    }
+
+    /// `toolsrv policy check`, which `main` runs alone, like `bypass`.
+    pub fn policy_check(&self) -> Option<&crate::policy_check::PolicyCheckArgs> {
+        match &self.command {
+            Command::Policy(PolicyCommand::Check(args)) => Some(args),
+            _ => None,
         }
     }
 
@@ -1003,8 +1021,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Up(args) => crate::up::run(args, shutdown_on_signals()).await,
         // Handled by `main` before the runtime starts: it exits with the command's status.
-        Command::Bypass(_) => bail!(
-            "toolsrv bypass runs without the server's runtime; this is a bug, please report it"
+        Command::Bypass(_) | Command::Policy(_) => bail!(
+            "toolsrv bypass and policy run without the server's runtime; this is a bug, please report it"
         ),
     }
 }

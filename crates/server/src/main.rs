@@ -5,6 +5,7 @@ mod bypass;
 mod cli;
 mod config;
 mod examples;
+mod policy_check;
 mod up;
 
 use std::process::ExitCode;
@@ -23,6 +24,9 @@ fn main() -> ExitCode {
     };
     if let Some(args) = cli.bypass() {
         return bypass::run(args);
+    }
+    if let Some(args) = cli.policy_check() {
+        return policy_check::run(args);
     }
     cli::init_logging(&cli.log);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
