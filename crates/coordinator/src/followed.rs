@@ -4,7 +4,9 @@
 //! `SIGHUP`, and read again when it changed (another inode, size, modification or change time:
 //! an edit, a file put in its place, a Kubernetes ConfigMap's link swapped, a `chmod`). A file
 //! that no longer loads (broken JSON, an unknown key, a mode every user may write, gone) leaves
-//! the settings in force as they were, and says so once per change of the file.
+//! the settings in force as they were, and says so once per change of the file. Once running,
+//! only a regular file is read: opening a FIFO put in its place would block the runtime's
+//! thread until someone writes to it.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -21,6 +23,7 @@ pub const LOOK_EVERY: Duration = Duration::from_secs(2);
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Stamp {
     File {
+        regular: bool,
         dev: u64,
         ino: u64,
         size: u64,
@@ -35,6 +38,7 @@ impl Stamp {
     fn of(path: &Path) -> Self {
         match std::fs::metadata(path) {
             Ok(m) => Stamp::File {
+                regular: m.is_file(),
                 dev: m.dev(),
                 ino: m.ino(),
                 size: m.size(),
@@ -60,6 +64,8 @@ pub enum Looked {
 /// Settings of type `T`, following their file when there is one.
 #[derive(Debug)]
 pub struct Followed<T> {
+    /// What the file is, for messages (`policy`).
+    what: &'static str,
     path: Option<PathBuf>,
     load: fn(&Path) -> Result<T, FileError>,
     now: RwLock<Arc<T>>,
@@ -69,8 +75,10 @@ pub struct Followed<T> {
 }
 
 impl<T: Default> Followed<T> {
-    /// The settings in `path` (`T::default()` without one), read with `load`.
+    /// The settings in `path` (`T::default()` without one), read with `load`; `what` names
+    /// the file in messages.
     pub fn open(
+        what: &'static str,
         path: Option<&Path>,
         load: fn(&Path) -> Result<T, FileError>,
     ) -> Result<Self, FileError> {
@@ -80,6 +88,7 @@ impl<T: Default> Followed<T> {
             None => T::default(),
         };
         Ok(Self {
+            what,
             path: path.map(Path::to_path_buf),
             load,
             now: RwLock::new(Arc::new(settings)),
@@ -115,7 +124,17 @@ impl<T: Default> Followed<T> {
             }
             // Taken before the read: a write during it changes the stamp again, and the next
             // look reads the file once more.
-            *last = Some(stamp);
+            *last = Some(stamp.clone());
+        }
+        if let Stamp::File { regular: false, .. } = stamp {
+            self.refused.store(true, Ordering::Relaxed);
+            return Looked::Refused(FileError::invalid(
+                self.what,
+                path,
+                "not a regular file (a pipe or a device, put in its place): the running \
+                 coordinator reads only a regular file"
+                    .to_string(),
+            ));
         }
         match (self.load)(path) {
             Ok(settings) => {
@@ -149,7 +168,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("settings");
         std::fs::write(&path, "one").unwrap();
-        let followed = Followed::open(Some(&path), load).unwrap();
+        let followed = Followed::open("test", Some(&path), load).unwrap();
         assert_eq!(*followed.now(), "one");
         assert!(matches!(followed.look(), Looked::Same));
 
@@ -182,8 +201,28 @@ mod tests {
 
         // A file that does not load at start stops the start; no file: the default, for good.
         std::fs::write(&path, "bad").unwrap();
-        assert!(Followed::open(Some(&path), load).is_err());
-        let none = Followed::<String>::open(None, load).unwrap();
+        // A FIFO put in its place is not opened (that would wait for a writer).
+        std::fs::remove_file(&path).unwrap();
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let followed = Arc::new(followed);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let looking = followed.clone();
+        std::thread::spawn(move || tx.send(looking.look()).unwrap());
+        match rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(Looked::Refused(e)) => assert!(e.to_string().contains("not a regular file"), "{e}"),
+            Ok(other) => panic!("{other:?}"),
+            Err(_) => {
+                // Let the stuck reader go before failing.
+                let _ = std::fs::write(&path, "x");
+                panic!("looking at a FIFO waited for a writer");
+            }
+        }
+        assert_eq!(*followed.now(), "four!");
+        std::fs::remove_file(&path).unwrap();
+
+        std::fs::write(&path, "bad").unwrap();
+        assert!(Followed::open("test", Some(&path), load).is_err());
+        let none = Followed::<String>::open("test", None, load).unwrap();
         assert_eq!(*none.now(), "");
         assert!(matches!(none.look(), Looked::Same));
     }

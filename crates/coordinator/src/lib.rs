@@ -296,10 +296,13 @@ pub async fn serve(
         config.crls.clone(),
         enrollment.is_some(),
     )?;
-    let policy = followed::Followed::open(config.policy.as_deref(), Policy::load)?;
+    let policy = followed::Followed::open("policy", config.policy.as_deref(), Policy::load)?;
     let audit = audit::Audit::open(config.audit_log.as_deref())?;
-    let host_labels =
-        followed::Followed::open(config.host_labels.as_deref(), labels::HostLabels::load)?;
+    let host_labels = followed::Followed::open(
+        "host labels",
+        config.host_labels.as_deref(),
+        labels::HostLabels::load,
+    )?;
     let encoder = match &config.find_model {
         Some(dir) => {
             let encoder = toolsrv_find::Encoder::load(dir).map_err(CoordinatorError::FindModel)?;
