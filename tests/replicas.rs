@@ -853,6 +853,50 @@ fn the_replica_a_call_enters_applies_its_policy_before_relaying() {
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
 
+/// New host labels reach the replicas that do not hold the host: the replica holding it
+/// rewrites its claim, so the others select it, and show it, by its new labels.
+#[test]
+fn host_labels_edited_while_running_reach_the_replicas_that_do_not_hold_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let labels = dir.path().join("host-labels.json");
+    std::fs::write(&labels, "{}").unwrap();
+    let arg = format!("--host-labels={}", labels.display());
+    let mut r = Replicated::start_with(2, &["solo"], &[("hello.meta", HELLO)], |_| {
+        vec![arg.clone()]
+    });
+    r.fleet.agent_coordinators = Some(r.urls()[0].clone());
+    r.fleet
+        .start_agent("solo", &toolsrv_tests::AgentSpec::default());
+    assert_eq!(
+        r.wait_all_online(1, &["solo"], Duration::from_secs(30)),
+        ["r0"]
+    );
+    let out = r.toolctl(1, &["fanout", "role=db", "hello"]);
+    assert!(
+        !text(&out.stdout).contains("hello\n"),
+        "selected before it has the label"
+    );
+
+    let new = dir.path().join("host-labels.json.new");
+    std::fs::write(&new, r#"{"solo": {"role": "db"}}"#).unwrap();
+    std::fs::rename(&new, &labels).unwrap();
+    wait_for(
+        "r1 to see solo's new label",
+        Duration::from_secs(20),
+        || {
+            let hosts = r.hosts(1);
+            let solo = hosts.iter().find(|h| h["host_id"] == "solo")?;
+            (solo["trusted_labels"]["role"] == "db").then_some(())
+        },
+    );
+    let out = r.toolctl(1, &["fanout", "role=db", "hello"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("hello"), "{}", text(&out.stdout));
+    // r0 still holds it, and calls through r1 still reach it.
+    let out = r.toolctl(1, &["call", "solo", "hello"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
 #[test]
 fn an_approval_waiting_on_the_replica_that_runs_the_call_is_decided_through_any_replica() {
     let policy = r#"{"default": "allow", "rules": [

@@ -145,6 +145,66 @@ impl Cluster {
         }
     }
 
+    /// Rewrites the record of `host_id`'s claim (its facts or labels changed) while the claim
+    /// is still link `record.link_id`'s, this replica's: whether it was. A claim another link
+    /// took meanwhile, here or on another replica, is left as it is (a plain put, as
+    /// [`Cluster::claim`] makes, would take the host back). Without a lease the new record is
+    /// kept for the claims put back when one is granted.
+    pub async fn update_claim(&self, host_id: &str, record: HostRecord) -> Result<bool> {
+        const OP: &str = "update claim";
+        let shared = &self.shared;
+        let key = shared.keys.host(host_id);
+        check_id("host id", host_id)?;
+        self.check_open(OP, &key)?;
+        let json = to_json(OP, &key, &record)?;
+        {
+            let mut claims = shared.claims();
+            match claims.held.get_mut(host_id) {
+                Some(mine)
+                    if mine.link_id == record.link_id
+                        && record.owner == shared.config.replica_id =>
+                {
+                    mine.json = json.clone();
+                }
+                _ => return Ok(false),
+            }
+        }
+        let (json_ref, key_ref, record_ref) = (&json, &key, &record);
+        let written = retry(OP, &key, shared.policy, |_| async move {
+            let (json, key, record) = (json_ref, key_ref, record_ref);
+            let Some(lease) = shared.lease.borrow().map(|l| l.id) else {
+                return Ok(None);
+            };
+            let Some(found) = etcd::get(&shared.client, key).await? else {
+                return Ok(None);
+            };
+            match parse::<HostRecord>(OP, key, &found.value) {
+                Ok(now) if now.owner == record.owner && now.link_id == record.link_id => {}
+                _ => return Ok(None),
+            }
+            if &found.value == json {
+                return Ok(Some(found.mod_revision));
+            }
+            let expect = Expect::ModRevision(found.mod_revision);
+            match etcd::put_if(&shared.client, key, expect, json, Some(lease)).await? {
+                Some(revision) => Ok(Some(revision)),
+                // Written meanwhile (another link's claim, or a lease put back): read again.
+                None => Err(Fault::Conflict),
+            }
+        })
+        .await?;
+        let Some(revision) = written else {
+            return Ok(shared.lease.borrow().is_none());
+        };
+        if let Some(mine) = shared.claims().held.get_mut(host_id)
+            && mine.link_id == record.link_id
+        {
+            mine.revision = Some(mine.revision.unwrap_or(0).max(revision));
+        }
+        shared.reconcile(host_id);
+        Ok(true)
+    }
+
     /// Deletes `host_id`'s claim if it is still link `link_id`'s: whether it was. A claim
     /// that could not be deleted now is deleted later, once etcd answers.
     pub async fn release(&self, host_id: &str, link_id: &str) -> Result<bool> {

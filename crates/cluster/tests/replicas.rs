@@ -118,6 +118,49 @@ async fn the_newest_claim_wins_and_the_loser_is_told() {
     .await;
 }
 
+/// A claim's record is rewritten (new labels) only while it is still that link's: once the host
+/// moved to another replica, the update leaves the newer claim alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_is_updated_only_while_it_is_still_the_link_s() {
+    init_logs();
+    let etcd = EtcdCluster::start(3);
+    bounded(async {
+        let a = join(&etcd, "r1").await;
+        let b = join(&etcd, "r2").await;
+        let limit = Duration::from_secs(10);
+        let first = record(&a);
+        a.claim("web-1", first.clone()).await.unwrap();
+        let mut relabelled = first.clone();
+        relabelled.facts.insert("trusted.role".into(), "db".into());
+        assert!(a.update_claim("web-1", relabelled.clone()).await.unwrap());
+        eventually("b sees the new labels", limit, || {
+            b.route("web-1").as_ref() == Some(&relabelled)
+        })
+        .await;
+
+        // The host moves to b; a's late update must not take it back.
+        let second = record(&b);
+        b.claim("web-1", second.clone()).await.unwrap();
+        eventually("a routes web-1 to b", limit, || {
+            a.route("web-1").is_some_and(|r| r.owner == "r2")
+        })
+        .await;
+        let mut late = first.clone();
+        late.facts.insert("trusted.role".into(), "web".into());
+        assert!(!a.update_claim("web-1", late).await.unwrap());
+        assert!(
+            !a.update_claim("web-9", record(&a)).await.unwrap(),
+            "never claimed"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(b.route("web-1"), Some(second.clone()));
+        assert_eq!(a.route("web-1"), Some(second));
+        a.shutdown().await;
+        b.shutdown().await;
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_shuts_down_frees_its_hosts_at_once() {
     init_logs();

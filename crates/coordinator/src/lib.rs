@@ -661,11 +661,19 @@ async fn follow_settings(state: Arc<State>) {
             followed::Looked::Same => {}
             followed::Looked::Loaded => {
                 let labels = state.host_labels.now();
-                let relabelled = state.fleet.relabel(|id| labels.of(id)).len();
+                let ids = state.fleet.relabel(|id| labels.of(id));
+                let relabelled = ids.len();
                 tracing::info!(
                     hosts = relabelled,
                     "host labels reloaded: every host of this coordinator relabelled"
                 );
+                if let Some(replicas) = state.replicas.clone() {
+                    let state = state.clone();
+                    state
+                        .tasks
+                        .clone()
+                        .spawn(async move { replicas.relabelled(&state.fleet, ids).await });
+                }
                 let fields = serde_json::json!({"hosts_relabelled": relabelled});
                 settings_record(&state, "host_labels", state.host_labels.path(), Ok(fields));
                 applied = true;

@@ -121,10 +121,9 @@ impl Replicas {
         self.cluster.route(host).filter(|r| r.owner != self.id())
     }
 
-    /// Records that this replica holds `host`'s link `link_id`; refused (UNAVAILABLE) while
-    /// etcd cannot take the claim, so the agent tries again (perhaps elsewhere).
-    pub async fn claim(&self, host: &HostEntry, link_id: &str) -> Result<(), Status> {
-        let record = HostRecord {
+    /// The record of this replica's link `link_id` to `host`, as other replicas see the host.
+    fn record_of(&self, host: &HostEntry, link_id: &str) -> HostRecord {
+        HostRecord {
             owner: self.id().to_string(),
             owner_url: self
                 .cluster
@@ -133,8 +132,30 @@ impl Replicas {
                 .unwrap_or_default(),
             link_id: link_id.to_string(),
             facts: facts_of(host),
-            attached_unix: toolsrv_cluster::unix_now(),
-        };
+            attached_unix: host.connected_unix_ms / 1000,
+        }
+    }
+
+    /// Tells the other replicas the labels of the hosts in `ids` changed (new `--host-labels`):
+    /// each claim this replica still holds is rewritten with the host's labels now. A claim
+    /// etcd cannot take now is logged, and corrected at the host's next link.
+    pub async fn relabelled(&self, fleet: &crate::fleet::Fleet, ids: Vec<String>) {
+        for id in ids {
+            let Some(host) = fleet.get(&id) else { continue };
+            let Some(link) = host.link.as_ref().filter(|_| host.online()) else {
+                continue;
+            };
+            let record = self.record_of(&host, &link.link_id);
+            if let Err(e) = self.cluster.update_claim(&id, record).await {
+                tracing::warn!(host = %id, error = %e, "cannot give the host's new labels to the other replicas; they see them at its next link");
+            }
+        }
+    }
+
+    /// Records that this replica holds `host`'s link `link_id`; refused (UNAVAILABLE) while
+    /// etcd cannot take the claim, so the agent tries again (perhaps elsewhere).
+    pub async fn claim(&self, host: &HostEntry, link_id: &str) -> Result<(), Status> {
+        let record = self.record_of(host, link_id);
         match self.cluster.claim(&host.id, record).await {
             Ok(claim) => {
                 if let Some(previous) = claim.previous.filter(|p| p.owner != self.id()) {
