@@ -179,6 +179,11 @@ impl AgentLinkService {
         }
         state.metrics.attached();
         state.fleet.attach(entry);
+        // New host labels may have taken force since the entry was labelled, and the
+        // relabelling of every host missed it, not yet attached: label it with them.
+        state
+            .fleet
+            .relabel_one(&id, state.host_labels.now().of(&id));
         let last_seen = state
             .fleet
             .get(&id)

@@ -127,6 +127,14 @@ impl HostEntry {
     }
 }
 
+/// Relabels `host` with `assigned`: its id and view revision when the labels changed.
+fn relabelled(host: &mut HostEntry, assigned: BTreeMap<String, String>) -> Option<(String, u64)> {
+    host.relabel(assigned).then(|| {
+        let revision = host.view.as_ref().map_or(0, |v| v.catalog_revision);
+        (host.id.clone(), revision)
+    })
+}
+
 /// Hosts a selection looks at per hold of the fleet's lock ([`Fleet::select`]).
 const SELECT_SLICE: usize = 256;
 
@@ -439,17 +447,24 @@ impl Fleet {
         let changed: Vec<(String, u64)> = self
             .write()
             .values_mut()
-            .filter_map(|host| {
-                host.relabel(assigned(&host.id)).then(|| {
-                    let revision = host.view.as_ref().map_or(0, |v| v.catalog_revision);
-                    (host.id.clone(), revision)
-                })
-            })
+            .filter_map(|host| relabelled(host, assigned(&host.id)))
             .collect();
         for (id, revision) in &changed {
             self.emit(CatalogEventKind::HostView, id, *revision);
         }
         changed.into_iter().map(|(id, _)| id).collect()
+    }
+
+    /// [`Fleet::relabel`] for host `id` alone: for a host attached with the labels read just
+    /// before new ones took force, which the relabelling of every host may have missed.
+    pub fn relabel_one(&self, id: &str, assigned: BTreeMap<String, String>) {
+        let changed = self
+            .write()
+            .get_mut(id)
+            .and_then(|host| relabelled(host, assigned));
+        if let Some((id, revision)) = changed {
+            self.emit(CatalogEventKind::HostView, &id, revision);
+        }
     }
 
     /// Every host's id with its latest view, online or not.
@@ -557,6 +572,17 @@ mod tests {
                 })
                 .is_empty()
         );
+        // One host, as a host attached with labels read just before new ones took force.
+        fleet.relabel_one("b", labels(&[("role", "web")]));
+        assert_eq!(
+            fleet.get("b").unwrap().trusted_labels,
+            labels(&[("role", "web")])
+        );
+        let event = events.try_recv().unwrap();
+        assert_eq!(event.host, "b");
+        fleet.relabel_one("b", labels(&[("role", "web")]));
+        fleet.relabel_one("gone", labels(&[("role", "web")]));
+        assert!(events.try_recv().is_err(), "nothing changed");
     }
 
     #[test]
