@@ -344,8 +344,9 @@ where
         return "the agent went away before the welcome".into();
     }
     // The host's sandbox grants go before the catalog, so no call can run without them; and
-    // again whenever a new policy changes them (subscribed first, so none is missed).
-    let mut policies = state.settings_applied.subscribe();
+    // again whenever a new policy or new host labels change them (subscribed first, so no
+    // change is missed).
+    let mut settings = state.settings_applied.subscribe();
     let mut grants = grants_for(state, &link.host_id);
     if !link.send(Msg::Sandbox(grants.clone())).await {
         return "the agent went away".into();
@@ -400,7 +401,7 @@ where
                 Ok(()) => catalog_changed = true,
                 Err(_) => return "registry stopped".into(),
             },
-            changed = policies.changed() => {
+            changed = settings.changed() => {
                 if changed.is_err() {
                     return "coordinator shutting down".into();
                 }
