@@ -180,10 +180,15 @@ impl AgentLinkService {
         state.metrics.attached();
         state.fleet.attach(entry);
         // New host labels may have taken force since the entry was labelled, and the
-        // relabelling of every host missed it, not yet attached: label it with them.
-        state
+        // relabelling of every host missed it, not yet attached: label it with them (and
+        // its claim, which carries its labels to the other replicas).
+        if state
             .fleet
-            .relabel_one(&id, state.host_labels.now().of(&id));
+            .relabel_one(&id, state.host_labels.now().of(&id))
+            && let Some(replicas) = &state.replicas
+        {
+            replicas.relabelled(&state.fleet, vec![id.clone()]).await;
+        }
         let last_seen = state
             .fleet
             .get(&id)

@@ -457,13 +457,18 @@ impl Fleet {
 
     /// [`Fleet::relabel`] for host `id` alone: for a host attached with the labels read just
     /// before new ones took force, which the relabelling of every host may have missed.
-    pub fn relabel_one(&self, id: &str, assigned: BTreeMap<String, String>) {
+    /// Whether they changed.
+    pub fn relabel_one(&self, id: &str, assigned: BTreeMap<String, String>) -> bool {
         let changed = self
             .write()
             .get_mut(id)
             .and_then(|host| relabelled(host, assigned));
-        if let Some((id, revision)) = changed {
-            self.emit(CatalogEventKind::HostView, &id, revision);
+        match changed {
+            Some((id, revision)) => {
+                self.emit(CatalogEventKind::HostView, &id, revision);
+                true
+            }
+            None => false,
         }
     }
 
@@ -573,15 +578,15 @@ mod tests {
                 .is_empty()
         );
         // One host, as a host attached with labels read just before new ones took force.
-        fleet.relabel_one("b", labels(&[("role", "web")]));
+        assert!(fleet.relabel_one("b", labels(&[("role", "web")])));
         assert_eq!(
             fleet.get("b").unwrap().trusted_labels,
             labels(&[("role", "web")])
         );
         let event = events.try_recv().unwrap();
         assert_eq!(event.host, "b");
-        fleet.relabel_one("b", labels(&[("role", "web")]));
-        fleet.relabel_one("gone", labels(&[("role", "web")]));
+        assert!(!fleet.relabel_one("b", labels(&[("role", "web")])));
+        assert!(!fleet.relabel_one("gone", labels(&[("role", "web")])));
         assert!(events.try_recv().is_err(), "nothing changed");
     }
 
