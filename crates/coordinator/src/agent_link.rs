@@ -172,7 +172,8 @@ impl AgentLinkService {
         };
         // Trusted: the labels the certificate carries (bound at enrollment), with the ones
         // `--host-labels` assigns over them.
-        entry.relabel(state.host_labels.now().of(&id));
+        let labelled_with = state.host_labels.now();
+        entry.relabel(labelled_with.of(&id));
         // With replicas, the link is this replica's only once etcd says so.
         if let Some(replicas) = &state.replicas {
             replicas.claim(&entry, &link.link_id).await?;
@@ -182,9 +183,9 @@ impl AgentLinkService {
         // New host labels may have taken force since the entry was labelled, and the
         // relabelling of every host missed it, not yet attached: label it with them (and
         // its claim, which carries its labels to the other replicas).
-        if state
-            .fleet
-            .relabel_one(&id, state.host_labels.now().of(&id))
+        let labels = state.host_labels.now();
+        if !Arc::ptr_eq(&labels, &labelled_with)
+            && state.fleet.relabel_one(&id, labels.of(&id))
             && let Some(replicas) = &state.replicas
         {
             replicas.relabelled(&state.fleet, vec![id.clone()]).await;

@@ -1,8 +1,8 @@
 //! A settings file the coordinator follows while it runs (`--policy`, `--host-labels`): read at
 //! start, where a file that cannot be used stops the coordinator, then looked at every
-//! [`LOOK_EVERY`] and on `SIGHUP`, and read again when it changed (another inode, size, modification or change time:
-//! an edit, a file put in its place, a Kubernetes ConfigMap's link swapped, a `chmod`). A file
-//! that no longer loads (broken JSON, an unknown key, a mode every user may write, gone) leaves
+//! [`LOOK_EVERY`] and on `SIGHUP`, and read again when it changed (another inode, size,
+//! modification or change time: an edit, a file put in its place, a Kubernetes ConfigMap's
+//! link swapped, a `chmod`). A file that no longer loads (broken JSON, an unknown key, a mode every user may write, gone) leaves
 //! the settings in force as they were, and says so once per change of the file. Once running,
 //! only a regular file is read: opening a FIFO put in its place would block the runtime's
 //! thread until someone writes to it.

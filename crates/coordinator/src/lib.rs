@@ -638,79 +638,71 @@ async fn follow_settings(state: Arc<State>) {
             _ = ticks.tick() => {}
             _ = hangup => {}
         }
-        let mut applied = false;
-        match state.policy.look() {
-            followed::Looked::Same => {}
-            followed::Looked::Loaded => {
-                let policy = state.policy.now();
-                let (rules, sandbox) = (policy.rules(), policy.sandbox_entries());
-                tracing::info!(
-                    rules,
-                    sandbox,
-                    "policy reloaded: calls that start from now on are decided by it"
-                );
-                let fields = serde_json::json!({"rules": rules, "sandbox": sandbox});
-                settings_record(&state, "policy", state.policy.path(), Ok(fields));
-                applied = true;
+        let policy_applied = look_at(&state, "policy", &state.policy, || {
+            let policy = state.policy.now();
+            let (rules, sandbox) = (policy.rules(), policy.sandbox_entries());
+            tracing::info!(
+                rules,
+                sandbox,
+                "policy reloaded: calls that start from now on are decided by it"
+            );
+            serde_json::json!({"rules": rules, "sandbox": sandbox})
+        });
+        let labels_applied = look_at(&state, "host_labels", &state.host_labels, || {
+            let labels = state.host_labels.now();
+            let ids = state.fleet.relabel(|id| labels.of(id));
+            let relabelled = ids.len();
+            tracing::info!(
+                hosts = relabelled,
+                "host labels reloaded: every host of this coordinator relabelled"
+            );
+            if let Some(replicas) = state.replicas.clone() {
+                let state = state.clone();
+                state
+                    .tasks
+                    .clone()
+                    .spawn(async move { replicas.relabelled(&state.fleet, ids).await });
             }
-            followed::Looked::Refused(e) => {
-                settings_record(&state, "policy", state.policy.path(), Err(e));
-            }
-        }
-        match state.host_labels.look() {
-            followed::Looked::Same => {}
-            followed::Looked::Loaded => {
-                let labels = state.host_labels.now();
-                let ids = state.fleet.relabel(|id| labels.of(id));
-                let relabelled = ids.len();
-                tracing::info!(
-                    hosts = relabelled,
-                    "host labels reloaded: every host of this coordinator relabelled"
-                );
-                if let Some(replicas) = state.replicas.clone() {
-                    let state = state.clone();
-                    state
-                        .tasks
-                        .clone()
-                        .spawn(async move { replicas.relabelled(&state.fleet, ids).await });
-                }
-                let fields = serde_json::json!({"hosts_relabelled": relabelled});
-                settings_record(&state, "host_labels", state.host_labels.path(), Ok(fields));
-                applied = true;
-            }
-            followed::Looked::Refused(e) => {
-                settings_record(&state, "host_labels", state.host_labels.path(), Err(e));
-            }
-        }
-        if applied {
+            serde_json::json!({"hosts_relabelled": relabelled})
+        });
+        if policy_applied || labels_applied {
             state.settings_applied.send_modify(|n| *n += 1);
         }
     }
 }
 
-/// Audits a settings file read again (`"event": what`): `loaded` with `fields`, or `refused`
-/// with the reason, which is logged too.
-fn settings_record(
+/// Looks at one followed settings file: when a new version took force, `loaded` applies it
+/// and gives the audit record's fields; a version refused is logged. Either is audited
+/// (`"event": what`). Whether a new version took force.
+fn look_at<T: Default>(
     state: &State,
     what: &str,
-    path: Option<&std::path::Path>,
-    outcome: Result<serde_json::Value, FileError>,
-) {
-    let file = path.map(|p| p.display().to_string()).unwrap_or_default();
-    let record = match outcome {
-        Ok(mut fields) => {
+    followed: &followed::Followed<T>,
+    loaded: impl FnOnce() -> serde_json::Value,
+) -> bool {
+    let file = followed
+        .path()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let (record, applied) = match followed.look() {
+        followed::Looked::Same => return false,
+        followed::Looked::Loaded => {
+            let mut fields = loaded();
             if let Some(fields) = fields.as_object_mut() {
                 fields.insert("file".into(), file.into());
                 fields.insert("outcome".into(), "loaded".into());
             }
-            fields
+            (fields, true)
         }
-        Err(e) => {
+        followed::Looked::Refused(e) => {
             tracing::error!(error = %e, "{what}: the file changed and cannot be used; what was in force stays");
-            serde_json::json!({"file": file, "outcome": "refused", "reason": e.to_string()})
+            let record =
+                serde_json::json!({"file": file, "outcome": "refused", "reason": e.to_string()});
+            (record, false)
         }
     };
     state.audit.event(what, record);
+    applied
 }
 
 /// Mirrors registry changes into the fleet's change feed: each new revision, and each tool that

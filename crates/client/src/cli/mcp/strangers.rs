@@ -13,8 +13,8 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -79,7 +79,7 @@ pub struct Listener {
     /// Every connection is trusted from the start (`--http-no-auth`: there is no token).
     open: bool,
     /// Strangers, oldest first (and some since trusted or closed, dropped at the next accept).
-    strangers: Arc<Mutex<VecDeque<Standing>>>,
+    strangers: VecDeque<Standing>,
     /// Whether closing a stranger for a newer one was said already this run.
     said: bool,
 }
@@ -89,7 +89,7 @@ impl Listener {
         Self {
             inner,
             open,
-            strangers: Arc::default(),
+            strangers: VecDeque::new(),
             said: false,
         }
     }
@@ -97,7 +97,7 @@ impl Listener {
     /// Counts a new stranger, closing the oldest when there are too many, and closes it after
     /// its lifetime unless it presents the token by then.
     fn admit(&mut self, standing: &Standing, from: SocketAddr) {
-        let mut strangers = self.strangers.lock().unwrap_or_else(|p| p.into_inner());
+        let strangers = &mut self.strangers;
         strangers.retain(|s| !s.trusted() && !s.closed());
         if strangers.len() >= MAX_STRANGERS
             && let Some(oldest) = strangers.pop_front()
