@@ -518,7 +518,6 @@ fn a_host_whose_own_tools_keep_changing_cannot_keep_the_encoder_busy() {
         &per_hour,
         "--metrics-listen=127.0.0.1:0",
     ]);
-    let metrics = fleet.coordinator.as_ref().unwrap().metrics_addr();
     // One text each (a summary, no keyword phrases): a round of edits costs a's budget TOOLS.
     let churn = |round: usize| -> Vec<(String, String)> {
         (0..TOOLS)
@@ -542,11 +541,11 @@ fn a_host_whose_own_tools_keep_changing_cannot_keep_the_encoder_busy() {
     );
     fleet.wait_online(&["a", "b"], "disk_usage");
     let metric = |name: &str| -> f64 {
-        let (_, exposition) = http_get(&metrics, "/metrics").unwrap();
-        exposition
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} "))?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{name} in\n{exposition}"))
+        let coordinator = fleet.coordinator.as_ref().unwrap();
+        coordinator
+            .metric(name)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no number for {name} in the coordinator's metrics"))
     };
     // The first embedding of every host's tools is done when a answers by meaning.
     let found = find_by_meaning(&fleet, &["a", "turn the flux capacitor"]);

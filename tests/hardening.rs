@@ -358,11 +358,11 @@ fn an_audit_log_that_cannot_be_written_stops_calls_until_it_can() {
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "mark");
     let failing = || {
-        let addr = fleet.coordinator.as_ref().unwrap().metrics_addr();
-        let (_, body) = toolsrv_tests::http_get(&addr, "/metrics").unwrap();
-        body.lines()
-            .find_map(|l| l.strip_prefix("toolsrv_audit_log_failing "))
-            .map(|v| v.trim().to_string())
+        fleet
+            .coordinator
+            .as_ref()
+            .unwrap()
+            .metric("toolsrv_audit_log_failing")
     };
     assert_eq!(failing().as_deref(), Some("0"));
 

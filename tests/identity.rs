@@ -210,11 +210,11 @@ fn a_policy_edited_while_the_coordinator_runs_decides_the_calls_from_then_on() {
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "touch_it");
     let refused_gauge = || {
-        let addr = fleet.coordinator.as_ref().unwrap().metrics_addr();
-        let (_, body) = toolsrv_tests::http_get(&addr, "/metrics").unwrap();
-        body.lines()
-            .find_map(|l| l.strip_prefix("toolsrv_policy_file_refused "))
-            .map(|v| v.trim().to_string())
+        fleet
+            .coordinator
+            .as_ref()
+            .unwrap()
+            .metric("toolsrv_policy_file_refused")
     };
     assert_eq!(refused_gauge().as_deref(), Some("0"));
 

@@ -150,6 +150,17 @@ impl Proc {
         self.logged_addr("its metrics", "metrics at http://")
     }
 
+    /// The value of the sample `name` (with its labels, if any: `toolsrv_x{k="v"}`) the process
+    /// serves on its metrics port now ([`Proc::metrics_addr`]); `None` when it has none.
+    #[track_caller]
+    pub fn metric(&self, name: &str) -> Option<String> {
+        let (_, body) = crate::must(crate::http_get(&self.metrics_addr(), "/metrics"));
+        let prefix = format!("{name} ");
+        body.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .map(|v| v.trim().to_string())
+    }
+
     /// Where a coordinator serves gRPC health in plain text, from its log line `gRPC health
     /// (plain text) at ADDR` (started with `--health-listen 127.0.0.1:0`), as
     /// [`Proc::metrics_addr`].
