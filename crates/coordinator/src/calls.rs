@@ -113,6 +113,7 @@ async fn ask<F, Fut>(
     state: &State,
     request: ApprovalRequest,
     approvers: &[String],
+    call_ended: Option<&CancellationToken>,
     emit: &mut F,
 ) -> Option<Decision>
 where
@@ -132,7 +133,15 @@ where
         state.metrics.approval(&Decision::Withdrawn);
         return None;
     }
-    let decision = unless_unrecorded(state, waiting.decision(timeout).await);
+    // A running call that ends meanwhile (its tool timed out, its host went away) takes its
+    // request back: nobody is left to decide for.
+    let never = CancellationToken::new();
+    let call_ended = call_ended.unwrap_or(&never);
+    let decision = tokio::select! {
+        decision = waiting.decision(timeout) => decision,
+        () = call_ended.cancelled() => Decision::Withdrawn,
+    };
+    let decision = unless_unrecorded(state, decision);
     state.audit.approval(&waiting.request, &decision);
     state.metrics.approval(&decision);
     Some(decision)
@@ -158,7 +167,8 @@ fn refusal(decision: &Decision, approvers: &[String], timeout: Duration) -> Stri
         Decision::Approved { .. } => String::new(),
         Decision::Denied { by, reason } if reason.is_empty() => format!("approval denied by {by}"),
         Decision::Denied { by, reason } => format!("approval denied by {by}: {reason}"),
-        Decision::Expired | Decision::Withdrawn => {
+        Decision::Withdrawn => "the call ended before anyone decided".into(),
+        Decision::Expired => {
             let who = if approvers.is_empty() {
                 "the caller".to_string()
             } else {
@@ -211,7 +221,7 @@ where
 {
     let mut request = call_request(state, host_id, spec);
     request.reason = rule_text(verdict, "requires approval");
-    let Some(decision) = ask(state, request, &verdict.approvers, emit).await else {
+    let Some(decision) = ask(state, request, &verdict.approvers, None, emit).await else {
         return Err((
             CallResult::not_run(CallStatus::Cancelled, "the caller went away"),
             false,
@@ -225,13 +235,14 @@ where
 }
 
 /// Decides a confined tool's request to run a command outside its sandbox, as the policy's
-/// `bypass` says (asking if need be). `None` when the caller went away.
+/// `bypass` says (asking if need be), or until the call ends. `None` when the caller went away.
 async fn decide_bypass<F, Fut>(
     state: &State,
     host_id: &str,
     spec: &CallSpec,
     verdict: &Verdict,
     bypass: &BypassRequest,
+    call_ended: &CancellationToken,
     emit: &mut F,
 ) -> Option<(bool, String)>
 where
@@ -258,7 +269,7 @@ where
         Bypass::Deny => (false, rule_text(verdict, "denies bypass requests")),
         Bypass::Ask => {
             request.reason = rule_text(verdict, "asks before a bypass");
-            let decision = ask(state, request, &verdict.approvers, emit).await?;
+            let decision = ask(state, request, &verdict.approvers, Some(call_ended), emit).await?;
             let approved = matches!(decision, Decision::Approved { .. });
             let why = match &decision {
                 Decision::Approved { by, .. } => format!("approved by {by}"),
@@ -399,9 +410,12 @@ where
                 match pump.step(&mut emit).await {
                     Step::Done(result, present) => break (result, present),
                     Step::Bypass(request) => {
-                        match decide_bypass(state, host_id, spec, &verdict, &request, &mut emit)
-                            .await
-                        {
+                        let ended = pump.handle.ended().clone();
+                        let decided = decide_bypass(
+                            state, host_id, spec, &verdict, &request, &ended, &mut emit,
+                        )
+                        .await;
+                        match decided {
                             Some((approved, why)) => {
                                 pump.handle.answer_bypass(&request, approved, why).await;
                             }

@@ -1,4 +1,9 @@
 //! One connected agent: its outbound queue, its in-flight calls, and per-call flow control.
+//!
+//! Architecture invariant: what the coordinator holds of one call's events is bounded whatever
+//! the agent sends. Output is queued only within the credit the call was given (the agent's own
+//! rule: it may send while its credit is above zero), and at most one bypass request waits for
+//! an answer; an agent that breaks either rule ends that call, not its link or its other calls.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +29,20 @@ pub enum AgentEvent {
     Finished(CallResult),
 }
 
+/// Where one call's events go, and what the agent may still send for it.
+#[derive(Debug)]
+struct Sink {
+    tx: mpsc::UnboundedSender<AgentEvent>,
+    /// Bytes of output the agent may still send: the first window and every grant since, less
+    /// what it sent. May end below zero by the last chunk, as the agent spends it.
+    credit: i64,
+    /// Bypass requests delivered and not yet answered: the agent asks one at a time.
+    unanswered: u32,
+    /// Cancelled when the call ends on the link's side: its result delivered, the link closed,
+    /// or the agent broke the protocol for it.
+    ended: CancellationToken,
+}
+
 /// A connected agent.
 #[derive(Debug)]
 pub struct Link {
@@ -33,7 +52,7 @@ pub struct Link {
     /// Unique across replicas: what this link's claim in etcd names (see `replicas`).
     pub link_id: String,
     tx: mpsc::Sender<CoordinatorMessage>,
-    calls: Mutex<HashMap<u64, mpsc::UnboundedSender<AgentEvent>>>,
+    calls: Mutex<HashMap<u64, Sink>>,
     next_call: AtomicU64,
     /// Cancelled when the connection ends.
     pub closed: CancellationToken,
@@ -80,7 +99,7 @@ impl Link {
         self.lock().len()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, mpsc::UnboundedSender<AgentEvent>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Sink>> {
         // The map stays consistent under panic: every operation on it is a single insert or remove.
         self.calls.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -105,7 +124,14 @@ impl Link {
         }
         let call_id = self.next_call.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
-        self.lock().insert(call_id, tx);
+        let ended = CancellationToken::new();
+        let sink = Sink {
+            tx,
+            credit: i64::try_from(self.window).unwrap_or(i64::MAX),
+            unanswered: 0,
+            ended: ended.clone(),
+        };
+        self.lock().insert(call_id, sink);
         start.call_id = call_id;
         start.initial_credit = self.window;
         let handle = CallHandle {
@@ -114,6 +140,7 @@ impl Link {
             rx,
             finished: false,
             ungranted: 0,
+            ended,
         };
         if self.closed.is_cancelled() || !self.send(Msg::Start(start)).await {
             return Err(CallResult::not_run(
@@ -127,19 +154,76 @@ impl Link {
         Ok(handle)
     }
 
-    /// Delivers an agent's message about a call. Never blocks: the credit window bounds what is queued.
+    /// Delivers an agent's message about a call. Never blocks, and queues only what the
+    /// protocol lets the agent send: output past the call's credit, or a second bypass request
+    /// before the first was answered, ends the call (cancelled on the agent) with a result
+    /// naming the breach. A message for a call that ended is dropped.
     pub fn deliver(&self, call_id: u64, event: AgentEvent) {
-        let finished = matches!(event, AgentEvent::Finished(_));
         let mut calls = self.lock();
-        let sink = if finished {
-            calls.remove(&call_id)
-        } else {
-            calls.get(&call_id).cloned()
+        let Some(sink) = calls.get_mut(&call_id) else {
+            return;
+        };
+        let breach = match &event {
+            AgentEvent::Output(chunk) => {
+                let n = i64::try_from(chunk.data.len()).unwrap_or(i64::MAX);
+                if sink.credit <= 0 && n > 0 {
+                    Some(format!(
+                        "host {} sent output for the call beyond the credit it was given",
+                        self.host_id
+                    ))
+                } else {
+                    sink.credit = sink.credit.saturating_sub(n);
+                    None
+                }
+            }
+            AgentEvent::Bypass(_) if sink.unanswered > 0 => Some(format!(
+                "host {} asked for a second command outside the sandbox before the first was answered",
+                self.host_id
+            )),
+            AgentEvent::Bypass(_) => {
+                sink.unanswered += 1;
+                None
+            }
+            AgentEvent::Finished(_) => None,
+        };
+        let finished = matches!(event, AgentEvent::Finished(_));
+        if breach.is_none() && !finished {
+            // The receiver may be gone (the client left); the cancel is already on its way.
+            let _ = sink.tx.send(event);
+            return;
+        }
+        let Some(sink) = calls.remove(&call_id) else {
+            return;
         };
         drop(calls);
-        if let Some(sink) = sink {
-            // The receiver may be gone (the client left); the cancel is already on its way.
-            let _ = sink.send(event);
+        sink.ended.cancel();
+        let event = match breach {
+            None => event,
+            Some(breach) => {
+                tracing::warn!(host = %self.host_id, call_id, "{breach}: the call is cancelled");
+                self.cancel_on_agent(call_id);
+                AgentEvent::Finished(CallResult::not_run(
+                    CallStatus::Lost,
+                    format!(
+                        "{breach} (a broken or compromised agent); the call was cancelled there \
+                         and its outcome is unknown"
+                    ),
+                ))
+            }
+        };
+        let _ = sink.tx.send(event);
+    }
+
+    /// Tells the agent to kill a call, without waiting for room in the link's queue.
+    fn cancel_on_agent(&self, call_id: u64) {
+        let cancel = CoordinatorMessage {
+            msg: Some(Msg::Cancel(CancelCall { call_id })),
+        };
+        if let Err(mpsc::error::TrySendError::Full(cancel)) = self.tx.try_send(cancel) {
+            let tx = self.tx.clone();
+            tokio::spawn(async move {
+                let _ = tx.send(cancel).await;
+            });
         }
     }
 
@@ -149,7 +233,8 @@ impl Link {
         self.closed.cancel();
         let calls: Vec<_> = self.lock().drain().collect();
         for (_, sink) in calls {
-            let _ = sink.send(AgentEvent::Finished(CallResult::not_run(
+            sink.ended.cancel();
+            let _ = sink.tx.send(AgentEvent::Finished(CallResult::not_run(
                 CallStatus::Lost,
                 format!("host {}: {reason}", self.host_id),
             )));
@@ -166,6 +251,7 @@ pub struct CallHandle {
     finished: bool,
     /// Bytes consumed by the caller but not yet granted back to the agent.
     ungranted: u64,
+    ended: CancellationToken,
 }
 
 impl CallHandle {
@@ -188,8 +274,17 @@ impl CallHandle {
         Some(event)
     }
 
+    /// Fires when the call has ended on the link's side (its result is queued, or will not
+    /// come): nothing asked on its behalf is worth waiting for any more.
+    pub fn ended(&self) -> &CancellationToken {
+        &self.ended
+    }
+
     /// Answers a bypass request of this call.
     pub async fn answer_bypass(&self, request: &BypassRequest, approved: bool, reason: String) {
+        if let Some(sink) = self.link.lock().get_mut(&self.call_id) {
+            sink.unanswered = sink.unanswered.saturating_sub(1);
+        }
         let decision = BypassDecision {
             call_id: self.call_id,
             request_id: request.request_id,
@@ -209,6 +304,10 @@ impl CallHandle {
                 bytes: self.ungranted,
             };
             self.ungranted = 0;
+            if let Some(sink) = self.link.lock().get_mut(&self.call_id) {
+                let granted = i64::try_from(credit.bytes).unwrap_or(i64::MAX);
+                sink.credit = sink.credit.saturating_add(granted);
+            }
             self.link.send(Msg::Credit(credit)).await;
         }
     }
@@ -221,17 +320,7 @@ impl Drop for CallHandle {
         }
         // The caller went away mid-call: forget the call and tell the agent to kill it.
         self.link.lock().remove(&self.call_id);
-        let cancel = CoordinatorMessage {
-            msg: Some(Msg::Cancel(CancelCall {
-                call_id: self.call_id,
-            })),
-        };
-        if let Err(mpsc::error::TrySendError::Full(cancel)) = self.link.tx.try_send(cancel) {
-            let tx = self.link.tx.clone();
-            tokio::spawn(async move {
-                let _ = tx.send(cancel).await;
-            });
-        }
+        self.link.cancel_on_agent(self.call_id);
     }
 }
 
@@ -349,6 +438,129 @@ mod tests {
         }
         let refused = link.start_call(start()).await.unwrap_err();
         assert_eq!(refused.status, CallStatus::Lost as i32);
+    }
+
+    fn bypass(request_id: u64) -> AgentEvent {
+        AgentEvent::Bypass(BypassRequest {
+            call_id: 1,
+            request_id,
+            argv: vec!["true".into()],
+            ..BypassRequest::default()
+        })
+    }
+
+    /// Reads the call's events to its result; the bytes of output before it.
+    async fn drain(call: &mut CallHandle) -> (usize, CallResult) {
+        let mut bytes = 0;
+        loop {
+            match call.next().await {
+                Some(AgentEvent::Output(chunk)) => bytes += chunk.data.len(),
+                Some(AgentEvent::Finished(result)) => return (bytes, result),
+                Some(AgentEvent::Bypass(_)) => {}
+                None => panic!("no result"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn output_past_the_credit_ends_that_call_alone() {
+        let (link, mut rx) = link(1000);
+        let mut call = link.start_call(start()).await.unwrap();
+        let mut other = link.start_call(start()).await.unwrap();
+        let (_a, _b) = (next_msg(&mut rx), next_msg(&mut rx));
+        // The agent's own rule: it may send while its credit is above zero, so its last chunk
+        // may overshoot the window.
+        link.deliver(1, chunk(900));
+        link.deliver(1, chunk(900));
+        assert!(!call.ended().is_cancelled());
+        // Its credit is spent: more is a breach, and nothing more is queued for the call.
+        link.deliver(1, chunk(1));
+        for _ in 0..100 {
+            link.deliver(1, chunk(1 << 20));
+        }
+        assert!(call.ended().is_cancelled());
+        match next_msg(&mut rx) {
+            Some(Msg::Cancel(c)) => assert_eq!(c.call_id, 1),
+            other => panic!("cancel expected, got {other:?}"),
+        }
+        let (bytes, result) = drain(&mut call).await;
+        assert_eq!(bytes, 1800, "what the credit allowed reaches the caller");
+        assert_eq!(result.status, CallStatus::Lost as i32);
+        assert!(
+            result
+                .message
+                .contains("host web-1 sent output for the call beyond the credit"),
+            "{}",
+            result.message
+        );
+        // The link and its other call go on.
+        assert!(!link.closed.is_cancelled());
+        link.deliver(2, chunk(500));
+        link.deliver(
+            2,
+            AgentEvent::Finished(CallResult::not_run(CallStatus::Ok, "")),
+        );
+        let (bytes, result) = drain(&mut other).await;
+        assert_eq!((bytes, result.status), (500, CallStatus::Ok as i32));
+    }
+
+    #[tokio::test]
+    async fn credit_granted_back_lets_the_agent_send_more() {
+        let (link, mut rx) = link(1000);
+        let mut call = link.start_call(start()).await.unwrap();
+        let _start = next_msg(&mut rx);
+        // Three windows' worth, each chunk sent only once the grant for the last came.
+        for _ in 0..6 {
+            link.deliver(1, chunk(500));
+            assert!(matches!(call.next().await, Some(AgentEvent::Output(_))));
+            call.consumed(500).await;
+            assert!(matches!(next_msg(&mut rx), Some(Msg::Credit(_))));
+        }
+        assert!(!call.ended().is_cancelled(), "an agent within its credit");
+    }
+
+    #[tokio::test]
+    async fn a_second_bypass_request_before_the_first_is_answered_ends_the_call() {
+        let (link, mut rx) = link(1000);
+        let mut call = link.start_call(start()).await.unwrap();
+        let _start = next_msg(&mut rx);
+        link.deliver(1, bypass(1));
+        let Some(AgentEvent::Bypass(first)) = call.next().await else {
+            panic!("the first request reaches the call");
+        };
+        call.answer_bypass(&first, false, "no".into()).await;
+        assert!(matches!(next_msg(&mut rx), Some(Msg::Bypass(_))));
+        // Answered: the next one is in order.
+        link.deliver(1, bypass(2));
+        assert!(!call.ended().is_cancelled());
+        // Another before that one's answer is a breach.
+        link.deliver(1, bypass(3));
+        assert!(call.ended().is_cancelled());
+        assert!(matches!(next_msg(&mut rx), Some(Msg::Cancel(_))));
+        let (_, result) = drain(&mut call).await;
+        assert_eq!(result.status, CallStatus::Lost as i32);
+        assert!(
+            result
+                .message
+                .contains("a second command outside the sandbox"),
+            "{}",
+            result.message
+        );
+    }
+
+    #[tokio::test]
+    async fn a_call_s_end_on_the_link_side_is_signalled() {
+        let (link, _rx) = link(1000);
+        let a = link.start_call(start()).await.unwrap();
+        let b = link.start_call(start()).await.unwrap();
+        link.deliver(
+            1,
+            AgentEvent::Finished(CallResult::not_run(CallStatus::Ok, "")),
+        );
+        assert!(a.ended().is_cancelled(), "its result came");
+        assert!(!b.ended().is_cancelled());
+        link.close("lost");
+        assert!(b.ended().is_cancelled(), "its link closed");
     }
 
     #[tokio::test]
