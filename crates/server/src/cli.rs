@@ -31,16 +31,26 @@ pub struct Cli {
 #[derive(Debug, Args)]
 pub struct LogArgs {
     /// Log filter, e.g. `info` or `toolsrv_coordinator=debug`
-    #[arg(long, global = true, env = "TOOLSRV_LOG", default_value = "info")]
+    #[arg(long, global = true, env = "TOOLSRV_LOG", default_value = "info", value_parser = log_filter)]
     log_level: String,
-    /// `text` or `json` (one JSON object per line)
+    /// `text`, or `json` (one JSON object per line)
     #[arg(
         long,
         global = true,
         env = "TOOLSRV_LOG_FORMAT",
-        default_value = "text"
+        default_value = "text",
+        value_parser = ["text", "json"]
     )]
     log_format: String,
+}
+
+/// A log filter as `tracing` reads it, refused here rather than replaced by `info` unseen.
+fn log_filter(value: &str) -> Result<String, String> {
+    tracing_subscriber::EnvFilter::try_new(value)
+        .map(|_| value.to_string())
+        .map_err(|e| {
+            format!("{e} (a level such as `info`, or `target=level` pairs joined by commas)")
+        })
 }
 
 #[derive(Debug, Subcommand)]
@@ -1060,3 +1070,35 @@ const METRICS_LISTEN_HINT: &str =
 /// What to do when the health port cannot listen.
 const HEALTH_LISTEN_HINT: &str =
     "another process uses the port: pick another with --health-listen (TOOLSRV_HEALTH_LISTEN)";
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use clap::Parser;
+
+    use super::Cli;
+
+    fn refusal(args: &[&str]) -> String {
+        let argv = ["toolsrv"]
+            .iter()
+            .chain(args)
+            .chain(&["pki", "init", "/nowhere"]);
+        Cli::try_parse_from(argv).unwrap_err().to_string()
+    }
+
+    /// A log setting that would be read as something else is a usage error, not `info` or
+    /// plain text in place of what was asked.
+    #[test]
+    fn log_settings_that_do_not_read_are_refused() {
+        let wrong = refusal(&["--log-format", "jsn"]);
+        assert!(wrong.contains("possible values: text, json"), "{wrong}");
+        let wrong = refusal(&["--log-level", "toolsrv=loud"]);
+        assert!(wrong.contains("'toolsrv=loud' for '--log-level"), "{wrong}");
+        assert!(wrong.contains("target=level"), "{wrong}");
+        for good in ["info", "toolsrv_coordinator=debug,warn", "off"] {
+            let argv = ["toolsrv", "--log-level", good, "--log-format", "json"];
+            let cli = Cli::try_parse_from(argv.iter().chain(&["pki", "init", "/x"]));
+            assert!(cli.is_ok(), "{good}");
+        }
+    }
+}
