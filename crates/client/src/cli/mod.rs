@@ -466,11 +466,22 @@ pub const COMPLETE_VAR: &str = "TOOLCTL_COMPLETE";
 pub fn main() -> ExitCode {
     toolsrv_tls::install_crypto_provider();
     use std::io::IsTerminal;
+    let filter = match std::env::var("TOOLCTL_LOG") {
+        Err(std::env::VarError::NotPresent) => "warn".into(),
+        Ok(text) => tracing_subscriber::EnvFilter::try_new(&text).unwrap_or_else(|e| {
+            quote::say(format!(
+                "TOOLCTL_LOG={}: {e}; logging warnings only",
+                quote::quoted(&text)
+            ));
+            "warn".into()
+        }),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            quote::say("TOOLCTL_LOG is not UTF-8; logging warnings only");
+            "warn".into()
+        }
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TOOLCTL_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
+        .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .with_writer(std::io::stderr)
         .init();
