@@ -40,6 +40,8 @@ const MAX_CALL_MESSAGE_BYTES: usize = 4096;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// The path of the `Attach` method.
 const ATTACH_PATH: &str = "/toolsrv.v1.AgentLink/Attach";
+/// How long a goodbye at shutdown waits for room in a link's queue.
+const GOODBYE_WAIT: Duration = Duration::from_secs(2);
 /// Blob bytes per message.
 const BLOB_CHUNK: usize = 64 << 10;
 
@@ -139,7 +141,7 @@ impl AgentLinkService {
         caller: Caller,
         mut inbound: S,
         received: Arc<Received>,
-    ) -> Result<ReceiverStream<CoordinatorMessage>, Status>
+    ) -> Result<impl Stream<Item = CoordinatorMessage> + Send + 'static, Status>
     where
         S: Stream<Item = Result<AgentMessage, Status>> + Unpin + Send + 'static,
     {
@@ -148,12 +150,11 @@ impl AgentLinkService {
         let (tx, rx) = mpsc::channel(256);
         let state = self.state.clone();
         let generation = state.fleet.next_generation();
-        let link = Arc::new(Link::new(
-            id.clone(),
-            generation,
-            tx,
-            state.config.credit_window,
-        ));
+        let link = Arc::new(
+            Link::new(id.clone(), generation, tx, state.config.credit_window)
+                .stalling_after(state.config.stalled_after),
+        );
+        let taken = link.taken();
         tracing::info!(host = %id, version = ?hello.agent_version, "agent attached");
         let mut entry = HostEntry {
             id: id.clone(),
@@ -209,7 +210,11 @@ impl AgentLinkService {
                 replicas.release(&link.host_id, &link.link_id);
             }
         });
-        Ok(ReceiverStream::new(rx))
+        // Each message the connection takes is the agent reading: see `Link::send`.
+        Ok(ReceiverStream::new(rx).map(move |message| {
+            taken.fetch_add(1, Ordering::Relaxed);
+            message
+        }))
     }
 
     /// `Attach` with the lean framing of [`crate::framing`].
@@ -355,7 +360,7 @@ where
     let mut settings = state.settings_applied.subscribe();
     let mut grants = grants_for(state, &link.host_id);
     if !link.send(Msg::Sandbox(grants.clone())).await {
-        return "the agent went away".into();
+        return gone(link);
     }
     let mut catalogs = state.registry.subscribe();
     let mut shipped = Shipped::default();
@@ -376,7 +381,7 @@ where
             let catalog = catalogs.borrow_and_update().clone();
             for update in shipped.updates(&catalog) {
                 if !link.send(Msg::Catalog(update)).await {
-                    return "the agent went away".into();
+                    return gone(link);
                 }
             }
         }
@@ -385,7 +390,9 @@ where
         tokio::select! {
             biased;
             () = state.shutdown.cancelled() => {
-                link.send(Msg::Goodbye(Goodbye { reason: "coordinator shutting down".into() })).await;
+                // Said if the agent has room for it: a stalled one does not hold the shutdown.
+                let goodbye = Msg::Goodbye(Goodbye { reason: "coordinator shutting down".into() });
+                let _ = tokio::time::timeout(GOODBYE_WAIT, link.send(goodbye)).await;
                 return "coordinator shutting down".into();
             }
             () = link.closed.cancelled() => {
@@ -415,7 +422,7 @@ where
                 if now != grants {
                     grants = now;
                     if !link.send(Msg::Sandbox(grants.clone())).await {
-                        return "the agent went away".into();
+                        return gone(link);
                     }
                 }
             }
@@ -460,6 +467,12 @@ where
             }
         }
     }
+}
+
+/// Why a link whose message could not be queued ended: the stall that closed it, or the agent
+/// gone.
+fn gone(link: &Link) -> String {
+    link.close_reason().unwrap_or("the agent went away").into()
 }
 
 /// The policy's sandbox grants for host `id`, as it is now.

@@ -108,6 +108,10 @@ pub struct CoordinatorConfig {
     pub max_requests_per_identity: usize,
     /// Output bytes a call may have in flight between agent and caller.
     pub credit_window: u64,
+    /// An agent link whose queue stays full this long with the agent reading none of it is
+    /// closed (the agent reconnects; its calls end as LOST) instead of holding what waits to be
+    /// sent, calls to the host among them, for ever.
+    pub stalled_after: Duration,
     pub policy: Option<PathBuf>,
     /// JSON-lines audit file; `None` logs audit records under the `audit` target.
     pub audit_log: Option<PathBuf>,
@@ -168,6 +172,7 @@ impl CoordinatorConfig {
             max_connections_per_identity: toolsrv_tls::MAX_OPEN_PER_IDENTITY,
             max_requests_per_identity: streams::DEFAULT_MAX_PER_IDENTITY,
             credit_window: 1 << 20,
+            stalled_after: link::DEFAULT_STALLED_AFTER,
             policy: None,
             audit_log: None,
             host_labels: None,

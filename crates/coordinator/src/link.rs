@@ -4,10 +4,16 @@
 //! the agent sends. Output is queued only within the credit the call was given (the agent's own
 //! rule: it may send while its credit is above zero), and at most one bypass request waits for
 //! an answer; an agent that breaks either rule ends that call, not its link or its other calls.
+//!
+//! Architecture invariant: nothing waits without end for an agent to read. A message waits for
+//! room in the link's queue only while the agent takes some of what was queued; when it has
+//! taken nothing for the link's stall limit, the link is closed (its calls end as LOST) and the
+//! agent may connect again.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -19,6 +25,10 @@ use toolsrv_proto::v1::{
 
 /// Room for what wraps a `StartCall` on the wire (message tags, the call id and credit set later).
 const START_SLACK: usize = 64;
+
+/// How long the link's queue may stay full with the agent taking none of it before the link is
+/// closed, unless [`Link::stalling_after`] says otherwise.
+pub const DEFAULT_STALLED_AFTER: Duration = Duration::from_secs(60);
 
 /// Something that happened to a call on the agent.
 #[derive(Debug)]
@@ -60,6 +70,9 @@ pub struct Link {
     close_reason: std::sync::OnceLock<String>,
     /// Bytes of output a call may have in flight before the coordinator grants more.
     window: u64,
+    /// Messages the connection has taken from the queue: whether the agent reads at all.
+    taken: Arc<AtomicU64>,
+    stalled_after: Duration,
 }
 
 impl Link {
@@ -79,7 +92,21 @@ impl Link {
             closed: CancellationToken::new(),
             close_reason: std::sync::OnceLock::new(),
             window,
+            taken: Arc::default(),
+            stalled_after: DEFAULT_STALLED_AFTER,
         }
+    }
+
+    /// The link closes when its queue stays full for `limit` with nothing taken from it.
+    pub fn stalling_after(mut self, limit: Duration) -> Self {
+        self.stalled_after = limit;
+        self
+    }
+
+    /// The counter the connection's outbound stream adds each message it takes to (see
+    /// [`Link::send`]).
+    pub fn taken(&self) -> Arc<AtomicU64> {
+        self.taken.clone()
     }
 
     /// Why [`Link::close`] closed the link, if it did.
@@ -87,12 +114,27 @@ impl Link {
         self.close_reason.get().map(String::as_str)
     }
 
-    /// Queues a message for the agent; false when the connection is gone.
+    /// Queues a message for the agent; false when the connection is gone, or when the queue
+    /// stayed full for the stall limit with the agent taking nothing from it (the link is then
+    /// closed, saying so). While the agent takes messages, however slowly, this waits its turn.
     pub async fn send(&self, msg: Msg) -> bool {
-        self.tx
-            .send(CoordinatorMessage { msg: Some(msg) })
-            .await
-            .is_ok()
+        let permit = loop {
+            let taken = self.taken.load(Ordering::Relaxed);
+            match tokio::time::timeout(self.stalled_after, self.tx.reserve()).await {
+                Ok(Ok(permit)) => break permit,
+                Ok(Err(_)) => return false,
+                Err(_) if self.taken.load(Ordering::Relaxed) != taken => {}
+                Err(_) => {
+                    self.close(&format!(
+                        "stalled: the agent read nothing it was sent for {} s",
+                        self.stalled_after.as_secs_f64()
+                    ));
+                    return false;
+                }
+            }
+        };
+        permit.send(CoordinatorMessage { msg: Some(msg) });
+        true
     }
 
     pub fn calls_in_flight(&self) -> usize {
@@ -561,6 +603,72 @@ mod tests {
         assert!(!b.ended().is_cancelled());
         link.close("lost");
         assert!(b.ended().is_cancelled(), "its link closed");
+    }
+
+    /// A link whose queue holds two messages, closing after 5 s with nothing taken.
+    fn stalling_link() -> (Arc<Link>, mpsc::Receiver<CoordinatorMessage>) {
+        let (tx, rx) = mpsc::channel(2);
+        let link = Link::new("web-1".into(), 7, tx, 1000).stalling_after(Duration::from_secs(5));
+        (Arc::new(link), rx)
+    }
+
+    fn keepalive() -> Msg {
+        Msg::Keepalive(toolsrv_proto::v1::Keepalive::default())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_link_whose_agent_reads_nothing_closes_after_the_stall_limit() {
+        let (link, _rx) = stalling_link();
+        let mut call = link.start_call(start()).await.unwrap();
+        assert!(link.send(keepalive()).await, "room for two");
+        let started = tokio::time::Instant::now();
+        assert!(!link.send(keepalive()).await, "the queue stayed full");
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+        assert!(link.closed.is_cancelled());
+        let reason = link.close_reason().unwrap();
+        assert!(
+            reason.contains("stalled: the agent read nothing"),
+            "{reason}"
+        );
+        let (_, result) = drain(&mut call).await;
+        assert_eq!(result.status, CallStatus::Lost as i32);
+        assert!(
+            link.start_call(start()).await.is_err(),
+            "a new call waits no more"
+        );
+    }
+
+    /// Eight senders at once behind a reader taking a message every 2 s: the last waits 12 s
+    /// for its turn, past the 5 s limit, but the agent was reading all along.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_reader_is_waited_for() {
+        let (link, mut rx) = stalling_link();
+        let taken = link.taken();
+        let reader = tokio::spawn(async move {
+            let mut read = 0;
+            loop {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                if rx.recv().await.is_none() {
+                    return read;
+                }
+                taken.fetch_add(1, Ordering::Relaxed);
+                read += 1;
+            }
+        });
+        let started = tokio::time::Instant::now();
+        let senders: Vec<_> = (0..8)
+            .map(|_| {
+                let link = link.clone();
+                tokio::spawn(async move { link.send(keepalive()).await })
+            })
+            .collect();
+        for sender in senders {
+            assert!(sender.await.unwrap(), "sent");
+        }
+        assert!(started.elapsed() >= Duration::from_secs(10));
+        assert!(!link.closed.is_cancelled());
+        drop(link);
+        assert_eq!(reader.await.unwrap(), 8);
     }
 
     #[tokio::test]
