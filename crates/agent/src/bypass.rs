@@ -23,7 +23,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
@@ -128,7 +128,7 @@ pub(crate) struct CallSide {
     /// The end of the call's time: waits and commands end by then.
     pub deadline: Instant,
     pub cancel: CancellationToken,
-    pub out: mpsc::Sender<AgentMessage>,
+    pub out: toolsrv_proto::outbound::Outbound<AgentMessage>,
     pub pending: Arc<Pending>,
 }
 

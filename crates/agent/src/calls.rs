@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use toolsrv_confine::{CallPlan, Confiner, Grant, grant_for};
@@ -43,7 +43,7 @@ pub(crate) struct CallEnv {
     pub workdir: PathBuf,
     /// One permit per call allowed to run at once.
     pub slots: Arc<Semaphore>,
-    pub out: mpsc::Sender<AgentMessage>,
+    pub out: toolsrv_proto::outbound::Outbound<AgentMessage>,
     /// Where shipped executables are checked before they run, and fetched again if altered.
     pub store: CatalogStore,
     pub blobs: GrpcBlobs,

@@ -42,6 +42,9 @@ pub struct AgentConfig {
     pub backoff: Backoff,
     /// On shutdown, how long in-flight calls may finish before they are cancelled.
     pub drain_grace: Duration,
+    /// A link whose queue to the coordinator stays full this long with the coordinator reading
+    /// none of it is given up on (and connected again) instead of waited on for ever.
+    pub stalled_after: Duration,
     /// How calls are confined. `hidden` lists private files beyond the ones the agent hides
     /// anyway: its state directory and TLS files (and the directory of its key).
     pub sandbox: toolsrv_confine::Settings,
@@ -75,6 +78,7 @@ impl AgentConfig {
             recheck_every: DEFAULT_RECHECK_EVERY,
             backoff: Backoff::default(),
             drain_grace: DEFAULT_DRAIN_GRACE,
+            stalled_after: toolsrv_proto::outbound::DEFAULT_STALLED_AFTER,
             sandbox: toolsrv_confine::Settings::new(Vec::new()),
             metrics_listen: None,
             enroll: None,

@@ -162,7 +162,7 @@ pub(crate) struct KeeperChannels {
     pub updates: mpsc::Receiver<CatalogUpdate>,
     /// Where calls find the current catalog.
     pub catalog: watch::Sender<Arc<Catalog>>,
-    pub out: mpsc::Sender<AgentMessage>,
+    pub out: toolsrv_proto::outbound::Outbound<AgentMessage>,
     pub recheck_every: Duration,
     pub stop: CancellationToken,
     pub metrics: crate::AgentMetrics,

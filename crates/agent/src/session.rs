@@ -17,13 +17,13 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::{Instant, sleep_until, timeout};
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 use tonic::transport::Channel;
 use toolsrv_confine::Confiner;
 use toolsrv_meta::Host;
 use toolsrv_proto::limits::MAX_MESSAGE_BYTES;
+use toolsrv_proto::outbound::{self, NotSent, Outbound};
 use toolsrv_proto::received::Received;
 use toolsrv_proto::v1::agent_link_client::AgentLinkClient;
 use toolsrv_proto::v1::agent_message::Msg as Out;
@@ -78,7 +78,7 @@ pub(crate) async fn session(
     shutdown: &CancellationToken,
     welcomed: &mut bool,
 ) -> Result<SessionEnd, AgentError> {
-    let (out, out_rx) = mpsc::channel(OUTBOUND_CAPACITY);
+    let (out, out_rx) = outbound::channel(OUTBOUND_CAPACITY, agent.config.stalled_after);
     let first = AgentMessage {
         msg: Some(Out::Hello(hello(
             &agent.config,
@@ -93,7 +93,7 @@ pub(crate) async fn session(
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let mut inbound = tokio::select! {
-        attached = client.attach(ReceiverStream::new(out_rx)) => attached
+        attached = client.attach(out_rx) => attached
             .map_err(|status| AgentError::Rpc { what: "opening the agent link", status })?
             .into_inner(),
         () = shutdown.cancelled() => return Ok(SessionEnd::Shutdown),
@@ -238,7 +238,7 @@ struct Running {
 /// The state of one session's main loop (the coordinator's side of a connection is its `Link`).
 struct SessionLoop<'a> {
     config: &'a AgentConfig,
-    out: mpsc::Sender<AgentMessage>,
+    out: Outbound<AgentMessage>,
     updates: mpsc::Sender<CatalogUpdate>,
     env: Arc<CallEnv>,
     calls: HashMap<u64, Running>,
@@ -461,8 +461,14 @@ impl SessionLoop<'_> {
         self.out
             .send(AgentMessage { msg: Some(msg) })
             .await
-            .map_err(|_| {
-                AgentError::LinkLost("the outbound stream to the coordinator closed".into())
+            .map_err(|e| {
+                AgentError::LinkLost(match e {
+                    NotSent::Closed => "the outbound stream to the coordinator closed".into(),
+                    NotSent::Stalled(after) => format!(
+                        "stalled: the coordinator read nothing the agent sent for {} s",
+                        after.as_secs_f64()
+                    ),
+                })
             })
     }
 

@@ -16,7 +16,8 @@ use toolsrv_agent::{AgentConfig, AgentError, Backoff, run_with_connector};
 use toolsrv_proto::v1::agent_message::Msg as Out;
 use toolsrv_proto::v1::coordinator_message::Msg as In;
 use toolsrv_proto::v1::{
-    CallStatus, CancelCall, CatalogUpdate, Credit, Goodbye, Keepalive, StartCall, Welcome,
+    CallStatus, CancelCall, CatalogUpdate, CoordinatorMessage, Credit, Goodbye, Keepalive,
+    StartCall, Welcome,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -49,6 +50,14 @@ impl Harness {
     /// An agent whose state lives in `state` (a second agent over the state of a stopped one is
     /// that agent restarted).
     async fn start_in(drain_grace: Duration, state: std::sync::Arc<tempfile::TempDir>) -> Self {
+        Self::start_configured(state, |config| config.drain_grace = drain_grace).await
+    }
+
+    /// An agent whose state lives in `state`, its configuration adjusted by `configure`.
+    async fn start_configured(
+        state: std::sync::Arc<tempfile::TempDir>,
+        configure: impl FnOnce(&mut AgentConfig),
+    ) -> Self {
         let stop_server = CancellationToken::new();
         let (addr, fake, attaches) = serve(stop_server.clone()).await;
         let tls = toolsrv_tls::TlsFiles {
@@ -66,12 +75,12 @@ impl Harness {
         config.max_concurrent_calls = 4;
         config.workdir = state.path().to_path_buf();
         config.recheck_every = Duration::from_millis(100);
-        config.drain_grace = drain_grace;
         config.limits.kill_grace = Duration::from_millis(200);
         config.backoff = Backoff {
             initial: Duration::from_millis(10),
             max: Duration::from_millis(50),
         };
+        configure(&mut config);
         let shutdown = CancellationToken::new();
         let url = format!("http://{addr}");
         let agent = tokio::spawn(run_with_connector(config, shutdown.clone(), move || {
@@ -331,6 +340,60 @@ async fn reconnects_after_refusal_silence_goodbye_and_bad_first_message() {
     let link2 = h.attach().await;
     drop(link);
     drop(link2);
+    h.shutdown.cancel();
+    h.stopped().await.unwrap();
+}
+
+/// A coordinator that keeps talking but reads nothing the agent sends (wedged, while its
+/// connection still answers HTTP/2 pings): once the agent's queue has stayed full for the stall
+/// limit with nothing taken, the agent gives the link up and connects again. Before, it waited
+/// for room for ever: its session never judged the coordinator again, and it never reconnected
+/// (to another replica, say).
+#[tokio::test]
+async fn a_coordinator_that_reads_nothing_is_given_up_on() {
+    let state = std::sync::Arc::new(tempfile::tempdir().unwrap());
+    let mut h = Harness::start_configured(state, |config| {
+        config.drain_grace = Duration::from_secs(1);
+        config.stalled_after = Duration::from_secs(2);
+    })
+    .await;
+    let mut link = h.ready().await;
+    link.send(In::Catalog(CatalogUpdate {
+        revision: 6,
+        full: false,
+        upserts: vec![doc("spew", r#"{"cmd":"yes"}"#, None)],
+        removals: vec![],
+        more: false,
+    }))
+    .await;
+    match link.next(WAIT).await {
+        Some(Out::View(view)) => assert_eq!(view.catalog_revision, 6),
+        other => panic!("expected a HostView, got {other:?}"),
+    }
+    // Output without end and all the credit it could want; from here on, nothing is read.
+    link.send(start(1, "spew", "", u64::MAX / 2)).await;
+    let talking = tokio::spawn({
+        let to_agent = link.to_agent.clone();
+        async move {
+            loop {
+                let keepalive = In::Keepalive(Keepalive {
+                    sent_unix_ms: 0,
+                    interval_ms: 0,
+                });
+                let message = CoordinatorMessage {
+                    msg: Some(keepalive),
+                };
+                if to_agent.send(Ok(message)).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    });
+    let again = h.attach().await;
+    talking.abort();
+    drop(link);
+    drop(again);
     h.shutdown.cancel();
     h.stopped().await.unwrap();
 }

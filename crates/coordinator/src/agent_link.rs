@@ -15,6 +15,7 @@ use tonic::codegen::{BoxFuture, Service, http};
 use tonic::server::NamedService;
 use tonic::{Request, Response, Status, Streaming};
 use toolsrv_proto::limits::MAX_MESSAGE_BYTES;
+use toolsrv_proto::outbound::{self, Taken};
 use toolsrv_proto::received::Received;
 use toolsrv_proto::text::printable_line;
 use toolsrv_proto::v1::agent_link_server::{AgentLink, AgentLinkServer};
@@ -141,20 +142,21 @@ impl AgentLinkService {
         caller: Caller,
         mut inbound: S,
         received: Arc<Received>,
-    ) -> Result<impl Stream<Item = CoordinatorMessage> + Send + 'static, Status>
+    ) -> Result<Taken<CoordinatorMessage>, Status>
     where
         S: Stream<Item = Result<AgentMessage, Status>> + Unpin + Send + 'static,
     {
         let id = caller.name;
         let hello = read_hello(&mut inbound, &id).await?;
-        let (tx, rx) = mpsc::channel(256);
         let state = self.state.clone();
+        let (tx, rx) = outbound::channel(256, state.config.stalled_after);
         let generation = state.fleet.next_generation();
-        let link = Arc::new(
-            Link::new(id.clone(), generation, tx, state.config.credit_window)
-                .stalling_after(state.config.stalled_after),
-        );
-        let taken = link.taken();
+        let link = Arc::new(Link::new(
+            id.clone(),
+            generation,
+            tx,
+            state.config.credit_window,
+        ));
         tracing::info!(host = %id, version = ?hello.agent_version, "agent attached");
         let mut entry = HostEntry {
             id: id.clone(),
@@ -210,11 +212,7 @@ impl AgentLinkService {
                 replicas.release(&link.host_id, &link.link_id);
             }
         });
-        // Each message the connection takes is the agent reading: see `Link::send`.
-        Ok(ReceiverStream::new(rx).map(move |message| {
-            taken.fetch_add(1, Ordering::Relaxed);
-            message
-        }))
+        Ok(rx)
     }
 
     /// `Attach` with the lean framing of [`crate::framing`].

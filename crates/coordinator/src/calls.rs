@@ -554,7 +554,6 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use std::sync::Arc;
 
-    use tokio::sync::mpsc;
     use toolsrv_proto::v1::OutputStream;
 
     use super::*;
@@ -577,9 +576,9 @@ mod tests {
     ) -> (
         Arc<Link>,
         CallHandle,
-        mpsc::Receiver<toolsrv_proto::v1::CoordinatorMessage>,
+        toolsrv_proto::outbound::Taken<toolsrv_proto::v1::CoordinatorMessage>,
     ) {
-        let (tx, rx) = mpsc::channel(64);
+        let (tx, rx) = toolsrv_proto::outbound::channel(64, crate::link::DEFAULT_STALLED_AFTER);
         let link = Arc::new(Link::new("a".into(), 1, tx, window));
         let handle = link.start_call(StartCall::default()).await.unwrap();
         (link, handle, rx)

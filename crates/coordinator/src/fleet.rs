@@ -630,7 +630,7 @@ mod tests {
 
     fn connected(id: &str, fleet: &Fleet) -> (HostEntry, u64) {
         let generation = fleet.next_generation();
-        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let (tx, rx) = toolsrv_proto::outbound::channel(8, crate::link::DEFAULT_STALLED_AFTER);
         // The receiver is leaked on purpose: the link must look alive for these tests.
         std::mem::forget(rx);
         let mut e = entry(id);

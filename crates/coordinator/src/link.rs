@@ -5,19 +5,18 @@
 //! rule: it may send while its credit is above zero), and at most one bypass request waits for
 //! an answer; an agent that breaks either rule ends that call, not its link or its other calls.
 //!
-//! Architecture invariant: nothing waits without end for an agent to read. A message waits for
-//! room in the link's queue only while the agent takes some of what was queued; when it has
-//! taken nothing for the link's stall limit, the link is closed (its calls end as LOST) and the
-//! agent may connect again.
+//! Nothing waits without end for an agent to read: the link's queue is a
+//! [`toolsrv_proto::outbound`] one, and a send it refuses as stalled closes the link (its calls
+//! end as LOST; the agent may connect again).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use toolsrv_proto::limits::MAX_MESSAGE_BYTES;
+use toolsrv_proto::outbound::{NotSent, Outbound};
 use toolsrv_proto::v1::{
     BypassDecision, BypassRequest, CallResult, CallStatus, CancelCall, CoordinatorMessage, Credit,
     OutputChunk, StartCall, coordinator_message::Msg,
@@ -26,9 +25,7 @@ use toolsrv_proto::v1::{
 /// Room for what wraps a `StartCall` on the wire (message tags, the call id and credit set later).
 const START_SLACK: usize = 64;
 
-/// How long the link's queue may stay full with the agent taking none of it before the link is
-/// closed, unless [`Link::stalling_after`] says otherwise.
-pub const DEFAULT_STALLED_AFTER: Duration = Duration::from_secs(60);
+pub use toolsrv_proto::outbound::DEFAULT_STALLED_AFTER;
 
 /// Something that happened to a call on the agent.
 #[derive(Debug)]
@@ -61,7 +58,7 @@ pub struct Link {
     pub generation: u64,
     /// Unique across replicas: what this link's claim in etcd names (see `replicas`).
     pub link_id: String,
-    tx: mpsc::Sender<CoordinatorMessage>,
+    tx: Outbound<CoordinatorMessage>,
     calls: Mutex<HashMap<u64, Sink>>,
     next_call: AtomicU64,
     /// Cancelled when the connection ends.
@@ -70,16 +67,13 @@ pub struct Link {
     close_reason: std::sync::OnceLock<String>,
     /// Bytes of output a call may have in flight before the coordinator grants more.
     window: u64,
-    /// Messages the connection has taken from the queue: whether the agent reads at all.
-    taken: Arc<AtomicU64>,
-    stalled_after: Duration,
 }
 
 impl Link {
     pub fn new(
         host_id: String,
         generation: u64,
-        tx: mpsc::Sender<CoordinatorMessage>,
+        tx: Outbound<CoordinatorMessage>,
         window: u64,
     ) -> Self {
         Self {
@@ -92,21 +86,7 @@ impl Link {
             closed: CancellationToken::new(),
             close_reason: std::sync::OnceLock::new(),
             window,
-            taken: Arc::default(),
-            stalled_after: DEFAULT_STALLED_AFTER,
         }
-    }
-
-    /// The link closes when its queue stays full for `limit` with nothing taken from it.
-    pub fn stalling_after(mut self, limit: Duration) -> Self {
-        self.stalled_after = limit;
-        self
-    }
-
-    /// The counter the connection's outbound stream adds each message it takes to (see
-    /// [`Link::send`]).
-    pub fn taken(&self) -> Arc<AtomicU64> {
-        self.taken.clone()
     }
 
     /// Why [`Link::close`] closed the link, if it did.
@@ -118,23 +98,17 @@ impl Link {
     /// stayed full for the stall limit with the agent taking nothing from it (the link is then
     /// closed, saying so). While the agent takes messages, however slowly, this waits its turn.
     pub async fn send(&self, msg: Msg) -> bool {
-        let permit = loop {
-            let taken = self.taken.load(Ordering::Relaxed);
-            match tokio::time::timeout(self.stalled_after, self.tx.reserve()).await {
-                Ok(Ok(permit)) => break permit,
-                Ok(Err(_)) => return false,
-                Err(_) if self.taken.load(Ordering::Relaxed) != taken => {}
-                Err(_) => {
-                    self.close(&format!(
-                        "stalled: the agent read nothing it was sent for {} s",
-                        self.stalled_after.as_secs_f64()
-                    ));
-                    return false;
-                }
+        match self.tx.send(CoordinatorMessage { msg: Some(msg) }).await {
+            Ok(()) => true,
+            Err(NotSent::Closed) => false,
+            Err(NotSent::Stalled(after)) => {
+                self.close(&format!(
+                    "stalled: the agent read nothing it was sent for {} s",
+                    after.as_secs_f64()
+                ));
+                false
             }
-        };
-        permit.send(CoordinatorMessage { msg: Some(msg) });
-        true
+        }
     }
 
     pub fn calls_in_flight(&self) -> usize {
@@ -369,11 +343,14 @@ impl Drop for CallHandle {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
+    use std::time::Duration;
+
     use super::*;
+    use toolsrv_proto::outbound::{self, Taken};
     use toolsrv_proto::v1::OutputStream;
 
-    fn link(window: u64) -> (Arc<Link>, mpsc::Receiver<CoordinatorMessage>) {
-        let (tx, rx) = mpsc::channel(64);
+    fn link(window: u64) -> (Arc<Link>, Taken<CoordinatorMessage>) {
+        let (tx, rx) = outbound::channel(64, DEFAULT_STALLED_AFTER);
         (Arc::new(Link::new("web-1".into(), 7, tx, window)), rx)
     }
 
@@ -392,7 +369,7 @@ mod tests {
         })
     }
 
-    fn next_msg(rx: &mut mpsc::Receiver<CoordinatorMessage>) -> Option<Msg> {
+    fn next_msg(rx: &mut Taken<CoordinatorMessage>) -> Option<Msg> {
         rx.try_recv().ok().and_then(|m| m.msg)
     }
 
@@ -606,10 +583,9 @@ mod tests {
     }
 
     /// A link whose queue holds two messages, closing after 5 s with nothing taken.
-    fn stalling_link() -> (Arc<Link>, mpsc::Receiver<CoordinatorMessage>) {
-        let (tx, rx) = mpsc::channel(2);
-        let link = Link::new("web-1".into(), 7, tx, 1000).stalling_after(Duration::from_secs(5));
-        (Arc::new(link), rx)
+    fn stalling_link() -> (Arc<Link>, Taken<CoordinatorMessage>) {
+        let (tx, rx) = outbound::channel(2, Duration::from_secs(5));
+        (Arc::new(Link::new("web-1".into(), 7, tx, 1000)), rx)
     }
 
     fn keepalive() -> Msg {
@@ -636,39 +612,6 @@ mod tests {
             link.start_call(start()).await.is_err(),
             "a new call waits no more"
         );
-    }
-
-    /// Eight senders at once behind a reader taking a message every 2 s: the last waits 12 s
-    /// for its turn, past the 5 s limit, but the agent was reading all along.
-    #[tokio::test(start_paused = true)]
-    async fn a_slow_reader_is_waited_for() {
-        let (link, mut rx) = stalling_link();
-        let taken = link.taken();
-        let reader = tokio::spawn(async move {
-            let mut read = 0;
-            loop {
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                if rx.recv().await.is_none() {
-                    return read;
-                }
-                taken.fetch_add(1, Ordering::Relaxed);
-                read += 1;
-            }
-        });
-        let started = tokio::time::Instant::now();
-        let senders: Vec<_> = (0..8)
-            .map(|_| {
-                let link = link.clone();
-                tokio::spawn(async move { link.send(keepalive()).await })
-            })
-            .collect();
-        for sender in senders {
-            assert!(sender.await.unwrap(), "sent");
-        }
-        assert!(started.elapsed() >= Duration::from_secs(10));
-        assert!(!link.closed.is_cancelled());
-        drop(link);
-        assert_eq!(reader.await.unwrap(), 8);
     }
 
     #[tokio::test]

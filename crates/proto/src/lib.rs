@@ -9,6 +9,7 @@
 
 pub mod codec;
 pub mod limits;
+pub mod outbound;
 pub mod received;
 mod results;
 pub mod text;
