@@ -18,6 +18,11 @@ use crate::ClientError;
 /// call result the coordinator may send).
 pub use toolsrv_proto::limits::MAX_MESSAGE_BYTES as MAX_MESSAGE_SIZE;
 
+/// How long a request waits for the coordinator to begin its answer (a streamed answer's
+/// messages are not bounded, only its start). A coordinator that is gone is noticed sooner, by
+/// HTTP/2 pings; this bounds one that is stuck, whose connection still answers them.
+pub const ANSWER_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Where the coordinator is and who we are.
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
@@ -52,10 +57,11 @@ impl Client {
             .map(str::trim)
             .filter(|u| !u.is_empty())
             .collect();
+        let connect = |url| {
+            toolsrv_tls::connect_reloading_within(url, &opts.tls, Role::Coordinator, ANSWER_WITHIN)
+        };
         if urls.len() <= 1 {
-            let channel =
-                toolsrv_tls::connect_reloading(&opts.addr, &opts.tls, Role::Coordinator).await?;
-            return Ok(Self::from_channel(channel));
+            return Ok(Self::from_channel(connect(&opts.addr).await?));
         }
         let start = {
             use std::hash::BuildHasher;
@@ -66,7 +72,7 @@ impl Client {
         let mut failures = Vec::new();
         for i in 0..urls.len() {
             let url = urls[(start + i) % urls.len()];
-            match toolsrv_tls::connect_reloading(url, &opts.tls, Role::Coordinator).await {
+            match connect(url).await {
                 Ok(channel) => return Ok(Self::from_channel(channel)),
                 Err(e) => failures.push(e.to_string()),
             }

@@ -76,6 +76,17 @@ impl From<tonic::Status> for ClientError {
             message = format!("no message (gRPC code {:?})", status.code());
         }
         let code = status.code();
+        // tonic's own words when a request's answer did not begin within the channel's timeout.
+        if code == tonic::Code::Cancelled && status.message() == "Timeout expired" {
+            return Self::Transport {
+                code: tonic::Code::DeadlineExceeded,
+                message: format!(
+                    "the coordinator did not begin to answer within {} s: it may be overloaded \
+                     or stuck (read its log); try again",
+                    crate::client::ANSWER_WITHIN.as_secs()
+                ),
+            };
+        }
         if from_peer {
             Self::Status { code, message }
         } else {
@@ -102,6 +113,22 @@ mod tests {
         ))));
         assert!(matches!(e, ClientError::Transport { .. }), "{e:?}");
         assert!(e.to_string().contains("connection reset"), "{e}");
+    }
+
+    /// What the channel says when a coordinator does not begin to answer in time.
+    #[test]
+    fn an_answer_that_never_began_says_so() {
+        let e = ClientError::from(tonic::Status::cancelled("Timeout expired"));
+        assert!(matches!(e, ClientError::Transport { .. }), "{e:?}");
+        assert_eq!(e.code(), tonic::Code::DeadlineExceeded);
+        assert!(
+            e.to_string()
+                .starts_with("the coordinator did not begin to answer within 60 s"),
+            "{e}"
+        );
+        // A cancellation the coordinator sent is its own words.
+        let e = ClientError::from(tonic::Status::cancelled("the caller went away"));
+        assert_eq!(e.to_string(), "the caller went away");
     }
 
     #[test]

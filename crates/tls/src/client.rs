@@ -42,13 +42,38 @@ pub async fn connect_reloading(
     files: &TlsFiles,
     expect: Role,
 ) -> Result<Channel, TlsError> {
+    reloading(url, files, expect, None).await
+}
+
+/// [`connect_reloading`] for a client waiting on answers: a request whose response has not
+/// begun within `answer_within` fails (`CANCELLED`, "Timeout expired") instead of waiting for
+/// as long as the connection lives. A streaming response's messages are not bounded, only the
+/// wait for it to begin; a coordinator that is stuck, not gone, still answers HTTP/2 pings.
+pub async fn connect_reloading_within(
+    url: &str,
+    files: &TlsFiles,
+    expect: Role,
+    answer_within: Duration,
+) -> Result<Channel, TlsError> {
+    reloading(url, files, expect, Some(answer_within)).await
+}
+
+async fn reloading(
+    url: &str,
+    files: &TlsFiles,
+    expect: Role,
+    answer_within: Option<Duration>,
+) -> Result<Channel, TlsError> {
     let first = client_config(files, expect)?;
     let source = Source::Files {
         files: files.clone(),
         expect,
         first: Arc::new(Mutex::new(Some(first))),
     };
-    let (endpoint, connector) = prepare(url, source)?;
+    let (mut endpoint, connector) = prepare(url, source)?;
+    if let Some(within) = answer_within {
+        endpoint = endpoint.timeout(within);
+    }
     dial(url, endpoint, connector).await
 }
 

@@ -353,3 +353,72 @@ async fn coordinator_certificate_without_the_server_auth_usage_is_refused() {
         assert!(server.seen.lock().unwrap().is_empty());
     }
 }
+
+/// A service that takes every request and never answers: a server that is stuck, not gone (its
+/// connection still answers HTTP/2 pings).
+#[derive(Clone)]
+struct Wedged;
+
+impl tonic::server::NamedService for Wedged {
+    const NAME: &'static str = "grpc.health.v1.Health";
+}
+
+impl tower::Service<tonic::codegen::http::Request<tonic::body::Body>> for Wedged {
+    type Response = tonic::codegen::http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Pending<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: tonic::codegen::http::Request<tonic::body::Body>) -> Self::Future {
+        std::future::pending()
+    }
+}
+
+/// With `connect_reloading_within`, a request to a server that never begins its answer fails
+/// after that long; without it, it would wait for as long as the connection lives.
+#[tokio::test]
+async fn a_request_to_a_stuck_server_fails_after_the_answer_timeout() {
+    let tmp = tempfile::tempdir().unwrap();
+    common::pki(tmp.path());
+    let creds = ServerCreds::new(files(tmp.path(), &Identity::Coordinator)).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://{}", listener.local_addr().unwrap());
+    let incoming = toolsrv_tls::incoming_with(listener, creds.subscribe(), Default::default());
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(Wedged)
+            .serve_with_incoming(incoming),
+    );
+    let ask = |channel: tonic::transport::Channel| async move {
+        tonic_health::pb::health_client::HealthClient::new(channel)
+            .check(tonic_health::pb::HealthCheckRequest::default())
+            .await
+    };
+    let alice = files(tmp.path(), &alice());
+    let within = Duration::from_secs(1);
+    let channel = toolsrv_tls::connect_reloading_within(&url, &alice, Role::Coordinator, within)
+        .await
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let status = tokio::time::timeout(WAIT, ask(channel))
+        .await
+        .expect("the request ends by itself")
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Cancelled, "{status:?}");
+    assert_eq!(status.message(), "Timeout expired");
+    assert!(started.elapsed() >= within);
+
+    // Without the bound, the same request is still waiting.
+    let channel = toolsrv_tls::connect_reloading(&url, &alice, Role::Coordinator)
+        .await
+        .unwrap();
+    let waiting = tokio::time::timeout(Duration::from_secs(3), ask(channel)).await;
+    assert!(waiting.is_err(), "{waiting:?}");
+    server.abort();
+}
