@@ -853,16 +853,11 @@ fn the_replica_a_call_enters_applies_its_policy_before_relaying() {
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
 
-/// New host labels reach the replicas that do not hold the host: the replica holding it
-/// rewrites its claim, so the others select it, and show it, by its new labels.
-#[test]
-fn host_labels_edited_while_running_reach_the_replicas_that_do_not_hold_the_host() {
-    let dir = tempfile::tempdir().unwrap();
-    let labels = dir.path().join("host-labels.json");
-    std::fs::write(&labels, "{}").unwrap();
-    let arg = format!("--host-labels={}", labels.display());
+/// Two replicas started with flag `arg`, and host `solo` (serving `hello`) attached to r0, seen
+/// online through r1.
+fn solo_on_r0_of_two(arg: &str) -> Replicated {
     let mut r = Replicated::start_with(2, &["solo"], &[("hello.meta", HELLO)], |_| {
-        vec![arg.clone()]
+        vec![arg.to_string()]
     });
     r.fleet.agent_coordinators = Some(r.urls()[0].clone());
     r.fleet
@@ -871,6 +866,18 @@ fn host_labels_edited_while_running_reach_the_replicas_that_do_not_hold_the_host
         r.wait_all_online(1, &["solo"], Duration::from_secs(30)),
         ["r0"]
     );
+    r
+}
+
+/// New host labels reach the replicas that do not hold the host: the replica holding it
+/// rewrites its claim, so the others select it, and show it, by its new labels.
+#[test]
+fn host_labels_edited_while_running_reach_the_replicas_that_do_not_hold_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let labels = dir.path().join("host-labels.json");
+    std::fs::write(&labels, "{}").unwrap();
+    let arg = format!("--host-labels={}", labels.display());
+    let mut r = solo_on_r0_of_two(&arg);
     let out = r.toolctl(1, &["fanout", "role=db", "hello"]);
     assert!(
         !text(&out.stdout).contains("hello\n"),
@@ -895,6 +902,35 @@ fn host_labels_edited_while_running_reach_the_replicas_that_do_not_hold_the_host
     // r0 still holds it, and calls through r1 still reach it.
     let out = r.toolctl(1, &["call", "solo", "hello"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// A host that went away is forgotten after `--forget-offline-after-secs` by every replica: the
+/// one that held it (from its fleet) and the others (from the hosts they knew other replicas
+/// held); a call through either is then `unknown_host`.
+#[test]
+fn a_host_away_too_long_is_forgotten_by_every_replica() {
+    let mut r = solo_on_r0_of_two("--forget-offline-after-secs=3");
+    drop(r.fleet.agents.remove("solo"));
+    for i in [0, 1] {
+        wait_for("solo offline", Duration::from_secs(20), || {
+            let hosts = r.hosts(i);
+            let solo = hosts.iter().find(|h| h["host_id"] == "solo")?;
+            (solo["state"] != "online").then_some(())
+        });
+    }
+    for i in [0, 1] {
+        wait_for("solo forgotten", Duration::from_secs(20), || {
+            let hosts = r.hosts(i);
+            hosts.iter().all(|h| h["host_id"] != "solo").then_some(())
+        });
+        let out = r.toolctl(i, &["call", "solo", "hello"]);
+        assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("hosts offline that long are forgotten"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
 }
 
 #[test]

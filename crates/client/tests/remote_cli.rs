@@ -292,7 +292,8 @@ async fn remote_commands_against_a_real_fleet() {
         (
             &["call", "nohost", "echo"],
             127,
-            "toolctl: no host `nohost` has connected to this coordinator\n",
+            "toolctl: no host `nohost` has connected to this coordinator (or not for 86400 s: \
+             hosts offline that long are forgotten)\n",
         ),
         (
             &["call", "web-1", "slow", "--timeout", "0.3"],
@@ -322,7 +323,8 @@ async fn remote_commands_against_a_real_fleet() {
         (
             "wbe-1",
             "echo",
-            "no host `wbe-1` has connected to this coordinator; did you mean `web-1`?",
+            "no host `wbe-1` has connected to this coordinator (or not for 86400 s: hosts \
+             offline that long are forgotten); did you mean `web-1`?",
             127,
         ),
         (

@@ -274,6 +274,31 @@ impl Fleet {
         current.then(|| f(entry))
     }
 
+    /// Removes the hosts offline (on this coordinator) since before `cutoff_ms` (Unix ms of the
+    /// last message heard from them), telling watchers; their ids.
+    pub fn forget_offline(&self, cutoff_ms: u64) -> Vec<String> {
+        let mut forgotten = Vec::new();
+        let mut had_views = false;
+        self.write().retain(|id, host| {
+            let away = host.link.is_none()
+                && host.remote.is_none()
+                && host.last_seen.load(Ordering::Relaxed) < cutoff_ms;
+            if away {
+                had_views |= host.view.is_some();
+                forgotten.push(id.clone());
+            }
+            !away
+        });
+        if had_views {
+            // What was indexed from their views goes at the next rebuild.
+            self.views_stored.fetch_add(1, Ordering::Relaxed);
+        }
+        for id in &forgotten {
+            self.emit(CatalogEventKind::HostForgotten, id, 0);
+        }
+        forgotten
+    }
+
     /// Marks a host offline if `generation` is still its current connection.
     pub fn detach(&self, id: &str, generation: u64) {
         if self

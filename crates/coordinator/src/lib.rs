@@ -83,6 +83,9 @@ pub const DEFAULT_MAX_KEEPALIVE_RATE: u32 = 2000;
 
 /// How long calls may finish after the shutdown signal, unless `--drain-grace-secs` says.
 pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(30);
+/// How long an offline host stays in the fleet unless `--forget-offline-after-secs` says
+/// otherwise: a day.
+pub const DEFAULT_FORGET_OFFLINE_AFTER: Duration = Duration::from_secs(24 * 3600);
 
 /// How a coordinator runs.
 #[derive(Debug, Clone)]
@@ -136,6 +139,9 @@ pub struct CoordinatorConfig {
     /// After the shutdown signal, how long calls already running may take to finish before
     /// they are ended; new calls are refused meanwhile.
     pub drain_grace: Duration,
+    /// A host offline for longer than this leaves the fleet (no longer listed; calls to it are
+    /// `UNKNOWN_HOST`), as nodes an autoscaler removed do; zero: hosts are kept until restart.
+    pub forget_offline_after: Duration,
     /// Where the coordinator keeps what must outlive it (revocations, join tokens, and the
     /// vectors of the tools' texts with `find_model`, in `find-vectors/`); `None`: nothing is
     /// kept, what needs it is refused saying so, and a restart embeds the catalog again.
@@ -184,6 +190,7 @@ impl CoordinatorConfig {
             admins: vec![DEFAULT_ADMIN.to_string()],
             state_dir: None,
             drain_grace: DEFAULT_DRAIN_GRACE,
+            forget_offline_after: DEFAULT_FORGET_OFFLINE_AFTER,
             crls: Vec::new(),
             tls_reload: Duration::from_secs(2),
             cert_expiry_warning: expiry::DEFAULT_WINDOW,
@@ -394,6 +401,7 @@ pub async fn serve(
     tasks.spawn(replicas::follow_catalog(state.clone()));
     tasks.spawn(replicas::follow_peer_views(state.clone()));
     tasks.spawn(reap_sessions(state.clone()));
+    tasks.spawn(forget_offline_hosts(state.clone()));
     tasks.spawn(finder::follow_views(state.clone()));
     #[cfg(unix)]
     tasks.spawn(reopen_audit_on_hangup(state.clone()));
@@ -734,6 +742,40 @@ async fn follow_registry(state: Arc<State>) {
 }
 
 /// Ends sessions that have had no watcher for the idle time.
+/// Removes hosts offline for longer than `forget_offline_after` from the fleet (and, with
+/// replicas, the hosts other replicas held that have had no link as long), looking a few times
+/// within that time and at least every minute.
+async fn forget_offline_hosts(state: Arc<State>) {
+    let after = state.config.forget_offline_after;
+    if after.is_zero() {
+        return;
+    }
+    let every = (after / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = state.shutdown.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+        let mut forgotten = state
+            .fleet
+            .forget_offline(fleet::now_ms().saturating_sub(after_ms));
+        if let Some(replicas) = &state.replicas {
+            forgotten.extend(replicas.forget_gone(&state, after));
+        }
+        if !forgotten.is_empty() {
+            state.metrics.hosts_forgotten(forgotten.len());
+            tracing::info!(
+                hosts = ?forgotten,
+                "forgot hosts offline for more than {} s (--forget-offline-after-secs)",
+                after.as_secs()
+            );
+        }
+    }
+}
+
 async fn reap_sessions(state: Arc<State>) {
     let mut ticks = tokio::time::interval(state.sessions.reap_interval());
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

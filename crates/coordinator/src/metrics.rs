@@ -29,6 +29,7 @@ pub struct Metrics {
     approvals: Family<Labels<1>, Counter>,
     attachments: Counter,
     views_passed_over: Counter,
+    hosts_forgotten: Counter,
     enrollment_throttled: Family<Labels<1>, Counter>,
     /// Requests refused for too many open at once (`crate::streams`).
     pub(crate) requests_refused: Counter,
@@ -55,6 +56,7 @@ impl Default for Metrics {
             approvals: Family::default(),
             attachments: Counter::default(),
             views_passed_over: Counter::default(),
+            hosts_forgotten: Counter::default(),
             requests_refused: Counter::default(),
             enrollment_throttled: Family::default(),
             finds: Family::default(),
@@ -108,6 +110,11 @@ impl Metrics {
             "views_passed_over",
             "Host views an agent reported that a newer one replaced before they were stored: an agent reporting more than 16 at once or 2 a second (each view stored is passed on to every watcher)",
             self.views_passed_over.clone(),
+        );
+        registry.register(
+            "hosts_forgotten",
+            "Hosts removed from the fleet after being offline longer than --forget-offline-after-secs",
+            self.hosts_forgotten.clone(),
         );
         registry.register(
             "requests_refused",
@@ -211,6 +218,11 @@ impl Metrics {
     /// A view waiting for its turn was replaced by a newer one (`crate::view_pace`).
     pub fn view_passed_over(&self) {
         self.views_passed_over.inc();
+    }
+
+    /// Hosts offline too long were forgotten.
+    pub fn hosts_forgotten(&self, n: usize) {
+        self.hosts_forgotten.inc_by(n as u64);
     }
 
     /// A join or renewal was refused unexamined (`enroll::throttle`).

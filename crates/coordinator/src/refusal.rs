@@ -28,13 +28,22 @@ impl Refusal {
         Self { status, message }
     }
 
-    /// No host of that id has ever attached.
+    /// No host of that id has attached, or not since the coordinator forgot it.
     pub fn unknown_host(state: &State, id: &str) -> Self {
         let ids = state.fleet.ids();
         let suggestion = did_you_mean(id, ids.iter().map(String::as_str));
+        let after = state.config.forget_offline_after;
+        let forgotten = if after.is_zero() {
+            String::new()
+        } else {
+            format!(
+                " (or not for {} s: hosts offline that long are forgotten)",
+                after.as_secs()
+            )
+        };
         Self::new(
             CallStatus::UnknownHost,
-            format!("no host `{id}` has connected to this coordinator{suggestion}"),
+            format!("no host `{id}` has connected to this coordinator{forgotten}{suggestion}"),
         )
     }
 

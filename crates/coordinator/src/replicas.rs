@@ -58,7 +58,7 @@ pub(crate) struct Replicas {
     peers: Mutex<HashMap<String, Channel>>,
     /// Hosts another replica held that have no link now, with their last record, until they
     /// attach again somewhere: offline, or reconnecting when their replica went away.
-    gone: Mutex<BTreeMap<String, (HostRecord, HostState)>>,
+    gone: Mutex<BTreeMap<String, Gone>>,
     /// `WatchCatalog`'s events of hosts other replicas hold: online and offline from the
     /// routing table, view changes from each other replica's own watch.
     remote_events: broadcast::Sender<CatalogEvent>,
@@ -596,14 +596,49 @@ impl Replicas {
         refused
     }
 
-    /// Hosts other replicas held that have no link now: their last record, and whether they
-    /// are offline or reconnecting (their replica went away).
-    pub fn gone(&self) -> BTreeMap<String, (HostRecord, HostState)> {
+    /// Hosts other replicas held that have no link now.
+    pub fn gone(&self) -> BTreeMap<String, Gone> {
         self.lock_gone().clone()
     }
 
-    fn lock_gone(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, (HostRecord, HostState)>> {
+    /// Forgets the hosts other replicas held that have had no link for longer than `after`,
+    /// telling this replica's watchers; their ids.
+    pub fn forget_gone(&self, state: &State, after: Duration) -> Vec<String> {
+        let mut forgotten = Vec::new();
+        self.lock_gone().retain(|id, gone| {
+            let keep = gone.since.elapsed() <= after;
+            if !keep {
+                forgotten.push(id.clone());
+            }
+            keep
+        });
+        for id in &forgotten {
+            self.emit_remote(state, CatalogEventKind::HostForgotten, id, 0);
+        }
+        forgotten
+    }
+
+    fn lock_gone(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Gone>> {
         self.gone.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A host another replica held that has no link now: its last record, whether it is offline or
+/// reconnecting (its replica went away), and since when this replica has known it away.
+#[derive(Debug, Clone)]
+pub struct Gone {
+    pub record: HostRecord,
+    pub state: HostState,
+    since: tokio::time::Instant,
+}
+
+impl Gone {
+    fn new(record: HostRecord, state: HostState) -> Self {
+        Self {
+            record,
+            state,
+            since: tokio::time::Instant::now(),
+        }
     }
 }
 
@@ -871,9 +906,9 @@ pub(crate) async fn follow(state: Arc<State>, reporter: tonic_health::server::He
                                 owner_url: replica.advertise_url.clone(),
                                 ..HostRecord::default()
                             };
-                            (record, HostState::Reconnecting)
+                            Gone::new(record, HostState::Reconnecting)
                         });
-                        entry.1 = HostState::Reconnecting;
+                        entry.state = HostState::Reconnecting;
                     }
                 }
                 Ok(ClusterEvent::HostReleased { host_id, record }) if record.owner != replicas.id() => {
@@ -885,7 +920,7 @@ pub(crate) async fn follow(state: Arc<State>, reporter: tonic_health::server::He
                     replicas
                         .lock_gone()
                         .entry(host_id)
-                        .or_insert((record, HostState::Offline));
+                        .or_insert_with(|| Gone::new(record, HostState::Offline));
                 }
                 Ok(ClusterEvent::HostClaimed { host_id, record }) => {
                     if record.owner != replicas.id() {
@@ -1241,9 +1276,9 @@ impl Replicas {
                 by_id.insert(id, info);
             }
         }
-        for (id, (record, host_state)) in self.gone() {
+        for (id, gone) in self.gone() {
             if by_id.get(&id).is_none_or(offline) {
-                by_id.insert(id.clone(), host_info(&id, &record, host_state));
+                by_id.insert(id.clone(), host_info(&id, &gone.record, gone.state));
             }
         }
         let views = self.remote_views.lock().unwrap_or_else(|p| p.into_inner());

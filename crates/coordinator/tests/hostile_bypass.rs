@@ -19,8 +19,8 @@ use toolsrv_proto::v1::coordinator_message::Msg as In;
 use toolsrv_proto::v1::tools_client::ToolsClient;
 use toolsrv_proto::v1::{
     AgentMessage, BypassDecision, BypassRequest, CallEvent, CallFinished, CallOutput, CallRequest,
-    CallResult, CallStatus, CoordinatorMessage, HostView, ListApprovalsRequest, OutputChunk,
-    OutputStream, ToolDefinition, ToolStatus, call_event,
+    CallResult, CallStatus, CoordinatorMessage, ListApprovalsRequest, OutputChunk, OutputStream,
+    call_event,
 };
 use toolsrv_testkit::{must, wait_until};
 
@@ -64,27 +64,7 @@ async fn asking_coordinator(
         configure(config);
     })
     .await;
-    let (out, mut inbound) = coordinator.attach_as("a").await;
-    let revision = next(&mut inbound, |m| match m {
-        In::Catalog(update) if !update.more => Some(update.revision),
-        _ => None,
-    })
-    .await;
-    let asker = ToolStatus {
-        name: "asker".into(),
-        visible: true,
-        definition: Some(ToolDefinition::default()),
-        ..ToolStatus::default()
-    };
-    send(
-        &out,
-        Out::View(HostView {
-            catalog_revision: revision,
-            tools: vec![asker],
-            more: false,
-        }),
-    )
-    .await;
+    let (out, inbound) = coordinator.attach_offering("a", &["asker"]).await;
     (coordinator, out, inbound)
 }
 

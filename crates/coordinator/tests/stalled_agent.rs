@@ -9,13 +9,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Coordinator, WAIT, call_result, catalog_revision, client};
-use tonic::Streaming;
+use common::{Coordinator, WAIT, call_result, client};
 use toolsrv_proto::v1::agent_message::Msg as Out;
-use toolsrv_proto::v1::{
-    AgentMessage, CallRequest, CallStatus, CoordinatorMessage, HostState, HostView, Keepalive,
-    ToolDefinition, ToolStatus,
-};
+use toolsrv_proto::v1::{AgentMessage, CallRequest, CallStatus, HostState, Keepalive};
 use toolsrv_testkit::{must, wait_until};
 
 /// A tool whose definition is about 8 KiB: a catalog of many of them fills a link's queue.
@@ -26,22 +22,6 @@ fn bulky(i: usize) -> String {
     )
 }
 
-/// The view of a host offering `t`, for the catalog the coordinator sent first.
-async fn view_of_t(inbound: &mut Streaming<CoordinatorMessage>) -> HostView {
-    let revision = catalog_revision(inbound).await;
-    let tool = ToolStatus {
-        name: "t".into(),
-        visible: true,
-        definition: Some(ToolDefinition::default()),
-        ..ToolStatus::default()
-    };
-    HostView {
-        catalog_revision: revision,
-        tools: vec![tool],
-        more: false,
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_that_stops_reading_is_cut_off_and_may_come_back() {
     let coordinator = Coordinator::start_with(
@@ -50,11 +30,8 @@ async fn an_agent_that_stops_reading_is_cut_off_and_may_come_back() {
         |config, _| config.stalled_after = Duration::from_secs(3),
     )
     .await;
-    let (out, mut inbound) = coordinator.attach_as("a").await;
+    let (out, mut inbound) = coordinator.attach_offering("a", &["t"]).await;
     let message = |msg| AgentMessage { msg: Some(msg) };
-    out.send(message(Out::View(view_of_t(&mut inbound).await)))
-        .await
-        .unwrap();
     let online = async |coordinator: &Coordinator| {
         coordinator
             .host("a")
@@ -117,10 +94,7 @@ async fn an_agent_that_stops_reading_is_cut_off_and_may_come_back() {
     talker.abort();
 
     // It connects again and reads this time: back online, with the whole catalog.
-    let (out, mut inbound) = coordinator.attach_as("a").await;
-    out.send(message(Out::View(view_of_t(&mut inbound).await)))
-        .await
-        .unwrap();
+    let (_out, _inbound) = coordinator.attach_offering("a", &["t"]).await;
     must(
         wait_until("host a online again", WAIT, async || {
             online(&coordinator).await.then_some(())

@@ -269,6 +269,15 @@ pub struct CoordinatorArgs {
     /// then the rest are ended. A second signal exits at once
     #[arg(long, env = "TOOLSRV_DRAIN_GRACE_SECS", default_value_t = 30)]
     pub drain_grace_secs: u64,
+    /// A host offline for longer than this (seconds) leaves the fleet: no longer listed, calls to
+    /// it UNKNOWN_HOST, back as a new host if it connects again (nodes an autoscaler removed); 0
+    /// keeps every host until the coordinator restarts
+    #[arg(
+        long,
+        env = "TOOLSRV_FORGET_OFFLINE_AFTER_SECS",
+        default_value_t = 86_400
+    )]
+    pub forget_offline_after_secs: u64,
     /// Where the coordinator keeps what must outlive a restart (revocations, join tokens, the
     /// vectors --find-model made of the tools' texts)
     #[arg(long, env = "TOOLSRV_COORDINATOR_STATE_DIR", value_name = "DIR")]
@@ -540,6 +549,7 @@ impl CoordinatorArgs {
         config.find_model = self.find_model.clone();
         config.state_dir = self.state_dir.clone();
         config.drain_grace = Duration::from_secs(self.drain_grace_secs);
+        config.forget_offline_after = Duration::from_secs(self.forget_offline_after_secs);
         config.crls = self.crls.clone();
         config.cert_expiry_warning = self.cert_expiry_warning;
         config.signing_ca = match (&self.signing_ca_cert, &self.signing_ca_key) {

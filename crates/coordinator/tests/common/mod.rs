@@ -21,8 +21,8 @@ use toolsrv_proto::v1::agent_link_client::AgentLinkClient;
 use toolsrv_proto::v1::coordinator_message::Msg as In;
 use toolsrv_proto::v1::tools_client::ToolsClient;
 use toolsrv_proto::v1::{
-    AgentMessage, CallEvent, CallResult, CoordinatorMessage, Hello, HostInfo, ListHostsRequest,
-    agent_message, call_event,
+    AgentMessage, CallEvent, CallResult, CoordinatorMessage, Hello, HostInfo, HostView,
+    ListHostsRequest, ToolDefinition, ToolStatus, agent_message, call_event,
 };
 use toolsrv_tls::{Identity, Role, TlsFiles};
 
@@ -136,6 +136,36 @@ impl Coordinator {
             ..Hello::default()
         })
         .await
+    }
+
+    /// [`Coordinator::attach_as`], then a view of the first whole catalog sent in which the
+    /// tools `visible` are visible (with a default definition) and no other.
+    pub async fn attach_offering(
+        &self,
+        host_id: &str,
+        visible: &[&str],
+    ) -> (mpsc::Sender<AgentMessage>, Streaming<CoordinatorMessage>) {
+        let (out, mut inbound) = self.attach_as(host_id).await;
+        let revision = catalog_revision(&mut inbound).await;
+        let tools = visible
+            .iter()
+            .map(|name| ToolStatus {
+                name: (*name).into(),
+                visible: true,
+                definition: Some(ToolDefinition::default()),
+                ..ToolStatus::default()
+            })
+            .collect();
+        let view = HostView {
+            catalog_revision: revision,
+            tools,
+            more: false,
+        };
+        let view = AgentMessage {
+            msg: Some(agent_message::Msg::View(view)),
+        };
+        out.send(view).await.unwrap();
+        (out, inbound)
     }
 
     pub async fn attach(
