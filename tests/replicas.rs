@@ -933,6 +933,42 @@ fn a_host_away_too_long_is_forgotten_by_every_replica() {
     }
 }
 
+/// A host that left one replica and attached to another is not forgotten: the first replica
+/// drops its own stale entry when the time comes, without telling its watchers the host is
+/// gone, and still lists it online and calls it through the replica that holds it.
+#[test]
+fn a_host_that_moved_to_another_replica_is_not_forgotten() {
+    let mut r = solo_on_r0_of_two("--forget-offline-after-secs=3");
+    drop(r.fleet.agents.remove("solo"));
+    r.fleet.agent_coordinators = Some(r.urls()[1].clone());
+    r.fleet
+        .start_agent("solo", &toolsrv_tests::AgentSpec::default());
+    assert_eq!(
+        r.wait_all_online(0, &["solo"], Duration::from_secs(30)),
+        ["r1"]
+    );
+    r.fleet.port = r.ports[0];
+    let watch = LineWatch::start(
+        r.fleet
+            .toolctl_command("client-alice", &["watch", "--json"]),
+    );
+    watch.until("the watch's snapshot", |v| v["kind"] == "snapshot");
+    // Past the time r0 forgets its stale entry of solo (3 s after it last heard of it there).
+    std::thread::sleep(Duration::from_secs(6));
+    let forgotten: Vec<_> = watch
+        .seen()
+        .into_iter()
+        .filter(|v| v["kind"] == "host_forgotten")
+        .collect();
+    assert!(forgotten.is_empty(), "{forgotten:?}");
+    assert_eq!(
+        r.wait_all_online(0, &["solo"], Duration::from_secs(5)),
+        ["r1"]
+    );
+    let out = r.toolctl(0, &["call", "solo", "hello"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
 #[test]
 fn an_approval_waiting_on_the_replica_that_runs_the_call_is_decided_through_any_replica() {
     let policy = r#"{"default": "allow", "rules": [

@@ -275,8 +275,9 @@ impl Fleet {
     }
 
     /// Removes the hosts offline (on this coordinator) since before `cutoff_ms` (Unix ms of the
-    /// last message heard from them), telling watchers; their ids.
-    pub fn forget_offline(&self, cutoff_ms: u64) -> Vec<String> {
+    /// last message heard from them), telling watchers unless `elsewhere` says the host is
+    /// connected through another replica (then only this replica's stale entry goes); their ids.
+    pub fn forget_offline(&self, cutoff_ms: u64, elsewhere: impl Fn(&str) -> bool) -> Vec<String> {
         let mut forgotten = Vec::new();
         let mut had_views = false;
         self.write().retain(|id, host| {
@@ -293,7 +294,7 @@ impl Fleet {
             // What was indexed from their views goes at the next rebuild.
             self.views_stored.fetch_add(1, Ordering::Relaxed);
         }
-        for id in &forgotten {
+        for id in forgotten.iter().filter(|id| !elsewhere(id)) {
             self.emit(CatalogEventKind::HostForgotten, id, 0);
         }
         forgotten

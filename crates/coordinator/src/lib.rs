@@ -759,9 +759,14 @@ async fn forget_offline_hosts(state: Arc<State>) {
             _ = ticks.tick() => {}
         }
         let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
-        let mut forgotten = state
-            .fleet
-            .forget_offline(fleet::now_ms().saturating_sub(after_ms));
+        let cutoff = fleet::now_ms().saturating_sub(after_ms);
+        let elsewhere = |id: &str| {
+            state
+                .replicas
+                .as_ref()
+                .is_some_and(|r| r.routed_elsewhere(id))
+        };
+        let mut forgotten = state.fleet.forget_offline(cutoff, elsewhere);
         if let Some(replicas) = &state.replicas {
             forgotten.extend(replicas.forget_gone(&state, after));
         }

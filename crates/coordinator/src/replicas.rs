@@ -596,6 +596,11 @@ impl Replicas {
         refused
     }
 
+    /// Whether another replica holds host `id`'s link now.
+    pub fn routed_elsewhere(&self, id: &str) -> bool {
+        self.cluster.route(id).is_some_and(|r| r.owner != self.id())
+    }
+
     /// Hosts other replicas held that have no link now.
     pub fn gone(&self) -> BTreeMap<String, Gone> {
         self.lock_gone().clone()

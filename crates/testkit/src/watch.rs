@@ -64,6 +64,11 @@ impl LineWatch {
         }
     }
 
+    /// The values printed so far and not yet taken, without waiting.
+    pub fn seen(&self) -> Vec<Value> {
+        self.values.try_iter().collect()
+    }
+
     /// Waits (30 s at most) for the command to end by itself; its exit code.
     #[track_caller]
     pub fn end(mut self) -> Option<i32> {
