@@ -174,11 +174,14 @@ fn a_fork_bomb_hits_its_pids_limit_and_the_host_still_answers_within_a_second() 
     let mut fleet = Fleet::new(&["a"]);
     let started = fleet.marks().join("bomb-started");
     // Bounded by itself: a binary tree of depth 9 (at most 1023 shells, each ending after its
-    // children) even if no limit held; the policy limits it to 64 processes.
+    // children) even if no limit held; the policy limits it to 64 processes. The tree grows in a
+    // subshell: a shell whose `&` cannot fork exits, and the tool's own shell, which forked
+    // once before the tree took the pids, must live to say the bomb is over (under load the
+    // first branch could take all 64 before it forked its second).
     fleet.tool(
         "bomb.meta",
         &format!(
-            r#"{{"description": "fork bomb", "cmd": "touch {}; b() {{ if [ $1 -gt 0 ]; then b $(($1-1)) & b $(($1-1)) & wait; else sleep 3; fi; }}; b 9; echo bomb over; exit 1"}}"#,
+            r#"{{"description": "fork bomb", "cmd": "touch {}; b() {{ if [ $1 -gt 0 ]; then b $(($1-1)) & b $(($1-1)) & wait; else sleep 3; fi; }}; (b 9); echo bomb over; exit 1"}}"#,
             started.display()
         ),
         false,
