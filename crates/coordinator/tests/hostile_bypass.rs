@@ -263,13 +263,9 @@ async fn a_second_request_while_the_first_waits_ends_that_call_not_the_link() {
     }
     assert_eq!(cancelled(&mut inbound).await, call_id);
     let result = call_result(&mut events).await;
-    assert_eq!(result.status, CallStatus::Lost as i32, "{result:?}");
-    assert!(
-        result
-            .message
-            .contains("host a asked for a second command outside the sandbox"),
-        "{}",
-        result.message
+    lost_saying(
+        &result,
+        "host a asked for a second command outside the sandbox",
     );
     approvals_waiting(&mut api, 0).await;
     let records = audited(&coordinator, "bypass");
@@ -277,6 +273,12 @@ async fn a_second_request_while_the_first_waits_ends_that_call_not_the_link() {
     assert_eq!(records[0]["decision"], "withdrawn");
     the_link_serves_another_call(&mut api, &mut inbound, &out).await;
     coordinator.stop().await;
+}
+
+/// The call ended `lost`, its message saying `what`.
+fn lost_saying(result: &CallResult, what: &str) {
+    assert_eq!(result.status, CallStatus::Lost as i32, "{result:?}");
+    assert!(result.message.contains(what), "{}", result.message);
 }
 
 /// The id of the next call the coordinator tells the agent to kill.
@@ -349,13 +351,9 @@ async fn output_past_a_call_s_credit_ends_that_call_not_the_link() {
         bytes <= 2 * WINDOW,
         "{bytes} bytes passed on for a window of {WINDOW}"
     );
-    assert_eq!(result.status, CallStatus::Lost as i32, "{result:?}");
-    assert!(
-        result
-            .message
-            .contains("host a sent output for the call beyond the credit it was given"),
-        "{}",
-        result.message
+    lost_saying(
+        &result,
+        "host a sent output for the call beyond the credit it was given",
     );
     the_link_serves_another_call(&mut api, &mut inbound, &out).await;
     coordinator.stop().await;
