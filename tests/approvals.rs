@@ -256,3 +256,121 @@ fn an_approval_the_audit_log_cannot_record_is_not_given() {
     assert_eq!(records[1]["decided_by"], "bob");
     assert_eq!(records[2]["status"], "CALL_STATUS_OK");
 }
+
+/// A request waiting for a person is decided under the policy in force when it is decided. An
+/// edit naming other approvers moves it to them: the old ones no longer see or decide it, and
+/// the caller is told for whom it waits now. An edit that lets the call run without asking runs
+/// it; one that denies the call denies it at once. Each decision is audited as taken.
+#[test]
+fn a_waiting_request_follows_the_policy_put_in_force() {
+    let fleet = fleet(&[]);
+    fleet
+        .pki
+        .issue_client_expiring("carol", Duration::from_secs(3600));
+    let policy = |drop_table: &str| {
+        format!(r#"{{"default": "allow", "rules": [{{"tools": ["drop_table"], {drop_table}}}]}}"#)
+    };
+    // Each version in force before the test goes on: its `loaded` record is in the audit log.
+    let loaded = std::cell::Cell::new(0);
+    let put = |drop_table: &str| {
+        fleet.replace_policy(&policy(drop_table), 0o644);
+        loaded.set(loaded.get() + 1);
+        wait_for("the new policy in force", Duration::from_secs(20), || {
+            let records = fleet.audit_records();
+            let n = records
+                .iter()
+                .filter(|r| r["event"] == "policy" && r["outcome"] == "loaded")
+                .count();
+            (n == loaded.get()).then_some(())
+        });
+    };
+    let waiting_call = || {
+        let mut caller =
+            fleet.toolctl_command("client-alice", &["call", "a", "drop_table", "--deny"]);
+        caller.stdout(Stdio::piped()).stderr(Stdio::piped());
+        caller.spawn().unwrap()
+    };
+    let first_for = |stem: &str| {
+        approvals_for(&fleet, stem)
+            .first()
+            .map(|r| r["id"].as_str().unwrap().to_string())
+    };
+
+    // Waits for bob; the new policy asks carol instead.
+    let caller = waiting_call();
+    let id = wait_for("bob to see the request", Duration::from_secs(20), || {
+        first_for("client-bob")
+    });
+    put(r#""effect": "approve", "approvers": ["carol"]"#);
+    let moved = wait_for("carol to see the request", Duration::from_secs(20), || {
+        first_for("client-carol")
+    });
+    assert_eq!(moved, id, "the same request, asked of its new approver");
+    assert!(approvals_for(&fleet, "client-bob").is_empty());
+    assert_exit(
+        &fleet.toolctl_as("client-bob", &["approve", &id], None),
+        77,
+        &["its approvers are carol"],
+    );
+    let out = fleet.toolctl_as("client-carol", &["approve", &id], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = finish_child(caller, Duration::from_secs(30));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "drop_table ran\n");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("waiting for approval by bob")
+            && stderr.contains("waiting for approval by carol"),
+        "the caller is told whom it waits for, then whom it waits for now: {stderr}"
+    );
+
+    // Back to the caller: it decides (here, with --deny) once told.
+    let caller = waiting_call();
+    wait_for("carol to see the request", Duration::from_secs(20), || {
+        first_for("client-carol")
+    });
+    put(r#""effect": "approve""#);
+    let out = finish_child(caller, Duration::from_secs(30));
+    assert_exit(&out, 77, &["approval denied by alice"]);
+
+    // Allowed without asking: it runs.
+    put(r#""effect": "approve", "approvers": ["carol"]"#);
+    let caller = waiting_call();
+    wait_for("carol to see the request", Duration::from_secs(20), || {
+        first_for("client-carol")
+    });
+    put(r#""effect": "allow""#);
+    let out = finish_child(caller, Duration::from_secs(30));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "drop_table ran\n");
+
+    // Denied: at once, saying why.
+    put(r#""effect": "approve", "approvers": ["carol"]"#);
+    let caller = waiting_call();
+    wait_for("carol to see the request", Duration::from_secs(20), || {
+        first_for("client-carol")
+    });
+    put(r#""effect": "deny""#);
+    let out = finish_child(caller, Duration::from_secs(30));
+    assert_exit(
+        &out,
+        77,
+        &[
+            "approval denied by policy: the policy changed since the call was made: \
+             policy rule 0 denies client alice calling drop_table on a",
+        ],
+    );
+
+    let records = fleet.audit_records();
+    assert_eq!(
+        decisions(&records, "approval"),
+        [
+            ("approved".into(), Some("carol".into())),
+            ("denied".into(), Some("alice".into())),
+            ("approved".into(), Some("policy".into())),
+            ("denied".into(), Some("policy".into())),
+        ]
+    );
+    let first = records.iter().find(|r| r["event"] == "approval").unwrap();
+    assert_eq!(first["approvers"], serde_json::json!(["carol"]), "{first}");
+}

@@ -378,3 +378,59 @@ fn a_bypass_the_audit_log_cannot_record_is_denied() {
         "the denial's record went to the coordinator's log: {log}"
     );
 }
+
+/// A bypass request is decided under the policy in force when it is decided, not the one its
+/// call started under: one waiting for bob when a new policy denies such requests is denied at
+/// once, and a call that started while its requests were allowed asks after the change and is
+/// denied too. Neither command runs; both decisions are audited as the policy's.
+#[test]
+fn bypass_requests_follow_the_policy_put_in_force() {
+    let fleet = fleet(&[]);
+    let (asked_mark, asked_args) = mark_args(&fleet, "asked.txt");
+    let mut asked = fleet.toolctl_command("client-alice", &["call", "a", "bp_bob", &asked_args]);
+    asked.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let asked = asked.spawn().unwrap();
+    pending_for_bob(&fleet);
+
+    let (later_mark, _) = mark_args(&fleet, "later.txt");
+    let (started, go) = (fleet.marks().join("started"), fleet.marks().join("go"));
+    let args = serde_json::json!({"out": later_mark, "started": started, "go": go}).to_string();
+    let mut later = fleet.toolctl_command("client-alice", &["call", "a", "bp_wait", &args]);
+    later.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let later = later.spawn().unwrap();
+    wait_for("the call to start", Duration::from_secs(20), || {
+        started.exists().then_some(())
+    });
+
+    fleet.replace_policy(
+        r#"{"default": "allow", "rules": [
+            {"tools": ["bp_allow", "raw"], "effect": "allow", "bypass": "allow"},
+            {"tools": ["bp_bob", "bp_wait"], "effect": "allow", "bypass": "deny"}]}"#,
+        0o644,
+    );
+    let out = finish_child(asked, Duration::from_secs(30));
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(stdout.contains("bypass exit=77"), "{stdout}{stderr}");
+    assert!(
+        stderr.contains(
+            "the policy changed since the call was made: policy rule 1 denies bypass requests"
+        ),
+        "{stderr}"
+    );
+    std::fs::write(&go, "").unwrap();
+    let out = finish_child(later, Duration::from_secs(60));
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(stdout.contains("bypass exit=77"), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("policy rule 1 denies bypass requests"),
+        "{stderr}"
+    );
+    assert!(!asked_mark.exists() && !later_mark.exists());
+    assert_eq!(
+        bypasses(&fleet),
+        [
+            ("denied".into(), Some("policy".into())),
+            ("denied".into(), Some("policy".into()))
+        ]
+    );
+}

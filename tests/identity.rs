@@ -198,14 +198,6 @@ fn a_policy_edited_while_the_coordinator_runs_decides_the_calls_from_then_on() {
     let policy = fleet
         .policy_arg(r#"{"default": "allow", "rules": [{"clients": ["bob"], "effect": "deny"}]}"#);
     let path = fleet.work.path().join("policy.json");
-    // Each version put in place whole, with its mode, as an editor saving by rename does: a
-    // look between a truncation and a write would see an empty file.
-    let new = fleet.work.path().join("policy.json.new");
-    let put = |text: &str, mode: u32| {
-        std::fs::write(&new, text).unwrap();
-        std::fs::set_permissions(&new, std::fs::Permissions::from_mode(mode)).unwrap();
-        std::fs::rename(&new, &path).unwrap();
-    };
     fleet.start_coordinator(&[&policy, &fleet.audit_arg(), "--metrics-listen=127.0.0.1:0"]);
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "touch_it");
@@ -231,7 +223,7 @@ fn a_policy_edited_while_the_coordinator_runs_decides_the_calls_from_then_on() {
             "sandbox": [{{"tools": ["touch_it"], "write": ["{}"]}}]}}"#,
         outside.display()
     );
-    put(&second, 0o644);
+    fleet.replace_policy(&second, 0o644);
     wait_for(
         "bob allowed by the new policy",
         Duration::from_secs(15),
@@ -258,14 +250,14 @@ fn a_policy_edited_while_the_coordinator_runs_decides_the_calls_from_then_on() {
     // Broken, then open to every user: each refused once, the second policy stays in force.
     let coordinator_log = || fleet.coordinator.as_ref().unwrap().log();
     let refused = "policy: the file changed and cannot be used";
-    put(
+    fleet.replace_policy(
         r#"{"default": "deny", "rules": [{"effect": "allow", "typo": 1}]}"#,
         0o644,
     );
     wait_for("the broken policy refused", Duration::from_secs(15), || {
         (coordinator_log().matches(refused).count() == 1).then_some(())
     });
-    put(r#"{"default": "deny"}"#, 0o666);
+    fleet.replace_policy(r#"{"default": "deny"}"#, 0o666);
     wait_for("the open policy refused", Duration::from_secs(15), || {
         (coordinator_log().matches(refused).count() == 2).then_some(())
     });

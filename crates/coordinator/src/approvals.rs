@@ -4,12 +4,18 @@
 //! An approval is bound to the request it answers (id, caller, host, tool, argument digest) and
 //! is used once: deciding removes the request. A request whose caller goes away is withdrawn
 //! (the [`Waiting`] guard removes it on drop), so nobody can approve a call that no longer waits.
+//!
+//! A request is decided under the policy in force when it is decided: when the policy or the
+//! host labels change, [`Approvals::rejudge`] gives each waiting request the approvers the new
+//! policy names for it, or decides it as the new policy does (a call it denies, one it lets run
+//! without asking), and the waiter is told ([`Next::Retold`]) so that its caller sees who decides
+//! now.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
 use toolsrv_proto::v1::ApprovalRequest;
 
 use crate::audit::bounded;
@@ -56,6 +62,27 @@ pub enum DecideError {
 struct Entry {
     request: ApprovalRequest,
     answer: oneshot::Sender<Decision>,
+    /// Told when `request` changed (its approvers, by [`Approvals::rejudge`]).
+    retold: Arc<Notify>,
+}
+
+/// What the policy in force says of a waiting request ([`Approvals::rejudge`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejudged {
+    /// Leave it as it is.
+    Keep,
+    /// Ask these approvers (as a rule's `approvers`: empty or `["caller"]` is the caller).
+    Ask(Vec<String>),
+    /// Decided without asking anyone.
+    Decide(Decision),
+}
+
+/// What a waiter learns next ([`Waiting::next`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    Decided(Decision),
+    /// The request changed while it waits (who decides it); `Waiting::request` is the new one.
+    Retold,
 }
 
 /// Every pending request of this coordinator.
@@ -69,18 +96,30 @@ pub struct Approvals {
 pub struct Waiting<'a> {
     approvals: &'a Approvals,
     pub request: ApprovalRequest,
-    answer: Option<oneshot::Receiver<Decision>>,
+    answer: oneshot::Receiver<Decision>,
+    retold: Arc<Notify>,
 }
 
 impl Waiting<'_> {
-    /// The decision, or [`Decision::Expired`] after `timeout`.
-    pub async fn decision(&mut self, timeout: Duration) -> Decision {
-        let Some(answer) = self.answer.as_mut() else {
-            return Decision::Expired;
-        };
-        match tokio::time::timeout(timeout, answer).await {
-            Ok(Ok(decision)) => decision,
-            Ok(Err(_)) | Err(_) => Decision::Expired,
+    /// The decision, [`Decision::Expired`] at `deadline`, or [`Next::Retold`] when the request
+    /// changed first (`self.request` is then the changed one).
+    pub async fn next(&mut self, deadline: Instant) -> Next {
+        loop {
+            tokio::select! {
+                answer = &mut self.answer => {
+                    return Next::Decided(answer.unwrap_or(Decision::Expired));
+                }
+                () = tokio::time::sleep_until(deadline) => return Next::Decided(Decision::Expired),
+                () = self.retold.notified() => {
+                    // Decided meanwhile: the answer is there for the next turn.
+                    if let Some(request) = self.approvals.get(&self.request.id)
+                        && request != self.request
+                    {
+                        self.request = request;
+                        return Next::Retold;
+                    }
+                }
+            }
         }
     }
 }
@@ -113,6 +152,18 @@ fn may_decide(request: &ApprovalRequest, decider: &str) -> Result<(), String> {
     }
 }
 
+/// Who decides a request asked of a rule's `approvers`: the approver globs shown and kept, and
+/// whether the caller decides (`approvers` empty or `["caller"]`).
+fn deciders(approvers: &[String]) -> (Vec<String>, bool) {
+    let caller_may_decide = approvers.is_empty() || approvers.iter().all(|a| a == CALLER);
+    let shown = if caller_may_decide {
+        vec![CALLER.to_string()]
+    } else {
+        approvers.iter().filter(|a| *a != CALLER).cloned().collect()
+    };
+    (shown, caller_may_decide)
+}
+
 /// A fresh unguessable request id.
 pub(crate) fn new_id() -> String {
     use std::hash::{BuildHasher, RandomState};
@@ -141,28 +192,62 @@ impl Approvals {
     /// Files `request` (its id and who may decide are set here): `approvers` empty or
     /// `["caller"]` lets the caller decide, other globs a second identity.
     pub fn file(&self, mut request: ApprovalRequest, approvers: &[String]) -> Waiting<'_> {
-        let caller_may_decide = approvers.is_empty() || approvers.iter().all(|a| a == CALLER);
         request.id = new_id();
         request.args_json = bounded(&request.args_json, SHOWN_ARGS);
-        request.approvers = if caller_may_decide {
-            vec![CALLER.to_string()]
-        } else {
-            approvers.iter().filter(|a| *a != CALLER).cloned().collect()
-        };
-        request.caller_may_decide = caller_may_decide;
+        (request.approvers, request.caller_may_decide) = deciders(approvers);
         let (tx, rx) = oneshot::channel();
+        let retold = Arc::new(Notify::new());
         self.lock().insert(
             request.id.clone(),
             Entry {
                 request: request.clone(),
                 answer: tx,
+                retold: retold.clone(),
             },
         );
         Waiting {
             approvals: self,
             request,
-            answer: Some(rx),
+            answer: rx,
+            retold,
         }
+    }
+
+    /// Judges every waiting request again with `judge` (the policy in force): new approvers
+    /// replace the old ones, and their waiter is told; a decision answers the request at once.
+    /// Returns the requests that changed, each with what became of it.
+    pub fn rejudge(
+        &self,
+        judge: impl Fn(&ApprovalRequest) -> Rejudged,
+    ) -> Vec<(ApprovalRequest, Rejudged)> {
+        let mut pending = self.lock();
+        let mut changed = Vec::new();
+        let mut decided = Vec::new();
+        for (id, entry) in pending.iter_mut() {
+            match judge(&entry.request) {
+                Rejudged::Keep => {}
+                Rejudged::Ask(approvers) => {
+                    let (shown, caller_may_decide) = deciders(&approvers);
+                    if (&shown, caller_may_decide)
+                        != (&entry.request.approvers, entry.request.caller_may_decide)
+                    {
+                        entry.request.approvers = shown;
+                        entry.request.caller_may_decide = caller_may_decide;
+                        entry.retold.notify_one();
+                        changed.push((entry.request.clone(), Rejudged::Ask(approvers)));
+                    }
+                }
+                Rejudged::Decide(decision) => decided.push((id.clone(), decision)),
+            }
+        }
+        for (id, decision) in decided {
+            if let Some(entry) = pending.remove(&id) {
+                // The waiter may have just timed out; its request is used up all the same.
+                let _ = entry.answer.send(decision.clone());
+                changed.push((entry.request, Rejudged::Decide(decision)));
+            }
+        }
+        changed
     }
 
     /// Decides request `id` as client `decider`; the request is used up.
@@ -240,7 +325,7 @@ mod tests {
         ));
         a.decide(&id, "alice", true, "ok").unwrap();
         assert_eq!(
-            w.decision(Duration::from_secs(1)).await,
+            decided(&mut w, 1).await,
             Decision::Approved {
                 by: "alice".into(),
                 reason: "ok".into()
@@ -266,17 +351,14 @@ mod tests {
         assert!(a.decide(&id, "dev-1", true, "").is_err());
         assert_eq!(a.decidable_by("oncall-2").len(), 1);
         a.decide(&id, "oncall-2", false, "not now").unwrap();
-        assert!(matches!(
-            w.decision(Duration::from_secs(1)).await,
-            Decision::Denied { .. }
-        ));
+        assert!(matches!(decided(&mut w, 1).await, Decision::Denied { .. }));
     }
 
     #[tokio::test(start_paused = true)]
     async fn unanswered_requests_expire_and_withdrawn_ones_cannot_be_decided() {
         let a = Approvals::default();
         let mut w = file(&a, &[]);
-        assert_eq!(w.decision(Duration::from_secs(60)).await, Decision::Expired);
+        assert_eq!(decided(&mut w, 60).await, Decision::Expired);
         let id = w.request.id.clone();
         drop(w);
         assert!(matches!(
@@ -284,6 +366,75 @@ mod tests {
             Err(DecideError::NotFound(_))
         ));
         assert!(a.lock().is_empty());
+    }
+
+    async fn decided(w: &mut Waiting<'_>, secs: u64) -> Decision {
+        match w
+            .next(Instant::now() + std::time::Duration::from_secs(secs))
+            .await
+        {
+            Next::Decided(decision) => decision,
+            Next::Retold => panic!("retold, not decided"),
+        }
+    }
+
+    fn strings(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_judged_again_is_asked_of_its_new_approvers() {
+        let a = Approvals::default();
+        let mut w = file(&a, &["oncall-*"]);
+        let id = w.request.id.clone();
+        // The same approvers again: nothing to tell.
+        assert!(
+            a.rejudge(|_| Rejudged::Ask(strings(&["oncall-*"])))
+                .is_empty()
+        );
+        let changed = a.rejudge(|_| Rejudged::Ask(strings(&["sre-lead"])));
+        assert_eq!(changed.len(), 1);
+        let deadline = Instant::now() + std::time::Duration::from_secs(60);
+        assert_eq!(w.next(deadline).await, Next::Retold);
+        assert_eq!(w.request.approvers, ["sre-lead"]);
+        assert!(a.decidable_by("oncall-1").is_empty());
+        assert!(matches!(
+            a.decide(&id, "oncall-1", true, ""),
+            Err(DecideError::NotAllowed { .. })
+        ));
+        // Back to the caller: the caller may decide it now.
+        a.rejudge(|_| Rejudged::Ask(Vec::new()));
+        assert_eq!(w.next(deadline).await, Next::Retold);
+        assert!(w.request.caller_may_decide);
+        a.decide(&id, "alice", true, "").unwrap();
+        assert!(matches!(
+            w.next(deadline).await,
+            Next::Decided(Decision::Approved { .. })
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_the_policy_now_decides_is_answered_at_once() {
+        let a = Approvals::default();
+        let mut denied = file(&a, &["oncall-*"]);
+        let mut kept = file(&a, &["oncall-*"]);
+        let denied_id = denied.request.id.clone();
+        let decision = Decision::Denied {
+            by: "policy".into(),
+            reason: "rule 0 denies it".into(),
+        };
+        let changed = a.rejudge(|r| {
+            if r.id == denied_id {
+                Rejudged::Decide(decision.clone())
+            } else {
+                Rejudged::Keep
+            }
+        });
+        assert_eq!(changed.len(), 1);
+        assert_eq!(decided(&mut denied, 1).await, decision);
+        assert_eq!(a.pending(), 1);
+        assert!(a.decide(&denied_id, "oncall-1", true, "").is_err());
+        assert_eq!(decided(&mut kept, 60).await, Decision::Expired);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use toolsrv_proto::v1::{
 };
 
 use crate::State;
-use crate::approvals::Decision;
+use crate::approvals::{Decision, Next, Rejudged};
 use crate::audit::{Pending, Record};
 use crate::fleet::HostEntry;
 use crate::link::{AgentEvent, CallHandle};
@@ -107,20 +107,23 @@ async fn route(
     })
 }
 
-/// Files an approval request, shows it to the caller, and waits for the decision (audited).
-/// `None` when the caller went away before anyone decided.
+/// Files an approval request, shows it to the caller, and waits for the decision (audited);
+/// shows it again whenever who decides it changes (the policy or the host labels changed). The
+/// decision, and the request as it was decided (its approvers then); `None` when the caller
+/// went away before anyone decided.
 async fn ask<F, Fut>(
     state: &State,
     request: ApprovalRequest,
     approvers: &[String],
     call_ended: Option<&CancellationToken>,
     emit: &mut F,
-) -> Option<Decision>
+) -> Option<(Decision, ApprovalRequest)>
 where
     F: FnMut(Event) -> Fut,
     Fut: Future<Output = bool>,
 {
     let timeout = state.config.approval_timeout;
+    let deadline = tokio::time::Instant::now() + timeout;
     // Set before filing: the pending copy is what `ListApprovals` shows and sorts by.
     let request = ApprovalRequest {
         expires_unix_ms: toolsrv_proto::unix_ms()
@@ -137,14 +140,79 @@ where
     // request back: nobody is left to decide for.
     let never = CancellationToken::new();
     let call_ended = call_ended.unwrap_or(&never);
-    let decision = tokio::select! {
-        decision = waiting.decision(timeout) => decision,
-        () = call_ended.cancelled() => Decision::Withdrawn,
+    let decision = loop {
+        let next = tokio::select! {
+            next = waiting.next(deadline) => next,
+            () = call_ended.cancelled() => break Decision::Withdrawn,
+        };
+        match next {
+            Next::Decided(decision) => break decision,
+            Next::Retold => {
+                if !emit(Event::Approval(waiting.request.clone())).await {
+                    break Decision::Withdrawn;
+                }
+            }
+        }
     };
     let decision = unless_unrecorded(state, decision);
     state.audit.approval(&waiting.request, &decision);
     state.metrics.approval(&decision);
-    Some(decision)
+    Some((decision, waiting.request.clone()))
+}
+
+/// How a decision taken under a policy that changed since the call began says so.
+const POLICY_CHANGED: &str = "the policy changed since the call was made";
+
+/// What the policy in force says of the running call `spec` on `host_id`, for its bypass
+/// requests: the verdict of the policy in force now, or `started` (what it started under)
+/// when this coordinator no longer holds the host. `Err`: the policy now denies the call.
+fn verdict_now(
+    state: &State,
+    host_id: &str,
+    spec: &CallSpec,
+    started: &Verdict,
+) -> Result<Verdict, String> {
+    match state.fleet.get(host_id) {
+        Some(host) => state
+            .policy
+            .now()
+            .check(&spec.client, &spec.tool, &host.policy_facts()),
+        None => Ok(started.clone()),
+    }
+}
+
+/// What the policy in force says of a waiting request: the approvers it names now, or its
+/// decision when it no longer asks anyone (it denies the call or the command, or lets it run).
+/// A request whose host this coordinator no longer holds is left as it is (its call ends).
+pub(crate) fn rejudged(state: &State, request: &ApprovalRequest) -> Rejudged {
+    let Some(host) = state.fleet.get(&request.host) else {
+        return Rejudged::Keep;
+    };
+    let policy = state.policy.now();
+    let by_policy = |approve: bool, reason: String| {
+        let by = "policy".to_string();
+        Rejudged::Decide(if approve {
+            Decision::Approved { by, reason }
+        } else {
+            Decision::Denied { by, reason }
+        })
+    };
+    let verdict = match policy.check(&request.caller, &request.tool, &host.policy_facts()) {
+        Ok(verdict) => verdict,
+        Err(why) => return by_policy(false, format!("{POLICY_CHANGED}: {why}")),
+    };
+    let now = |what: &str| format!("{POLICY_CHANGED}: {}", rule_text(&verdict, what));
+    if request.bypass_argv.is_empty() {
+        return match verdict.approve {
+            true => Rejudged::Ask(verdict.approvers),
+            false => by_policy(true, now("lets the call run without approval")),
+        };
+    }
+    match verdict.bypass {
+        Bypass::Ask => Rejudged::Ask(verdict.approvers),
+        Bypass::Allow => by_policy(true, now("allows bypass requests")),
+        Bypass::Deny => by_policy(false, now("denies bypass requests")),
+    }
 }
 
 /// A decision to run something (a call the policy asks about, a command outside the sandbox),
@@ -162,17 +230,17 @@ fn unless_unrecorded(state: &State, decision: Decision) -> Decision {
 }
 
 /// Why a decision refused, for the caller or the tool.
-fn refusal(decision: &Decision, approvers: &[String], timeout: Duration) -> String {
+fn refusal(decision: &Decision, request: &ApprovalRequest, timeout: Duration) -> String {
     match decision {
         Decision::Approved { .. } => String::new(),
         Decision::Denied { by, reason } if reason.is_empty() => format!("approval denied by {by}"),
         Decision::Denied { by, reason } => format!("approval denied by {by}: {reason}"),
         Decision::Withdrawn => "the call ended before anyone decided".into(),
         Decision::Expired => {
-            let who = if approvers.is_empty() {
+            let who = if request.caller_may_decide {
                 "the caller".to_string()
             } else {
-                approvers.join(", ")
+                request.approvers.join(", ")
             };
             format!("not approved within {} s by {who}", timeout.as_secs())
         }
@@ -221,7 +289,8 @@ where
 {
     let mut request = call_request(state, host_id, spec);
     request.reason = rule_text(verdict, "requires approval");
-    let Some(decision) = ask(state, request, &verdict.approvers, None, emit).await else {
+    let Some((decision, request)) = ask(state, request, &verdict.approvers, None, emit).await
+    else {
         return Err((
             CallResult::not_run(CallStatus::Cancelled, "the caller went away"),
             false,
@@ -230,7 +299,7 @@ where
     if matches!(decision, Decision::Approved { .. }) {
         return Ok(());
     }
-    let why = refusal(&decision, &verdict.approvers, state.config.approval_timeout);
+    let why = refusal(&decision, &request, state.config.approval_timeout);
     Err((CallResult::not_run(CallStatus::Denied, why), true))
 }
 
@@ -240,7 +309,7 @@ async fn decide_bypass<F, Fut>(
     state: &State,
     host_id: &str,
     spec: &CallSpec,
-    verdict: &Verdict,
+    started: &Verdict,
     bypass: &BypassRequest,
     call_ended: &CancellationToken,
     emit: &mut F,
@@ -264,19 +333,25 @@ where
     }
     request.bypass_argv = bypass.argv.clone();
     request.bypass_reason = bypass.reason.clone();
-    let decided = match verdict.bypass {
-        Bypass::Allow => (true, rule_text(verdict, "allows bypass requests")),
-        Bypass::Deny => (false, rule_text(verdict, "denies bypass requests")),
-        Bypass::Ask => {
-            request.reason = rule_text(verdict, "asks before a bypass");
-            let decision = ask(state, request, &verdict.approvers, Some(call_ended), emit).await?;
-            let approved = matches!(decision, Decision::Approved { .. });
-            let why = match &decision {
-                Decision::Approved { by, .. } => format!("approved by {by}"),
-                other => refusal(other, &verdict.approvers, state.config.approval_timeout),
-            };
-            return Some((approved, why));
-        }
+    // Decided under the policy in force now, which may not be the one the call started under.
+    let decided = match verdict_now(state, host_id, spec, started) {
+        Err(why) => (false, format!("{POLICY_CHANGED}: {why}")),
+        Ok(verdict) => match verdict.bypass {
+            Bypass::Allow => (true, rule_text(&verdict, "allows bypass requests")),
+            Bypass::Deny => (false, rule_text(&verdict, "denies bypass requests")),
+            Bypass::Ask => {
+                request.reason = rule_text(&verdict, "asks before a bypass");
+                let (decision, request) =
+                    ask(state, request, &verdict.approvers, Some(call_ended), emit).await?;
+                let approved = matches!(decision, Decision::Approved { .. });
+                let why = match decision {
+                    Decision::Approved { by, reason } if by == "policy" => reason,
+                    Decision::Approved { by, .. } => format!("approved by {by}"),
+                    other => refusal(&other, &request, state.config.approval_timeout),
+                };
+                return Some((approved, why));
+            }
+        },
     };
     // Decided by policy alone: audited all the same.
     let (approved, why) = decided;

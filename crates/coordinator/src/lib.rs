@@ -657,7 +657,7 @@ async fn follow_settings(state: Arc<State>) {
             tracing::info!(
                 rules,
                 sandbox,
-                "policy reloaded: calls that start from now on are decided by it"
+                "policy reloaded: calls that start from now on, and requests waiting for a decision, are decided by it"
             );
             serde_json::json!({"rules": rules, "sandbox": sandbox})
         });
@@ -679,7 +679,37 @@ async fn follow_settings(state: Arc<State>) {
             serde_json::json!({"hosts_relabelled": relabelled})
         });
         if policy_applied || labels_applied {
+            rejudge_waiting(&state);
             state.settings_applied.send_modify(|n| *n += 1);
+        }
+    }
+}
+
+/// Judges the approval requests still waiting again, under the policy and host labels now in
+/// force: who decides each, or its decision when the policy no longer asks anyone.
+fn rejudge_waiting(state: &State) {
+    for (request, what) in state
+        .approvals
+        .rejudge(|request| calls::rejudged(state, request))
+    {
+        match what {
+            approvals::Rejudged::Ask(_) => tracing::info!(
+                id = %request.id,
+                caller = %request.caller,
+                tool = %request.tool,
+                host = %request.host,
+                approvers = %request.approvers.join(", "),
+                "approval request: asked of other approvers under the settings now in force"
+            ),
+            approvals::Rejudged::Decide(decision) => tracing::info!(
+                id = %request.id,
+                caller = %request.caller,
+                tool = %request.tool,
+                host = %request.host,
+                ?decision,
+                "approval request: decided by the settings now in force"
+            ),
+            approvals::Rejudged::Keep => {}
         }
     }
 }

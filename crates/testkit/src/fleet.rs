@@ -207,6 +207,27 @@ impl TestFleet {
         format!("--policy={}", path.display())
     }
 
+    /// Puts `json` in place of the policy file of [`TestFleet::policy_arg`] with `mode`, whole,
+    /// as an editor saving by rename does (a look between a truncation and a write would see an
+    /// empty file); a running coordinator follows it.
+    #[track_caller]
+    pub fn replace_policy(&self, json: &str, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.work.path().join("policy.json");
+        let new = self.work.path().join("policy.json.new");
+        must(
+            std::fs::write(&new, json).map_err(|e| TestkitError::io(new.display().to_string(), e)),
+        );
+        must(
+            std::fs::set_permissions(&new, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| TestkitError::io(new.display().to_string(), e)),
+        );
+        must(
+            std::fs::rename(&new, &path)
+                .map_err(|e| TestkitError::io(path.display().to_string(), e)),
+        );
+    }
+
     /// Where the coordinator writes its audit log when given [`TestFleet::audit_arg`].
     pub fn audit_log(&self) -> PathBuf {
         self.work.path().join("audit.jsonl")
