@@ -351,9 +351,12 @@ fn an_audit_log_that_cannot_be_written_stops_calls_until_it_can() {
     std::os::unix::fs::symlink("/dev/full", &log).unwrap();
     let mark = fleet.marks().join("ran");
     marking_tool(&fleet, "mark", &mark, 0);
+    let state = format!("--state-dir={}", work.join("state").display());
     fleet.start_coordinator(&[
         &format!("--audit-log={}", log.display()),
         "--metrics-listen=127.0.0.1:0",
+        "--admin=alice",
+        &state,
     ]);
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "mark");
@@ -391,6 +394,15 @@ fn an_audit_log_that_cannot_be_written_stops_calls_until_it_can() {
     refused(&["call", "a", "mark"]);
     refused(&["fanout", "all", "mark"]);
     assert!(!mark.exists(), "a refused call reached the host");
+    // A revocation shuts someone out and goes on; lifting one lets them in again and waits.
+    let out = fleet.toolctl(&["revoke", "client/bob", "--reason", "laptop stolen"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    refused(&["unrevoke", "client/bob"]);
+    assert_exit(
+        &fleet.toolctl_as("client-bob", &["hosts"], None),
+        77,
+        &["revoked"],
+    );
 
     // Room again: the log points at a file, the coordinator reopens it.
     let file = work.join("audit-after.jsonl");

@@ -592,6 +592,9 @@ pub(crate) fn unrevoke_rpc(
     let done = (|| {
         Caller::admin_name(&caller, &state.config.admins)?;
         let identity = parse_identity(&req.identity)?;
+        // Lifting a revocation lets an identity in again: not while the audit log cannot record
+        // it ([`crate::audit`]). A revocation shuts one out, and goes on.
+        state.audit.writable().map_err(Status::unavailable)?;
         state.revocations.unrevoke(&identity)
     })();
     match done {
