@@ -763,7 +763,8 @@ fn a_revocation_through_one_replica_holds_on_every_replica_and_outlives_a_restar
     assert_eq!(list[0]["identity"], "client/bob");
     assert_eq!(list[0]["revoked_by"], "alice");
 
-    // An agent revoked through r0 loses its link on r1, and stays out.
+    // An agent revoked through r0 loses its link on r1, and stays out: both replicas forget
+    // it (r1 held it, r0 knew it from etcd) long before --forget-offline-after-secs.
     let out = r.toolctl(0, &["revoke", "agent/a1"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let state = |r: &mut Replicated, i: usize, host: &str| -> String {
@@ -773,9 +774,18 @@ fn a_revocation_through_one_replica_holds_on_every_replica_and_outlives_a_restar
             .map(|h| h["state"].as_str().unwrap_or_default().to_string())
             .unwrap_or_default()
     };
-    wait_for("a1 offline", Duration::from_secs(15), || {
-        (state(&mut r, 1, "a1") == "offline").then_some(())
-    });
+    for i in [1, 0] {
+        wait_for(
+            &format!("a1 gone from r{i}"),
+            Duration::from_secs(15),
+            || state(&mut r, i, "a1").is_empty().then_some(()),
+        );
+    }
+    assert_exit(
+        &r.toolctl(0, &["call", "a1", "hello"]),
+        127,
+        &["host `a1` is not in the fleet: the identity agent/a1 is revoked"],
+    );
     assert_eq!(state(&mut r, 0, "a2"), "online", "a2 untouched");
 
     // A replica restarted takes the list from etcd.

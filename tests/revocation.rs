@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use toolsrv_tests::{
-    AgentSpec, Fleet, Pki, assert_exit, bin, finish_child, run_bounded, text, wait_for,
+    AgentSpec, Fleet, LineWatch, Pki, assert_exit, bin, finish_child, run_bounded, text, wait_for,
 };
 use toolsrv_tls::Identity;
 
@@ -108,17 +108,32 @@ fn revoking_closes_a_live_agent_and_a_live_client_and_refuses_them_after() {
     let out = fleet.toolctl_as("client-bob", &["call", "a", "hello"], None);
     assert_exit(&out, 77, &[]);
 
-    // Revoke an agent, in another case: its link ends, its call ends with a status, the host
-    // goes offline and stays so (the agent's retries are refused).
+    // Revoke an agent, in another case: its link ends, its call ends with a status, and the
+    // host leaves the fleet (forgotten once offline, long before --forget-offline-after-secs)
+    // and stays out (the agent's retries are refused); a call to it says why.
+    let alice_watch = LineWatch::start(fleet.toolctl_command("client-alice", &["watch", "--json"]));
+    alice_watch.until("the watch's snapshot", |v| v["kind"] == "snapshot");
     let out = fleet.toolctl(&["revoke", "agent/A", "--reason", "decommissioned"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let out = ended_within(alice_call, Duration::from_secs(5), "the call on a");
     assert_exit(&out, 75, &["revoked"]);
-    wait_for("host a to be offline", Duration::from_secs(10), || {
-        (host_state(&fleet, "a") == "offline").then_some(())
+    wait_for("host a to leave the fleet", Duration::from_secs(10), || {
+        host_state(&fleet, "a").is_empty().then_some(())
     });
     std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(host_state(&fleet, "a"), "offline", "a came back");
+    assert_eq!(host_state(&fleet, "a"), "", "a came back");
+    let out = fleet.toolctl(&["call", "a", "hello"]);
+    assert_exit(
+        &out,
+        127,
+        &[
+            "host `a` is not in the fleet: the identity agent/a is revoked on this coordinator \
+           (by alice: decommissioned)",
+        ],
+    );
+    alice_watch.until("host a forgotten", |v| {
+        v["kind"] == "host_forgotten" && v["host"] == "a"
+    });
     let agent_log = fleet.agents["a"].log();
     assert!(
         agent_log.contains("agent/a is revoked"),
@@ -162,6 +177,17 @@ fn revoking_closes_a_live_agent_and_a_live_client_and_refuses_them_after() {
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "hello");
 
+    // A host retired first and revoked after, while offline: it leaves the fleet then.
+    fleet.agents.get_mut("b").unwrap().stop();
+    wait_for("host b offline", Duration::from_secs(10), || {
+        (host_state(&fleet, "b") == "offline").then_some(())
+    });
+    let out = fleet.toolctl(&["revoke", "agent/b", "--reason", "retired"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    wait_for("host b to leave the fleet", Duration::from_secs(10), || {
+        host_state(&fleet, "b").is_empty().then_some(())
+    });
+
     let events: Vec<(String, String, String)> = fleet
         .audit_records()
         .iter()
@@ -179,6 +205,7 @@ fn revoking_closes_a_live_agent_and_a_live_client_and_refuses_them_after() {
         ("revoke", "agent/a", "done"),
         ("unrevoke", "client/bob", "done"),
         ("unrevoke", "agent/a", "done"),
+        ("revoke", "agent/b", "done"),
     ]
     .map(|(a, i, o)| (a.to_string(), i.to_string(), o.to_string()));
     assert_eq!(events, want);

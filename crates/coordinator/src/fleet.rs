@@ -275,15 +275,20 @@ impl Fleet {
     }
 
     /// Removes the hosts offline (on this coordinator) since before `cutoff_ms` (Unix ms of the
-    /// last message heard from them), telling watchers unless `elsewhere` says the host is
+    /// last message heard from them), or offline and `revoked`, telling watchers unless `elsewhere` says the host is
     /// connected through another replica (then only this replica's stale entry goes); their ids.
-    pub fn forget_offline(&self, cutoff_ms: u64, elsewhere: impl Fn(&str) -> bool) -> Vec<String> {
+    pub fn forget_offline(
+        &self,
+        cutoff_ms: u64,
+        elsewhere: impl Fn(&str) -> bool,
+        revoked: impl Fn(&str) -> bool,
+    ) -> Vec<String> {
         let mut forgotten = Vec::new();
         let mut had_views = false;
         self.write().retain(|id, host| {
             let away = host.link.is_none()
                 && host.remote.is_none()
-                && host.last_seen.load(Ordering::Relaxed) < cutoff_ms;
+                && (host.last_seen.load(Ordering::Relaxed) < cutoff_ms || revoked(id));
             if away {
                 had_views |= host.view.is_some();
                 forgotten.push(id.clone());

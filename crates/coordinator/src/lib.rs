@@ -242,6 +242,8 @@ pub(crate) struct State {
     /// Bumped once a new policy or new host labels are in force, hosts relabelled: each agent's
     /// link then sends its sandbox grants again if they changed.
     pub settings_applied: tokio::sync::watch::Sender<u64>,
+    /// Told when an agent's identity is revoked: its host is forgotten once offline.
+    pub agent_revoked: tokio::sync::Notify,
     pub quotas: Arc<quota::Quotas>,
     pub approvals: approvals::Approvals,
     pub sessions: sessions::Sessions,
@@ -366,6 +368,7 @@ pub async fn serve(
         audit,
         host_labels,
         settings_applied: tokio::sync::watch::Sender::new(0),
+        agent_revoked: tokio::sync::Notify::new(),
         quotas: Arc::new(quota::Quotas::new(config.limits.clone())),
         approvals: approvals::Approvals::default(),
         sessions: sessions::Sessions::new(
@@ -775,37 +778,73 @@ async fn follow_registry(state: Arc<State>) {
 /// Removes hosts offline for longer than `forget_offline_after` from the fleet (and, with
 /// replicas, the hosts other replicas held that have had no link as long), looking a few times
 /// within that time and at least every minute.
-async fn forget_offline_hosts(state: Arc<State>) {
-    let after = state.config.forget_offline_after;
-    if after.is_zero() {
-        return;
+/// Whether a fleet event (or its loss) calls for a look at once: a host gone offline that
+/// `revoked` says is revoked, or events missed. A closed stream never does.
+fn offline_and(
+    event: Result<toolsrv_proto::v1::CatalogEvent, tokio::sync::broadcast::error::RecvError>,
+    revoked: impl Fn(&str) -> bool,
+) -> bool {
+    use tokio::sync::broadcast::error::RecvError;
+    match event {
+        Ok(event) => {
+            event.kind == toolsrv_proto::v1::CatalogEventKind::HostOffline as i32
+                && revoked(&event.host)
+        }
+        Err(RecvError::Lagged(_)) => true,
+        Err(RecvError::Closed) => false,
     }
-    let every = (after / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
+}
+
+/// Forgets the hosts offline for longer than `--forget-offline-after-secs` (0: never), and those
+/// whose agent's identity is revoked as soon as they are offline here (held by another replica:
+/// at this replica's next look, within a minute).
+async fn forget_offline_hosts(state: Arc<State>) {
+    let after = Some(state.config.forget_offline_after).filter(|a| !a.is_zero());
+    let every = after.map_or(Duration::from_secs(60), |after| {
+        (after / 4).clamp(Duration::from_millis(100), Duration::from_secs(60))
+    });
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut events = state.fleet.subscribe();
+    let mut remote = state.replicas.as_ref().map(|r| r.remote_events());
+    let revoked = |id: &str| {
+        state
+            .revocations
+            .is_revoked(&toolsrv_tls::Identity::Agent(id.to_string()))
+    };
     loop {
         tokio::select! {
             () = state.shutdown.cancelled() => return,
             _ = ticks.tick() => {}
+            () = state.agent_revoked.notified() => {}
+            event = events.recv() => if !offline_and(event, revoked) {
+                continue;
+            },
+            Some(event) = async { Some(remote.as_mut()?.recv().await) } => {
+                if !offline_and(event, revoked) {
+                    continue;
+                }
+            }
         }
-        let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
-        let cutoff = fleet::now_ms().saturating_sub(after_ms);
+        let cutoff = after.map_or(0, |after| {
+            fleet::now_ms().saturating_sub(u64::try_from(after.as_millis()).unwrap_or(u64::MAX))
+        });
         let elsewhere = |id: &str| {
             state
                 .replicas
                 .as_ref()
                 .is_some_and(|r| r.routed_elsewhere(id))
         };
-        let mut forgotten = state.fleet.forget_offline(cutoff, elsewhere);
+        let mut forgotten = state.fleet.forget_offline(cutoff, elsewhere, revoked);
         if let Some(replicas) = &state.replicas {
-            forgotten.extend(replicas.forget_gone(&state, after));
+            forgotten.extend(replicas.forget_gone(&state, after, revoked));
         }
         if !forgotten.is_empty() {
             state.metrics.hosts_forgotten(forgotten.len());
             tracing::info!(
                 hosts = ?forgotten,
-                "forgot hosts offline for more than {} s (--forget-offline-after-secs)",
-                after.as_secs()
+                "forgot hosts offline for more than {} s (--forget-offline-after-secs) or revoked",
+                after.map_or(0, |a| a.as_secs())
             );
         }
     }

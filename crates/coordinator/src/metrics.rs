@@ -113,7 +113,7 @@ impl Metrics {
         );
         registry.register(
             "hosts_forgotten",
-            "Hosts removed from the fleet after being offline longer than --forget-offline-after-secs",
+            "Hosts removed from the fleet after being offline longer than --forget-offline-after-secs, or revoked",
             self.hosts_forgotten.clone(),
         );
         registry.register(

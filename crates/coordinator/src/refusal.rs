@@ -30,6 +30,14 @@ impl Refusal {
 
     /// No host of that id has attached, or not since the coordinator forgot it.
     pub fn unknown_host(state: &State, id: &str) -> Self {
+        // A revoked host is forgotten once offline: say so rather than guess.
+        let agent = toolsrv_tls::Identity::Agent(toolsrv_tls::normalize_name(id));
+        if let Err(revoked) = state.revocations.check(&agent) {
+            return Self::new(
+                CallStatus::UnknownHost,
+                format!("host `{id}` is not in the fleet: {}", revoked.message()),
+            );
+        }
         let ids = state.fleet.ids();
         let suggestion = did_you_mean(id, ids.iter().map(String::as_str));
         let after = state.config.forget_offline_after;

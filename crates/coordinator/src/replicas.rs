@@ -606,12 +606,17 @@ impl Replicas {
         self.lock_gone().clone()
     }
 
-    /// Forgets the hosts other replicas held that have had no link for longer than `after`,
-    /// telling this replica's watchers; their ids.
-    pub fn forget_gone(&self, state: &State, after: Duration) -> Vec<String> {
+    /// Forgets the hosts other replicas held that have had no link for longer than `after` (if
+    /// any), or that are `revoked`, telling this replica's watchers; their ids.
+    pub fn forget_gone(
+        &self,
+        state: &State,
+        after: Option<Duration>,
+        revoked: impl Fn(&str) -> bool,
+    ) -> Vec<String> {
         let mut forgotten = Vec::new();
         self.lock_gone().retain(|id, gone| {
-            let keep = gone.since.elapsed() <= after;
+            let keep = !revoked(id) && after.is_none_or(|after| gone.since.elapsed() <= after);
             if !keep {
                 forgotten.push(id.clone());
             }
@@ -917,15 +922,16 @@ pub(crate) async fn follow(state: Arc<State>, reporter: tonic_health::server::He
                     }
                 }
                 Ok(ClusterEvent::HostReleased { host_id, record }) if record.owner != replicas.id() => {
+                    // Kept with its facts while it may come back, here or through another
+                    // replica; a replica that went away made it reconnecting already. Kept
+                    // before it is told offline: a revoked one is forgotten at that news.
+                    replicas
+                        .lock_gone()
+                        .entry(host_id.clone())
+                        .or_insert_with(|| Gone::new(record, HostState::Offline));
                     if replicas.cluster.route(&host_id).is_none() && !state.fleet.get(&host_id).is_some_and(|h| h.online()) {
                         replicas.emit_remote(&state, CatalogEventKind::HostOffline, &host_id, 0);
                     }
-                    // Kept with its facts while it may come back, here or through another
-                    // replica; a replica that went away made it reconnecting already.
-                    replicas
-                        .lock_gone()
-                        .entry(host_id)
-                        .or_insert_with(|| Gone::new(record, HostState::Offline));
                 }
                 Ok(ClusterEvent::HostClaimed { host_id, record }) => {
                     if record.owner != replicas.id() {

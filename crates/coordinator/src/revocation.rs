@@ -293,7 +293,6 @@ impl Revocations {
     }
 
     /// Whether `identity` is revoked.
-    #[cfg(test)]
     pub fn is_revoked(&self, identity: &Identity) -> bool {
         self.lock().contains_key(&identity.to_string())
     }
@@ -519,12 +518,15 @@ fn entry_of(key: &str, record: &[u8]) -> Option<(String, Entry)> {
 
 /// Ends a revoked agent's link, with the revocation as its reason, so its calls end saying why
 /// (before its connection is closed).
+/// The host is then forgotten once offline (`forget_offline_hosts`).
 pub(crate) fn end_agent_link(state: &State, identity: &Identity, by: &str) {
-    if let Identity::Agent(host) = identity
-        && let Some(link) = state.fleet.get(host).and_then(|h| h.link)
-    {
+    let Identity::Agent(host) = identity else {
+        return;
+    };
+    if let Some(link) = state.fleet.get(host).and_then(|h| h.link) {
         link.close(&format!("its identity {identity} was revoked by {by}"));
     }
+    state.agent_revoked.notify_one();
 }
 
 /// `Revoke` on a replica: revoked here ([`revoke_rpc`]), then written to etcd for the others;
