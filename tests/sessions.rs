@@ -13,6 +13,11 @@ use toolsrv_tests::{AgentSpec, Fleet, LineWatch, assert_exit, text, wait_for};
 /// A fleet of `a` and `b`: `b` has `ROLE_B` set, so `per_host` resolves differently there and
 /// `only_b` is visible only there.
 fn fleet(coordinator_args: &[&str]) -> Fleet {
+    fleet_under(coordinator_args, None)
+}
+
+/// [`fleet`], its coordinator following a policy file that says `policy`.
+fn fleet_under(coordinator_args: &[&str], policy: Option<&str>) -> Fleet {
     let mut fleet = Fleet::new(&["a", "b"]);
     let tool = |name: &str, body: &str| fleet.tool(&format!("{name}.meta"), body, false);
     tool(
@@ -54,7 +59,10 @@ fn fleet(coordinator_args: &[&str]) -> Fleet {
         r#"{"description": "Needs a binary no host has", "cmd": "echo no",
             "variants": [{"match": {"binary": "no-such-binary-anywhere"}}]}"#,
     );
-    fleet.start_coordinator(coordinator_args);
+    let policy = policy.map(|p| fleet.policy_arg(p));
+    let mut args = coordinator_args.to_vec();
+    args.extend(policy.as_deref());
+    fleet.start_coordinator(&args);
     fleet.start_agent("a", &AgentSpec::default());
     fleet.start_agent(
         "b",
@@ -483,4 +491,69 @@ fn a_client_holds_a_bounded_number_of_sessions() {
     // Closing one makes room.
     ok(&fleet.toolctl(&["session", "close", &first]), "close");
     open(&fleet, &[]);
+}
+
+/// A session offers its owner only what the policy lets it call: a tool denied on every host is
+/// not loaded (saying why), one denied on some hosts lists only the others, and `toolctl find`
+/// leaves out the same; another client is offered everything. An edited policy reaches a
+/// watcher at once.
+#[test]
+fn a_session_and_find_offer_only_what_the_policy_lets_the_owner_call() {
+    let fleet = fleet_under(
+        &[],
+        Some(
+            r#"{"rules": [
+                {"clients": ["alice"], "tools": ["rare1"], "effect": "deny"},
+                {"clients": ["alice"], "tools": ["everyday"], "hosts": "b", "effect": "deny"}]}"#,
+        ),
+    );
+    let p = profile(&fleet, "p.json", r#"{"autoLoad": ["everyday"]}"#);
+    let id = open(&fleet, &["--profile", &p]);
+    let state = show(&fleet, &id);
+    assert_eq!(tool(&state, "everyday")["hosts"], serde_json::json!(["a"]));
+    let out = fleet.toolctl(&["session", "load", &id, "rare1"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains(
+            "denied to you on every host of the session that offers it: policy rule 0 denies \
+             client alice calling rare1 on a"
+        ),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(loaded(&show(&fleet, &id)), ["everyday"]);
+
+    let find = |stem: &str, query: &str| -> Vec<Value> {
+        let out = fleet.toolctl_as(
+            stem,
+            &["find", "all", query, "--json", "--limit", "20"],
+            None,
+        );
+        serde_json::from_str(&ok(&out, "find")).unwrap()
+    };
+    let hosts_of = |found: &[Value], name: &str| -> Option<Value> {
+        found
+            .iter()
+            .find(|m| m["name"] == name)
+            .map(|m| m["hosts"].clone())
+    };
+    let alice = find("client-alice", "seldom used");
+    assert_eq!(hosts_of(&alice, "rare1"), None, "{alice:?}");
+    assert!(hosts_of(&alice, "rare2").is_some(), "{alice:?}");
+    let alice = find("client-alice", "used all the time");
+    assert_eq!(hosts_of(&alice, "everyday"), Some(serde_json::json!(["a"])));
+    let bob = find("client-bob", "seldom used");
+    assert_eq!(hosts_of(&bob, "rare1"), Some(serde_json::json!(["a", "b"])));
+
+    // The policy edited: alice is offered everyday on b too, and may load rare1.
+    let watcher = watch(&fleet, &id);
+    watcher.until("the first state", |v| v["tools"].is_array());
+    fleet.replace_policy(r#"{"default": "allow"}"#, 0o644);
+    watcher.until("everyday on both hosts", |v| {
+        v["tools"][0]["hosts"] == serde_json::json!(["a", "b"])
+    });
+    ok(
+        &fleet.toolctl(&["session", "load", &id, "rare1"]),
+        "load rare1",
+    );
 }

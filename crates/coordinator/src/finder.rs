@@ -24,6 +24,8 @@ use toolsrv_proto::v1::{FindToolsRequest, FindToolsResponse, ToolDefinition, Too
 
 use crate::State;
 use crate::embeds::{Budget, Spent};
+use crate::fleet::HostEntry;
+use crate::policy::Policy;
 use crate::selector::Selector;
 use crate::views::{StoredTool, StoredView};
 
@@ -539,7 +541,7 @@ pub async fn find(
         meaning_pending,
     } = finder.ready(state).await?;
 
-    let offered = Offered::on(state, &selector);
+    let offered = Offered::on(state, &selector, client);
     let visible = offered.visible.clone();
     let query = req.query;
     let candidates = visible.len();
@@ -690,48 +692,81 @@ fn ranker_strength(ranker: &str) -> u8 {
     }
 }
 
-/// What the online hosts of `selector` offer: the documents visible on any, and each distinct
-/// view with the hosts that have it.
+/// What the online hosts of `selector` offer a client: the documents visible on any host the
+/// policy lets the client call them on, and each distinct view with the hosts that have it.
 struct Offered {
     visible: Arc<HashSet<DocKey>>,
     views: Vec<(Arc<StoredView>, Vec<String>)>,
+    /// The selected hosts, for policy rules that select hosts.
+    hosts: HashMap<String, HostEntry>,
+    policy: Arc<Policy>,
+    client: String,
 }
 
 impl Offered {
-    fn on(state: &State, selector: &Selector) -> Self {
+    fn on(state: &State, selector: &Selector, client: &str) -> Self {
+        let selected: Vec<HostEntry> = state
+            .fleet
+            .select(selector)
+            .into_iter()
+            .filter(|h| h.online())
+            .collect();
         let views = by_view(
-            state
-                .fleet
-                .select(selector)
-                .into_iter()
-                .filter(|h| h.online())
-                .filter_map(|h| Some((h.id, h.view?))),
+            selected
+                .iter()
+                .filter_map(|h| Some((h.id.clone(), h.view.clone()?))),
         );
+        let hosts = selected.into_iter().map(|h| (h.id.clone(), h)).collect();
+        let mut offered = Self {
+            visible: Arc::default(),
+            views,
+            hosts,
+            policy: state.policy.now(),
+            client: client.to_string(),
+        };
         // Each definition keyed once, however many views have it.
         let mut visible: HashSet<DocKey> = HashSet::new();
         let mut keyed: HashSet<*const ToolDefinition> = HashSet::new();
-        for (view, _) in &views {
+        for (view, ids) in &offered.views {
             for def in view.tools.iter().filter_map(StoredTool::offered) {
-                if keyed.insert(Arc::as_ptr(def)) {
+                if !keyed.contains(&Arc::as_ptr(def)) && !offered.allowed(&def.name, ids).is_empty()
+                {
+                    keyed.insert(Arc::as_ptr(def));
                     visible.insert(key_of(def));
                 }
             }
         }
-        Self {
-            visible: Arc::new(visible),
-            views,
+        offered.visible = Arc::new(visible);
+        offered
+    }
+
+    /// Those of `ids` the client may call `tool` on (at once or once approved).
+    fn allowed<'i>(&self, tool: &str, ids: &'i [String]) -> Vec<&'i String> {
+        let reach = self.policy.reach(&self.client, tool);
+        match reach.fixed() {
+            Some(true) => ids.iter().collect(),
+            Some(false) => Vec::new(),
+            None => ids
+                .iter()
+                .filter(|id| {
+                    self.hosts
+                        .get(*id)
+                        .is_some_and(|h| reach.on(&h.policy_facts()).is_ok())
+                })
+                .collect(),
         }
     }
 
-    /// The hosts where a tool named `name` is visible, sorted, and whether any of them offers
-    /// it as a host-only tool.
+    /// The hosts where a tool named `name` is visible and the client may call it, sorted, and
+    /// whether any of them offers it as a host-only tool.
     fn hosts_of(&self, name: &str) -> (Vec<String>, bool) {
         let mut host_only = false;
         let mut hosts: Vec<String> = Vec::new();
         for (view, ids) in &self.views {
             if let Some(tool) = view.tool(name).filter(|t| t.offered().is_some()) {
-                host_only |= tool.host_only;
-                hosts.extend(ids.iter().cloned());
+                let allowed = self.allowed(name, ids);
+                host_only |= tool.host_only && !allowed.is_empty();
+                hosts.extend(allowed.into_iter().cloned());
             }
         }
         hosts.sort_unstable();

@@ -164,6 +164,44 @@ struct SandboxEntry {
     grant: SandboxGrant,
 }
 
+/// Where a client may call a tool ([`Policy::reach`]).
+#[derive(Debug)]
+pub struct Reach<'a> {
+    policy: &'a Policy,
+    client: &'a str,
+    tool: &'a str,
+    how: How,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum How {
+    Everywhere,
+    Nowhere(String),
+    /// The first rule that applies selects hosts: asked of each host.
+    PerHost,
+}
+
+impl Reach<'_> {
+    /// `Some(true)` when the call may be made on every host, `Some(false)` on none, `None` when
+    /// it depends on the host.
+    pub fn fixed(&self) -> Option<bool> {
+        match self.how {
+            How::Everywhere => Some(true),
+            How::Nowhere(_) => Some(false),
+            How::PerHost => None,
+        }
+    }
+
+    /// Whether the call may be made on `host` (at once or once approved); if not, why.
+    pub fn on(&self, host: &Candidate<'_>) -> Result<(), String> {
+        match &self.how {
+            How::Everywhere => Ok(()),
+            How::Nowhere(why) => Err(format!("{why} on {}", host.id)),
+            How::PerHost => self.policy.check(self.client, self.tool, host).map(|_| ()),
+        }
+    }
+}
+
 /// A loaded policy. The default policy allows everything and widens no sandbox.
 #[derive(Debug)]
 pub struct Policy {
@@ -344,6 +382,42 @@ impl Policy {
         }
     }
 
+    /// Where `client` may call `tool` (at once or once approved), as far as it can be told
+    /// without a host: everywhere, nowhere (and why), or per host ([`Reach::on`]). What is
+    /// offered to a model (sessions, `FindTools`) leaves out what it may not call.
+    pub fn reach<'a>(&'a self, client: &'a str, tool: &'a str) -> Reach<'a> {
+        let any = |list: &Option<Vec<String>>, value: &str| {
+            list.as_ref()
+                .is_none_or(|l| l.iter().any(|p| glob(p, value)))
+        };
+        let how = self
+            .rules
+            .iter()
+            .enumerate()
+            .find(|(_, rule)| any(&rule.clients, client) && any(&rule.tools, tool))
+            .map_or_else(
+                || match self.default {
+                    Effect::Deny => How::Nowhere(format!(
+                        "no policy rule allows client {client} calling {tool}"
+                    )),
+                    Effect::Allow | Effect::Approve => How::Everywhere,
+                },
+                |(i, rule)| match (&rule.hosts, rule.effect) {
+                    (Some(_), _) => How::PerHost,
+                    (None, Effect::Deny) => How::Nowhere(format!(
+                        "policy rule {i} denies client {client} calling {tool}"
+                    )),
+                    (None, Effect::Allow | Effect::Approve) => How::Everywhere,
+                },
+            );
+        Reach {
+            policy: self,
+            client,
+            tool,
+            how,
+        }
+    }
+
     /// How many rules it has.
     pub fn rules(&self) -> usize {
         self.rules.len()
@@ -416,6 +490,62 @@ mod tests {
         );
         assert!(p.check("root", "anything", &db).is_ok());
         assert!(Policy::default().check("x", "y", &web).is_ok());
+    }
+
+    /// `reach` says what `check` would on every host, deciding without a host where it can.
+    #[test]
+    fn reach_agrees_with_check_on_every_host() {
+        let policies = [
+            r#"{"default": "deny", "rules": [
+                {"clients": ["ci-*"], "hosts": "role=db", "effect": "deny"},
+                {"clients": ["ci-*", "alice"], "tools": ["env_*", "disk_usage"], "effect": "allow"},
+                {"tools": ["restart_*"], "effect": "approve", "approvers": ["oncall-*"]},
+                {"clients": ["bob"], "effect": "deny"},
+                {"clients": ["root"], "effect": "allow"}]}"#,
+            r#"{"rules": [{"tools": ["drop_*"], "effect": "deny"},
+                         {"tools": ["wipe"], "hosts": "os=linux", "effect": "deny"}]}"#,
+            r#"{"default": "approve"}"#,
+        ];
+        let db_labels: BTreeMap<String, String> = [("role".into(), "db".into())].into();
+        let none = BTreeMap::new();
+        let host = |id, os, labels| Candidate {
+            id,
+            os,
+            arch: "amd64",
+            hostname: "",
+            kernel: "",
+            sandbox: "",
+            labels,
+        };
+        let hosts = [
+            host("db-1", "linux", &db_labels),
+            host("web-1", "linux", &none),
+            host("mac-1", "darwin", &none),
+        ];
+        let mut fixed = 0;
+        for text in policies {
+            let p = Policy::parse(text).unwrap();
+            for client in ["ci-7", "alice", "bob", "root", "oncall-1"] {
+                for tool in [
+                    "env_info",
+                    "disk_usage",
+                    "restart_nginx",
+                    "drop_table",
+                    "wipe",
+                ] {
+                    let reach = p.reach(client, tool);
+                    for h in &hosts {
+                        let checked = p.check(client, tool, h).map(|_| ());
+                        assert_eq!(reach.on(h), checked, "{client} {tool} on {}", h.id);
+                        if let Some(all) = reach.fixed() {
+                            fixed += 1;
+                            assert_eq!(all, checked.is_ok(), "{client} {tool} on {}", h.id);
+                        }
+                    }
+                }
+            }
+        }
+        assert!(fixed > 0, "some answers need no host");
     }
 
     #[test]

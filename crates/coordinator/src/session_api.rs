@@ -37,7 +37,12 @@ async fn hosts_of(state: &State, session: &Session) -> Vec<HostEntry> {
 
 async fn state_of(state: &State, session: &Session) -> SessionState {
     let hosts = hosts_of(state, session).await;
-    session.state(&hosts, &state.registry.catalog(), state.sessions.idle())
+    session.state(
+        &hosts,
+        &state.registry.catalog(),
+        state.sessions.idle(),
+        &state.policy.now(),
+    )
 }
 
 pub async fn open(
@@ -59,8 +64,9 @@ pub async fn load(
     let session = state.sessions.get(client, &req.session)?;
     let hosts = hosts_of(state, &session).await;
     let catalog = state.registry.catalog();
-    session.load(&hosts, &catalog, &req.tool)?;
-    Ok(session.state(&hosts, &catalog, state.sessions.idle()))
+    let policy = state.policy.now();
+    session.load(&hosts, &catalog, &req.tool, &policy)?;
+    Ok(session.state(&hosts, &catalog, state.sessions.idle(), &policy))
 }
 
 pub async fn unload(
@@ -94,7 +100,12 @@ pub async fn list(state: &State, client: &str) -> Vec<SessionState> {
             computed.unwrap_or_else(|| {
                 tracing::warn!(session = %session.id, "the hosts other replicas hold did not come in time for the session list");
                 let hosts = session.local_hosts(&state.fleet);
-                session.state(&hosts, &state.registry.catalog(), state.sessions.idle())
+                session.state(
+                    &hosts,
+                    &state.registry.catalog(),
+                    state.sessions.idle(),
+                    &state.policy.now(),
+                )
             })
         })
         .collect()
@@ -130,6 +141,8 @@ pub fn watch(
     let guard = session.attach();
     let mut loads = session.subscribe();
     let mut fleet = state.fleet.subscribe();
+    // A new policy may offer the owner more or fewer of its tools.
+    let mut settings = state.settings_applied.subscribe();
     // With replicas, the other replicas' hosts coming, going and changing their views.
     let mut remote = state.replicas.as_ref().map(|r| r.remote_events());
     let state = state.clone();
@@ -152,6 +165,7 @@ pub fn watch(
                     return;
                 }
                 changed = loads.changed() => if changed.is_err() { return },
+                changed = settings.changed() => if changed.is_err() { return },
                 event = fleet.recv() => match event {
                     Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
                     Err(broadcast::error::RecvError::Closed) => return,
@@ -165,6 +179,7 @@ pub fn watch(
                 drain(remote);
             }
             loads.mark_unchanged();
+            settings.mark_unchanged();
         }
     });
     Ok(())

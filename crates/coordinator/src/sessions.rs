@@ -23,6 +23,7 @@ use toolsrv_proto::v1::{
 use toolsrv_registry::Catalog;
 
 use crate::fleet::{Fleet, HostEntry, now_ms};
+use crate::policy::{Policy, Reach};
 use crate::selector::Selector;
 
 /// `maxLoaded` when a profile leaves it out.
@@ -368,13 +369,15 @@ impl Session {
     }
 
     /// Loads `tool`: refused when no host of the session (`hosts`, sorted by id) offers it,
-    /// whether from the catalog or as a host-only tool of its own; a tool loaded already is only
-    /// marked used. A full session unloads a colder tool first.
+    /// whether from the catalog or as a host-only tool of its own, or when `policy` denies the
+    /// session's owner calling it on every host that does; a tool loaded already is only marked
+    /// used. A full session unloads a colder tool first.
     pub fn load(
         &self,
         hosts: &[HostEntry],
         catalog: &Catalog,
         tool: &str,
+        policy: &Policy,
     ) -> Result<(), SessionError> {
         check_name(tool)?;
         {
@@ -394,6 +397,12 @@ impl Session {
                 SessionError::UnknownTool {
                     tool: tool.to_string(),
                 }
+            });
+        }
+        if let Some(why) = denied_everywhere(hosts, tool, &policy.reach(&self.owner, tool)) {
+            return Err(SessionError::Unavailable {
+                tool: tool.to_string(),
+                why,
             });
         }
         let mut inner = self.lock();
@@ -463,8 +472,14 @@ impl Session {
     }
 
     /// The session's state now, resolved on the views of `hosts` (the hosts its selector
-    /// picks, sorted by id).
-    pub fn state(&self, hosts: &[HostEntry], catalog: &Catalog, idle: Duration) -> SessionState {
+    /// picks, sorted by id), each tool on the hosts `policy` lets the session's owner call it on.
+    pub fn state(
+        &self,
+        hosts: &[HostEntry],
+        catalog: &Catalog,
+        idle: Duration,
+        policy: &Policy,
+    ) -> SessionState {
         let loaded = self.lock().loaded.clone();
         let selected = hosts
             .iter()
@@ -475,7 +490,7 @@ impl Session {
             .collect();
         let tools = loaded
             .iter()
-            .map(|l| loaded_tool(hosts, catalog, l))
+            .map(|l| loaded_tool(hosts, catalog, l, &policy.reach(&self.owner, &l.name)))
             .collect();
         let mut state = SessionState {
             id: self.id.clone(),
@@ -586,10 +601,38 @@ fn unavailable_reason(hosts: &[HostEntry], catalog: &Catalog, tool: &str) -> Str
     })
 }
 
-/// One loaded tool resolved on the session's online hosts.
-fn loaded_tool(hosts: &[HostEntry], catalog: &Catalog, l: &Loaded) -> LoadedTool {
+/// Why the owner may call `tool` on none of the hosts that offer it (online or not), if so.
+fn denied_everywhere(hosts: &[HostEntry], tool: &str, reach: &Reach<'_>) -> Option<String> {
+    let mut first = None;
+    for h in hosts
+        .iter()
+        .filter(|h| h.tool(tool).is_some_and(|t| t.visible))
+    {
+        match reach.on(&h.policy_facts()) {
+            Ok(()) => return None,
+            Err(why) => {
+                first.get_or_insert(why);
+            }
+        }
+    }
+    first.map(denied_text)
+}
+
+/// What a session says of a tool the policy keeps from its owner on every host offering it.
+fn denied_text(why: String) -> String {
+    format!("denied to you on every host of the session that offers it: {why}")
+}
+
+/// One loaded tool resolved on the session's online hosts where `reach` lets its owner call it.
+fn loaded_tool(
+    hosts: &[HostEntry],
+    catalog: &Catalog,
+    l: &Loaded,
+    reach: &Reach<'_>,
+) -> LoadedTool {
     let mut groups: Vec<(Arc<ToolDefinition>, Vec<String>)> = Vec::new();
     let mut host_only = false;
+    let mut denied = None;
     for h in hosts.iter().filter(|h| h.online()) {
         let Some(tool) = h.tool(&l.name) else {
             continue;
@@ -597,6 +640,10 @@ fn loaded_tool(hosts: &[HostEntry], catalog: &Catalog, l: &Loaded) -> LoadedTool
         let Some(def) = tool.offered().cloned() else {
             continue;
         };
+        if let Err(why) = reach.on(&h.policy_facts()) {
+            denied.get_or_insert(why);
+            continue;
+        }
         host_only |= tool.host_only;
         // Views share identical definitions, so the pointer test settles most comparisons.
         match groups
@@ -616,10 +663,10 @@ fn loaded_tool(hosts: &[HostEntry], catalog: &Catalog, l: &Loaded) -> LoadedTool
         .map(|(d, _)| d.tier.clone())
         .filter(|t| !t.is_empty())
         .unwrap_or_else(|| "warm".to_string());
-    let unavailable = if groups.is_empty() {
-        unavailable_reason(hosts, catalog, &l.name)
-    } else {
-        String::new()
+    let unavailable = match (groups.is_empty(), denied) {
+        (false, _) => String::new(),
+        (true, Some(why)) => denied_text(why),
+        (true, None) => unavailable_reason(hosts, catalog, &l.name),
     };
     LoadedTool {
         name: l.name.clone(),
