@@ -356,7 +356,7 @@ fn a_waiting_request_follows_the_policy_put_in_force() {
         &out,
         77,
         &[
-            "approval denied by policy: the policy changed since the call was made: \
+            "approval denied by policy: the policy or host labels changed since the call was made: \
              policy rule 0 denies client alice calling drop_table on a",
         ],
     );

@@ -413,7 +413,7 @@ fn bypass_requests_follow_the_policy_put_in_force() {
     assert!(stdout.contains("bypass exit=77"), "{stdout}{stderr}");
     assert!(
         stderr.contains(
-            "the policy changed since the call was made: policy rule 1 denies bypass requests"
+            "the policy or host labels changed since the call was made: policy rule 1 denies bypass requests"
         ),
         "{stderr}"
     );

@@ -161,7 +161,7 @@ where
 }
 
 /// How a decision taken under a policy that changed since the call began says so.
-const POLICY_CHANGED: &str = "the policy changed since the call was made";
+const POLICY_CHANGED: &str = "the policy or host labels changed since the call was made";
 
 /// What the policy in force says of the running call `spec` on `host_id`, for its bypass
 /// requests: the verdict of the policy in force now, or `started` (what it started under)

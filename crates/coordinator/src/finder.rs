@@ -25,7 +25,7 @@ use toolsrv_proto::v1::{FindToolsRequest, FindToolsResponse, ToolDefinition, Too
 use crate::State;
 use crate::embeds::{Budget, Spent};
 use crate::fleet::HostEntry;
-use crate::policy::Policy;
+use crate::policy::{Policy, Reach};
 use crate::selector::Selector;
 use crate::views::{StoredTool, StoredView};
 
@@ -729,8 +729,7 @@ impl Offered {
         let mut keyed: HashSet<*const ToolDefinition> = HashSet::new();
         for (view, ids) in &offered.views {
             for def in view.tools.iter().filter_map(StoredTool::offered) {
-                if !keyed.contains(&Arc::as_ptr(def)) && !offered.allowed(&def.name, ids).is_empty()
-                {
+                if !keyed.contains(&Arc::as_ptr(def)) && offered.any_allowed(&def.name, ids) {
                     keyed.insert(Arc::as_ptr(def));
                     visible.insert(key_of(def));
                 }
@@ -738,6 +737,15 @@ impl Offered {
         }
         offered.visible = Arc::new(visible);
         offered
+    }
+
+    /// Whether the client may call `tool` (at once or once approved) on one of `ids`.
+    fn any_allowed(&self, tool: &str, ids: &[String]) -> bool {
+        let reach = self.policy.reach(&self.client, tool);
+        match reach.fixed() {
+            Some(all) => all && !ids.is_empty(),
+            None => ids.iter().any(|id| self.allowed_on(&reach, id)),
+        }
     }
 
     /// Those of `ids` the client may call `tool` on (at once or once approved).
@@ -748,13 +756,15 @@ impl Offered {
             Some(false) => Vec::new(),
             None => ids
                 .iter()
-                .filter(|id| {
-                    self.hosts
-                        .get(*id)
-                        .is_some_and(|h| reach.on(&h.policy_facts()).is_ok())
-                })
+                .filter(|id| self.allowed_on(&reach, id))
                 .collect(),
         }
+    }
+
+    fn allowed_on(&self, reach: &Reach<'_>, id: &str) -> bool {
+        self.hosts
+            .get(id)
+            .is_some_and(|h| reach.on(&h.policy_facts()).is_ok())
     }
 
     /// The hosts where a tool named `name` is visible and the client may call it, sorted, and

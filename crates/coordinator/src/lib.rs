@@ -775,9 +775,6 @@ async fn follow_registry(state: Arc<State>) {
 }
 
 /// Ends sessions that have had no watcher for the idle time.
-/// Removes hosts offline for longer than `forget_offline_after` from the fleet (and, with
-/// replicas, the hosts other replicas held that have had no link as long), looking a few times
-/// within that time and at least every minute.
 /// Whether a fleet event (or its loss) calls for a look at once: a host gone offline that
 /// `revoked` says is revoked, or events missed. A closed stream never does.
 fn offline_and(
@@ -795,9 +792,11 @@ fn offline_and(
     }
 }
 
-/// Forgets the hosts offline for longer than `--forget-offline-after-secs` (0: never), and those
-/// whose agent's identity is revoked as soon as they are offline here (held by another replica:
-/// at this replica's next look, within a minute).
+/// Removes hosts offline for longer than `forget_offline_after` (0: never) from the fleet (and,
+/// with replicas, the hosts other replicas held that have had no link as long), looking a few
+/// times within that time and at least every minute; and those whose agent's identity is
+/// revoked as soon as they are offline (on the revocation, or on the news that they went
+/// offline here or on another replica).
 async fn forget_offline_hosts(state: Arc<State>) {
     let after = Some(state.config.forget_offline_after).filter(|a| !a.is_zero());
     let every = after.map_or(Duration::from_secs(60), |after| {
