@@ -603,23 +603,28 @@ fn unavailable_reason(hosts: &[HostEntry], catalog: &Catalog, tool: &str) -> Str
 
 /// Why the owner may call `tool` on none of the hosts that offer it (online or not), if so.
 fn denied_everywhere(hosts: &[HostEntry], tool: &str, reach: &Reach<'_>) -> Option<String> {
-    let mut first = None;
-    for h in hosts
+    let mut offering = hosts
         .iter()
-        .filter(|h| h.tool(tool).is_some_and(|t| t.visible))
-    {
-        match reach.on(&h.policy_facts()) {
-            Ok(()) => return None,
-            Err(why) => {
-                first.get_or_insert(why);
-            }
-        }
+        .filter(|h| h.tool(tool).is_some_and(|t| t.visible));
+    let first = offering.next()?;
+    if may_call(reach, first) || offering.any(|h| may_call(reach, h)) {
+        return None;
     }
-    first.map(denied_text)
+    Some(denied_text(reach, first))
 }
 
-/// What a session says of a tool the policy keeps from its owner on every host offering it.
-fn denied_text(why: String) -> String {
+/// Whether the owner may call the tool of `reach` on `host` (at once or once approved); asks
+/// the host only when the policy's answer depends on it.
+fn may_call(reach: &Reach<'_>, host: &HostEntry) -> bool {
+    reach
+        .fixed()
+        .unwrap_or_else(|| reach.on(&host.policy_facts()).is_ok())
+}
+
+/// What a session says of a tool the policy keeps from its owner on every host offering it,
+/// naming the rule as it applies to `host`, one of them.
+fn denied_text(reach: &Reach<'_>, host: &HostEntry) -> String {
+    let why = reach.on(&host.policy_facts()).err().unwrap_or_default();
     format!("denied to you on every host of the session that offers it: {why}")
 }
 
@@ -632,7 +637,7 @@ fn loaded_tool(
 ) -> LoadedTool {
     let mut groups: Vec<(Arc<ToolDefinition>, Vec<String>)> = Vec::new();
     let mut host_only = false;
-    let mut denied = None;
+    let mut denied: Option<&HostEntry> = None;
     for h in hosts.iter().filter(|h| h.online()) {
         let Some(tool) = h.tool(&l.name) else {
             continue;
@@ -640,8 +645,8 @@ fn loaded_tool(
         let Some(def) = tool.offered().cloned() else {
             continue;
         };
-        if let Err(why) = reach.on(&h.policy_facts()) {
-            denied.get_or_insert(why);
+        if !may_call(reach, h) {
+            denied.get_or_insert(h);
             continue;
         }
         host_only |= tool.host_only;
@@ -665,7 +670,7 @@ fn loaded_tool(
         .unwrap_or_else(|| "warm".to_string());
     let unavailable = match (groups.is_empty(), denied) {
         (false, _) => String::new(),
-        (true, Some(why)) => denied_text(why),
+        (true, Some(host)) => denied_text(reach, host),
         (true, None) => unavailable_reason(hosts, catalog, &l.name),
     };
     LoadedTool {
