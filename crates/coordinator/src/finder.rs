@@ -742,29 +742,23 @@ impl Offered {
     /// Whether the client may call `tool` (at once or once approved) on one of `ids`.
     fn any_allowed(&self, tool: &str, ids: &[String]) -> bool {
         let reach = self.policy.reach(&self.client, tool);
-        match reach.fixed() {
-            Some(all) => all && !ids.is_empty(),
-            None => ids.iter().any(|id| self.allowed_on(&reach, id)),
-        }
+        ids.iter().any(|id| self.allowed_on(&reach, id))
     }
 
     /// Those of `ids` the client may call `tool` on (at once or once approved).
     fn allowed<'i>(&self, tool: &str, ids: &'i [String]) -> Vec<&'i String> {
         let reach = self.policy.reach(&self.client, tool);
-        match reach.fixed() {
-            Some(true) => ids.iter().collect(),
-            Some(false) => Vec::new(),
-            None => ids
-                .iter()
-                .filter(|id| self.allowed_on(&reach, id))
-                .collect(),
-        }
+        ids.iter()
+            .filter(|id| self.allowed_on(&reach, id))
+            .collect()
     }
 
     fn allowed_on(&self, reach: &Reach<'_>, id: &str) -> bool {
-        self.hosts
-            .get(id)
-            .is_some_and(|h| reach.on(&h.policy_facts()).is_ok())
+        reach.fixed().unwrap_or_else(|| {
+            self.hosts
+                .get(id)
+                .is_some_and(|h| reach.allows(&h.policy_facts()))
+        })
     }
 
     /// The hosts where a tool named `name` is visible and the client may call it, sorted, and

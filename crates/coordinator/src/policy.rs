@@ -192,6 +192,12 @@ impl Reach<'_> {
         }
     }
 
+    /// Whether the call may be made on `host` (at once or once approved), asking the host only
+    /// when the answer depends on it.
+    pub fn allows(&self, host: &Candidate<'_>) -> bool {
+        self.fixed().unwrap_or_else(|| self.on(host).is_ok())
+    }
+
     /// Whether the call may be made on `host` (at once or once approved); if not, why.
     pub fn on(&self, host: &Candidate<'_>) -> Result<(), String> {
         match &self.how {
@@ -537,6 +543,7 @@ mod tests {
                     for h in &hosts {
                         let checked = p.check(client, tool, h).map(|_| ());
                         assert_eq!(reach.on(h), checked, "{client} {tool} on {}", h.id);
+                        assert_eq!(reach.allows(h), checked.is_ok(), "{client} {tool}");
                         if let Some(all) = reach.fixed() {
                             fixed += 1;
                             assert_eq!(all, checked.is_ok(), "{client} {tool} on {}", h.id);

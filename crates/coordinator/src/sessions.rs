@@ -607,18 +607,10 @@ fn denied_everywhere(hosts: &[HostEntry], tool: &str, reach: &Reach<'_>) -> Opti
         .iter()
         .filter(|h| h.tool(tool).is_some_and(|t| t.visible));
     let first = offering.next()?;
-    if may_call(reach, first) || offering.any(|h| may_call(reach, h)) {
+    if reach.allows(&first.policy_facts()) || offering.any(|h| reach.allows(&h.policy_facts())) {
         return None;
     }
     Some(denied_text(reach, first))
-}
-
-/// Whether the owner may call the tool of `reach` on `host` (at once or once approved); asks
-/// the host only when the policy's answer depends on it.
-fn may_call(reach: &Reach<'_>, host: &HostEntry) -> bool {
-    reach
-        .fixed()
-        .unwrap_or_else(|| reach.on(&host.policy_facts()).is_ok())
 }
 
 /// What a session says of a tool the policy keeps from its owner on every host offering it,
@@ -645,7 +637,7 @@ fn loaded_tool(
         let Some(def) = tool.offered().cloned() else {
             continue;
         };
-        if !may_call(reach, h) {
+        if !reach.allows(&h.policy_facts()) {
             denied.get_or_insert(h);
             continue;
         }
