@@ -1016,3 +1016,65 @@ fn requests_the_sdk_cannot_read_get_an_error_naming_what_and_the_server_goes_on(
         answers[&4]
     );
 }
+
+/// The model is offered only what the policy lets its client call: a host where a rule denies
+/// the tool is not in its host argument's enum, a tool denied everywhere is not found by
+/// `tool_search`, and `tool_load` of it is an error result naming the rule.
+#[test]
+fn the_model_is_offered_only_what_the_policy_lets_its_client_call() {
+    let mut fleet = Fleet::new(&["a", "b"]);
+    fleet.tool(
+        "where.meta",
+        r#"{"description": "Says where it runs", "cmd": "hostname"}"#,
+        false,
+    );
+    fleet.tool(
+        "vault_secrets.meta",
+        r#"{"description": "Reads the vault's secrets", "keywords": ["vault", "secret"],
+            "cmd": "echo s3cr3t"}"#,
+        false,
+    );
+    let policy = fleet.policy_arg(
+        r#"{"rules": [
+            {"clients": ["alice"], "tools": ["vault_secrets"], "effect": "deny"},
+            {"clients": ["alice"], "tools": ["where"], "hosts": "b", "effect": "deny"}]}"#,
+    );
+    fleet.start_coordinator(&[&policy]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.start_agent("b", &AgentSpec::default());
+    fleet.wait_online(&["a", "b"], "vault_secrets");
+    let profile = profile(&fleet, &json!({"autoLoad": ["where"], "hosts": "all"}));
+    let mut config = server_config(&fleet, &["mcp", "--profile", profile.to_str().unwrap()]);
+    config["query"] = json!("read the vault secrets, or say where it runs");
+    config["load"] = json!("vault_secrets");
+    let out = scenario("host_only", &config);
+
+    let tools = out["tools"].as_array().unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert!(!names.contains(&"vault_secrets"), "{names:?}");
+    let place = tools.iter().find(|t| t["name"] == "where").unwrap();
+    assert_eq!(
+        place["inputSchema"]["properties"]["target_host"]["enum"],
+        json!(["a"]),
+        "{place}"
+    );
+    let found: Vec<&Value> = out["search"]["structuredContent"]["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .collect();
+    let found: Vec<(&str, &Value)> = found
+        .iter()
+        .map(|r| (r["name"].as_str().unwrap(), &r["hosts"]))
+        .collect();
+    assert_eq!(found, [("where", &json!(["a"]))], "{}", out["search"]);
+    assert_eq!(out["load"]["isError"], true, "{}", out["load"]);
+    assert!(
+        result_text(&out["load"]).contains(
+            "denied to you on every host of the session that offers it: policy rule 0 denies \
+             client alice calling vault_secrets on a"
+        ),
+        "{}",
+        out["load"]
+    );
+}
