@@ -116,6 +116,23 @@ fn pending_for_bob(fleet: &Fleet) -> Vec<Value> {
     })
 }
 
+/// alice's call of `bp_wait`, started and waiting for its go (the file returned) before it asks
+/// for a command that writes `mark`.
+fn started_waiter(
+    fleet: &Fleet,
+    mark: &std::path::Path,
+) -> (std::process::Child, std::path::PathBuf) {
+    let (started, go) = (fleet.marks().join("started"), fleet.marks().join("go"));
+    let args = serde_json::json!({"out": mark, "started": started, "go": go}).to_string();
+    let mut caller = fleet.toolctl_command("client-alice", &["call", "a", "bp_wait", &args]);
+    caller.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let caller = caller.spawn().unwrap();
+    wait_for("the call to start", Duration::from_secs(20), || {
+        started.exists().then_some(())
+    });
+    (caller, go)
+}
+
 fn assert_ran(stdout: &str, mark: &std::path::Path) {
     assert!(stdout.contains("tool wrote=no"), "{stdout}");
     assert!(stdout.contains("cmd wrote=yes"), "{stdout}");
@@ -350,14 +367,7 @@ fn another_calls_tool_cannot_use_this_calls_socket() {
 fn a_bypass_the_audit_log_cannot_record_is_denied() {
     let fleet = fleet(&[]);
     let (mark, _) = mark_args(&fleet, "unrecorded.txt");
-    let (started, go) = (fleet.marks().join("started"), fleet.marks().join("go"));
-    let args = serde_json::json!({"out": mark, "started": started, "go": go}).to_string();
-    let mut caller = fleet.toolctl_command("client-alice", &["call", "a", "bp_wait", &args]);
-    caller.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let caller = caller.spawn().unwrap();
-    wait_for("the call to start", Duration::from_secs(20), || {
-        started.exists().then_some(())
-    });
+    let (caller, go) = started_waiter(&fleet, &mark);
 
     // The disk fills up; the next record (a call to a host nobody knows) cannot be written.
     fleet.point_audit_log_at(std::path::Path::new("/dev/full"));
@@ -393,14 +403,7 @@ fn bypass_requests_follow_the_policy_put_in_force() {
     pending_for_bob(&fleet);
 
     let (later_mark, _) = mark_args(&fleet, "later.txt");
-    let (started, go) = (fleet.marks().join("started"), fleet.marks().join("go"));
-    let args = serde_json::json!({"out": later_mark, "started": started, "go": go}).to_string();
-    let mut later = fleet.toolctl_command("client-alice", &["call", "a", "bp_wait", &args]);
-    later.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let later = later.spawn().unwrap();
-    wait_for("the call to start", Duration::from_secs(20), || {
-        started.exists().then_some(())
-    });
+    let (later, go) = started_waiter(&fleet, &later_mark);
 
     fleet.replace_policy(
         r#"{"default": "allow", "rules": [

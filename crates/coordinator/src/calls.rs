@@ -189,29 +189,44 @@ pub(crate) fn rejudged(state: &State, request: &ApprovalRequest) -> Rejudged {
         return Rejudged::Keep;
     };
     let policy = state.policy.now();
-    let by_policy = |approve: bool, reason: String| {
-        let by = "policy".to_string();
-        Rejudged::Decide(if approve {
-            Decision::Approved { by, reason }
-        } else {
-            Decision::Denied { by, reason }
-        })
-    };
+    let decided =
+        |approve, why| Rejudged::Decide(by_policy(approve, format!("{POLICY_CHANGED}: {why}")));
     let verdict = match policy.check(&request.caller, &request.tool, &host.policy_facts()) {
         Ok(verdict) => verdict,
-        Err(why) => return by_policy(false, format!("{POLICY_CHANGED}: {why}")),
+        Err(why) => return decided(false, why),
     };
-    let now = |what: &str| format!("{POLICY_CHANGED}: {}", rule_text(&verdict, what));
     if request.bypass_argv.is_empty() {
         return match verdict.approve {
             true => Rejudged::Ask(verdict.approvers),
-            false => by_policy(true, now("lets the call run without approval")),
+            false => decided(
+                true,
+                rule_text(&verdict, "lets the call run without approval"),
+            ),
         };
     }
+    match bypass_by_policy(&verdict) {
+        Some((approve, why)) => decided(approve, why),
+        None => Rejudged::Ask(verdict.approvers),
+    }
+}
+
+/// A decision the policy took by itself (`decided_by: "policy"`).
+fn by_policy(approve: bool, reason: String) -> Decision {
+    let by = "policy".to_string();
+    if approve {
+        Decision::Approved { by, reason }
+    } else {
+        Decision::Denied { by, reason }
+    }
+}
+
+/// What the policy's `bypass` decides of a bypass request without asking anyone, and why;
+/// `None` when it asks the rule's approvers.
+fn bypass_by_policy(verdict: &Verdict) -> Option<(bool, String)> {
     match verdict.bypass {
-        Bypass::Ask => Rejudged::Ask(verdict.approvers),
-        Bypass::Allow => by_policy(true, now("allows bypass requests")),
-        Bypass::Deny => by_policy(false, now("denies bypass requests")),
+        Bypass::Allow => Some((true, rule_text(verdict, "allows bypass requests"))),
+        Bypass::Deny => Some((false, rule_text(verdict, "denies bypass requests"))),
+        Bypass::Ask => None,
     }
 }
 
@@ -336,10 +351,9 @@ where
     // Decided under the policy in force now, which may not be the one the call started under.
     let decided = match verdict_now(state, host_id, spec, started) {
         Err(why) => (false, format!("{POLICY_CHANGED}: {why}")),
-        Ok(verdict) => match verdict.bypass {
-            Bypass::Allow => (true, rule_text(&verdict, "allows bypass requests")),
-            Bypass::Deny => (false, rule_text(&verdict, "denies bypass requests")),
-            Bypass::Ask => {
+        Ok(verdict) => match bypass_by_policy(&verdict) {
+            Some(decided) => decided,
+            None => {
                 request.reason = rule_text(&verdict, "asks before a bypass");
                 let (decision, request) =
                     ask(state, request, &verdict.approvers, Some(call_ended), emit).await?;
@@ -356,17 +370,7 @@ where
     // Decided by policy alone: audited all the same.
     let (approved, why) = decided;
     request.reason = why.clone();
-    let decision = if approved {
-        Decision::Approved {
-            by: "policy".into(),
-            reason: why,
-        }
-    } else {
-        Decision::Denied {
-            by: "policy".into(),
-            reason: why,
-        }
-    };
+    let decision = by_policy(approved, why);
     let decision = unless_unrecorded(state, decision);
     state.audit.approval(&request, &decision);
     let approved = matches!(decision, Decision::Approved { .. });

@@ -48,6 +48,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolsrv_proto::v1::agent_link_server::AgentLinkServer;
@@ -778,10 +779,9 @@ async fn follow_registry(state: Arc<State>) {
 /// Whether a fleet event (or its loss) calls for a look at once: a host gone offline that
 /// `revoked` says is revoked, or events missed. A closed stream never does.
 fn offline_and(
-    event: Result<toolsrv_proto::v1::CatalogEvent, tokio::sync::broadcast::error::RecvError>,
+    event: Result<toolsrv_proto::v1::CatalogEvent, RecvError>,
     revoked: impl Fn(&str) -> bool,
 ) -> bool {
-    use tokio::sync::broadcast::error::RecvError;
     match event {
         Ok(event) => {
             event.kind == toolsrv_proto::v1::CatalogEventKind::HostOffline as i32
@@ -816,10 +816,18 @@ async fn forget_offline_hosts(state: Arc<State>) {
             () = state.shutdown.cancelled() => return,
             _ = ticks.tick() => {}
             () = state.agent_revoked.notified() => {}
-            event = events.recv() => if !offline_and(event, revoked) {
-                continue;
-            },
-            Some(event) = async { Some(remote.as_mut()?.recv().await) } => {
+            event = events.recv() => {
+                if matches!(event, Err(RecvError::Closed)) {
+                    return;
+                }
+                if !offline_and(event, revoked) {
+                    continue;
+                }
+            }
+            event = replicas::next_remote(&mut remote) => {
+                if matches!(event, Err(RecvError::Closed)) {
+                    remote = None;
+                }
                 if !offline_and(event, revoked) {
                     continue;
                 }

@@ -173,10 +173,11 @@ pub struct Reach<'a> {
     how: How,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum How {
     Everywhere,
-    Nowhere(String),
+    /// Denied by this rule (`None`: the default).
+    Nowhere(Option<usize>),
     /// The first rule that applies selects hosts: asked of each host.
     PerHost,
 }
@@ -202,9 +203,23 @@ impl Reach<'_> {
     pub fn on(&self, host: &Candidate<'_>) -> Result<(), String> {
         match &self.how {
             How::Everywhere => Ok(()),
-            How::Nowhere(why) => Err(format!("{why} on {}", host.id)),
+            How::Nowhere(rule) => Err(denial(*rule, self.client, self.tool, host.id)),
             How::PerHost => self.policy.check(self.client, self.tool, host).map(|_| ()),
         }
+    }
+}
+
+/// Whether a rule's client or tool list (absent: any) names `value`.
+fn names(list: &Option<Vec<String>>, value: &str) -> bool {
+    list.as_ref()
+        .is_none_or(|l| l.iter().any(|p| glob(p, value)))
+}
+
+/// Why the policy denies `client` calling `tool` on `host`: `rule` (`None`: the default).
+fn denial(rule: Option<usize>, client: &str, tool: &str, host: &str) -> String {
+    match rule {
+        Some(i) => format!("policy rule {i} denies client {client} calling {tool} on {host}"),
+        None => format!("no policy rule allows client {client} calling {tool} on {host}"),
     }
 }
 
@@ -345,13 +360,9 @@ impl Policy {
     /// Whether `client` may call `tool` on `host`, at once or after an approval; the error says
     /// which rule denied it.
     pub fn check(&self, client: &str, tool: &str, host: &Candidate<'_>) -> Result<Verdict, String> {
-        let any = |list: &Option<Vec<String>>, value: &str| {
-            list.as_ref()
-                .is_none_or(|l| l.iter().any(|p| glob(p, value)))
-        };
         for (i, rule) in self.rules.iter().enumerate() {
-            if any(&rule.clients, client)
-                && any(&rule.tools, tool)
+            if names(&rule.clients, client)
+                && names(&rule.tools, tool)
                 && rule.hosts.as_ref().is_none_or(|s| s.matches(host))
             {
                 let verdict = |approve| Verdict {
@@ -364,10 +375,7 @@ impl Policy {
                 return match rule.effect {
                     Effect::Allow => Ok(verdict(false)),
                     Effect::Approve => Ok(verdict(true)),
-                    Effect::Deny => Err(format!(
-                        "policy rule {i} denies client {client} calling {tool} on {}",
-                        host.id
-                    )),
+                    Effect::Deny => Err(denial(Some(i), client, tool, host.id)),
                 };
             }
         }
@@ -381,10 +389,7 @@ impl Policy {
         match self.default {
             Effect::Allow => Ok(verdict(false)),
             Effect::Approve => Ok(verdict(true)),
-            Effect::Deny => Err(format!(
-                "no policy rule allows client {client} calling {tool} on {}",
-                host.id
-            )),
+            Effect::Deny => Err(denial(None, client, tool, host.id)),
         }
     }
 
@@ -392,27 +397,19 @@ impl Policy {
     /// without a host: everywhere, nowhere (and why), or per host ([`Reach::on`]). What is
     /// offered to a model (sessions, `FindTools`) leaves out what it may not call.
     pub fn reach<'a>(&'a self, client: &'a str, tool: &'a str) -> Reach<'a> {
-        let any = |list: &Option<Vec<String>>, value: &str| {
-            list.as_ref()
-                .is_none_or(|l| l.iter().any(|p| glob(p, value)))
-        };
         let how = self
             .rules
             .iter()
             .enumerate()
-            .find(|(_, rule)| any(&rule.clients, client) && any(&rule.tools, tool))
-            .map_or_else(
-                || match self.default {
-                    Effect::Deny => How::Nowhere(format!(
-                        "no policy rule allows client {client} calling {tool}"
-                    )),
+            .find(|(_, rule)| names(&rule.clients, client) && names(&rule.tools, tool))
+            .map_or(
+                match self.default {
+                    Effect::Deny => How::Nowhere(None),
                     Effect::Allow | Effect::Approve => How::Everywhere,
                 },
                 |(i, rule)| match (&rule.hosts, rule.effect) {
                     (Some(_), _) => How::PerHost,
-                    (None, Effect::Deny) => How::Nowhere(format!(
-                        "policy rule {i} denies client {client} calling {tool}"
-                    )),
+                    (None, Effect::Deny) => How::Nowhere(Some(i)),
                     (None, Effect::Allow | Effect::Approve) => How::Everywhere,
                 },
             );

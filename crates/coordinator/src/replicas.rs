@@ -633,6 +633,17 @@ impl Replicas {
     }
 }
 
+/// The next event of the other replicas' hosts ([`Replicas::remote_events`]); never without
+/// replicas (`None`).
+pub(crate) async fn next_remote(
+    remote: &mut Option<broadcast::Receiver<CatalogEvent>>,
+) -> Result<CatalogEvent, broadcast::error::RecvError> {
+    match remote {
+        Some(remote) => remote.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// A host another replica held that has no link now: its last record, whether it is offline or
 /// reconnecting (its replica went away), and since when this replica has known it away.
 #[derive(Debug, Clone)]

@@ -170,7 +170,11 @@ pub fn watch(
                     Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
                     Err(broadcast::error::RecvError::Closed) => return,
                 },
-                event = recv_remote(&mut remote) => if event.is_none() { return },
+                event = crate::replicas::next_remote(&mut remote) => {
+                    if matches!(event, Err(broadcast::error::RecvError::Closed)) {
+                        return;
+                    }
+                }
             }
             tokio::time::sleep(SETTLE).await;
             // What came meanwhile is covered by the state computed next.
@@ -183,20 +187,6 @@ pub fn watch(
         }
     });
     Ok(())
-}
-
-/// The next event of the other replicas' hosts (`Some` also when some were missed); never
-/// without replicas, `None` once the feed is closed.
-async fn recv_remote(
-    remote: &mut Option<broadcast::Receiver<toolsrv_proto::v1::CatalogEvent>>,
-) -> Option<()> {
-    let Some(remote) = remote else {
-        return std::future::pending().await;
-    };
-    match remote.recv().await {
-        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => Some(()),
-        Err(broadcast::error::RecvError::Closed) => None,
-    }
 }
 
 /// Takes every event waiting in `events` (missed ones count as taken).
