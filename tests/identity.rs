@@ -146,6 +146,92 @@ fn bob_denied_on_db_hosts(labels: &str) -> (Fleet, std::path::PathBuf) {
     (fleet, path)
 }
 
+/// `toolctl tools` and `describe` tell each client what a call would meet under the policy
+/// (denied, and by which rule; waiting for whom), so nobody learns it from a refused call.
+#[test]
+fn listings_say_what_the_policy_lets_each_client_do() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "hello.meta",
+        r#"{"description": "Say hello", "cmd": "echo hello"}"#,
+        false,
+    );
+    fleet.tool(
+        "restart_web.meta",
+        r#"{"description": "Restart the web server", "cmd": "echo restarted"}"#,
+        false,
+    );
+    let policy = fleet.policy_arg(
+        r#"{"default": "allow", "rules": [
+            {"clients": ["bob"], "tools": ["hello"], "effect": "deny"},
+            {"tools": ["restart_*"], "effect": "approve", "approvers": ["oncall-*"]}]}"#,
+    );
+    fleet.start_coordinator(&[&policy]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "restart_web");
+
+    let listed = |stem: &str| -> serde_json::Value {
+        let out = fleet.toolctl_as(stem, &["tools", "a", "--json"], None);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let tools: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+        tools
+            .into_iter()
+            .map(|t| (t["name"].as_str().unwrap().to_string(), t["policy"].clone()))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    };
+    assert_eq!(
+        listed("client-bob"),
+        serde_json::json!({
+            "hello": {"effect": "deny", "rule": 0,
+                      "denial": "policy rule 0 denies client bob calling hello on a"},
+            "restart_web": {"effect": "approve", "rule": 1, "approvers": ["oncall-*"]},
+        })
+    );
+    assert_eq!(
+        listed("client-alice"),
+        serde_json::json!({
+            "hello": {"effect": "allow", "rule": null},
+            "restart_web": {"effect": "approve", "rule": 1, "approvers": ["oncall-*"]},
+        })
+    );
+    let out = fleet.toolctl_as("client-bob", &["tools", "a"], None);
+    assert_eq!(
+        text(&out.stdout),
+        "hello        Say hello [denied to you: rule 0]\n\
+         restart_web  Restart the web server [waits for approval by oncall-*: rule 1]\n"
+    );
+    // What the listing says is what a call meets.
+    assert_exit(
+        &fleet.toolctl_as("client-bob", &["call", "a", "hello"], None),
+        77,
+        &["policy rule 0 denies client bob calling hello on a"],
+    );
+
+    // `describe` prints the definition as before and says the same on stderr.
+    let out = fleet.toolctl_as("client-bob", &["describe", "a", "hello"], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let definition: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(definition["description"], "Say hello");
+    assert!(
+        text(&out.stderr).contains(
+            "a call of `hello` on host `a` by you: [denied to you: rule 0] (policy rule 0 denies \
+             client bob calling hello on a)"
+        ),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = fleet.toolctl(&["describe", "a", "hello"]);
+    assert!(out.status.success());
+    assert_eq!(text(&out.stderr), "", "nothing to say of an allowed call");
+    let out = fleet.toolctl(&["describe", "a", "restart_web"]);
+    assert!(
+        text(&out.stderr).contains("[waits for approval by oncall-*: rule 1]"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 #[test]
 fn policy_denies_by_proven_identity_and_every_call_is_audited() {
     // The rule matches a label the coordinator assigns: what an agent says of itself is not

@@ -39,8 +39,9 @@ pub fn tool_status(
             reason: String::new(),
             description: tool.description.clone().unwrap_or_default(),
             definition: Some(definition(tool)),
-            // The coordinator knows which tools it ships; an agent does not say.
+            // The coordinator knows which tools it ships, and its policy; an agent does not say.
             host_only: false,
+            policy: None,
         },
         Resolution::Hidden { reason } => ToolStatus {
             name: name.to_string(),
@@ -50,6 +51,7 @@ pub fn tool_status(
             description: hidden_description.unwrap_or_default().to_string(),
             definition: None,
             host_only: false,
+            policy: None,
         },
     }
 }
@@ -122,6 +124,7 @@ fn too_large(tool: ToolStatus) -> ToolStatus {
         description: String::new(),
         name: tool.name,
         host_only: false,
+        policy: None,
     }
 }
 

@@ -4,8 +4,8 @@ use tonic::Streaming;
 use tonic::transport::Channel;
 use toolsrv_proto::v1::tools_client::ToolsClient;
 use toolsrv_proto::v1::{
-    ApprovalRequest, ApproveRequest, CallEvent, CallRequest, CallResult, CatalogEvent,
-    DescribeToolRequest, FanOutEvent, FanOutRequest, HostInfo, ListApprovalsRequest,
+    ApprovalRequest, ApproveRequest, CallEvent, CallRequest, CallResult, CallerPolicy,
+    CatalogEvent, DescribeToolRequest, FanOutEvent, FanOutRequest, HostInfo, ListApprovalsRequest,
     ListHostsRequest, ListToolsRequest, ListToolsResponse, OutputStream, ToolDefinition,
     WatchCatalogRequest, call_event, fan_out_event,
 };
@@ -198,9 +198,17 @@ impl Client {
             .metadata()
             .get(toolsrv_proto::HOST_ONLY_METADATA)
             .is_some_and(|v| v.as_bytes() == b"true");
+        // Absent from a coordinator that predates it; one that does not decode is not trusted
+        // to say anything.
+        let policy = response
+            .metadata()
+            .get_bin(toolsrv_proto::CALLER_POLICY_METADATA)
+            .and_then(|v| v.to_bytes().ok())
+            .and_then(|b| <CallerPolicy as prost::Message>::decode(b).ok());
         Ok(Described {
             definition: response.into_inner(),
             host_only,
+            policy,
         })
     }
 
@@ -293,6 +301,9 @@ pub struct Described {
     /// The host's own tool (from its agent's own tools directories): what it says is that
     /// host's word, not the catalog's.
     pub host_only: bool,
+    /// What the coordinator's policy says of this client calling the tool there (`None` from
+    /// a coordinator that does not say).
+    pub policy: Option<CallerPolicy>,
 }
 
 /// A call's output and result, collected.

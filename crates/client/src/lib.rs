@@ -36,10 +36,10 @@ pub use status::{is_ok, status_name};
 pub use toolsrv_proto::v1::call_event::Event as CallUpdate;
 pub use toolsrv_proto::v1::fan_out_event::Event as FanOutUpdate;
 pub use toolsrv_proto::v1::{
-    ApprovalRequest, CallEvent, CallRequest, CallResult, CallStatus, CatalogEvent,
+    ApprovalRequest, CallEvent, CallRequest, CallResult, CallStatus, CallerPolicy, CatalogEvent,
     CatalogEventKind, FanOutEvent, FanOutRequest, FanOutSummary, FindToolsResponse, HostFacts,
     HostInfo, HostState, InvalidTool, ListToolsResponse, LoadedTool, OutputChunk, OutputStream,
-    Revocation, RevokeResponse, SandboxFacts, SessionHost, SessionState, ToolDefinition, ToolMatch,
-    ToolResolution, ToolStatus,
+    PolicyEffect, Revocation, RevokeResponse, SandboxFacts, SessionHost, SessionState,
+    ToolDefinition, ToolMatch, ToolResolution, ToolStatus,
 };
 pub use toolsrv_tls::{TlsError, TlsFiles};

@@ -3,20 +3,97 @@
 use serde::Serialize;
 use serde_json::Value;
 use toolsrv_host::ListEntry;
-use toolsrv_proto::v1::{HostState, SessionState, ToolDefinition, ToolMatch, ToolStatus};
+use toolsrv_proto::v1::{
+    CallerPolicy, HostState, PolicyEffect, SessionState, ToolDefinition, ToolMatch, ToolStatus,
+};
 
 use crate::ClientError;
 
-/// A tool's entry in a listing, the same shape `toolctl local list --json` prints.
-pub fn list_entry(status: &ToolStatus) -> ListEntry<'_> {
+/// A tool's entry in a listing: the shape `toolctl local list --json` prints, and on a
+/// coordinator's listing what its policy says of the caller calling the tool.
+pub fn list_entry(status: &ToolStatus) -> Listed<'_> {
     let description = Some(status.description.as_str()).filter(|d| !d.is_empty());
-    ListEntry {
-        name: &status.name,
-        visible: status.visible,
-        variant: status.variant.and_then(|v| usize::try_from(v).ok()),
-        reason: (!status.visible).then_some(status.reason.as_str()),
-        description,
-        host_only: status.host_only,
+    Listed {
+        entry: ListEntry {
+            name: &status.name,
+            visible: status.visible,
+            variant: status.variant.and_then(|v| usize::try_from(v).ok()),
+            reason: (!status.visible).then_some(status.reason.as_str()),
+            description,
+            host_only: status.host_only,
+        },
+        policy: status.policy.as_ref().map(PolicyJson::from),
+    }
+}
+
+/// One tool of a listing, as `toolctl tools --json` prints it.
+#[derive(Serialize, Debug)]
+pub struct Listed<'a> {
+    #[serde(flatten)]
+    pub entry: ListEntry<'a>,
+    /// What the coordinator's policy says of the caller calling it there; absent from local
+    /// listings, hidden tools and coordinators that do not say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyJson<'a>>,
+}
+
+impl<'a> From<ListEntry<'a>> for Listed<'a> {
+    fn from(entry: ListEntry<'a>) -> Self {
+        Self {
+            entry,
+            policy: None,
+        }
+    }
+}
+
+/// A [`CallerPolicy`] in the words of the policy file: `effect` is `allow`, `approve` or
+/// `deny`; `rule` is absent for the policy's default; `denial` only with `deny`, `approvers`
+/// only with `approve`.
+#[derive(Serialize, Debug, PartialEq)]
+pub struct PolicyJson<'a> {
+    pub effect: &'static str,
+    pub rule: Option<u32>,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub denial: &'a str,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    pub approvers: &'a [String],
+}
+
+impl<'a> From<&'a CallerPolicy> for PolicyJson<'a> {
+    fn from(policy: &'a CallerPolicy) -> Self {
+        Self {
+            effect: match policy.effect() {
+                PolicyEffect::Allow => "allow",
+                PolicyEffect::Approve => "approve",
+                PolicyEffect::Deny => "deny",
+                PolicyEffect::Unspecified => "unknown",
+            },
+            rule: policy.rule,
+            denial: &policy.denial,
+            approvers: &policy.approvers,
+        }
+    }
+}
+
+impl PolicyJson<'_> {
+    /// What a text listing adds after the tool's description: nothing when allowed.
+    pub fn note(&self) -> Option<String> {
+        let by = match self.rule {
+            Some(i) => format!("rule {i}"),
+            None => "the default".to_string(),
+        };
+        match self.effect {
+            "allow" => None,
+            "approve" if self.approvers.iter().all(|a| a == "caller") => {
+                Some(format!("[asks your approval first: {by}]"))
+            }
+            "approve" => Some(format!(
+                "[waits for approval by {}: {by}]",
+                self.approvers.join(", ")
+            )),
+            "deny" => Some(format!("[denied to you: {by}]")),
+            other => Some(format!("[policy: {other}]")),
+        }
     }
 }
 
@@ -241,6 +318,7 @@ mod tests {
                 ..Default::default()
             }),
             host_only: false,
+            policy: None,
         };
         let hidden = ToolStatus {
             name: "b".into(),
@@ -250,6 +328,7 @@ mod tests {
             description: "B tool".into(),
             definition: None,
             host_only: true,
+            policy: None,
         };
         let plain = ToolStatus {
             name: "c".into(),
@@ -271,5 +350,56 @@ mod tests {
                 {"name": "c", "visible": true, "variant": null, "reason": null, "description": null},
             ])
         );
+    }
+
+    #[test]
+    fn a_coordinator_listing_says_what_the_policy_answers() {
+        let answered = |effect: PolicyEffect, rule, denial: &str, approvers: &[&str]| ToolStatus {
+            name: "t".into(),
+            visible: true,
+            definition: Some(ToolDefinition::default()),
+            policy: Some(CallerPolicy {
+                effect: effect as i32,
+                rule,
+                denial: denial.into(),
+                approvers: approvers.iter().map(|a| a.to_string()).collect(),
+            }),
+            ..Default::default()
+        };
+        let denied = answered(
+            PolicyEffect::Deny,
+            Some(2),
+            "policy rule 2 denies client alice calling t on a",
+            &[],
+        );
+        let asked = answered(PolicyEffect::Approve, None, "", &["oncall-*", "lead"]);
+        let own = answered(PolicyEffect::Approve, Some(0), "", &["caller"]);
+        let allowed = answered(PolicyEffect::Allow, Some(1), "", &[]);
+        let json = serde_json::to_value([
+            list_entry(&denied),
+            list_entry(&asked),
+            list_entry(&allowed),
+        ])
+        .unwrap();
+        assert_eq!(
+            json[0]["policy"],
+            json!({"effect": "deny", "rule": 2, "denial": "policy rule 2 denies client alice calling t on a"})
+        );
+        assert_eq!(
+            json[1]["policy"],
+            json!({"effect": "approve", "rule": null, "approvers": ["oncall-*", "lead"]})
+        );
+        assert_eq!(json[2]["policy"], json!({"effect": "allow", "rule": 1}));
+        let note = |s: &ToolStatus| list_entry(s).policy.and_then(|p| p.note());
+        assert_eq!(note(&denied).as_deref(), Some("[denied to you: rule 2]"));
+        assert_eq!(
+            note(&asked).as_deref(),
+            Some("[waits for approval by oncall-*, lead: the default]")
+        );
+        assert_eq!(
+            note(&own).as_deref(),
+            Some("[asks your approval first: rule 0]")
+        );
+        assert_eq!(note(&allowed), None);
     }
 }

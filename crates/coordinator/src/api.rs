@@ -226,11 +226,20 @@ impl Tools for ToolsService {
         } else {
             Vec::new()
         };
+        // Each visible tool says what a call of it by this client would meet, as a call made
+        // now would be judged.
+        let policy = self.state.policy.now();
+        let facts = host.policy_facts();
         let (tools, next_page_token) = view.page(
             req.include_hidden,
             &req.page_token,
             LIST_PAGE_BYTES,
             &invalid,
+            |status| {
+                if status.visible {
+                    status.policy = Some(policy.answer(&client, &status.name, &facts));
+                }
+            },
         );
         Ok(Response::new(ListToolsResponse {
             host: req.host,
@@ -265,6 +274,14 @@ impl Tools for ToolsService {
                 .map_err(Refusal::grpc)?;
         let tool = refusal::visible_tool(state, &host, &req.tool).map_err(Refusal::grpc)?;
         let mut response = Response::new(tool.definition.as_deref().cloned().unwrap_or_default());
+        let answer = state
+            .policy
+            .now()
+            .answer(&client, &req.tool, &host.policy_facts());
+        response.metadata_mut().insert_bin(
+            toolsrv_proto::CALLER_POLICY_METADATA,
+            tonic::metadata::MetadataValue::from_bytes(&prost::Message::encode_to_vec(&answer)),
+        );
         if tool.host_only {
             response.metadata_mut().insert(
                 toolsrv_proto::HOST_ONLY_METADATA,

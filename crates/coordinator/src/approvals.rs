@@ -154,7 +154,7 @@ fn may_decide(request: &ApprovalRequest, decider: &str) -> Result<(), String> {
 
 /// Who decides a request asked of a rule's `approvers`: the approver globs shown and kept, and
 /// whether the caller decides (`approvers` empty or `["caller"]`).
-fn deciders(approvers: &[String]) -> (Vec<String>, bool) {
+pub(crate) fn deciders(approvers: &[String]) -> (Vec<String>, bool) {
     let caller_may_decide = approvers.is_empty() || approvers.iter().all(|a| a == CALLER);
     let shown = if caller_may_decide {
         vec![CALLER.to_string()]

@@ -25,7 +25,7 @@
 use std::path::Path;
 
 use serde::Deserialize;
-use toolsrv_proto::v1::{SandboxGrant, SandboxPolicy};
+use toolsrv_proto::v1::{CallerPolicy, PolicyEffect, SandboxGrant, SandboxPolicy};
 use toolsrv_tls::normalize_name;
 
 use crate::error::FileError;
@@ -360,36 +360,72 @@ impl Policy {
     /// Whether `client` may call `tool` on `host`, at once or after an approval; the error says
     /// which rule denied it.
     pub fn check(&self, client: &str, tool: &str, host: &Candidate<'_>) -> Result<Verdict, String> {
-        for (i, rule) in self.rules.iter().enumerate() {
-            if names(&rule.clients, client)
-                && names(&rule.tools, tool)
-                && rule.hosts.as_ref().is_none_or(|s| s.matches(host))
-            {
-                let verdict = |approve| Verdict {
-                    rule: Some(i),
-                    approve,
-                    approvers: rule.approvers.clone(),
-                    bypass: rule.bypass,
-                    require_sandbox: rule.require_sandbox.then_some(i),
-                };
-                return match rule.effect {
-                    Effect::Allow => Ok(verdict(false)),
-                    Effect::Approve => Ok(verdict(true)),
-                    Effect::Deny => Err(denial(Some(i), client, tool, host.id)),
-                };
+        let rule = self.rule_for(client, tool, host);
+        let (effect, approvers, bypass, require_sandbox) = match rule {
+            Some(i) => {
+                let r = &self.rules[i];
+                (
+                    r.effect,
+                    &r.approvers,
+                    r.bypass,
+                    r.require_sandbox.then_some(i),
+                )
             }
-        }
-        let verdict = |approve| Verdict {
-            rule: None,
-            approve,
-            approvers: self.default_approvers.clone(),
-            bypass: self.default_bypass,
-            require_sandbox: None,
+            None => (
+                self.default,
+                &self.default_approvers,
+                self.default_bypass,
+                None,
+            ),
         };
-        match self.default {
+        let verdict = |approve| Verdict {
+            rule,
+            approve,
+            approvers: approvers.clone(),
+            bypass,
+            require_sandbox,
+        };
+        match effect {
             Effect::Allow => Ok(verdict(false)),
             Effect::Approve => Ok(verdict(true)),
-            Effect::Deny => Err(denial(None, client, tool, host.id)),
+            Effect::Deny => Err(denial(rule, client, tool, host.id)),
+        }
+    }
+
+    /// The first rule that applies to `client` calling `tool` on `host` (`None`: the default).
+    fn rule_for(&self, client: &str, tool: &str, host: &Candidate<'_>) -> Option<usize> {
+        self.rules.iter().position(|rule| {
+            names(&rule.clients, client)
+                && names(&rule.tools, tool)
+                && rule.hosts.as_ref().is_none_or(|s| s.matches(host))
+        })
+    }
+
+    /// What [`Policy::check`] says, as listings show it to the caller: allowed, asked of whom,
+    /// or denied and why, with the rule that decides.
+    pub fn answer(&self, client: &str, tool: &str, host: &Candidate<'_>) -> CallerPolicy {
+        let rule = |i: Option<usize>| i.and_then(|i| u32::try_from(i).ok());
+        match self.check(client, tool, host) {
+            Ok(verdict) => CallerPolicy {
+                effect: if verdict.approve {
+                    PolicyEffect::Approve
+                } else {
+                    PolicyEffect::Allow
+                } as i32,
+                rule: rule(verdict.rule),
+                denial: String::new(),
+                approvers: if verdict.approve {
+                    crate::approvals::deciders(&verdict.approvers).0
+                } else {
+                    Vec::new()
+                },
+            },
+            Err(denial) => CallerPolicy {
+                effect: PolicyEffect::Deny as i32,
+                rule: rule(self.rule_for(client, tool, host)),
+                denial,
+                approvers: Vec::new(),
+            },
         }
     }
 
@@ -450,6 +486,19 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
+    /// A host with these facts and nothing else.
+    fn on<'a>(id: &'a str, os: &'a str, labels: &'a BTreeMap<String, String>) -> Candidate<'a> {
+        Candidate {
+            id,
+            os,
+            arch: "amd64",
+            hostname: "",
+            kernel: "",
+            sandbox: "",
+            labels,
+        }
+    }
+
     #[test]
     fn first_matching_rule_decides() {
         let p = Policy::parse(
@@ -461,24 +510,8 @@ mod tests {
         .unwrap();
         let db_labels: BTreeMap<String, String> = [("role".into(), "db".into())].into();
         let none = BTreeMap::new();
-        let db = Candidate {
-            id: "db-1",
-            os: "linux",
-            arch: "amd64",
-            hostname: "",
-            kernel: "",
-            sandbox: "",
-            labels: &db_labels,
-        };
-        let web = Candidate {
-            id: "web-1",
-            os: "linux",
-            arch: "amd64",
-            hostname: "",
-            kernel: "",
-            sandbox: "",
-            labels: &none,
-        };
+        let db = on("db-1", "linux", &db_labels);
+        let web = on("web-1", "linux", &none);
         assert!(
             p.check("ci-7", "env_info", &db)
                 .unwrap_err()
@@ -511,19 +544,10 @@ mod tests {
         ];
         let db_labels: BTreeMap<String, String> = [("role".into(), "db".into())].into();
         let none = BTreeMap::new();
-        let host = |id, os, labels| Candidate {
-            id,
-            os,
-            arch: "amd64",
-            hostname: "",
-            kernel: "",
-            sandbox: "",
-            labels,
-        };
         let hosts = [
-            host("db-1", "linux", &db_labels),
-            host("web-1", "linux", &none),
-            host("mac-1", "darwin", &none),
+            on("db-1", "linux", &db_labels),
+            on("web-1", "linux", &none),
+            on("mac-1", "darwin", &none),
         ];
         let mut fixed = 0;
         for text in policies {
@@ -552,18 +576,109 @@ mod tests {
         assert!(fixed > 0, "some answers need no host");
     }
 
+    /// What a listing shows the caller is what a call would meet, with the rule that decides.
+    #[test]
+    fn answers_say_what_a_call_would_meet() {
+        let p = Policy::parse(
+            r#"{"default": "approve", "default_approvers": ["lead"], "rules": [
+                {"clients": ["ci-*"], "hosts": "role=db", "effect": "deny"},
+                {"tools": ["restart_*"], "effect": "approve", "approvers": ["oncall-*"]},
+                {"tools": ["fix_*"], "effect": "approve"},
+                {"clients": ["alice"], "effect": "allow"}]}"#,
+        )
+        .unwrap();
+        let db_labels: BTreeMap<String, String> = [("role".into(), "db".into())].into();
+        let none = BTreeMap::new();
+        let (db, web) = (on("db-1", "linux", &db_labels), on("web-1", "linux", &none));
+        let answer = |client, tool, h: &Candidate<'_>| {
+            let a = p.answer(client, tool, h);
+            (a.effect(), a.rule, a.denial, a.approvers)
+        };
+        let denial = "policy rule 0 denies client ci-7 calling env_info on db-1";
+        #[allow(clippy::type_complexity)]
+        let cases: [(
+            &str,
+            &str,
+            &Candidate<'_>,
+            PolicyEffect,
+            Option<u32>,
+            &str,
+            &[&str],
+        ); 5] = [
+            (
+                "ci-7",
+                "env_info",
+                &db,
+                PolicyEffect::Deny,
+                Some(0),
+                denial,
+                &[],
+            ),
+            (
+                "ci-7",
+                "restart_nginx",
+                &web,
+                PolicyEffect::Approve,
+                Some(1),
+                "",
+                &["oncall-*"],
+            ),
+            (
+                "bob",
+                "fix_perms",
+                &web,
+                PolicyEffect::Approve,
+                Some(2),
+                "",
+                &["caller"],
+            ),
+            (
+                "alice",
+                "env_info",
+                &db,
+                PolicyEffect::Allow,
+                Some(3),
+                "",
+                &[],
+            ),
+            (
+                "bob",
+                "env_info",
+                &web,
+                PolicyEffect::Approve,
+                None,
+                "",
+                &["lead"],
+            ),
+        ];
+        for (client, tool, h, effect, rule, denial, approvers) in cases {
+            assert_eq!(
+                answer(client, tool, h),
+                (
+                    effect,
+                    rule,
+                    denial.to_string(),
+                    approvers.iter().map(|a| a.to_string()).collect()
+                ),
+                "{client} {tool} on {}",
+                h.id
+            );
+        }
+        let closed = Policy::parse(r#"{"default": "deny"}"#).unwrap();
+        let a = closed.answer("bob", "env_info", &web);
+        assert_eq!((a.effect(), a.rule), (PolicyEffect::Deny, None));
+        assert_eq!(
+            a.denial,
+            "no policy rule allows client bob calling env_info on web-1"
+        );
+        let open = Policy::default().answer("bob", "env_info", &web);
+        assert_eq!((open.effect(), open.rule), (PolicyEffect::Allow, None));
+    }
+
     #[test]
     fn names_match_whatever_their_case() {
         let none = BTreeMap::new();
-        let host = |id| Candidate {
-            id,
-            os: "linux",
-            arch: "amd64",
-            hostname: "",
-            kernel: "",
-            sandbox: "",
-            labels: &none,
-        };
+        let host = |id| on(id, "linux", &none);
         // Names as they come out of certificates: `agent/Web-1` is host `web-1`, `client/Alice`
         // is client `alice`.
         let name = |uri: &str| {
@@ -624,13 +739,8 @@ mod tests {
         .unwrap();
         let none = BTreeMap::new();
         let host = Candidate {
-            id: "h",
-            os: "linux",
-            arch: "amd64",
-            hostname: "",
-            kernel: "",
             sandbox: "off",
-            labels: &none,
+            ..on("h", "linux", &none)
         };
         assert_eq!(
             p.check("a", "backup_db", &host).unwrap().require_sandbox,
@@ -655,13 +765,8 @@ mod tests {
         let db: BTreeMap<String, String> = [("role".into(), "db".into())].into();
         let none = BTreeMap::new();
         let host = |os, labels| Candidate {
-            id: "h",
-            os,
-            arch: "amd64",
-            hostname: "",
-            kernel: "",
             sandbox: "enforced",
-            labels,
+            ..on("h", os, labels)
         };
         let linux_db = p.sandbox_for(&host("linux", &db));
         assert_eq!(linux_db.grants.len(), 2);
@@ -698,15 +803,7 @@ mod tests {
         )
         .unwrap();
         let none = BTreeMap::new();
-        let host = Candidate {
-            id: "db-1",
-            os: "linux",
-            arch: "amd64",
-            hostname: "",
-            kernel: "",
-            labels: &none,
-            sandbox: "",
-        };
+        let host = on("db-1", "linux", &none);
         let restart = p.check("alice", "restart_db", &host).unwrap();
         assert_eq!((restart.rule, restart.approve), (Some(0), true));
         assert_eq!(restart.approvers, ["oncall-*"]);

@@ -78,6 +78,7 @@ impl StoredTool {
             definition: self.definition.as_deref().cloned(),
             description,
             host_only: self.host_only,
+            policy: None,
         }
     }
 }
@@ -94,13 +95,16 @@ impl StoredView {
     /// One page of the view for `ListTools`: the tools named after `after` (all when empty),
     /// hidden ones only with `include_hidden`, about `budget` bytes of them (at least one), and
     /// the token of the next page (empty after the last). `extra`, sorted by name and none in
-    /// the view, are hidden tools merged in by name (the catalog's invalid ones).
+    /// the view, are hidden tools merged in by name (the catalog's invalid ones). `annotate`
+    /// adds to each status what the view does not know (the policy's answer), before its size
+    /// counts.
     pub fn page(
         &self,
         include_hidden: bool,
         after: &str,
         budget: usize,
         extra: &[ToolStatus],
+        mut annotate: impl FnMut(&mut ToolStatus),
     ) -> (Vec<ToolStatus>, String) {
         let (start, extra_start) = if after.is_empty() {
             (0, 0)
@@ -129,7 +133,8 @@ impl StoredView {
                 (Some(_), None) => ours.next().map(StoredTool::status),
                 (None, None) => None,
             };
-            let Some(status) = status else { break };
+            let Some(mut status) = status else { break };
+            annotate(&mut status);
             size += status.encoded_len();
             if size > budget && !page.is_empty() {
                 let next = page
@@ -1243,7 +1248,8 @@ mod tests {
             let mut token = String::new();
             let mut pages = 0;
             loop {
-                let (page, next) = view.page(include_hidden, &token, LIST_PAGE_BYTES, &extra);
+                let (page, next) =
+                    view.page(include_hidden, &token, LIST_PAGE_BYTES, &extra, |_| {});
                 pages += 1;
                 let size: usize = page.iter().map(Message::encoded_len).sum();
                 assert!(size <= LIST_PAGE_BYTES, "{size}");
@@ -1267,8 +1273,44 @@ mod tests {
             assert!(pages > 1);
         }
         // A tool larger than a page comes alone; a token past the end gives an empty last page.
-        let (page, next) = view.page(true, "", 10, &[]);
+        let (page, next) = view.page(true, "", 10, &[], |_| {});
         assert_eq!((page.len(), next.as_str()), (1, "t00"));
-        assert_eq!(view.page(true, "zz", 10, &[]), (vec![], String::new()));
+        assert_eq!(
+            view.page(true, "zz", 10, &[], |_| {}),
+            (vec![], String::new())
+        );
+    }
+
+    /// What the policy says is the coordinator's to add: an agent that claims a tool is
+    /// allowed is not listened to, and what is added counts against the page.
+    #[test]
+    fn the_policy_answer_is_the_coordinators() {
+        use toolsrv_proto::v1::{CallerPolicy, PolicyEffect};
+        let interner = Interner::default();
+        let mut claimed = status("t0", true, "p");
+        claimed.policy = Some(CallerPolicy {
+            effect: PolicyEffect::Allow as i32,
+            ..Default::default()
+        });
+        let view = interner.store(HostView {
+            catalog_revision: 1,
+            tools: vec![claimed, status("t1", true, "p"), status("t2", false, "p")],
+            more: false,
+        });
+        let (page, _) = view.page(true, "", LIST_PAGE_BYTES, &[], |_| {});
+        assert!(page.iter().all(|t| t.policy.is_none()), "{page:?}");
+        let denied = |t: &mut ToolStatus| {
+            t.policy = Some(CallerPolicy {
+                effect: PolicyEffect::Deny as i32,
+                denial: "d".repeat(1000),
+                ..Default::default()
+            })
+        };
+        let (page, next) = view.page(true, "", 1500, &[], denied);
+        assert_eq!(page.len(), 1, "the second answer does not fit");
+        assert_eq!(
+            (page[0].policy.as_ref().unwrap().denial.len(), next.as_str()),
+            (1000, "t0")
+        );
     }
 }

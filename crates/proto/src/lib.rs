@@ -34,5 +34,9 @@ pub fn unix_ms() -> u64 {
 /// catalog's (its value is `true`).
 pub const HOST_ONLY_METADATA: &str = "toolsrv-host-only";
 
+/// Response metadata of `DescribeTool`: a `CallerPolicy` (what the policy says of the caller
+/// calling the tool on that host), encoded as protobuf (binary metadata, hence the suffix).
+pub const CALLER_POLICY_METADATA: &str = "toolsrv-caller-policy-bin";
+
 /// The encoded file descriptor set, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("toolsrv_descriptor");

@@ -87,7 +87,10 @@ pub fn list(tools: &ToolsArgs, all: bool, json: bool) -> u8 {
         .into_iter()
         .filter(|v| all || v.resolution.tool().is_some())
         .collect();
-    let entries: Vec<_> = views.iter().map(ToolView::list_entry).collect();
+    let entries: Vec<_> = views
+        .iter()
+        .map(|v| crate::shape::Listed::from(v.list_entry()))
+        .collect();
     super::print_listing(&entries, json)
 }
 

@@ -740,7 +740,7 @@ pub fn write_json(out: &mut impl Write, value: &impl serde::Serialize) -> std::i
 
 /// Prints a tool listing, the same for `local list` and `tools`: a JSON array of entries, or a
 /// text table (visible tools with description and chosen variant, hidden ones with the reason).
-pub fn print_listing(entries: &[toolsrv_host::ListEntry<'_>], json: bool) -> u8 {
+pub fn print_listing(entries: &[crate::shape::Listed<'_>], json: bool) -> u8 {
     let mut out = std::io::stdout().lock();
     let result = if json {
         write_json(&mut out, &entries)
@@ -752,12 +752,16 @@ pub fn print_listing(entries: &[toolsrv_host::ListEntry<'_>], json: bool) -> u8 
 
 fn write_listing(
     out: &mut impl Write,
-    entries: &[toolsrv_host::ListEntry<'_>],
+    entries: &[crate::shape::Listed<'_>],
 ) -> std::io::Result<()> {
     // An invalid tool is listed under its file's name, which can hold anything.
-    let names: Vec<String> = entries.iter().map(|e| quote::printable(e.name)).collect();
+    let names: Vec<String> = entries
+        .iter()
+        .map(|e| quote::printable(e.entry.name))
+        .collect();
     let width = names.iter().map(|n| n.chars().count()).max().unwrap_or(0);
-    for (e, name) in entries.iter().zip(&names) {
+    for (listed, name) in entries.iter().zip(&names) {
+        let e = &listed.entry;
         let own = if e.host_only { " [host-only]" } else { "" };
         if e.visible {
             let variant = e
@@ -765,7 +769,14 @@ fn write_listing(
                 .map(|i| format!(" [variant {i}]"))
                 .unwrap_or_default();
             let desc = quote::printable(e.description.unwrap_or(""));
-            writeln!(out, "{name:width$}  {desc}{variant}{own}")?;
+            // The approvers are the policy file's globs, quoted like any text from afar.
+            let policy = listed
+                .policy
+                .as_ref()
+                .and_then(|p| p.note())
+                .map(|n| format!(" {}", quote::printable(&n)))
+                .unwrap_or_default();
+            writeln!(out, "{name:width$}  {desc}{variant}{own}{policy}")?;
         } else {
             let reason = quote::printable(e.reason.unwrap_or(""));
             writeln!(out, "{name:width$}  (hidden) {reason}{own}")?;

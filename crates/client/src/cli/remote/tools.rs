@@ -39,6 +39,26 @@ pub async fn describe(conn: &ConnArgs, host: &str, tool: &str) -> u8 {
             printable(host)
         );
     }
+    if let Some(note) = described
+        .policy
+        .as_ref()
+        .map(crate::shape::PolicyJson::from)
+        .and_then(|p| p.note().map(|note| (note, p.denial)))
+    {
+        let (note, denial) = note;
+        let why = if denial.is_empty() {
+            String::new()
+        } else {
+            format!(" ({denial})")
+        };
+        eprintln!(
+            "toolctl: note: a call of `{}` on host `{}` by you: {}{}",
+            printable(tool),
+            printable(host),
+            printable(&note),
+            printable(&why)
+        );
+    }
     match definition_json(&described.definition) {
         Ok(value) => written(
             write_json(&mut std::io::stdout().lock(), &value),
@@ -53,6 +73,7 @@ pub async fn describe(conn: &ConnArgs, host: &str, tool: &str) -> u8 {
 
 #[cfg(test)]
 mod tests {
+    use crate::{CallerPolicy, PolicyEffect};
     use crate::{ToolDefinition, ToolStatus};
 
     use super::*;
@@ -83,6 +104,19 @@ mod tests {
                 definition: Some(ToolDefinition::default()),
                 ..Default::default()
             },
+            ToolStatus {
+                name: "wipe".into(),
+                visible: true,
+                description: "Wipe\u{1b}[2J it".into(),
+                definition: Some(ToolDefinition::default()),
+                policy: Some(CallerPolicy {
+                    effect: PolicyEffect::Approve as i32,
+                    rule: Some(3),
+                    approvers: vec!["oncall-\u{1b}[2J".into()],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
         ];
         let entries: Vec<_> = tools.iter().map(list_entry).collect();
         let mut out = Vec::new();
@@ -91,7 +125,8 @@ mod tests {
             String::from_utf8(out).unwrap(),
             "disk_usage  Disk usage [variant 1]\n\
              ls          (hidden) no variant matches this host (variant 0: os is linux)\n\
-             true        \n"
+             true        \n\
+             wipe        Wipe\\u{1b}[2J it [waits for approval by oncall-\\u{1b}[2J: rule 3]\n"
         );
     }
 }
