@@ -216,6 +216,28 @@ fn names(list: &Option<Vec<String>>, value: &str) -> bool {
 }
 
 /// Why the policy denies `client` calling `tool` on `host`: `rule` (`None`: the default).
+/// Most bytes of approver globs an answer lists: a rule may name thousands, and
+/// `DescribeTool` sends its answer in a header, which clients refuse past some kilobytes.
+const MAX_SHOWN_APPROVERS_BYTES: usize = 1024;
+
+/// `approvers` as an answer lists them: the first ones, up to [`MAX_SHOWN_APPROVERS_BYTES`],
+/// then how many more there are.
+fn shown(approvers: Vec<String>) -> Vec<String> {
+    let total = approvers.len();
+    let mut bytes = 0;
+    let mut kept: Vec<String> = approvers
+        .into_iter()
+        .take_while(|a| {
+            bytes += a.len();
+            bytes <= MAX_SHOWN_APPROVERS_BYTES
+        })
+        .collect();
+    if kept.len() < total {
+        kept.push(format!("(and {} more)", total - kept.len()));
+    }
+    kept
+}
+
 fn denial(rule: Option<usize>, client: &str, tool: &str, host: &str) -> String {
     match rule {
         Some(i) => format!("policy rule {i} denies client {client} calling {tool} on {host}"),
@@ -415,7 +437,7 @@ impl Policy {
                 rule: rule(verdict.rule),
                 denial: String::new(),
                 approvers: if verdict.approve {
-                    crate::approvals::deciders(&verdict.approvers).0
+                    shown(crate::approvals::deciders(&verdict.approvers).0)
                 } else {
                     Vec::new()
                 },
@@ -673,6 +695,23 @@ mod tests {
         );
         let open = Policy::default().answer("bob", "env_info", &web);
         assert_eq!((open.effect(), open.rule), (PolicyEffect::Allow, None));
+        // A rule naming more approvers than a header holds lists the first ones.
+        let many: Vec<String> = (0..5000).map(|i| format!("\"oncall-{i}\"")).collect();
+        let crowded = Policy::parse(&format!(
+            r#"{{"rules": [{{"effect": "approve", "approvers": [{}]}}]}}"#,
+            many.join(",")
+        ))
+        .unwrap();
+        let a = crowded.answer("bob", "env_info", &web);
+        assert!(a.approvers.len() > 10, "{:?}", a.approvers);
+        assert_eq!(a.approvers[0], "oncall-0");
+        let shown_bytes: usize = a.approvers.iter().map(String::len).sum();
+        assert!(shown_bytes < 1100, "{shown_bytes}");
+        let last = a.approvers.last().unwrap();
+        assert_eq!(
+            *last,
+            format!("(and {} more)", 5000 - (a.approvers.len() - 1))
+        );
     }
 
     #[test]
