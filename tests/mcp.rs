@@ -1037,7 +1037,8 @@ fn the_model_is_offered_only_what_the_policy_lets_its_client_call() {
     let policy = fleet.policy_arg(
         r#"{"rules": [
             {"clients": ["alice"], "tools": ["vault_secrets"], "effect": "deny"},
-            {"clients": ["alice"], "tools": ["where"], "hosts": "b", "effect": "deny"}]}"#,
+            {"clients": ["alice"], "tools": ["where"], "hosts": "b", "effect": "deny"},
+            {"tools": ["where"], "effect": "approve", "approvers": ["oncall-*"]}]}"#,
     );
     fleet.start_coordinator(&[&policy]);
     fleet.start_agent("a", &AgentSpec::default());
@@ -1057,6 +1058,18 @@ fn the_model_is_offered_only_what_the_policy_lets_its_client_call() {
         place["inputSchema"]["properties"]["target_host"]["enum"],
         json!(["a"]),
         "{place}"
+    );
+    // Its calls wait for on-call's approval: the model is told, in words and in `_meta`.
+    assert!(
+        place["description"].as_str().unwrap().ends_with(
+            "[Approval: each call of this tool waits until one of oncall-* approves it \
+             (another person, not the user); a call nobody approves in time is denied.]"
+        ),
+        "{place}"
+    );
+    assert_eq!(
+        place["_meta"]["toolsrv/approvals"],
+        json!([{"approvers": ["oncall-*"], "hosts": ["a"]}])
     );
     let found: Vec<&Value> = out["search"]["structuredContent"]["results"]
         .as_array()

@@ -497,6 +497,62 @@ fn a_client_holds_a_bounded_number_of_sessions() {
 /// not loaded (saying why), one denied on some hosts lists only the others, and `toolctl find`
 /// leaves out the same; another client is offered everything. An edited policy reaches a
 /// watcher at once.
+/// A session says where the policy makes its owner's calls wait for approval, and by whom;
+/// an edited policy reaches its watchers.
+#[test]
+fn a_session_says_which_calls_wait_for_approval() {
+    let fleet = fleet_under(
+        &[],
+        Some(
+            r#"{"rules": [
+                {"tools": ["everyday"], "hosts": "b", "effect": "approve", "approvers": ["oncall-*"]},
+                {"tools": ["pinned"], "effect": "approve"}]}"#,
+        ),
+    );
+    let p = profile(
+        &fleet,
+        "p.json",
+        r#"{"autoLoad": ["everyday", "pinned", "rare1"]}"#,
+    );
+    let id = open(&fleet, &["--profile", &p]);
+    let state = show(&fleet, &id);
+    assert_eq!(
+        tool(&state, "everyday")["approvals"],
+        serde_json::json!([{"approvers": ["oncall-*"], "hosts": ["b"]}])
+    );
+    assert_eq!(
+        tool(&state, "pinned")["approvals"],
+        serde_json::json!([{"approvers": ["caller"], "hosts": ["a", "b"]}])
+    );
+    assert_eq!(tool(&state, "rare1").get("approvals"), None);
+    let table = ok(&fleet.toolctl(&["session", "show", &id]), "show");
+    let line = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} in {table}"))
+            .to_string()
+    };
+    assert!(
+        line("everyday").ends_with("Used all the time [waits for approval by oncall-* on b]"),
+        "{table}"
+    );
+    assert!(
+        line("pinned").ends_with("Always wanted [waits for approval by you]"),
+        "{table}"
+    );
+    assert!(line("rare1").ends_with("Seldom used"), "{table}");
+
+    let watcher = watch(&fleet, &id);
+    watcher.until("the first state", |v| v["tools"].is_array());
+    fleet.replace_policy(r#"{"default": "allow"}"#, 0o644);
+    watcher.until("no call waiting for approval", |v| {
+        v["tools"]
+            .as_array()
+            .is_some_and(|tools| tools.iter().all(|t| t.get("approvals").is_none()))
+    });
+}
+
 #[test]
 fn a_session_and_find_offer_only_what_the_policy_lets_the_owner_call() {
     let fleet = fleet_under(

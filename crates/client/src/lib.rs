@@ -40,6 +40,6 @@ pub use toolsrv_proto::v1::{
     CatalogEventKind, FanOutEvent, FanOutRequest, FanOutSummary, FindToolsResponse, HostFacts,
     HostInfo, HostState, InvalidTool, ListToolsResponse, LoadedTool, OutputChunk, OutputStream,
     PolicyEffect, Revocation, RevokeResponse, SandboxFacts, SessionHost, SessionState,
-    ToolDefinition, ToolMatch, ToolResolution, ToolStatus,
+    ToolDefinition, ToolMatch, ToolResolution, ToolStatus, WaitsForApproval,
 };
 pub use toolsrv_tls::{TlsError, TlsFiles};

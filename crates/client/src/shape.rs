@@ -4,7 +4,8 @@ use serde::Serialize;
 use serde_json::Value;
 use toolsrv_host::ListEntry;
 use toolsrv_proto::v1::{
-    CallerPolicy, HostState, PolicyEffect, SessionState, ToolDefinition, ToolMatch, ToolStatus,
+    CallerPolicy, HostState, LoadedTool, PolicyEffect, SessionState, ToolDefinition, ToolMatch,
+    ToolStatus,
 };
 
 use crate::ClientError;
@@ -185,6 +186,9 @@ pub fn session_json(state: &SessionState) -> Result<Value, ClientError> {
         if t.host_only {
             tool["hostOnly"] = Value::from(true);
         }
+        if !t.approvals.is_empty() {
+            tool["approvals"] = approvals_json(t);
+        }
         tools.push(tool);
     }
     Ok(serde_json::json!({
@@ -198,6 +202,37 @@ pub fn session_json(state: &SessionState) -> Result<Value, ClientError> {
         "idleExpiresUnixMs": state.idle_expires_unix_ms,
         "catalogRevision": state.catalog_revision,
     }))
+}
+
+/// A loaded tool's `approvals` as JSON: `[{"approvers": [...], "hosts": [...]}, ...]`.
+pub fn approvals_json(t: &LoadedTool) -> Value {
+    t.approvals
+        .iter()
+        .map(|w| serde_json::json!({"approvers": w.approvers, "hosts": w.hosts}))
+        .collect()
+}
+
+/// Where the policy makes calls of `t` wait for approval, one phrase per group of approvers
+/// (`by oncall-* on a,b`; without the hosts when they are all of the tool's), `None` when
+/// none does.
+pub fn approvals_text(t: &LoadedTool) -> Option<String> {
+    let phrases: Vec<String> = t
+        .approvals
+        .iter()
+        .map(|w| {
+            let by = if w.approvers.iter().all(|a| a == "caller") {
+                "by you".to_string()
+            } else {
+                format!("by {}", w.approvers.join(", "))
+            };
+            if w.hosts.len() == t.hosts.len() {
+                by
+            } else {
+                format!("{by} on {}", w.hosts.join(","))
+            }
+        })
+        .collect();
+    (!phrases.is_empty()).then(|| phrases.join("; "))
 }
 
 /// A ranked tool as JSON (`toolctl find --json`).

@@ -173,9 +173,10 @@ pub struct Reach<'a> {
     how: How,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum How {
-    Everywhere,
+    /// Allowed on every host, at once (`None`) or once these approvers approve.
+    Everywhere(Option<Vec<String>>),
     /// Denied by this rule (`None`: the default).
     Nowhere(Option<usize>),
     /// The first rule that applies selects hosts: asked of each host.
@@ -187,7 +188,7 @@ impl Reach<'_> {
     /// it depends on the host.
     pub fn fixed(&self) -> Option<bool> {
         match self.how {
-            How::Everywhere => Some(true),
+            How::Everywhere(_) => Some(true),
             How::Nowhere(_) => Some(false),
             How::PerHost => None,
         }
@@ -202,9 +203,24 @@ impl Reach<'_> {
     /// Whether the call may be made on `host` (at once or once approved); if not, why.
     pub fn on(&self, host: &Candidate<'_>) -> Result<(), String> {
         match &self.how {
-            How::Everywhere => Ok(()),
+            How::Everywhere(_) => Ok(()),
             How::Nowhere(rule) => Err(denial(*rule, self.client, self.tool, host.id)),
             How::PerHost => self.policy.check(self.client, self.tool, host).map(|_| ()),
+        }
+    }
+
+    /// Who must approve a call on `host` before it runs, as answers list them (`caller` alone
+    /// when the caller decides); `None` when it runs at once or is denied there.
+    pub fn waits_for(&self, host: &Candidate<'_>) -> Option<Vec<String>> {
+        match &self.how {
+            How::Everywhere(approvers) => approvers.clone(),
+            How::Nowhere(_) => None,
+            How::PerHost => self
+                .policy
+                .check(self.client, self.tool, host)
+                .ok()
+                .filter(|v| v.approve)
+                .map(|v| listed(&v.approvers)),
         }
     }
 }
@@ -215,13 +231,16 @@ fn names(list: &Option<Vec<String>>, value: &str) -> bool {
         .is_none_or(|l| l.iter().any(|p| glob(p, value)))
 }
 
-/// Why the policy denies `client` calling `tool` on `host`: `rule` (`None`: the default).
 /// Most bytes of approver globs an answer lists: a rule may name thousands, and
 /// `DescribeTool` sends its answer in a header, which clients refuse past some kilobytes.
 const MAX_SHOWN_APPROVERS_BYTES: usize = 1024;
 
-/// `approvers` as an answer lists them: the first ones, up to [`MAX_SHOWN_APPROVERS_BYTES`],
-/// then how many more there are.
+/// A rule's `approvers` as answers list them: `caller` alone when the caller decides, else
+/// the globs, the first ones up to [`MAX_SHOWN_APPROVERS_BYTES`], then how many more there are.
+fn listed(approvers: &[String]) -> Vec<String> {
+    shown(crate::approvals::deciders(approvers).0)
+}
+
 fn shown(approvers: Vec<String>) -> Vec<String> {
     let total = approvers.len();
     let mut bytes = 0;
@@ -238,6 +257,7 @@ fn shown(approvers: Vec<String>) -> Vec<String> {
     kept
 }
 
+/// Why the policy denies `client` calling `tool` on `host`: `rule` (`None`: the default).
 fn denial(rule: Option<usize>, client: &str, tool: &str, host: &str) -> String {
     match rule {
         Some(i) => format!("policy rule {i} denies client {client} calling {tool} on {host}"),
@@ -437,7 +457,7 @@ impl Policy {
                 rule: rule(verdict.rule),
                 denial: String::new(),
                 approvers: if verdict.approve {
-                    shown(crate::approvals::deciders(&verdict.approvers).0)
+                    listed(&verdict.approvers)
                 } else {
                     Vec::new()
                 },
@@ -463,12 +483,14 @@ impl Policy {
             .map_or(
                 match self.default {
                     Effect::Deny => How::Nowhere(None),
-                    Effect::Allow | Effect::Approve => How::Everywhere,
+                    Effect::Allow => How::Everywhere(None),
+                    Effect::Approve => How::Everywhere(Some(listed(&self.default_approvers))),
                 },
                 |(i, rule)| match (&rule.hosts, rule.effect) {
                     (Some(_), _) => How::PerHost,
                     (None, Effect::Deny) => How::Nowhere(Some(i)),
-                    (None, Effect::Allow | Effect::Approve) => How::Everywhere,
+                    (None, Effect::Allow) => How::Everywhere(None),
+                    (None, Effect::Approve) => How::Everywhere(Some(listed(&rule.approvers))),
                 },
             );
         Reach {
@@ -561,8 +583,9 @@ mod tests {
                 {"clients": ["bob"], "effect": "deny"},
                 {"clients": ["root"], "effect": "allow"}]}"#,
             r#"{"rules": [{"tools": ["drop_*"], "effect": "deny"},
-                         {"tools": ["wipe"], "hosts": "os=linux", "effect": "deny"}]}"#,
-            r#"{"default": "approve"}"#,
+                         {"tools": ["wipe"], "hosts": "os=linux", "effect": "deny"},
+                         {"tools": ["restart_*"], "hosts": "role=db", "effect": "approve"}]}"#,
+            r#"{"default": "approve", "default_approvers": ["lead"]}"#,
         ];
         let db_labels: BTreeMap<String, String> = [("role".into(), "db".into())].into();
         let none = BTreeMap::new();
@@ -584,6 +607,10 @@ mod tests {
                 ] {
                     let reach = p.reach(client, tool);
                     for h in &hosts {
+                        let waits = p.answer(client, tool, h);
+                        let waits =
+                            (waits.effect() == PolicyEffect::Approve).then_some(waits.approvers);
+                        assert_eq!(reach.waits_for(h), waits, "{client} {tool} on {}", h.id);
                         let checked = p.check(client, tool, h).map(|_| ());
                         assert_eq!(reach.on(h), checked, "{client} {tool} on {}", h.id);
                         assert_eq!(reach.allows(h), checked.is_ok(), "{client} {tool}");

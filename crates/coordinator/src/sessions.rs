@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use toolsrv_meta::MAX_NAME_BYTES;
 use toolsrv_proto::v1::{
     LoadedTool, SessionHost, SessionProfile, SessionState, ToolDefinition, ToolResolution,
+    WaitsForApproval,
 };
 use toolsrv_registry::Catalog;
 
@@ -630,6 +631,7 @@ fn loaded_tool(
     let mut groups: Vec<(Arc<ToolDefinition>, Vec<String>)> = Vec::new();
     let mut host_only = false;
     let mut denied: Option<&HostEntry> = None;
+    let mut approvals: Vec<WaitsForApproval> = Vec::new();
     for h in hosts.iter().filter(|h| h.online()) {
         let Some(tool) = h.tool(&l.name) else {
             continue;
@@ -642,6 +644,15 @@ fn loaded_tool(
             continue;
         }
         host_only |= tool.host_only;
+        if let Some(approvers) = reach.waits_for(&h.policy_facts()) {
+            match approvals.iter_mut().find(|w| w.approvers == approvers) {
+                Some(w) => w.hosts.push(h.id.clone()),
+                None => approvals.push(WaitsForApproval {
+                    approvers,
+                    hosts: vec![h.id.clone()],
+                }),
+            }
+        }
         // Views share identical definitions, so the pointer test settles most comparisons.
         match groups
             .iter_mut()
@@ -680,6 +691,7 @@ fn loaded_tool(
         hosts: all_hosts,
         unavailable,
         host_only,
+        approvals,
     }
 }
 

@@ -150,11 +150,17 @@ fn mcp_tool(t: &LoadedTool, def: &ToolDefinition, multi_host: bool) -> Tool {
         ("", p) => p.to_string(),
         (d, p) => format!("{d}\n\n{p}"),
     };
-    let description = if t.host_only {
+    let mut description = if t.host_only {
         format!("{}\n\n{description}", host_only_note(&t.hosts))
     } else {
         description
     };
+    for note in approval_notes(t) {
+        if !description.is_empty() {
+            description.push_str("\n\n");
+        }
+        description.push_str(&note);
+    }
     let description = (!description.is_empty()).then_some(Cow::Owned(description));
     let title = title(&t.name, &def.prompt);
     let mut meta = tool_meta(def, &t.hosts);
@@ -162,10 +168,48 @@ fn mcp_tool(t: &LoadedTool, def: &ToolDefinition, multi_host: bool) -> Tool {
         meta.0
             .insert(format!("{META_PREFIX}hostOnly"), Value::from(true));
     }
+    if !t.approvals.is_empty() {
+        meta.0.insert(
+            format!("{META_PREFIX}approvals"),
+            crate::shape::approvals_json(t),
+        );
+    }
     Tool::new_with_raw(t.name.clone(), description, Arc::new(schema))
         .with_title(title.clone())
         .with_annotations(ToolAnnotations::with_title(title))
         .with_meta(meta)
+}
+
+/// What the model is told of calls the policy holds for a person's approval, one note per
+/// group of approvers: it can say so to its user, and not take a wait for a failure.
+fn approval_notes(t: &LoadedTool) -> Vec<String> {
+    t.approvals
+        .iter()
+        .map(|w| {
+            let on = if w.hosts.len() == t.hosts.len() {
+                String::new()
+            } else {
+                format!(
+                    " on host{} {}",
+                    if w.hosts.len() == 1 { "" } else { "s" },
+                    w.hosts.join(", ")
+                )
+            };
+            if w.approvers.iter().all(|a| a == "caller") {
+                format!(
+                    "[Approval: each call of this tool{on} waits until the user approves it: \
+                     the user is asked through this client when you call it; if the client \
+                     cannot ask, or the user declines, the call is denied.]"
+                )
+            } else {
+                format!(
+                    "[Approval: each call of this tool{on} waits until one of {} approves it \
+                     (another person, not the user); a call nobody approves in time is denied.]",
+                    w.approvers.join(", ")
+                )
+            }
+        })
+        .collect()
 }
 
 /// What the model is told first about a tool the fleet's catalog does not ship: its text (and
@@ -330,7 +374,7 @@ pub fn own_tools() -> Vec<Tool> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::{SessionHost, ToolResolution};
+    use crate::{SessionHost, ToolResolution, WaitsForApproval};
 
     fn def(name: &str, args: &str) -> ToolDefinition {
         ToolDefinition {
@@ -380,6 +424,46 @@ mod tests {
 
     fn as_json(tool: &Tool) -> Value {
         serde_json::to_value(tool).unwrap()
+    }
+
+    /// Calls the policy holds for approval are said in the description and `_meta`: by whom,
+    /// and on which hosts when not on all of them.
+    #[test]
+    fn approvals_are_told_to_the_model() {
+        let mut st = state(
+            &[("a", true), ("b", true)],
+            vec![
+                (def("restart", ""), vec!["a", "b"]),
+                (def("fix", ""), vec!["a", "b"]),
+            ],
+        );
+        st.tools[0].approvals = vec![WaitsForApproval {
+            approvers: vec!["oncall-*".into()],
+            hosts: vec!["a".into()],
+        }];
+        st.tools[1].approvals = vec![WaitsForApproval {
+            approvers: vec!["caller".into()],
+            hosts: vec!["a".into(), "b".into()],
+        }];
+        let catalog = Catalog::from_state(&st);
+        let restart = as_json(&catalog.tools[0]);
+        assert_eq!(
+            restart["description"],
+            "restart does things\n\n[Approval: each call of this tool on host a waits until one \
+             of oncall-* approves it (another person, not the user); a call nobody approves in \
+             time is denied.]"
+        );
+        assert_eq!(
+            restart["_meta"]["toolsrv/approvals"],
+            json!([{"approvers": ["oncall-*"], "hosts": ["a"]}])
+        );
+        let fix = as_json(&catalog.tools[1]);
+        assert_eq!(
+            fix["description"],
+            "fix does things\n\n[Approval: each call of this tool waits until the user approves \
+             it: the user is asked through this client when you call it; if the client cannot \
+             ask, or the user declines, the call is denied.]"
+        );
     }
 
     #[test]

@@ -332,10 +332,13 @@ fn write_text(out: &mut impl Write, state: &SessionState) -> std::io::Result<()>
 }
 
 fn tool_row(t: &LoadedTool) -> Vec<String> {
-    let description = match t.resolutions.first().and_then(|r| r.definition.as_ref()) {
+    let mut description = match t.resolutions.first().and_then(|r| r.definition.as_ref()) {
         Some(def) => def.description.clone(),
         None => format!("(unavailable: {})", t.unavailable),
     };
+    if let Some(approvals) = crate::shape::approvals_text(t) {
+        description.push_str(&format!(" [waits for approval {approvals}]"));
+    }
     let tier = if t.auto_loaded {
         format!("{} auto", t.tier)
     } else {
