@@ -209,18 +209,19 @@ impl Reach<'_> {
         }
     }
 
-    /// Who must approve a call on `host` before it runs, as answers list them (`caller` alone
-    /// when the caller decides); `None` when it runs at once or is denied there.
-    pub fn waits_for(&self, host: &Candidate<'_>) -> Option<Vec<String>> {
+    /// Whether a call on `host` may be made and, if so, who must approve it before it runs, as
+    /// answers list them (`caller` alone when the caller decides): `None` when it is denied
+    /// there, `Some(None)` when it runs at once. One look at the rules, asking the host only
+    /// when the answer depends on it.
+    pub fn waits_for(&self, host: &Candidate<'_>) -> Option<Option<Vec<String>>> {
         match &self.how {
-            How::Everywhere(approvers) => approvers.clone(),
+            How::Everywhere(approvers) => Some(approvers.clone()),
             How::Nowhere(_) => None,
             How::PerHost => self
                 .policy
                 .check(self.client, self.tool, host)
                 .ok()
-                .filter(|v| v.approve)
-                .map(|v| listed(&v.approvers)),
+                .map(|v| v.approve.then(|| listed(&v.approvers))),
         }
     }
 }
@@ -607,9 +608,12 @@ mod tests {
                 ] {
                     let reach = p.reach(client, tool);
                     for h in &hosts {
-                        let waits = p.answer(client, tool, h);
-                        let waits =
-                            (waits.effect() == PolicyEffect::Approve).then_some(waits.approvers);
+                        let answer = p.answer(client, tool, h);
+                        let waits = match answer.effect() {
+                            PolicyEffect::Deny => None,
+                            PolicyEffect::Approve => Some(Some(answer.approvers)),
+                            _ => Some(None),
+                        };
                         assert_eq!(reach.waits_for(h), waits, "{client} {tool} on {}", h.id);
                         let checked = p.check(client, tool, h).map(|_| ());
                         assert_eq!(reach.on(h), checked, "{client} {tool} on {}", h.id);

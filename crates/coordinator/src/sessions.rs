@@ -639,12 +639,12 @@ fn loaded_tool(
         let Some(def) = tool.offered().cloned() else {
             continue;
         };
-        if !reach.allows(&h.policy_facts()) {
+        let Some(waits) = reach.waits_for(&h.policy_facts()) else {
             denied.get_or_insert(h);
             continue;
-        }
+        };
         host_only |= tool.host_only;
-        if let Some(approvers) = reach.waits_for(&h.policy_facts()) {
+        if let Some(approvers) = waits {
             match approvals.iter_mut().find(|w| w.approvers == approvers) {
                 Some(w) => w.hosts.push(h.id.clone()),
                 None => approvals.push(WaitsForApproval {
