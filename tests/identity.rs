@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use std::process::Command;
 
-use toolsrv_tests::{AgentSpec, Fleet, Pki, assert_exit, bin, run_bounded, text, wait_for};
+use toolsrv_tests::{AgentSpec, Fleet, Pki, Proc, assert_exit, bin, run_bounded, text, wait_for};
 
 fn fleet_with_a() -> Fleet {
     let mut fleet = Fleet::new(&["a", "b"]);
@@ -227,6 +227,33 @@ fn listings_say_what_the_policy_lets_each_client_do() {
     let out = fleet.toolctl(&["describe", "a", "restart_web"]);
     assert!(
         text(&out.stderr).contains("[waits for approval by oncall-*: rule 1]"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // Through bob's `toolctl master` the answers are bob's, listing and header alike.
+    let socket = fleet.work.path().join("bob.sock");
+    let mut cmd = fleet.toolctl_command("client-bob", &["master", "--control"]);
+    cmd.arg(&socket);
+    let _master = Proc::spawn("toolctl-master", cmd, fleet.work.path());
+    wait_for("the master's socket", Duration::from_secs(10), || {
+        socket.exists().then_some(())
+    });
+    let via_master = |args: &[&str]| {
+        let mut cmd = Command::new(bin("toolctl"));
+        cmd.args(args).env("TOOLSRV_CONTROL", &socket);
+        run_bounded(cmd, None, Duration::from_secs(30))
+    };
+    let out = via_master(&["tools", "a"]);
+    assert!(
+        text(&out.stdout).contains("Say hello [denied to you: rule 0]"),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let out = via_master(&["describe", "a", "hello"]);
+    assert!(
+        text(&out.stderr).contains("by you: [denied to you: rule 0]"),
         "{}",
         text(&out.stderr)
     );
