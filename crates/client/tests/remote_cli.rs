@@ -221,7 +221,14 @@ async fn remote_commands_against_a_real_fleet() {
     // tools --json lists what `local list` lists for the same tools on the same machine.
     let out = fleet.run(&["tools", "web-1", "--all", "--json"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let remote: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let mut remote: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    // Besides, the coordinator says of each visible tool what its policy (none: allow all)
+    // lets this client do.
+    for entry in &mut remote {
+        let policy = entry.as_object_mut().unwrap().remove("policy");
+        let expected = (entry["visible"] == true).then(|| json!({"effect": "allow", "rule": null}));
+        assert_eq!(policy, expected, "{entry}");
+    }
     let out = fleet
         .run(&[
             "local",
