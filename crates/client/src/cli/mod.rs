@@ -52,7 +52,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// List the tools a host offers (`--all` adds hidden ones with the reason)
+    /// List the tools a host offers and what the policy lets you do with each (`--all` adds
+    /// hidden ones with the reason)
     Tools {
         #[command(flatten)]
         conn: ConnArgs,
