@@ -47,8 +47,14 @@ impl<'a> From<ListEntry<'a>> for Listed<'a> {
     }
 }
 
+/// Whether approvers as the coordinator lists them (`caller` alone) leave the decision to the
+/// caller.
+pub fn caller_decides(approvers: &[String]) -> bool {
+    approvers.iter().all(|a| a == "caller")
+}
+
 /// A [`CallerPolicy`] in the words of the policy file: `effect` is `allow`, `approve` or
-/// `deny`; `rule` is absent for the policy's default; `denial` only with `deny`, `approvers`
+/// `deny`; `rule` is `null` for the policy's default; `denial` only with `deny`, `approvers`
 /// only with `approve`.
 #[derive(Serialize, Debug, PartialEq)]
 pub struct PolicyJson<'a> {
@@ -85,7 +91,7 @@ impl PolicyJson<'_> {
         };
         match self.effect {
             "allow" => None,
-            "approve" if self.approvers.iter().all(|a| a == "caller") => {
+            "approve" if caller_decides(self.approvers) => {
                 Some(format!("[asks your approval first: {by}]"))
             }
             "approve" => Some(format!(
@@ -220,7 +226,7 @@ pub fn approvals_text(t: &LoadedTool) -> Option<String> {
         .approvals
         .iter()
         .map(|w| {
-            let by = if w.approvers.iter().all(|a| a == "caller") {
+            let by = if caller_decides(&w.approvers) {
                 "by you".to_string()
             } else {
                 format!("by {}", w.approvers.join(", "))

@@ -237,11 +237,12 @@ fn names(list: &Option<Vec<String>>, value: &str) -> bool {
 const MAX_SHOWN_APPROVERS_BYTES: usize = 1024;
 
 /// A rule's `approvers` as answers list them: `caller` alone when the caller decides, else
-/// the globs, the first ones up to [`MAX_SHOWN_APPROVERS_BYTES`], then how many more there are.
+/// the globs (see [`shown`]).
 fn listed(approvers: &[String]) -> Vec<String> {
     shown(crate::approvals::deciders(approvers).0)
 }
 
+/// The first of `approvers` up to [`MAX_SHOWN_APPROVERS_BYTES`], then how many more there are.
 fn shown(approvers: Vec<String>) -> Vec<String> {
     let total = approvers.len();
     let mut bytes = 0;

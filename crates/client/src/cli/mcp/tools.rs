@@ -195,7 +195,7 @@ fn approval_notes(t: &LoadedTool) -> Vec<String> {
                     w.hosts.join(", ")
                 )
             };
-            if w.approvers.iter().all(|a| a == "caller") {
+            if crate::shape::caller_decides(&w.approvers) {
                 format!(
                     "[Approval: each call of this tool{on} waits until the user approves it: \
                      the user is asked through this client when you call it; if the client \

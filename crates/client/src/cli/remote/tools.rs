@@ -39,17 +39,17 @@ pub async fn describe(conn: &ConnArgs, host: &str, tool: &str) -> u8 {
             printable(host)
         );
     }
-    if let Some(note) = described
+    // What a call would meet, when it is not simply run.
+    if let Some(policy) = described
         .policy
         .as_ref()
         .map(crate::shape::PolicyJson::from)
-        .and_then(|p| p.note().map(|note| (note, p.denial)))
+        && let Some(note) = policy.note()
     {
-        let (note, denial) = note;
-        let why = if denial.is_empty() {
+        let why = if policy.denial.is_empty() {
             String::new()
         } else {
-            format!(" ({denial})")
+            format!(" ({})", policy.denial)
         };
         eprintln!(
             "toolctl: note: a call of `{}` on host `{}` by you: {}{}",
