@@ -296,6 +296,50 @@ fn a_host_that_cannot_confine_refuses_a_tool_that_requires_it() {
     // Other tools run on the open host as before.
     let out = fleet.toolctl(&["call", "open", "echo"]);
     assert_eq!(text(&out.stdout), "pong\n", "{}", text(&out.stderr));
+
+    // What a call would meet is said before it is made: the listing refuses it where the
+    // sandbox is off, and a session offers the tool only where it may run.
+    let policy_of = |host: &str| -> serde_json::Value {
+        let out = fleet.toolctl(&["tools", host, "--json"]);
+        let tools: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        tools
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == "backup_db")
+            .unwrap()["policy"]
+            .clone()
+    };
+    let open = policy_of("open");
+    assert_eq!(
+        (&open["effect"], &open["rule"]),
+        (&"deny".into(), &0.into())
+    );
+    assert!(
+        open["denial"].as_str().unwrap().contains(
+            "requires tool `backup_db` to run confined, and host `open` reports sandbox=off"
+        ),
+        "{open}"
+    );
+    assert_eq!(
+        policy_of("confined"),
+        serde_json::json!({"effect": "allow", "rule": 0})
+    );
+    let profile = fleet.work.path().join("profile.json");
+    std::fs::write(&profile, r#"{"autoLoad": ["backup_db"]}"#).unwrap();
+    let out = fleet.toolctl(&[
+        "session",
+        "open",
+        "--json",
+        "--profile",
+        profile.to_str().unwrap(),
+    ]);
+    let state: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        state["tools"][0]["hosts"],
+        serde_json::json!(["confined"]),
+        "{state}"
+    );
 }
 
 #[test]

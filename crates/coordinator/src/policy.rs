@@ -205,7 +205,7 @@ impl Reach<'_> {
         match &self.how {
             How::Everywhere(_) => Ok(()),
             How::Nowhere(rule) => Err(denial(*rule, self.client, self.tool, host.id)),
-            How::PerHost => self.policy.check(self.client, self.tool, host).map(|_| ()),
+            How::PerHost => self.policy.admit(self.client, self.tool, host).map(|_| ()),
         }
     }
 
@@ -219,7 +219,7 @@ impl Reach<'_> {
             How::Nowhere(_) => None,
             How::PerHost => self
                 .policy
-                .check(self.client, self.tool, host)
+                .admit(self.client, self.tool, host)
                 .ok()
                 .map(|v| v.approve.then(|| listed(&v.approvers))),
         }
@@ -436,6 +436,28 @@ impl Policy {
         }
     }
 
+    /// As [`Policy::check`], and refused where the deciding rule requires the sandbox and the
+    /// host's is not `enforced` (as routing refuses the call, `unconfined`, with the host's
+    /// own account of what is missing): whether a call may be made there at all.
+    pub fn admit(&self, client: &str, tool: &str, host: &Candidate<'_>) -> Result<Verdict, String> {
+        let verdict = self.check(client, tool, host)?;
+        match verdict.require_sandbox {
+            Some(rule) if host.sandbox != "enforced" => {
+                let reports = if host.sandbox.is_empty() {
+                    "reports no sandbox".to_string()
+                } else {
+                    format!("reports sandbox={}", host.sandbox)
+                };
+                Err(format!(
+                    "policy rule {rule} requires tool `{tool}` to run confined, and host `{}` \
+                     {reports}; run it where `sandbox=enforced`",
+                    host.id
+                ))
+            }
+            _ => Ok(verdict),
+        }
+    }
+
     /// The first rule that applies to `client` calling `tool` on `host` (`None`: the default).
     fn rule_for(&self, client: &str, tool: &str, host: &Candidate<'_>) -> Option<usize> {
         self.rules.iter().position(|rule| {
@@ -445,11 +467,11 @@ impl Policy {
         })
     }
 
-    /// What [`Policy::check`] says, as listings show it to the caller: allowed, asked of whom,
-    /// or denied and why, with the rule that decides.
+    /// What [`Policy::admit`] says, as listings show it to the caller: allowed, asked of whom,
+    /// or refused and why, with the rule that decides.
     pub fn answer(&self, client: &str, tool: &str, host: &Candidate<'_>) -> CallerPolicy {
         let rule = |i: Option<usize>| i.and_then(|i| u32::try_from(i).ok());
-        match self.check(client, tool, host) {
+        match self.admit(client, tool, host) {
             Ok(verdict) => CallerPolicy {
                 effect: if verdict.approve {
                     PolicyEffect::Approve
@@ -489,7 +511,9 @@ impl Policy {
                     Effect::Approve => How::Everywhere(Some(listed(&self.default_approvers))),
                 },
                 |(i, rule)| match (&rule.hosts, rule.effect) {
+                    // A rule that selects hosts, or requires the host's sandbox, answers per host.
                     (Some(_), _) => How::PerHost,
+                    (None, Effect::Allow | Effect::Approve) if rule.require_sandbox => How::PerHost,
                     (None, Effect::Deny) => How::Nowhere(Some(i)),
                     (None, Effect::Allow) => How::Everywhere(None),
                     (None, Effect::Approve) => How::Everywhere(Some(listed(&rule.approvers))),
@@ -574,9 +598,10 @@ mod tests {
         assert!(Policy::default().check("x", "y", &web).is_ok());
     }
 
-    /// `reach` says what `check` would on every host, deciding without a host where it can.
+    /// `reach` says what `admit` would on every host (a rule requiring the sandbox included),
+    /// deciding without a host where it can.
     #[test]
-    fn reach_agrees_with_check_on_every_host() {
+    fn reach_agrees_with_admit_on_every_host() {
         let policies = [
             r#"{"default": "deny", "rules": [
                 {"clients": ["ci-*"], "hosts": "role=db", "effect": "deny"},
@@ -585,6 +610,7 @@ mod tests {
                 {"clients": ["bob"], "effect": "deny"},
                 {"clients": ["root"], "effect": "allow"}]}"#,
             r#"{"rules": [{"tools": ["drop_*"], "effect": "deny"},
+                         {"tools": ["backup_*"], "effect": "approve", "require_sandbox": true},
                          {"tools": ["wipe"], "hosts": "os=linux", "effect": "deny"},
                          {"tools": ["restart_*"], "hosts": "role=db", "effect": "approve"}]}"#,
             r#"{"default": "approve", "default_approvers": ["lead"]}"#,
@@ -595,6 +621,10 @@ mod tests {
             on("db-1", "linux", &db_labels),
             on("web-1", "linux", &none),
             on("mac-1", "darwin", &none),
+            Candidate {
+                sandbox: "enforced",
+                ..on("box-1", "linux", &none)
+            },
         ];
         let mut fixed = 0;
         for text in policies {
@@ -606,6 +636,7 @@ mod tests {
                     "restart_nginx",
                     "drop_table",
                     "wipe",
+                    "backup_db",
                 ] {
                     let reach = p.reach(client, tool);
                     for h in &hosts {
@@ -616,7 +647,7 @@ mod tests {
                             _ => Some(None),
                         };
                         assert_eq!(reach.waits_for(h), waits, "{client} {tool} on {}", h.id);
-                        let checked = p.check(client, tool, h).map(|_| ());
+                        let checked = p.admit(client, tool, h).map(|_| ());
                         assert_eq!(reach.on(h), checked, "{client} {tool} on {}", h.id);
                         assert_eq!(reach.allows(h), checked.is_ok(), "{client} {tool}");
                         if let Some(all) = reach.fixed() {
@@ -727,6 +758,24 @@ mod tests {
         );
         let open = Policy::default().answer("bob", "env_info", &web);
         assert_eq!((open.effect(), open.rule), (PolicyEffect::Allow, None));
+        // A rule requiring the sandbox refuses where the host's is not enforced, as routing does.
+        let confined = Policy::parse(
+            r#"{"rules": [{"tools": ["backup_*"], "effect": "allow", "require_sandbox": true}]}"#,
+        )
+        .unwrap();
+        let a = confined.answer("bob", "backup_db", &web);
+        assert_eq!((a.effect(), a.rule), (PolicyEffect::Deny, Some(0)));
+        assert_eq!(
+            a.denial,
+            "policy rule 0 requires tool `backup_db` to run confined, and host `web-1` reports no \
+             sandbox; run it where `sandbox=enforced`"
+        );
+        let enforced = Candidate {
+            sandbox: "enforced",
+            ..on("box-1", "linux", &none)
+        };
+        let a = confined.answer("bob", "backup_db", &enforced);
+        assert_eq!((a.effect(), a.rule), (PolicyEffect::Allow, Some(0)));
         // A rule naming more approvers than a header holds lists the first ones.
         let many: Vec<String> = (0..5000).map(|i| format!("\"oncall-{i}\"")).collect();
         let crowded = Policy::parse(&format!(
