@@ -6,13 +6,12 @@ use tokio_util::sync::CancellationToken;
 
 use toolsrv_proto::text::printable_line;
 use toolsrv_proto::v1::{
-    ApprovalRequest, BypassRequest, CallResult, CallStatus, OutputChunk, StartCall,
+    ApprovalRequest, BypassRequest, CallResult, CallStatus, OutputChunk, SandboxFacts, StartCall,
 };
 
 use crate::State;
 use crate::approvals::{Decision, Next, Rejudged};
 use crate::audit::{Pending, Record};
-use crate::fleet::HostEntry;
 use crate::link::{AgentEvent, CallHandle};
 use crate::policy::{Bypass, Verdict};
 use crate::quota::Slot;
@@ -90,8 +89,9 @@ async fn route(
         .now()
         .check(&spec.client, &spec.tool, &host.policy_facts())
         .map_err(|reason| CallResult::not_run(CallStatus::Denied, reason))?;
-    if let Some(rule) = verdict.require_sandbox {
-        unconfined(&host, host_id, &spec.tool, rule)?;
+    let sandbox = host.facts.sandbox.clone().unwrap_or_default();
+    if let Some(rule) = verdict.unconfined_on(&sandbox.level) {
+        return Err(unconfined(&sandbox, host_id, &spec.tool, rule));
     }
     let slot = match slot {
         Some(slot) => slot,
@@ -416,13 +416,10 @@ where
     Ok((handle, routed.slot, routed.verdict))
 }
 
-/// Refuses a call that policy rule `rule` requires to run confined on a host whose sandbox is
-/// not `enforced` (as its agent reports it; the agent checks again before it runs the call).
-fn unconfined(host: &HostEntry, host_id: &str, tool: &str, rule: usize) -> Result<(), CallResult> {
-    let sandbox = host.facts.sandbox.clone().unwrap_or_default();
-    if sandbox.level == "enforced" {
-        return Ok(());
-    }
+/// The refusal of a call that policy rule `rule` requires to run confined on a host whose
+/// `sandbox` is not `enforced` (as its agent reports it, in full; the agent checks again
+/// before it runs the call).
+fn unconfined(sandbox: &SandboxFacts, host_id: &str, tool: &str, rule: usize) -> CallResult {
     let state = if sandbox.level.is_empty() {
         "reports no sandbox (its agent predates confinement)".to_string()
     } else if sandbox.missing.is_empty() {
@@ -438,12 +435,12 @@ fn unconfined(host: &HostEntry, host_id: &str, tool: &str, rule: usize) -> Resul
             sandbox.missing.join("; ")
         )
     };
-    Err(CallResult::not_run(
+    CallResult::not_run(
         CallStatus::Unconfined,
         format!(
             "policy rule {rule} requires tool `{tool}` to run confined, and host `{host_id}` {state}; run it where `sandbox=enforced`"
         ),
-    ))
+    )
 }
 
 /// Runs a call on `host_id`, handing each event to `emit`. `emit` returns false when the caller

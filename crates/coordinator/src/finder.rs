@@ -753,11 +753,13 @@ impl Offered {
             .collect()
     }
 
+    /// Whether the client may call the tool of `reach` on host `id`, looking the host up only
+    /// when the answer depends on it.
     fn allowed_on(&self, reach: &Reach<'_>, id: &str) -> bool {
         reach.fixed().unwrap_or_else(|| {
             self.hosts
                 .get(id)
-                .is_some_and(|h| reach.allows(&h.policy_facts()))
+                .is_some_and(|h| reach.on(&h.policy_facts()).is_ok())
         })
     }
 

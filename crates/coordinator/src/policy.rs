@@ -68,6 +68,14 @@ pub struct Verdict {
     pub require_sandbox: Option<usize>,
 }
 
+impl Verdict {
+    /// The rule that requires the call to run confined, when the host's sandbox (`level`, as
+    /// its agent reports it) is not `enforced`: the call must not run there.
+    pub fn unconfined_on(&self, level: &str) -> Option<usize> {
+        self.require_sandbox.filter(|_| level != "enforced")
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPolicy {
@@ -404,7 +412,17 @@ impl Policy {
     /// Whether `client` may call `tool` on `host`, at once or after an approval; the error says
     /// which rule denied it.
     pub fn check(&self, client: &str, tool: &str, host: &Candidate<'_>) -> Result<Verdict, String> {
-        let rule = self.rule_for(client, tool, host);
+        self.decide(self.rule_for(client, tool, host), client, tool, host)
+    }
+
+    /// What `rule` ([`Policy::rule_for`]; `None`: the default) decides of the call.
+    fn decide(
+        &self,
+        rule: Option<usize>,
+        client: &str,
+        tool: &str,
+        host: &Candidate<'_>,
+    ) -> Result<Verdict, String> {
         let (effect, approvers, bypass, require_sandbox) = match rule {
             Some(i) => {
                 let r = &self.rules[i];
@@ -440,9 +458,20 @@ impl Policy {
     /// host's is not `enforced` (as routing refuses the call, `unconfined`, with the host's
     /// own account of what is missing): whether a call may be made there at all.
     pub fn admit(&self, client: &str, tool: &str, host: &Candidate<'_>) -> Result<Verdict, String> {
-        let verdict = self.check(client, tool, host)?;
-        match verdict.require_sandbox {
-            Some(rule) if host.sandbox != "enforced" => {
+        self.admitted(self.rule_for(client, tool, host), client, tool, host)
+    }
+
+    /// [`Policy::admit`] with the rule that applies already found.
+    fn admitted(
+        &self,
+        rule: Option<usize>,
+        client: &str,
+        tool: &str,
+        host: &Candidate<'_>,
+    ) -> Result<Verdict, String> {
+        let verdict = self.decide(rule, client, tool, host)?;
+        match verdict.unconfined_on(host.sandbox) {
+            Some(rule) => {
                 let reports = if host.sandbox.is_empty() {
                     "reports no sandbox".to_string()
                 } else {
@@ -454,7 +483,7 @@ impl Policy {
                     host.id
                 ))
             }
-            _ => Ok(verdict),
+            None => Ok(verdict),
         }
     }
 
@@ -470,15 +499,16 @@ impl Policy {
     /// What [`Policy::admit`] says, as listings show it to the caller: allowed, asked of whom,
     /// or refused and why, with the rule that decides.
     pub fn answer(&self, client: &str, tool: &str, host: &Candidate<'_>) -> CallerPolicy {
-        let rule = |i: Option<usize>| i.and_then(|i| u32::try_from(i).ok());
-        match self.admit(client, tool, host) {
+        let applies = self.rule_for(client, tool, host);
+        let rule = applies.and_then(|i| u32::try_from(i).ok());
+        match self.admitted(applies, client, tool, host) {
             Ok(verdict) => CallerPolicy {
                 effect: if verdict.approve {
                     PolicyEffect::Approve
                 } else {
                     PolicyEffect::Allow
                 } as i32,
-                rule: rule(verdict.rule),
+                rule,
                 denial: String::new(),
                 approvers: if verdict.approve {
                     listed(&verdict.approvers)
@@ -488,7 +518,7 @@ impl Policy {
             },
             Err(denial) => CallerPolicy {
                 effect: PolicyEffect::Deny as i32,
-                rule: rule(self.rule_for(client, tool, host)),
+                rule,
                 denial,
                 approvers: Vec::new(),
             },
