@@ -218,23 +218,28 @@ pub fn approvals_json(t: &LoadedTool) -> Value {
         .collect()
 }
 
+/// Each group of `t`'s approvals: who decides (`None`: the caller) and on which hosts (`None`:
+/// every host that offers the tool).
+pub fn approval_groups(
+    t: &LoadedTool,
+) -> impl Iterator<Item = (Option<&[String]>, Option<&[String]>)> {
+    t.approvals.iter().map(|w| {
+        let by = (!caller_decides(&w.approvers)).then_some(w.approvers.as_slice());
+        let on = (w.hosts.len() != t.hosts.len()).then_some(w.hosts.as_slice());
+        (by, on)
+    })
+}
+
 /// Where the policy makes calls of `t` wait for approval, one phrase per group of approvers
 /// (`by oncall-* on a,b`; without the hosts when they are all of the tool's), `None` when
 /// none does.
 pub fn approvals_text(t: &LoadedTool) -> Option<String> {
-    let phrases: Vec<String> = t
-        .approvals
-        .iter()
-        .map(|w| {
-            let by = if caller_decides(&w.approvers) {
-                "by you".to_string()
-            } else {
-                format!("by {}", w.approvers.join(", "))
-            };
-            if w.hosts.len() == t.hosts.len() {
-                by
-            } else {
-                format!("{by} on {}", w.hosts.join(","))
+    let phrases: Vec<String> = approval_groups(t)
+        .map(|(by, on)| {
+            let by = by.map_or_else(|| "by you".to_string(), |a| format!("by {}", a.join(", ")));
+            match on {
+                None => by,
+                Some(hosts) => format!("{by} on {}", hosts.join(",")),
             }
         })
         .collect();

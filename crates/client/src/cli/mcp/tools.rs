@@ -183,30 +183,24 @@ fn mcp_tool(t: &LoadedTool, def: &ToolDefinition, multi_host: bool) -> Tool {
 /// What the model is told of calls the policy holds for a person's approval, one note per
 /// group of approvers: it can say so to its user, and not take a wait for a failure.
 fn approval_notes(t: &LoadedTool) -> Vec<String> {
-    t.approvals
-        .iter()
-        .map(|w| {
-            let on = if w.hosts.len() == t.hosts.len() {
-                String::new()
-            } else {
-                format!(
-                    " on host{} {}",
-                    if w.hosts.len() == 1 { "" } else { "s" },
-                    w.hosts.join(", ")
-                )
+    crate::shape::approval_groups(t)
+        .map(|(by, on)| {
+            let on = match on {
+                None => String::new(),
+                Some([one]) => format!(" on host {one}"),
+                Some(hosts) => format!(" on hosts {}", hosts.join(", ")),
             };
-            if crate::shape::caller_decides(&w.approvers) {
-                format!(
+            match by {
+                None => format!(
                     "[Approval: each call of this tool{on} waits until the user approves it: \
                      the user is asked through this client when you call it; if the client \
                      cannot ask, or the user declines, the call is denied.]"
-                )
-            } else {
-                format!(
+                ),
+                Some(approvers) => format!(
                     "[Approval: each call of this tool{on} waits until one of {} approves it \
                      (another person, not the user); a call nobody approves in time is denied.]",
-                    w.approvers.join(", ")
-                )
+                    approvers.join(", ")
+                ),
             }
         })
         .collect()
