@@ -7,7 +7,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, Proc, assert_exit, bin, run_bounded, text, wait_for};
+use toolsrv_tests::{
+    AgentSpec, Fleet, Proc, assert_exit, bin, line_starting, run_bounded, text, wait_for,
+};
 
 fn script(body: &str) -> String {
     format!("#!/bin/sh\n{body}\n")
@@ -685,13 +687,7 @@ fn host_only_tools_and_the_concurrency_limit() {
     // The host's own tool is listed as such; a shipped one says what the catalog says.
     let out = fleet.toolctl(&["tools", "a"]);
     let listing = text(&out.stdout);
-    let line = |name: &str| {
-        listing
-            .lines()
-            .find(|l| l.starts_with(name))
-            .unwrap_or_else(|| panic!("{name} in {listing}"))
-            .to_string()
-    };
+    let line = |name: &str| line_starting(&listing, name);
     assert!(line("mine").ends_with("Only here [host-only]"), "{listing}");
     assert!(line("hello").ends_with("Say hello"), "{listing}");
     let out = fleet.toolctl(&["tools", "a", "--json"]);
@@ -765,10 +761,7 @@ fn a_host_only_tool_is_marked_wherever_it_is_offered_and_cannot_write_to_the_ter
     fleet.wait_online(&["a"], "rotate_keys");
 
     let listing = text(&fleet.toolctl(&["tools", "a"]).stdout);
-    let line = listing
-        .lines()
-        .find(|l| l.starts_with("rotate_keys"))
-        .unwrap_or_else(|| panic!("rotate_keys in {listing}"));
+    let line = line_starting(&listing, "rotate_keys");
     assert!(
         line.ends_with(r"Rotate keys \u{1b}[2J\u{202e}edoc ruoy [host-only]"),
         "{listing}"

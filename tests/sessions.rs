@@ -8,7 +8,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, LineWatch, assert_exit, text, wait_for};
+use toolsrv_tests::{AgentSpec, Fleet, LineWatch, assert_exit, line_starting, text, wait_for};
 
 /// A fleet of `a` and `b`: `b` has `ROLE_B` set, so `per_host` resolves differently there and
 /// `only_b` is visible only there.
@@ -347,10 +347,7 @@ fn a_watcher_sees_loads_meta_edits_and_hosts_going_away() {
     assert_eq!(first["watchers"], 1);
     assert_eq!(first["idleExpiresUnixMs"], 0, "no idle clock while watched");
     let listed = ok(&fleet.toolctl(&["session", "list"]), "list");
-    let row = listed
-        .lines()
-        .find(|l| l.starts_with(&id))
-        .unwrap_or_else(|| panic!("{listed}"));
+    let row = line_starting(&listed, &id);
     assert!(row.ends_with(" 1         watched"), "{row}");
 
     ok(
@@ -526,13 +523,7 @@ fn a_session_says_which_calls_wait_for_approval() {
     );
     assert_eq!(tool(&state, "rare1").get("approvals"), None);
     let table = ok(&fleet.toolctl(&["session", "show", &id]), "show");
-    let line = |name: &str| {
-        table
-            .lines()
-            .find(|l| l.starts_with(name))
-            .unwrap_or_else(|| panic!("{name} in {table}"))
-            .to_string()
-    };
+    let line = |name: &str| line_starting(&table, name);
     assert!(
         line("everyday").ends_with("Used all the time [waits for approval by oncall-* on b]"),
         "{table}"

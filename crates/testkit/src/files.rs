@@ -66,6 +66,16 @@ pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// The first line of `listing` that starts with `prefix` (a table row by its first column);
+/// a failure shows the whole listing.
+#[track_caller]
+pub fn line_starting<'a>(listing: &'a str, prefix: &str) -> &'a str {
+    listing
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line starts with {prefix:?} in:\n{listing}"))
+}
+
 /// Asserts that a finished command exited with `code` and that its stderr contains every one of
 /// `needles`; returns the stderr. A failure shows the code, both outputs and what was missing.
 #[track_caller]

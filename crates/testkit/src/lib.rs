@@ -31,8 +31,8 @@ pub use bin::{bin, profile_dir, try_bin, workspace_root};
 pub use error::{Result, TestkitError, must};
 pub use etcd::{EtcdClientTls, EtcdCluster, EtcdMember};
 pub use files::{
-    assert_exit, decisions, fake_version_manager, json_lines, mkfifo, text, try_write_file, write,
-    write_executable, write_file,
+    assert_exit, decisions, fake_version_manager, json_lines, line_starting, mkfifo, text,
+    try_write_file, write, write_executable, write_file,
 };
 pub use fleet::{AgentSpec, TestFleet};
 pub use http::{Prometheus, ensure_program, http_get};
