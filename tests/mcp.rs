@@ -78,6 +78,15 @@ fn result_text(result: &Value) -> String {
         .join("")
 }
 
+/// The description of the tool `name` in a scenario's `tools`.
+fn description<'a>(out: &'a Value, name: &str) -> &'a str {
+    out["tools"]
+        .as_array()
+        .and_then(|tools| tools.iter().find(|t| t["name"] == name))
+        .and_then(|t| t["description"].as_str())
+        .unwrap_or_else(|| panic!("no tool `{name}` listed: {out}"))
+}
+
 fn profile(fleet: &Fleet, body: &Value) -> PathBuf {
     let path = fleet.work.path().join("profile.json");
     std::fs::write(&path, body.to_string()).unwrap();
@@ -548,6 +557,20 @@ fn approvals_become_elicitations() {
             "restart ran\n",
             "{mode}: {out}"
         );
+        // Told beforehand that the user is asked, in the tool list and in what a search finds.
+        assert!(
+            description(&out, "restart").ends_with(
+                "[Approval: each call of this tool waits until the user approves it: the user \
+                 is asked through this client when you call it; if the user declines, the call \
+                 is denied.]"
+            ),
+            "{mode}: {out}"
+        );
+        assert_eq!(
+            out["search"]["structuredContent"]["results"][0]["approvals"],
+            json!([{"approvers": ["caller"], "hosts": ["a"]}]),
+            "{mode}: {out}"
+        );
         let asked = &out["elicitations"][0];
         assert_eq!(asked["mode"], "form", "{mode}: {out}");
         let message = asked["message"].as_str().unwrap();
@@ -568,9 +591,14 @@ fn approvals_become_elicitations() {
             "{mode}: {out}"
         );
 
-        // A client without elicitation: denied, saying why.
+        // A client without elicitation: told beforehand that such calls are denied, and
+        // denied, saying why.
         config.as_object_mut().unwrap().remove("answer");
         let out = scenario("approve", &config);
+        let told = "needs the user's approval, which this client cannot ask for (it does not \
+                    support MCP elicitation), so such calls are denied";
+        assert!(description(&out, "restart").contains(told), "{mode}: {out}");
+        assert!(result_text(&out["search"]).contains(told), "{mode}: {out}");
         assert_eq!(out["result"]["isError"], true, "{mode}: {out}");
         assert!(out["elicitations"].as_array().unwrap().is_empty());
         assert!(

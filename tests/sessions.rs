@@ -534,6 +534,34 @@ fn a_session_says_which_calls_wait_for_approval() {
     );
     assert!(line("rare1").ends_with("Seldom used"), "{table}");
 
+    // What find ranks says the same before anything is loaded.
+    let found = ok(
+        &fleet.toolctl(&["find", "all", "used all the time", "--json"]),
+        "find",
+    );
+    let found: Vec<Value> = serde_json::from_str(&found).unwrap();
+    let everyday = found.iter().find(|m| m["name"] == "everyday").unwrap();
+    assert_eq!(
+        everyday["approvals"],
+        serde_json::json!([{"approvers": ["oncall-*"], "hosts": ["b"]}]),
+        "{found:?}"
+    );
+    let table = ok(&fleet.toolctl(&["find", "all", "always wanted"]), "find");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.contains(" pinned ")
+                && l.ends_with("Always wanted [waits for approval by you]")),
+        "{table}"
+    );
+    let found = ok(
+        &fleet.toolctl(&["find", "all", "seldom used", "--json"]),
+        "find",
+    );
+    let found: Vec<Value> = serde_json::from_str(&found).unwrap();
+    let rare1 = found.iter().find(|m| m["name"] == "rare1").unwrap();
+    assert_eq!(rare1.get("approvals"), None, "{found:?}");
+
     let watcher = watch(&fleet, &id);
     watcher.until("the first state", |v| v["tools"].is_array());
     fleet.replace_policy(r#"{"default": "allow"}"#, 0o644);

@@ -154,7 +154,8 @@ async def multihost(cfg):
 
 
 async def approve(cfg):
-    """Calls `tool` with an elicitation callback that answers `answer` (or none at all)."""
+    """Lists the tools, searches for `tool` and calls it, with an elicitation callback that
+    answers `answer` (or none at all)."""
     out = {"elicitations": [], "progress": []}
 
     async def elicit(context, params):
@@ -166,6 +167,8 @@ async def approve(cfg):
 
     kwargs = {"elicitation_callback": elicit} if "answer" in cfg else {}
     async with await connect(cfg, **kwargs) as client:
+        out["tools"] = [dump(t) for t in (await client.list_tools()).tools]
+        out["search"] = dump(await client.call_tool("tool_search", {"query": cfg["tool"]}))
         result = await client.call_tool(cfg["tool"], {}, progress_callback=on_progress)
         out["result"] = dump(result)
     return out

@@ -4,8 +4,8 @@ use serde::Serialize;
 use serde_json::Value;
 use toolsrv_host::ListEntry;
 use toolsrv_proto::v1::{
-    CallerPolicy, HostState, LoadedTool, PolicyEffect, SessionState, ToolDefinition, ToolMatch,
-    ToolStatus,
+    CallerPolicy, HostState, PolicyEffect, SessionState, ToolDefinition, ToolMatch, ToolStatus,
+    WaitsForApproval,
 };
 
 use crate::ClientError;
@@ -193,7 +193,7 @@ pub fn session_json(state: &SessionState) -> Result<Value, ClientError> {
             tool["hostOnly"] = Value::from(true);
         }
         if !t.approvals.is_empty() {
-            tool["approvals"] = approvals_json(t);
+            tool["approvals"] = approvals_json(&t.approvals);
         }
         tools.push(tool);
     }
@@ -210,31 +210,34 @@ pub fn session_json(state: &SessionState) -> Result<Value, ClientError> {
     }))
 }
 
-/// A loaded tool's `approvals` as JSON: `[{"approvers": [...], "hosts": [...]}, ...]`.
-pub fn approvals_json(t: &LoadedTool) -> Value {
-    t.approvals
+/// Where calls wait for approval (a loaded tool's or a match's `approvals`) as JSON:
+/// `[{"approvers": [...], "hosts": [...]}, ...]`.
+pub fn approvals_json(approvals: &[WaitsForApproval]) -> Value {
+    approvals
         .iter()
         .map(|w| serde_json::json!({"approvers": w.approvers, "hosts": w.hosts}))
         .collect()
 }
 
-/// Each group of `t`'s approvals: who decides (`None`: the caller) and on which hosts (`None`:
-/// every host that offers the tool).
-pub fn approval_groups(
-    t: &LoadedTool,
-) -> impl Iterator<Item = (Option<&[String]>, Option<&[String]>)> {
-    t.approvals.iter().map(|w| {
+/// Each group of `approvals` of a tool offered on `hosts`: who decides (`None`: the caller) and
+/// on which hosts (`None`: every one of `hosts`).
+pub fn approval_groups<'a>(
+    approvals: &'a [WaitsForApproval],
+    hosts: &[String],
+) -> impl Iterator<Item = (Option<&'a [String]>, Option<&'a [String]>)> {
+    let all = hosts.len();
+    approvals.iter().map(move |w| {
         let by = (!caller_decides(&w.approvers)).then_some(w.approvers.as_slice());
-        let on = (w.hosts.len() != t.hosts.len()).then_some(w.hosts.as_slice());
+        let on = (w.hosts.len() != all).then_some(w.hosts.as_slice());
         (by, on)
     })
 }
 
-/// Where the policy makes calls of `t` wait for approval, one phrase per group of approvers
-/// (`by oncall-* on a,b`; without the hosts when they are all of the tool's), `None` when
-/// none does.
-pub fn approvals_text(t: &LoadedTool) -> Option<String> {
-    let phrases: Vec<String> = approval_groups(t)
+/// Where the policy makes calls of a tool offered on `hosts` wait for approval, one phrase per
+/// group of approvers (`by oncall-* on a,b`; without the hosts when they are all of `hosts`),
+/// `None` when none does.
+pub fn approvals_text(approvals: &[WaitsForApproval], hosts: &[String]) -> Option<String> {
+    let phrases: Vec<String> = approval_groups(approvals, hosts)
         .map(|(by, on)| {
             let by = by.map_or_else(|| "by you".to_string(), |a| format!("by {}", a.join(", ")));
             match on {
@@ -262,6 +265,9 @@ pub fn match_json(m: &ToolMatch) -> Value {
     }
     if m.host_only {
         value["host_only"] = Value::from(true);
+    }
+    if !m.approvals.is_empty() {
+        value["approvals"] = approvals_json(&m.approvals);
     }
     value
 }

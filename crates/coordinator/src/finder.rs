@@ -20,7 +20,9 @@ use std::sync::Arc;
 
 use tonic::Status;
 use toolsrv_find::{Doc, Encoder, FindError, Index, Updated, VectorStore};
-use toolsrv_proto::v1::{FindToolsRequest, FindToolsResponse, ToolDefinition, ToolMatch};
+use toolsrv_proto::v1::{
+    FindToolsRequest, FindToolsResponse, ToolDefinition, ToolMatch, WaitsForApproval,
+};
 
 use crate::State;
 use crate::embeds::{Budget, Spent};
@@ -571,7 +573,11 @@ pub async fn find(
         if !seen.insert(name.clone()) {
             continue;
         }
-        let (hosts, host_only) = offered.hosts_of(name);
+        let Where {
+            hosts,
+            host_only,
+            approvals,
+        } = offered.hosts_of(name);
         matches.push(ToolMatch {
             name: name.clone(),
             score: hit.score,
@@ -580,6 +586,7 @@ pub async fn find(
             lexical_score: hit.lexical,
             semantic_score: hit.semantic,
             host_only,
+            approvals,
         });
         if matches.len() == limit {
             break;
@@ -636,6 +643,7 @@ pub fn merge(
                 }
                 Some((kept, kept_strength, best_place)) => {
                     let hosts = std::mem::take(&mut kept.hosts);
+                    let approvals = std::mem::take(&mut kept.approvals);
                     let host_only = kept.host_only || m.host_only;
                     if (strength, m.score) > (*kept_strength, kept.score) {
                         *kept = m.clone();
@@ -645,6 +653,7 @@ pub fn merge(
                     *best_place = (*best_place).min(place);
                     let all: BTreeSet<String> = hosts.into_iter().chain(m.hosts).collect();
                     kept.hosts = all.into_iter().collect();
+                    kept.approvals = merged_approvals(approvals, m.approvals);
                 }
             }
         }
@@ -673,6 +682,24 @@ pub fn merge(
         .fold(local.catalog_revision, u64::max);
     local.meaning_pending |= others.iter().any(|o| o.meaning_pending);
     local
+}
+
+/// Two replicas' approval groups of one tool as one: a group per distinct approvers, with the
+/// hosts of both (each replica answers for the hosts it holds), sorted.
+fn merged_approvals(
+    mut kept: Vec<WaitsForApproval>,
+    more: Vec<WaitsForApproval>,
+) -> Vec<WaitsForApproval> {
+    for group in more {
+        for host in group.hosts {
+            crate::policy::wait_on(&mut kept, group.approvers.clone(), &host);
+        }
+    }
+    for group in &mut kept {
+        group.hosts.sort_unstable();
+        group.hosts.dedup();
+    }
+    kept
 }
 
 /// `ranker` of an answer ranked by words and by meaning (with an encoder).
@@ -745,14 +772,6 @@ impl Offered {
         ids.iter().any(|id| self.allowed_on(&reach, id))
     }
 
-    /// Those of `ids` the client may call `tool` on (at once or once approved).
-    fn allowed<'i>(&self, tool: &str, ids: &'i [String]) -> Vec<&'i String> {
-        let reach = self.policy.reach(&self.client, tool);
-        ids.iter()
-            .filter(|id| self.allowed_on(&reach, id))
-            .collect()
-    }
-
     /// Whether the client may call the tool of `reach` on host `id`, looking the host up only
     /// when the answer depends on it.
     fn allowed_on(&self, reach: &Reach<'_>, id: &str) -> bool {
@@ -763,21 +782,45 @@ impl Offered {
         })
     }
 
-    /// The hosts where a tool named `name` is visible and the client may call it, sorted, and
-    /// whether any of them offers it as a host-only tool.
-    fn hosts_of(&self, name: &str) -> (Vec<String>, bool) {
-        let mut host_only = false;
-        let mut hosts: Vec<String> = Vec::new();
+    /// Where the client may call a tool named `name`: the hosts where it is visible and the
+    /// policy lets the client call it, sorted, whether any of them offers it as a host-only
+    /// tool, and those of them where a call waits for approval, by who decides (hosts sorted).
+    fn hosts_of(&self, name: &str) -> Where {
+        let reach = self.policy.reach(&self.client, name);
+        let mut found = Where::default();
         for (view, ids) in &self.views {
-            if let Some(tool) = view.tool(name).filter(|t| t.offered().is_some()) {
-                let allowed = self.allowed(name, ids);
-                host_only |= tool.host_only && !allowed.is_empty();
-                hosts.extend(allowed.into_iter().cloned());
+            let Some(tool) = view.tool(name).filter(|t| t.offered().is_some()) else {
+                continue;
+            };
+            for id in ids {
+                let Some(waits) = self
+                    .hosts
+                    .get(id)
+                    .and_then(|h| reach.waits_for(&h.policy_facts()))
+                else {
+                    continue;
+                };
+                found.host_only |= tool.host_only;
+                found.hosts.push(id.clone());
+                if let Some(approvers) = waits {
+                    crate::policy::wait_on(&mut found.approvals, approvers, id);
+                }
             }
         }
-        hosts.sort_unstable();
-        (hosts, host_only)
+        found.hosts.sort_unstable();
+        for group in &mut found.approvals {
+            group.hosts.sort_unstable();
+        }
+        found
     }
+}
+
+/// Where a client may call a tool, as a match says it.
+#[derive(Debug, Default)]
+struct Where {
+    hosts: Vec<String>,
+    host_only: bool,
+    approvals: Vec<WaitsForApproval>,
 }
 
 #[cfg(test)]
@@ -796,6 +839,7 @@ mod tests {
                     lexical_score: None,
                     semantic_score: Some(*score),
                     host_only: false,
+                    approvals: Vec::new(),
                 })
                 .collect(),
             ranker: "fused".into(),
@@ -873,6 +917,39 @@ mod tests {
         assert!(merged.matches[0].host_only);
         assert_eq!(merged.matches[0].score, 0.9);
         assert_eq!(merged.matches[0].hosts, ["a1", "b1"]);
+    }
+
+    fn waits(approvers: &[&str], hosts: &[&str]) -> WaitsForApproval {
+        WaitsForApproval {
+            approvers: approvers.iter().map(|a| a.to_string()).collect(),
+            hosts: hosts.iter().map(|h| h.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn each_replica_s_approvals_are_kept_whichever_match_is_kept() {
+        // Each replica says where calls wait for its own hosts: the weaker match's must not be
+        // lost with it, and the same approvers make one group.
+        let mut local = found(7, &[("restart", 0.9, &["a1", "a2", "a3"])]);
+        local.matches[0].approvals =
+            vec![waits(&["oncall-*"], &["a2"]), waits(&["caller"], &["a3"])];
+        let mut other = found(7, &[("restart", 0.4, &["b1", "b2"])]);
+        other.matches[0].approvals = vec![waits(&["lead"], &["b2"]), waits(&["oncall-*"], &["b1"])];
+        let merged = merge(
+            local,
+            vec![other, found(7, &[("restart", 0.1, &["c1"])])],
+            5,
+        );
+        assert_eq!(merged.matches.len(), 1);
+        assert_eq!(merged.matches[0].score, 0.9);
+        assert_eq!(
+            merged.matches[0].approvals,
+            [
+                waits(&["oncall-*"], &["a2", "b1"]),
+                waits(&["caller"], &["a3"]),
+                waits(&["lead"], &["b2"]),
+            ]
+        );
     }
 
     #[test]

@@ -25,7 +25,9 @@
 use std::path::Path;
 
 use serde::Deserialize;
-use toolsrv_proto::v1::{CallerPolicy, PolicyEffect, SandboxGrant, SandboxPolicy};
+use toolsrv_proto::v1::{
+    CallerPolicy, PolicyEffect, SandboxGrant, SandboxPolicy, WaitsForApproval,
+};
 use toolsrv_tls::normalize_name;
 
 use crate::error::FileError;
@@ -231,6 +233,18 @@ impl Reach<'_> {
                 .ok()
                 .map(|v| v.approve.then(|| listed(&v.approvers))),
         }
+    }
+}
+
+/// Counts `host` among those where calls wait for `approvers` (as [`Reach::waits_for`] gives
+/// them): one group per distinct approvers, in the order first met, hosts in the order added.
+pub fn wait_on(groups: &mut Vec<WaitsForApproval>, approvers: Vec<String>, host: &str) {
+    match groups.iter_mut().find(|w| w.approvers == approvers) {
+        Some(w) => w.hosts.push(host.to_string()),
+        None => groups.push(WaitsForApproval {
+            approvers,
+            hosts: vec![host.to_string()],
+        }),
     }
 }
 

@@ -645,13 +645,7 @@ fn loaded_tool(
         };
         host_only |= tool.host_only;
         if let Some(approvers) = waits {
-            match approvals.iter_mut().find(|w| w.approvers == approvers) {
-                Some(w) => w.hosts.push(h.id.clone()),
-                None => approvals.push(WaitsForApproval {
-                    approvers,
-                    hosts: vec![h.id.clone()],
-                }),
-            }
+            crate::policy::wait_on(&mut approvals, approvers, &h.id);
         }
         // Views share identical definitions, so the pointer test settles most comparisons.
         match groups

@@ -215,8 +215,10 @@ enum Command {
     },
     /// Rank the tools the hosts of a selector offer against a request in plain language
     ///
-    /// Prints the best matches first (score, tool, hosts, description). Exits 1 when nothing
-    /// matches (printing `[]` with --json), as grep does.
+    /// Prints the best matches first (score, tool, hosts, description), only tools the policy
+    /// lets you call on those hosts; a description ends with `[waits for approval by ...]`
+    /// where calls wait for someone's approval. Exits 1 when nothing matches (printing `[]`
+    /// with --json), as grep does.
     Find {
         #[command(flatten)]
         conn: ConnArgs,

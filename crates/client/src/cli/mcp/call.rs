@@ -229,14 +229,7 @@ impl Calls {
             }
             return None;
         }
-        let form = ctx
-            .client_capabilities()
-            .and_then(|c| c.elicitation)
-            .is_some_and(|e| {
-                // A client that names no mode supports form mode (2025-06-18 clients).
-                e.form.is_some() || e.url.is_none()
-            });
-        if !form {
+        if !can_ask(ctx) {
             let reason = "MCP elicitation is unsupported by the client, so nobody can be asked: \
                           denied (decide such calls with `toolctl call`, or change the policy)";
             self.decide(&request, false, reason).await;
@@ -281,6 +274,16 @@ impl Calls {
             );
         }
     }
+}
+
+/// Whether the client can ask its user for an approval: it supports form elicitation.
+pub fn can_ask(ctx: &RequestContext<RoleServer>) -> bool {
+    ctx.client_capabilities()
+        .and_then(|c| c.elicitation)
+        .is_some_and(|e| {
+            // A client that names no mode supports form mode (2025-06-18 clients).
+            e.form.is_some() || e.url.is_none()
+        })
 }
 
 async fn progress(ctx: &RequestContext<RoleServer>, token: &ProgressToken, value: f64, text: &str) {

@@ -71,7 +71,7 @@ pub fn publish(tx: &watch::Sender<Arc<Catalog>>, state: &SessionState, reopened:
         if !reopened && (!same_session || new.generation < current.generation) {
             return false;
         }
-        let changed = current.tools != new.tools;
+        let changed = current.tools(true) != new.tools(true);
         *current = Arc::new(new);
         changed
     });
@@ -241,7 +241,7 @@ mod tests {
         rx.mark_unchanged();
         // An older state (a LoadTool answer overtaken by the watch) is dropped.
         publish(&tx, &state("s", 2, &[]), false);
-        assert_eq!(rx.borrow().tools.len(), 1);
+        assert_eq!(rx.borrow().tools(true).len(), 1);
         // Another session's state only counts when it is a reopened one.
         publish(&tx, &state("t", 1, &[]), false);
         assert_eq!(rx.borrow().session, "s");

@@ -11,7 +11,7 @@ use crate::{Client, ClientError, ToolMatch};
 
 use super::call::error;
 use super::keeper::publish;
-use super::tools::Catalog;
+use super::tools::{Catalog, approval_notes};
 use crate::cli::quote::quoted;
 
 /// Matches `tool_search` returns when the model names no limit.
@@ -20,7 +20,12 @@ const DEFAULT_LIMIT: u32 = 5;
 /// `tool_search {"query": "...", "limit": N}`: the matches as text, and as
 /// `structuredContent` `{"results": [{"name", "description", "score", "hosts"}, ...]}` (MCP
 /// wants an object there, not an array).
-pub async fn search(client: &Client, catalog: &Catalog, args: &JsonObject) -> CallToolResult {
+pub async fn search(
+    client: &Client,
+    catalog: &Catalog,
+    args: &JsonObject,
+    can_ask: bool,
+) -> CallToolResult {
     let Some(query) = args.get("query").and_then(Value::as_str) else {
         return error("argument `query` is required: what the tool should do, in plain language");
     };
@@ -43,12 +48,16 @@ pub async fn search(client: &Client, catalog: &Catalog, args: &JsonObject) -> Ca
         }
         Err(e) => return error(format!("cannot search the tools: {e}")),
     };
-    search_result(&found.matches, crate::cli::remote::find_note(&found))
+    search_result(
+        &found.matches,
+        crate::cli::remote::find_note(&found),
+        can_ask,
+    )
 }
 
 /// The matches as an MCP result, with `note` (how they were ranked, when that needs saying) at the
 /// end of the text and as `structuredContent.note`.
-fn search_result(matches: &[ToolMatch], note: Option<&str>) -> CallToolResult {
+fn search_result(matches: &[ToolMatch], note: Option<&str>, can_ask: bool) -> CallToolResult {
     let results: Vec<Value> = matches
         .iter()
         .map(|m| {
@@ -61,6 +70,9 @@ fn search_result(matches: &[ToolMatch], note: Option<&str>) -> CallToolResult {
             if m.host_only {
                 result["hostOnly"] = json!(true);
             }
+            if !m.approvals.is_empty() {
+                result["approvals"] = crate::shape::approvals_json(&m.approvals);
+            }
             result
         })
         .collect();
@@ -70,7 +82,7 @@ fn search_result(matches: &[ToolMatch], note: Option<&str>) -> CallToolResult {
         let lines: Vec<String> = matches
             .iter()
             .map(|m| {
-                format!(
+                let mut line = format!(
                     "{}{} (score {:.3}, on {}): {}",
                     m.name,
                     if m.host_only {
@@ -81,7 +93,12 @@ fn search_result(matches: &[ToolMatch], note: Option<&str>) -> CallToolResult {
                     m.score,
                     m.hosts.join(", "),
                     m.description
-                )
+                );
+                for note in approval_notes(&m.approvals, &m.hosts, can_ask) {
+                    line.push(' ');
+                    line.push_str(&note);
+                }
+                line
             })
             .collect();
         format!(
@@ -173,7 +190,7 @@ mod tests {
             hosts: vec!["a".into(), "b".into()],
             ..Default::default()
         };
-        let r = search_result(&[m], None);
+        let r = search_result(&[m], None, true);
         assert_eq!(
             r.structured_content,
             Some(
@@ -188,7 +205,7 @@ mod tests {
                 .starts_with("df (score 0.500, on a, b): Disk usage")
         );
         assert_eq!(
-            search_result(&[], None).structured_content,
+            search_result(&[], None, true).structured_content,
             Some(json!({"results": []}))
         );
     }
@@ -203,7 +220,7 @@ mod tests {
             host_only: true,
             ..Default::default()
         };
-        let r = search_result(&[m], None);
+        let r = search_result(&[m], None, true);
         assert_eq!(
             r.structured_content.unwrap()["results"][0]["hostOnly"],
             json!(true)
@@ -216,13 +233,60 @@ mod tests {
     }
 
     #[test]
+    fn a_match_says_where_its_calls_wait_for_approval() {
+        let m = ToolMatch {
+            name: "restart".into(),
+            score: 0.5,
+            description: "Restart".into(),
+            hosts: vec!["a".into(), "b".into(), "c".into()],
+            approvals: vec![
+                crate::WaitsForApproval {
+                    approvers: vec!["oncall-*".into()],
+                    hosts: vec!["a".into()],
+                },
+                crate::WaitsForApproval {
+                    approvers: vec!["caller".into()],
+                    hosts: vec!["b".into(), "c".into()],
+                },
+            ],
+            ..Default::default()
+        };
+        let r = search_result(std::slice::from_ref(&m), None, true);
+        assert_eq!(
+            r.structured_content.unwrap()["results"][0]["approvals"],
+            json!([{"approvers": ["oncall-*"], "hosts": ["a"]}, {"approvers": ["caller"], "hosts": ["b", "c"]}])
+        );
+        let text = &r.content[0].as_text().unwrap().text;
+        assert!(
+            text.starts_with(
+                "restart (score 0.500, on a, b, c): Restart [Approval: each call of this tool \
+                 on host a waits until one of oncall-* approves it"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("on hosts b, c waits until the user approves it"),
+            "{text}"
+        );
+        // A client that cannot ask its user is told such calls are denied.
+        let r = search_result(&[m], None, false);
+        let text = &r.content[0].as_text().unwrap().text;
+        assert!(
+            text.contains(
+                "on hosts b, c needs the user's approval, which this client cannot ask for"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn a_search_ranked_by_words_for_now_says_so() {
         let pending = crate::FindToolsResponse {
             ranker: "lexical".into(),
             meaning_pending: true,
             ..Default::default()
         };
-        let r = search_result(&[], crate::cli::remote::find_note(&pending));
+        let r = search_result(&[], crate::cli::remote::find_note(&pending), true);
         let note = r.structured_content.as_ref().unwrap()["note"]
             .as_str()
             .unwrap();

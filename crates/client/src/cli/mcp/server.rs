@@ -14,7 +14,7 @@ use rmcp::service::{NotificationContext, Peer, RequestContext, SubscriptionConte
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use tokio::sync::watch;
 
-use super::call::{Calls, error};
+use super::call::{Calls, can_ask, error};
 use super::own;
 use super::tools::{Catalog, HOST_ARG, LOAD, Route, SEARCH, own_tools};
 use crate::cli::quote::quoted;
@@ -112,14 +112,14 @@ impl ServerHandler for Server {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         let catalog = self.current();
         let tools = self
             .own
             .iter()
             .cloned()
-            .chain(catalog.tools.iter().cloned())
+            .chain(catalog.tools(can_ask(&context)).iter().cloned())
             .collect();
         Ok(ListToolsResult::with_all_items(tools))
     }
@@ -139,7 +139,7 @@ impl ServerHandler for Server {
         let catalog = self.current();
         self.own
             .iter()
-            .chain(catalog.tools.iter())
+            .chain(catalog.tools(true).iter())
             .find(|t| t.name == name)
             .cloned()
     }
@@ -154,9 +154,11 @@ impl ServerHandler for Server {
         let name = request.name.as_ref();
         match name {
             SEARCH => {
-                return Ok(own::search(&self.calls.client, &catalog, &args)
-                    .await
-                    .into());
+                return Ok(
+                    own::search(&self.calls.client, &catalog, &args, can_ask(&context))
+                        .await
+                        .into(),
+                );
             }
             LOAD => {
                 return Ok(

@@ -9,7 +9,7 @@ use rmcp::model::{JsonObject, MetaObject, Tool, ToolAnnotations};
 use serde_json::{Value, json};
 
 use crate::cli::quote::quoted;
-use crate::{HostState, LoadedTool, SessionState, ToolDefinition};
+use crate::{HostState, LoadedTool, SessionState, ToolDefinition, WaitsForApproval};
 
 /// The argument naming the host a call runs on, added to every tool when the session's selector
 /// picks more than one host. Prefixed so that it does not clash with a tool's own arguments in
@@ -33,9 +33,11 @@ pub struct Catalog {
     pub selector: String,
     /// The hosts the selector picks, with whether each is online.
     pub hosts: Vec<(String, bool)>,
-    /// The MCP tools of the loaded tools, in load order; the server's own come first and are
-    /// not in here.
-    pub tools: Vec<Tool>,
+    /// The MCP tools of the loaded tools, in load order, as told to a client that can ask its
+    /// user for approvals; the server's own come first and are not in here.
+    tools: Vec<Tool>,
+    /// The same as told to a client that cannot ask its user (no form elicitation).
+    unasked: Vec<Tool>,
     /// Tool name -> the online hosts of the session that offer it.
     loaded: BTreeMap<String, Vec<String>>,
 }
@@ -60,6 +62,7 @@ impl Catalog {
             .collect();
         let multi_host = hosts.len() > 1;
         let mut tools = Vec::with_capacity(state.tools.len());
+        let mut unasked = Vec::with_capacity(state.tools.len());
         let mut loaded = BTreeMap::new();
         for t in &state.tools {
             if t.name == SEARCH || t.name == LOAD {
@@ -72,7 +75,8 @@ impl Catalog {
             if t.hosts.is_empty() {
                 continue;
             }
-            tools.push(mcp_tool(t, def, multi_host));
+            tools.push(mcp_tool(t, def, multi_host, true));
+            unasked.push(mcp_tool(t, def, multi_host, false));
             loaded.insert(t.name.clone(), t.hosts.clone());
         }
         Self {
@@ -81,8 +85,16 @@ impl Catalog {
             selector: state.hosts.clone(),
             hosts,
             tools,
+            unasked,
             loaded,
         }
+    }
+
+    /// The MCP tools of the loaded tools, in load order, as told to a client that can ask its
+    /// user for approvals (`can_ask`) or cannot: only what they are told of calls the user must
+    /// approve differs.
+    pub fn tools(&self, can_ask: bool) -> &[Tool] {
+        if can_ask { &self.tools } else { &self.unasked }
     }
 
     /// Whether calls need [`HOST_ARG`].
@@ -140,7 +152,7 @@ impl Catalog {
 }
 
 /// One loaded tool as an MCP tool.
-fn mcp_tool(t: &LoadedTool, def: &ToolDefinition, multi_host: bool) -> Tool {
+fn mcp_tool(t: &LoadedTool, def: &ToolDefinition, multi_host: bool, can_ask: bool) -> Tool {
     let mut schema = input_schema(&def.args_schema_json, &t.name);
     if multi_host {
         add_host_arg(&mut schema, &t.hosts);
@@ -155,7 +167,7 @@ fn mcp_tool(t: &LoadedTool, def: &ToolDefinition, multi_host: bool) -> Tool {
     } else {
         description
     };
-    for note in approval_notes(t) {
+    for note in approval_notes(&t.approvals, &t.hosts, can_ask) {
         if !description.is_empty() {
             description.push_str("\n\n");
         }
@@ -171,7 +183,7 @@ fn mcp_tool(t: &LoadedTool, def: &ToolDefinition, multi_host: bool) -> Tool {
     if !t.approvals.is_empty() {
         meta.0.insert(
             format!("{META_PREFIX}approvals"),
-            crate::shape::approvals_json(t),
+            crate::shape::approvals_json(&t.approvals),
         );
     }
     Tool::new_with_raw(t.name.clone(), description, Arc::new(schema))
@@ -180,10 +192,16 @@ fn mcp_tool(t: &LoadedTool, def: &ToolDefinition, multi_host: bool) -> Tool {
         .with_meta(meta)
 }
 
-/// What the model is told of calls the policy holds for a person's approval, one note per
-/// group of approvers: it can say so to its user, and not take a wait for a failure.
-fn approval_notes(t: &LoadedTool) -> Vec<String> {
-    crate::shape::approval_groups(t)
+/// What the model is told of calls of a tool offered on `hosts` that the policy holds for a
+/// person's approval, one note per group of approvers: it can say so to its user, and not take
+/// a wait for a failure. Calls the user must approve are denied when the client cannot ask
+/// (`can_ask` false): the model is told so before it tries.
+pub fn approval_notes(
+    approvals: &[WaitsForApproval],
+    hosts: &[String],
+    can_ask: bool,
+) -> Vec<String> {
+    crate::shape::approval_groups(approvals, hosts)
         .map(|(by, on)| {
             let on = match on {
                 None => String::new(),
@@ -191,10 +209,16 @@ fn approval_notes(t: &LoadedTool) -> Vec<String> {
                 Some(hosts) => format!(" on hosts {}", hosts.join(", ")),
             };
             match by {
-                None => format!(
+                None if can_ask => format!(
                     "[Approval: each call of this tool{on} waits until the user approves it: \
-                     the user is asked through this client when you call it; if the client \
-                     cannot ask, or the user declines, the call is denied.]"
+                     the user is asked through this client when you call it; if the user \
+                     declines, the call is denied.]"
+                ),
+                None => format!(
+                    "[Approval: each call of this tool{on} needs the user's approval, which this \
+                     client cannot ask for (it does not support MCP elicitation), so such calls \
+                     are denied. The user can make the call with `toolctl call`, which asks in \
+                     the terminal.]"
                 ),
                 Some(approvers) => format!(
                     "[Approval: each call of this tool{on} waits until one of {} approves it \
@@ -338,6 +362,12 @@ pub fn own_tools() -> Vec<Tool> {
                                   "description": "The session's online hosts that offer the tool"},
                         "hostOnly": {"type": "boolean",
                                      "description": "Present and true when the fleet's catalog does not ship the tool: its description is its hosts' own word"},
+                        "approvals": {"type": "array",
+                                      "description": "Present when the policy makes calls wait for a person's approval on some of `hosts`: who decides (`caller`: the user) and where",
+                                      "items": {"type": "object",
+                                                "properties": {"approvers": {"type": "array", "items": {"type": "string"}},
+                                                               "hosts": {"type": "array", "items": {"type": "string"}}},
+                                                "required": ["approvers", "hosts"]}},
                     },
                     "required": ["name", "description", "score", "hosts"],
                 },
@@ -451,13 +481,24 @@ mod tests {
             restart["_meta"]["toolsrv/approvals"],
             json!([{"approvers": ["oncall-*"], "hosts": ["a"]}])
         );
-        let fix = as_json(&catalog.tools[1]);
+        let fix = as_json(&catalog.tools(true)[1]);
         assert_eq!(
             fix["description"],
             "fix does things\n\n[Approval: each call of this tool waits until the user approves \
-             it: the user is asked through this client when you call it; if the client cannot \
-             ask, or the user declines, the call is denied.]"
+             it: the user is asked through this client when you call it; if the user declines, \
+             the call is denied.]"
         );
+        // A client that cannot ask its user (no form elicitation) is told its calls are denied;
+        // calls others decide read the same.
+        let fix = as_json(&catalog.tools(false)[1]);
+        assert_eq!(
+            fix["description"],
+            "fix does things\n\n[Approval: each call of this tool needs the user's approval, \
+             which this client cannot ask for (it does not support MCP elicitation), so such \
+             calls are denied. The user can make the call with `toolctl call`, which asks in \
+             the terminal.]"
+        );
+        assert_eq!(as_json(&catalog.tools(false)[0]), restart);
     }
 
     #[test]

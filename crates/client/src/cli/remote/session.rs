@@ -5,7 +5,8 @@ use std::io::Write;
 use std::path::Path;
 
 use crate::{
-    ClientError, FindToolsResponse, LoadedTool, Profile, SessionState, match_json, session_json,
+    ClientError, FindToolsResponse, LoadedTool, Profile, SessionState, WaitsForApproval,
+    match_json, session_json,
 };
 
 use super::{ConnArgs, connect, exit, interrupted, marked, write_json, written};
@@ -183,6 +184,19 @@ pub async fn watch(conn: &ConnArgs, id: &str, json: bool) -> u8 {
     }
 }
 
+/// A tool's description in a table, ending with where its calls wait for approval, if anywhere
+/// (`[waits for approval by oncall-* on db-1]`).
+fn with_approvals(
+    mut description: String,
+    approvals: &[WaitsForApproval],
+    hosts: &[String],
+) -> String {
+    if let Some(approvals) = crate::shape::approvals_text(approvals, hosts) {
+        description.push_str(&format!(" [waits for approval {approvals}]"));
+    }
+    description
+}
+
 /// `toolctl find SELECTOR QUERY`.
 pub async fn find(conn: &ConnArgs, selector: &str, query: &str, limit: u32, json: bool) -> u8 {
     if let Err(e) = check_find(query, limit) {
@@ -227,7 +241,7 @@ pub async fn find(conn: &ConnArgs, selector: &str, query: &str, limit: u32, json
                 format!("{:.3}", m.score),
                 marked(&m.name, m.host_only),
                 hosts_text(&m.hosts),
-                m.description.clone(),
+                with_approvals(m.description.clone(), &m.approvals, &m.hosts),
             ]
         })
         .collect();
@@ -332,13 +346,11 @@ fn write_text(out: &mut impl Write, state: &SessionState) -> std::io::Result<()>
 }
 
 fn tool_row(t: &LoadedTool) -> Vec<String> {
-    let mut description = match t.resolutions.first().and_then(|r| r.definition.as_ref()) {
+    let description = match t.resolutions.first().and_then(|r| r.definition.as_ref()) {
         Some(def) => def.description.clone(),
         None => format!("(unavailable: {})", t.unavailable),
     };
-    if let Some(approvals) = crate::shape::approvals_text(t) {
-        description.push_str(&format!(" [waits for approval {approvals}]"));
-    }
+    let description = with_approvals(description, &t.approvals, &t.hosts);
     let tier = if t.auto_loaded {
         format!("{} auto", t.tier)
     } else {
