@@ -801,6 +801,48 @@ mod wire {
         assert_eq!(renewals[5]["outcome"], "throttled");
     }
 
+    /// Renewals go on while the audit log cannot be written (an agent whose certificate lapsed
+    /// would have to join again), each recorded in the coordinator's log instead and counted
+    /// against the agent's share as ever; once there is room, records go to the file again.
+    #[test]
+    fn renewals_go_on_while_the_audit_log_fails_recorded_in_the_coordinator_s_log() {
+        let fleet = enrolling_fleet(&["a"], &["--agent-cert-ttl=1h"]);
+        fleet.point_audit_log_at(Path::new("/dev/full"));
+        let after = fleet.work.path().join("audit-after.jsonl");
+        let codes = runtime().block_on(async {
+            let files = fleet.pki.files(&Identity::Agent("a".into()));
+            let channel = toolsrv_tls::connect_reloading(&fleet.url(), &files, Role::Coordinator)
+                .await
+                .unwrap();
+            let renew = |mut client: RenewalClient<_>| async move {
+                let request = RenewRequest {
+                    csr_der: csr(Vec::new()).1,
+                    host_id: String::new(),
+                };
+                client.renew(request).await.map(drop).map_err(|e| e.code())
+            };
+            let client = RenewalClient::new(channel);
+            let mut codes = Vec::new();
+            for _ in 0..3 {
+                codes.push(renew(client.clone()).await);
+            }
+            fleet.point_audit_log_at(&after);
+            codes.push(renew(client.clone()).await);
+            codes
+        });
+        assert_eq!(codes, [Ok(()), Ok(()), Ok(()), Ok(())]);
+        let log = fleet.coordinator.as_ref().unwrap().log();
+        let kept = log
+            .lines()
+            .filter(|l| l.contains("logged here instead") && l.contains("renewal"))
+            .count();
+        assert_eq!(kept, 3, "{log}");
+        let records = toolsrv_tests::json_lines(&after);
+        assert_eq!(records.len(), 1, "{records:?}");
+        assert_eq!(records[0]["event"], "renewal");
+        assert_eq!(records[0]["outcome"], "granted");
+    }
+
     #[test]
     fn an_agent_renews_only_its_own_certificate() {
         let fleet = enrolling_fleet(&["a"], &[]);
