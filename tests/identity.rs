@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use std::process::Command;
 
+use serde_json::Value;
 use toolsrv_tests::{AgentSpec, Fleet, Pki, Proc, assert_exit, bin, run_bounded, text, wait_for};
 
 fn fleet_with_a() -> Fleet {
@@ -322,6 +323,16 @@ fn a_policy_edited_while_the_coordinator_runs_decides_the_calls_from_then_on() {
             .metric("toolsrv_policy_file_refused")
     };
     assert_eq!(refused_gauge().as_deref(), Some("0"));
+    // Which text is in force, by its digest: what replicas compare.
+    let in_force = |text: &str| {
+        let series = format!(
+            "toolsrv_settings_info{{file=\"policy\",sha256=\"{}\"}}",
+            toolsrv_registry::hex_sha256(text.as_bytes())
+        );
+        fleet.coordinator.as_ref().unwrap().metric(&series)
+    };
+    let first = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(in_force(&first).as_deref(), Some("1"));
 
     let bob = |fleet: &Fleet| fleet.toolctl_as("client-bob", &["call", "a", "hello"], None);
     assert_exit(&bob(&fleet), 77, &["denies client bob"]);
@@ -359,6 +370,8 @@ fn a_policy_edited_while_the_coordinator_runs_decides_the_calls_from_then_on() {
         },
     );
     assert!(mark.exists());
+    assert_eq!(in_force(&second).as_deref(), Some("1"));
+    assert_eq!(in_force(&first), None);
 
     // Broken, then open to every user: each refused once, the second policy stays in force.
     let coordinator_log = || fleet.coordinator.as_ref().unwrap().log();
@@ -380,6 +393,7 @@ fn a_policy_edited_while_the_coordinator_runs_decides_the_calls_from_then_on() {
         coordinator_log()
     );
     assert_eq!(refused_gauge().as_deref(), Some("1"));
+    assert_eq!(in_force(&second).as_deref(), Some("1"));
     assert!(
         bob(&fleet).status.success(),
         "the second policy is no longer in force"
@@ -420,6 +434,32 @@ fn a_policy_edited_while_the_coordinator_runs_decides_the_calls_from_then_on() {
     );
     assert_eq!(policies[3], ("loaded".into(), "0 rules, 0 sandbox".into()));
     assert_eq!(refused_gauge().as_deref(), Some("0"));
+    let fixed = r#"{"default": "deny"}"#;
+    assert_eq!(in_force(fixed).as_deref(), Some("1"));
+    // Each text put in force is audited with its digest.
+    let digests: Vec<Value> = fleet
+        .audit_records()
+        .iter()
+        .filter(|r| r["event"] == "policy" && r["outcome"] == "loaded")
+        .map(|r| r["sha256"].clone())
+        .collect();
+    let sha = |text: &str| Value::from(toolsrv_registry::hex_sha256(text.as_bytes()));
+    assert_eq!(digests, [sha(&second), sha(fixed)]);
+    // `toolsrv policy check` names the same digest, for a file to compare with what runs.
+    let out = run_bounded(
+        {
+            let mut cmd = Command::new(bin("toolsrv"));
+            cmd.args(["policy", "check"]).arg(&path);
+            cmd
+        },
+        None,
+        Duration::from_secs(20),
+    );
+    assert!(
+        text(&out.stdout).contains(&format!("(sha256 {})", sha(fixed).as_str().unwrap())),
+        "{}",
+        text(&out.stdout)
+    );
 }
 
 /// The host labels file is followed too: a host given a label while connected is matched by
@@ -460,9 +500,16 @@ fn host_labels_edited_while_the_coordinator_runs_relabel_hosts_at_once() {
         .audit_records()
         .iter()
         .filter(|r| r["event"] == "host_labels")
-        .map(|r| format!("{} {}", r["outcome"], r["hosts_relabelled"]))
+        .map(|r| format!("{} {} {}", r["outcome"], r["hosts_relabelled"], r["sha256"]))
         .collect();
-    assert_eq!(records, ["\"loaded\" 1", "\"refused\" null"]);
+    let digest = toolsrv_registry::hex_sha256(br#"{"a*": {"role": "db"}}"#);
+    assert_eq!(
+        records,
+        [
+            format!("\"loaded\" 1 \"{digest}\""),
+            "\"refused\" null null".to_string()
+        ]
+    );
 }
 
 /// `toolsrv policy check` reads a policy and host labels as the coordinator does and says what

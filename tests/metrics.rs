@@ -24,6 +24,9 @@ const BOUNDED_LABELS: &[&str] = &[
     "role",
     "source",
     "le",
+    // `toolsrv_settings_info`: two files, one digest each at a time (the one in force).
+    "file",
+    "sha256",
 ];
 
 struct Metered {
@@ -216,6 +219,15 @@ fn calls_show_in_the_metrics_that_promtool_and_prometheus_accept() {
             "{series} in\n{agent_a}"
         );
     }
+
+    let settings = coordinator
+        .lines()
+        .filter(|l| l.starts_with("toolsrv_settings_info{"))
+        .count();
+    assert_eq!(
+        settings, 2,
+        "one series per settings file in\n{coordinator}"
+    );
 
     for (exposition, what) in [(&coordinator, "the coordinator"), (&agent_a, "an agent")] {
         promtool_check(exposition, what);

@@ -28,6 +28,8 @@ pub const MAX_FIELD: usize = 253;
 #[derive(Debug, Default)]
 pub struct HostLabels {
     entries: Vec<(String, BTreeMap<String, String>)>,
+    /// SHA-256 of the text they were read from (hex); empty for none.
+    sha256: String,
 }
 
 impl HostLabels {
@@ -52,7 +54,15 @@ impl HostLabels {
             }
             entries.push((pattern, labels));
         }
-        Ok(Self { entries })
+        Ok(Self {
+            entries,
+            sha256: toolsrv_registry::hex_sha256(text.as_bytes()),
+        })
+    }
+
+    /// SHA-256 of the text the labels were read from, in hex (empty without a file).
+    pub fn sha256(&self) -> &str {
+        &self.sha256
     }
 
     pub fn load(path: &Path) -> Result<Self, FileError> {

@@ -318,6 +318,20 @@ pub async fn serve(
         config.host_labels.as_deref(),
         labels::HostLabels::load,
     )?;
+    if let Some(path) = policy.path() {
+        let now = policy.now();
+        tracing::info!(
+            path = %path.display(),
+            rules = now.rules(),
+            sandbox = now.sandbox_entries(),
+            sha256 = now.sha256(),
+            "policy in force"
+        );
+    }
+    if let Some(path) = host_labels.path() {
+        let now = host_labels.now();
+        tracing::info!(path = %path.display(), entries = now.len(), sha256 = now.sha256(), "host labels in force");
+    }
     let encoder = match &config.find_model {
         Some(dir) => {
             let encoder = toolsrv_find::Encoder::load(dir).map_err(CoordinatorError::FindModel)?;
@@ -661,9 +675,10 @@ async fn follow_settings(state: Arc<State>) {
             tracing::info!(
                 rules,
                 sandbox,
+                sha256 = policy.sha256(),
                 "policy reloaded: calls that start from now on, and requests waiting for a decision, are decided by it"
             );
-            serde_json::json!({"rules": rules, "sandbox": sandbox})
+            serde_json::json!({"rules": rules, "sandbox": sandbox, "sha256": policy.sha256()})
         });
         let labels_applied = look_at(&state, "host_labels", &state.host_labels, || {
             let labels = state.host_labels.now();
@@ -671,6 +686,7 @@ async fn follow_settings(state: Arc<State>) {
             let relabelled = ids.len();
             tracing::info!(
                 hosts = relabelled,
+                sha256 = labels.sha256(),
                 "host labels reloaded: every host of this coordinator relabelled"
             );
             if let Some(replicas) = state.replicas.clone() {
@@ -680,7 +696,7 @@ async fn follow_settings(state: Arc<State>) {
                     .clone()
                     .spawn(async move { replicas.relabelled(&state.fleet, ids).await });
             }
-            serde_json::json!({"hosts_relabelled": relabelled})
+            serde_json::json!({"hosts_relabelled": relabelled, "sha256": labels.sha256()})
         });
         if policy_applied || labels_applied {
             rejudge_waiting(&state);

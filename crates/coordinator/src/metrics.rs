@@ -327,6 +327,26 @@ impl MetricsCollector for StateCollector {
             "1 while the --policy file has changed and cannot be used: the policy read before it is in force",
             i64::from(state.policy.refused()),
         )?;
+        // The settings in force, by the digest of the text read: replicas deciding alike show
+        // one digest per file (an empty one without a file).
+        encode_gauges(
+            &mut encoder,
+            "settings_info",
+            "The settings files in force, by file (policy, host_labels) and the SHA-256 of the text they were read from (empty without a file): replicas that decide alike show the same",
+            &[
+                (
+                    [("file", "policy"), ("sha256", state.policy.now().sha256())],
+                    1,
+                ),
+                (
+                    [
+                        ("file", "host_labels"),
+                        ("sha256", state.host_labels.now().sha256()),
+                    ],
+                    1,
+                ),
+            ],
+        )?;
         encode_gauge(
             &mut encoder,
             "host_labels_file_refused",

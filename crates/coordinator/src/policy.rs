@@ -297,6 +297,8 @@ pub struct Policy {
     default_bypass: Bypass,
     rules: Vec<Rule>,
     sandbox: Vec<SandboxEntry>,
+    /// SHA-256 of the text it was read from (hex); empty for the default.
+    sha256: String,
 }
 
 impl Default for Policy {
@@ -307,6 +309,7 @@ impl Default for Policy {
             default_bypass: Bypass::Ask,
             rules: Vec::new(),
             sandbox: Vec::new(),
+            sha256: String::new(),
         }
     }
 }
@@ -412,7 +415,14 @@ impl Policy {
             default_bypass: raw.default_bypass,
             rules,
             sandbox,
+            sha256: toolsrv_registry::hex_sha256(text.as_bytes()),
         })
+    }
+
+    /// SHA-256 of the text the policy was read from, in hex (empty for the default policy): two
+    /// coordinators decide alike when theirs are the same.
+    pub fn sha256(&self) -> &str {
+        &self.sha256
     }
 
     pub fn load(path: &Path) -> Result<Self, FileError> {

@@ -11,7 +11,7 @@ mod server;
 use std::path::PathBuf;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::gauge::ConstGauge;
 
 pub use process::ProcessCollector;
@@ -122,12 +122,14 @@ impl<F: FnOnce(&'static str, std::time::Duration)> std::fmt::Debug for Outcome<F
     }
 }
 
-/// One gauge value with a label set, for collectors that compute their values at scrape time.
-pub fn encode_gauges<const N: usize>(
+/// One gauge value with a label set, for collectors that compute their values at scrape time
+/// (labels of a fixed set of values, or an info metric's: one series of value 1 for what the
+/// process holds now, like the digest of a settings file).
+pub fn encode_gauges<L: EncodeLabelSet>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
-    values: &[(Labels<N>, i64)],
+    values: &[(L, i64)],
 ) -> Result<(), std::fmt::Error> {
     let mut family = encoder.encode_descriptor(
         name,

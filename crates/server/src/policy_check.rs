@@ -56,16 +56,21 @@ pub fn run(args: &PolicyCheckArgs) -> ExitCode {
         Err(e) => return failed(&e.to_string()),
     };
     println!(
-        "policy {}: {}, {}",
+        "policy {}: {}, {} (sha256 {})",
         args.policy.display(),
         counted(policy.rules(), "rule", "rules"),
-        counted(policy.sandbox_entries(), "sandbox entry", "sandbox entries")
+        counted(policy.sandbox_entries(), "sandbox entry", "sandbox entries"),
+        policy.sha256()
     );
     let host_labels = match &args.host_labels {
         Some(path) => match HostLabels::load(path) {
             Ok(labels) => {
                 let entries = counted(labels.len(), "entry", "entries");
-                println!("host labels {}: {entries}", path.display());
+                println!(
+                    "host labels {}: {entries} (sha256 {})",
+                    path.display(),
+                    labels.sha256()
+                );
                 labels
             }
             Err(e) => return failed(&e.to_string()),
