@@ -316,8 +316,15 @@ fn tool_search_returns_structured_matches() {
             r["hosts"].as_array().unwrap().iter().all(|h| h == "a"),
             "{r}"
         );
+        // The profile's tools are loaded already: the model is told so, not to load them.
+        let auto = r["name"] != "extra";
+        assert_eq!(r.get("loaded"), auto.then_some(&json!(true)), "{r}");
     }
     assert_eq!(results[0]["name"], "greet", "{search}");
+    assert!(
+        result_text(search).starts_with("greet (loaded, score "),
+        "{search}"
+    );
 }
 
 /// Tools a host serves from its own directory reach the model marked as the host's word: in the

@@ -51,13 +51,20 @@ pub async fn search(
     search_result(
         &found.matches,
         crate::cli::remote::find_note(&found),
+        catalog,
         can_ask,
     )
 }
 
 /// The matches as an MCP result, with `note` (how they were ranked, when that needs saying) at the
-/// end of the text and as `structuredContent.note`.
-fn search_result(matches: &[ToolMatch], note: Option<&str>, can_ask: bool) -> CallToolResult {
+/// end of the text and as `structuredContent.note`; those the session already serves
+/// (`catalog`) marked loaded, so the model calls them rather than loading them again.
+fn search_result(
+    matches: &[ToolMatch],
+    note: Option<&str>,
+    catalog: &Catalog,
+    can_ask: bool,
+) -> CallToolResult {
     let results: Vec<Value> = matches
         .iter()
         .map(|m| {
@@ -73,6 +80,9 @@ fn search_result(matches: &[ToolMatch], note: Option<&str>, can_ask: bool) -> Ca
             if !m.approvals.is_empty() {
                 result["approvals"] = crate::shape::approvals_json(&m.approvals);
             }
+            if catalog.serves(&m.name) {
+                result["loaded"] = json!(true);
+            }
             result
         })
         .collect();
@@ -83,10 +93,15 @@ fn search_result(matches: &[ToolMatch], note: Option<&str>, can_ask: bool) -> Ca
             .iter()
             .map(|m| {
                 let mut line = format!(
-                    "{}{} (score {:.3}, on {}): {}",
+                    "{}{} ({}score {:.3}, on {}): {}",
                     m.name,
                     if m.host_only {
                         " [host-only: not from the fleet's catalog, described by its hosts]"
+                    } else {
+                        ""
+                    },
+                    if catalog.serves(&m.name) {
+                        "loaded, "
                     } else {
                         ""
                     },
@@ -101,10 +116,14 @@ fn search_result(matches: &[ToolMatch], note: Option<&str>, can_ask: bool) -> Ca
                 line
             })
             .collect();
-        format!(
-            "{}\n\nLoad one with tool_load to call it.",
-            lines.join("\n")
-        )
+        let next = if matches.iter().all(|m| catalog.serves(&m.name)) {
+            "All of them are loaded: call them."
+        } else if matches.iter().any(|m| catalog.serves(&m.name)) {
+            "Those marked loaded can be called now; load another with tool_load to call it."
+        } else {
+            "Load one with tool_load to call it."
+        };
+        format!("{}\n\n{next}", lines.join("\n"))
     };
     let mut structured = json!({ "results": results });
     if let Some(note) = note {
@@ -190,7 +209,7 @@ mod tests {
             hosts: vec!["a".into(), "b".into()],
             ..Default::default()
         };
-        let r = search_result(&[m], None, true);
+        let r = search_result(&[m], None, &Catalog::default(), true);
         assert_eq!(
             r.structured_content,
             Some(
@@ -205,7 +224,7 @@ mod tests {
                 .starts_with("df (score 0.500, on a, b): Disk usage")
         );
         assert_eq!(
-            search_result(&[], None, true).structured_content,
+            search_result(&[], None, &Catalog::default(), true).structured_content,
             Some(json!({"results": []}))
         );
     }
@@ -220,7 +239,7 @@ mod tests {
             host_only: true,
             ..Default::default()
         };
-        let r = search_result(&[m], None, true);
+        let r = search_result(&[m], None, &Catalog::default(), true);
         assert_eq!(
             r.structured_content.unwrap()["results"][0]["hostOnly"],
             json!(true)
@@ -251,7 +270,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        let r = search_result(std::slice::from_ref(&m), None, true);
+        let r = search_result(std::slice::from_ref(&m), None, &Catalog::default(), true);
         assert_eq!(
             r.structured_content.unwrap()["results"][0]["approvals"],
             json!([{"approvers": ["oncall-*"], "hosts": ["a"]}, {"approvers": ["caller"], "hosts": ["b", "c"]}])
@@ -269,12 +288,65 @@ mod tests {
             "{text}"
         );
         // A client that cannot ask its user is told such calls are denied.
-        let r = search_result(&[m], None, false);
+        let r = search_result(&[m], None, &Catalog::default(), false);
         let text = &r.content[0].as_text().unwrap().text;
         assert!(
             text.contains(
                 "on hosts b, c needs the user's approval, which this client cannot ask for"
             ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_match_already_loaded_is_marked_so() {
+        let online = crate::SessionHost {
+            host_id: "a".into(),
+            state: crate::HostState::Online as i32,
+        };
+        let df = crate::LoadedTool {
+            name: "df".into(),
+            hosts: vec!["a".into()],
+            resolutions: vec![crate::ToolResolution {
+                definition: Some(crate::ToolDefinition {
+                    name: "df".into(),
+                    ..Default::default()
+                }),
+                hosts: vec!["a".into()],
+            }],
+            ..Default::default()
+        };
+        let catalog = Catalog::from_state(&crate::SessionState {
+            selected: vec![online],
+            tools: vec![df],
+            ..Default::default()
+        });
+        let found = |name: &str| ToolMatch {
+            name: name.into(),
+            score: 0.5,
+            description: "d".into(),
+            hosts: vec!["a".into()],
+            ..Default::default()
+        };
+        let r = search_result(&[found("df"), found("du")], None, &catalog, true);
+        let results = &r.structured_content.unwrap()["results"];
+        assert_eq!(results[0]["loaded"], json!(true));
+        assert_eq!(results[1].get("loaded"), None);
+        let text = &r.content[0].as_text().unwrap().text;
+        assert!(
+            text.starts_with("df (loaded, score 0.500, on a): d\ndu (score 0.500"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(
+                "Those marked loaded can be called now; load another with tool_load to call it."
+            ),
+            "{text}"
+        );
+        let r = search_result(&[found("df")], None, &catalog, true);
+        let text = &r.content[0].as_text().unwrap().text;
+        assert!(
+            text.ends_with("All of them are loaded: call them."),
             "{text}"
         );
     }
@@ -286,7 +358,12 @@ mod tests {
             meaning_pending: true,
             ..Default::default()
         };
-        let r = search_result(&[], crate::cli::remote::find_note(&pending), true);
+        let r = search_result(
+            &[],
+            crate::cli::remote::find_note(&pending),
+            &Catalog::default(),
+            true,
+        );
         let note = r.structured_content.as_ref().unwrap()["note"]
             .as_str()
             .unwrap();

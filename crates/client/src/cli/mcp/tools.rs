@@ -97,6 +97,11 @@ impl Catalog {
         if can_ask { &self.tools } else { &self.unasked }
     }
 
+    /// Whether the session serves `tool` now (loaded, and offered by an online host).
+    pub fn serves(&self, tool: &str) -> bool {
+        self.loaded.contains_key(tool)
+    }
+
     /// Whether calls need [`HOST_ARG`].
     pub fn multi_host(&self) -> bool {
         self.hosts.len() > 1
@@ -362,6 +367,8 @@ pub fn own_tools() -> Vec<Tool> {
                                   "description": "The session's online hosts that offer the tool"},
                         "hostOnly": {"type": "boolean",
                                      "description": "Present and true when the fleet's catalog does not ship the tool: its description is its hosts' own word"},
+                        "loaded": {"type": "boolean",
+                                   "description": "Present and true when the tool is loaded in this session already: call it, no need to load it"},
                         "approvals": {"type": "array",
                                       "description": "Present when the policy makes calls wait for a person's approval on some of `hosts`: who decides (`caller`: the user) and where",
                                       "items": {"type": "object",
