@@ -578,6 +578,10 @@ fn approvals_become_elicitations() {
             json!([{"approvers": ["caller"], "hosts": ["a"]}]),
             "{mode}: {out}"
         );
+        assert!(
+            result_text(&out["load"]).ends_with("if the user declines, the call is denied.]"),
+            "{mode}: {out}"
+        );
         let asked = &out["elicitations"][0];
         assert_eq!(asked["mode"], "form", "{mode}: {out}");
         let message = asked["message"].as_str().unwrap();
@@ -606,6 +610,7 @@ fn approvals_become_elicitations() {
                     support MCP elicitation), so such calls are denied";
         assert!(description(&out, "restart").contains(told), "{mode}: {out}");
         assert!(result_text(&out["search"]).contains(told), "{mode}: {out}");
+        assert!(result_text(&out["load"]).contains(told), "{mode}: {out}");
         assert_eq!(out["result"]["isError"], true, "{mode}: {out}");
         assert!(out["elicitations"].as_array().unwrap().is_empty());
         assert!(

@@ -154,8 +154,8 @@ async def multihost(cfg):
 
 
 async def approve(cfg):
-    """Lists the tools, searches for `tool` and calls it, with an elicitation callback that
-    answers `answer` (or none at all)."""
+    """Lists the tools, searches for `tool`, loads it (again) and calls it, with an elicitation
+    callback that answers `answer` (or none at all)."""
     out = {"elicitations": [], "progress": []}
 
     async def elicit(context, params):
@@ -169,6 +169,7 @@ async def approve(cfg):
     async with await connect(cfg, **kwargs) as client:
         out["tools"] = [dump(t) for t in (await client.list_tools()).tools]
         out["search"] = dump(await client.call_tool("tool_search", {"query": cfg["tool"]}))
+        out["load"] = dump(await client.call_tool("tool_load", {"name": cfg["tool"]}))
         result = await client.call_tool(cfg["tool"], {}, progress_callback=on_progress)
         out["result"] = dump(result)
     return out

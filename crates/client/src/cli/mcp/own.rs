@@ -136,12 +136,14 @@ fn search_result(
 }
 
 /// `tool_load {"name": "..."}`: loads the tool and returns its `prompt` (its description when it
-/// has none). The new state is published at once, so the next `tools/list` has the tool.
+/// has none), then what its description says of approvals. The new state is published at once,
+/// so the next `tools/list` has the tool.
 pub async fn load(
     client: &Client,
     catalog: &Catalog,
     tx: &watch::Sender<Arc<Catalog>>,
     args: &JsonObject,
+    can_ask: bool,
 ) -> CallToolResult {
     let Some(name) = args.get("name").and_then(Value::as_str) else {
         return error("argument `name` is required: the name of the tool to load");
@@ -178,11 +180,15 @@ pub async fn load(
     } else {
         text
     };
-    let text = if loaded.host_only {
+    let mut text = if loaded.host_only {
         format!("{}\n\n{text}", super::tools::host_only_note(&loaded.hosts))
     } else {
         text
     };
+    for note in approval_notes(&loaded.approvals, &loaded.hosts, can_ask) {
+        text.push_str("\n\n");
+        text.push_str(&note);
+    }
     CallToolResult::success(vec![ContentBlock::text(text)])
 }
 

@@ -161,11 +161,15 @@ impl ServerHandler for Server {
                 );
             }
             LOAD => {
-                return Ok(
-                    own::load(&self.calls.client, &catalog, &self.catalog, &args)
-                        .await
-                        .into(),
-                );
+                return Ok(own::load(
+                    &self.calls.client,
+                    &catalog,
+                    &self.catalog,
+                    &args,
+                    can_ask(&context),
+                )
+                .await
+                .into());
             }
             _ => {}
         }
