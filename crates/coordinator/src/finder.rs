@@ -793,10 +793,8 @@ impl Offered {
                 continue;
             };
             for id in ids {
-                let Some(waits) = self
-                    .hosts
-                    .get(id)
-                    .and_then(|h| reach.waits_for(&h.policy_facts()))
+                let Some(waits) =
+                    reach.waits_on(|| self.hosts.get(id).map(HostEntry::policy_facts))
                 else {
                     continue;
                 };

@@ -224,12 +224,21 @@ impl Reach<'_> {
     /// there, `Some(None)` when it runs at once. One look at the rules, asking the host only
     /// when the answer depends on it.
     pub fn waits_for(&self, host: &Candidate<'_>) -> Option<Option<Vec<String>>> {
+        self.waits_on(|| Some(*host))
+    }
+
+    /// [`Reach::waits_for`] on the host `host` gives, which is asked for only when the answer
+    /// depends on the host (`None` from it: no such host, denied).
+    pub fn waits_on<'h>(
+        &self,
+        host: impl FnOnce() -> Option<Candidate<'h>>,
+    ) -> Option<Option<Vec<String>>> {
         match &self.how {
             How::Everywhere(approvers) => Some(approvers.clone()),
             How::Nowhere(_) => None,
             How::PerHost => self
                 .policy
-                .admit(self.client, self.tool, host)
+                .admit(self.client, self.tool, &host()?)
                 .ok()
                 .map(|v| v.approve.then(|| listed(&v.approvers))),
         }
