@@ -44,9 +44,18 @@ impl CoordinatorLaunch {
         format!("https://127.0.0.1:{}", self.port)
     }
 
-    /// The command, run with the `toolsrv` binary `toolsrv`.
+    /// The command, run with the `toolsrv` binary `toolsrv`. The caller's `TOOLSRV_*` variables
+    /// are not passed on (the coordinator reads its settings from them): its flags alone
+    /// configure it, whatever the shell that runs the tests or benches exported (a
+    /// `TOOLSRV_FIND_MODEL` meant for the bench's fused run made its lexical one rank by
+    /// meaning).
     pub fn command(&self, toolsrv: &Path) -> Command {
         let mut cmd = Command::new(toolsrv);
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("TOOLSRV_") {
+                cmd.env_remove(name);
+            }
+        }
         cmd.arg("coordinator")
             .arg(format!("--listen=127.0.0.1:{}", self.port))
             .arg(format!("--tools={}", self.tools.display()))

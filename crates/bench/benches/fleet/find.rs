@@ -113,6 +113,13 @@ pub(crate) async fn find(paths: &Paths, _sizes: Sizes) -> Result<(), BenchError>
         let started = Instant::now();
         loop {
             let answer = find_once(&client, &fake_id(0), &probe.query).await?;
+            let seen = || {
+                let names: Vec<&str> = answer.matches.iter().map(|m| m.name.as_str()).collect();
+                format!(
+                    "ranker `{}`, meaning_pending {}, matches {names:?}",
+                    answer.ranker, answer.meaning_pending
+                )
+            };
             if answer.ranker == ranker
                 && !answer.meaning_pending
                 && answer
@@ -124,8 +131,11 @@ pub(crate) async fn find(paths: &Paths, _sizes: Sizes) -> Result<(), BenchError>
             }
             if started.elapsed() > WAIT {
                 return Err(format!(
-                    "`{}` not found by the {ranker} ranker after {WAIT:?}",
-                    probe.query
+                    "`{}` (for `{}`) not found by the {ranker} ranker after {WAIT:?}; the last \
+                     answer: {}",
+                    probe.query,
+                    probe.expected.as_deref().unwrap_or_default(),
+                    seen()
                 )
                 .into());
             }
