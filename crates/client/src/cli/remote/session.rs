@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::Path;
 
 use crate::{
-    ClientError, FindToolsResponse, LoadedTool, Profile, SessionState, WaitsForApproval,
+    ClientError, FindToolsResponse, LoadedTool, Profile, SessionState, ToolMatch, WaitsForApproval,
     match_json, session_json,
 };
 
@@ -233,8 +233,13 @@ pub async fn find(conn: &ConnArgs, selector: &str, query: &str, limit: u32, json
         let matches: Vec<_> = found.matches.iter().map(match_json).collect();
         return written(write_json(&mut out, &matches), "the matches");
     }
-    let rows: Vec<Vec<String>> = found
-        .matches
+    written(write_matches(&mut out, &found.matches), "the matches")
+}
+
+/// The matches as `toolctl find` prints them: score, tool, hosts, description (and where calls
+/// wait for approval).
+fn write_matches(out: &mut impl Write, matches: &[ToolMatch]) -> std::io::Result<()> {
+    let rows: Vec<Vec<String>> = matches
         .iter()
         .map(|m| {
             vec![
@@ -245,10 +250,7 @@ pub async fn find(conn: &ConnArgs, selector: &str, query: &str, limit: u32, json
             ]
         })
         .collect();
-    written(
-        super::write_table(&mut out, &["SCORE", "TOOL", "HOSTS", "DESCRIPTION"], &rows),
-        "the matches",
-    )
+    super::write_table(out, &["SCORE", "TOOL", "HOSTS", "DESCRIPTION"], &rows)
 }
 
 /// What an answer's ranking needs said beside it, if anything: that it is by words alone while
@@ -362,4 +364,56 @@ fn tool_row(t: &LoadedTool) -> Vec<String> {
         hosts_text(&t.hosts),
         description,
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Approvers and descriptions come from the policy and the hosts: whatever bytes they hold
+    /// are shown escaped, never sent to the terminal.
+    #[test]
+    fn matches_say_where_calls_wait_and_escape_odd_bytes() {
+        let matches = [
+            ToolMatch {
+                name: "restart".into(),
+                score: 0.75,
+                description: "Restart\u{1b}[2J a service".into(),
+                hosts: vec!["a".into(), "b".into()],
+                approvals: vec![WaitsForApproval {
+                    approvers: vec!["oncall-\u{1b}]0;x\u{7}".into()],
+                    hosts: vec!["b".into()],
+                }],
+                ..Default::default()
+            },
+            ToolMatch {
+                name: "df".into(),
+                score: 0.5,
+                description: "Disk usage".into(),
+                hosts: vec!["a".into()],
+                host_only: true,
+                approvals: vec![WaitsForApproval {
+                    approvers: vec!["caller".into()],
+                    hosts: vec!["a".into()],
+                }],
+                ..Default::default()
+            },
+        ];
+        let mut out = Vec::new();
+        write_matches(&mut out, &matches).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out:?}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(
+            lines[1].ends_with(
+                "Restart\\u{1b}[2J a service [waits for approval by oncall-\\u{1b}]0;x\\u{7} on b]"
+            ),
+            "{out}"
+        );
+        assert!(lines[2].contains("df [host-only]"), "{out}");
+        assert!(
+            lines[2].ends_with("Disk usage [waits for approval by you]"),
+            "{out}"
+        );
+    }
 }
