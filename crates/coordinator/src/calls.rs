@@ -437,9 +437,7 @@ fn unconfined(sandbox: &SandboxFacts, host_id: &str, tool: &str, rule: usize) ->
     };
     CallResult::not_run(
         CallStatus::Unconfined,
-        format!(
-            "policy rule {rule} requires tool `{tool}` to run confined, and host `{host_id}` {state}; run it where `sandbox=enforced`"
-        ),
+        crate::policy::unconfined_refusal(rule, tool, host_id, &state),
     )
 }
 

@@ -245,6 +245,16 @@ impl Reach<'_> {
     }
 }
 
+/// Why a call of `tool` on `host` is refused when policy rule `rule` requires it to run confined
+/// and the host's sandbox is not enforced, `state` saying what the host reports: routing (with
+/// the agent's full account) and listings (with the level alone) say it alike.
+pub fn unconfined_refusal(rule: usize, tool: &str, host: &str, state: &str) -> String {
+    format!(
+        "policy rule {rule} requires tool `{tool}` to run confined, and host `{host}` {state}; run \
+         it where `sandbox=enforced`"
+    )
+}
+
 /// Counts `host` among those where calls wait for `approvers` (as [`Reach::waits_for`] gives
 /// them): one group per distinct approvers, in the order first met, hosts in the order added.
 pub fn wait_on(groups: &mut Vec<WaitsForApproval>, approvers: Vec<String>, host: &str) {
@@ -510,11 +520,7 @@ impl Policy {
                 } else {
                     format!("reports sandbox={}", host.sandbox)
                 };
-                Err(format!(
-                    "policy rule {rule} requires tool `{tool}` to run confined, and host `{}` \
-                     {reports}; run it where `sandbox=enforced`",
-                    host.id
-                ))
+                Err(unconfined_refusal(rule, tool, host.id, &reports))
             }
             None => Ok(verdict),
         }

@@ -65,9 +65,12 @@ fn search_result(
     catalog: &Catalog,
     can_ask: bool,
 ) -> CallToolResult {
+    // Whether the session serves each match already.
+    let loaded: Vec<bool> = matches.iter().map(|m| catalog.serves(&m.name)).collect();
     let results: Vec<Value> = matches
         .iter()
-        .map(|m| {
+        .zip(&loaded)
+        .map(|(m, &loaded)| {
             let mut result = json!({
                 "name": m.name,
                 "description": m.description,
@@ -80,7 +83,7 @@ fn search_result(
             if !m.approvals.is_empty() {
                 result["approvals"] = crate::shape::approvals_json(&m.approvals);
             }
-            if catalog.serves(&m.name) {
+            if loaded {
                 result["loaded"] = json!(true);
             }
             result
@@ -91,7 +94,8 @@ fn search_result(
     } else {
         let lines: Vec<String> = matches
             .iter()
-            .map(|m| {
+            .zip(&loaded)
+            .map(|(m, &loaded)| {
                 let mut line = format!(
                     "{}{} ({}score {:.3}, on {}): {}",
                     m.name,
@@ -100,11 +104,7 @@ fn search_result(
                     } else {
                         ""
                     },
-                    if catalog.serves(&m.name) {
-                        "loaded, "
-                    } else {
-                        ""
-                    },
+                    if loaded { "loaded, " } else { "" },
                     m.score,
                     m.hosts.join(", "),
                     m.description
@@ -116,9 +116,9 @@ fn search_result(
                 line
             })
             .collect();
-        let next = if matches.iter().all(|m| catalog.serves(&m.name)) {
+        let next = if loaded.iter().all(|&l| l) {
             "All of them are loaded: call them."
-        } else if matches.iter().any(|m| catalog.serves(&m.name)) {
+        } else if loaded.contains(&true) {
             "Those marked loaded can be called now; load another with tool_load to call it."
         } else {
             "Load one with tool_load to call it."
