@@ -422,8 +422,9 @@ fn an_audit_log_that_cannot_be_written_stops_calls_until_it_can() {
 }
 
 /// One client may hold `--max-watches-per-client` watch streams (catalog and session watches
-/// alike); the next is refused at once (exit 75) naming the flag, another client is not held
-/// back, and a watch whose client goes away gives its slot back.
+/// alike); the next is refused at once (exit 75) naming the flag, also when the client marks it
+/// as relayed by a replica; another client is not held back, and a watch whose client goes away
+/// gives its slot back.
 #[test]
 fn watch_streams_per_client_are_bounded() {
     let mut fleet = Fleet::new(&["a"]);
@@ -456,6 +457,31 @@ fn watch_streams_per_client_are_bounded() {
     let id = text(&out.stdout).trim().to_string();
     let out = fleet.toolctl(&["session", "watch", &id]);
     assert_exit(&out, 75, &["--max-watches-per-client"]);
+    // Alice claiming to be a replica relaying a watch (the header replicas mark relayed
+    // requests with, which skip the slot the relaying replica already took) is still alice.
+    let url = fleet.url();
+    let files = toolsrv_testkit::stem_files(fleet.pki.root(), "client-alice");
+    let refused = toolsrv_tests::runtime().block_on(async {
+        let channel = toolsrv_tls::connect_reloading(&url, &files, toolsrv_tls::Role::Coordinator)
+            .await
+            .unwrap();
+        let mut tools = toolsrv_proto::v1::tools_client::ToolsClient::new(channel);
+        let mut request = tonic::Request::new(toolsrv_proto::v1::WatchCatalogRequest {});
+        request
+            .metadata_mut()
+            .insert("toolsrv-relayed-by", "r9".parse().unwrap());
+        tools.watch_catalog(request).await.err()
+    });
+    let refused = refused.expect("a third watch stream, relay header or not, is refused");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("--max-watches-per-client"),
+        "{refused:?}"
+    );
     // Bob is not held back by alice.
     let _bob = watch("client-bob");
     // Alice's first watch goes away: its slot comes back.

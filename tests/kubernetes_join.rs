@@ -449,8 +449,8 @@ fn a_coordinator_without_kubernetes_join_refuses_such_tokens_and_bad_settings_st
 /// does not know and join tokens that do not exist: after 10 refusals its joins are refused
 /// unexamined (RESOURCE_EXHAUSTED, saying when to come back), so the API reviews at most 10 of
 /// them and the audit log holds a dozen records rather than one per request (before: every
-/// request reviewed and recorded). A pod with a good token on the same address joins once it
-/// has waited.
+/// request reviewed and recorded), also those that claim to be relayed by a replica. A pod
+/// with a good token on the same address joins once it has waited.
 #[test]
 fn an_address_that_keeps_sending_bad_joins_is_slowed_and_not_recorded_each_time() {
     use toolsrv_proto::v1::JoinRequest;
@@ -476,6 +476,13 @@ fn an_address_that_keeps_sending_bad_joins_is_slowed_and_not_recorded_each_time(
                 join.kubernetes_token = format!("jwt-bogus-{i}");
             } else {
                 join.token = format!("tsj_bogus{i:040}");
+            }
+            // Half of them claim to be relayed by a replica (whose joins the replica that
+            // took them counted): without a coordinator certificate, that counts for nothing.
+            let mut join = tonic::Request::new(join);
+            if i % 4 < 2 {
+                join.metadata_mut()
+                    .insert("toolsrv-relayed-by", "r9".parse().unwrap());
             }
             let err = client.join(join).await.unwrap_err();
             codes.push((err.code(), err.message().to_string()));

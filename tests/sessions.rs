@@ -207,6 +207,20 @@ fn a_session_loads_unloads_and_evicts_by_tier() {
     // The two sessions are independent.
     assert_eq!(loaded(&show(&fleet, &hot)), ["pinned", "pinned2"]);
     assert_eq!(loaded(&show(&fleet, &id)), ["pinned", "everyday", "rare1"]);
+
+    // With every host offline, a loaded tool keeps the tier its definition gives (the one
+    // eviction goes by), rather than showing `warm` while eviction treats it as `hot`.
+    let mut fleet = fleet;
+    drop(fleet.agents.remove("a"));
+    drop(fleet.agents.remove("b"));
+    fleet.wait_state("a", "offline", Duration::from_secs(30));
+    fleet.wait_state("b", "offline", Duration::from_secs(30));
+    let state = show(&fleet, &hot);
+    assert_eq!(tool(&state, "pinned")["tier"], "hot", "{state}");
+    assert!(tool(&state, "pinned")["unavailable"].is_string(), "{state}");
+    assert_eq!(tool(&show(&fleet, &id), "rare1")["tier"], "cold");
+    let out = fleet.toolctl(&["session", "load", &hot, "everyday"]);
+    assert_exit(&out, 69, &["all of them `hot`"]);
 }
 
 #[test]
@@ -475,6 +489,8 @@ fn a_session_ends_after_the_idle_time_without_a_watcher() {
     );
 }
 
+/// A client holds at most `--max-sessions-per-client` sessions, refused before anything else
+/// of the request is examined; a profile's autoLoad has at most 10,000 entries.
 #[test]
 fn a_client_holds_a_bounded_number_of_sessions() {
     let fleet = fleet(&["--max-sessions-per-client", "2"]);
@@ -482,6 +498,27 @@ fn a_client_holds_a_bounded_number_of_sessions() {
     open(&fleet, &[]);
     let out = fleet.toolctl(&["session", "open"]);
     assert_exit(&out, 75, &["--max-sessions-per-client"]);
+    // A client at its limit is refused before its profile's names are examined (5,000 of them
+    // would be refused as more than maxLoaded, and a million took a second of a runtime thread
+    // each time); a profile of 20,000 names is refused before any is, from any client.
+    let many = |n: usize| {
+        let names: Vec<String> = (0..n).map(|i| format!("\"t{i}\"")).collect();
+        format!(r#"{{"autoLoad": [{}]}}"#, names.join(","))
+    };
+    let five_thousand = profile(&fleet, "5000.json", &many(5_000));
+    let out = fleet.toolctl(&["session", "open", "--profile", &five_thousand]);
+    assert_exit(&out, 75, &["--max-sessions-per-client"]);
+    let twenty_thousand = profile(&fleet, "20000.json", &many(20_000));
+    let out = fleet.toolctl_as(
+        "client-bob",
+        &["session", "open", "--profile", &twenty_thousand],
+        None,
+    );
+    assert_exit(
+        &out,
+        64,
+        &["autoLoad has 20000 entries, over the limit of 10000"],
+    );
     // Another client has its own allowance.
     let out = fleet.toolctl_as("client-bob", &["session", "open"], None);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -631,4 +668,202 @@ fn a_session_and_find_offer_only_what_the_policy_lets_the_owner_call() {
         &fleet.toolctl(&["session", "load", &id, "rare1"]),
         "load rare1",
     );
+}
+
+/// A session's state is one message: a load or an open that would take it past 8 MiB is
+/// refused before anything changes, naming the limit; a state that grows past it through a
+/// `.meta` edit leaves out the definitions of the tool loaded last, saying why, rather than
+/// failing every read of the session; a list of sessions past 12 MiB leaves out the largest
+/// ones' definitions (`definitionsOmitted`). Before, each of these failed with the transport's
+/// OUT_OF_RANGE, some after the change was made.
+#[test]
+fn a_session_s_state_stays_within_a_message() {
+    let mut fleet = Fleet::new(&["a"]);
+    // Each tool's definition takes about 200 kB: 41 fit in 8 MiB, 42 do not.
+    let big = |fleet: &Fleet, i: usize, prompt_bytes: usize| {
+        let prompt = "x".repeat(prompt_bytes);
+        fleet.tool(
+            &format!("big{i:02}.meta"),
+            &format!(
+                r#"{{"description": "Big tool {i}", "cmd": "echo {i}", "prompt": "{prompt}"}}"#
+            ),
+            false,
+        );
+    };
+    for i in 0..45 {
+        big(&fleet, i, 200_000);
+    }
+    fleet.start_coordinator(&[]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "big44");
+    let names = |n: usize| -> String {
+        (0..n)
+            .map(|i| format!("\"big{i:02}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let too_many = profile(
+        &fleet,
+        "too-many.json",
+        &format!(r#"{{"autoLoad": [{}], "maxLoaded": 100}}"#, names(43)),
+    );
+    let out = fleet.toolctl(&["session", "open", "--profile", &too_many]);
+    assert_exit(
+        &out,
+        69,
+        &[
+            "the profile's autoLoad would make the session's state",
+            "over the 8 MiB a session's state may take",
+        ],
+    );
+    let listed = ok(&fleet.toolctl(&["session", "list", "--json"]), "list");
+    assert_eq!(listed.trim(), "[]", "nothing was opened");
+
+    let forty = profile(
+        &fleet,
+        "forty.json",
+        &format!(r#"{{"autoLoad": [{}], "maxLoaded": 100}}"#, names(40)),
+    );
+    let id = open(&fleet, &["--profile", &forty]);
+    ok(
+        &fleet.toolctl(&["session", "load", &id, "big40"]),
+        "load 41st",
+    );
+    let out = fleet.toolctl(&["session", "load", &id, "big41"]);
+    assert_exit(
+        &out,
+        69,
+        &["loading `big41` would make the session's state"],
+    );
+    let state = show(&fleet, &id);
+    assert_eq!(loaded(&state).len(), 41, "the refused load changed nothing");
+    assert!(
+        tool(&state, "big40")["unavailable"].is_null(),
+        "{}",
+        tool(&state, "big40")
+    );
+
+    // Five definitions grow by 50 kB each: the state would pass 8 MiB, and the tool loaded last
+    // is left out, saying why; the others keep theirs.
+    for i in 0..5 {
+        big(&fleet, i, 250_000);
+    }
+    let state = wait_for("the grown definitions", Duration::from_secs(30), || {
+        let state = show(&fleet, &id);
+        tool(&state, "big40")["unavailable"]
+            .as_str()
+            .is_some_and(|why| why.contains("left out of the session's state"))
+            .then_some(state)
+    });
+    assert_eq!(loaded(&state).len(), 41);
+    assert_eq!(tool(&state, "big40")["resolutions"], serde_json::json!([]));
+    let kept = tool(&state, "big00");
+    assert_eq!(
+        kept["resolutions"][0]["definition"]["prompt"]
+            .as_str()
+            .map(str::len),
+        Some(250_000),
+        "big00 keeps its grown definition"
+    );
+
+    // Two sessions of some 8 and 6 MB: listed whole they would pass 12 MiB, so the larger is
+    // listed without its definitions, the other whole.
+    let thirty = profile(
+        &fleet,
+        "thirty.json",
+        &format!(r#"{{"autoLoad": [{}]}}"#, names(30)),
+    );
+    let other = open(&fleet, &["--profile", &thirty]);
+    let listed: Value =
+        serde_json::from_str(&ok(&fleet.toolctl(&["session", "list", "--json"]), "list")).unwrap();
+    let entry = |id: &str| {
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == id)
+            .unwrap_or_else(|| panic!("{id} not listed"))
+            .clone()
+    };
+    let (larger, smaller) = (entry(&id), entry(&other));
+    assert_eq!(larger["definitionsOmitted"], true);
+    assert_eq!(loaded(&larger).len(), 41);
+    assert_eq!(tool(&larger, "big01")["resolutions"], serde_json::json!([]));
+    assert!(smaller["definitionsOmitted"].is_null(), "{}", smaller["id"]);
+    assert_eq!(
+        tool(&smaller, "big01")["resolutions"][0]["hosts"],
+        serde_json::json!(["a"])
+    );
+}
+
+/// A session's generation never pairs with an older state than one an earlier generation
+/// showed: 8 clients read the session while one loads tool after tool (loads only, so the
+/// number of tools loaded only grows). Before, a read computing its state while a load finished
+/// could take the newer generation for the older list of tools.
+#[test]
+fn a_session_s_generation_never_goes_with_an_older_state() {
+    let fleet = fleet(&[]);
+    let files = toolsrv_testkit::stem_files(fleet.pki.root(), "client-alice");
+    let url = fleet.url();
+    let tools = [
+        "pinned",
+        "pinned2",
+        "everyday",
+        "everyday2",
+        "rare1",
+        "rare2",
+        "per_host",
+        "only_b",
+    ];
+    let rounds = toolsrv_tests::runtime().block_on(async {
+        let client = toolsrv_client::Client::connect(&toolsrv_client::ConnectOptions {
+            addr: url,
+            tls: files,
+        })
+        .await
+        .unwrap();
+        let mut rounds = 0;
+        for _ in 0..30 {
+            // Each reader's states and the loader's, checked together.
+            let mut round: Vec<(u64, usize)> = Vec::new();
+            let id = client
+                .open_session(&toolsrv_client::Profile::default(), None)
+                .await
+                .unwrap()
+                .id;
+            let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let mut readers = tokio::task::JoinSet::new();
+            for _ in 0..8 {
+                let (client, id, done) = (client.clone(), id.clone(), done.clone());
+                readers.spawn(async move {
+                    let mut states = Vec::new();
+                    while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                        let state = client.session(&id).await.unwrap();
+                        states.push((state.generation, state.tools.len()));
+                    }
+                    states
+                });
+            }
+            for tool in tools {
+                let state = client.load_tool(&id, tool).await.unwrap();
+                round.push((state.generation, state.tools.len()));
+            }
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            while let Some(states) = readers.join_next().await {
+                round.extend(states.unwrap());
+            }
+            client.close_session(&id).await.unwrap();
+            for &(g1, n1) in &round {
+                for &(g2, n2) in &round {
+                    assert!(
+                        !(g1 < g2 && n1 > n2),
+                        "generation {g1} had {n1} tools, the later {g2} only {n2}"
+                    );
+                }
+            }
+            rounds += 1;
+        }
+        rounds
+    });
+    assert_eq!(rounds, 30);
 }

@@ -43,6 +43,15 @@ impl Profile {
 
     /// Parses a profile's JSON text.
     pub fn parse(text: &str) -> Result<Self, String> {
+        // A struct also takes a JSON array, filled by position: `[["a"], "all", 1]` would be
+        // read as a profile without a word about it.
+        if !text.trim_start().starts_with('{') {
+            return Err(
+                "a profile is a JSON object: {\"autoLoad\": [\"tool\", ...], \"hosts\": \
+                 \"SELECTOR\", \"maxLoaded\": 40}"
+                    .to_string(),
+            );
+        }
         let profile: Self = serde_json::from_str(text).map_err(|e| e.to_string())?;
         if profile.max_loaded == Some(0) {
             return Err("maxLoaded must be at least 1".to_string());
@@ -167,5 +176,38 @@ impl Client {
         };
         self.inner.clone().close_session(request).await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_profile_is_a_json_object_of_known_fields() {
+        let profile =
+            Profile::parse(r#" {"autoLoad": ["disk_usage"], "hosts": "role=web", "maxLoaded": 3}"#)
+                .unwrap();
+        assert_eq!(profile.auto_load, ["disk_usage"]);
+        assert_eq!(profile.hosts.as_deref(), Some("role=web"));
+        assert_eq!(profile.max_loaded, Some(3));
+        assert!(Profile::parse("{}").unwrap().auto_load.is_empty());
+        for (text, expect) in [
+            (
+                r#"[["disk_usage"], "local", 1]"#,
+                "a profile is a JSON object",
+            ),
+            (r#"[["disk_usage"]]"#, "a profile is a JSON object"),
+            ("\"disk_usage\"", "a profile is a JSON object"),
+            ("", "a profile is a JSON object"),
+            (r#"{"autoload": []}"#, "unknown field `autoload`"),
+            (r#"{"maxLoaded": 0}"#, "maxLoaded must be at least 1"),
+            (r#"{"maxLoaded": -1}"#, "invalid value"),
+            (r#"{"autoLoad": "disk_usage"}"#, "invalid type"),
+        ] {
+            let e = Profile::parse(text).unwrap_err();
+            assert!(e.contains(expect), "{text}: {e}");
+        }
     }
 }

@@ -197,7 +197,7 @@ pub fn session_json(state: &SessionState) -> Result<Value, ClientError> {
         }
         tools.push(tool);
     }
-    Ok(serde_json::json!({
+    let mut shown = serde_json::json!({
         "id": state.id,
         "generation": state.generation,
         "hosts": state.hosts,
@@ -207,7 +207,11 @@ pub fn session_json(state: &SessionState) -> Result<Value, ClientError> {
         "watchers": state.watchers,
         "idleExpiresUnixMs": state.idle_expires_unix_ms,
         "catalogRevision": state.catalog_revision,
-    }))
+    });
+    if state.definitions_omitted {
+        shown["definitionsOmitted"] = Value::from(true);
+    }
+    Ok(shown)
 }
 
 /// Where calls wait for approval (a loaded tool's or a match's `approvals`) as JSON:

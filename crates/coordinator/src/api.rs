@@ -690,6 +690,7 @@ impl Tools for ToolsService {
             sessions.extend(replicas.remote_sessions(&client).await);
         }
         sessions.sort_by(|a, b| a.id.cmp(&b.id));
+        crate::sessions::fit_list(&mut sessions, crate::sessions::MAX_LIST_BYTES);
         Ok(Response::new(ListSessionsResponse { sessions }))
     }
 

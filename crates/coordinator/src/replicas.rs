@@ -1195,9 +1195,14 @@ async fn follow_peer(
 /// refused, the ones held are served).
 pub const CLUSTER_HEALTH: &str = "toolsrv.cluster";
 
-/// Whether a request came from another replica (never relayed again).
+/// Whether a request came from another replica (never relayed again): it carries [`RELAYED`]
+/// and its connection a coordinator certificate. A client or a joining host that sets the
+/// header is not a replica: a relayed request skips the limits the replica it reached applied
+/// (watch streams, refused joins), so the header alone must not count.
 pub fn is_relayed<T>(req: &Request<T>) -> bool {
     req.metadata().get(RELAYED).is_some()
+        && toolsrv_tls::peer_of(req)
+            .is_some_and(|peer| peer.identity.role() == toolsrv_tls::Role::Coordinator)
 }
 
 /// The replica to relay a request about session `id` to: replicas on, the request not relayed

@@ -52,8 +52,25 @@ pub async fn open(
 ) -> Result<SessionState, Status> {
     let profile = req.profile.unwrap_or_default();
     let session = state.sessions.open(client, profile, req.hosts)?;
+    let hosts = hosts_of(state, &session).await;
+    let (opened, left_out) = session.state_fitted(
+        &hosts,
+        &state.registry.catalog(),
+        state.sessions.idle(),
+        &state.policy.now(),
+    );
+    if let Some(bytes) = left_out {
+        // Nothing made: the client gets the error, not a session whose tools are left out.
+        state.sessions.close(client, &session.id)?;
+        return Err(crate::sessions::SessionError::TooLarge {
+            what: "the profile's autoLoad".to_string(),
+            bytes,
+            max: crate::sessions::MAX_STATE_BYTES,
+        }
+        .into());
+    }
     tracing::info!(session = %session.id, owner = %client, "session opened");
-    Ok(state_of(state, &session).await)
+    Ok(opened)
 }
 
 pub async fn load(

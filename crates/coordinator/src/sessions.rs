@@ -33,6 +33,15 @@ pub const DEFAULT_MAX_LOADED: u32 = 40;
 pub const MAX_MAX_LOADED: u32 = 1000;
 /// Longest selector a session may have.
 const MAX_SELECTOR_BYTES: usize = 4096;
+/// Most entries a profile's autoLoad may have, repeats included: checked before any name is.
+const MAX_AUTOLOAD_ENTRIES: usize = 10 * MAX_MAX_LOADED as usize;
+/// The most a session's state may take encoded: half a message, so that the state fits in one
+/// whatever the encoding adds, and a list of several fits too ([`MAX_LIST_BYTES`]). A load or
+/// an open that would pass it is refused; a state that grows past it (a catalog or host change)
+/// leaves out the definitions of the tools loaded last.
+pub const MAX_STATE_BYTES: usize = toolsrv_proto::limits::MAX_MESSAGE_BYTES / 2;
+/// The most `ListSessions` gives: its largest entries lose their definitions past it.
+pub const MAX_LIST_BYTES: usize = toolsrv_proto::limits::MAX_MESSAGE_BYTES / 4 * 3;
 
 /// How long sessions live and how many one client may hold.
 #[derive(Debug, Clone)]
@@ -75,6 +84,15 @@ pub enum SessionError {
         "the session is full: {max} tools loaded (maxLoaded) and all of them `hot`, which are never unloaded; unload one first"
     )]
     Full { max: u32 },
+    #[error(
+        "{what} would make the session's state {bytes} bytes (its tools' definitions and hosts), over the {} MiB a session's state may take: load fewer tools or narrow the session's hosts",
+        max >> 20
+    )]
+    TooLarge {
+        what: String,
+        bytes: usize,
+        max: usize,
+    },
 }
 
 impl From<SessionError> for tonic::Status {
@@ -86,9 +104,9 @@ impl From<SessionError> for tonic::Status {
             | SessionError::NotLoaded { .. } => tonic::Status::not_found(message),
             SessionError::Invalid(_) => tonic::Status::invalid_argument(message),
             SessionError::TooMany(_) => tonic::Status::resource_exhausted(message),
-            SessionError::Unavailable { .. } | SessionError::Full { .. } => {
-                tonic::Status::failed_precondition(message)
-            }
+            SessionError::Unavailable { .. }
+            | SessionError::Full { .. }
+            | SessionError::TooLarge { .. } => tonic::Status::failed_precondition(message),
         }
     }
 }
@@ -191,6 +209,15 @@ impl Sessions {
             }
             n => n,
         };
+        // What costs nothing to check comes first: a client at its limit, or a profile of a
+        // million names, must not cost a runtime thread a second of examining each name.
+        if profile.auto_load.len() > MAX_AUTOLOAD_ENTRIES {
+            return Err(SessionError::Invalid(format!(
+                "autoLoad has {} entries, over the limit of {MAX_AUTOLOAD_ENTRIES}",
+                profile.auto_load.len()
+            )));
+        }
+        self.room_for(owner)?;
         let mut loaded: Vec<Loaded> = Vec::new();
         let now = now_ms();
         // Repeated names count once, found in a set: a request may carry a million names, and
@@ -212,11 +239,9 @@ impl Sessions {
                 named.len()
             )));
         }
+        // Again, holding the map: others may have opened sessions meanwhile.
         let mut map = self.lock();
-        let held = map.values().filter(|s| s.owner == owner).count();
-        if held >= self.limits.per_client {
-            return Err(SessionError::TooMany(held));
-        }
+        Self::room_in(&map, owner, self.limits.per_client)?;
         let id = match &self.origin {
             Some(replica) => format!("{}@{replica}", new_id()),
             None => new_id(),
@@ -239,6 +264,23 @@ impl Sessions {
         });
         map.insert(session.id.clone(), session.clone());
         Ok(session)
+    }
+
+    /// Refuses `owner` a new session when it holds the most allowed.
+    fn room_for(&self, owner: &str) -> Result<(), SessionError> {
+        Self::room_in(&self.lock(), owner, self.limits.per_client)
+    }
+
+    fn room_in(
+        map: &HashMap<String, Arc<Session>>,
+        owner: &str,
+        per_client: usize,
+    ) -> Result<(), SessionError> {
+        let held = map.values().filter(|s| s.owner == owner).count();
+        if held >= per_client {
+            return Err(SessionError::TooMany(held));
+        }
+        Ok(())
     }
 
     /// `owner`'s session `id`. Another client's session is not found, as if it did not exist.
@@ -406,28 +448,71 @@ impl Session {
                 why,
             });
         }
+        // What each tool would add to the state, measured before anything changes.
+        let fixed = self.bare_state(hosts, catalog).encoded_len();
+        let snapshot = self.lock().loaded.clone();
+        // Each tool as the state shows it: its size there, and the tier eviction goes by.
+        let measure = |l: &Loaded| {
+            let shown = loaded_tool(hosts, catalog, l, &policy.reach(&self.owner, &l.name));
+            let len = shown.encoded_len();
+            (1 + prost::length_delimiter_len(len) + len, shown.tier)
+        };
+        let measured: HashMap<&str, (usize, String)> = snapshot
+            .iter()
+            .map(|l| (l.name.as_str(), measure(l)))
+            .collect();
+        let (added, _) = measure(&Loaded {
+            name: tool.to_string(),
+            auto: false,
+            last_used_ms: 0,
+        });
         let mut inner = self.lock();
         if inner.loaded.iter().any(|l| l.name == tool) {
             return Ok(());
         }
+        let mut victim = None;
         if inner.loaded.len() >= self.max_loaded as usize {
-            let victim = inner
+            let coldest = inner
                 .loaded
                 .iter()
                 .enumerate()
                 .filter_map(|(i, l)| {
-                    let tier = definition_on(hosts, &l.name, false)
-                        .map(|d| d.tier.clone())
-                        .unwrap_or_default();
+                    // One loaded meanwhile, not measured: its definition says.
+                    let tier = match measured.get(l.name.as_str()) {
+                        Some((_, tier)) => tier.clone(),
+                        None => definition_on(hosts, &l.name, false)
+                            .map(|d| d.tier.clone())
+                            .unwrap_or_default(),
+                    };
                     tier_rank(&tier).map(|rank| (rank, l.last_used_ms, i))
                 })
                 .min()
                 .map(|(_, _, i)| i);
-            let Some(victim) = victim else {
+            let Some(coldest) = coldest else {
                 return Err(SessionError::Full {
                     max: self.max_loaded,
                 });
             };
+            victim = Some(coldest);
+        }
+        // A tool loaded by another request meanwhile counts as it is measured now: nothing.
+        let bytes = fixed
+            + added
+            + inner
+                .loaded
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| Some(*i) != victim)
+                .map(|(_, l)| measured.get(l.name.as_str()).map_or(0, |(len, _)| *len))
+                .sum::<usize>();
+        if bytes > MAX_STATE_BYTES {
+            return Err(SessionError::TooLarge {
+                what: format!("loading `{tool}`"),
+                bytes,
+                max: MAX_STATE_BYTES,
+            });
+        }
+        if let Some(victim) = victim {
             let gone = inner.loaded.remove(victim);
             tracing::debug!(session = %self.id, unloaded = %gone.name, loaded = %tool, "session full: unloaded the coldest tool");
         }
@@ -481,31 +566,30 @@ impl Session {
         idle: Duration,
         policy: &Policy,
     ) -> SessionState {
-        let loaded = self.lock().loaded.clone();
-        let selected = hosts
-            .iter()
-            .map(|h| SessionHost {
-                host_id: h.id.clone(),
-                state: h.info().state,
-            })
-            .collect();
-        let tools = loaded
+        self.state_fitted(hosts, catalog, idle, policy).0
+    }
+
+    /// [`Self::state`], and when tools were left out of it to keep it within
+    /// [`MAX_STATE_BYTES`], what it would have taken with them.
+    pub fn state_fitted(
+        &self,
+        hosts: &[HostEntry],
+        catalog: &Catalog,
+        idle: Duration,
+        policy: &Policy,
+    ) -> (SessionState, Option<usize>) {
+        let mut state = self.bare_state(hosts, catalog);
+        // Computed holding the session: a load finishing meanwhile must not give an older list
+        // of tools the generation of a newer one.
+        let mut inner = self.lock();
+        state.tools = inner
+            .loaded
             .iter()
             .map(|l| loaded_tool(hosts, catalog, l, &policy.reach(&self.owner, &l.name)))
             .collect();
-        let mut state = SessionState {
-            id: self.id.clone(),
-            generation: 0,
-            hosts: self.selector_text.clone(),
-            max_loaded: self.max_loaded,
-            selected,
-            tools,
-            watchers: 0,
-            idle_expires_unix_ms: 0,
-            catalog_revision: catalog.revision,
-        };
+        let whole = state.encoded_len();
+        let left_out = (fit(&mut state, MAX_STATE_BYTES) > 0).then_some(whole);
         let digest = digest_of(&state);
-        let mut inner = self.lock();
         if inner.digest != Some(digest) {
             inner.digest = Some(digest);
             inner.generation += 1;
@@ -515,7 +599,81 @@ impl Session {
         state.idle_expires_unix_ms = inner
             .idle_since_ms
             .map_or(0, |since| since + idle.as_millis() as u64);
-        state
+        (state, left_out)
+    }
+
+    /// The session's state without its tools.
+    fn bare_state(&self, hosts: &[HostEntry], catalog: &Catalog) -> SessionState {
+        SessionState {
+            id: self.id.clone(),
+            generation: 0,
+            hosts: self.selector_text.clone(),
+            max_loaded: self.max_loaded,
+            selected: hosts
+                .iter()
+                .map(|h| SessionHost {
+                    host_id: h.id.clone(),
+                    state: h.info().state,
+                })
+                .collect(),
+            tools: Vec::new(),
+            watchers: 0,
+            idle_expires_unix_ms: 0,
+            catalog_revision: catalog.revision,
+            definitions_omitted: false,
+        }
+    }
+}
+
+/// Keeps `state` within `max` bytes encoded: the tools loaded last lose their definitions,
+/// hosts and approvals first, each saying why. Returns how many did.
+fn fit(state: &mut SessionState, max: usize) -> usize {
+    let mut size = state.encoded_len();
+    let mut left_out = 0;
+    for tool in state.tools.iter_mut().rev() {
+        if size <= max {
+            break;
+        }
+        if tool.resolutions.is_empty() && tool.hosts.is_empty() && tool.approvals.is_empty() {
+            continue;
+        }
+        let before = tool.encoded_len();
+        tool.resolutions.clear();
+        tool.hosts.clear();
+        tool.approvals.clear();
+        tool.unavailable = format!(
+            "left out of the session's state, which would take over {} MiB with its \
+             definitions and hosts: unload tools or narrow the session's hosts",
+            max >> 20
+        );
+        size = size + tool.encoded_len() - before;
+        left_out += 1;
+    }
+    left_out
+}
+
+/// Keeps a list of sessions' states within `max` bytes encoded: the largest states lose their
+/// tools' definitions, hosts and approvals first (`definitions_omitted`).
+pub fn fit_list(states: &mut [SessionState], max: usize) {
+    let mut size: usize = states.iter().map(|s| s.encoded_len() + 8).sum();
+    let mut by_size: Vec<(usize, usize)> = states
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.encoded_len(), i))
+        .collect();
+    by_size.sort_unstable_by(|a, b| b.cmp(a));
+    for (before, i) in by_size {
+        if size <= max {
+            break;
+        }
+        let state = &mut states[i];
+        for tool in &mut state.tools {
+            tool.resolutions.clear();
+            tool.hosts.clear();
+            tool.approvals.clear();
+        }
+        state.definitions_omitted = true;
+        size = size + state.encoded_len() - before;
     }
 }
 
@@ -660,9 +818,11 @@ fn loaded_tool(
     groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then_with(|| a.1[0].cmp(&b.1[0])));
     let mut all_hosts: Vec<String> = groups.iter().flat_map(|(_, ids)| ids.clone()).collect();
     all_hosts.sort();
+    // With no online host offering it, an offline one's definition says (as eviction reads it).
     let tier = groups
         .first()
         .map(|(d, _)| d.tier.clone())
+        .or_else(|| definition_on(hosts, &l.name, false).map(|d| d.tier.clone()))
         .filter(|t| !t.is_empty())
         .unwrap_or_else(|| "warm".to_string());
     let unavailable = match (groups.is_empty(), denied) {
@@ -702,24 +862,109 @@ mod tests {
         }
     }
 
-    /// A million distinct names (what a 16 MiB request can carry) are counted once each: the
-    /// refusal says how many, and comes at once (the names were compared with one another,
-    /// minutes of a runtime thread).
+    /// A loaded tool whose definition is `prompt_bytes` long, on host `a`.
+    fn big_tool(name: &str, prompt_bytes: usize) -> LoadedTool {
+        LoadedTool {
+            name: name.to_string(),
+            tier: "warm".into(),
+            resolutions: vec![ToolResolution {
+                definition: Some(ToolDefinition {
+                    name: name.to_string(),
+                    prompt: "x".repeat(prompt_bytes),
+                    ..ToolDefinition::default()
+                }),
+                hosts: vec!["a".into()],
+            }],
+            hosts: vec!["a".into()],
+            ..LoadedTool::default()
+        }
+    }
+
+    #[test]
+    fn a_state_past_its_bound_leaves_out_the_tools_loaded_last() {
+        let mut state = SessionState {
+            tools: (0..5).map(|i| big_tool(&format!("t{i}"), 1000)).collect(),
+            ..SessionState::default()
+        };
+        assert_eq!(
+            fit(&mut state, 10_000),
+            0,
+            "within the bound, nothing changes"
+        );
+        assert!(state.tools.iter().all(|t| t.unavailable.is_empty()));
+        // 5 of about 1,020 bytes into 3,500: the last two go, the first three stay whole.
+        assert_eq!(fit(&mut state, 3_500), 2);
+        assert!(state.encoded_len() <= 3_500, "{}", state.encoded_len());
+        for t in &state.tools[..3] {
+            assert_eq!(t.resolutions.len(), 1);
+            assert!(t.unavailable.is_empty());
+        }
+        for t in &state.tools[3..] {
+            assert!(t.resolutions.is_empty() && t.hosts.is_empty());
+            assert!(
+                t.unavailable.contains("left out of the session's state"),
+                "{}",
+                t.unavailable
+            );
+        }
+    }
+
+    #[test]
+    fn a_list_past_its_bound_leaves_out_the_largest_states_definitions() {
+        let state = |id: &str, tools: usize| SessionState {
+            id: id.to_string(),
+            tools: (0..tools)
+                .map(|i| big_tool(&format!("t{i}"), 1000))
+                .collect(),
+            ..SessionState::default()
+        };
+        let mut states = vec![state("s1", 2), state("s2", 6), state("s3", 3)];
+        fit_list(&mut states, 20_000);
+        assert!(states.iter().all(|s| !s.definitions_omitted));
+        // 11 tools of about 1,020 bytes into 7,000: the largest (s2) goes; into 4,500, s3 too.
+        fit_list(&mut states, 7_000);
+        let omitted: Vec<bool> = states.iter().map(|s| s.definitions_omitted).collect();
+        assert_eq!(omitted, [false, true, false]);
+        fit_list(&mut states, 4_500);
+        let omitted: Vec<bool> = states.iter().map(|s| s.definitions_omitted).collect();
+        assert_eq!(omitted, [false, true, true]);
+        assert_eq!(
+            states[1].tools.len(),
+            6,
+            "the tools stay, without definitions"
+        );
+        assert!(states[1].tools.iter().all(|t| t.resolutions.is_empty()));
+        assert_eq!(states[0].tools[0].resolutions.len(), 1);
+    }
+
+    /// A million names (what a 16 MiB request can carry) are refused before any is examined;
+    /// the most a profile may carry, all distinct, are counted once each: the refusal says how
+    /// many, and comes at once (the names were compared with one another, minutes of a runtime
+    /// thread).
     #[test]
     fn auto_load_counts_each_name_once_however_many_a_request_carries() {
         let sessions = Sessions::new(SessionLimits::default(), None);
-        let names: Vec<String> = (0..1_000_000).map(|i| format!("t{i}")).collect();
-        let err = sessions
-            .open("alice", profile(names, MAX_MAX_LOADED), String::new())
-            .err()
-            .unwrap();
-        assert!(
-            err.to_string()
-                .contains("autoLoad names 1000000 tools, more than maxLoaded (1000)"),
-            "{err}"
-        );
+        for (distinct, refusal) in [
+            (
+                1_000_000,
+                "autoLoad has 1000000 entries, over the limit of 10000",
+            ),
+            (
+                MAX_AUTOLOAD_ENTRIES,
+                "autoLoad names 10000 tools, more than maxLoaded (1000)",
+            ),
+        ] {
+            let names: Vec<String> = (0..distinct).map(|i| format!("t{i}")).collect();
+            let err = sessions
+                .open("alice", profile(names, MAX_MAX_LOADED), String::new())
+                .err()
+                .unwrap();
+            assert!(err.to_string().contains(refusal), "{err}");
+        }
         // Repeats count once, in their first order.
-        let mut names: Vec<String> = (0..1_000_000).map(|i| format!("t{}", i % 3)).collect();
+        let mut names: Vec<String> = (0..MAX_AUTOLOAD_ENTRIES - 1)
+            .map(|i| format!("t{}", i % 3))
+            .collect();
         names.insert(0, "t2".into());
         let session = sessions
             .open("alice", profile(names, 3), String::new())
