@@ -343,6 +343,30 @@ fn a_session_resolves_tools_per_host_and_is_its_clients_alone() {
     let p = profile(&fleet, "sel.json", r#"{"hosts": "os="}"#);
     let out = fleet.toolctl(&["session", "open", "--profile", &p]);
     assert_exit(&out, 64, &[]);
+    // A selector of 4 KiB of odd bytes, within the limit, is refused as a bad argument (exit
+    // 64), quoted escaped and cut: quoted whole, twice, the refusal overflowed the client's
+    // headers (exit 70, "h2 protocol error").
+    let odd = "€".repeat(1365);
+    for args in [
+        vec!["session", "open", "--hosts", odd.as_str()],
+        vec!["find", odd.as_str(), "disk"],
+    ] {
+        let out = fleet.toolctl(&args);
+        assert_exit(&out, 64, &["… (4095 bytes)"]);
+        assert!(text(&out.stderr).len() < 1000, "{}", text(&out.stderr));
+    }
+    // Odd bytes in a selector, a session id or a tool name come back escaped.
+    for args in [
+        vec!["session", "open", "--hosts", "web\u{1b}[2J"],
+        vec!["session", "show", "id\u{1b}[2J"],
+        vec!["session", "unload", id.as_str(), "tool\u{1b}[2J"],
+    ] {
+        let out = fleet.toolctl(&args);
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(!stderr.contains('\u{1b}'), "{args:?}: {stderr:?}");
+        assert!(stderr.contains(r"\u{1b}[2J"), "{args:?}: {stderr:?}");
+    }
 }
 
 /// `toolctl session watch ID --json` as alice.

@@ -533,8 +533,12 @@ pub async fn find(
         )));
     }
     let limit = limit_of(&req)?;
-    let selector = Selector::parse(&req.selector)
-        .map_err(|e| Status::invalid_argument(format!("host selector `{}`: {e}", req.selector)))?;
+    let selector = Selector::parse(&req.selector).map_err(|e| {
+        Status::invalid_argument(format!(
+            "host selector `{}`: {e}",
+            crate::selector::shown(&req.selector)
+        ))
+    })?;
     let finder = &state.finder;
     let _counted = finder.admit(client)?;
     let Ready {

@@ -1234,8 +1234,8 @@ pub(crate) fn session_elsewhere<'s>(
         None => Err(Status::not_found(format!(
             "no session `{}`: it was kept by replica `{}`, which is gone (its sessions ended \
              with it)",
-            id.chars().take(100).collect::<String>(),
-            owner.chars().take(64).collect::<String>()
+            toolsrv_proto::text::printable_line(id, 100),
+            toolsrv_proto::text::printable_line(owner, 64)
         ))),
     }
 }

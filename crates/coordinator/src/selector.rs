@@ -15,6 +15,14 @@ use toolsrv_tls::normalize_name;
 
 use compiled::Globs;
 
+/// Most bytes of a selector (or one of its terms) an error quotes.
+pub const SHOWN_BYTES: usize = 200;
+
+/// A selector as an error quotes it: escaped and cut to [`SHOWN_BYTES`].
+pub fn shown(text: &str) -> String {
+    toolsrv_proto::text::printable_line(text, SHOWN_BYTES)
+}
+
 /// A parsed selector such as `web-*,role=db,os=linux`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Selector {
@@ -72,13 +80,15 @@ pub struct SelectorError(String);
 impl Selector {
     /// Parses a selector; the error names the offending term.
     pub fn parse(text: &str) -> Result<Self, SelectorError> {
+        // Errors quote what they refuse, escaped and cut: a selector may be 4 KiB of anything.
         let mut selector = Selector::default();
         let mut values: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for raw in text.split(',') {
             let term = raw.trim();
             if term.is_empty() {
                 return Err(SelectorError(format!(
-                    "selector `{text}` has an empty term"
+                    "selector `{}` has an empty term",
+                    shown(text)
                 )));
             }
             match term.split_once('=') {
@@ -93,13 +103,15 @@ impl Selector {
                 }
                 Some(_) => {
                     return Err(SelectorError(format!(
-                        "selector term `{term}` needs KEY=VALUE"
+                        "selector term `{}` needs KEY=VALUE",
+                        shown(term)
                     )));
                 }
                 None if valid_glob(term) => selector.hosts.push(normalize_name(term)),
                 None => {
                     return Err(SelectorError(format!(
-                        "selector term `{term}` is not a host id or glob ([A-Za-z0-9_.-*?])"
+                        "selector term `{}` is not a host id or glob ([A-Za-z0-9_.-*?])",
+                        shown(term)
                     )));
                 }
             }
@@ -153,6 +165,27 @@ pub use toolsrv_confine::glob;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A refused selector comes back escaped and cut: 4 KiB of odd bytes would otherwise make
+    /// an error larger than a client takes in its headers, and reach a terminal raw.
+    #[test]
+    fn a_refused_selector_is_quoted_escaped_and_bounded() {
+        for text in [
+            "€".repeat(1365),
+            format!("web-1,{}", "a | ".repeat(1000)),
+            "a,,b".to_string(),
+            "web\u{1b}[31m\nprod".to_string(),
+            "role=\u{202e}db,=x".to_string(),
+        ] {
+            let e = Selector::parse(&text).unwrap_err().to_string();
+            assert!(e.len() < 2 * SHOWN_BYTES, "{} bytes: {e}", e.len());
+            assert!(!e.chars().any(toolsrv_proto::text::disguises), "{e:?}");
+        }
+        let e = Selector::parse("web\u{1b}[31m").unwrap_err().to_string();
+        assert!(e.contains(r"web\u{1b}[31m"), "{e}");
+        let e = Selector::parse(&"€".repeat(1365)).unwrap_err().to_string();
+        assert!(e.contains("… (4095 bytes)"), "{e}");
+    }
 
     #[test]
     fn globs() {

@@ -198,8 +198,12 @@ impl Sessions {
                 selector_text.len()
             )));
         }
-        let selector = Selector::parse(&selector_text)
-            .map_err(|e| SessionError::Invalid(format!("host selector `{selector_text}`: {e}")))?;
+        let selector = Selector::parse(&selector_text).map_err(|e| {
+            SessionError::Invalid(format!(
+                "host selector `{}`: {e}",
+                crate::selector::shown(&selector_text)
+            ))
+        })?;
         let max_loaded = match profile.max_loaded {
             0 => DEFAULT_MAX_LOADED,
             n if n > MAX_MAX_LOADED => {
@@ -343,9 +347,10 @@ impl Sessions {
     }
 }
 
-/// An id as it may appear in an error: bounded, so a huge one does not come back whole.
+/// An id as it may appear in an error: escaped and bounded, so a huge one does not come back
+/// whole nor odd bytes raw.
 fn bounded_id(id: &str) -> String {
-    id.chars().take(64).collect()
+    toolsrv_proto::text::printable_line(id, 64)
 }
 
 fn check_name(name: &str) -> Result<(), SessionError> {
@@ -531,7 +536,7 @@ impl Session {
         let mut inner = self.lock();
         let Some(i) = inner.loaded.iter().position(|l| l.name == tool) else {
             return Err(SessionError::NotLoaded {
-                tool: tool.chars().take(MAX_NAME_BYTES).collect(),
+                tool: toolsrv_proto::text::printable_line(tool, MAX_NAME_BYTES),
             });
         };
         inner.loaded.remove(i);
