@@ -434,6 +434,12 @@ fn hostile_requests_get_error_results_and_the_server_goes_on() {
     says("long_query", &["4096"]);
     says("bad_limit", &["`limit`", "whole number"]);
     says("negative_limit", &["`limit`", "whole number"]);
+    says("fractional_limit", &["`limit`", "whole number"]);
+    assert_eq!(
+        out["float_limit"]["isError"], false,
+        "2.0 is a whole number: {}",
+        out["float_limit"]
+    );
     says("no_query", &["`query` is required"]);
     says("odd_load", &["cannot load"]);
     says("huge_load", &["cannot load"]);
@@ -658,6 +664,83 @@ fn approvals_become_elicitations() {
     );
 }
 
+/// A 2026-07-28 client comes back for a call that waits for approval with the wrong tool's
+/// name: refused, and the call still waits (before, the call was taken, then dropped, and the
+/// right answer found nothing); the right answer then runs it.
+#[test]
+fn a_resume_naming_another_tool_leaves_the_waiting_call() {
+    use std::io::Write;
+    let mut fleet = Fleet::new(&["a"]);
+    for tool in ["restart", "other"] {
+        fleet.tool(
+            &format!("{tool}.meta"),
+            &format!(r#"{{"description": "{tool}", "cmd": "echo {tool} ran"}}"#),
+            false,
+        );
+    }
+    let policy = fleet.policy_arg(
+        r#"{"default": "allow", "rules": [{"tools": ["restart"], "effect": "approve"}]}"#,
+    );
+    fleet.start_coordinator(&[&policy]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "restart");
+    let profile = profile(
+        &fleet,
+        &json!({"autoLoad": ["restart", "other"], "hosts": "a"}),
+    );
+    let (mut child, mut stdin, rx) = stdio_server(&fleet, &profile);
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+    });
+    let mut ask = |id: u64, params: Value| -> Value {
+        let request = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params});
+        writeln!(stdin, "{request}").unwrap();
+        stdin.flush().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = rx
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no answer to {id}"));
+            let message: Value = serde_json::from_str(&line).unwrap();
+            if message["id"] == id {
+                return message;
+            }
+        }
+    };
+    let started = ask(
+        1,
+        json!({"name": "restart", "arguments": {}, "_meta": meta}),
+    );
+    let state = started["result"]["requestState"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no requestState: {started}"))
+        .to_string();
+    let approve = json!({"approval": {"action": "accept", "content": {"approve": true}}});
+    let wrong = ask(
+        2,
+        json!({"name": "other", "arguments": {}, "_meta": meta,
+               "requestState": state, "inputResponses": approve}),
+    );
+    let message = wrong["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("belongs to a call of `restart`, not of `other`")
+            && message.contains("still waits"),
+        "{wrong}"
+    );
+    let right = ask(
+        3,
+        json!({"name": "restart", "arguments": {}, "_meta": meta,
+               "requestState": state, "inputResponses": approve}),
+    );
+    assert_eq!(result_text(&right["result"]), "restart ran\n", "{right}");
+    drop(stdin);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 #[test]
 fn streamable_http_serves_on_loopback_only_unless_told() {
     let fleet = one_host_fleet(&[]);
@@ -746,24 +829,7 @@ fn streamable_http_serves_on_loopback_only_unless_told() {
 fn streamable_http_holds_few_connections_that_never_present_the_token() {
     use std::io::Read;
     let fleet = one_host_fleet(&[]);
-    let profile = one_host_profile(&fleet);
-    let addr = format!("127.0.0.1:{}", free_port());
-    let command = fleet.toolctl_command(
-        "client-alice",
-        &[
-            "mcp",
-            "--profile",
-            profile.to_str().unwrap(),
-            "--http",
-            &addr,
-        ],
-    );
-    let server = toolsrv_tests::Proc::spawn("mcp-http", command, fleet.work.path());
-    let token = wait_for(
-        "the MCP HTTP server to listen",
-        Duration::from_secs(20),
-        || bearer_in(&server.log()),
-    );
+    let (server, addr, token) = http_server(&fleet, &one_host_profile(&fleet));
     let pid = server.pid();
     let descriptors = || {
         std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -830,6 +896,92 @@ fn streamable_http_holds_few_connections_that_never_present_the_token() {
     let (status, head) = exchange(&mut kept, &addr, &token);
     assert_eq!(status, 400, "{head}");
     drop(idle);
+}
+
+/// A burst of clients with the token, each on a new connection, all get in: the server holds
+/// few connections that have sent nothing, not few that wait for their request to be read.
+/// Before, past 64 connections not yet read, each new one closed the oldest, and from 7 to 240
+/// of 400 such requests were reset.
+#[test]
+fn streamable_http_lets_a_burst_of_clients_with_the_token_in() {
+    let fleet = one_host_fleet(&[]);
+    let (_server, addr, token) = http_server(&fleet, &one_host_profile(&fleet));
+    const CLIENTS: usize = 200;
+    let start = std::sync::Arc::new(std::sync::Barrier::new(CLIENTS));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (addr, token, start) = (addr.clone(), token.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                std::panic::catch_unwind(|| initialize_over_http(&addr, Some(&token)).0)
+                    .unwrap_or(0)
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    let refused = statuses.iter().filter(|s| **s != 200).count();
+    assert_eq!(
+        refused, 0,
+        "{refused} of {CLIENTS} not served: {statuses:?}"
+    );
+}
+
+/// `toolctl mcp --profile PROFILE --http` on a free loopback port, as alice: the server, its
+/// address and the bearer token it printed.
+fn http_server(fleet: &Fleet, profile: &Path) -> (toolsrv_tests::Proc, String, String) {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let command = fleet.toolctl_command(
+        "client-alice",
+        &[
+            "mcp",
+            "--profile",
+            profile.to_str().unwrap(),
+            "--http",
+            &addr,
+        ],
+    );
+    let server = toolsrv_tests::Proc::spawn("mcp-http", command, fleet.work.path());
+    let token = wait_for(
+        "the MCP HTTP server to listen",
+        Duration::from_secs(20),
+        || bearer_in(&server.log()),
+    );
+    (server, addr, token)
+}
+
+/// `toolctl mcp --profile PROFILE` over stdio, as alice: the process, its stdin, and its stdout
+/// line by line (read by a thread, so that every wait can be bounded).
+fn stdio_server(
+    fleet: &Fleet,
+    profile: &Path,
+) -> (
+    std::process::Child,
+    std::process::ChildStdin,
+    std::sync::mpsc::Receiver<String>,
+) {
+    use std::io::BufRead;
+    let mut child = fleet
+        .toolctl_command(
+            "client-alice",
+            &["mcp", "--profile", profile.to_str().unwrap()],
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, stdin, rx)
 }
 
 /// One `GET /mcp` with the token on `stream`, kept open: the status and the response head.
@@ -987,45 +1139,41 @@ fn streamable_http_keeps_its_token_in_a_private_file() {
 /// dropped, and the server answers the next request as before.
 #[test]
 fn requests_the_sdk_cannot_read_get_an_error_naming_what_and_the_server_goes_on() {
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::Write;
     let fleet = one_host_fleet(&[]);
-    let profile = one_host_profile(&fleet);
-    let mut child = fleet
-        .toolctl_command(
-            "client-alice",
-            &["mcp", "--profile", profile.to_str().unwrap()],
-        )
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let lines = [
+    let (mut child, mut stdin, rx) = stdio_server(&fleet, &one_host_profile(&fleet));
+    let huge = format!(
+        r#"{{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{{"name":"greet","arguments":"{}"}}}}"#,
+        "x".repeat(5_000_000)
+    );
+    let mut lines = vec![
         r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#,
         r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
         r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"greet","arguments":"text"}}"#,
         r#"{"jsonrpc":"2.0","id":3,"method":"tools/\u001b[2Jexplode"}"#,
         "not json at all {",
         r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"greet","arguments":{"name":"raw"}}}"#,
+        &huge,
+        // The session's one host named all the same: taken out, not passed to the tool.
+        r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"greet","arguments":{"name":"named","target_host":"a"}}}"#,
     ];
+    // `initialized` again and again: one forwarder of list changes all the same (each started
+    // another, 100,000 of them held 200 MB and sent each change 100,000 times).
+    lines.extend(std::iter::repeat_n(
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        1000,
+    ));
+    lines.push(
+        r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"tool_load","arguments":{"name":"extra"}}}"#,
+    );
     for line in lines {
         writeln!(stdin, "{line}").unwrap();
     }
     stdin.flush().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
     let mut answers = std::collections::BTreeMap::new();
+    let mut changes = 0;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while answers.len() < 4 {
+    while answers.len() < 7 {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         let line = rx
             .recv_timeout(left)
@@ -1033,8 +1181,18 @@ fn requests_the_sdk_cannot_read_get_an_error_naming_what_and_the_server_goes_on(
         let message: Value = serde_json::from_str(&line).unwrap();
         if let Some(id) = message["id"].as_u64() {
             answers.insert(id, message);
+        } else if message["method"] == "notifications/tools/list_changed" {
+            changes += 1;
         }
     }
+    // Whatever else comes within a second.
+    while let Ok(line) = rx.recv_timeout(Duration::from_secs(1)) {
+        let message: Value = serde_json::from_str(&line).unwrap();
+        if message["method"] == "notifications/tools/list_changed" {
+            changes += 1;
+        }
+    }
+    assert_eq!(changes, 1, "one list change, told once");
     drop(stdin);
     let _ = child.kill();
     let _ = child.wait();
@@ -1055,6 +1213,17 @@ fn requests_the_sdk_cannot_read_get_an_error_naming_what_and_the_server_goes_on(
         "{}",
         answers[&4]
     );
+    // 5 MB of arguments are not echoed back in the error.
+    assert_eq!(answers[&5]["error"]["code"], -32602);
+    let message = answers[&5]["error"]["message"].as_str().unwrap();
+    assert!(message.len() < 1000, "{} bytes", message.len());
+    assert_eq!(
+        result_text(&answers[&6]["result"]).trim(),
+        "hello named",
+        "{}",
+        answers[&6]
+    );
+    assert_eq!(answers[&7]["result"]["isError"], false, "{}", answers[&7]);
 }
 
 /// The model is offered only what the policy lets its client call: a host where a rule denies

@@ -184,6 +184,8 @@ async def hostile(cfg):
         "long_query": ("tool_search", {"query": "disk " * 1000}),
         "bad_limit": ("tool_search", {"query": "greet", "limit": "many"}),
         "negative_limit": ("tool_search", {"query": "greet", "limit": -1}),
+        "fractional_limit": ("tool_search", {"query": "greet", "limit": 2.5}),
+        "float_limit": ("tool_search", {"query": "greet", "limit": 2.0}),
         "no_query": ("tool_search", {}),
         "odd_load": ("tool_load", {"name": "../etc/\u0000passwd\u202e"}),
         "huge_load": ("tool_load", {"name": "x" * 200_000}),

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::cli::quote::printable;
+use crate::cli::quote::{printable, quoted};
 use crate::cli::remote::asked;
 use rmcp::model::{
     CallToolResponse, CallToolResult, ContentBlock, ElicitRequest, ElicitRequestParams,
@@ -48,12 +48,38 @@ pub struct Parked {
     calls: Arc<Mutex<HashMap<String, (Running, ApprovalRequest)>>>,
 }
 
+/// What became of a `requestState` a client came back with.
+enum Taken {
+    /// The call, taken: the client's answer decides it.
+    Call(Box<(Running, ApprovalRequest)>),
+    /// No call waits under the handle.
+    Gone,
+    /// A call of another tool waits under it, and stays.
+    OtherTool(String),
+}
+
 impl Parked {
     fn take(&self, handle: &str) -> Option<(Running, ApprovalRequest)> {
         self.calls
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(handle)
+    }
+
+    /// The call waiting under `handle` if it is one of `tool`: a client that names another
+    /// tool must not end a call it did not describe.
+    fn take_for(&self, handle: &str, tool: &str) -> Taken {
+        let mut calls = self
+            .calls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match calls.get(handle) {
+            None => Taken::Gone,
+            Some((run, _)) if run.tool != tool => Taken::OtherTool(run.tool.clone()),
+            Some(_) => calls
+                .remove(handle)
+                .map_or(Taken::Gone, |c| Taken::Call(Box::new(c))),
+        }
     }
 
     /// Parks `run` under a new handle until the client comes back, or until the request
@@ -127,19 +153,28 @@ impl Calls {
         responses: Option<&rmcp::model::InputResponses>,
         ctx: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let Some((run, request)) = self.parked.take(handle) else {
-            return Ok(error(format!(
-                "the call of `{tool}` is no longer waiting for this approval (the request \
-                 expired, or was answered already): call the tool again"
-            ))
-            .into());
+        let (run, request) = match self.parked.take_for(handle, tool) {
+            Taken::Call(call) => *call,
+            Taken::Gone => {
+                return Ok(error(format!(
+                    "the call of `{}` is no longer waiting for this approval (the request \
+                     expired, or was answered already): call the tool again",
+                    quoted(tool)
+                ))
+                .into());
+            }
+            Taken::OtherTool(other) => {
+                return Err(McpError::invalid_params(
+                    format!(
+                        "requestState belongs to a call of `{}`, not of `{}`; that call still \
+                         waits for its answer",
+                        quoted(&other),
+                        quoted(tool)
+                    ),
+                    None,
+                ));
+            }
         };
-        if run.tool != tool {
-            return Err(McpError::invalid_params(
-                format!("requestState belongs to a call of `{}`", run.tool),
-                None,
-            ));
-        }
         let answer = responses
             .and_then(|r| r.get(APPROVAL_INPUT))
             .and_then(|v| serde_json::from_value::<ElicitResult>(v.clone()).ok());

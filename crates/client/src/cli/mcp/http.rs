@@ -216,7 +216,7 @@ pub async fn serve(
         config = config.disable_allowed_hosts();
     }
     let service = StreamableHttpService::new(
-        move || Ok(server.clone()),
+        move || Ok(server.for_connection()),
         Arc::new(LocalSessionManager::default()),
         config,
     );

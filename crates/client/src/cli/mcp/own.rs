@@ -7,11 +7,11 @@ use rmcp::model::{CallToolResult, ContentBlock, JsonObject};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::{Client, ClientError, ToolMatch};
+use crate::{Client, ClientError, SessionState, ToolMatch};
 
 use super::call::error;
 use super::keeper::publish;
-use super::tools::{Catalog, approval_notes};
+use super::tools::{Catalog, LOAD, approval_notes};
 use crate::cli::quote::quoted;
 
 /// Matches `tool_search` returns when the model names no limit.
@@ -31,7 +31,16 @@ pub async fn search(
     };
     let limit = match args.get("limit") {
         None | Some(Value::Null) => DEFAULT_LIMIT,
-        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+        // JSON Schema's integers include `2.0`, which some clients send for 2.
+        Some(v) => match v
+            .as_u64()
+            .or_else(|| {
+                v.as_f64()
+                    .filter(|f| f.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(f))
+                    .map(|f| f as u64)
+            })
+            .and_then(|n| u32::try_from(n).ok())
+        {
             Some(n) => n,
             None => return error(format!("argument `limit` must be a whole number, not {v}")),
         },
@@ -189,12 +198,34 @@ pub async fn load(
         text.push_str("\n\n");
         text.push_str(&note);
     }
+    if let Some(note) = unloaded_note(catalog, &state) {
+        text.push_str("\n\n");
+        text.push_str(&note);
+    }
     CallToolResult::success(vec![ContentBlock::text(text)])
+}
+
+/// What a load unloaded to make room (the session at `maxLoaded`), as the model should know:
+/// those tools leave its list, and calling them fails until they are loaded again.
+fn unloaded_note(before: &Catalog, after: &SessionState) -> Option<String> {
+    let gone: Vec<String> = before
+        .served()
+        .filter(|name| !after.tools.iter().any(|t| t.name == *name))
+        .map(|name| format!("`{name}`"))
+        .collect();
+    (!gone.is_empty()).then(|| {
+        format!(
+            "[Unloaded to make room (the session holds at most {} tools): {}. Load them again \
+             with {LOAD} before calling them.]",
+            after.max_loaded,
+            gone.join(", ")
+        )
+    })
 }
 
 fn load_failure(name: &str, e: &ClientError) -> String {
     match e.code() {
-        tonic::Code::NotFound | tonic::Code::FailedPrecondition => {
+        tonic::Code::NotFound | tonic::Code::FailedPrecondition | tonic::Code::InvalidArgument => {
             format!("cannot load `{name}`: {e}")
         }
         _ => format!("cannot load `{name}` (the coordinator did not answer as expected): {e}"),
@@ -205,6 +236,49 @@ fn load_failure(name: &str, e: &ClientError) -> String {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_load_says_what_it_unloaded_to_make_room() {
+        use toolsrv_proto::v1::{
+            HostState, LoadedTool, SessionHost, ToolDefinition, ToolResolution,
+        };
+        let state = |names: &[&str]| SessionState {
+            id: "s1".into(),
+            max_loaded: 2,
+            selected: vec![SessionHost {
+                host_id: "a".into(),
+                state: HostState::Online as i32,
+            }],
+            tools: names
+                .iter()
+                .map(|n| LoadedTool {
+                    name: n.to_string(),
+                    hosts: vec!["a".into()],
+                    resolutions: vec![ToolResolution {
+                        definition: Some(ToolDefinition {
+                            name: n.to_string(),
+                            ..Default::default()
+                        }),
+                        hosts: vec!["a".into()],
+                    }],
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let before = Catalog::from_state(&state(&["checksum", "disk_usage"]));
+        assert_eq!(
+            unloaded_note(&before, &state(&["disk_usage", "env_info"])).as_deref(),
+            Some(
+                "[Unloaded to make room (the session holds at most 2 tools): `checksum`. Load \
+                 them again with tool_load before calling them.]"
+            )
+        );
+        assert_eq!(
+            unloaded_note(&before, &state(&["checksum", "disk_usage"])),
+            None
+        );
+    }
 
     #[test]
     fn search_results_are_an_object_with_an_array() {

@@ -24,12 +24,17 @@ use crate::cli::quote::quoted;
 const VERSIONS: &[ProtocolVersion] =
     &[ProtocolVersion::V_2026_07_28, ProtocolVersion::V_2025_11_25];
 
-/// One handler per MCP connection (per session or request over HTTP); clones share everything.
+/// One handler per MCP connection (per session or request over HTTP, each made by
+/// [`Server::for_connection`]); clones share everything.
 #[derive(Debug, Clone)]
 pub struct Server {
     calls: Calls,
     catalog: watch::Sender<Arc<Catalog>>,
     own: Arc<Vec<Tool>>,
+    /// Whether this connection's client has its `list_changed` forwarded already: a client
+    /// that sends `initialized` again gets no second forwarder (100,000 of them held 200 MB
+    /// and sent each change 100,000 times).
+    forwarding: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Server {
@@ -38,6 +43,15 @@ impl Server {
             calls,
             catalog,
             own: Arc::new(own_tools()),
+            forwarding: Arc::default(),
+        }
+    }
+
+    /// The handler of a new connection: everything shared but what is the connection's own.
+    pub fn for_connection(&self) -> Self {
+        Self {
+            forwarding: Arc::default(),
+            ..self.clone()
         }
     }
 
@@ -77,6 +91,12 @@ impl ServerHandler for Server {
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         // Only clients of the handshake revisions send `initialized`: they get `list_changed`
         // unprompted, 2026-07-28 clients through `listen`.
+        if self
+            .forwarding
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
         let changes = self.catalog.subscribe();
         self.calls
             .tasks
@@ -226,6 +246,9 @@ const KNOWN_REQUESTS: [&str; 21] = [
 
 /// The error for a request the SDK could not read: invalid params (naming what is wrong with
 /// them for `tools/call`) when the method is known, method not found otherwise.
+/// Most bytes of a decoder's reason an invalid-params error gives.
+const MAX_REASON_BYTES: usize = 300;
+
 fn unread_request(method: &str, params: Option<serde_json::Value>) -> McpError {
     if !KNOWN_REQUESTS.contains(&method) {
         return McpError::new(
@@ -243,8 +266,13 @@ fn unread_request(method: &str, params: Option<serde_json::Value>) -> McpError {
             .err(),
         _ => None,
     };
+    // The decoder's reason may quote what it was given (5 MB of `arguments`): it comes back
+    // escaped and cut.
     let message = match why {
-        Some(why) => format!("invalid params of `{method}`: {why}"),
+        Some(why) => format!(
+            "invalid params of `{method}`: {}",
+            toolsrv_proto::text::printable_line(&why, MAX_REASON_BYTES)
+        ),
         None => format!("invalid params of `{method}`"),
     };
     McpError::invalid_params(message, None)

@@ -3,15 +3,18 @@
 //! server for good: whoever can reach the port could open them until this process has no file
 //! descriptor left, and then the model's own client could not connect, nor this process reach
 //! the coordinator. So a connection is a *stranger* until one of its requests presents the
-//! token: at most [`MAX_STRANGERS`] are open at once (a new one closes the oldest, so a client
-//! with the token, which sends its request at once, always gets in), and each is closed
-//! [`STRANGER_LIFETIME`] after it was accepted. A connection that presented the token is kept
-//! as long as its client keeps it: MCP's event streams last as long as the session.
+//! token: at most [`MAX_STRANGERS`] that have sent nothing are open at once (a new one closes
+//! the oldest of them, so a client with the token, which sends its request at once, gets in),
+//! at most [`MAX_SPEAKING_STRANGERS`] in all (a burst of clients whose requests wait to be
+//! read: closing them for being many would turn away the clients the token is for), and each is
+//! closed [`STRANGER_LIFETIME`] after it was accepted. A connection that presented the token is
+//! kept as long as its client keeps it: MCP's event streams last as long as the session.
 
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,8 +27,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-/// Connections open at once that have not presented the token.
+/// Connections open at once that have not presented the token and sent nothing yet.
 pub const MAX_STRANGERS: usize = 64;
+/// Connections open at once that have not presented the token, whether or not they sent a
+/// request that waits to be read.
+pub const MAX_SPEAKING_STRANGERS: usize = 256;
 /// How long a connection may take to present the token (a client sends its request at once).
 pub const STRANGER_LIFETIME: Duration = Duration::from_secs(10);
 
@@ -37,16 +43,37 @@ pub struct Standing(Arc<Inner>);
 #[derive(Debug)]
 struct Inner {
     trusted: AtomicBool,
+    /// Whether the HTTP server has read anything from the connection.
+    heard: AtomicBool,
+    /// The connection's socket, to look for bytes that wait to be read.
+    fd: RawFd,
     /// Cancelled to close the connection, and when it closes by itself.
     closed: CancellationToken,
 }
 
 impl Standing {
-    fn new(trusted: bool) -> Self {
+    fn new(trusted: bool, fd: RawFd) -> Self {
         Self(Arc::new(Inner {
             trusted: AtomicBool::new(trusted),
+            heard: AtomicBool::new(false),
+            fd,
             closed: CancellationToken::new(),
         }))
+    }
+
+    /// Whether the connection has sent nothing: nothing read from it, nothing waiting to be.
+    /// Asked only of connections still open (their socket is theirs).
+    fn silent(&self) -> bool {
+        if self.0.heard.load(Ordering::Relaxed) {
+            return false;
+        }
+        use nix::sys::socket::{MsgFlags, recv};
+        let mut byte = [0u8; 1];
+        // Ok(0) is a connection its peer closed, which says nothing either.
+        !matches!(
+            recv(self.0.fd, &mut byte, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT),
+            Ok(n) if n > 0
+        )
     }
 
     /// The connection presented the token: it is kept from now on.
@@ -94,22 +121,30 @@ impl Listener {
         }
     }
 
-    /// Counts a new stranger, closing the oldest when there are too many, and closes it after
-    /// its lifetime unless it presents the token by then.
+    /// Counts a new stranger, closing the oldest that has sent nothing when there are too many
+    /// (the oldest of all past [`MAX_SPEAKING_STRANGERS`]), and closes it after its lifetime
+    /// unless it presents the token by then.
     fn admit(&mut self, standing: &Standing, from: SocketAddr) {
         let strangers = &mut self.strangers;
         strangers.retain(|s| !s.trusted() && !s.closed());
-        if strangers.len() >= MAX_STRANGERS
-            && let Some(oldest) = strangers.pop_front()
-        {
+        let victim = if strangers.len() >= MAX_SPEAKING_STRANGERS {
+            Some(0)
+        } else if strangers.len() >= MAX_STRANGERS {
+            strangers.iter().position(Standing::silent)
+        } else {
+            None
+        };
+        if let Some(oldest) = victim.and_then(|i| strangers.remove(i)) {
             oldest.close();
             if !self.said {
                 self.said = true;
                 eprintln!(
-                    "toolctl mcp: {MAX_STRANGERS} connections are open that have not presented \
-                     the bearer token (the newest from {from}): closing the oldest for each new \
-                     one. A client without the token, or another user of this machine; said \
-                     once per run"
+                    "toolctl mcp: {} connections are open that have not presented \
+                     the bearer token (the newest from {from}): closing the oldest that has sent \
+                     nothing (or past {MAX_SPEAKING_STRANGERS}, the oldest) for each new one. A \
+                     client without the token, or another user of this machine; said once per \
+                     run",
+                    strangers.len() + 1
                 );
             }
         }
@@ -135,7 +170,7 @@ impl axum::serve::Listener for Listener {
     async fn accept(&mut self) -> (Connection, SocketAddr) {
         // axum's own accept: it waits and retries when accepting fails (no descriptor left).
         let (stream, from) = axum::serve::Listener::accept(&mut self.inner).await;
-        let standing = Standing::new(self.open);
+        let standing = Standing::new(self.open, stream.as_raw_fd());
         if !self.open {
             self.admit(&standing, from);
         }
@@ -189,7 +224,12 @@ impl AsyncRead for Connection {
                 "closed: it did not present the bearer token",
             )));
         }
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.standing.0.heard.store(true, Ordering::Relaxed);
+        }
+        read
     }
 }
 

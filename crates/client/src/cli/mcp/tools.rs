@@ -102,6 +102,22 @@ impl Catalog {
         self.loaded.contains_key(tool)
     }
 
+    /// The tools the session serves now, sorted by name.
+    pub fn served(&self) -> impl Iterator<Item = &str> {
+        self.loaded.keys().map(String::as_str)
+    }
+
+    /// Whether the input schema of loaded tool `tool` has a property `arg`.
+    fn declares(&self, tool: &str, arg: &str) -> bool {
+        self.tools.iter().any(|t| {
+            t.name == tool
+                && t.input_schema
+                    .get("properties")
+                    .and_then(Value::as_object)
+                    .is_some_and(|p| p.contains_key(arg))
+        })
+    }
+
     /// Whether calls need [`HOST_ARG`].
     pub fn multi_host(&self) -> bool {
         self.hosts.len() > 1
@@ -113,10 +129,32 @@ impl Catalog {
         let visible = self.loaded.get(tool)?;
         if !self.multi_host() {
             // The single host of the session (a tool is only served while it is online there).
-            return Some(match self.hosts.first() {
-                Some((host, _)) => Route::Host(host.clone()),
-                None => Route::Refused("the session's selector picks no host".into()),
-            });
+            let Some((host, _)) = self.hosts.first() else {
+                return Some(Route::Refused(
+                    "the session's selector picks no host".into(),
+                ));
+            };
+            // A client may name the host all the same (it did with several hosts): naming this
+            // one is taken out of the arguments, naming another is refused; unless the tool has
+            // an argument of that name itself.
+            if !self.declares(tool, HOST_ARG) {
+                match args.remove(HOST_ARG) {
+                    None => {}
+                    Some(Value::String(named)) if named == *host => {}
+                    Some(other) => {
+                        let named = match &other {
+                            Value::String(s) => s.clone(),
+                            v => v.to_string(),
+                        };
+                        return Some(Route::Refused(format!(
+                            "argument `{HOST_ARG}` names `{}`, but this session's only host is \
+                             `{host}`: leave the argument out",
+                            quoted(&named)
+                        )));
+                    }
+                }
+            }
+            return Some(Route::Host(host.clone()));
         }
         let names = || {
             self.hosts
@@ -534,6 +572,41 @@ mod tests {
             Some(Route::Host("a".into()))
         );
         assert_eq!(catalog.route("nope", &mut args), None);
+        // Naming the one host anyway is taken out of the arguments (the tool refused it as
+        // unexpected); naming another is refused here.
+        let mut args: JsonObject = json!({"target_host": "a", "path": "/"})
+            .as_object()
+            .unwrap()
+            .clone();
+        assert_eq!(
+            catalog.route("df", &mut args),
+            Some(Route::Host("a".into()))
+        );
+        assert_eq!(Value::Object(args), json!({"path": "/"}));
+        for named in [json!("b"), json!(7)] {
+            let mut args: JsonObject = [("target_host".to_string(), named)].into_iter().collect();
+            match catalog.route("df", &mut args) {
+                Some(Route::Refused(why)) => {
+                    assert!(why.contains("this session's only host is `a`"), "{why}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // A tool with an argument of that name gets it.
+        let own = def(
+            "ping",
+            r#"{"type": "object", "properties": {"target_host": {"type": "string"}}}"#,
+        );
+        let catalog = Catalog::from_state(&state(&[("a", true)], vec![(own, vec!["a"])]));
+        let mut args: JsonObject = json!({"target_host": "example.org"})
+            .as_object()
+            .unwrap()
+            .clone();
+        assert_eq!(
+            catalog.route("ping", &mut args),
+            Some(Route::Host("a".into()))
+        );
+        assert_eq!(Value::Object(args), json!({"target_host": "example.org"}));
     }
 
     #[test]
