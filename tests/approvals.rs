@@ -374,3 +374,63 @@ fn a_waiting_request_follows_the_policy_put_in_force() {
     let first = records.iter().find(|r| r["event"] == "approval").unwrap();
     assert_eq!(first["approvers"], serde_json::json!(["carol"]), "{first}");
 }
+
+/// A call that waits for approval is first held to the arguments the tool takes on the host:
+/// arguments the host would refuse are refused at once (exit 65), and nobody is asked to
+/// approve a call that cannot run. Before, bob was asked to approve 900 KB of arguments shown
+/// cut to 4 KiB, and the call failed on the key he never saw once he had.
+#[test]
+fn nobody_is_asked_to_approve_a_call_whose_arguments_cannot_run() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "drop_table.meta",
+        r#"{"description": "drop_table", "cmd": "echo dropped",
+            "args": {"type": "object", "additionalProperties": false,
+                     "properties": {"table": {"type": "string"}}}}"#,
+        false,
+    );
+    let args = [fleet.policy_arg(POLICY), fleet.audit_arg()];
+    fleet.start_coordinator(&[&args[0], &args[1]]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "drop_table");
+    // 900 KB of arguments (from stdin: more than a command line takes), a key the tool does
+    // not take past the first 4 KiB; a wrong type; a key it does not take.
+    let hidden = format!(
+        r#"{{"table": "t{}", "cascade": true}}"#,
+        " ".repeat(900_000)
+    );
+    let from_stdin = fleet.toolctl_command("client-alice", &["call", "a", "drop_table", "-"]);
+    let out = toolsrv_tests::run_bounded(from_stdin, Some(&hidden), Duration::from_secs(30));
+    assert_exit(&out, 65, &["drop_table", "cascade"]);
+    for bad in [r#"{"table": 7}"#, r#"{"cascade": true}"#] {
+        let out = fleet.toolctl_detached("client-alice", &["call", "a", "drop_table", bad]);
+        assert_exit(&out, 65, &["drop_table"]);
+    }
+    assert!(approvals_for(&fleet, "client-bob").is_empty());
+    // Arguments the tool takes still wait for bob.
+    let child = fleet
+        .toolctl_command(
+            "client-alice",
+            &["call", "a", "drop_table", r#"{"table": "t"}"#],
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let id = wait_for("bob's request", Duration::from_secs(30), || {
+        approvals_for(&fleet, "client-bob")
+            .first()
+            .and_then(|r| r["id"].as_str().map(String::from))
+    });
+    let out = fleet.toolctl_as("client-bob", &["approve", &id], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = finish_child(child, Duration::from_secs(30));
+    assert_eq!(text(&out.stdout), "dropped\n", "{}", text(&out.stderr));
+    let records = fleet.audit_records();
+    let refused = records
+        .iter()
+        .filter(|r| r["event"] == "call" && r["status"] == "CALL_STATUS_INVALID_ARGS")
+        .count();
+    assert_eq!(refused, 3, "each refused call audited");
+}

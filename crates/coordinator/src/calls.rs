@@ -67,6 +67,8 @@ struct Routed {
     link: std::sync::Arc<crate::link::Link>,
     verdict: Verdict,
     slot: Slot,
+    /// The tool's definition in the host's view.
+    definition: Option<std::sync::Arc<toolsrv_proto::v1::ToolDefinition>>,
 }
 
 /// Checks everything the coordinator knows (host, view, policy, quota). `slot`: the call's share
@@ -104,7 +106,40 @@ async fn route(
         link,
         verdict,
         slot,
+        definition: host.tool(&spec.tool).and_then(|t| t.definition.clone()),
     })
+}
+
+/// Why the host would refuse `spec`'s arguments, checked against the tool's definition in its
+/// view before anyone is asked to approve the call: a person must not approve a call that
+/// cannot run (900 KB of arguments shown cut to 4 KiB, refused after the approval for a key
+/// the approver never saw). The agent checks them again; a definition the coordinator cannot
+/// read is left to it.
+fn unrunnable_args(
+    definition: Option<&toolsrv_proto::v1::ToolDefinition>,
+    spec: &CallSpec,
+) -> Option<CallResult> {
+    let definition = definition?;
+    let refused = |why: String| {
+        Some(CallResult::not_run(
+            CallStatus::InvalidArgs,
+            format!("tool `{}`: {why}", spec.tool),
+        ))
+    };
+    let args = if spec.args_json.trim().is_empty() {
+        serde_json::Value::Object(serde_json::Map::new())
+    } else {
+        match serde_json::from_str(&spec.args_json) {
+            Ok(args) => args,
+            Err(e) => return refused(format!("args_json is not valid JSON: {e}")),
+        }
+    };
+    let schema: serde_json::Value = serde_json::from_str(&definition.args_schema_json).ok()?;
+    let validator = toolsrv_meta::ArgsValidator::compile(&schema).ok()?;
+    match validator.validate(&args) {
+        Ok(()) => None,
+        Err(e) => refused(e.to_string()),
+    }
 }
 
 /// Files an approval request, shows it to the caller, and waits for the decision (audited);
@@ -397,6 +432,9 @@ where
         .await
         .map_err(|result| (result, true))?;
     if routed.verdict.approve {
+        if let Some(refused) = unrunnable_args(routed.definition.as_deref(), spec) {
+            return Err((refused, true));
+        }
         approve_call(state, host_id, spec, &routed.verdict, emit).await?;
     }
     let start = StartCall {
