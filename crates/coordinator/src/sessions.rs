@@ -151,6 +151,9 @@ struct Inner {
     generation: u64,
     /// Digest of the last state computed, to tell whether the next one says something new.
     digest: Option<u64>,
+    /// Counts the changes of `loaded` (loads, unloads, evictions): a state computed from an
+    /// older list must not take a generation.
+    version: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -262,6 +265,7 @@ impl Sessions {
                 idle_since_ms: Some(now),
                 generation: 0,
                 digest: None,
+                version: 0,
             }),
             changes: watch::Sender::new(0),
             closed: CancellationToken::new(),
@@ -519,8 +523,10 @@ impl Session {
         }
         if let Some(victim) = victim {
             let gone = inner.loaded.remove(victim);
+            inner.version += 1;
             tracing::debug!(session = %self.id, unloaded = %gone.name, loaded = %tool, "session full: unloaded the coldest tool");
         }
+        inner.version += 1;
         inner.loaded.push(Loaded {
             name: tool.to_string(),
             auto: false,
@@ -540,6 +546,7 @@ impl Session {
             });
         };
         inner.loaded.remove(i);
+        inner.version += 1;
         drop(inner);
         self.changed();
         Ok(())
@@ -583,18 +590,37 @@ impl Session {
         idle: Duration,
         policy: &Policy,
     ) -> (SessionState, Option<usize>) {
-        let mut state = self.bare_state(hosts, catalog);
-        // Computed holding the session: a load finishing meanwhile must not give an older list
-        // of tools the generation of a newer one.
-        let mut inner = self.lock();
-        state.tools = inner
-            .loaded
-            .iter()
-            .map(|l| loaded_tool(hosts, catalog, l, &policy.reach(&self.owner, &l.name)))
-            .collect();
-        let whole = state.encoded_len();
-        let left_out = (fit(&mut state, MAX_STATE_BYTES) > 0).then_some(whole);
-        let digest = digest_of(&state);
+        let compute = |loaded: &[Loaded]| {
+            let mut state = self.bare_state(hosts, catalog);
+            state.tools = loaded
+                .iter()
+                .map(|l| loaded_tool(hosts, catalog, l, &policy.reach(&self.owner, &l.name)))
+                .collect();
+            let whole = state.encoded_len();
+            let left_out = (fit(&mut state, MAX_STATE_BYTES) > 0).then_some(whole);
+            let digest = digest_of(&state);
+            (state, left_out, digest)
+        };
+        // Computed from a copy of the tools, then taken only if no load or unload came in
+        // between: a state of an older list must not take the generation of a newer one. After
+        // a few tries (loads keep coming), computed holding the session.
+        let mut tries = 0;
+        let (mut state, left_out, digest, mut inner) = loop {
+            let (loaded, version) = {
+                let inner = self.lock();
+                (inner.loaded.clone(), inner.version)
+            };
+            let (state, left_out, digest) = compute(&loaded);
+            let inner = self.lock();
+            if inner.version == version {
+                break (state, left_out, digest, inner);
+            }
+            tries += 1;
+            if tries == 3 {
+                let (state, left_out, digest) = compute(&inner.loaded);
+                break (state, left_out, digest, inner);
+            }
+        };
         if inner.digest != Some(digest) {
             inner.digest = Some(digest);
             inner.generation += 1;
