@@ -298,6 +298,8 @@ pub async fn serve(
     drain: CancellationToken,
 ) -> Result<(), CoordinatorError> {
     let shutdown = CancellationToken::new();
+    // Before the audit log and the settings files are opened: a SIGHUP from then on is heard.
+    let (audit_hangups, settings_hangups) = (hangups(), hangups());
     let revocations = Arc::new(revocation::Revocations::load(config.state_dir.as_deref())?);
     let expiry = Arc::new(expiry::ExpiryWatch::new(
         config.cert_expiry_warning,
@@ -422,8 +424,8 @@ pub async fn serve(
     tasks.spawn(forget_offline_hosts(state.clone()));
     tasks.spawn(finder::follow_views(state.clone()));
     #[cfg(unix)]
-    tasks.spawn(reopen_audit_on_hangup(state.clone()));
-    tasks.spawn(follow_settings(state.clone()));
+    tasks.spawn(reopen_audit_on_hangup(state.clone(), audit_hangups));
+    tasks.spawn(follow_settings(state.clone(), settings_hangups));
     let reload = creds.spawn_reload_on_change(config.tls_reload, shutdown.clone());
     let incoming = toolsrv_tls::incoming_with(
         listener,
@@ -617,22 +619,44 @@ async fn drain_then_stop(state: Arc<State>, reporter: tonic_health::server::Heal
     state.shutdown.cancel();
 }
 
+/// The SIGHUPs this process received, counted: the first call, which must be made within a
+/// runtime, starts listening for them; each receiver sees those that come after it was made.
+/// `toolsrv coordinator` calls it before it binds its port, so that a SIGHUP sent once the
+/// port listens (logrotate right after a start) neither ends the process (SIGHUP's default)
+/// nor goes unheard; [`serve`] subscribes before it opens the audit log.
+pub fn hangups() -> tokio::sync::watch::Receiver<u64> {
+    use tokio::signal::unix::{SignalKind, signal};
+    static HANGUPS: std::sync::OnceLock<tokio::sync::watch::Sender<u64>> =
+        std::sync::OnceLock::new();
+    HANGUPS
+        .get_or_init(|| {
+            let (tx, _) = tokio::sync::watch::channel(0);
+            match signal(SignalKind::hangup()) {
+                Ok(mut signals) => {
+                    let tx = tx.clone();
+                    tokio::spawn(async move {
+                        while signals.recv().await.is_some() {
+                            tx.send_modify(|n| *n += 1);
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for SIGHUP: the audit log will not be reopened, nor the settings files looked at on it");
+                }
+            }
+            tx
+        })
+        .subscribe()
+}
+
 /// Reopens the audit log on SIGHUP, for logrotate.
 #[cfg(unix)]
-async fn reopen_audit_on_hangup(state: Arc<State>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut hangups = match signal(SignalKind::hangup()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for SIGHUP; the audit log will not be reopened");
-            return;
-        }
-    };
+async fn reopen_audit_on_hangup(state: Arc<State>, mut hangups: tokio::sync::watch::Receiver<u64>) {
     loop {
         tokio::select! {
             () = state.shutdown.cancelled() => return,
-            got = hangups.recv() => {
-                if got.is_none() {
+            got = hangups.changed() => {
+                if got.is_err() {
                     return;
                 }
                 match state.audit.reopen() {
@@ -649,19 +673,16 @@ async fn reopen_audit_on_hangup(state: Arc<State>) {
 /// started with); new host labels relabel every host at once. Then each agent whose sandbox
 /// grants changed is sent them. A file that cannot be used leaves the settings in force. Each
 /// is logged and audited (`"event": "policy"` or `"host_labels"`).
-async fn follow_settings(state: Arc<State>) {
-    use tokio::signal::unix::{SignalKind, signal};
+async fn follow_settings(state: Arc<State>, mut hangups: tokio::sync::watch::Receiver<u64>) {
     if state.policy.path().is_none() && state.host_labels.path().is_none() {
         return;
     }
-    let mut hangups = signal(SignalKind::hangup()).ok();
     let mut ticks = tokio::time::interval(followed::LOOK_EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let hangup = async {
-            match &mut hangups {
-                Some(h) => h.recv().await,
-                None => std::future::pending().await,
+            if hangups.changed().await.is_err() {
+                std::future::pending::<()>().await;
             }
         };
         tokio::select! {

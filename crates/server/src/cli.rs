@@ -998,6 +998,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Coordinator(args) => {
             let config = args.config()?;
+            // SIGHUP heard from before the port listens (see `hangups`).
+            drop(toolsrv_coordinator::hangups());
             let listener = bind(args.listen, COORDINATOR_LISTEN_HINT).await?;
             let plain = toolsrv_coordinator::PlainPorts {
                 health: bind_optional(args.health_listen, HEALTH_LISTEN_HINT).await?,

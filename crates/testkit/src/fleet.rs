@@ -271,11 +271,20 @@ impl TestFleet {
                 TestkitError::io("cannot signal the coordinator", std::io::Error::from(e))
             }),
         );
-        wait_for(
+        let reopened = crate::wait::try_wait_for(
             "the coordinator to reopen its audit log",
             Duration::from_secs(20),
             || (coordinator.log().matches(REOPENED).count() > before).then_some(()),
         );
+        if let Err(e) = reopened {
+            // What the coordinator said meanwhile tells a refused reopen from a slow one.
+            let log = coordinator.log();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            panic!(
+                "{e}; the coordinator's last lines, newest first:\n{}",
+                tail.join("\n")
+            );
+        }
     }
 
     /// The records of [`TestFleet::audit_log`] so far.
