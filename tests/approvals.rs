@@ -434,3 +434,35 @@ fn nobody_is_asked_to_approve_a_call_whose_arguments_cannot_run() {
         .count();
     assert_eq!(refused, 3, "each refused call audited");
 }
+
+/// A caller that goes away while its request waits leaves an audit record of it all the same:
+/// `withdrawn`, as when its call ends. Before, the wait was dropped with the caller's stream
+/// and the request was recorded nowhere.
+#[test]
+fn a_request_whose_caller_vanishes_is_recorded_withdrawn() {
+    let fleet = fleet(&[]);
+    let mut caller = fleet
+        .toolctl_command("client-alice", &["call", "a", "drop_table"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("bob's request", Duration::from_secs(30), || {
+        (!approvals_for(&fleet, "client-bob").is_empty()).then_some(())
+    });
+    caller.kill().unwrap();
+    caller.wait().unwrap();
+    wait_for("the request withdrawn", Duration::from_secs(30), || {
+        approvals_for(&fleet, "client-bob").is_empty().then_some(())
+    });
+    let decided = wait_for(
+        "the withdrawal's audit record",
+        Duration::from_secs(30),
+        || {
+            let found = decisions(&fleet.audit_records(), "approval");
+            (!found.is_empty()).then_some(found)
+        },
+    );
+    assert_eq!(decided, [("withdrawn".to_string(), None)]);
+}

@@ -166,9 +166,13 @@ where
         ..request
     };
     let mut waiting = state.approvals.file(request, approvers);
+    // Recorded withdrawn however the wait ends undecided, this future dropped included (the
+    // caller went away and its stream went with it): no request goes unaudited.
+    let mut undecided = Undecided {
+        state,
+        request: Some(waiting.request.clone()),
+    };
     if !emit(Event::Approval(waiting.request.clone())).await {
-        state.audit.approval(&waiting.request, &Decision::Withdrawn);
-        state.metrics.approval(&Decision::Withdrawn);
         return None;
     }
     // A running call that ends meanwhile (its tool timed out, its host went away) takes its
@@ -183,16 +187,34 @@ where
         match next {
             Next::Decided(decision) => break decision,
             Next::Retold => {
+                undecided.request = Some(waiting.request.clone());
                 if !emit(Event::Approval(waiting.request.clone())).await {
                     break Decision::Withdrawn;
                 }
             }
         }
     };
+    undecided.request = None;
     let decision = unless_unrecorded(state, decision);
     state.audit.approval(&waiting.request, &decision);
     state.metrics.approval(&decision);
     Some((decision, waiting.request.clone()))
+}
+
+/// An approval request waited for: recorded withdrawn when dropped before it is decided.
+struct Undecided<'a> {
+    state: &'a State,
+    /// The request as last shown; `None` once decided (its decision is recorded by the wait).
+    request: Option<ApprovalRequest>,
+}
+
+impl Drop for Undecided<'_> {
+    fn drop(&mut self) {
+        if let Some(request) = self.request.take() {
+            self.state.audit.approval(&request, &Decision::Withdrawn);
+            self.state.metrics.approval(&Decision::Withdrawn);
+        }
+    }
 }
 
 /// How a decision taken under a policy that changed since the call began says so.
