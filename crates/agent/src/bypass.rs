@@ -46,6 +46,11 @@ const REFUSAL_DRAIN_BYTES: usize = 64 << 10;
 const REFUSAL_WRITE: Duration = Duration::from_secs(1);
 /// How long the broker's tasks may take to end once the call ended.
 const STOP_WAIT: Duration = Duration::from_secs(2);
+/// Most connections open at once on one call's socket (refused ones included). Requests are
+/// answered one at a time per call, so more wait for nothing; each may buffer a request line of
+/// up to [`MAX_LINE`] in the agent, outside the call's memory limit, and holds one of the
+/// agent's descriptors: 24,000 of them left the agent no descriptor to scan its tools with.
+pub const MAX_CONNECTIONS: usize = 4;
 
 /// The answer when the call ends (ended, cancelled, out of time) while a request waits.
 pub(crate) const CALL_ENDED: &str = "the call ended before the request was decided";
@@ -218,6 +223,14 @@ async fn serve(listener: UnixListener, shared: Arc<Shared>, stop: CancellationTo
         tokio::select! {
             () = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
+                Ok((stream, _)) if conns.len() >= MAX_CONNECTIONS => {
+                    // Told without waiting for the peer (no task, no descriptor held), closed.
+                    let _ = stream.try_write(denied(&format!(
+                        "refused: call {} has {MAX_CONNECTIONS} bypass connections open, the most it may; requests are answered one at a time, so send them on one connection",
+                        shared.call.call_id
+                    )).as_bytes());
+                    drop(stream);
+                }
                 Ok((stream, _)) => {
                     let pid = stream.peer_cred().ok().and_then(|c| c.pid());
                     if pid.is_some_and(|pid| shared.call.jail.holds(pid)) {
