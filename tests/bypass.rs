@@ -303,6 +303,16 @@ fn the_approver_sees_the_command_asked_for_word_by_word_and_nothing_it_would_hid
     assert_eq!(record["bypass_argv"], shown.trim_matches('`'));
 }
 
+/// What the `raw` tool, given `args`, printed: one JSON value a line.
+fn raw_answers(fleet: &Fleet, args: &Value) -> Vec<Value> {
+    let out = fleet.toolctl(&["call", "a", "raw", &args.to_string()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// A call holds at most 4 connections to its socket at once: more are refused at once, saying
 /// why, and the agent keeps neither their descriptors nor their buffers (24,000 held open left
 /// the agent no descriptor to scan its tools with, and 150 sending 6 MB each took 900 MB of
@@ -313,12 +323,7 @@ fn a_call_holds_a_bounded_number_of_connections_to_its_socket() {
     let args = serde_json::json!({"hold": 10, "lines": [
         r#"{"argv": ["echo", "hello"], "reason": "greet"}"#,
     ]});
-    let out = fleet.toolctl(&["call", "a", "raw", &args.to_string()]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let answers: Vec<Value> = text(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let answers = raw_answers(&fleet, &args);
     assert_eq!(answers.len(), 11, "{answers:?}");
     let held = answers[..10].iter().filter(|a| a["held"] == "held").count();
     assert_eq!(held, 4, "{answers:?}");
@@ -345,12 +350,7 @@ fn a_malformed_line_is_refused_and_the_connection_goes_on() {
         r#"{"argv": []}"#,
         r#"{"argv": ["echo", "hello"], "reason": "greet"}"#,
     ]});
-    let out = fleet.toolctl(&["call", "a", "raw", &args.to_string()]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let answers: Vec<Value> = text(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let answers = raw_answers(&fleet, &args);
     assert_eq!(answers.len(), 3, "{answers:?}");
     assert_eq!(answers[0]["approved"], false);
     assert!(
