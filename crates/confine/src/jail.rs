@@ -303,6 +303,11 @@ impl Confiner {
             });
         }
         make_call_root(&settings.call_dir)?;
+        // Every call's private directory is out of reach of the others': the directory holding
+        // them is hidden like the agent's files (a shared read rule, a grant or a caller's
+        // `--cwd` above it opens none of them; each call is granted its own).
+        let mut hidden = hidden;
+        hidden.extend(canonical(std::slice::from_ref(&settings.call_dir)));
         let cgroups = if cfg!(target_os = "linux") {
             Cgroups::setup(settings.cgroup.as_deref())
         } else {

@@ -252,6 +252,75 @@ fn a_grant_widens_and_a_caller_cwd_is_readable_only() {
     assert_eq!(cwd, std::fs::canonicalize(outside.path()).unwrap());
 }
 
+/// Another call's private directory stays out of reach, whatever working directory the caller
+/// names: above it (`--cwd /` read every call's files), or in it (refused).
+#[test]
+fn a_caller_cwd_opens_no_other_call_s_directory() {
+    let world = World::new();
+    let other = world
+        .confiner
+        .prepare(&CallPlan {
+            tool_dir: &world.path("tools"),
+            cwd: None,
+            grant: None,
+            agent_env: &[],
+            timeout: Duration::from_secs(10),
+        })
+        .unwrap();
+    let private = other.cwd.clone().unwrap();
+    std::fs::write(private.join("secret"), "other-call-secret").unwrap();
+    let above = world.path("calls").parent().unwrap().to_path_buf();
+    std::fs::write(above.join("beside"), "beside-the-calls").unwrap();
+    let script = format!(
+        "cat {}/secret; ls {}; cat beside",
+        private.display(),
+        world.path("calls").display()
+    );
+    let (out, _) = world.run(&script, None, Some(&above));
+    let stdout = text(&out.stdout);
+    assert!(!stdout.contains("other-call-secret"), "{stdout}");
+    assert!(
+        !stdout.contains(private.file_name().unwrap().to_str().unwrap()),
+        "the calls' directory cannot be listed: {stdout}"
+    );
+    assert!(
+        stdout.contains("beside-the-calls"),
+        "the rest of the caller's cwd is readable: {stdout} {}",
+        text(&out.stderr)
+    );
+    let err = world
+        .confiner
+        .prepare(&CallPlan {
+            tool_dir: &world.path("tools"),
+            cwd: Some(&private),
+            grant: None,
+            agent_env: &[],
+            timeout: Duration::from_secs(1),
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("private files"), "{err}");
+    other.jail.release();
+}
+
+/// A call may make files, directories and pipes in its private directory, not devices: as
+/// root, a character device there was a way to the kernel log (and a block device to a disk).
+#[test]
+fn a_call_makes_no_device_even_where_it_may_write() {
+    if !nix::unistd::Uid::effective().is_root() {
+        panic!("this test needs root (to make device nodes at all)");
+    }
+    let world = World::new();
+    let (out, _) = world.run(
+        "mknod kmsg c 1 11 && echo CHAR; mknod disk b 7 0 && echo BLOCK; mkfifo pipe && echo FIFO",
+        None,
+        None,
+    );
+    let stdout = text(&out.stdout);
+    assert!(!stdout.contains("CHAR"), "{stdout}");
+    assert!(!stdout.contains("BLOCK"), "{stdout}");
+    assert!(stdout.contains("FIFO"), "{stdout} {}", text(&out.stderr));
+}
+
 #[test]
 fn a_cwd_among_the_agents_files_is_refused() {
     let world = World::new();
