@@ -245,6 +245,33 @@ fn a_second_identity_approves_a_bypass_while_the_caller_waits() {
     assert_eq!(bypasses(&fleet), [("approved".into(), Some("bob".into()))]);
 }
 
+/// An approver's reason for a denial reaches the caller through the tool's stderr escaped:
+/// `toolsrv bypass` printed it raw, so bob could clear alice's screen or retitle her terminal.
+#[test]
+fn a_denial_s_reason_reaches_the_caller_escaped() {
+    let fleet = fleet(&[]);
+    let (mark, args) = mark_args(&fleet, "denied.txt");
+    let mut caller = fleet.toolctl_command("client-alice", &["call", "a", "bp_bob", &args]);
+    caller
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let caller = caller.spawn().unwrap();
+    let pending = pending_for_bob(&fleet);
+    let id = pending[0]["id"].as_str().unwrap();
+    let reason = "no\u{1b}[2J\u{1b}]0;owned\u{7}";
+    let out = fleet.toolctl_as("client-bob", &["deny", id, "--reason", reason], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = finish_child(caller, Duration::from_secs(30));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains(r"denied by bob: no\u{1b}[2J"), "{stderr:?}");
+    assert!(
+        !stderr.contains('\u{1b}') && !stderr.contains('\u{7}'),
+        "{stderr:?}"
+    );
+    assert!(!mark.exists());
+}
+
 #[test]
 fn the_approver_sees_the_command_asked_for_word_by_word_and_nothing_it_would_hide() {
     let fleet = fleet(&[]);

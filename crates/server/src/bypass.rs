@@ -90,9 +90,11 @@ fn ask(args: &BypassArgs) -> Result<ExitCode, String> {
         )
     })?;
     if answer["approved"] != Value::Bool(true) {
+        // The reason is an approver's words, which reach the caller's terminal through the
+        // tool's stderr: escaped.
         eprintln!(
             "toolsrv bypass: denied: {}",
-            answer["reason"].as_str().unwrap_or("no reason given")
+            toolsrv_proto::text::printable(answer["reason"].as_str().unwrap_or("no reason given"))
         );
         return Ok(ExitCode::from(DENIED));
     }
