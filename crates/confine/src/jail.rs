@@ -385,6 +385,7 @@ impl Confiner {
         let mut setup = ChildSetup {
             ids: self.ids,
             no_new_privs: true,
+            drop_capabilities: true,
             ..ChildSetup::default()
         };
         if let Some(cgroups) = &self.cgroups {
@@ -722,6 +723,9 @@ impl CallJail {
             rlimits: bypass.rlimits.clone(),
             ids: bypass.ids,
             no_new_privs: true,
+            // The command a person approved runs outside the call's Landlock rules, with what
+            // its user may do: keeping their limits is the cgroup's job, which it cannot leave.
+            drop_capabilities: false,
             landlock: None,
         };
         crate::sys::install(cmd, Arc::new(setup));

@@ -38,3 +38,5 @@ pub use jail::{
     Abilities, CallJail, CallPlan, Confiner, DEVICES, Level, Mode, Prepared, SYSTEM_READ, Settings,
 };
 pub use profile::{Grant, Limits, Profile, glob, grant_for, parse_cpu, parse_size};
+#[cfg(target_os = "linux")]
+pub use sys::DROPPED_CAPABILITIES;

@@ -36,10 +36,44 @@ pub struct ChildSetup {
     /// The user and group to become, with no supplementary groups but `gid`
     pub ids: Option<(Uid, Gid)>,
     pub no_new_privs: bool,
+    /// Drop [`DROPPED_CAPABILITIES`] from the bounding set, so that a tool running as root
+    /// has none of them after its exec
+    pub drop_capabilities: bool,
     /// A Landlock ruleset to restrict the process with (requires `no_new_privs` or
     /// `CAP_SYS_ADMIN`)
     pub landlock: Option<OwnedFd>,
 }
+
+/// What a confined tool never gets, even as root: raising its own resource limits
+/// (`CAP_SYS_RESOURCE`, which would undo the call's), making files immutable (which kept the
+/// agent from removing the call's directory), device nodes, kernel modules, raw I/O, the
+/// clock, reboot, process accounting, the TTY configuration, MAC policy, file capabilities,
+/// BPF and perf, checkpoints, audit control, wake alarms, suspend blocking, and (last, since
+/// dropping the others needs it) changing capability sets. Kept: what tools that inspect or
+/// manage a host use (`CAP_SYS_ADMIN`, `CAP_NET_ADMIN`, `CAP_SYS_PTRACE`, `CAP_DAC_*`,
+/// `CAP_SYSLOG`, `CAP_KILL` within the sandbox's signal rules, ...).
+#[cfg(target_os = "linux")]
+pub const DROPPED_CAPABILITIES: &[(libc::c_int, &str)] = &[
+    (24, "CAP_SYS_RESOURCE"),
+    (9, "CAP_LINUX_IMMUTABLE"),
+    (27, "CAP_MKNOD"),
+    (16, "CAP_SYS_MODULE"),
+    (17, "CAP_SYS_RAWIO"),
+    (22, "CAP_SYS_BOOT"),
+    (25, "CAP_SYS_TIME"),
+    (20, "CAP_SYS_PACCT"),
+    (26, "CAP_SYS_TTY_CONFIG"),
+    (32, "CAP_MAC_OVERRIDE"),
+    (33, "CAP_MAC_ADMIN"),
+    (31, "CAP_SETFCAP"),
+    (39, "CAP_BPF"),
+    (38, "CAP_PERFMON"),
+    (40, "CAP_CHECKPOINT_RESTORE"),
+    (30, "CAP_AUDIT_CONTROL"),
+    (35, "CAP_WAKE_ALARM"),
+    (36, "CAP_BLOCK_SUSPEND"),
+    (8, "CAP_SETPCAP"),
+];
 
 impl ChildSetup {
     /// Runs in the child between fork and exec
@@ -57,6 +91,21 @@ impl ChildSetup {
         }
         for &(resource, limit) in &self.rlimits {
             setrlimit(resource, limit, limit)?;
+        }
+        #[cfg(target_os = "linux")]
+        if self.drop_capabilities {
+            for &(cap, _) in DROPPED_CAPABILITIES {
+                // SAFETY: prctl(2) with PR_CAPBSET_DROP takes two integers and reads no memory.
+                let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
+                if rc != 0 {
+                    let e = io::Error::last_os_error();
+                    // EINVAL: a capability this kernel does not know; EPERM: no CAP_SETPCAP,
+                    // so not root, and the tool has none of them anyway.
+                    if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EPERM)) {
+                        return Err(e);
+                    }
+                }
+            }
         }
         if let Some((uid, gid)) = self.ids {
             set_ids(uid, gid)?;

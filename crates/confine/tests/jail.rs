@@ -321,6 +321,43 @@ fn a_call_makes_no_device_even_where_it_may_write() {
     assert!(stdout.contains("FIFO"), "{stdout} {}", text(&out.stderr));
 }
 
+/// A tool running as root keeps what inspecting and managing a host needs, not what would undo
+/// its confinement: it cannot raise its own limits, make a file immutable (the agent could not
+/// remove the call's directory after it), and its bounding set lacks every dropped capability.
+#[test]
+fn a_root_tool_cannot_undo_its_limits_or_pin_its_files() {
+    if !nix::unistd::Uid::effective().is_root() {
+        panic!("this test needs root (capabilities)");
+    }
+    let world = World::new();
+    let script = "grep CapBnd /proc/self/status; \
+                  ulimit -Hn 999999 2>/dev/null && echo RAISED; \
+                  touch f && chattr +i f 2>/dev/null && echo IMMUTABLE; \
+                  hostname >/dev/null && echo STILL-ROOT";
+    let (out, cwd) = world.run(script, None, None);
+    let stdout = text(&out.stdout);
+    assert!(!stdout.contains("RAISED"), "{stdout}");
+    assert!(!stdout.contains("IMMUTABLE"), "{stdout}");
+    assert!(
+        stdout.contains("STILL-ROOT"),
+        "{stdout} {}",
+        text(&out.stderr)
+    );
+    let bounding = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("CapBnd:"))
+        .map(|hex| u64::from_str_radix(hex.trim(), 16).unwrap())
+        .unwrap_or_else(|| panic!("no CapBnd: {stdout}"));
+    for (cap, name) in toolsrv_confine::DROPPED_CAPABILITIES {
+        assert_eq!(bounding & (1 << cap), 0, "{name} kept: {bounding:x}");
+    }
+    // CAP_SYS_ADMIN (21) and CAP_NET_ADMIN (12) stay.
+    assert_ne!(bounding & (1 << 21), 0, "{bounding:x}");
+    assert_ne!(bounding & (1 << 12), 0, "{bounding:x}");
+    // And the call's directory was removed.
+    assert!(!cwd.exists(), "{} left behind", cwd.display());
+}
+
 #[test]
 fn a_cwd_among_the_agents_files_is_refused() {
     let world = World::new();
