@@ -517,9 +517,7 @@ fn handle(
             chunk: Some(chunk),
         })) => link.deliver(call_id, AgentEvent::Output(chunk)),
         Some(M::Finished(f)) => {
-            let mut result = f.result.unwrap_or_default();
-            // The agent's words on how the call ended reach terminals and models: one line.
-            result.message = printable_line(&result.message, MAX_CALL_MESSAGE_BYTES);
+            let result = checked_result(f.result.unwrap_or_default());
             link.deliver(f.call_id, AgentEvent::Finished(result))
         }
         Some(M::Bypass(request)) => link.deliver(request.call_id, AgentEvent::Bypass(request)),
@@ -529,6 +527,63 @@ fn handle(
         Some(M::Keepalive(_)) | Some(M::Output(_)) | None => {}
     }
     None
+}
+
+/// How an agent says a call ended, held to what a host can know before it reaches the caller
+/// and the audit log: a status only the coordinator gives (denied, busy, offline, ...) or none
+/// at all becomes `lost`, saying so; an exit code or a signal no process has is dropped; a
+/// result that is not JSON is left out, saying so; the message is one printable line (it
+/// reaches terminals and models). A compromised host could otherwise have the audit log say
+/// that the policy denied a call it ran.
+fn checked_result(mut result: toolsrv_proto::v1::CallResult) -> toolsrv_proto::v1::CallResult {
+    use toolsrv_proto::v1::CallStatus as S;
+    let mut notes = Vec::new();
+    let status = S::try_from(result.status).ok();
+    let host_may_say = matches!(
+        status,
+        Some(
+            S::Ok
+                | S::ToolError
+                | S::Hidden
+                | S::TimedOut
+                | S::InvalidArgs
+                | S::Cancelled
+                | S::FailedToStart
+                | S::Unconfined
+                | S::UnknownTool
+        )
+    );
+    if !host_may_say {
+        notes.push(format!(
+            "the host reported the call ended with status {}, which only the coordinator gives: \
+             its outcome is unknown",
+            status.map_or_else(
+                || result.status.to_string(),
+                |s| s.as_str_name().to_string()
+            )
+        ));
+        result.status = S::Lost as i32;
+    }
+    if result.exit_code.is_some_and(|c| !(0..=255).contains(&c)) {
+        result.exit_code = None;
+    }
+    if result.signal.is_some_and(|s| !(1..=64).contains(&s)) {
+        result.signal = None;
+    }
+    if !result.result_json.is_empty()
+        && serde_json::from_str::<serde::de::IgnoredAny>(&result.result_json).is_err()
+    {
+        result.result_json.clear();
+        notes.push("the host's result was not JSON and was left out".to_string());
+    }
+    // The agent's words on how the call ended reach terminals and models: one line.
+    let message = std::iter::once(result.message.as_str())
+        .filter(|m| !m.is_empty())
+        .chain(notes.iter().map(String::as_str))
+        .collect::<Vec<_>>()
+        .join("; ");
+    result.message = printable_line(&message, MAX_CALL_MESSAGE_BYTES);
+    result
 }
 
 /// A whole view the agent reported: stored now if its link has a turn ([`crate::view_pace`]),
@@ -588,6 +643,59 @@ fn store_view(state: &State, link: &Link, shipped: &Shipped, view: HostView) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a compromised host says of a call's end is held to what a host can know.
+    #[test]
+    fn a_host_s_account_of_a_call_is_checked() {
+        use toolsrv_proto::v1::{CallResult, CallStatus as S};
+        let said = |status: i32| CallResult {
+            status,
+            message: "done".into(),
+            ..CallResult::default()
+        };
+        // Only the coordinator denies, finds a client busy, a host offline...
+        for status in [S::Denied, S::Busy, S::Offline, S::Skipped, S::Unspecified] {
+            let r = checked_result(said(status as i32));
+            assert_eq!(r.status, S::Lost as i32, "{status:?}");
+            assert!(
+                r.message.starts_with("done; the host reported the call ended with status")
+                    && r.message.contains(status.as_str_name()),
+                "{}",
+                r.message
+            );
+        }
+        let r = checked_result(said(999));
+        assert_eq!(r.status, S::Lost as i32);
+        assert!(r.message.contains("status 999"), "{}", r.message);
+        // What a host may say stays as said.
+        for status in [S::Ok, S::ToolError, S::TimedOut, S::Hidden, S::Cancelled] {
+            let r = checked_result(CallResult {
+                exit_code: Some(3),
+                signal: Some(9),
+                result_json: r#"{"content": []}"#.into(),
+                ..said(status as i32)
+            });
+            assert_eq!(
+                (r.status, r.exit_code, r.signal, r.message.as_str()),
+                (status as i32, Some(3), Some(9), "done")
+            );
+            assert_eq!(r.result_json, r#"{"content": []}"#);
+        }
+        // No process exits with -5 or dies of signal 2^31 - 1; a result must be JSON.
+        let r = checked_result(CallResult {
+            exit_code: Some(-5),
+            signal: Some(i32::MAX),
+            result_json: "not json {".into(),
+            message: "\u{1b}[2Jbye".into(),
+            ..said(S::ToolError as i32)
+        });
+        assert_eq!((r.exit_code, r.signal), (None, None));
+        assert!(r.result_json.is_empty());
+        assert_eq!(
+            r.message,
+            r"\u{1b}[2Jbye; the host's result was not JSON and was left out"
+        );
+    }
 
     #[test]
     fn an_expired_link_ends_when_idle_or_after_the_grace() {

@@ -374,3 +374,21 @@ async fn output_past_a_call_s_credit_ends_that_call_not_the_link() {
     the_link_serves_another_call(&mut api, &mut inbound, &out).await;
     coordinator.stop().await;
 }
+
+/// An agent that says a call it ran was denied by the policy (a status only the coordinator
+/// gives): the caller and the audit log get `lost`, saying what the host claimed, not a denial
+/// the policy never made; the link serves the next call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_cannot_have_the_audit_log_say_the_policy_denied_a_call_it_ran() {
+    let (coordinator, out, mut inbound) = asking_coordinator(|_| {}).await;
+    let mut api = coordinator.tools(&client("alice")).await;
+    let (mut events, call_id) = call_asker(&mut api, &mut inbound).await;
+    send(&out, finished(call_id, CallStatus::Denied)).await;
+    let result = call_result(&mut events).await;
+    lost_saying(&result, "CALL_STATUS_DENIED, which only the coordinator gives");
+    let records = audited(&coordinator, "call");
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0]["status"], "CALL_STATUS_LOST", "{}", records[0]);
+    the_link_serves_another_call(&mut api, &mut inbound, &out).await;
+    coordinator.stop().await;
+}
