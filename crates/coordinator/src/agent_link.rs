@@ -222,12 +222,15 @@ impl AgentLinkService {
     ) -> Result<http::Response<Body>, Status> {
         let (parts, body) = req.into_parts();
         let caller = Caller::of(&parts.extensions, toolsrv_tls::Role::Agent)?.clone();
-        let inbound = Inbound::new(body, MAX_MESSAGE_BYTES);
+        let inbound = Inbound::new(body, MAX_MESSAGE_BYTES).first_at_most(MAX_HELLO_BYTES);
         let received = inbound.received();
         let outbound = self.open(caller, inbound, received).await?;
         Ok(framing::response(outbound.map(Ok), MAX_MESSAGE_BYTES))
     }
 }
+
+/// The most a hello (the link's first message) may take: its facts and labels are a few KiB.
+const MAX_HELLO_BYTES: usize = 256 << 10;
 
 /// The AgentLink service as the coordinator serves it: `Attach` framed by [`crate::framing`], whose
 /// buffers shrink back when a link goes quiet (tonic's keep the size of the largest message for
@@ -658,7 +661,8 @@ mod tests {
             let r = checked_result(said(status as i32));
             assert_eq!(r.status, S::Lost as i32, "{status:?}");
             assert!(
-                r.message.starts_with("done; the host reported the call ended with status")
+                r.message
+                    .starts_with("done; the host reported the call ended with status")
                     && r.message.contains(status.as_str_name()),
                 "{}",
                 r.message

@@ -33,6 +33,8 @@ pub struct Inbound<M, B> {
     body: CountedBody<B>,
     buf: BytesMut,
     max_message: usize,
+    /// The limit of the first message, when it differs (see [`Inbound::first_at_most`]).
+    first_max: Option<usize>,
     ended: bool,
     received: Arc<Received>,
     _message: PhantomData<fn() -> M>,
@@ -51,10 +53,19 @@ where
             body: CountedBody::new(body, received.clone()),
             buf: BytesMut::new(),
             max_message,
+            first_max: None,
             ended: false,
             received,
             _message: PhantomData,
         }
+    }
+
+    /// Refuses a first message larger than `max` bytes (the agent link's hello is small: a
+    /// peer that sends 16 MiB before it says who it is made the coordinator decode them, 1.7 GB
+    /// of tiny entries, once per connection it opened).
+    pub fn first_at_most(mut self, max: usize) -> Self {
+        self.first_max = Some(max);
+        self
     }
 
     /// The count of bytes read from the body, which grows as they arrive, before the message
@@ -74,10 +85,13 @@ where
             ));
         }
         let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
-        if len > self.max_message {
+        let (limit, which) = match self.first_max {
+            Some(first) => (first, "first message"),
+            None => (self.max_message, "message"),
+        };
+        if len > limit {
             return Err(Status::out_of_range(format!(
-                "a message of {len} bytes is over the limit of {} bytes",
-                self.max_message
+                "a {which} of {len} bytes is over the limit of {limit} bytes"
             )));
         }
         let Some(missing) = (HEADER + len)
@@ -87,6 +101,7 @@ where
             let message = M::decode(&self.buf[HEADER..HEADER + len])
                 .map_err(|e| Status::internal(format!("cannot decode a message: {e}")))?;
             self.buf.advance(HEADER + len);
+            self.first_max = None;
             return Ok(Some(message));
         };
         // Room for the rest of this message at once, rather than doubling towards it.
@@ -345,6 +360,38 @@ mod tests {
                 assert_eq!(got, messages, "split {split}, quiet {quiet}");
             }
         }
+    }
+
+    /// The first message has its own, smaller limit; the ones after it the usual one.
+    #[tokio::test]
+    async fn a_first_message_over_its_limit_is_refused_before_it_is_read() {
+        let big = |n: usize| AgentMessage {
+            msg: Some(Msg::Goodbye(toolsrv_proto::v1::Goodbye {
+                reason: "x".repeat(n),
+            })),
+        };
+        let decode = |messages: Vec<AgentMessage>| async move {
+            let body = Chunks {
+                chunks: [Bytes::from(framed(&messages))].into(),
+                quiet: false,
+                paused: false,
+            };
+            Inbound::<AgentMessage, _>::new(body, 1 << 20)
+                .first_at_most(1024)
+                .collect::<Vec<_>>()
+                .await
+        };
+        let got = decode(vec![big(4096)]).await;
+        let e = got[0].as_ref().unwrap_err();
+        assert_eq!(e.code(), tonic::Code::OutOfRange);
+        assert!(
+            e.message().contains("a first message of 4")
+                && e.message().contains("over the limit of 1024 bytes"),
+            "{e:?}"
+        );
+        let got = decode(vec![keepalive(1), big(4096)]).await;
+        assert_eq!(got.len(), 2);
+        assert!(got.iter().all(Result::is_ok), "{got:?}");
     }
 
     #[tokio::test]

@@ -23,6 +23,10 @@ pub const MAX_LABELS: usize = 64;
 pub const MAX_LABEL_KEY: usize = 63;
 /// Longest label value, and longest fact (OS, arch, hostname, kernel) or agent version.
 pub const MAX_FIELD: usize = 253;
+/// Most items of a list of the hello's sandbox facts.
+pub const MAX_SANDBOX_ITEMS: usize = 32;
+/// Longest item of the sandbox facts' `missing` (a sentence each).
+pub const MAX_SANDBOX_MISSING_BYTES: usize = 1024;
 
 /// The coordinator's host labels, in file order.
 #[derive(Debug, Default)]
@@ -88,14 +92,25 @@ impl HostLabels {
 /// Refuses a hello whose facts, labels or version are over the bounds or carry control
 /// characters, naming the field.
 pub fn check_hello(hello: &Hello) -> Result<(), String> {
-    let field = |name: &str, value: &str| {
-        if value.len() > MAX_FIELD || value.chars().any(char::is_control) {
+    let sized = |name: &str, value: &str, max: usize| {
+        if value.len() > max || value.chars().any(toolsrv_proto::text::disguises) {
             Err(format!(
-                "hello field {name} must be at most {MAX_FIELD} bytes without control characters"
+                "hello field {name} must be at most {max} bytes without control or direction \
+                 characters"
             ))
         } else {
             Ok(())
         }
+    };
+    let field = |name: &str, value: &str| sized(name, value, MAX_FIELD);
+    let list = |name: &str, values: &[String], max_items: usize, max: usize| {
+        if values.len() > max_items {
+            return Err(format!(
+                "hello field {name} has {} items, over the limit of {max_items}",
+                values.len()
+            ));
+        }
+        values.iter().try_for_each(|v| sized(name, v, max))
     };
     field("agent_version", &hello.agent_version)?;
     if let Some(facts) = &hello.facts {
@@ -103,6 +118,31 @@ pub fn check_hello(hello: &Hello) -> Result<(), String> {
         field("facts.arch", &facts.arch)?;
         field("facts.hostname", &facts.hostname)?;
         field("facts.kernel", &facts.kernel)?;
+        // What the agent says of its sandbox is shown with the host and selected on: as
+        // bounded as the rest (15,800 items of 1 KiB took 10 MB of every listing of the host).
+        if let Some(sandbox) = &facts.sandbox {
+            for (name, value) in [
+                ("facts.sandbox.mode", &sandbox.mode),
+                ("facts.sandbox.level", &sandbox.level),
+                ("facts.sandbox.cgroup", &sandbox.cgroup),
+                ("facts.sandbox.kill", &sandbox.kill),
+                ("facts.sandbox.run_as", &sandbox.run_as),
+            ] {
+                field(name, value)?;
+            }
+            list(
+                "facts.sandbox.controllers",
+                &sandbox.controllers,
+                MAX_SANDBOX_ITEMS,
+                MAX_FIELD,
+            )?;
+            list(
+                "facts.sandbox.missing",
+                &sandbox.missing,
+                MAX_SANDBOX_ITEMS,
+                MAX_SANDBOX_MISSING_BYTES,
+            )?;
+        }
         if facts.labels.len() > MAX_LABELS {
             return Err(format!(
                 "hello carries {} labels, over the limit of {MAX_LABELS}",
@@ -120,7 +160,7 @@ pub fn check_hello(hello: &Hello) -> Result<(), String> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use toolsrv_proto::v1::HostFacts;
+    use toolsrv_proto::v1::{HostFacts, SandboxFacts};
 
     #[test]
     fn every_matching_entry_applies_in_file_order() {
@@ -171,6 +211,53 @@ mod tests {
             ..HostFacts::default()
         });
         assert!(check_hello(&hello).unwrap_err().contains("facts.hostname"));
+        // A direction override is as refused as a control character.
+        hello.facts = Some(HostFacts {
+            hostname: "web\u{202e}1".into(),
+            ..HostFacts::default()
+        });
+        assert!(check_hello(&hello).unwrap_err().contains("facts.hostname"));
+        // The sandbox facts are bounded like the rest: 15,800 items of 1 KiB were kept and
+        // listed with the host.
+        let sandbox = |f: fn(&mut SandboxFacts)| {
+            let mut facts = SandboxFacts {
+                mode: "best-effort".into(),
+                level: "enforced".into(),
+                controllers: vec!["pids".into(), "memory".into()],
+                missing: vec!["no cpu controller: --sandbox-cpu is not enforced".into()],
+                ..SandboxFacts::default()
+            };
+            f(&mut facts);
+            Hello {
+                facts: Some(HostFacts {
+                    sandbox: Some(facts),
+                    ..HostFacts::default()
+                }),
+                ..Hello::default()
+            }
+        };
+        assert!(check_hello(&sandbox(|_| {})).is_ok());
+        for (bad, field) in [
+            (
+                sandbox(|s| s.missing = vec!["x".repeat(1000); 15_800]),
+                "facts.sandbox.missing has 15800 items",
+            ),
+            (
+                sandbox(|s| s.missing = vec!["x".repeat(2000)]),
+                "facts.sandbox.missing",
+            ),
+            (
+                sandbox(|s| s.level = "enforced\u{1b}]0;T\u{7}".into()),
+                "facts.sandbox.level",
+            ),
+            (
+                sandbox(|s| s.controllers = vec!["pids\u{0}".into()]),
+                "facts.sandbox.controllers",
+            ),
+        ] {
+            let e = check_hello(&bad).unwrap_err();
+            assert!(e.contains(field), "{e}");
+        }
         hello.facts = Some(HostFacts::default());
         assert!(check_hello(&hello).is_ok());
     }

@@ -385,7 +385,10 @@ async fn a_host_cannot_have_the_audit_log_say_the_policy_denied_a_call_it_ran() 
     let (mut events, call_id) = call_asker(&mut api, &mut inbound).await;
     send(&out, finished(call_id, CallStatus::Denied)).await;
     let result = call_result(&mut events).await;
-    lost_saying(&result, "CALL_STATUS_DENIED, which only the coordinator gives");
+    lost_saying(
+        &result,
+        "CALL_STATUS_DENIED, which only the coordinator gives",
+    );
     let records = audited(&coordinator, "call");
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(records[0]["status"], "CALL_STATUS_LOST", "{}", records[0]);

@@ -203,9 +203,10 @@ impl<K: Clone> Index<K> {
     /// documents from untrusted sources cost the encoder.
     pub fn update_admitting(
         &self,
-        mut docs: Vec<(K, Doc)>,
+        docs: Vec<(K, Doc)>,
         mut admit: impl FnMut(&K, usize) -> bool,
     ) -> Result<Updated, FindError> {
+        let mut docs: Vec<(K, Doc)> = docs.into_iter().map(|(k, d)| (k, d.bounded())).collect();
         let mut kept = self.updating.lock().unwrap_or_else(PoisonError::into_inner);
         let previous = self.snapshot();
         let mut updated = Updated::default();
@@ -451,7 +452,7 @@ mod tests {
             texts[MAX_KEYWORD_PASSAGES],
             format!("phrase {}", MAX_KEYWORD_PASSAGES - 1)
         );
-        // Words still find the tool by its last keyword.
+        // Words find the tool by a keyword in the first 16 KiB of them, not by one past it.
         let index = Index::new(None);
         index
             .update(vec![
@@ -459,8 +460,34 @@ mod tests {
                 ("other".to_string(), doc("other", "Something else")),
             ])
             .unwrap();
-        let hits = index.search("phrase 9999", 5, |_| true).unwrap();
+        let hits = index.search("phrase 1200", 5, |_| true).unwrap();
         assert_eq!(hits.first().map(|h| h.key.as_str()), Some("flood"));
+        let hits = index.search("9999", 5, |_| true).unwrap();
+        assert!(hits.is_empty(), "{:?}", hits.first().map(|h| &h.key));
+    }
+
+    /// Of a tool's description and prompt, the index reads the first 16 KiB: a word past it
+    /// does not find the tool, one before it does, and the index holds no more of it.
+    #[test]
+    fn the_index_reads_the_start_of_each_text() {
+        let mut long = doc("long", "Rotates the fizzbuzz logs");
+        long.prompt = format!("{} quuxword", "filler ".repeat(40_000));
+        long.description.push_str(&" padding".repeat(40_000));
+        let bounded = long.clone().bounded();
+        assert_eq!(bounded.prompt.len(), crate::MAX_INDEXED_BYTES);
+        assert!(bounded.description.len() <= crate::MAX_INDEXED_BYTES);
+        let index = Index::new(None);
+        index.update(vec![("long".to_string(), long)]).unwrap();
+        let hits = index.search("fizzbuzz", 5, |_| true).unwrap();
+        assert_eq!(hits.first().map(|h| h.key.as_str()), Some("long"));
+        assert!(index.search("quuxword", 5, |_| true).unwrap().is_empty());
+        // Cut on a character boundary.
+        let wide = Doc {
+            prompt: "é".repeat(20_000),
+            ..doc("wide", "x")
+        }
+        .bounded();
+        assert!(wide.prompt.len() <= crate::MAX_INDEXED_BYTES && wide.prompt.ends_with('é'));
     }
 
     #[test]

@@ -71,3 +71,37 @@ pub struct Doc {
     pub prompt: String,
     pub keywords: Vec<String>,
 }
+
+/// Most bytes of a tool's description, of its prompt, and of its keywords together, that the
+/// index reads. Ranking needs the start of each text, not 250 KB of it; and what a host writes
+/// of its own tools is indexed again on each change of its view (256 tools of 250 KB each cost
+/// a rebuild a minute of a core and a gigabyte).
+pub const MAX_INDEXED_BYTES: usize = 16 << 10;
+
+impl Doc {
+    /// This document as the index reads it: each text cut to [`MAX_INDEXED_BYTES`] (on a
+    /// character boundary), the keywords after the first that pass it left out.
+    pub fn bounded(mut self) -> Self {
+        fn cut(text: &mut String) {
+            if text.len() > MAX_INDEXED_BYTES {
+                let mut end = MAX_INDEXED_BYTES;
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                text.truncate(end);
+            }
+        }
+        cut(&mut self.description);
+        cut(&mut self.prompt);
+        let mut total = 0;
+        self.keywords.retain_mut(|k| {
+            if total >= MAX_INDEXED_BYTES {
+                return false;
+            }
+            cut(k);
+            total += k.len();
+            true
+        });
+        self
+    }
+}
