@@ -535,24 +535,31 @@ fn several_hosts_take_a_host_argument_kept_current() {
     assert_eq!(result_text(&out["on_a"]), "on a\n");
 }
 
-#[test]
-fn approvals_become_elicitations() {
+/// Host `a` offering `tools`, each printing `<tool> ran`, its coordinator following `policy`.
+fn fleet_under(tools: &[&str], policy: &str) -> Fleet {
     let mut fleet = Fleet::new(&["a"]);
-    for tool in ["restart", "drop_table"] {
+    for tool in tools {
         fleet.tool(
             &format!("{tool}.meta"),
             &format!(r#"{{"description": "{tool}", "cmd": "echo {tool} ran"}}"#),
             false,
         );
     }
-    let policy = fleet.policy_arg(
+    let policy = fleet.policy_arg(policy);
+    fleet.start_coordinator(&[&policy]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], tools[0]);
+    fleet
+}
+
+#[test]
+fn approvals_become_elicitations() {
+    let fleet = fleet_under(
+        &["restart", "drop_table"],
         r#"{"default": "allow", "rules": [
             {"tools": ["restart"], "effect": "approve"},
             {"tools": ["drop_table"], "effect": "approve", "approvers": ["bob"]}]}"#,
     );
-    fleet.start_coordinator(&[&policy]);
-    fleet.start_agent("a", &AgentSpec::default());
-    fleet.wait_online(&["a"], "restart");
     let profile = profile(
         &fleet,
         &json!({"autoLoad": ["restart", "drop_table"], "hosts": "a"}),
@@ -670,20 +677,10 @@ fn approvals_become_elicitations() {
 #[test]
 fn a_resume_naming_another_tool_leaves_the_waiting_call() {
     use std::io::Write;
-    let mut fleet = Fleet::new(&["a"]);
-    for tool in ["restart", "other"] {
-        fleet.tool(
-            &format!("{tool}.meta"),
-            &format!(r#"{{"description": "{tool}", "cmd": "echo {tool} ran"}}"#),
-            false,
-        );
-    }
-    let policy = fleet.policy_arg(
+    let fleet = fleet_under(
+        &["restart", "other"],
         r#"{"default": "allow", "rules": [{"tools": ["restart"], "effect": "approve"}]}"#,
     );
-    fleet.start_coordinator(&[&policy]);
-    fleet.start_agent("a", &AgentSpec::default());
-    fleet.wait_online(&["a"], "restart");
     let profile = profile(
         &fleet,
         &json!({"autoLoad": ["restart", "other"], "hosts": "a"}),

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use serde_json::Value;
 use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -142,7 +141,7 @@ async fn run(
             "call was cancelled before it started",
         );
     }
-    let args = match parse_args(&start.args_json) {
+    let args = match toolsrv_meta::parse_args_json(&start.args_json) {
         Ok(args) => args,
         Err(e) => {
             return CallResult::not_run(
@@ -327,13 +326,6 @@ fn confine(
     Ok(())
 }
 
-fn parse_args(json: &str) -> Result<Value, serde_json::Error> {
-    if json.trim().is_empty() {
-        return Ok(Value::Object(serde_json::Map::new()));
-    }
-    serde_json::from_str(json)
-}
-
 fn output_stream(stream: Stream) -> OutputStream {
     match stream {
         Stream::Stdout => OutputStream::Stdout,
@@ -377,16 +369,5 @@ mod tests {
         let far = Instant::now() + Duration::from_secs(60);
         assert!(!credit.take(1, &cancel, far).await);
         assert_eq!(credit.available(), 0);
-    }
-
-    #[test]
-    fn empty_args_are_an_empty_object() {
-        assert_eq!(parse_args("").ok(), Some(serde_json::json!({})));
-        assert_eq!(parse_args("  ").ok(), Some(serde_json::json!({})));
-        assert_eq!(
-            parse_args(r#"{"a":1}"#).ok(),
-            Some(serde_json::json!({"a":1}))
-        );
-        assert!(parse_args("{").is_err());
     }
 }

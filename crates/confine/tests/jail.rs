@@ -7,7 +7,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use toolsrv_confine::spawn::Spawned;
-use toolsrv_confine::{CallPlan, Confiner, Grant, Level, Settings};
+use toolsrv_confine::{CallPlan, ConfineError, Confiner, Grant, Level, Prepared, Settings};
 
 struct World {
     root: tempfile::TempDir,
@@ -41,6 +41,17 @@ impl World {
             confiner,
             fork: false,
         }
+    }
+
+    /// Prepares a call of a tool in `<root>/tools`, in `cwd` when given, with no grant.
+    fn prepare(&self, cwd: Option<&Path>) -> Result<Prepared, ConfineError> {
+        self.confiner.prepare(&CallPlan {
+            tool_dir: &self.path("tools"),
+            cwd,
+            grant: None,
+            agent_env: &[],
+            timeout: Duration::from_secs(10),
+        })
     }
 
     fn path(&self, p: &str) -> PathBuf {
@@ -257,16 +268,7 @@ fn a_grant_widens_and_a_caller_cwd_is_readable_only() {
 #[test]
 fn a_caller_cwd_opens_no_other_call_s_directory() {
     let world = World::new();
-    let other = world
-        .confiner
-        .prepare(&CallPlan {
-            tool_dir: &world.path("tools"),
-            cwd: None,
-            grant: None,
-            agent_env: &[],
-            timeout: Duration::from_secs(10),
-        })
-        .unwrap();
+    let other = world.prepare(None).unwrap();
     let private = other.cwd.clone().unwrap();
     std::fs::write(private.join("secret"), "other-call-secret").unwrap();
     let above = world.path("calls").parent().unwrap().to_path_buf();
@@ -288,16 +290,7 @@ fn a_caller_cwd_opens_no_other_call_s_directory() {
         "the rest of the caller's cwd is readable: {stdout} {}",
         text(&out.stderr)
     );
-    let err = world
-        .confiner
-        .prepare(&CallPlan {
-            tool_dir: &world.path("tools"),
-            cwd: Some(&private),
-            grant: None,
-            agent_env: &[],
-            timeout: Duration::from_secs(1),
-        })
-        .unwrap_err();
+    let err = world.prepare(Some(&private)).unwrap_err();
     assert!(err.to_string().contains("private files"), "{err}");
     other.jail.release();
 }
@@ -362,16 +355,7 @@ fn a_root_tool_cannot_undo_its_limits_or_pin_its_files() {
 fn a_cwd_among_the_agents_files_is_refused() {
     let world = World::new();
     let state = world.path("state");
-    let err = world
-        .confiner
-        .prepare(&CallPlan {
-            tool_dir: &world.path("tools"),
-            cwd: Some(&state),
-            grant: None,
-            agent_env: &[],
-            timeout: Duration::from_secs(1),
-        })
-        .unwrap_err();
+    let err = world.prepare(Some(&state)).unwrap_err();
     assert!(err.to_string().contains("private files"), "{err}");
 }
 

@@ -126,13 +126,9 @@ fn unrunnable_args(
             format!("tool `{}`: {why}", spec.tool),
         ))
     };
-    let args = if spec.args_json.trim().is_empty() {
-        serde_json::Value::Object(serde_json::Map::new())
-    } else {
-        match serde_json::from_str(&spec.args_json) {
-            Ok(args) => args,
-            Err(e) => return refused(format!("args_json is not valid JSON: {e}")),
-        }
+    let args = match toolsrv_meta::parse_args_json(&spec.args_json) {
+        Ok(args) => args,
+        Err(e) => return refused(format!("args_json is not valid JSON: {e}")),
     };
     let schema: serde_json::Value = serde_json::from_str(&definition.args_schema_json).ok()?;
     let validator = toolsrv_meta::ArgsValidator::compile(&schema).ok()?;

@@ -486,12 +486,10 @@ impl Session {
                 .iter()
                 .enumerate()
                 .filter_map(|(i, l)| {
-                    // One loaded meanwhile, not measured: its definition says.
+                    // One loaded meanwhile was not measured: measured now.
                     let tier = match measured.get(l.name.as_str()) {
                         Some((_, tier)) => tier.clone(),
-                        None => definition_on(hosts, &l.name, false)
-                            .map(|d| d.tier.clone())
-                            .unwrap_or_default(),
+                        None => measure(l).1,
                     };
                     tier_rank(&tier).map(|rank| (rank, l.last_used_ms, i))
                 })
@@ -596,8 +594,8 @@ impl Session {
                 .iter()
                 .map(|l| loaded_tool(hosts, catalog, l, &policy.reach(&self.owner, &l.name)))
                 .collect();
-            let whole = state.encoded_len();
-            let left_out = (fit(&mut state, MAX_STATE_BYTES) > 0).then_some(whole);
+            let (left_out, whole) = fit(&mut state, MAX_STATE_BYTES);
+            let left_out = (left_out > 0).then_some(whole);
             let digest = digest_of(&state);
             (state, left_out, digest)
         };
@@ -656,22 +654,30 @@ impl Session {
     }
 }
 
+/// Empties what of `tool` grows with its definitions and hosts; whether there was any.
+fn strip(tool: &mut LoadedTool) -> bool {
+    let had = !(tool.resolutions.is_empty() && tool.hosts.is_empty() && tool.approvals.is_empty());
+    tool.resolutions.clear();
+    tool.hosts.clear();
+    tool.approvals.clear();
+    had
+}
+
 /// Keeps `state` within `max` bytes encoded: the tools loaded last lose their definitions,
-/// hosts and approvals first, each saying why. Returns how many did.
-fn fit(state: &mut SessionState, max: usize) -> usize {
-    let mut size = state.encoded_len();
+/// hosts and approvals first, each saying why. Returns how many did, and the size the state
+/// had before.
+fn fit(state: &mut SessionState, max: usize) -> (usize, usize) {
+    let whole = state.encoded_len();
+    let mut size = whole;
     let mut left_out = 0;
     for tool in state.tools.iter_mut().rev() {
         if size <= max {
             break;
         }
-        if tool.resolutions.is_empty() && tool.hosts.is_empty() && tool.approvals.is_empty() {
+        let before = tool.encoded_len();
+        if !strip(tool) {
             continue;
         }
-        let before = tool.encoded_len();
-        tool.resolutions.clear();
-        tool.hosts.clear();
-        tool.approvals.clear();
         tool.unavailable = format!(
             "left out of the session's state, which would take over {} MiB with its \
              definitions and hosts: unload tools or narrow the session's hosts",
@@ -680,7 +686,7 @@ fn fit(state: &mut SessionState, max: usize) -> usize {
         size = size + tool.encoded_len() - before;
         left_out += 1;
     }
-    left_out
+    (left_out, whole)
 }
 
 /// Keeps a list of sessions' states within `max` bytes encoded: the largest states lose their
@@ -699,9 +705,7 @@ pub fn fit_list(states: &mut [SessionState], max: usize) {
         }
         let state = &mut states[i];
         for tool in &mut state.tools {
-            tool.resolutions.clear();
-            tool.hosts.clear();
-            tool.approvals.clear();
+            strip(tool);
         }
         state.definitions_omitted = true;
         size = size + state.encoded_len() - before;
@@ -918,13 +922,14 @@ mod tests {
             ..SessionState::default()
         };
         assert_eq!(
-            fit(&mut state, 10_000),
+            fit(&mut state, 10_000).0,
             0,
             "within the bound, nothing changes"
         );
         assert!(state.tools.iter().all(|t| t.unavailable.is_empty()));
         // 5 of about 1,020 bytes into 3,500: the last two go, the first three stay whole.
-        assert_eq!(fit(&mut state, 3_500), 2);
+        let whole = state.encoded_len();
+        assert_eq!(fit(&mut state, 3_500), (2, whole));
         assert!(state.encoded_len() <= 3_500, "{}", state.encoded_len());
         for t in &state.tools[..3] {
             assert_eq!(t.resolutions.len(), 1);

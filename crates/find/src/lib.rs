@@ -83,13 +83,7 @@ impl Doc {
     /// character boundary), the keywords after the first that pass it left out.
     pub fn bounded(mut self) -> Self {
         fn cut(text: &mut String) {
-            if text.len() > MAX_INDEXED_BYTES {
-                let mut end = MAX_INDEXED_BYTES;
-                while !text.is_char_boundary(end) {
-                    end -= 1;
-                }
-                text.truncate(end);
-            }
+            text.truncate(text.floor_char_boundary(MAX_INDEXED_BYTES));
         }
         cut(&mut self.description);
         cut(&mut self.prompt);

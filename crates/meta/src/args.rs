@@ -36,6 +36,14 @@ impl fmt::Display for ArgsError {
     }
 }
 
+/// A call's arguments from their JSON text, as the wire carries them: empty text is `{}`.
+pub fn parse_args_json(json: &str) -> Result<Value, serde_json::Error> {
+    if json.trim().is_empty() {
+        return Ok(Value::Object(serde_json::Map::new()));
+    }
+    serde_json::from_str(json)
+}
+
 impl ArgsValidator {
     /// Compiles a schema, checking it against its meta-schema; the error says why it is invalid.
     pub fn compile(schema: &Value) -> Result<Self, String> {
@@ -139,6 +147,14 @@ pub(crate) fn json_type(v: &Value) -> &'static str {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn empty_args_are_an_empty_object() {
+        assert_eq!(parse_args_json("").ok(), Some(json!({})));
+        assert_eq!(parse_args_json("  ").ok(), Some(json!({})));
+        assert_eq!(parse_args_json(r#"{"a":1}"#).ok(), Some(json!({"a":1})));
+        assert!(parse_args_json("{").is_err());
+    }
 
     fn schema() -> ArgsValidator {
         ArgsValidator::compile(&json!({

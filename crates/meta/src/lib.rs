@@ -14,7 +14,7 @@ mod parse;
 mod resolve;
 mod suggest;
 
-pub use args::{ArgsError, ArgsValidator, Violation};
+pub use args::{ArgsError, ArgsValidator, Violation, parse_args_json};
 pub use command::{CommandError, CommandSource, resolve_command};
 pub use diag::{Code, Diagnostic, Severity};
 pub use host::{FileProbe, Host, RealFs, go_arch, go_os};

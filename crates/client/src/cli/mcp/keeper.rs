@@ -178,7 +178,7 @@ pub(super) async fn keep<S, F, Fut>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     #![allow(clippy::unwrap_used)]
     use std::collections::VecDeque;
     use std::sync::Mutex;
@@ -203,7 +203,8 @@ mod tests {
         }
     }
 
-    fn state(id: &str, generation: u64, tools: &[&str]) -> SessionState {
+    /// A state of session `id` on host `a` alone, with `tools` loaded and offered there.
+    pub(in crate::cli::mcp) fn state(id: &str, generation: u64, tools: &[&str]) -> SessionState {
         SessionState {
             id: id.into(),
             generation,

@@ -239,32 +239,9 @@ mod tests {
 
     #[test]
     fn a_load_says_what_it_unloaded_to_make_room() {
-        use toolsrv_proto::v1::{
-            HostState, LoadedTool, SessionHost, ToolDefinition, ToolResolution,
-        };
         let state = |names: &[&str]| SessionState {
-            id: "s1".into(),
             max_loaded: 2,
-            selected: vec![SessionHost {
-                host_id: "a".into(),
-                state: HostState::Online as i32,
-            }],
-            tools: names
-                .iter()
-                .map(|n| LoadedTool {
-                    name: n.to_string(),
-                    hosts: vec!["a".into()],
-                    resolutions: vec![ToolResolution {
-                        definition: Some(ToolDefinition {
-                            name: n.to_string(),
-                            ..Default::default()
-                        }),
-                        hosts: vec!["a".into()],
-                    }],
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
+            ..super::super::keeper::tests::state("s1", 0, names)
         };
         let before = Catalog::from_state(&state(&["checksum", "disk_usage"]));
         assert_eq!(

@@ -244,11 +244,11 @@ const KNOWN_REQUESTS: [&str; 21] = [
     "skills/get",
 ];
 
-/// The error for a request the SDK could not read: invalid params (naming what is wrong with
-/// them for `tools/call`) when the method is known, method not found otherwise.
 /// Most bytes of a decoder's reason an invalid-params error gives.
 const MAX_REASON_BYTES: usize = 300;
 
+/// The error for a request the SDK could not read: invalid params (naming what is wrong with
+/// them for `tools/call`) when the method is known, method not found otherwise.
 fn unread_request(method: &str, params: Option<serde_json::Value>) -> McpError {
     if !KNOWN_REQUESTS.contains(&method) {
         return McpError::new(
