@@ -504,12 +504,128 @@ fn open_fds(pid: i32) -> usize {
 
 /// Sets the process's limit of open files (soft and hard) to `n`.
 fn limit_fds(pid: i32, n: usize) {
+    prlimit_nofile(pid, &format!("{n}:{n}"));
+}
+
+/// Sets the process's limits of open files as `prlimit --nofile=SOFT:HARD` does (either may be
+/// left out).
+fn prlimit_nofile(pid: i32, limits: &str) {
     let out = Command::new("prlimit")
         .arg(format!("--pid={pid}"))
-        .arg(format!("--nofile={n}:{n}"))
+        .arg(format!("--nofile={limits}"))
         .output()
         .unwrap();
     assert!(out.status.success(), "prlimit: {}", text(&out.stderr));
+}
+
+/// The process's soft limit of open files.
+fn soft_fd_limit(pid: i32) -> String {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    line.split_whitespace().nth(3).unwrap().to_string()
+}
+
+/// Sets the process's soft limit of open files to `soft`, leaving the hard one.
+fn set_soft_fd_limit(pid: i32, soft: &str) {
+    prlimit_nofile(pid, &format!("{soft}:"));
+}
+
+/// A process out of file descriptors (a flood of connections, a leak elsewhere) can open
+/// neither a tools directory nor a `.meta`. Before, the agent's next recheck read its
+/// directories as empty and reported a host with no tools, and the coordinator's next rescan
+/// published an empty catalog, so every agent removed every shipped tool. Now a scan cut short
+/// serves the last complete one, says why, and is tried again; once descriptors are back, the
+/// edit made meanwhile is served.
+#[test]
+fn a_process_out_of_descriptors_keeps_serving_its_tools() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "shipped.meta",
+        r#"{"description": "shipped", "cmd": "echo shipped"}"#,
+        false,
+    );
+    fleet.start_coordinator(&[]);
+    fleet.start_agent(
+        "a",
+        &AgentSpec::own_tools(&[("own", r#"{"description": "own", "cmd": "echo own"}"#)]),
+    );
+    fleet.wait_online(&["a"], "own");
+    fleet.wait_online(&["a"], "shipped");
+    let visible = |fleet: &Fleet| -> Vec<String> {
+        let tools = fleet.tools("a").unwrap_or_default();
+        let mut names: Vec<String> = tools
+            .iter()
+            .filter(|t| t["visible"] == true)
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(visible(&fleet), ["own", "shipped"]);
+
+    // The agent: no descriptor left for a few of its rechecks (one a second here). A limit of
+    // 0 leaves the descriptors open as they are and lets no new one be opened.
+    let agent_pid = fleet.agents["a"].pid();
+    let soft = soft_fd_limit(agent_pid);
+    set_soft_fd_limit(agent_pid, "0");
+    // Four rechecks, whose views (were they empty) would have gone out by now.
+    std::thread::sleep(Duration::from_secs(4));
+    let during = visible(&fleet);
+    set_soft_fd_limit(agent_pid, &soft);
+    let agent = &fleet.agents["a"];
+    assert_eq!(during, ["own", "shipped"], "{}", agent.log_tail(40));
+    assert!(
+        agent.log().contains("short of file descriptors"),
+        "{}",
+        agent.log_tail(40)
+    );
+
+    // The coordinator: a `.meta` edited while it has no descriptor to read it with.
+    let coordinator_pid = fleet.coordinator.as_ref().unwrap().pid();
+    let soft = soft_fd_limit(coordinator_pid);
+    set_soft_fd_limit(coordinator_pid, "0");
+    fleet.tool(
+        "shipped.meta",
+        r#"{"description": "shipped, edited", "cmd": "echo shipped"}"#,
+        false,
+    );
+    // The edit is seen, and a rescan (one a second besides) tried, well within this.
+    std::thread::sleep(Duration::from_secs(4));
+    set_soft_fd_limit(coordinator_pid, &soft);
+    let coordinator = fleet.coordinator.as_ref().unwrap();
+    assert!(
+        coordinator.log().contains("short of file descriptors"),
+        "{}",
+        coordinator.log_tail(40)
+    );
+    wait_for(
+        "the edit to reach the host",
+        Duration::from_secs(30),
+        || {
+            fleet
+                .tools("a")?
+                .iter()
+                .any(|t| t["name"] == "shipped" && t["description"] == "shipped, edited")
+                .then_some(())
+        },
+    );
+    assert_eq!(visible(&fleet), ["own", "shipped"]);
+    // No revision in between took a tool away.
+    let coordinator_log = fleet.coordinator.as_ref().unwrap().log();
+    let agent_log = fleet.agents["a"].log();
+    for line in coordinator_log
+        .lines()
+        .filter(|l| l.contains("tool registry changed"))
+    {
+        assert!(line.contains("removed=[]"), "{line}");
+    }
+    for line in agent_log.lines().filter(|l| l.contains("catalog updated")) {
+        assert!(!line.contains("tools=0"), "{line}");
+    }
+    assert_eq!(fleet.toolctl(&["call", "a", "own"]).status.code(), Some(0));
 }
 
 /// The plain-text ports (the coordinator's gRPC health and `/metrics`, an agent's `/metrics`)

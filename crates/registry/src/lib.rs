@@ -10,7 +10,7 @@ mod watch;
 pub use definition::definition;
 pub use scan::{
     Catalog, CatalogChanges, Executable, Hashed, Invalid, OpenToAll, ReadError, SETTLE_AGE,
-    Scanner, Tool, hash_file, hash_file_bounded, hex_sha256, open_regular, read_meta,
-    split_tools_path, writable_by_anyone,
+    SHORTAGE_RETRY, Scanner, Tool, hash_file, hash_file_bounded, hex_sha256, is_shortage,
+    open_regular, read_meta, split_tools_path, writable_by_anyone,
 };
 pub use watch::{Numbering, Registry, WatchOptions, log_problems};

@@ -205,6 +205,26 @@ pub struct Scanner {
     executables: HashMap<PathBuf, (u64, Option<SystemTime>, Hashed)>,
     /// When the earliest file held back by the last scan (see [`Scanner::recheck_at`]) settles.
     recheck: Option<SystemTime>,
+    /// The last scan that read the whole tools path, served again by a scan the machine cut short.
+    complete: Option<Catalog>,
+    /// What cut the current scan short, if anything did (see [`is_shortage`]).
+    shortage: Option<String>,
+}
+
+/// How soon a scan cut short by the machine (see [`is_shortage`]) is tried again.
+pub const SHORTAGE_RETRY: Duration = Duration::from_secs(1);
+
+/// Whether `error` says the machine ran short (of file descriptors, memory, kernel buffers)
+/// rather than anything about the file: no reason to stop serving a tool. An agent whose
+/// descriptors a flood of connections took read an empty tools directory this way, and
+/// reported that its host had no tools.
+pub fn is_shortage(error: &std::io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(
+            libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::ENOBUFS | libc::EAGAIN | libc::EINTR
+        )
+    )
 }
 
 #[derive(Debug)]
@@ -243,8 +263,14 @@ impl Scanner {
     }
 
     /// Reads every directory of the tools path. The result has revision 0; the caller numbers it.
+    ///
+    /// A scan the machine cuts short (a directory or file that cannot be opened for want of
+    /// descriptors or memory, see [`is_shortage`]) returns the last complete scan's tools with a
+    /// warning saying so, and asks through [`Scanner::recheck_at`] to be run again in
+    /// [`SHORTAGE_RETRY`]: a host out of descriptors keeps its tools, not an empty catalog.
     pub fn scan(&mut self) -> Catalog {
         self.recheck = None;
+        self.shortage = None;
         let mut catalog = Catalog::default();
         let mut seen_metas = HashSet::with_capacity(self.metas.len());
         let mut seen_exes = HashSet::new();
@@ -253,6 +279,13 @@ impl Scanner {
         for dir in self.dirs.clone() {
             let files = match list_meta_files(&dir) {
                 Ok(files) => files,
+                Err(e) if is_shortage(&e) => {
+                    self.shortage = Some(format!(
+                        "cannot read tools directory {}: {e}",
+                        dir.display()
+                    ));
+                    break;
+                }
                 Err(e) => {
                     let message = format!("cannot read tools directory: {e}");
                     catalog
@@ -277,6 +310,9 @@ impl Scanner {
                 }
                 claimed.insert(name.clone(), path.clone());
                 let Some(cached) = self.load(&name, &path) else {
+                    if self.shortage.is_some() {
+                        break;
+                    }
                     continue;
                 };
                 catalog
@@ -315,6 +351,9 @@ impl Scanner {
                         None => Ok(executable),
                     }
                 });
+                if self.shortage.is_some() {
+                    break;
+                }
                 let executable = match executable {
                     Ok(executable) => executable,
                     Err(diag) => {
@@ -344,9 +383,31 @@ impl Scanner {
                 }
             }
         }
+        if let Some(why) = self.shortage.take() {
+            return self.cut_short(catalog, why);
+        }
         self.metas.retain(|p, _| seen_metas.contains(p));
         self.executables.retain(|p, _| seen_exes.contains(p));
+        self.complete = Some(catalog.clone());
         catalog
+    }
+
+    /// The result of a scan the machine cut short: the last complete scan (the first scan has
+    /// none: what it read), with a warning naming what could not be read, and a recheck soon.
+    /// What it did read is kept in the caches for the next scan; nothing is forgotten.
+    fn cut_short(&mut self, partial: Catalog, why: String) -> Catalog {
+        let at = SystemTime::now() + SHORTAGE_RETRY;
+        self.recheck = Some(self.recheck.map_or(at, |r| r.min(at)));
+        let mut kept = self.complete.clone().unwrap_or(partial);
+        let dir = self.dirs.first().cloned().unwrap_or_default();
+        let message = format!(
+            "{why}: the machine is short of file descriptors or memory, so the tools of the last \
+             complete scan are served until a scan completes (tried again every {}s)",
+            SHORTAGE_RETRY.as_secs()
+        );
+        kept.diagnostics
+            .push(Diagnostic::warning(&dir, None, Code::Io, message));
+        kept
     }
 
     /// Reads and parses one file unless its bytes are unchanged since the last scan.
@@ -358,6 +419,10 @@ impl Scanner {
         let bytes = match read_meta(path) {
             Ok(bytes) => bytes,
             Err(ReadError::Gone) => return None,
+            Err(ReadError::Short(e)) => {
+                self.shortage = Some(format!("cannot read {}: {e}", path.display()));
+                return None;
+            }
             Err(ReadError::Rejected(diag)) => {
                 // A file rejected for its size keeps being rejected while its stamp holds (a
                 // rewrite changes size or mtime); one that could not be read is tried again.
@@ -427,6 +492,10 @@ impl Scanner {
                 let hashed = match hash_file_bounded(path, MAX_EXECUTABLE_BYTES) {
                     Ok(Some(hashed)) => hashed,
                     Ok(None) => return Err(executable_too_large(path, MAX_EXECUTABLE_BYTES + 1)),
+                    Err(e) if is_shortage(&e) => {
+                        self.shortage = Some(format!("cannot read {}: {e}", path.display()));
+                        return Ok(None);
+                    }
                     // Removed between the two looks, or unreadable (as before: not shipped,
                     // while `toolctl local` may still run it).
                     Err(_) => return Ok(None),
@@ -570,6 +639,9 @@ fn read_only(path: &Path) -> bool {
 pub enum ReadError {
     /// The file does not exist (any more).
     Gone,
+    /// The machine is short of descriptors or memory ([`is_shortage`]): nothing is known of
+    /// the file; try again.
+    Short(std::io::Error),
     /// The file is too large or unreadable: the diagnostic that rejects it.
     Rejected(Box<Diagnostic>),
 }
@@ -585,6 +657,8 @@ pub fn read_meta(path: &Path) -> Result<Vec<u8>, ReadError> {
     let unreadable = |e: std::io::Error| {
         if e.kind() == std::io::ErrorKind::NotFound {
             ReadError::Gone
+        } else if is_shortage(&e) {
+            ReadError::Short(e)
         } else {
             rejected(Code::Io, format!("cannot read: {e}"))
         }
@@ -605,7 +679,13 @@ fn read_meta_from(
     let rejected = |code, message: String| {
         ReadError::Rejected(Box::new(Diagnostic::error(path, None, code, message)))
     };
-    let unreadable = |e: std::io::Error| rejected(Code::Io, format!("cannot read: {e}"));
+    let unreadable = |e: std::io::Error| {
+        if is_shortage(&e) {
+            ReadError::Short(e)
+        } else {
+            rejected(Code::Io, format!("cannot read: {e}"))
+        }
+    };
     if announced > MAX_META_BYTES {
         return Err(rejected(Code::TooLarge, meta_too_large(announced)));
     }

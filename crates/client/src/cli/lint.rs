@@ -85,6 +85,14 @@ fn lint_file(path: &Path) -> Vec<Diagnostic> {
     let bytes = match read_meta(path) {
         Ok(bytes) => bytes,
         Err(ReadError::Rejected(diag)) => return vec![*diag],
+        Err(ReadError::Short(e)) => {
+            return vec![Diagnostic::error(
+                path,
+                None,
+                Code::Io,
+                format!("cannot read: {e} (the machine is short of file descriptors or memory)"),
+            )];
+        }
         Err(ReadError::Gone) => {
             return vec![Diagnostic::error(
                 path,
