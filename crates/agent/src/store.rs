@@ -253,7 +253,7 @@ impl CatalogStore {
     ) -> Result<(), AgentError> {
         let cached = self.blobs.ensure(blob, source).await?;
         let dest = self.dir.join(name);
-        let tmp = tmp_path(&self.dir, name);
+        let tmp = tmp_path(&self.dir);
         let linked = std::fs::hard_link(&cached, &tmp).or_else(|_| {
             // Different file systems: copy, and the copy needs its own mode.
             std::fs::copy(&cached, &tmp)?;
@@ -333,8 +333,11 @@ fn bad_name(name: &str) -> AgentError {
     )
 }
 
-fn tmp_path(dir: &Path, name: &str) -> PathBuf {
-    dir.join(format!("{TMP_PREFIX}{name}-{:016x}", fastrand::u64(..)))
+/// A temp file's path in `dir`: short, whatever the tool's name (a name may take 250 of a file
+/// name's 255 bytes; the name in the temp file's name made those from 229 bytes up unwritable,
+/// and the tool vanished from every agent).
+fn tmp_path(dir: &Path) -> PathBuf {
+    dir.join(format!("{TMP_PREFIX}{:016x}", fastrand::u64(..)))
 }
 
 fn remove_if_exists(path: &Path) -> Result<(), AgentError> {
@@ -349,7 +352,7 @@ fn remove_if_exists(path: &Path) -> Result<(), AgentError> {
 /// Writes `dir/name` whole or not at all: temp file, fsync, rename.
 fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), AgentError> {
     use std::io::Write;
-    let tmp = tmp_path(dir, name);
+    let tmp = tmp_path(dir);
     let dest = dir.join(name);
     let written = (|| {
         let mut file = std::fs::File::create(&tmp)?;

@@ -239,6 +239,7 @@ async fn cached_blobs_are_not_fetched_again() {
 #[tokio::test]
 async fn the_registry_and_the_store_agree_on_tool_names() {
     let blobs = FakeBlobs::default();
+    let longest = "n".repeat(250);
     for (name, valid) in [
         ("plain", true),
         ("a-b.c_d", true),
@@ -246,6 +247,7 @@ async fn the_registry_and_the_store_agree_on_tool_names() {
         ("x.meta", false),
         ("..x", false),
         (".hidden", false),
+        (longest.as_str(), true),
     ] {
         let tools = tempfile::tempdir().unwrap();
         std::fs::write(
@@ -289,6 +291,31 @@ async fn the_registry_and_the_store_agree_on_tool_names() {
         "{}",
         report.refused[0]
     );
+}
+
+/// A name may take 250 bytes, its `.meta` then 255, a file name's most: the store writes it and
+/// its executable all the same. Before, temp files carried the name, 27 bytes more: names from
+/// 229 bytes up could not be written, and the tool vanished from every agent.
+#[tokio::test]
+async fn the_longest_names_are_written_with_their_executables() {
+    let state = tempfile::tempdir().unwrap();
+    let store = store(state.path());
+    let exe = script("echo long");
+    let blobs = FakeBlobs::with(&[&exe]);
+    let name = "n".repeat(250);
+    let report = store
+        .apply(
+            &full(
+                1,
+                vec![doc(&name, r#"{"description":"d"}"#, Some(blob_ref(&exe)))],
+            ),
+            &blobs,
+        )
+        .await;
+    assert!(report.refused.is_empty(), "{:?}", report.refused);
+    assert!(report.missing.is_empty(), "{:?}", report.missing);
+    assert_eq!(files(store.dir()), [name.clone(), format!("{name}.meta")]);
+    assert_eq!(std::fs::read(store.dir().join(&name)).unwrap(), exe);
 }
 
 /// [`common::tamper`], and read-only again afterwards.

@@ -70,6 +70,27 @@ impl Parser<'_> {
             .push(Diagnostic::warning(self.path, field, code, msg));
     }
 
+    /// Warns of a valid tool name that MCP clients or model APIs will not take as it is.
+    fn name_for_models(&mut self, name: &str) {
+        if name_problem(name).is_some() {
+            return;
+        }
+        let problem = if MCP_OWN_TOOLS.contains(&name) {
+            "`toolctl mcp` offers a tool of its own by this name, so MCP clients are never \
+             offered this one: rename the file"
+        } else if name.len() > MCP_MAX_NAME_CHARS {
+            "the name is longer than the 128 characters MCP allows, so `toolctl mcp` does not \
+             offer the tool to MCP clients: rename the file"
+        } else if !model_api_name(name, 64) {
+            "the name is longer than 64 characters, or has a `.`: some model APIs (OpenAI's \
+             function names) refuse it, and a client of theirs may refuse every tool of the \
+             session: rename the file"
+        } else {
+            return;
+        };
+        self.warn(None, Code::Suspicious, problem);
+    }
+
     fn document(&mut self, name: &str, bytes: &[u8]) -> Option<Meta> {
         if let Some(problem) = name_problem(name) {
             self.error(
@@ -80,10 +101,11 @@ impl Parser<'_> {
                 ),
             );
         }
+        self.name_for_models(name);
         let value: Value = match serde_json::from_slice(bytes) {
             Ok(v) => v,
             Err(e) => {
-                self.error(None, Code::NotJson, format!("not valid JSON: {e}"));
+                self.error(None, Code::NotJson, not_json(bytes, &e));
                 return None;
             }
         };
@@ -184,14 +206,12 @@ impl Parser<'_> {
         if let Some(schema) = obj.remove("args") {
             match ArgsValidator::compile(&schema) {
                 Ok(validator) => {
-                    if schema.get("type").is_some_and(|t| t != "object") {
-                        self.warn(
-                            Some(at("args.type")),
-                            Code::Suspicious,
-                            "arguments are always a JSON object",
-                        );
+                    if let Some((field, problem)) = args_problem(&schema) {
+                        self.error(Some(at(field)), Code::InvalidSchema, problem);
+                    } else {
+                        self.argument_names(&schema, &at("args.properties"));
+                        def.args = Some((schema, validator));
                     }
-                    def.args = Some((schema, validator));
                 }
                 Err(reason) => self.error(
                     Some(at("args")),
@@ -208,6 +228,35 @@ impl Parser<'_> {
             );
         }
         (def, obj)
+    }
+
+    /// Warns of argument names that clients of models refuse, or that the MCP server takes.
+    fn argument_names(&mut self, schema: &Value, at: &str) {
+        let Some(properties) = schema.get("properties").and_then(Value::as_object) else {
+            return;
+        };
+        for key in properties.keys() {
+            let field = Some(format!("{at}.{}", shown_key(key)));
+            if key == MCP_HOST_ARG {
+                self.warn(
+                    field,
+                    Code::Suspicious,
+                    format!(
+                        "`toolctl mcp` adds an argument `{MCP_HOST_ARG}` to choose the host when \
+                         a session has several, so on such a session MCP clients are not offered \
+                         this tool: rename the argument"
+                    ),
+                );
+            } else if !model_api_name(key, 64) {
+                self.warn(
+                    field,
+                    Code::Suspicious,
+                    "model APIs (OpenAI's, Anthropic's) take argument names of 1 to 64 \
+                     characters of A-Z a-z 0-9 _ . - only, and may refuse every tool of a \
+                     session that has this one: rename the argument",
+                );
+            }
+        }
     }
 
     fn variants(&mut self, value: Value) -> Vec<Variant> {
@@ -369,4 +418,90 @@ impl Parser<'_> {
             format!("expected {expected}, got {}", json_type(got)),
         );
     }
+}
+
+/// The tools `toolctl mcp` serves itself, whatever the session loads.
+pub const MCP_OWN_TOOLS: [&str; 2] = ["tool_search", "tool_load"];
+
+/// The argument `toolctl mcp` adds to every tool of a session of several hosts, naming the host.
+pub const MCP_HOST_ARG: &str = "target_host";
+
+/// The longest tool name MCP allows.
+pub const MCP_MAX_NAME_CHARS: usize = 128;
+
+/// Why `args` cannot take a call's arguments, one JSON object, with the field to name: `false`
+/// takes nothing, and a `type` other than `"object"` takes no object (MCP clients also refuse
+/// such a schema, and with it the list of every tool).
+fn args_problem(schema: &Value) -> Option<(&'static str, String)> {
+    match schema {
+        Value::Bool(false) => Some((
+            "args",
+            "`false` accepts no arguments at all, so every call would be refused: leave `args` \
+             out for a tool that takes none"
+                .into(),
+        )),
+        Value::Object(object) => match object.get("type") {
+            None => None,
+            Some(t) if t == "object" => None,
+            Some(t) => Some((
+                "args.type",
+                format!(
+                    "a call's arguments are one JSON object, so `type` must be \"object\" (or \
+                     left out), not {}",
+                    shown_value(t)
+                ),
+            )),
+        },
+        _ => None,
+    }
+}
+
+/// Whether `name` is 1 to `max` characters of `[A-Za-z0-9_-]` (with `.` too when `max` is
+/// larger than 64: MCP allows it, OpenAI's function names do not).
+fn model_api_name(name: &str, max: usize) -> bool {
+    !name.is_empty()
+        && name.len() <= max
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
+}
+
+/// A property name as a field path shows it: control characters escaped, cut to 80 characters.
+fn shown_key(key: &str) -> String {
+    let mut escaped = String::with_capacity(key.len());
+    for c in key.chars().take(80) {
+        let hides = c.is_control()
+            || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
+        if hides {
+            escaped.extend(c.escape_debug());
+        } else {
+            escaped.push(c);
+        }
+    }
+    if key.chars().nth(80).is_some() {
+        escaped.push('…');
+    }
+    escaped
+}
+
+/// A JSON value as a message quotes it: compact, cut to 80 characters.
+fn shown_value(value: &Value) -> String {
+    shown_key(&value.to_string())
+}
+
+/// Why `bytes` is no JSON, in words that say what to do where serde's do not.
+fn not_json(bytes: &[u8], e: &serde_json::Error) -> String {
+    if bytes.starts_with(b"\xEF\xBB\xBF") {
+        return "not valid JSON: the file starts with a UTF-8 byte-order mark; save it as UTF-8 \
+                without one"
+            .into();
+    }
+    let text = e.to_string();
+    if text.contains("surrogate") || text.contains("hex escape") {
+        return format!(
+            "not valid JSON: {text} (a `\\u` escape between D800 and DFFF must be one of a \
+             pair: a high surrogate, then a low one)"
+        );
+    }
+    format!("not valid JSON: {text}")
 }

@@ -67,6 +67,19 @@ fn not_json() {
     rejected("{\"description\": ", Code::NotJson, None, "not valid JSON");
     rejected("", Code::NotJson, None, "line 1");
     rejected("[1, 2]", Code::NotObject, None, "got array");
+    // Serde's words alone say nothing a tool author can act on.
+    rejected(
+        "\u{feff}{\"description\": \"d\"}",
+        Code::NotJson,
+        None,
+        "starts with a UTF-8 byte-order mark; save it as UTF-8 without one",
+    );
+    rejected(
+        r#"{"description": "\ud800"}"#,
+        Code::NotJson,
+        None,
+        "must be one of a pair: a high surrogate, then a low one",
+    );
 }
 
 #[test]
@@ -180,6 +193,107 @@ fn invalid_schema() {
         Some("variants[0].args"),
         "JSON Schema",
     );
+}
+
+/// A call's arguments are one JSON object. A schema that takes no object refused every call,
+/// and MCP clients (both official SDKs) refused the whole list of tools holding it.
+#[test]
+fn args_that_take_no_object_are_refused() {
+    for (doc, field, needle) in [
+        (
+            r#"{"args": {"type": "string"}}"#,
+            "args.type",
+            r#"`type` must be "object" (or left out), not "string""#,
+        ),
+        (
+            r#"{"args": {"type": "array"}}"#,
+            "args.type",
+            "not \"array\"",
+        ),
+        (
+            r#"{"args": {"type": ["object", "null"]}}"#,
+            "args.type",
+            r#"not ["object","null"]"#,
+        ),
+        (
+            r#"{"variants": [{"args": {"type": "integer"}}]}"#,
+            "variants[0].args.type",
+            "must be \"object\"",
+        ),
+        (r#"{"args": false}"#, "args", "accepts no arguments at all"),
+    ] {
+        rejected(doc, Code::InvalidSchema, Some(field), needle);
+    }
+    for fine in [
+        r#"{"description": "d", "args": {"type": "object"}}"#,
+        r#"{"description": "d", "args": {"properties": {"n": {"type": "integer"}}}}"#,
+        r#"{"description": "d", "args": true}"#,
+    ] {
+        let (ok, list) = problems(fine);
+        assert!(ok && list.is_empty(), "{fine}: {list:?}");
+    }
+}
+
+/// Names that MCP clients and model APIs would not take, and the names `toolctl mcp` keeps for
+/// itself, are warned of: served all the same, which the tool author now knows.
+#[test]
+fn names_models_cannot_take_are_warned_of() {
+    let warned = |name: &str, doc: &str| -> Vec<(Option<String>, String)> {
+        let parsed = parse(name, Path::new("/tools/x.meta"), doc.as_bytes());
+        assert!(parsed.meta.is_some(), "{name}: {:?}", parsed.diagnostics);
+        parsed
+            .diagnostics
+            .iter()
+            .filter(|d| d.severity == Severity::Warning && d.code == Code::Suspicious)
+            .map(|d| (d.field.clone(), d.message.clone()))
+            .collect()
+    };
+    let plain = r#"{"description": "d"}"#;
+    assert!(warned("disk_usage", plain).is_empty());
+    assert!(warned(&"n".repeat(64), plain).is_empty());
+    let long = warned(&"n".repeat(129), plain);
+    assert_eq!(long.len(), 1, "{long:?}");
+    assert!(
+        long[0]
+            .1
+            .contains("longer than the 128 characters MCP allows"),
+        "{long:?}"
+    );
+    for name in ["x.y", &"n".repeat(65)] {
+        let warnings = warned(name, plain);
+        assert!(
+            warnings[0].1.contains("some model APIs"),
+            "{name}: {warnings:?}"
+        );
+    }
+    for own in ["tool_search", "tool_load"] {
+        let warnings = warned(own, plain);
+        assert!(
+            warnings[0]
+                .1
+                .contains("offers a tool of its own by this name"),
+            "{warnings:?}"
+        );
+    }
+    let args = r#"{"description": "d", "args": {"properties": {
+        "ok_name": {}, "target_host": {}, "": {}, "with space": {}, "\u001b[2J": {}}}}"#;
+    let warnings = warned("t", args);
+    let fields: Vec<&str> = warnings.iter().filter_map(|(f, _)| f.as_deref()).collect();
+    assert_eq!(
+        fields,
+        [
+            "args.properties.target_host",
+            "args.properties.",
+            "args.properties.with space",
+            "args.properties.\\u{1b}[2J"
+        ],
+        "{warnings:?}"
+    );
+    assert!(
+        warnings[0].1.contains("adds an argument `target_host`"),
+        "{warnings:?}"
+    );
+    assert!(warnings[1].1.contains("1 to 64 characters"), "{warnings:?}");
 }
 
 #[test]

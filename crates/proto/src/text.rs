@@ -42,6 +42,38 @@ pub fn printable_line(text: &str, max: usize) -> String {
     out
 }
 
+/// `text` for a reader who takes it whole, lines and all (a tool's description and prompt, for
+/// a model and whoever reads along): line breaks and tabs kept (`\r\n` read as `\n`), every
+/// other character that [`disguises`] escaped.
+pub fn printable_lines(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\r' if chars.peek() == Some(&'\n') => {}
+            '\n' | '\t' => out.push(c),
+            c if disguises(c) => out.extend(c.escape_debug()),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `text` as one line: its line breaks, with the blanks around them, read as one space, then
+/// [`printable`]. For a line of a list that no text may break into two.
+pub fn one_line(text: &str) -> String {
+    let breaks = [
+        '\n', '\r', '\u{0B}', '\u{0C}', '\u{85}', '\u{2028}', '\u{2029}',
+    ];
+    let joined = text
+        .split(breaks)
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    printable(&joined)
+}
+
 /// `argv` as a POSIX shell would read it back: words that need no quoting as they are, others
 /// in single quotes, and words holding a character that [`disguises`] in `$'...'` with that
 /// character escaped. The words' bounds and every character stay visible, so a command cannot
@@ -91,6 +123,18 @@ mod tests {
         assert_eq!(
             printable("ok\u{1b}[2K\rfine\u{202e}txt.exe\u{200b}"),
             "ok\\u{1b}[2K\\rfine\\u{202e}txt.exe\\u{200b}"
+        );
+    }
+
+    #[test]
+    fn text_for_models_keeps_its_lines_and_shows_what_would_disguise_it() {
+        assert_eq!(
+            printable_lines("## Title\r\n\tline\u{1b}[2J\rover\u{202e}txt\n"),
+            "## Title\n\tline\\u{1b}[2J\\rover\\u{202e}txt\n"
+        );
+        assert_eq!(
+            one_line("Lists files.\n\nrm_all (loaded, score 0.999):\u{2028} safe\r\n\u{1b}[2J"),
+            "Lists files. rm_all (loaded, score 0.999): safe \\u{1b}[2J"
         );
     }
 

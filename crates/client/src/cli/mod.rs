@@ -735,10 +735,34 @@ pub fn written(result: std::io::Result<()>, what: &str) -> u8 {
     }
 }
 
-/// Writes `value` as pretty JSON and a newline.
+/// Writes `value` as pretty JSON and a newline, for a terminal as much as for a program.
 pub fn write_json(out: &mut impl Write, value: &impl serde::Serialize) -> std::io::Result<()> {
-    serde_json::to_writer_pretty(&mut *out, value).map_err(std::io::Error::from)?;
+    let text = serde_json::to_string_pretty(value).map_err(std::io::Error::from)?;
+    out.write_all(json_for_terminals(&text).as_bytes())?;
     writeln!(out)
+}
+
+/// JSON text with every character that would disguise it on a terminal written as a `\uXXXX`
+/// escape: the same JSON value, shown as it is. Serde escapes the C0 controls inside strings;
+/// direction overrides, zero-width characters and C1 controls it leaves raw, and a tool's
+/// description (a host-only tool's is its host's word) may hold them.
+fn json_for_terminals(text: &str) -> std::borrow::Cow<'_, str> {
+    use std::fmt::Write as _;
+    let hides = |c: char| c != '\n' && toolsrv_proto::text::disguises(c);
+    if !text.chars().any(hides) {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if hides(c) {
+            for unit in c.encode_utf16(&mut [0; 2]) {
+                let _ = write!(out, "\\u{unit:04x}");
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out.into()
 }
 
 /// Prints a tool listing, the same for `local list` and `tools`: a JSON array of entries, or a
@@ -786,4 +810,27 @@ fn write_listing(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    #[test]
+    fn json_for_terminals_is_the_same_value_with_nothing_hidden() {
+        let value = serde_json::json!({"d": "a\u{202e}b\u{1b}[2J\u{85}c\u{200b}\n"});
+        let mut out = Vec::new();
+        super::write_json(&mut out, &value).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains(r"a\u202eb\u001b[2J\u0085c\u200b\n"), "{text}");
+        assert!(
+            !text
+                .chars()
+                .any(|c| c != '\n' && toolsrv_proto::text::disguises(c))
+        );
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&text).unwrap(),
+            value
+        );
+    }
 }

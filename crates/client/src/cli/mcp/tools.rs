@@ -8,17 +8,20 @@ use std::sync::Arc;
 use rmcp::model::{JsonObject, MetaObject, Tool, ToolAnnotations};
 use serde_json::{Value, json};
 
+use toolsrv_proto::text::{printable, printable_lines};
+
 use crate::cli::quote::quoted;
 use crate::{HostState, LoadedTool, SessionState, ToolDefinition, WaitsForApproval};
 
 /// The argument naming the host a call runs on, added to every tool when the session's selector
 /// picks more than one host. Prefixed so that it does not clash with a tool's own arguments in
-/// practice; should a tool declare it anyway, this one replaces it.
-pub const HOST_ARG: &str = "target_host";
+/// practice; a tool that declares it anyway is not offered on such a session (`toolctl lint`
+/// warns of it).
+pub const HOST_ARG: &str = toolsrv_meta::MCP_HOST_ARG;
 /// Ranks the tools of the session's hosts against a request (FindTools).
-pub const SEARCH: &str = "tool_search";
+pub const SEARCH: &str = toolsrv_meta::MCP_OWN_TOOLS[0];
 /// Loads a tool into the session (LoadTool).
-pub const LOAD: &str = "tool_load";
+pub const LOAD: &str = toolsrv_meta::MCP_OWN_TOOLS[1];
 /// Prefix of the `_meta` keys that carry a tool's model-facing `.meta` fields.
 pub const META_PREFIX: &str = "toolsrv/";
 
@@ -40,6 +43,8 @@ pub struct Catalog {
     unasked: Vec<Tool>,
     /// Tool name -> the online hosts of the session that offer it.
     loaded: BTreeMap<String, Vec<String>>,
+    /// Loaded tools that MCP clients cannot be offered, with why ([`not_offered`]).
+    refused: BTreeMap<String, String>,
 }
 
 /// Where a call goes, or why it goes nowhere.
@@ -64,15 +69,17 @@ impl Catalog {
         let mut tools = Vec::with_capacity(state.tools.len());
         let mut unasked = Vec::with_capacity(state.tools.len());
         let mut loaded = BTreeMap::new();
+        let mut refused = BTreeMap::new();
         for t in &state.tools {
-            if t.name == SEARCH || t.name == LOAD {
-                tracing::warn!(tool = %t.name, "a loaded tool has the name of a tool of the MCP server's own: not served");
-                continue;
-            }
             let Some(def) = t.resolutions.first().and_then(|r| r.definition.as_ref()) else {
                 continue;
             };
             if t.hosts.is_empty() {
+                continue;
+            }
+            if let Some(why) = not_offered(&t.name, def, multi_host) {
+                tracing::warn!(tool = %quoted(&t.name), reason = %why, "a loaded tool is not offered to MCP clients");
+                refused.insert(t.name.clone(), why);
                 continue;
             }
             tools.push(mcp_tool(t, def, multi_host, true));
@@ -87,7 +94,13 @@ impl Catalog {
             tools,
             unasked,
             loaded,
+            refused,
         }
+    }
+
+    /// Why loaded tool `tool` is not offered to MCP clients, if it is loaded and not offered.
+    pub fn refusal(&self, tool: &str) -> Option<&str> {
+        self.refused.get(tool).map(String::as_str)
     }
 
     /// The MCP tools of the loaded tools, in load order, as told to a client that can ask its
@@ -194,13 +207,82 @@ impl Catalog {
     }
 }
 
+/// Why a tool cannot be offered to MCP clients, by its name alone: one of the server's own
+/// names, or longer than MCP allows.
+pub fn name_not_offered(name: &str) -> Option<String> {
+    if name == SEARCH || name == LOAD {
+        Some(format!(
+            "it has the name of a tool of this MCP server's own, `{name}`: rename its `.meta`"
+        ))
+    } else if name.chars().count() > toolsrv_meta::MCP_MAX_NAME_CHARS {
+        Some(format!(
+            "its name is longer than the {} characters MCP allows: rename its `.meta`",
+            toolsrv_meta::MCP_MAX_NAME_CHARS
+        ))
+    } else {
+        None
+    }
+}
+
+/// Why a loaded tool cannot be offered to MCP clients: its name ([`name_not_offered`]), an
+/// `args` that takes no JSON object (strict clients, both official SDKs among them, refuse the
+/// whole list of tools for one such schema), or, on a session of several hosts, an argument of
+/// its own named [`HOST_ARG`] (the server's would replace it, and every call would fail).
+pub fn not_offered(name: &str, def: &ToolDefinition, multi_host: bool) -> Option<String> {
+    if let Some(why) = name_not_offered(name) {
+        return Some(why);
+    }
+    let schema = args_schema(&def.args_schema_json);
+    match &schema {
+        Some(Value::Object(object)) => {
+            if let Some(t) = object.get("type").filter(|t| *t != "object") {
+                return Some(format!(
+                    "its `args` takes no JSON object (`type` is {}), while a call's arguments are \
+                     one: fix its `.meta`",
+                    printable(&t.to_string())
+                ));
+            }
+            let own_host_arg = object
+                .get("properties")
+                .and_then(Value::as_object)
+                .is_some_and(|p| p.contains_key(HOST_ARG));
+            if multi_host && own_host_arg {
+                return Some(format!(
+                    "it has an argument `{HOST_ARG}` of its own, the name this server gives the \
+                     argument that chooses the host on a session of several hosts: rename it in \
+                     its `.meta`, or open the session on one host"
+                ));
+            }
+            None
+        }
+        Some(Value::Bool(false)) => Some(
+            "its `args` is `false`, which takes no arguments at all: fix its `.meta`".to_string(),
+        ),
+        _ => None,
+    }
+}
+
+/// A tool's `args` as JSON; `None` when it has none (or sent one that is no JSON).
+fn args_schema(args_schema_json: &str) -> Option<Value> {
+    if args_schema_json.trim().is_empty() {
+        return None;
+    }
+    serde_json::from_str(args_schema_json).ok()
+}
+
 /// One loaded tool as an MCP tool.
 fn mcp_tool(t: &LoadedTool, def: &ToolDefinition, multi_host: bool, can_ask: bool) -> Tool {
     let mut schema = input_schema(&def.args_schema_json, &t.name);
     if multi_host {
         add_host_arg(&mut schema, &t.hosts);
     }
-    let description = match (def.description.trim(), def.prompt.trim()) {
+    // What the tool's author wrote reaches a model and whoever reads along: line breaks kept,
+    // escape sequences and invisible direction marks shown escaped.
+    let (d, p) = (
+        printable_lines(def.description.trim()),
+        printable_lines(def.prompt.trim()),
+    );
+    let description = match (d.as_str(), p.as_str()) {
         (d, "") => d.to_string(),
         ("", p) => p.to_string(),
         (d, p) => format!("{d}\n\n{p}"),
@@ -288,17 +370,17 @@ pub fn host_only_note(hosts: &[String]) -> String {
     )
 }
 
-/// The tool's input schema: its `args`, `{"type": "object"}` when it declares none.
+/// The tool's input schema: its `args`, `{"type": "object"}` when it declares none (or `true`).
 fn input_schema(args_schema_json: &str, tool: &str) -> JsonObject {
     let mut schema = JsonObject::new();
-    if !args_schema_json.trim().is_empty() {
-        match serde_json::from_str::<Value>(args_schema_json) {
-            Ok(Value::Object(object)) => schema = object,
-            Ok(_) | Err(_) => {
-                // The registry validates schemas; an agent that sent a broken one still has
-                // its tool served, with the agent checking the arguments.
-                tracing::warn!(%tool, "the args schema is not a JSON object: serving `{{\"type\": \"object\"}}`");
-            }
+    match args_schema(args_schema_json) {
+        None if args_schema_json.trim().is_empty() => {}
+        Some(Value::Object(object)) => schema = object,
+        Some(Value::Bool(true)) => {}
+        _ => {
+            // The registry validates schemas; an agent that sent a broken one still has its
+            // tool served, with the agent checking the arguments.
+            tracing::warn!(tool = %quoted(tool), "the args schema is not a JSON object: serving `{{\"type\": \"object\"}}`");
         }
     }
     schema
@@ -315,6 +397,16 @@ fn add_host_arg(schema: &mut JsonObject, hosts: &[String]) {
         "description": "The host to run the tool on: one of the session's hosts where the \
                         tool is available now. Added by the MCP server, not passed to the tool.",
     });
+    // One more property than the tool's own: room for it where the schema counts or names them.
+    if let Some(max) = schema.get("maxProperties").and_then(Value::as_u64) {
+        schema.insert("maxProperties".into(), Value::from(max.saturating_add(1)));
+    }
+    if let Some(names) = schema.remove("propertyNames") {
+        schema.insert(
+            "propertyNames".into(),
+            json!({"anyOf": [names, {"const": HOST_ARG}]}),
+        );
+    }
     let properties = schema
         .entry("properties")
         .or_insert_with(|| Value::Object(JsonObject::new()));
@@ -336,7 +428,7 @@ fn title(name: &str, prompt: &str) -> String {
     let first = prompt.trim_start().lines().next().unwrap_or_default();
     match first.trim_start_matches('#') {
         heading if heading.len() < first.len() && !heading.trim().is_empty() => {
-            heading.trim().to_string()
+            printable(heading.trim())
         }
         _ => name.to_string(),
     }
@@ -356,7 +448,7 @@ fn tool_meta(def: &ToolDefinition, hosts: &[String]) -> MetaObject {
         ("outputFormat", &def.output_format),
     ] {
         if !value.is_empty() {
-            put(key, Value::from(value.as_str()));
+            put(key, Value::from(printable(value)));
         }
     }
     if let Some(resets) = def.resets_counter {
@@ -493,6 +585,102 @@ mod tests {
 
     fn as_json(tool: &Tool) -> Value {
         serde_json::to_value(tool).unwrap()
+    }
+
+    /// What strict MCP clients would refuse is not offered, and the session says why: one such
+    /// tool made both official SDKs refuse the whole list.
+    #[test]
+    fn tools_mcp_clients_would_refuse_are_not_offered() {
+        let long = "n".repeat(129);
+        let tools = vec![
+            (def("fine", r#"{"type": "object"}"#), vec!["a"]),
+            (def("stringy", r#"{"type": "string"}"#), vec!["a"]),
+            (def("nothing", "false"), vec!["a"]),
+            (def("anything", "true"), vec!["a"]),
+            (def(&long, "{}"), vec!["a"]),
+            (def(SEARCH, "{}"), vec!["a"]),
+            (
+                def(
+                    "own_host",
+                    r#"{"properties": {"target_host": {"type": "integer"}}}"#,
+                ),
+                vec!["a"],
+            ),
+        ];
+        let one = Catalog::from_state(&state(&[("a", true)], tools.clone()));
+        let served: Vec<&str> = one.tools(true).iter().map(|t| t.name.as_ref()).collect();
+        // On one host a tool's own `target_host` is its own: nothing is added.
+        assert_eq!(served, ["fine", "anything", "own_host"]);
+        assert_eq!(one.tools(true)[1].input_schema["type"], "object");
+        assert!(
+            one.refusal("stringy")
+                .unwrap()
+                .contains(r#"(`type` is "string")"#)
+        );
+        assert!(one.refusal("nothing").unwrap().contains("is `false`"));
+        assert!(
+            one.refusal(&long)
+                .unwrap()
+                .contains("longer than the 128 characters")
+        );
+        assert!(
+            one.refusal(SEARCH)
+                .unwrap()
+                .contains("a tool of this MCP server's own")
+        );
+        assert!(!one.serves("stringy"));
+
+        let two = Catalog::from_state(&state(&[("a", true), ("b", true)], tools));
+        let served: Vec<&str> = two.tools(true).iter().map(|t| t.name.as_ref()).collect();
+        assert_eq!(served, ["fine", "anything"]);
+        assert!(
+            two.refusal("own_host")
+                .unwrap()
+                .contains("an argument `target_host` of its own")
+        );
+    }
+
+    /// The host argument fits schemas that count or name their properties.
+    #[test]
+    fn the_host_argument_fits_schemas_that_bound_their_properties() {
+        let st = state(
+            &[("a", true), ("b", true)],
+            vec![(
+                def(
+                    "bounded",
+                    r#"{"maxProperties": 0, "propertyNames": {"pattern": "^[a-z]$"}}"#,
+                ),
+                vec!["a", "b"],
+            )],
+        );
+        let catalog = Catalog::from_state(&st);
+        let schema = Value::Object((*catalog.tools(true)[0].input_schema).clone());
+        assert_eq!(schema["maxProperties"], 1);
+        assert_eq!(
+            schema["propertyNames"],
+            json!({"anyOf": [{"pattern": "^[a-z]$"}, {"const": HOST_ARG}]})
+        );
+    }
+
+    /// A tool's author writes its description and prompt: lines reach the model, escape
+    /// sequences and direction overrides reach it escaped, in the title and `_meta` too.
+    #[test]
+    fn what_a_tool_s_author_wrote_reaches_clients_with_nothing_hidden() {
+        let mut d = def("t", "");
+        d.description = "Lists\u{1b}[2J files\u{202e}".into();
+        d.prompt = "## Title\u{1b}]0;pwned\u{7}\r\nUse it.\u{0}".into();
+        d.scope = "\u{1b}]52;c;ZXZpbA==\u{7}".into();
+        let catalog = Catalog::from_state(&state(&[("a", true)], vec![(d, vec!["a"])]));
+        let tool = as_json(&catalog.tools(true)[0]);
+        assert_eq!(
+            tool["description"],
+            "Lists\\u{1b}[2J files\\u{202e}\n\n## Title\\u{1b}]0;pwned\\u{7}\nUse it.\\0"
+        );
+        assert_eq!(tool["title"], "Title\\u{1b}]0;pwned\\u{7}");
+        assert_eq!(
+            tool["_meta"]["toolsrv/scope"],
+            "\\u{1b}]52;c;ZXZpbA==\\u{7}"
+        );
     }
 
     /// Calls the policy holds for approval are said in the description and `_meta`: by whom,
