@@ -374,6 +374,19 @@ fn watch(fleet: &Fleet, id: &str) -> LineWatch {
     LineWatch::start(fleet.toolctl_command("client-alice", &["session", "watch", id, "--json"]))
 }
 
+/// A coordinator shutting down ends its sessions, and their watches: `session watch` says so
+/// and exits 75, as `toolctl watch` does. Before, it exited 0 without a word.
+#[test]
+fn a_watch_ended_by_a_coordinator_shutting_down_is_not_a_success() {
+    let mut fleet = fleet(&[]);
+    let p = profile(&fleet, "p.json", r#"{"autoLoad": ["everyday"]}"#);
+    let id = open(&fleet, &["--profile", &p]);
+    let watcher = watch(&fleet, &id);
+    watcher.until("the first state", |s| s["id"] == id.as_str());
+    fleet.coordinator.as_mut().unwrap().terminate();
+    assert_eq!(watcher.end(), Some(75));
+}
+
 #[test]
 fn a_watcher_sees_loads_meta_edits_and_hosts_going_away() {
     let mut fleet = fleet(&[]);

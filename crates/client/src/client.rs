@@ -48,7 +48,8 @@ impl Client {
     /// With TLS 1.3 a coordinator that refuses *our* certificate is only noticed on the first RPC.
     ///
     /// `addr` may name several coordinator replicas, comma-separated: they are tried in turn,
-    /// from one picked at random, and the first that answers is used.
+    /// from one picked at random, and the first that answers is used; when its connection is
+    /// lost, the next RPC goes to the first that answers from the one used last.
     pub async fn connect(opts: &ConnectOptions) -> Result<Self, ClientError> {
         check_dates(&opts.tls.cert)?;
         let urls: Vec<&str> = opts
@@ -57,11 +58,15 @@ impl Client {
             .map(str::trim)
             .filter(|u| !u.is_empty())
             .collect();
-        let connect = |url| {
-            toolsrv_tls::connect_reloading_within(url, &opts.tls, Role::Coordinator, ANSWER_WITHIN)
-        };
         if urls.len() <= 1 {
-            return Ok(Self::from_channel(connect(&opts.addr).await?));
+            let channel = toolsrv_tls::connect_reloading_within(
+                &opts.addr,
+                &opts.tls,
+                Role::Coordinator,
+                ANSWER_WITHIN,
+            )
+            .await?;
+            return Ok(Self::from_channel(channel));
         }
         let start = {
             use std::hash::BuildHasher;
@@ -69,19 +74,24 @@ impl Client {
                 as usize
                 % urls.len()
         };
-        let mut failures = Vec::new();
-        for i in 0..urls.len() {
-            let url = urls[(start + i) % urls.len()];
-            match connect(url).await {
-                Ok(channel) => return Ok(Self::from_channel(channel)),
-                Err(e) => failures.push(e.to_string()),
-            }
-        }
-        Err(toolsrv_tls::TlsError::Connect(format!(
-            "no coordinator replica answered: {}",
-            failures.join("; ")
-        ))
-        .into())
+        // From a replica picked at random, so that clients spread; every later connection of
+        // the channel goes to the first replica that answers, so a client whose replica went
+        // away carries on through another.
+        let rotated: Vec<&str> = urls[start..]
+            .iter()
+            .chain(&urls[..start])
+            .copied()
+            .collect();
+        toolsrv_tls::connect_replicas_within(&rotated, &opts.tls, Role::Coordinator, ANSWER_WITHIN)
+            .await
+            .map(Self::from_channel)
+            .map_err(|e| match e {
+                toolsrv_tls::TlsError::Connect(why) => toolsrv_tls::TlsError::Connect(format!(
+                    "no coordinator replica answered: {why}"
+                ))
+                .into(),
+                other => other.into(),
+            })
     }
 
     /// Connects through the control socket of a running `toolctl master` (see [`crate::control`]):

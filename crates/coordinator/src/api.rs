@@ -840,7 +840,8 @@ async fn fan_out(
 fn draining(state: &State) -> Result<(), Status> {
     if state.draining.is_cancelled() {
         return Err(Status::unavailable(
-            "the coordinator is shutting down and takes no new calls: retry in a few seconds              (calls already running finish)",
+            "the coordinator is shutting down and takes no new calls: retry in a few seconds \
+             (calls already running finish)",
         ));
     }
     Ok(())

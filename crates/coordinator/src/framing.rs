@@ -143,7 +143,10 @@ where
                 Poll::Ready(Some(Err(e))) => {
                     self.ended = true;
                     self.buf = BytesMut::new();
-                    return Poll::Ready(Some(Err(Status::unknown(format!("stream error: {e}")))));
+                    return Poll::Ready(Some(Err(Status::unknown(format!(
+                        "stream error: {}",
+                        summary(&e.to_string())
+                    )))));
                 }
                 Poll::Ready(None) => self.ended = true,
                 Poll::Pending => {
@@ -157,6 +160,20 @@ where
                 }
             }
         }
+    }
+}
+
+/// Most bytes of a body error's text kept in the status that ends the stream.
+const MAX_ERROR_SUMMARY: usize = 300;
+
+/// A body error's text without the debug dump of its sources (tonic writes `source: Error {
+/// ... }` after the message, hundreds of bytes that reached `toolctl call` and models), cut to
+/// [`MAX_ERROR_SUMMARY`] bytes.
+fn summary(text: &str) -> String {
+    let text = text.split(", source:").next().unwrap_or(text);
+    match text.char_indices().find(|(i, _)| *i >= MAX_ERROR_SUMMARY) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_string(),
     }
 }
 
@@ -283,6 +300,19 @@ mod tests {
     use toolsrv_proto::v1::{Keepalive, agent_message::Msg};
 
     use super::*;
+
+    #[test]
+    fn a_body_error_is_summed_up_without_its_sources() {
+        let dump = "code: 'Unknown error', message: \"error reading a body from connection\", \
+                    source: Error { inner: Status { code: Unknown, source: Some(hyper::Error(\
+                    Body, Error { kind: Io(Custom { kind: UnexpectedEof }) })) } }";
+        assert_eq!(
+            summary(dump),
+            "code: 'Unknown error', message: \"error reading a body from connection\""
+        );
+        let long = "x".repeat(1000);
+        assert_eq!(summary(&long).len(), MAX_ERROR_SUMMARY + '…'.len_utf8());
+    }
     use toolsrv_proto::v1::AgentMessage;
 
     /// A request body that yields the given chunks, then `Pending` once between chunks when

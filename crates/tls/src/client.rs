@@ -5,6 +5,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -58,19 +59,37 @@ pub async fn connect_reloading_within(
     reloading(url, files, expect, Some(answer_within)).await
 }
 
+/// [`connect_reloading_within`] for servers that stand in for each other (coordinator
+/// replicas): each connection the channel makes, the first and every reconnection, goes to the
+/// first of `urls` that answers, trying them in turn from the one that answered last. A channel
+/// whose server went away reaches another on its next request, so its clones (and whatever
+/// holds them) carry on there.
+pub async fn connect_replicas_within(
+    urls: &[&str],
+    files: &TlsFiles,
+    expect: Role,
+    answer_within: Duration,
+) -> Result<Channel, TlsError> {
+    let (endpoint, connector) = prepare_replicas(urls, reloaded(files, expect)?)?;
+    dial(&urls.join(","), endpoint.timeout(answer_within), connector).await
+}
+
+fn reloaded(files: &TlsFiles, expect: Role) -> Result<Source, TlsError> {
+    let first = client_config(files, expect)?;
+    Ok(Source::Files {
+        files: files.clone(),
+        expect,
+        first: Arc::new(Mutex::new(Some(first))),
+    })
+}
+
 async fn reloading(
     url: &str,
     files: &TlsFiles,
     expect: Role,
     answer_within: Option<Duration>,
 ) -> Result<Channel, TlsError> {
-    let first = client_config(files, expect)?;
-    let source = Source::Files {
-        files: files.clone(),
-        expect,
-        first: Arc::new(Mutex::new(Some(first))),
-    };
-    let (mut endpoint, connector) = prepare(url, source)?;
+    let (mut endpoint, connector) = prepare(url, reloaded(files, expect)?)?;
     if let Some(within) = answer_within {
         endpoint = endpoint.timeout(within);
     }
@@ -127,6 +146,43 @@ impl Source {
 }
 
 fn prepare(url: &str, config: Source) -> Result<(Endpoint, TlsConnector), TlsError> {
+    prepare_replicas(&[url], config)
+}
+
+/// The endpoint (the first URL's: tonic's requests name it, the connector picks the server)
+/// and a connector over every one of `urls`.
+fn prepare_replicas(urls: &[&str], config: Source) -> Result<(Endpoint, TlsConnector), TlsError> {
+    let mut targets = Vec::with_capacity(urls.len());
+    let mut first = None;
+    for url in urls {
+        let (uri, target) = target(url)?;
+        first.get_or_insert(uri);
+        targets.push(target);
+    }
+    let Some(uri) = first else {
+        return Err(TlsError::InvalidName {
+            what: "URL",
+            value: String::new(),
+            msg: "no URL given".into(),
+        });
+    };
+    let endpoint = Endpoint::from(uri)
+        .connect_timeout(CONNECT_TIMEOUT.saturating_mul(u32::try_from(urls.len()).unwrap_or(1)))
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
+        .tcp_nodelay(true);
+    let connector = TlsConnector {
+        config,
+        targets: targets.into(),
+        current: Arc::default(),
+    };
+    Ok((endpoint, connector))
+}
+
+/// One server of a connector: `url`'s host, port and the name its certificate must carry, with
+/// the URI tonic is given (plain http: the TLS is the connector's).
+fn target(url: &str) -> Result<(Uri, Target), TlsError> {
     let bad = |msg: &str| TlsError::InvalidName {
         what: "URL",
         value: url.to_string(),
@@ -152,19 +208,12 @@ fn prepare(url: &str, config: Source) -> Result<(Endpoint, TlsConnector), TlsErr
             "host {host:?} is not a DNS name or IP address: {e}"
         ))
     })?;
-    let endpoint = Endpoint::from(uri)
-        .connect_timeout(CONNECT_TIMEOUT)
-        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-        .keep_alive_while_idle(true)
-        .tcp_nodelay(true);
-    let connector = TlsConnector {
-        config,
+    let target = Target {
         host,
         port,
         server_name,
     };
-    Ok((endpoint, connector))
+    Ok((uri, target))
 }
 
 /// How long a TCP connect to one of a name's addresses may take before the next is tried.
@@ -196,14 +245,50 @@ async fn connect_any(
     Err(last)
 }
 
-/// A tower service that dials TCP and runs the rustls handshake. It always
-/// dials the URL given at construction; tonic passes the same URI anyway.
+/// A tower service that dials TCP and runs the rustls handshake, with the servers given at
+/// construction (tonic passes the first one's URI anyway): the one that answered last first,
+/// then the others in turn.
 #[derive(Debug, Clone)]
 struct TlsConnector {
     config: Source,
+    targets: Arc<[Target]>,
+    /// The target that answered last.
+    current: Arc<AtomicUsize>,
+}
+
+/// One server a [`TlsConnector`] may dial.
+#[derive(Debug, Clone)]
+struct Target {
     host: String,
     port: u16,
     server_name: ServerName<'static>,
+}
+
+impl Target {
+    /// TCP, then TLS with `config`; each failure says which step failed, for which address.
+    async fn dial(
+        &self,
+        config: Arc<ClientConfig>,
+    ) -> Result<TokioIo<TlsStream<TcpStream>>, io::Error> {
+        let (host, port) = (self.host.as_str(), self.port);
+        let failed = |what: &'static str| {
+            move |e: io::Error| io::Error::new(e.kind(), format!("{what} {host}:{port}: {e}"))
+        };
+        let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
+            .await
+            .map_err(failed("cannot resolve"))?
+            .collect();
+        let start = fastrand::usize(..addrs.len().max(1));
+        let tcp = connect_any(&addrs, start, ADDRESS_TIMEOUT)
+            .await
+            .map_err(failed("TCP connect to"))?;
+        tcp.set_nodelay(true)?;
+        let tls = tokio_rustls::TlsConnector::from(config)
+            .connect(self.server_name.clone(), tcp)
+            .await
+            .map_err(failed("TLS handshake with"))?;
+        Ok(TokioIo::new(tls))
+    }
 }
 
 type ConnectFuture =
@@ -222,25 +307,31 @@ impl tower::Service<Uri> for TlsConnector {
         let this = self.clone();
         Box::pin(async move {
             let config = this.config.config()?;
-            // Each failure says which step failed, for which address.
-            let (host, port) = (this.host.as_str(), this.port);
-            let failed = |what: &'static str| {
-                move |e: io::Error| io::Error::new(e.kind(), format!("{what} {host}:{port}: {e}"))
-            };
-            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
-                .await
-                .map_err(failed("cannot resolve"))?
-                .collect();
-            let start = fastrand::usize(..addrs.len().max(1));
-            let tcp = connect_any(&addrs, start, ADDRESS_TIMEOUT)
-                .await
-                .map_err(failed("TCP connect to"))?;
-            tcp.set_nodelay(true)?;
-            let tls = tokio_rustls::TlsConnector::from(config)
-                .connect(this.server_name, tcp)
-                .await
-                .map_err(failed("TLS handshake with"))?;
-            Ok(TokioIo::new(tls))
+            let count = this.targets.len();
+            let first = this.current.load(Ordering::Relaxed);
+            let mut failures = Vec::new();
+            for i in 0..count {
+                let at = (first + i) % count;
+                match this.targets[at].dial(Arc::clone(&config)).await {
+                    Ok(io) => {
+                        this.current.store(at, Ordering::Relaxed);
+                        return Ok(io);
+                    }
+                    Err(e) => failures.push(e),
+                }
+            }
+            match failures.len() {
+                0 => Err(io::Error::new(io::ErrorKind::NotFound, "no server to dial")),
+                1 => Err(failures.remove(0)),
+                _ => Err(io::Error::new(
+                    failures[0].kind(),
+                    failures
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                )),
+            }
         })
     }
 }

@@ -25,7 +25,7 @@ mod usage;
 pub use cert_info::{CertInfo, certificates_in, since_epoch, unix_now, until_unix};
 pub use client::{
     CONNECT_TIMEOUT, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, connect, connect_reloading,
-    connect_reloading_within, lazy_channel,
+    connect_reloading_within, connect_replicas_within, lazy_channel,
 };
 pub use config::{
     CertificateExpiry, TlsFiles, anonymous_client_config, certificate_expiry, certificate_identity,

@@ -200,14 +200,18 @@ impl ServerHandler for Server {
                 .await;
         }
         match catalog.route(name, &mut args) {
-            None => Err(McpError::invalid_params(
-                format!(
-                    "unknown tool `{}`: it is not loaded in this session (find tools with \
-                     {SEARCH}, load one with {LOAD})",
-                    quoted(name)
-                ),
-                None,
-            )),
+            // Loaded, and not served now: an error result saying why, for the model to read.
+            None => match catalog.not_served(name) {
+                Some(why) => Ok(error(why).into()),
+                None => Err(McpError::invalid_params(
+                    format!(
+                        "unknown tool `{}`: it is not loaded in this session (find tools with \
+                         {SEARCH}, load one with {LOAD})",
+                        quoted(name)
+                    ),
+                    None,
+                )),
+            },
             Some(Route::Refused(text)) => Ok(error(text).into()),
             Some(Route::Host(host)) => {
                 self.calls

@@ -45,6 +45,8 @@ pub struct Catalog {
     loaded: BTreeMap<String, Vec<String>>,
     /// Loaded tools that MCP clients cannot be offered, with why ([`not_offered`]).
     refused: BTreeMap<String, String>,
+    /// Loaded tools no online host of the session offers now, with why.
+    unavailable: BTreeMap<String, String>,
 }
 
 /// Where a call goes, or why it goes nowhere.
@@ -70,13 +72,18 @@ impl Catalog {
         let mut unasked = Vec::with_capacity(state.tools.len());
         let mut loaded = BTreeMap::new();
         let mut refused = BTreeMap::new();
+        let mut unavailable = BTreeMap::new();
         for t in &state.tools {
-            let Some(def) = t.resolutions.first().and_then(|r| r.definition.as_ref()) else {
+            let def = t.resolutions.first().and_then(|r| r.definition.as_ref());
+            let Some(def) = def.filter(|_| !t.hosts.is_empty()) else {
+                let why = if t.unavailable.is_empty() {
+                    "no online host of the session offers it now"
+                } else {
+                    t.unavailable.as_str()
+                };
+                unavailable.insert(t.name.clone(), why.to_string());
                 continue;
             };
-            if t.hosts.is_empty() {
-                continue;
-            }
             if let Some(why) = not_offered(&t.name, def, multi_host) {
                 tracing::warn!(tool = %quoted(&t.name), reason = %why, "a loaded tool is not offered to MCP clients");
                 refused.insert(t.name.clone(), why);
@@ -95,7 +102,21 @@ impl Catalog {
             unasked,
             loaded,
             refused,
+            unavailable,
         }
+    }
+
+    /// Why loaded tool `tool` is not served now, if it is loaded and not served: no online host
+    /// offers it, or MCP clients cannot be offered it.
+    pub fn not_served(&self, tool: &str) -> Option<String> {
+        if let Some(why) = self.unavailable.get(tool) {
+            return Some(format!(
+                "`{tool}` is loaded, but not available now: {why}. It is offered again, with a \
+                 list change, once a host of the session offers it"
+            ));
+        }
+        self.refusal(tool)
+            .map(|why| format!("`{tool}` is loaded, but MCP clients cannot be offered it: {why}"))
     }
 
     /// Why loaded tool `tool` is not offered to MCP clients, if it is loaded and not offered.
@@ -193,7 +214,8 @@ impl Catalog {
         };
         Some(match self.hosts.iter().find(|(h, _)| *h == host) {
             None => Route::Refused(format!(
-                "host `{}` is not one of this session's hosts ({})",
+                "host `{}` is not one of this session's hosts now ({}): a host the session's \
+                 selector picks counts once it has connected",
                 quoted(&host),
                 names()
             )),
@@ -629,6 +651,22 @@ mod tests {
                 .contains("a tool of this MCP server's own")
         );
         assert!(!one.serves("stringy"));
+        assert!(
+            one.not_served("stringy")
+                .unwrap()
+                .contains("is loaded, but MCP clients")
+        );
+        assert_eq!(one.not_served("fine"), None);
+        assert_eq!(one.not_served("never_loaded"), None);
+        // Loaded, and offered by no online host now: said so, not called unknown.
+        let away = Catalog::from_state(&state(&[("a", true)], vec![(def("away", ""), vec![])]));
+        assert!(
+            away.not_served("away")
+                .unwrap()
+                .contains("is loaded, but not available now"),
+            "{:?}",
+            away.not_served("away")
+        );
 
         let two = Catalog::from_state(&state(&[("a", true), ("b", true)], tools));
         let served: Vec<&str> = two.tools(true).iter().map(|t| t.name.as_ref()).collect();

@@ -179,7 +179,15 @@ pub async fn watch(conn: &ConnArgs, id: &str, json: bool) -> u8 {
                 }
             }
             Some(Err(e)) => return remote.fail(&format!("watching session `{id}`"), &e),
-            None => return 0,
+            // A session ends with NOT_FOUND; a stream that just ends is the coordinator's.
+            None => {
+                eprintln!(
+                    "toolctl: the coordinator at {} ended the watch of session `{id}`: it is \
+                     probably shutting down, and its sessions end with it",
+                    remote.addr
+                );
+                return exit::UNAVAILABLE;
+            }
         }
     }
 }
