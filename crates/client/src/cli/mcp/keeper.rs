@@ -25,6 +25,8 @@ pub(super) trait Sessions {
     async fn open(&self) -> Result<SessionState, ClientError>;
     /// Watches session `id`.
     async fn watch(&self, id: &str) -> Result<Self::Watch, ClientError>;
+    /// Loads `tool` into session `id`.
+    async fn load(&self, id: &str, tool: &str) -> Result<SessionState, ClientError>;
 }
 
 /// A session's states, as [`SessionWatch`] gives them.
@@ -53,6 +55,10 @@ impl Sessions for Coordinator {
 
     async fn watch(&self, id: &str) -> Result<SessionWatch, ClientError> {
         self.client.watch_session(id).await
+    }
+
+    async fn load(&self, id: &str, tool: &str) -> Result<SessionState, ClientError> {
+        self.client.load_tool(id, tool).await
     }
 }
 
@@ -110,6 +116,38 @@ fn gone(e: &ClientError) -> bool {
     e.code() == tonic::Code::NotFound
 }
 
+/// Loads into the new session `state` the tools of `before` (the old session's, in load order)
+/// that its profile did not load, so that a model keeps what it loaded across a coordinator's
+/// restart; the state after, and what to say of it.
+async fn load_again<S: Sessions>(
+    sessions: &S,
+    mut state: SessionState,
+    before: &[String],
+) -> (SessionState, String) {
+    let mut again = Vec::new();
+    let mut failed = Vec::new();
+    for name in before {
+        if state.tools.iter().any(|t| t.name == *name) {
+            continue;
+        }
+        match sessions.load(&state.id, name).await {
+            Ok(next) => {
+                state = next;
+                again.push(name.as_str());
+            }
+            Err(e) => failed.push(format!("{name} ({e})")),
+        }
+    }
+    let mut note = String::new();
+    if !again.is_empty() {
+        note.push_str(&format!(", and loaded again {}", again.join(", ")));
+    }
+    if !failed.is_empty() {
+        note.push_str(&format!("; could not load again {}", failed.join(", ")));
+    }
+    (state, note)
+}
+
 /// Watches the published session until `shutdown`, keeping it and the catalog current.
 /// `sleep` is how it waits between attempts (a test passes one that records the waits).
 pub(super) async fn keep<S, F, Fut>(
@@ -153,9 +191,11 @@ pub(super) async fn keep<S, F, Fut>(
         if gone(&failure) {
             match sessions.open().await {
                 Ok(state) => {
+                    let before = tx.borrow().loaded_names();
+                    let (state, note) = load_again(&sessions, state, &before).await;
                     eprintln!(
                         "toolctl mcp: session {id} is gone ({failure}); opened session {} from \
-                         the profile: tools loaded since the profile's are not loaded any more",
+                         the profile{note}",
                         state.id
                     );
                     publish(&tx, &state, true);
@@ -260,6 +300,8 @@ pub(super) mod tests {
         watches: Mutex<VecDeque<WatchAnswer>>,
         opens: Mutex<VecDeque<SessionState>>,
         watched: Mutex<Vec<String>>,
+        /// `(session, tool)` of each load, in order; a tool named `broken` fails to load.
+        loads: Mutex<Vec<(String, String)>>,
     }
 
     struct Scripted(VecDeque<Result<SessionState, ClientError>>);
@@ -288,6 +330,19 @@ pub(super) mod tests {
                 None => std::future::pending().await,
             }
         }
+        async fn load(&self, id: &str, tool: &str) -> Result<SessionState, ClientError> {
+            let mut loads = self.loads.lock().unwrap();
+            loads.push((id.to_string(), tool.to_string()));
+            if tool == "broken" {
+                return Err(status(tonic::Code::NotFound));
+            }
+            let loaded: Vec<&str> = loads
+                .iter()
+                .filter(|(s, t)| s == id && t != "broken")
+                .map(|(_, t)| t.as_str())
+                .collect();
+            Ok(state(id, 1 + loaded.len() as u64, &loaded))
+        }
     }
 
     fn status(code: tonic::Code) -> ClientError {
@@ -295,6 +350,38 @@ pub(super) mod tests {
             code,
             message: format!("{code:?}"),
         }
+    }
+
+    /// A session gone with its coordinator is opened again from the profile, and what the model
+    /// had loaded since is loaded again, in the same order; what cannot be is said.
+    #[tokio::test]
+    async fn a_reopened_session_gets_back_the_tools_loaded_since_the_profile() {
+        let script = Script::default();
+        script
+            .watches
+            .lock()
+            .unwrap()
+            .push_back(Err(status(tonic::Code::NotFound)));
+        script.opens.lock().unwrap().push_back(state("t", 1, &[]));
+        let old = state("s", 4, &["x", "broken", "y"]);
+        let (tx, mut rx) = watch::channel(Arc::new(Catalog::from_state(&old)));
+        let shutdown = CancellationToken::new();
+        let keeper = keep(&script, tx, shutdown.clone(), |_| std::future::ready(()));
+        let check = async {
+            let catalog = rx.wait_for(|c| c.session == "t").await.unwrap().clone();
+            shutdown.cancel();
+            catalog
+        };
+        let ((), catalog) = tokio::time::timeout(Duration::from_secs(5), async {
+            tokio::join!(keeper, check)
+        })
+        .await
+        .unwrap();
+        assert_eq!(catalog.served().collect::<Vec<_>>(), ["x", "y"]);
+        assert_eq!(
+            *script.loads.lock().unwrap(),
+            [("t", "x"), ("t", "broken"), ("t", "y")].map(|(s, t)| (s.to_string(), t.to_string()))
+        );
     }
 
     #[tokio::test]

@@ -106,6 +106,14 @@ impl Catalog {
         }
     }
 
+    /// Every tool loaded in the session, served or not: those served in load order, then the
+    /// others by name.
+    pub fn loaded_names(&self) -> Vec<String> {
+        let served = self.tools.iter().map(|t| t.name.to_string());
+        let others = self.unavailable.keys().chain(self.refused.keys()).cloned();
+        served.chain(others).collect()
+    }
+
     /// Why loaded tool `tool` is not served now, if it is loaded and not served: no online host
     /// offers it, or MCP clients cannot be offered it.
     pub fn not_served(&self, tool: &str) -> Option<String> {
