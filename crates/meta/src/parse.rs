@@ -208,6 +208,8 @@ impl Parser<'_> {
                 Ok(validator) => {
                     if let Some((field, problem)) = args_problem(&schema) {
                         self.error(Some(at(field)), Code::InvalidSchema, problem);
+                    } else if let Some((field, problem)) = foreign_pattern(&schema, &at("args")) {
+                        self.error(Some(field), Code::InvalidSchema, problem);
                     } else {
                         self.argument_names(&schema, &at("args.properties"));
                         def.args = Some((schema, validator));
@@ -452,6 +454,46 @@ fn args_problem(schema: &Value) -> Option<(&'static str, String)> {
                 ),
             )),
         },
+        _ => None,
+    }
+}
+
+/// The first `pattern` (or `patternProperties` key) of `schema` that is no ECMAScript regular
+/// expression, with the field path under `at` and why. JSON Schema's patterns are ECMA-262's,
+/// and MCP clients compile them so (Ajv, with the `u` flag); the validator here takes more
+/// (`(?i)`, `\A`, `(?P<n>...)`, possessive quantifiers, POSIX classes), which a client then
+/// refuses, with the tool or with the whole list of tools.
+fn foreign_pattern(schema: &Value, at: &str) -> Option<(String, String)> {
+    let refused = |field: String, pattern: &str| {
+        let e = regress::Regex::with_flags(pattern, "u").err()?;
+        Some((
+            field,
+            format!(
+                "{} is not an ECMAScript regular expression, as JSON Schema and MCP clients \
+                 read patterns ({e}): write it in that syntax",
+                shown_value(&Value::from(pattern))
+            ),
+        ))
+    };
+    match schema {
+        Value::Object(object) => object.iter().find_map(|(key, value)| {
+            let field = format!("{at}.{}", shown_key(key));
+            match (key.as_str(), value) {
+                ("pattern", Value::String(pattern)) => refused(field, pattern),
+                ("patternProperties", Value::Object(patterns)) => {
+                    patterns.iter().find_map(|(pattern, sub)| {
+                        refused(format!("{field}.{}", shown_key(pattern)), pattern).or_else(|| {
+                            foreign_pattern(sub, &format!("{field}.{}", shown_key(pattern)))
+                        })
+                    })
+                }
+                _ => foreign_pattern(value, &field),
+            }
+        }),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, item)| foreign_pattern(item, &format!("{at}[{i}]"))),
         _ => None,
     }
 }

@@ -234,6 +234,43 @@ fn args_that_take_no_object_are_refused() {
     }
 }
 
+/// A pattern this validator takes and MCP clients cannot compile (they read ECMAScript's
+/// syntax) is refused, naming where it is; ECMAScript patterns pass.
+#[test]
+fn patterns_are_ecmascript_regular_expressions() {
+    for (doc, field, needle) in [
+        (
+            r#"{"args": {"properties": {"n": {"type": "string", "pattern": "(?i)abc"}}}}"#,
+            "args.properties.n.pattern",
+            r#""(?i)abc" is not an ECMAScript regular expression"#,
+        ),
+        (
+            r#"{"args": {"patternProperties": {"\\Ax": {}}}}"#,
+            r"args.patternProperties.\Ax",
+            "not an ECMAScript regular expression",
+        ),
+        (
+            r#"{"args": {"prefixItems": [{"pattern": "[[:alpha:]]+"}]}}"#,
+            "args.prefixItems[0].pattern",
+            "not an ECMAScript regular expression",
+        ),
+        (
+            r#"{"variants": [{"args": {"properties": {"p": {"pattern": "a++"}}}}]}"#,
+            "variants[0].args.properties.p.pattern",
+            "not an ECMAScript regular expression",
+        ),
+    ] {
+        rejected(doc, Code::InvalidSchema, Some(field), needle);
+    }
+    let fine = r#"{"description": "d", "args": {"properties": {
+        "n": {"type": "string", "pattern": "^[a-z0-9_-]{1,64}$"},
+        "m": {"pattern": "^\\d+(?<unit>[kMG])?$"},
+        "pattern": {"type": "string"}},
+        "patternProperties": {"^x-": {"type": "string"}}}}"#;
+    let (ok, list) = problems(fine);
+    assert!(ok && list.is_empty(), "{list:?}");
+}
+
 /// Names that MCP clients and model APIs would not take, and the names `toolctl mcp` keeps for
 /// itself, are warned of: served all the same, which the tool author now knows.
 #[test]
