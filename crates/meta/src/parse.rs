@@ -431,6 +431,19 @@ pub const MCP_HOST_ARG: &str = "target_host";
 /// The longest tool name MCP allows.
 pub const MCP_MAX_NAME_CHARS: usize = 128;
 
+/// The JSON Schema dialects an `args` may name in `$schema`: those MCP clients read.
+const READ_DIALECTS: [&str; 4] = [
+    "https://json-schema.org/draft/2020-12/schema",
+    "https://json-schema.org/draft/2020-12/schema#",
+    "http://json-schema.org/draft-07/schema#",
+    "http://json-schema.org/draft-07/schema",
+];
+
+/// Whether `dialect` (a `$schema` value) is one MCP clients read ([`READ_DIALECTS`]).
+fn read_dialect(dialect: &Value) -> bool {
+    dialect.as_str().is_some_and(|d| READ_DIALECTS.contains(&d))
+}
+
 /// Why `args` cannot take a call's arguments, one JSON object, with the field to name: `false`
 /// takes nothing, and a `type` other than `"object"` takes no object (MCP clients also refuse
 /// such a schema, and with it the list of every tool).
@@ -443,6 +456,14 @@ fn args_problem(schema: &Value) -> Option<(&'static str, String)> {
                 .into(),
         )),
         Value::Object(object) => match object.get("type") {
+            _ if object.get("$schema").is_some_and(|d| !read_dialect(d)) => Some((
+                "args.$schema",
+                format!(
+                    "MCP clients read input schemas as JSON Schema 2020-12 (or draft-07), not \
+                     {}: leave `$schema` out and write the schema for 2020-12",
+                    shown_value(&object["$schema"])
+                ),
+            )),
             None => None,
             Some(t) if t == "object" => None,
             Some(t) => Some((

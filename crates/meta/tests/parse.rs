@@ -221,6 +221,11 @@ fn args_that_take_no_object_are_refused() {
             "must be \"object\"",
         ),
         (r#"{"args": false}"#, "args", "accepts no arguments at all"),
+        (
+            r#"{"args": {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object"}}"#,
+            "args.$schema",
+            r#"not "http://json-schema.org/draft-04/schema#": leave `$schema` out"#,
+        ),
     ] {
         rejected(doc, Code::InvalidSchema, Some(field), needle);
     }
@@ -228,6 +233,7 @@ fn args_that_take_no_object_are_refused() {
         r#"{"description": "d", "args": {"type": "object"}}"#,
         r#"{"description": "d", "args": {"properties": {"n": {"type": "integer"}}}}"#,
         r#"{"description": "d", "args": true}"#,
+        r#"{"description": "d", "args": {"$schema": "https://json-schema.org/draft/2020-12/schema"}}"#,
     ] {
         let (ok, list) = problems(fine);
         assert!(ok && list.is_empty(), "{fine}: {list:?}");
