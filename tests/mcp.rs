@@ -295,6 +295,54 @@ fn cancelling_a_call_kills_its_process_on_the_host() {
     }
 }
 
+/// A coordinator that dies mid-call leaves the model an error result that says what is known:
+/// the connection broke, and whether the tool finished is not known. Before, the model read
+/// "failed: h2 protocol error: ... https://docs.rs/rustls/...", and nothing of whether it ran.
+/// Once the coordinator is back the same server calls again.
+#[test]
+fn a_coordinator_lost_mid_call_is_told_to_the_model_as_such() {
+    let mut fleet = one_host_fleet(&[]);
+    let profile = one_host_profile(&fleet);
+    let pid_file = fleet.marks().join("sleeper.pid");
+    let mut mcp = toolsrv_tests::McpStdio::start(
+        fleet.toolctl_command(
+            "client-alice",
+            &["mcp", "--profile", profile.to_str().unwrap()],
+        ),
+        fleet.work.path().join("mcp.stderr"),
+    );
+    let id = mcp.send_request("tools/call", json!({"name": "sleeper", "arguments": {}}));
+    wait_for("the tool to start", Duration::from_secs(30), || {
+        pid_file.exists().then_some(())
+    });
+    fleet.coordinator.as_mut().unwrap().kill();
+    let answer = mcp.answer(id);
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    let said = result_text(&answer["result"]);
+    assert!(
+        said.starts_with(
+            "the connection to the coordinator broke during the call of `sleeper` on host `a`"
+        ) && said.contains("whether the tool finished is not known"),
+        "{said}"
+    );
+    assert!(said.len() < 600, "{} bytes: {said}", said.len());
+
+    fleet.start_coordinator(&[]);
+    fleet.wait_online(&["a"], "greet");
+    let called = wait_for("a call after the restart", Duration::from_secs(60), || {
+        let answer = mcp.request(
+            "tools/call",
+            json!({"name": "greet", "arguments": {"name": "b"}}),
+        );
+        if answer["result"]["isError"] == false {
+            return Some(answer);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        None
+    });
+    assert_eq!(result_text(&called["result"]).trim(), "hello b", "{called}");
+}
+
 #[test]
 fn tool_search_returns_structured_matches() {
     let fleet = one_host_fleet(&[]);

@@ -1497,89 +1497,6 @@ fn a_hung_replica_delays_what_is_asked_of_it_by_a_bounded_time_only() {
     });
 }
 
-/// `toolctl mcp` over stdio with its stderr in a file: requests written, answers read by id.
-struct McpStdio {
-    child: std::process::Child,
-    answers: std::sync::mpsc::Receiver<Value>,
-    stderr: std::path::PathBuf,
-    next_id: u64,
-}
-
-impl McpStdio {
-    fn start(mut cmd: std::process::Command, stderr: std::path::PathBuf) -> Self {
-        use std::io::BufRead;
-        use std::os::unix::process::CommandExt;
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&stderr).unwrap())
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, answers) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout).lines() {
-                let Ok(Ok(value)) = line.map(|l| serde_json::from_str::<Value>(&l)) else {
-                    break;
-                };
-                if tx.send(value).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut this = Self {
-            child,
-            answers,
-            stderr,
-            next_id: 0,
-        };
-        this.request(
-            "initialize",
-            serde_json::json!({"protocolVersion": "2025-11-25", "capabilities": {},
-                               "clientInfo": {"name": "test", "version": "1"}}),
-        );
-        this.send(&serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-        this
-    }
-
-    fn send(&mut self, message: &Value) {
-        use std::io::Write;
-        let stdin = self.child.stdin.as_mut().unwrap();
-        writeln!(stdin, "{message}").unwrap();
-        stdin.flush().unwrap();
-    }
-
-    /// The answer to one request, within 30 s.
-    fn request(&mut self, method: &str, params: Value) -> Value {
-        self.next_id += 1;
-        let id = self.next_id;
-        self.send(
-            &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
-        );
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match self.answers.recv_timeout(left) {
-                Ok(answer) if answer["id"] == id => return answer,
-                Ok(_) => {}
-                Err(e) => panic!("no answer to {method} within 30 s ({e}): {}", self.stderr()),
-            }
-        }
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-}
-
-impl Drop for McpStdio {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// `toolctl mcp` given every replica carries on through another when the replica holding its
 /// session goes away: its next connection goes to a replica that answers, where it opens a new
 /// session from the profile. Before, every connection went to the replica it first reached, and
@@ -1597,8 +1514,8 @@ fn toolctl_mcp_carries_on_through_another_replica_when_its_replica_dies() {
         &["mcp", "--profile", profile.to_str().unwrap()],
     );
     cmd.env("TOOLSRV_ADDR", r.urls().join(","));
-    let mut mcp = McpStdio::start(cmd, r.fleet.work.path().join("mcp.stderr"));
-    let call = |mcp: &mut McpStdio| {
+    let mut mcp = toolsrv_tests::McpStdio::start(cmd, r.fleet.work.path().join("mcp.stderr"));
+    let call = |mcp: &mut toolsrv_tests::McpStdio| {
         mcp.request(
             "tools/call",
             serde_json::json!({"name": "hello", "arguments": {}}),

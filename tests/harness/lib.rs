@@ -154,3 +154,109 @@ pub async fn open_bodiless_streams(
     }
     streams
 }
+
+/// `toolctl mcp` over stdio with its stderr in a file: requests written, answers read by id.
+#[derive(Debug)]
+pub struct McpStdio {
+    child: std::process::Child,
+    answers: std::sync::mpsc::Receiver<serde_json::Value>,
+    stderr: std::path::PathBuf,
+    next_id: u64,
+}
+
+impl McpStdio {
+    /// Starts `cmd` (`toolctl mcp ...`) with its stderr in the file `stderr`, and initializes a
+    /// 2025-11-25 session.
+    #[allow(clippy::unwrap_used)] // A test fixture: fails loudly.
+    pub fn start(mut cmd: std::process::Command, stderr: std::path::PathBuf) -> Self {
+        use std::io::BufRead;
+        use std::os::unix::process::CommandExt;
+        let mut child = cmd
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, answers) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(Ok(value)) = line.map(|l| serde_json::from_str::<serde_json::Value>(&l))
+                else {
+                    break;
+                };
+                if tx.send(value).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut this = Self {
+            child,
+            answers,
+            stderr,
+            next_id: 0,
+        };
+        this.request(
+            "initialize",
+            serde_json::json!({"protocolVersion": "2025-11-25", "capabilities": {},
+                               "clientInfo": {"name": "test", "version": "1"}}),
+        );
+        this.send(&serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        this
+    }
+
+    /// Writes one JSON-RPC message.
+    #[allow(clippy::unwrap_used)] // A test fixture: fails loudly.
+    pub fn send(&mut self, message: &serde_json::Value) {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "{message}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// The answer to one request, within 30 s.
+    pub fn request(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
+        let id = self.send_request(method, params);
+        self.answer(id)
+    }
+
+    /// Sends a request; its id, for [`McpStdio::answer`].
+    pub fn send_request(&mut self, method: &str, params: serde_json::Value) -> u64 {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.send(
+            &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        );
+        id
+    }
+
+    /// The answer to request `id`, within 30 s; what comes before it is skipped.
+    #[allow(clippy::panic)] // A test fixture: fails loudly.
+    pub fn answer(&mut self, id: u64) -> serde_json::Value {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.answers.recv_timeout(left) {
+                Ok(answer) if answer["id"] == id => return answer,
+                Ok(_) => {}
+                Err(e) => panic!(
+                    "no answer to request {id} within 30 s ({e}): {}",
+                    self.stderr()
+                ),
+            }
+        }
+    }
+
+    /// What it wrote on stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+}
+
+impl Drop for McpStdio {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -219,6 +219,19 @@ impl Calls {
                 Some(Ok(CallUpdate::Result(result))) => {
                     return Ok(tool_result(&run.host, &run.tool, &result).into());
                 }
+                Some(Err(e @ crate::ClientError::Transport { .. })) => {
+                    // The coordinator went away mid-call: what the tool did is not known here.
+                    return Ok(error(format!(
+                        "the connection to the coordinator broke during the call of `{}` on host \
+                         `{}` ({}): whether the tool finished is not known (a host stops the \
+                         calls of a coordinator it loses); check before calling it again if it \
+                         changes anything",
+                        run.tool,
+                        run.host,
+                        toolsrv_proto::text::printable_line(&e.to_string(), 200)
+                    ))
+                    .into());
+                }
                 Some(Err(e)) => {
                     return Ok(error(format!(
                         "the call of `{}` on host `{}` failed: {e}",
