@@ -111,6 +111,8 @@ pub struct Calls {
     pub client: Client,
     pub parked: Parked,
     pub tasks: TaskTracker,
+    /// Told when a request found the session gone, so that the keeper opens a new one at once.
+    pub session_gone: Arc<tokio::sync::Notify>,
 }
 
 impl Calls {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::{Client, ClientError, Profile, SessionState, SessionWatch};
@@ -149,11 +149,14 @@ async fn load_again<S: Sessions>(
 }
 
 /// Watches the published session until `shutdown`, keeping it and the catalog current.
-/// `sleep` is how it waits between attempts (a test passes one that records the waits).
+/// `sleep` is how it waits between attempts (a test passes one that records the waits);
+/// `nudge` cuts a wait short: a request that found the session gone says so, and the session is
+/// opened again at once rather than after the backoff.
 pub(super) async fn keep<S, F, Fut>(
     sessions: S,
     tx: watch::Sender<Arc<Catalog>>,
     shutdown: CancellationToken,
+    nudge: Arc<Notify>,
     sleep: F,
 ) where
     S: Sessions,
@@ -213,6 +216,7 @@ pub(super) async fn keep<S, F, Fut>(
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = sleep(backoff.next_delay()) => {}
+            () = nudge.notified() => {}
         }
     }
 }
@@ -366,7 +370,9 @@ pub(super) mod tests {
         let old = state("s", 4, &["x", "broken", "y"]);
         let (tx, mut rx) = watch::channel(Arc::new(Catalog::from_state(&old)));
         let shutdown = CancellationToken::new();
-        let keeper = keep(&script, tx, shutdown.clone(), |_| std::future::ready(()));
+        let keeper = keep(&script, tx, shutdown.clone(), Arc::default(), |_| {
+            std::future::ready(())
+        });
         let check = async {
             let catalog = rx.wait_for(|c| c.session == "t").await.unwrap().clone();
             shutdown.cancel();
@@ -382,6 +388,37 @@ pub(super) mod tests {
             *script.loads.lock().unwrap(),
             [("t", "x"), ("t", "broken"), ("t", "y")].map(|(s, t)| (s.to_string(), t.to_string()))
         );
+    }
+
+    /// A request that found the session gone cuts the keeper's wait short: with waits that
+    /// never end, the session is opened again all the same.
+    #[tokio::test]
+    async fn a_nudge_cuts_the_wait_short() {
+        let script = Script::default();
+        script.watches.lock().unwrap().extend([
+            Err(status(tonic::Code::Unavailable)),
+            Err(status(tonic::Code::NotFound)),
+        ]);
+        // The profile's tool: a new tool list, which wakes the receiver.
+        script.opens.lock().unwrap().push_back(state("t", 1, &["y"]));
+        let (tx, mut rx) = watch::channel(Arc::new(Catalog::from_state(&state("s", 1, &[]))));
+        let shutdown = CancellationToken::new();
+        let nudge = Arc::new(Notify::new());
+        let keeper = keep(&script, tx, shutdown.clone(), nudge.clone(), |_| {
+            std::future::pending::<()>()
+        });
+        let check = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert_eq!(rx.borrow().session, "s", "waiting, without end");
+            nudge.notify_one();
+            rx.wait_for(|c| c.session == "t").await.unwrap();
+            shutdown.cancel();
+        };
+        tokio::time::timeout(Duration::from_secs(5), async {
+            tokio::join!(keeper, check)
+        })
+        .await
+        .unwrap();
     }
 
     #[tokio::test]
@@ -400,7 +437,7 @@ pub(super) mod tests {
         let (tx, mut rx) = watch::channel(Arc::new(Catalog::from_state(&state("s", 1, &[]))));
         let waits = Mutex::new(Vec::new());
         let shutdown = CancellationToken::new();
-        let keeper = keep(&script, tx, shutdown.clone(), |d| {
+        let keeper = keep(&script, tx, shutdown.clone(), Arc::default(), |d| {
             waits.lock().unwrap().push(d);
             std::future::ready(())
         });

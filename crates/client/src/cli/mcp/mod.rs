@@ -113,16 +113,19 @@ pub async fn run(args: McpArgs) -> u8 {
     let (catalog, _) = watch::channel(Arc::new(tools::Catalog::from_state(&state)));
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
+    let nudge = Arc::new(tokio::sync::Notify::new());
     let keeper = tokio::spawn(keeper::keep(
         sessions,
         catalog.clone(),
         shutdown.clone(),
+        nudge.clone(),
         tokio::time::sleep,
     ));
     let calls = call::Calls {
         client: client.clone(),
         parked: call::Parked::default(),
         tasks: tasks.clone(),
+        session_gone: nudge,
     };
     let server = server::Server::new(calls, catalog.clone());
     let code = match http {

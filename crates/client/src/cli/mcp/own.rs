@@ -11,7 +11,7 @@ use toolsrv_proto::text::{one_line, printable_lines};
 
 use crate::{Client, ClientError, SessionState, ToolMatch};
 
-use super::call::error;
+use super::call::{Calls, error};
 use super::keeper::publish;
 use super::tools::{Catalog, LOAD, approval_notes, name_not_offered, not_offered};
 use crate::cli::quote::quoted;
@@ -156,7 +156,7 @@ fn search_result(
 /// has none), then what its description says of approvals. The new state is published at once,
 /// so the next `tools/list` has the tool.
 pub async fn load(
-    client: &Client,
+    calls: &Calls,
     catalog: &Catalog,
     tx: &watch::Sender<Arc<Catalog>>,
     args: &JsonObject,
@@ -172,8 +172,19 @@ pub async fn load(
         ));
     }
     let was_loaded = catalog.serves(name) || catalog.refusal(name).is_some();
+    let client = &calls.client;
     let state = match client.load_tool(&catalog.session, name).await {
         Ok(state) => state,
+        Err(e) if e.code() == tonic::Code::NotFound && e.to_string().starts_with("no session") => {
+            // The coordinator restarted, or the replica keeping the session died: the keeper
+            // opens a new one now rather than at its next look.
+            calls.session_gone.notify_one();
+            return error(format!(
+                "cannot load `{}`: this server's session is gone ({e}); a new one is being \
+                 opened from the profile: load it again in a moment",
+                quoted(name)
+            ));
+        }
         Err(e) => return error(load_failure(&quoted(name), &e)),
     };
     publish(tx, &state, false);

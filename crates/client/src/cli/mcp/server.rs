@@ -182,7 +182,7 @@ impl ServerHandler for Server {
             }
             LOAD => {
                 return Ok(own::load(
-                    &self.calls.client,
+                    &self.calls,
                     &catalog,
                     &self.catalog,
                     &args,
