@@ -343,6 +343,77 @@ fn a_coordinator_lost_mid_call_is_told_to_the_model_as_such() {
     assert_eq!(result_text(&called["result"]).trim(), "hello b", "{called}");
 }
 
+/// On a session of several hosts, a tool with an argument of its own named `target_host` could
+/// never be called (the server's host argument replaced it): it is not offered, and `tool_load`
+/// says why and leaves the session as it was. `toolctl lint` warns its author.
+#[test]
+fn a_tool_clients_could_not_call_is_neither_offered_nor_loaded() {
+    let mut fleet = Fleet::new(&["a", "b"]);
+    let clash = r#"{"description": "Pings a target host over the network",
+        "args": {"type": "object", "properties": {"target_host": {"type": "string"}}},
+        "cmd": "cat"}"#;
+    fleet.tool("ping_target.meta", clash, false);
+    fleet.tool("greet.meta", GREET, false);
+    let lint = fleet.toolctl(&[
+        "lint",
+        fleet.tools.join("ping_target.meta").to_str().unwrap(),
+    ]);
+    assert!(
+        text(&lint.stdout).contains("args.properties.target_host")
+            && text(&lint.stdout).contains("rename the argument"),
+        "{}",
+        text(&lint.stdout)
+    );
+    fleet.start_coordinator(&[]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.start_agent("b", &AgentSpec::default());
+    fleet.wait_online(&["a", "b"], "ping_target");
+    let profile = profile(&fleet, &json!({"autoLoad": ["greet"], "hosts": "all"}));
+    let mut mcp = toolsrv_tests::McpStdio::start(
+        fleet.toolctl_command(
+            "client-alice",
+            &["mcp", "--profile", profile.to_str().unwrap()],
+        ),
+        fleet.work.path().join("mcp.stderr"),
+    );
+    let loaded = mcp.request(
+        "tools/call",
+        json!({"name": "tool_load", "arguments": {"name": "ping_target"}}),
+    );
+    assert_eq!(loaded["result"]["isError"], true, "{loaded}");
+    assert!(
+        result_text(&loaded["result"]).starts_with(
+            "cannot load `ping_target`: MCP clients cannot be offered it: it has an argument \
+             `target_host` of its own"
+        ),
+        "{loaded}"
+    );
+    let listed = mcp.request("tools/list", json!({}));
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(names, ["tool_search", "tool_load", "greet"], "{listed}");
+    let id = mcp
+        .stderr()
+        .lines()
+        .find_map(|l| l.strip_prefix("toolctl mcp: session "))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    let shown = fleet.toolctl(&["session", "show", &id, "--json"]);
+    let state: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    let loaded: Vec<&str> = state["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(loaded, ["greet"], "taken out again: {state}");
+}
+
 #[test]
 fn tool_search_returns_structured_matches() {
     let fleet = one_host_fleet(&[]);

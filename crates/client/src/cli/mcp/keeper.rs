@@ -400,7 +400,11 @@ pub(super) mod tests {
             Err(status(tonic::Code::NotFound)),
         ]);
         // The profile's tool: a new tool list, which wakes the receiver.
-        script.opens.lock().unwrap().push_back(state("t", 1, &["y"]));
+        script
+            .opens
+            .lock()
+            .unwrap()
+            .push_back(state("t", 1, &["y"]));
         let (tx, mut rx) = watch::channel(Arc::new(Catalog::from_state(&state("s", 1, &[]))));
         let shutdown = CancellationToken::new();
         let nudge = Arc::new(Notify::new());
