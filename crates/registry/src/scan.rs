@@ -277,6 +277,9 @@ impl Scanner {
         let mut claimed: HashMap<String, PathBuf> = HashMap::new();
         let mut exposure = Exposure::default();
         for dir in self.dirs.clone() {
+            if self.shortage.is_some() {
+                break;
+            }
             let files = match list_meta_files(&dir) {
                 Ok(files) => files,
                 Err(e) if is_shortage(&e) => {
