@@ -1045,17 +1045,25 @@ fn streamable_http_lets_a_burst_of_clients_with_the_token_in() {
 /// `toolctl mcp --profile PROFILE --http` on a free loopback port, as alice: the server, its
 /// address and the bearer token it printed.
 fn http_server(fleet: &Fleet, profile: &Path) -> (toolsrv_tests::Proc, String, String) {
+    http_server_with(fleet, profile, &[])
+}
+
+/// [`http_server`] with more flags.
+fn http_server_with(
+    fleet: &Fleet,
+    profile: &Path,
+    extra: &[&str],
+) -> (toolsrv_tests::Proc, String, String) {
     let addr = format!("127.0.0.1:{}", free_port());
-    let command = fleet.toolctl_command(
-        "client-alice",
-        &[
-            "mcp",
-            "--profile",
-            profile.to_str().unwrap(),
-            "--http",
-            &addr,
-        ],
-    );
+    let mut args = vec![
+        "mcp",
+        "--profile",
+        profile.to_str().unwrap(),
+        "--http",
+        &addr,
+    ];
+    args.extend_from_slice(extra);
+    let command = fleet.toolctl_command("client-alice", &args);
     let server = toolsrv_tests::Proc::spawn("mcp-http", command, fleet.work.path());
     let token = wait_for(
         "the MCP HTTP server to listen",
@@ -1187,6 +1195,57 @@ fn initialize_over_http(addr: &str, token: Option<&str>) -> (u16, String) {
         .collect::<Vec<_>>()
         .join("\n");
     (status, head)
+}
+
+/// A 2025-11-25 HTTP client that drops its connection mid-call, with neither `DELETE` nor a
+/// cancellation, leaves its session idle: `--http-session-idle-secs` later the session ends,
+/// and the call with it, its process on the host killed. Before, the call ran to the tool's end
+/// (up to an hour) and held its place in the caller's quota, and the session lived 5 minutes.
+#[test]
+fn an_abandoned_http_session_ends_its_calls_once_idle() {
+    use std::io::Write;
+    let fleet = one_host_fleet(&[]);
+    let profile = one_host_profile(&fleet);
+    let (_server, addr, token) =
+        http_server_with(&fleet, &profile, &["--http-session-idle-secs", "2"]);
+    let (status, head) = initialize_over_http(&addr, Some(&token));
+    assert_eq!(status, 200, "{head}");
+    let session = head
+        .lines()
+        .find_map(|l| l.strip_prefix("mcp-session-id:"))
+        .unwrap_or_else(|| panic!("no session id: {head}"))
+        .trim()
+        .to_string();
+    let post = |body: &str| {
+        let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+        let request = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nAuthorization: Bearer {token}\r\n\
+             Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-11-25\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).unwrap();
+        stream
+    };
+    drop(post(
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    ));
+    let pid_file = fleet.marks().join("sleeper.pid");
+    let call = post(
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"sleeper","arguments":{}}}"#,
+    );
+    let pid = wait_for("the tool to start", Duration::from_secs(30), || {
+        std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|p| p.trim().parse::<u32>().ok())
+    });
+    drop(call);
+    wait_for(
+        "the abandoned call's process to end",
+        Duration::from_secs(30),
+        || (!Path::new(&format!("/proc/{pid}")).exists()).then_some(()),
+    );
 }
 
 /// `--http-token-file`: the token is made there, owner-only, and taken from there on the next

@@ -355,6 +355,9 @@ pub struct Pending<'a> {
     audit: &'a Audit,
     record: Record<'a>,
     done: bool,
+    /// When the call began here: a call whose caller vanished ran until then, as far as the
+    /// coordinator knows.
+    started: std::time::Instant,
 }
 
 impl<'a> Pending<'a> {
@@ -363,6 +366,7 @@ impl<'a> Pending<'a> {
             audit,
             record,
             done: false,
+            started: std::time::Instant::now(),
         }
     }
 
@@ -376,13 +380,14 @@ impl<'a> Pending<'a> {
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.audit.record(
-                &self.record,
-                &CallResult::not_run(
-                    CallStatus::Cancelled,
-                    "the caller went away before the call ended; the call was cancelled on the host",
-                ),
+            let mut result = CallResult::not_run(
+                CallStatus::Cancelled,
+                "the caller went away before the call ended; the call was cancelled on the host",
             );
+            // It may well have run until then: the record says for how long it was under way.
+            result.duration_ms =
+                u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            self.audit.record(&self.record, &result);
         }
     }
 }
@@ -459,12 +464,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.jsonl");
         let audit = Audit::open(Some(&path)).unwrap();
-        drop(Pending::new(&audit, record("a")));
+        let dropped = Pending::new(&audit, record("a"));
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        drop(dropped);
         Pending::new(&audit, record("b")).finish(&CallResult::not_run(CallStatus::Ok, ""));
         let got = lines(&path);
         assert_eq!(got.len(), 2);
         assert_eq!(got[0]["host"], "a");
         assert_eq!(got[0]["status"], "CALL_STATUS_CANCELLED");
+        // How long it was under way, not 0 as for a call that never ran.
+        assert!(got[0]["duration_ms"].as_u64().unwrap() >= 30, "{}", got[0]);
         assert_eq!(got[1]["status"], "CALL_STATUS_OK");
     }
 

@@ -194,11 +194,21 @@ async fn require(token: Arc<str>, request: Request, next: Next) -> Response {
         .into_response()
 }
 
-/// Serves `server` on `addr` until `shutdown`.
+/// How long an MCP session over HTTP (a 2025-11-25 client's, which `initialize` opens) lives
+/// with nothing sent either way, by default (`--http-session-idle-secs`): then it ends, and
+/// with it any call still running in it. A
+/// client that drops its connection mid-call without `DELETE` or a cancellation (the protocol
+/// lets it come back for the answer) holds the call and its place in the caller's quota that
+/// long at most, not until the tool ends (up to an hour), and the session's memory (about
+/// 80 KB) is not kept 5 minutes per client that never says goodbye.
+pub const SESSION_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Serves `server` on `addr` until `shutdown`, ending MCP sessions idle for `idle`.
 pub async fn serve(
     addr: SocketAddr,
     allow_remote: bool,
     auth: Auth,
+    idle: std::time::Duration,
     server: Server,
     shutdown: CancellationToken,
 ) -> Result<(), String> {
@@ -215,9 +225,11 @@ pub async fn serve(
         // reached by other names cannot list them all.
         config = config.disable_allowed_hosts();
     }
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = Some(idle);
     let service = StreamableHttpService::new(
         move || Ok(server.for_connection()),
-        Arc::new(LocalSessionManager::default()),
+        Arc::new(sessions),
         config,
     );
     let router = axum::Router::new().nest_service(PATH, service);

@@ -61,6 +61,16 @@ pub struct McpArgs {
     /// included, calls tools with this command's certificate
     #[arg(long, requires = "http")]
     http_no_auth: bool,
+    /// How long an HTTP client's MCP session lives with nothing sent either way; then it ends,
+    /// and any call still running in it is cancelled
+    #[arg(
+        long,
+        value_name = "SECS",
+        requires = "http",
+        default_value_t = http::SESSION_IDLE.as_secs(),
+        value_parser = clap::value_parser!(u64).range(1..=3600)
+    )]
+    http_session_idle_secs: u64,
 }
 
 /// Runs the MCP server until its stdio client goes away (stdin closes), or until Ctrl-C or
@@ -130,7 +140,16 @@ pub async fn run(args: McpArgs) -> u8 {
     let server = server::Server::new(calls, catalog.clone());
     let code = match http {
         Some((addr, auth)) => {
-            serve_http(addr, args.http_allow_remote, auth, server, shutdown.clone()).await
+            let idle = Duration::from_secs(args.http_session_idle_secs);
+            serve_http(
+                addr,
+                args.http_allow_remote,
+                auth,
+                idle,
+                server,
+                shutdown.clone(),
+            )
+            .await
         }
         None => serve_stdio(server).await,
     };
@@ -178,11 +197,12 @@ async fn serve_http(
     addr: SocketAddr,
     allow_remote: bool,
     auth: http::Auth,
+    idle: Duration,
     server: server::Server,
     shutdown: CancellationToken,
 ) -> u8 {
     let serving = async {
-        let served = http::serve(addr, allow_remote, auth, server, shutdown.clone()).await;
+        let served = http::serve(addr, allow_remote, auth, idle, server, shutdown.clone()).await;
         shutdown.cancel();
         served
     };
