@@ -1248,6 +1248,63 @@ fn an_abandoned_http_session_ends_its_calls_once_idle() {
     );
 }
 
+/// A client that opens a session per request and never closes it cannot pile them up: past
+/// 256 the oldest is closed (its requests then get 404, as for an ended session), and the
+/// newest serve.
+#[test]
+fn streamable_http_keeps_a_bounded_number_of_sessions() {
+    use std::io::{Read, Write};
+    let fleet = one_host_fleet(&[]);
+    let profile = one_host_profile(&fleet);
+    let (server, addr, token) = http_server(&fleet, &profile);
+    let sessions: Vec<String> = (0..260)
+        .map(|_| {
+            let (status, head) = initialize_over_http(&addr, Some(&token));
+            assert_eq!(status, 200, "{head}");
+            head.lines()
+                .find_map(|l| l.strip_prefix("mcp-session-id:"))
+                .unwrap_or_else(|| panic!("no session id: {head}"))
+                .trim()
+                .to_string()
+        })
+        .collect();
+    // The status of one request in `session`.
+    let status_in = |session: &str, body: &str| -> u16 {
+        let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let request = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nAuthorization: Bearer {token}\r\n\
+             Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-11-25\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut head = [0u8; 12];
+        stream.read_exact(&mut head).unwrap();
+        String::from_utf8_lossy(&head[9..12]).parse().unwrap()
+    };
+    let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+    assert_eq!(
+        status_in(&sessions[0], list),
+        404,
+        "{}",
+        server.log_tail(20)
+    );
+    assert_eq!(status_in(&sessions[3], list), 404);
+    let newest = &sessions[259];
+    assert_eq!(status_in(newest, initialized), 202);
+    assert_eq!(status_in(newest, list), 200);
+    assert!(
+        server
+            .log()
+            .contains("too many MCP sessions: closing the oldest")
+    );
+}
+
 /// `--http-token-file`: the token is made there, owner-only, and taken from there on the next
 /// run; a file others may read is refused.
 #[test]

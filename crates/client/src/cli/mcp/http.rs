@@ -227,12 +227,16 @@ pub async fn serve(
     }
     let mut sessions = LocalSessionManager::default();
     sessions.session_config.keep_alive = Some(idle);
-    let service = StreamableHttpService::new(
-        move || Ok(server.for_connection()),
-        Arc::new(sessions),
-        config,
-    );
-    let router = axum::Router::new().nest_service(PATH, service);
+    let sessions = Arc::new(sessions);
+    let bound = super::sessions::Bound::new(sessions.clone(), super::sessions::MAX_SESSIONS);
+    let service = StreamableHttpService::new(move || Ok(server.for_connection()), sessions, config);
+    let router = axum::Router::new()
+        .nest_service(PATH, service)
+        .layer(axum::middleware::from_fn(
+            move |request: Request, next: Next| {
+                super::sessions::bound(bound.clone(), request, next)
+            },
+        ));
     eprintln!("toolctl mcp: serving MCP on http://{local}{PATH}");
     let open = matches!(auth, Auth::Open);
     let router = match auth {

@@ -8,6 +8,7 @@ mod http;
 mod keeper;
 mod own;
 mod server;
+mod sessions;
 mod strangers;
 mod tools;
 
