@@ -183,6 +183,18 @@ impl Parser<'_> {
                 .and_then(|v| self.string(v, at("outputFormat"))),
             ..ToolDef::default()
         };
+        let texts = [
+            ("description", def.description.as_deref()),
+            ("prompt", def.prompt.as_deref()),
+            ("scope", def.scope.as_deref()),
+            ("outputFormat", def.output_format.as_deref()),
+        ];
+        for (field, text) in texts {
+            self.hidden_characters(at(field), text.unwrap_or_default());
+        }
+        for (i, keyword) in def.keywords.iter().flatten().enumerate() {
+            self.hidden_characters(at(&format!("keywords[{i}]")), keyword);
+        }
         if def.cmd.as_deref().is_some_and(|c| c.trim().is_empty()) {
             self.warn(Some(at("cmd")), Code::Suspicious, "empty command");
         }
@@ -230,6 +242,24 @@ impl Parser<'_> {
             );
         }
         (def, obj)
+    }
+
+    /// Warns of characters in text for models and people that would hide or disguise something
+    /// on a terminal: control characters other than line breaks and tabs, direction overrides,
+    /// zero-width characters. Clients are shown them escaped, so the text reads oddly.
+    fn hidden_characters(&mut self, field: String, text: &str) {
+        let hides = |c: char| !matches!(c, '\n' | '\r' | '\t') && toolsrv_proto::text::disguises(c);
+        if let Some((at, c)) = text.char_indices().find(|&(_, c)| hides(c)) {
+            self.warn(
+                Some(field),
+                Code::Suspicious,
+                format!(
+                    "holds {} at byte {at}, a control or invisible formatting character: \
+                     clients and terminals are shown it escaped; remove it",
+                    c.escape_unicode()
+                ),
+            );
+        }
     }
 
     /// Warns of argument names that clients of models refuse, or that the MCP server takes.
@@ -531,20 +561,11 @@ fn model_api_name(name: &str, max: usize) -> bool {
 
 /// A property name as a field path shows it: control characters escaped, cut to 80 characters.
 fn shown_key(key: &str) -> String {
-    let mut escaped = String::with_capacity(key.len());
-    for c in key.chars().take(80) {
-        let hides = c.is_control()
-            || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
-        if hides {
-            escaped.extend(c.escape_debug());
-        } else {
-            escaped.push(c);
-        }
+    let mut shown: String = key.chars().take(80).collect();
+    if shown.len() < key.len() {
+        shown.push('…');
     }
-    if key.chars().nth(80).is_some() {
-        escaped.push('…');
-    }
-    escaped
+    toolsrv_proto::text::printable(&shown)
 }
 
 /// A JSON value as a message quotes it: compact, cut to 80 characters.

@@ -277,6 +277,31 @@ fn patterns_are_ecmascript_regular_expressions() {
     assert!(ok && list.is_empty(), "{list:?}");
 }
 
+/// Text for models and people that holds escape sequences or invisible formatting characters is
+/// served (clients see them escaped), with a warning naming the field and the character.
+#[test]
+fn hidden_characters_in_model_facing_text_are_warned_of() {
+    let doc = r##"{"description": "Lists\u001b[2J files", "prompt": "Title\r\n\tfine\n",
+        "keywords": ["ok", "right\u202eleft"], "scope": "host\u200b", "cmd": "printf '\u001b'"}"##;
+    let (ok, list) = problems(doc);
+    assert!(ok, "{list:?}");
+    let warned: Vec<(Option<&str>, &str)> = list
+        .iter()
+        .filter(|p| p.1 == Code::Suspicious)
+        .map(|p| (p.2.as_deref(), p.3.as_str()))
+        .collect();
+    let fields: Vec<Option<&str>> = warned.iter().map(|w| w.0).collect();
+    assert_eq!(
+        fields,
+        [Some("description"), Some("scope"), Some("keywords[1]")],
+        "{warned:?}"
+    );
+    assert!(
+        warned[0].1.contains(r"holds \u{1b} at byte 5"),
+        "{warned:?}"
+    );
+}
+
 /// Names that MCP clients and model APIs would not take, and the names `toolctl mcp` keeps for
 /// itself, are warned of: served all the same, which the tool author now knows.
 #[test]
