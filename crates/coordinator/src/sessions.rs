@@ -65,7 +65,8 @@ impl Default for SessionLimits {
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
     #[error(
-        "no session `{0}` (it ended: closed, or idle with no watcher; or it is another client's)"
+        "no session `{0}` (it ended: closed, idle with no watcher, or its coordinator restarted; \
+         or it is another client's)"
     )]
     NotFound(String),
     #[error("{0}")]
