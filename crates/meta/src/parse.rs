@@ -81,7 +81,7 @@ impl Parser<'_> {
         } else if name.len() > MCP_MAX_NAME_CHARS {
             "the name is longer than the 128 characters MCP allows, so `toolctl mcp` does not \
              offer the tool to MCP clients: rename the file"
-        } else if !model_api_name(name, 64) {
+        } else if !model_api_name(name, false) {
             "the name is longer than 64 characters, or has a `.`: some model APIs (OpenAI's \
              function names) refuse it, and a client of theirs may refuse every tool of the \
              session: rename the file"
@@ -279,7 +279,7 @@ impl Parser<'_> {
                          this tool: rename the argument"
                     ),
                 );
-            } else if !model_api_name(key, 64) {
+            } else if !model_api_name(key, true) {
                 self.warn(
                     field,
                     Code::Suspicious,
@@ -549,14 +549,14 @@ fn foreign_pattern(schema: &Value, at: &str) -> Option<(String, String)> {
     }
 }
 
-/// Whether `name` is 1 to `max` characters of `[A-Za-z0-9_-]` (with `.` too when `max` is
-/// larger than 64: MCP allows it, OpenAI's function names do not).
-fn model_api_name(name: &str, max: usize) -> bool {
+/// Whether model APIs take `name`: 1 to 64 characters of `[A-Za-z0-9_-]`, and `.` too when
+/// `dot` (argument names: Anthropic's rule; OpenAI's function names take no `.`).
+fn model_api_name(name: &str, dot: bool) -> bool {
     !name.is_empty()
-        && name.len() <= max
+        && name.len() <= 64
         && name
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-') || (dot && b == b'.'))
 }
 
 /// A property name as a field path shows it: control characters escaped, cut to 80 characters.

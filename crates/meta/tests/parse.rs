@@ -344,7 +344,7 @@ fn names_models_cannot_take_are_warned_of() {
         );
     }
     let args = r#"{"description": "d", "args": {"properties": {
-        "ok_name": {}, "target_host": {}, "": {}, "with space": {}, "\u001b[2J": {}}}}"#;
+        "ok_name": {}, "v1.2": {}, "target_host": {}, "": {}, "with space": {}, "\u001b[2J": {}}}}"#;
     let warnings = warned("t", args);
     let fields: Vec<&str> = warnings.iter().filter_map(|(f, _)| f.as_deref()).collect();
     assert_eq!(
