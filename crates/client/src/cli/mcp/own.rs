@@ -13,7 +13,7 @@ use crate::{Client, ClientError, SessionState, ToolMatch};
 
 use super::call::{Calls, error};
 use super::keeper::publish;
-use super::tools::{Catalog, LOAD, approval_notes, name_not_offered, not_offered};
+use super::tools::{Catalog, LOAD, approval_notes, args_schema, name_not_offered, not_offered};
 use crate::cli::quote::quoted;
 
 /// Matches `tool_search` returns when the model names no limit.
@@ -205,7 +205,8 @@ pub async fn load(
         };
         return error(format!("`{name}` is not available: {why}"));
     };
-    if let Some(why) = not_offered(name, def, state.selected.len() > 1) {
+    let args = args_schema(&def.args_schema_json);
+    if let Some(why) = not_offered(name, args.as_ref(), state.selected.len() > 1) {
         if was_loaded {
             return error(format!(
                 "`{name}` is loaded, but MCP clients cannot be offered it: {why}"

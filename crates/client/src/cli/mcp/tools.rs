@@ -84,13 +84,20 @@ impl Catalog {
                 unavailable.insert(t.name.clone(), why.to_string());
                 continue;
             };
-            if let Some(why) = not_offered(&t.name, def, multi_host) {
+            // Read once, for both the check and the input schema of both forms of the tool.
+            let args = args_schema(&def.args_schema_json);
+            if let Some(why) = not_offered(&t.name, args.as_ref(), multi_host) {
                 tracing::warn!(tool = %quoted(&t.name), reason = %why, "a loaded tool is not offered to MCP clients");
                 refused.insert(t.name.clone(), why);
                 continue;
             }
-            tools.push(mcp_tool(t, def, multi_host, true));
-            unasked.push(mcp_tool(t, def, multi_host, false));
+            let mut schema = input_schema(&def.args_schema_json, args, &t.name);
+            if multi_host {
+                add_host_arg(&mut schema, &t.hosts);
+            }
+            let schema = Arc::new(schema);
+            tools.push(mcp_tool(t, def, &schema, true));
+            unasked.push(mcp_tool(t, def, &schema, false));
             loaded.insert(t.name.clone(), t.hosts.clone());
         }
         Self {
@@ -258,12 +265,11 @@ pub fn name_not_offered(name: &str) -> Option<String> {
 /// `args` that takes no JSON object (strict clients, both official SDKs among them, refuse the
 /// whole list of tools for one such schema), or, on a session of several hosts, an argument of
 /// its own named [`HOST_ARG`] (the server's would replace it, and every call would fail).
-pub fn not_offered(name: &str, def: &ToolDefinition, multi_host: bool) -> Option<String> {
+pub fn not_offered(name: &str, args: Option<&Value>, multi_host: bool) -> Option<String> {
     if let Some(why) = name_not_offered(name) {
         return Some(why);
     }
-    let schema = args_schema(&def.args_schema_json);
-    match &schema {
+    match args {
         Some(Value::Object(object)) => {
             if let Some(t) = object.get("type").filter(|t| *t != "object") {
                 return Some(format!(
@@ -293,19 +299,15 @@ pub fn not_offered(name: &str, def: &ToolDefinition, multi_host: bool) -> Option
 }
 
 /// A tool's `args` as JSON; `None` when it has none (or sent one that is no JSON).
-fn args_schema(args_schema_json: &str) -> Option<Value> {
+pub fn args_schema(args_schema_json: &str) -> Option<Value> {
     if args_schema_json.trim().is_empty() {
         return None;
     }
     serde_json::from_str(args_schema_json).ok()
 }
 
-/// One loaded tool as an MCP tool.
-fn mcp_tool(t: &LoadedTool, def: &ToolDefinition, multi_host: bool, can_ask: bool) -> Tool {
-    let mut schema = input_schema(&def.args_schema_json, &t.name);
-    if multi_host {
-        add_host_arg(&mut schema, &t.hosts);
-    }
+/// One loaded tool as an MCP tool, with its input `schema`.
+fn mcp_tool(t: &LoadedTool, def: &ToolDefinition, schema: &Arc<JsonObject>, can_ask: bool) -> Tool {
     // What the tool's author wrote reaches a model and whoever reads along: line breaks kept,
     // escape sequences and invisible direction marks shown escaped.
     let (d, p) = (
@@ -341,7 +343,7 @@ fn mcp_tool(t: &LoadedTool, def: &ToolDefinition, multi_host: bool, can_ask: boo
             crate::shape::approvals_json(&t.approvals),
         );
     }
-    Tool::new_with_raw(t.name.clone(), description, Arc::new(schema))
+    Tool::new_with_raw(t.name.clone(), description, Arc::clone(schema))
         .with_title(title.clone())
         .with_annotations(ToolAnnotations::with_title(title))
         .with_meta(meta)
@@ -400,10 +402,11 @@ pub fn host_only_note(hosts: &[String]) -> String {
     )
 }
 
-/// The tool's input schema: its `args`, `{"type": "object"}` when it declares none (or `true`).
-fn input_schema(args_schema_json: &str, tool: &str) -> JsonObject {
+/// The tool's input schema: its `args` (`args_schema_json` as read, [`args_schema`]),
+/// `{"type": "object"}` when it declares none (or `true`).
+fn input_schema(args_schema_json: &str, args: Option<Value>, tool: &str) -> JsonObject {
     let mut schema = JsonObject::new();
-    match args_schema(args_schema_json) {
+    match args {
         None if args_schema_json.trim().is_empty() => {}
         Some(Value::Object(object)) => schema = object,
         Some(Value::Bool(true)) => {}
