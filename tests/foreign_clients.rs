@@ -276,3 +276,39 @@ fn python_grpcio_finds_tools_and_drives_a_session() {
     assert_eq!(report["load_closed"], "NOT_FOUND", "{report}");
     assert_eq!(report["long_query"], "INVALID_ARGUMENT", "{report}");
 }
+
+/// A client nobody here wrote sends a request of 6 MB that would decode to about 150 MB (three
+/// million empty `autoLoad` names, as raw bytes): the coordinator refuses it undecoded with
+/// `OUT_OF_RANGE` naming the field, and the same channel's next request is served.
+#[test]
+fn python_grpcio_request_too_large_once_decoded_is_refused_undecoded() {
+    let python = python();
+    let stubs = python_stubs(&python);
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "greet.meta",
+        r#"{"description": "Greets", "cmd": "echo hello"}"#,
+        false,
+    );
+    fleet.start_coordinator(&[]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "greet");
+
+    let report = python_script(
+        "hostile_sizes.py",
+        &python,
+        stubs.path(),
+        &fleet,
+        &["3000000"],
+    );
+    assert_eq!(report["code"], "OUT_OF_RANGE", "{report}");
+    let details = report["details"].as_str().unwrap();
+    for words in [
+        "toolsrv.v1.OpenSessionRequest",
+        "profile.auto_load",
+        "refused before decoding",
+    ] {
+        assert!(details.contains(words), "{report}");
+    }
+    assert_eq!(report["hosts_after"], serde_json::json!(["a"]), "{report}");
+}

@@ -25,6 +25,8 @@ fn generate(protoc: Option<PathBuf>) -> Result<(), Box<dyn std::error::Error>> {
     let mut config = tonic_prost_build::Config::new();
     // Sorted maps: labels print and compare deterministically.
     config.btree_map(["."]);
+    // Every message knows its protobuf name: receivers look up its schema by it (`cost`).
+    config.enable_type_names();
     if let Some(protoc) = protoc {
         config.protoc_executable(protoc);
     }

@@ -60,6 +60,13 @@ pub async fn reconnect_loop<S, SF, Z, ZF, J>(
         let mut ceiling = backoff.ceiling(attempt);
         match outcome.result {
             Ok(SessionEnd::Shutdown) => return,
+            // The coordinator ends a link over a message of this agent's it refused:
+            // worth an operator's eye (a version mismatch, or a broken host).
+            Ok(SessionEnd::Goodbye(reason))
+                if reason.starts_with("protocol error") || reason.starts_with("link error") =>
+            {
+                tracing::warn!(%reason, "the coordinator ended the link; reconnecting");
+            }
             Ok(SessionEnd::Goodbye(reason)) => {
                 tracing::info!(%reason, "coordinator said goodbye; reconnecting");
             }

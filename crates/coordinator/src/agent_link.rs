@@ -405,11 +405,13 @@ where
                     last_seen.store(now_ms(), Ordering::Relaxed);
                     let mut reported = Reported { views: &mut views, pace: &mut pace };
                     if let Some(reason) = handle(state, link, &shipped, &mut reported, msg) {
-                        return reason;
+                        return refuse(link, reason).await;
                     }
                 }
                 None => return "the agent closed the link".into(),
-                Some(Err(status)) => return format!("link error: {}", status.message()),
+                Some(Err(status)) => {
+                    return refuse(link, format!("link error: {}", status.message())).await;
+                }
             },
             changed = catalogs.changed() => match changed {
                 Ok(()) => catalog_changed = true,
@@ -468,6 +470,16 @@ where
             }
         }
     }
+}
+
+/// Ends a link over what its agent sent, saying why in a Goodbye (when the agent has room for
+/// it), so that the agent's log names the cause rather than a link closed without a word.
+async fn refuse(link: &Link, reason: String) -> String {
+    let goodbye = Msg::Goodbye(Goodbye {
+        reason: reason.clone(),
+    });
+    let _ = tokio::time::timeout(GOODBYE_WAIT, link.send(goodbye)).await;
+    reason
 }
 
 /// Why a link whose message could not be queued ended: the stall that closed it, or the agent

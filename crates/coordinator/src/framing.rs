@@ -42,7 +42,7 @@ pub struct Inbound<M, B> {
 
 impl<M, B> Inbound<M, B>
 where
-    M: prost::Message + Default,
+    M: prost::Message + prost::Name + Default,
     B: Body + Unpin,
     B::Error: std::fmt::Display,
 {
@@ -98,7 +98,10 @@ where
             .checked_sub(self.buf.len())
             .filter(|&m| m > 0)
         else {
-            let message = M::decode(&self.buf[HEADER..HEADER + len])
+            let encoded = &self.buf[HEADER..HEADER + len];
+            toolsrv_proto::cost::check::<M>(encoded)
+                .map_err(|e| Status::out_of_range(e.to_string()))?;
+            let message = M::decode(encoded)
                 .map_err(|e| Status::internal(format!("cannot decode a message: {e}")))?;
             self.buf.advance(HEADER + len);
             self.first_max = None;
@@ -179,7 +182,7 @@ fn summary(text: &str) -> String {
 
 impl<M, B> Stream for Inbound<M, B>
 where
-    M: prost::Message + Default,
+    M: prost::Message + prost::Name + Default,
     B: Body + Unpin,
     B::Error: std::fmt::Display,
 {

@@ -99,3 +99,40 @@ async fn oversized_requests_are_refused_naming_the_limit() {
     );
     coordinator.stop().await;
 }
+
+/// A request that is small on the wire but huge once decoded (three million empty `autoLoad`
+/// names: 6 MB sent, 150 MB decoded) is refused before it is decoded, naming the field, and
+/// the connection goes on serving the client's next request.
+#[tokio::test]
+async fn a_request_that_would_decode_to_too_much_memory_is_refused_undecoded() {
+    use toolsrv_proto::v1::{OpenSessionRequest, SessionProfile};
+    let coordinator = Coordinator::start(&[], |_, _| {}).await;
+    let mut api = coordinator
+        .tools(&client("alice"))
+        .await
+        .max_encoding_message_size(toolsrv_proto::limits::MAX_MESSAGE_BYTES);
+    let flood = OpenSessionRequest {
+        profile: Some(SessionProfile {
+            auto_load: vec![String::new(); 3_000_000],
+            ..SessionProfile::default()
+        }),
+        hosts: String::new(),
+    };
+    let status = tokio::time::timeout(WAIT, api.open_session(flood))
+        .await
+        .expect("answered")
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    for words in [
+        "profile.auto_load",
+        "refused before decoding",
+        "toolsrv.v1.OpenSessionRequest",
+    ] {
+        assert!(status.message().contains(words), "{status:?}");
+    }
+    let listed = tokio::time::timeout(WAIT, api.list_tools(ListToolsRequest::default())).await;
+    assert!(
+        listed.is_ok_and(|r| r.is_ok() || r.is_err_and(|s| s.code() != Code::Unavailable)),
+        "the same connection serves the next request"
+    );
+}

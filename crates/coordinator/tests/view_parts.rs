@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 use tonic::Streaming;
 use toolsrv_proto::limits::{MAX_MESSAGE_BYTES, MAX_VIEW_BYTES};
 use toolsrv_proto::v1::agent_message::Msg as Out;
+use toolsrv_proto::v1::coordinator_message::Msg as In;
 use toolsrv_proto::v1::{
     AgentMessage, CoordinatorMessage, HostView, ListToolsRequest, ToolDefinition, ToolStatus,
 };
@@ -152,4 +153,55 @@ async fn a_view_in_parts_is_stored_whole_and_endless_parts_end_the_link() {
         .await,
     );
     assert_eq!(host.visible_tools, 4, "the last whole view is kept");
+}
+
+/// A compromised agent's view part of 200,000 empty entries: 400 KB sent, which decoded to
+/// 70 MB (16 MiB of them to 1.7 GB). It is refused before it is decoded, the refusal names
+/// the field, and the link ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_part_too_large_once_decoded_ends_the_link_undecoded() {
+    let coordinator = coordinator().await;
+    let mut agent = attach(&coordinator).await;
+    assert!(agent.part(vec![tool("a", 10)], false).await);
+    must(
+        wait_until("the view", WAIT, async || {
+            let host = coordinator.host("a").await?;
+            (host.visible_tools == 1).then_some(())
+        })
+        .await,
+    );
+    agent.part(vec![ToolStatus::default(); 200_000], true).await;
+    let goodbye = tokio::time::timeout(WAIT, async {
+        loop {
+            match agent.inbound.message().await {
+                Ok(Some(CoordinatorMessage {
+                    msg: Some(In::Goodbye(goodbye)),
+                })) => return Some(goodbye.reason),
+                Ok(Some(_)) => continue,
+                _ => return None,
+            }
+        }
+    })
+    .await
+    .expect("the coordinator ends the link")
+    .expect("with a Goodbye saying why");
+    for words in [
+        "view.tools",
+        "refused before decoding",
+        "toolsrv.v1.AgentMessage",
+    ] {
+        assert!(goodbye.contains(words), "{goodbye}");
+    }
+    assert!(
+        matches!(agent.inbound.message().await, Ok(None) | Err(_)),
+        "then the link ends"
+    );
+    let host = must(
+        wait_until("the host to go offline", WAIT, async || {
+            let host = coordinator.host("a").await?;
+            (host.state == toolsrv_proto::v1::HostState::Offline as i32).then_some(host)
+        })
+        .await,
+    );
+    assert_eq!(host.visible_tools, 1, "the last whole view is kept");
 }

@@ -6,10 +6,16 @@
 //! often keeps an idle stream's buffers small. (The coordinator's side of the agent link goes
 //! further and frames that stream itself: `toolsrv-coordinator`'s `framing` keeps nothing sized
 //! by a message once the link is quiet.)
+//!
+//! Every message received is checked before it is decoded: one that would take more than
+//! [`crate::limits::MAX_DECODED_BYTES`] once decoded is refused with `OUT_OF_RANGE`, ending that
+//! call or stream only ([`crate::cost`]).
 
 use std::marker::PhantomData;
 
-use tonic::codec::{BufferSettings, Codec};
+use bytes::Buf as _;
+use tonic::Status;
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic_prost::ProstCodec;
 
 /// Initial buffer size and the encoded size at which a batch of messages is handed to HTTP/2.
@@ -28,18 +34,49 @@ impl<T, U> Default for LeanCodec<T, U> {
 impl<T, U> Codec for LeanCodec<T, U>
 where
     T: prost::Message + Send + 'static,
-    U: prost::Message + Default + Send + 'static,
+    U: prost::Message + prost::Name + Default + Send + 'static,
 {
     type Encode = T;
     type Decode = U;
     type Encoder = <ProstCodec<T, U> as Codec>::Encoder;
-    type Decoder = <ProstCodec<T, U> as Codec>::Decoder;
+    type Decoder = CheckedDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
         ProstCodec::<T, U>::raw_encoder(BufferSettings::new(SETTINGS.0, SETTINGS.1))
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        ProstCodec::<T, U>::raw_decoder(BufferSettings::new(SETTINGS.0, SETTINGS.1))
+        CheckedDecoder(BufferSettings::new(SETTINGS.0, SETTINGS.1), PhantomData)
+    }
+}
+
+/// ProstCodec's decoder, refusing undecoded a message that would take too much memory decoded.
+#[derive(Debug)]
+pub struct CheckedDecoder<U>(BufferSettings, PhantomData<fn() -> U>);
+
+impl<U> Decoder for CheckedDecoder<U>
+where
+    U: prost::Message + prost::Name + Default,
+{
+    type Item = U;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
+        let refused = |e: crate::cost::Refused| Status::out_of_range(e.to_string());
+        // The buffer holds the whole message in one piece; were it ever in several, a copy.
+        if buf.chunk().len() == buf.remaining() {
+            crate::cost::check::<U>(buf.chunk()).map_err(refused)?;
+            U::decode(buf)
+        } else {
+            let whole = buf.copy_to_bytes(buf.remaining());
+            crate::cost::check::<U>(&whole).map_err(refused)?;
+            U::decode(whole)
+        }
+        .map(Some)
+        .map_err(|e| Status::internal(e.to_string()))
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        self.0
     }
 }

@@ -8,6 +8,7 @@
 )]
 
 pub mod codec;
+pub mod cost;
 pub mod limits;
 pub mod outbound;
 pub mod received;

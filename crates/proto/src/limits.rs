@@ -7,6 +7,13 @@
 /// arguments are limited by [`MAX_ARGS_BYTES`].
 pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 
+/// Most memory one received message may take once decoded, counted from its encoded bytes
+/// before it is decoded ([`crate::cost`]); a larger one is refused undecoded. Eight messages'
+/// worth: a message of short strings, the densest any toolsrv sender makes (a session's
+/// host names), counts about nine times its size, while 16 MiB of empty list entries, which
+/// decoded to 1.7 GB, are refused.
+pub const MAX_DECODED_BYTES: usize = 8 * MAX_MESSAGE_BYTES;
+
 /// Largest `.meta` document the registry loads; a larger file is rejected with a diagnostic,
 /// like any other broken `.meta`, and every other tool keeps loading.
 pub const MAX_META_BYTES: u64 = 256 << 10;
