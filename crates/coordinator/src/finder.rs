@@ -37,6 +37,11 @@ const DEFAULT_LIMIT: u32 = 5;
 const MAX_LIMIT: u32 = 1000;
 /// Longest selector a request may give.
 const MAX_SELECTOR_BYTES: usize = 4096;
+/// The most an answer takes encoded: half a message, as a session's state. Many matches that
+/// each list thousands of hosts pass it (1,000 matches on 10,000 hosts are 110 MB), and a list
+/// of host names takes about twelve times its size once decoded, within what receivers take
+/// (`toolsrv_proto::limits::MAX_DECODED_BYTES`).
+pub const MAX_ANSWER_BYTES: usize = toolsrv_proto::limits::MAX_MESSAGE_BYTES / 2;
 /// How long requests wait for the first build with an encoder, from the first request on, before
 /// they are answered by words alone: a small catalog is embedded within it, a large one (minutes
 /// with the larger encoder and nothing kept) is not waited for.
@@ -596,12 +601,35 @@ pub async fn find(
             break;
         }
     }
-    Ok(FindToolsResponse {
+    let mut answer = FindToolsResponse {
         matches,
         ranker: ranker.to_string(),
         catalog_revision: state.fleet.revision(),
         meaning_pending,
-    })
+        matches_left_out: 0,
+    };
+    fit(&mut answer);
+    Ok(answer)
+}
+
+/// Keeps `answer` within [`MAX_ANSWER_BYTES`]: the matches past it, the last ones, are left out
+/// and counted in `matches_left_out`. The best match is kept whatever its size: alone, it fits a
+/// message (a tool's hosts are at most the fleet's, its definition at most a `.meta`'s).
+fn fit(answer: &mut FindToolsResponse) {
+    use prost::Message;
+    let matches = std::mem::take(&mut answer.matches);
+    let mut size = answer.encoded_len();
+    let total = matches.len();
+    for m in matches {
+        let len = m.encoded_len();
+        size += 1 + prost::length_delimiter_len(len) + len;
+        if size > MAX_ANSWER_BYTES && !answer.matches.is_empty() {
+            break;
+        }
+        answer.matches.push(m);
+    }
+    let left_out = u32::try_from(total - answer.matches.len()).unwrap_or(u32::MAX);
+    answer.matches_left_out = answer.matches_left_out.saturating_add(left_out);
 }
 
 /// The most matches `req` asks for.
@@ -685,6 +713,13 @@ pub fn merge(
         .map(|o| o.catalog_revision)
         .fold(local.catalog_revision, u64::max);
     local.meaning_pending |= others.iter().any(|o| o.meaning_pending);
+    // What a replica left out is not here either: at least the most any left out.
+    local.matches_left_out = others
+        .iter()
+        .map(|o| o.matches_left_out)
+        .fold(local.matches_left_out, u32::max)
+        .min(u32::try_from(limit.saturating_sub(local.matches.len())).unwrap_or(u32::MAX));
+    fit(&mut local);
     local
 }
 
@@ -847,7 +882,45 @@ mod tests {
             ranker: "fused".into(),
             catalog_revision: revision,
             meaning_pending: false,
+            matches_left_out: 0,
         }
+    }
+
+    /// 1,000 matches on 10,000 hosts (110 MB) cannot go out in a message: the answer keeps the
+    /// best within its bound, counts the rest, and receivers take it; merged from replicas, so
+    /// does the whole.
+    #[test]
+    fn an_answer_too_large_for_a_message_keeps_its_best_and_counts_the_rest() {
+        use prost::Message;
+        let hosts: Vec<String> = (0..10_000).map(|i| format!("web-{i:05}")).collect();
+        let hosts: Vec<&str> = hosts.iter().map(String::as_str).collect();
+        let names: Vec<String> = (0..1000).map(|i| format!("tool_{i:04}")).collect();
+        let matches: Vec<(&str, f32, &[&str])> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.as_str(), 1.0 - i as f32 / 2000.0, hosts.as_slice()))
+            .collect();
+        let mut answer = found(1, &matches);
+        fit(&mut answer);
+        let kept = answer.matches.len();
+        assert!((60..1000).contains(&kept), "{kept} kept");
+        assert_eq!(answer.matches_left_out as usize, 1000 - kept);
+        assert_eq!(answer.matches[0].name, "tool_0000", "the best first");
+        let encoded = answer.encode_to_vec();
+        assert!(encoded.len() <= MAX_ANSWER_BYTES, "{}", encoded.len());
+        toolsrv_proto::cost::check::<FindToolsResponse>(&encoded).unwrap();
+
+        // Two replicas' answers, each fitted: the merge fits too, and says at least as many
+        // were left out as either did.
+        let merged = merge(answer.clone(), vec![answer], 1000);
+        assert!(merged.encoded_len() <= MAX_ANSWER_BYTES);
+        assert_eq!(merged.matches.len(), kept);
+        assert_eq!(merged.matches_left_out as usize, 1000 - kept);
+
+        // A small answer is left whole.
+        let mut small = found(1, &[("a", 0.9, &["h1"]), ("b", 0.5, &["h2"])]);
+        fit(&mut small);
+        assert_eq!((small.matches.len(), small.matches_left_out), (2, 0));
     }
 
     fn names_scores_hosts(answer: &FindToolsResponse) -> Vec<(&str, f32, Vec<&str>)> {

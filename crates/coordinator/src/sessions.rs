@@ -40,8 +40,11 @@ const MAX_AUTOLOAD_ENTRIES: usize = 10 * MAX_MAX_LOADED as usize;
 /// an open that would pass it is refused; a state that grows past it (a catalog or host change)
 /// leaves out the definitions of the tools loaded last.
 pub const MAX_STATE_BYTES: usize = toolsrv_proto::limits::MAX_MESSAGE_BYTES / 2;
-/// The most `ListSessions` gives: its largest entries lose their definitions past it.
-pub const MAX_LIST_BYTES: usize = toolsrv_proto::limits::MAX_MESSAGE_BYTES / 4 * 3;
+/// The most `ListSessions` gives: its largest entries lose their definitions past it. Half a
+/// message, as a state: a list of host names is the densest message there is once decoded
+/// (about twelve times its size for names of four characters), and receivers refuse one that
+/// would take over [`toolsrv_proto::limits::MAX_DECODED_BYTES`].
+pub const MAX_LIST_BYTES: usize = toolsrv_proto::limits::MAX_MESSAGE_BYTES / 2;
 
 /// How long sessions live and how many one client may hold.
 #[derive(Debug, Clone)]
@@ -944,6 +947,53 @@ mod tests {
                 t.unavailable
             );
         }
+    }
+
+    /// The densest states and lists there are, as sent (every tool of a session on thousands of
+    /// hosts named in four characters, twice: in its hosts and its one resolution), are taken
+    /// by every receiver: what they take once decoded is within the receivers' limit.
+    #[test]
+    fn the_densest_states_and_lists_are_within_what_receivers_decode() {
+        let names: Vec<String> = (0..20_000).map(|i| format!("{i:04x}")).collect();
+        let tool = |i: usize| LoadedTool {
+            name: format!("t{i}"),
+            resolutions: vec![ToolResolution {
+                definition: Some(ToolDefinition::default()),
+                hosts: names.clone(),
+            }],
+            hosts: names.clone(),
+            ..LoadedTool::default()
+        };
+        let state = |id: usize, tools: usize| {
+            let mut state = SessionState {
+                id: format!("s{id}"),
+                tools: (0..tools).map(tool).collect(),
+                ..SessionState::default()
+            };
+            fit(&mut state, MAX_STATE_BYTES);
+            state
+        };
+        let one = state(0, 40);
+        assert!(
+            one.encoded_len() > MAX_STATE_BYTES * 9 / 10,
+            "{}",
+            one.encoded_len()
+        );
+        toolsrv_proto::cost::check::<SessionState>(&one.encode_to_vec()).unwrap();
+        // States of a third of the list each, and one more: the list is cut to nearly full.
+        let per_state = MAX_LIST_BYTES / 3 / tool(0).encoded_len();
+        let mut list: Vec<SessionState> = (0..4).map(|i| state(i, per_state)).collect();
+        fit_list(&mut list, MAX_LIST_BYTES);
+        let list = toolsrv_proto::v1::ListSessionsResponse { sessions: list };
+        assert!(
+            list.encoded_len() > MAX_LIST_BYTES * 9 / 10,
+            "{}",
+            list.encoded_len()
+        );
+        toolsrv_proto::cost::check::<toolsrv_proto::v1::ListSessionsResponse>(
+            &list.encode_to_vec(),
+        )
+        .unwrap();
     }
 
     #[test]

@@ -61,7 +61,7 @@ pub async fn search(
     };
     search_result(
         &found.matches,
-        crate::cli::remote::find_note(&found),
+        crate::cli::remote::find_note(&found).as_deref(),
         catalog,
         can_ask,
     )
@@ -503,7 +503,7 @@ mod tests {
         };
         let r = search_result(
             &[],
-            crate::cli::remote::find_note(&pending),
+            crate::cli::remote::find_note(&pending).as_deref(),
             &Catalog::default(),
             true,
         );
@@ -537,5 +537,24 @@ mod tests {
             ..mixed
         };
         assert_eq!(crate::cli::remote::find_note(&fused), None);
+        // Matches left out to keep the answer within a message are said to be, after the rest.
+        let cut = crate::FindToolsResponse {
+            matches_left_out: 412,
+            ..fused
+        };
+        let note = crate::cli::remote::find_note(&cut).unwrap();
+        assert!(
+            note.starts_with("412 more matching tools were left out"),
+            "{note}"
+        );
+        let both = crate::FindToolsResponse {
+            meaning_pending: true,
+            ..cut
+        };
+        let note = crate::cli::remote::find_note(&both).unwrap();
+        assert!(
+            note.starts_with("ranked by words alone") && note.contains("; 412 more"),
+            "{note}"
+        );
     }
 }

@@ -261,11 +261,12 @@ fn write_matches(out: &mut impl Write, matches: &[ToolMatch]) -> std::io::Result
     super::write_table(out, &["SCORE", "TOOL", "HOSTS", "DESCRIPTION"], &rows)
 }
 
-/// What an answer's ranking needs said beside it, if anything: that it is by words alone while
-/// the coordinator's ranking by meaning is being built (`meaning_pending`), or that replicas
-/// ranked differently (`ranker` `mixed`).
-pub fn find_note(found: &FindToolsResponse) -> Option<&'static str> {
-    match (found.ranker == "mixed", found.meaning_pending) {
+/// What an answer needs said beside it, if anything: that it is ranked by words alone while
+/// the coordinator's ranking by meaning is being built (`meaning_pending`), that replicas ranked
+/// differently (`ranker` `mixed`), and that matches were left out to keep the answer within a
+/// message (`matches_left_out`).
+pub fn find_note(found: &FindToolsResponse) -> Option<String> {
+    let ranking = match (found.ranker == "mixed", found.meaning_pending) {
         (false, true) => Some(
             "ranked by words alone for now: the coordinator is still building its ranking by \
              meaning, which may find more for a request in other words than the tools'; ask \
@@ -282,6 +283,18 @@ pub fn find_note(found: &FindToolsResponse) -> Option<&'static str> {
              one ranking",
         ),
         (false, false) => None,
+    };
+    let left_out = (found.matches_left_out > 0).then(|| {
+        format!(
+            "{} more matching tools were left out, the last ones: with their hosts the answer \
+             would pass the most one may take; ask for fewer matches or fewer hosts",
+            found.matches_left_out
+        )
+    });
+    match (ranking, left_out) {
+        (Some(ranking), Some(left_out)) => Some(format!("{ranking}; {left_out}")),
+        (Some(ranking), None) => Some(ranking.to_string()),
+        (None, left_out) => left_out,
     }
 }
 
