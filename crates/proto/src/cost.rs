@@ -11,8 +11,9 @@
 //! The count is an upper bound, not a measurement: every entry of a repeated field counts
 //! twice the size of what it decodes to (a vector at most doubles what it holds), the first
 //! four times and an allocation, the largest vector once more (while it grows, its old room is
-//! held too); a map entry a share of a B-tree node; every non-empty string or bytes value its
-//! length and an allocation. A test
+//! held too); a map entry a share of a B-tree node; every non-empty string twice its length
+//! and an allocation (a field given again grows the buffer it reuses), a bytes value three
+//! times (decoding copies it out, then into its vector). A test
 //! decodes messages of every hostile shape under a counting allocator and holds the bound above
 //! what was allocated. Walking is cheap: the payload of a string or bytes field is skipped, not
 //! read, so the cost is one step per field on the wire.
@@ -160,8 +161,10 @@ struct Field {
 enum Kind {
     /// Index into `Schema::messages`.
     Message(usize),
-    /// A string or bytes value: its payload goes to the heap.
+    /// A string: its payload goes to the heap.
     Text,
+    /// A bytes value: its payload goes to the heap, through a copy.
+    Bytes,
     /// A number, bool or enum: eight bytes at most once decoded.
     Scalar,
 }
@@ -208,7 +211,8 @@ impl Schema {
                         Type::Message | Type::Group => index
                             .get(f.type_name().trim_start_matches('.'))
                             .map_or(Kind::Text, |&i| Kind::Message(i)),
-                        Type::String | Type::Bytes => Kind::Text,
+                        Type::String => Kind::Text,
+                        Type::Bytes => Kind::Bytes,
                         _ => Kind::Scalar,
                     };
                     let map = match kind {
@@ -360,7 +364,7 @@ impl<'s> Walk<'s> {
     fn element(&self, field: &Field) -> usize {
         match field.kind {
             Kind::Message(inner) => self.schema.messages[inner].size,
-            Kind::Text => 24,
+            Kind::Text | Kind::Bytes => 24,
             Kind::Scalar => 8,
         }
     }
@@ -477,8 +481,13 @@ impl<'s> Walk<'s> {
                     self.message(inner, payload, offset + start, depth + 1)?;
                     self.depth -= 1;
                 }
-                Kind::Text if payload.is_empty() => {}
-                Kind::Text => self.add(field, payload.len() + ALLOCATION_BYTES)?,
+                Kind::Text | Kind::Bytes if payload.is_empty() => {}
+                // A string is read into its buffer, which a field given again reuses, growing it
+                // to at most twice what the field held before: the old room and the new at once.
+                Kind::Text => self.add(field, 2 * (payload.len() + ALLOCATION_BYTES))?,
+                // Bytes are copied out of the message, then into their vector (reused likewise):
+                // the copy, the old room and the new at once.
+                Kind::Bytes => self.add(field, 3 * (payload.len() + ALLOCATION_BYTES))?,
                 // Packed numbers: at least a byte each on the wire, 8 bytes each in a vector
                 // that at most doubles them, and its old room while it grows.
                 Kind::Scalar => self.add(field, 3 * 8 * payload.len() + ALLOCATION_BYTES)?,

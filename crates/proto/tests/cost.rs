@@ -233,22 +233,11 @@ fn entry(
 ) -> Vec<u8> {
     match (message_type(all, f), f.r#type()) {
         (Some(d), _) => {
-            let mut inner = Vec::new();
-            if filled {
-                for g in &d.field {
-                    match (message_type(all, g), g.r#type(), g.label()) {
-                        (Some(_), _, _) => inner.extend(delimited(g.number(), &[])),
-                        (None, Type::String | Type::Bytes, _) => {
-                            inner.extend(delimited(g.number(), b"a"))
-                        }
-                        (None, _, Label::Repeated) => {
-                            inner.extend(key(g.number(), 0));
-                            inner.push(0);
-                        }
-                        _ => {}
-                    }
-                }
-            }
+            let inner = if filled {
+                fill(all, d, 0, b"a")
+            } else {
+                Vec::new()
+            };
             delimited(f.number(), &inner)
         }
         (None, Type::String | Type::Bytes) => {
@@ -272,6 +261,32 @@ fn entry(
     }
 }
 
+/// A message of type `d` with every text field one byte long, every repeated field one entry
+/// long, and its message fields filled alike, `depth` levels down from 2.
+fn fill(
+    all: &HashMap<String, DescriptorProto>,
+    d: &DescriptorProto,
+    depth: usize,
+    text: &[u8],
+) -> Vec<u8> {
+    let mut inner = Vec::new();
+    for g in &d.field {
+        match (message_type(all, g), g.r#type(), g.label()) {
+            (Some(m), _, _) if depth < 2 => {
+                inner.extend(delimited(g.number(), &fill(all, m, depth + 1, text)))
+            }
+            (Some(_), _, _) => inner.extend(delimited(g.number(), &[])),
+            (None, Type::String | Type::Bytes, _) => inner.extend(delimited(g.number(), text)),
+            (None, _, Label::Repeated) => {
+                inner.extend(key(g.number(), 0));
+                inner.push(0);
+            }
+            _ => {}
+        }
+    }
+    inner
+}
+
 /// Hostile encodings of `root`: for each repeated field within three levels, as many entries
 /// of it as fit in about `bytes` (empty, filled, packed numbers), under parents given once or,
 /// when a parent is repeated, many parents of one entry each.
@@ -280,7 +295,13 @@ fn shapes(
     root: &str,
     bytes: usize,
 ) -> Vec<(String, Vec<u8>)> {
-    let mut out = Vec::new();
+    // The message itself, filled.
+    let mut out = vec![("(filled)".to_string(), fill(all, &all[root], 0, b"a"))];
+    // Given again with longer texts: decoding reuses each field's buffer, and grows it.
+    let mut again = fill(all, &all[root], 0, b"a");
+    again.extend(fill(all, &all[root], 0, &[b'x'; 20]));
+    again.extend(fill(all, &all[root], 0, &[b'y'; 21]));
+    out.push(("(filled, then again with longer texts)".to_string(), again));
     let mut walk: Vec<(Vec<&prost_types::FieldDescriptorProto>, &DescriptorProto)> =
         vec![(Vec::new(), &all[root])];
     while let Some((path, d)) = walk.pop() {
@@ -385,6 +406,30 @@ fn what_is_counted_before_decoding_bounds_what_decoding_allocates() {
         }
     }
     assert!(cases > 250, "only {cases} shapes were tried");
+
+    // Inputs the fuzzer found (`fuzz/fuzz_targets/decode_cost.rs`): a bytes field (copied out,
+    // then into its vector), a string field given seven times (its buffer reused and grown).
+    let found: [(&str, &str); 2] = [
+        ("toolsrv.v1.CallEvent", "0a0522001201060a001200"),
+        (
+            "toolsrv.v1.OpenSessionRequest",
+            "121201005000122b12001200121212000000120012001200120012001200121a041010000000120012\
+             001200120012001200120012001200122b",
+        ),
+    ];
+    for (name, hex) in found {
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        let (_, _, decode) = messages.iter().find(|(n, _, _)| n == name).unwrap();
+        let counted = decoded_bytes(name, &bytes).unwrap();
+        let allocated = decode(&bytes);
+        assert!(
+            allocated <= counted,
+            "{name} (found): {allocated} allocated, {counted} counted"
+        );
+    }
     println!(
         "{cases} shapes; the most allocated per byte: {:.0} times, {}",
         worst.0, worst.1
