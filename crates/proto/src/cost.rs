@@ -11,9 +11,9 @@
 //! The count is an upper bound, not a measurement: every entry of a repeated field counts
 //! twice the size of what it decodes to (a vector at most doubles what it holds), the first
 //! four times and an allocation, the largest vector once more (while it grows, its old room is
-//! held too); a map entry a share of a B-tree node; every non-empty string twice its length
-//! and an allocation (a field given again grows the buffer it reuses), a bytes value three
-//! times (decoding copies it out, then into its vector). A test
+//! held too); a map entry a share of a B-tree node; every non-empty string its length and an
+//! allocation, four times that when its field was given before in the same message (decoding
+//! grows the buffer it reuses), a bytes value once more (decoding copies it out first). A test
 //! decodes messages of every hostile shape under a counting allocator and holds the bound above
 //! what was allocated. Walking is cheap: the payload of a string or bytes field is skipped, not
 //! read, so the cost is one step per field on the wire.
@@ -88,7 +88,7 @@ pub fn check<M: prost::Name>(encoded: &[u8]) -> Result<(), Refused> {
         return Ok(());
     };
     Walk::new(MAX_DECODED_BYTES)
-        .message(root, encoded, 0, 0)
+        .message(root, encoded, 0, 0, false)
         .map_err(|why| Refused {
             message: M::full_name(),
             encoded: encoded.len(),
@@ -103,11 +103,12 @@ pub fn check_named(message: &str, encoded: &[u8]) -> Result<(), Refused> {
         return Ok(());
     };
     let mut walk = Walk::new(MAX_DECODED_BYTES);
-    walk.message(root, encoded, 0, 0).map_err(|why| Refused {
-        message: message.to_string(),
-        encoded: encoded.len(),
-        why,
-    })
+    walk.message(root, encoded, 0, 0, false)
+        .map_err(|why| Refused {
+            message: message.to_string(),
+            encoded: encoded.len(),
+            why,
+        })
 }
 
 /// An upper bound of what decoding `encoded`, a message named `message`, allocates; `None` for
@@ -116,7 +117,7 @@ pub fn check_named(message: &str, encoded: &[u8]) -> Result<(), Refused> {
 pub fn decoded_bytes(message: &str, encoded: &[u8]) -> Option<usize> {
     let &root = schema().index.get(message)?;
     let mut walk = Walk::new(usize::MAX);
-    walk.message(root, encoded, 0, 0).ok()?;
+    walk.message(root, encoded, 0, 0, false).ok()?;
     Some(walk.cost + walk.largest)
 }
 
@@ -373,7 +374,9 @@ impl<'s> Walk<'s> {
     /// first entry makes room for four, and a vector at most doubles what it holds), or for a
     /// map a share of a B-tree node (a node holds 11 entries, and at least 5 but for the
     /// first).
-    fn entry(&self, field: &Field, first: bool) -> usize {
+    /// In a struct decoded into before (`merged`), a vector may already hold entries: each new
+    /// one counts its share of the vector's growth as well.
+    fn entry(&self, field: &Field, first: bool, merged: bool) -> usize {
         if field.map {
             return if first {
                 MAP_NODE_BYTES
@@ -384,18 +387,23 @@ impl<'s> Walk<'s> {
         let element = self.element(field);
         if first {
             4 * element + ALLOCATION_BYTES
+        } else if merged {
+            3 * element
         } else {
             2 * element
         }
     }
 
     /// Walks the message `shape` encoded in `bytes`, which start at `offset` of the whole.
+    /// `merged`: the struct it decodes into was decoded into before (its field was given
+    /// again), so its strings and vectors are reused and grown rather than new.
     fn message(
         &mut self,
         shape: usize,
         bytes: &[u8],
         offset: usize,
         depth: usize,
+        merged: bool,
     ) -> Result<(), Why> {
         if depth > MAX_DEPTH {
             return Err(Why::Malformed {
@@ -412,6 +420,9 @@ impl<'s> Walk<'s> {
         // (A struct with more repeated fields than this counts each entry of the others as a
         // first one, which costs more than an entry and the vector's growth.)
         let mut vectors: [Option<(&'s Field, usize)>; 8] = [None; 8];
+        // The singular fields (numbered below 64) given so far; one numbered above counts as
+        // given again each time.
+        let mut given = 0u64;
         let mut at = 0;
         while at < bytes.len() {
             let key = varint(bytes, &mut at).ok_or(malformed(at, "a field key that ends early"))?;
@@ -469,25 +480,40 @@ impl<'s> Walk<'s> {
                         }
                     }
                 }
-                self.add(field, self.entry(field, first))?;
+                self.add(field, self.entry(field, first, merged))?;
             }
             let Some((start, payload)) = payload else {
                 continue;
+            };
+            // A singular field given before in this struct (or in the struct merged into) is
+            // decoded into what the first made.
+            let again = !field.repeated && {
+                let bit = 1u64.checked_shl(number).unwrap_or(0);
+                let before = merged || bit == 0 || given & bit != 0;
+                given |= bit;
+                before
             };
             match field.kind {
                 Kind::Message(inner) => {
                     self.path[self.depth] = &field.name;
                     self.depth += 1;
-                    self.message(inner, payload, offset + start, depth + 1)?;
+                    self.message(inner, payload, offset + start, depth + 1, again)?;
                     self.depth -= 1;
                 }
                 Kind::Text | Kind::Bytes if payload.is_empty() => {}
-                // A string is read into its buffer, which a field given again reuses, growing it
-                // to at most twice what the field held before: the old room and the new at once.
-                Kind::Text => self.add(field, 2 * (payload.len() + ALLOCATION_BYTES))?,
-                // Bytes are copied out of the message, then into their vector (reused likewise):
-                // the copy, the old room and the new at once.
-                Kind::Bytes => self.add(field, 3 * (payload.len() + ALLOCATION_BYTES))?,
+                Kind::Text | Kind::Bytes => {
+                    // A string is read into a buffer of its size. A field given again reuses
+                    // the buffer, growing it (when it must) to twice its room or more: the
+                    // old room and the new at once, less than four times what is read.
+                    // Bytes are first copied out of the message: one more of their size.
+                    let times = match (field.kind, again) {
+                        (Kind::Text, false) => 1,
+                        (Kind::Text, true) => 4,
+                        (_, false) => 2,
+                        (_, true) => 5,
+                    };
+                    self.add(field, times * (payload.len() + ALLOCATION_BYTES))?;
+                }
                 // Packed numbers: at least a byte each on the wire, 8 bytes each in a vector
                 // that at most doubles them, and its old room while it grows.
                 Kind::Scalar => self.add(field, 3 * 8 * payload.len() + ALLOCATION_BYTES)?,
