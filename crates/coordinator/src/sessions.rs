@@ -42,7 +42,7 @@ const MAX_AUTOLOAD_ENTRIES: usize = 10 * MAX_MAX_LOADED as usize;
 pub const MAX_STATE_BYTES: usize = toolsrv_proto::limits::MAX_MESSAGE_BYTES / 2;
 /// The most `ListSessions` gives: its largest entries lose their definitions past it. Half a
 /// message, as a state: a list of host names is the densest message there is once decoded
-/// (about twelve times its size for names of four characters), and receivers refuse one that
+/// (about fourteen times its size for names of four characters), and receivers refuse one that
 /// would take over [`toolsrv_proto::limits::MAX_DECODED_BYTES`].
 pub const MAX_LIST_BYTES: usize = toolsrv_proto::limits::MAX_MESSAGE_BYTES / 2;
 
