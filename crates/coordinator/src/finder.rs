@@ -39,8 +39,8 @@ const MAX_LIMIT: u32 = 1000;
 const MAX_SELECTOR_BYTES: usize = 4096;
 /// The most an answer takes encoded: half a message, as a session's state. Many matches that
 /// each list thousands of hosts pass it (1,000 matches on 10,000 hosts are 110 MB), and a list
-/// of short host names takes up to about fourteen times its size once decoded, within what receivers take
-/// (`toolsrv_proto::limits::MAX_DECODED_BYTES`).
+/// of short host names takes up to about fourteen times its size once decoded, within what
+/// receivers take (`toolsrv_proto::limits::MAX_DECODED_BYTES`).
 pub const MAX_ANSWER_BYTES: usize = toolsrv_proto::limits::MAX_MESSAGE_BYTES / 2;
 /// How long requests wait for the first build with an encoder, from the first request on, before
 /// they are answered by words alone: a small catalog is embedded within it, a large one (minutes
