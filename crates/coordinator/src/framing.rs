@@ -99,8 +99,7 @@ where
             .filter(|&m| m > 0)
         else {
             let encoded = &self.buf[HEADER..HEADER + len];
-            toolsrv_proto::cost::check::<M>(encoded)
-                .map_err(|e| Status::out_of_range(e.to_string()))?;
+            toolsrv_proto::cost::check::<M>(encoded).map_err(Status::from)?;
             let message = M::decode(encoded)
                 .map_err(|e| Status::internal(format!("cannot decode a message: {e}")))?;
             self.buf.advance(HEADER + len);

@@ -8,8 +8,8 @@
 //! by a message once the link is quiet.)
 //!
 //! Every message received is checked before it is decoded: one that would take more than
-//! [`crate::limits::MAX_DECODED_BYTES`] once decoded is refused with `OUT_OF_RANGE`, ending that
-//! call or stream only ([`crate::cost`]).
+//! [`crate::limits::MAX_DECODED_BYTES`] once decoded is refused with `OUT_OF_RANGE` (one that is
+//! not wire format with `INTERNAL`), ending that call or stream only ([`crate::cost`]).
 
 use std::marker::PhantomData;
 
@@ -62,14 +62,13 @@ where
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
-        let refused = |e: crate::cost::Refused| Status::out_of_range(e.to_string());
         // The buffer holds the whole message in one piece; were it ever in several, a copy.
         if buf.chunk().len() == buf.remaining() {
-            crate::cost::check::<U>(buf.chunk()).map_err(refused)?;
+            crate::cost::check::<U>(buf.chunk()).map_err(Status::from)?;
             U::decode(buf)
         } else {
             let whole = buf.copy_to_bytes(buf.remaining());
-            crate::cost::check::<U>(&whole).map_err(refused)?;
+            crate::cost::check::<U>(&whole).map_err(Status::from)?;
             U::decode(whole)
         }
         .map(Some)

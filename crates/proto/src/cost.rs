@@ -11,7 +11,8 @@
 //! The count is an upper bound, not a measurement: every entry of a repeated field counts
 //! twice the size of what it decodes to (a vector at most doubles what it holds), the first
 //! four times and an allocation, the largest vector once more (while it grows, its old room is
-//! held too); a map entry a share of a B-tree node; every non-empty string its length and an
+//! held too), and three times in a struct decoded into before (a message field given again is
+//! merged into what the first made); a map entry a share of a B-tree node; every non-empty string its length and an
 //! allocation, four times that when its field was given before in the same message (decoding
 //! grows the buffer it reuses), a bytes value once more (decoding copies it out first). A test
 //! decodes messages of every hostile shape under a counting allocator and holds the bound above
@@ -80,6 +81,17 @@ impl fmt::Display for Refused {
 }
 
 impl std::error::Error for Refused {}
+
+/// `OUT_OF_RANGE` for a message too large once decoded, `INTERNAL` (what a message that does
+/// not decode gets) for one that is not wire format.
+impl From<Refused> for tonic::Status {
+    fn from(refused: Refused) -> Self {
+        match refused.why {
+            Why::TooLarge { .. } => Self::out_of_range(refused.to_string()),
+            Why::Malformed { .. } => Self::internal(refused.to_string()),
+        }
+    }
+}
 
 /// Refuses `encoded`, a `M` as it came off the wire, when decoding it would allocate more than
 /// [`MAX_DECODED_BYTES`] or it is not wire format.

@@ -452,6 +452,10 @@ fn what_is_counted_before_decoding_bounds_what_decoding_allocates() {
             field: "view.tools".into()
         }
     );
+    assert_eq!(
+        tonic::Status::from(refused.clone()).code(),
+        tonic::Code::OutOfRange
+    );
     let text = refused.to_string();
     assert!(
         text.contains("toolsrv.v1.AgentMessage") && text.contains("refused before decoding"),
@@ -486,5 +490,6 @@ fn what_is_counted_before_decoding_bounds_what_decoding_allocates() {
             matches!(refused.why, Why::Malformed { what: w, .. } if w == what),
             "{refused}"
         );
+        assert_eq!(tonic::Status::from(refused).code(), tonic::Code::Internal);
     }
 }
