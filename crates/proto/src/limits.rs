@@ -9,8 +9,9 @@ pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 
 /// Most memory one received message may take once decoded, counted from its encoded bytes
 /// before it is decoded ([`crate::cost`]); a larger one is refused undecoded. Eight messages'
-/// worth: a message of short strings, the densest any toolsrv sender makes (a session's
-/// host names), counts about nine times its size, while 16 MiB of empty list entries, which
+/// worth: a list of short names, the densest message there is, counts up to about fourteen
+/// times its size, and senders of lists that could be long (a session's host names, a
+/// `FindTools` answer) keep them to half a message; 16 MiB of empty list entries, which
 /// decoded to 1.7 GB, are refused.
 pub const MAX_DECODED_BYTES: usize = 8 * MAX_MESSAGE_BYTES;
 
