@@ -146,7 +146,7 @@ async fn run(
         Err(e) => {
             return CallResult::not_run(
                 CallStatus::InvalidArgs,
-                format!("tool `{}`: args_json is not valid JSON: {e}", start.tool),
+                format!("tool `{}`: {e}", start.tool),
             );
         }
     };

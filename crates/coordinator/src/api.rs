@@ -143,15 +143,9 @@ fn call_spec(
     } else {
         args_json
     };
-    match serde_json::from_str::<serde_json::Value>(&args_json) {
-        Ok(v) if v.is_object() => {}
-        Ok(_) => return Err(Status::invalid_argument("args_json must be a JSON object")),
-        Err(e) => {
-            return Err(Status::invalid_argument(format!(
-                "args_json is not valid JSON: {e}"
-            )));
-        }
-    }
+    // Read without building anything: a JSON tree takes tens of times its text.
+    toolsrv_meta::check_args_json(&args_json)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
     let args_sha256 = toolsrv_registry::hex_sha256(args_json.as_bytes());
     Ok(CallSpec {
         client,

@@ -128,7 +128,7 @@ fn unrunnable_args(
     };
     let args = match toolsrv_meta::parse_args_json(&spec.args_json) {
         Ok(args) => args,
-        Err(e) => return refused(format!("args_json is not valid JSON: {e}")),
+        Err(e) => return refused(e.to_string()),
     };
     let schema: serde_json::Value = serde_json::from_str(&definition.args_schema_json).ok()?;
     let validator = toolsrv_meta::ArgsValidator::compile(&schema).ok()?;

@@ -40,6 +40,14 @@ async fn oversized_requests_are_refused_naming_the_limit() {
         let mut big_args = call(|_| {});
         big_args.args_json = format!(r#"{{"x": "{}"}}"#, "a".repeat(2 << 20));
         refused("2 MiB of arguments", api.call(big_args).await, "1048576");
+        // Within 1 MiB, but 260,000 values: 89 MB as a JSON tree, which is never built.
+        let mut tiny_values = call(|_| {});
+        tiny_values.args_json = format!(r#"{{"a": [{}0]}}"#, "[0],".repeat(65_000));
+        refused(
+            "1 MiB of tiny JSON values",
+            api.call(tiny_values).await,
+            "65536 JSON values",
+        );
         let mut big_host = call(|_| {});
         big_host.host = huge.clone();
         refused("a 5 MB host", api.call(big_host).await, "253");
@@ -90,8 +98,8 @@ async fn oversized_requests_are_refused_naming_the_limit() {
         .lines()
         .filter(|l| l.contains(r#""status":"REFUSED""#))
         .count();
-    // The five Call and FanOut refusals; listings are not calls.
-    assert_eq!(refusals, 5, "{log}");
+    // The six Call and FanOut refusals; listings are not calls.
+    assert_eq!(refusals, 6, "{log}");
     assert!(
         log.len() < 16 << 10,
         "the audit log stays small: {} bytes",

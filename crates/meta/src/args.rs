@@ -36,12 +36,173 @@ impl fmt::Display for ArgsError {
     }
 }
 
-/// A call's arguments from their JSON text, as the wire carries them: empty text is `{}`.
-pub fn parse_args_json(json: &str) -> Result<Value, serde_json::Error> {
+pub use toolsrv_proto::limits::MAX_ARGS_VALUES;
+
+/// Why a call's arguments are refused before anything is built from them.
+#[derive(Debug, thiserror::Error)]
+pub enum ArgsTextError {
+    /// Not JSON.
+    #[error("args_json is not valid JSON: {0}")]
+    Invalid(serde_json::Error),
+    /// JSON, but not an object.
+    #[error("args_json must be a JSON object")]
+    NotObject,
+    /// More than [`MAX_ARGS_VALUES`] values.
+    #[error(
+        "args_json holds more than {MAX_ARGS_VALUES} JSON values (counted at any depth), the most \
+         a call's arguments may: pass large inputs as files on the host instead"
+    )]
+    TooManyValues,
+}
+
+/// Checks a call's arguments as text, building nothing from them: JSON, an object, at most
+/// [`MAX_ARGS_VALUES`] values. Empty text is `{}`.
+pub fn check_args_json(json: &str) -> Result<(), ArgsTextError> {
+    if json.trim().is_empty() {
+        return Ok(());
+    }
+    let mut de = serde_json::Deserializer::from_str(json);
+    let mut count = Count {
+        values: 0,
+        too_many: false,
+    };
+    let object = serde::Deserializer::deserialize_any(&mut de, Top(&mut count)).and_then(|o| {
+        de.end()?;
+        Ok(o)
+    });
+    match object {
+        _ if count.too_many => Err(ArgsTextError::TooManyValues),
+        Ok(true) => Ok(()),
+        Ok(false) => Err(ArgsTextError::NotObject),
+        Err(e) => Err(ArgsTextError::Invalid(e)),
+    }
+}
+
+/// A call's arguments from their JSON text, as the wire carries them ([`check_args_json`]
+/// first): empty text is `{}`.
+pub fn parse_args_json(json: &str) -> Result<Value, ArgsTextError> {
+    check_args_json(json)?;
     if json.trim().is_empty() {
         return Ok(Value::Object(serde_json::Map::new()));
     }
-    serde_json::from_str(json)
+    serde_json::from_str(json).map_err(ArgsTextError::Invalid)
+}
+
+/// Values seen so far; `too_many` once past the limit (the walk then stops with an error).
+struct Count {
+    values: usize,
+    too_many: bool,
+}
+
+impl Count {
+    fn one<E: serde::de::Error>(&mut self) -> Result<(), E> {
+        self.values += 1;
+        if self.values > MAX_ARGS_VALUES {
+            self.too_many = true;
+            return Err(E::custom("too many values"));
+        }
+        Ok(())
+    }
+}
+
+/// The top-level value: counted, and whether it is an object.
+struct Top<'c>(&'c mut Count);
+
+/// Any value below the top: counted, with everything in it.
+struct Any<'c>(&'c mut Count);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Any<'_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Top<'_> {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<bool, A::Error> {
+        serde::de::Visitor::visit_map(Any(self.0), map).map(|()| true)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<bool, A::Error> {
+        serde::de::Visitor::visit_seq(Any(self.0), seq).map(|()| false)
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<bool, E> {
+        Ok(false)
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<bool, E> {
+        Ok(false)
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<bool, E> {
+        Ok(false)
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<bool, E> {
+        Ok(false)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<bool, E> {
+        Ok(false)
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Any<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        self.0.one()?;
+        while map.next_key::<serde::de::IgnoredAny>()?.is_some() {
+            map.next_value_seed(Any(&mut *self.0))?;
+        }
+        Ok(())
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        self.0.one()?;
+        while seq.next_element_seed(Any(&mut *self.0))?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<(), E> {
+        self.0.one()
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<(), E> {
+        self.0.one()
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<(), E> {
+        self.0.one()
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<(), E> {
+        self.0.one()
+    }
+
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<(), E> {
+        self.0.one()
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        self.0.one()
+    }
 }
 
 impl ArgsValidator {
@@ -238,5 +399,45 @@ mod tests {
                 "{bad} should be rejected"
             );
         }
+    }
+
+    /// Arguments are read as text before anything is built from them: JSON, an object, and at
+    /// most `MAX_ARGS_VALUES` values at any depth; 1 MiB of tiny values (89 MB as a JSON tree)
+    /// is refused naming the limit.
+    #[test]
+    fn arguments_are_checked_as_text_before_anything_is_built() {
+        for ok in [
+            "",
+            "  ",
+            "{}",
+            r#"{"a": [1, {"b": null}], "c": "\u00e9\n"}"#,
+        ] {
+            check_args_json(ok).unwrap();
+            assert!(parse_args_json(ok).unwrap().is_object());
+        }
+        for not_object in ["[]", "7", "\"x\"", "null", "true"] {
+            assert!(
+                matches!(check_args_json(not_object), Err(ArgsTextError::NotObject)),
+                "{not_object}"
+            );
+        }
+        for invalid in ["{", "{} {}", r#"{"a": }"#, "{\"a\": 1,}", &"[".repeat(200)] {
+            assert!(
+                matches!(check_args_json(invalid), Err(ArgsTextError::Invalid(_))),
+                "{invalid}"
+            );
+        }
+        // The object itself and its values: exactly the limit passes, one more does not.
+        let within = format!("{{\"a\": [{}0]}}", "0,".repeat(MAX_ARGS_VALUES - 3));
+        check_args_json(&within).unwrap();
+        let over = format!("{{\"a\": [{}0]}}", "0,".repeat(MAX_ARGS_VALUES - 2));
+        assert!(matches!(
+            check_args_json(&over),
+            Err(ArgsTextError::TooManyValues)
+        ));
+        let flood = format!("{{\"a\": [{}0]}}", "[0],".repeat((1 << 20) / 4 - 4));
+        let err = parse_args_json(&flood).unwrap_err();
+        assert!(matches!(err, ArgsTextError::TooManyValues));
+        assert!(err.to_string().contains("65536 JSON values"), "{err}");
     }
 }

@@ -14,7 +14,10 @@ mod parse;
 mod resolve;
 mod suggest;
 
-pub use args::{ArgsError, ArgsValidator, Violation, parse_args_json};
+pub use args::{
+    ArgsError, ArgsTextError, ArgsValidator, MAX_ARGS_VALUES, Violation, check_args_json,
+    parse_args_json,
+};
 pub use command::{CommandError, CommandSource, resolve_command};
 pub use diag::{Code, Diagnostic, Severity};
 pub use host::{FileProbe, Host, RealFs, go_arch, go_os};

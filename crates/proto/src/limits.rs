@@ -26,6 +26,13 @@ pub const MAX_EXECUTABLE_BYTES: u64 = 64 << 20;
 /// `INVALID_ARGUMENT` before anything reaches an agent.
 pub const MAX_ARGS_BYTES: usize = 1 << 20;
 
+/// Most JSON values (objects, arrays, strings, numbers, booleans, nulls, at any depth, the
+/// arguments object included) a call's arguments may hold, counted from their text before
+/// anything is built from it (`toolsrv_meta::check_args_json`). A value takes tens of bytes
+/// once built in memory, whatever its few bytes of text: 1 MiB of `[0],` took 89 MB on the
+/// coordinator, and again on the host. 65,536 values take a few MB.
+pub const MAX_ARGS_VALUES: usize = 65_536;
+
 /// Most bytes the coordinator keeps of one host's view, all its parts together, counted by
 /// [`view_tool_bytes`]. An agent keeps its view within it (tools past it are reported hidden
 /// without their definition, or left out, and the agent logs it); the coordinator ends the link
