@@ -38,6 +38,10 @@ pub const MAX_STDIN: usize = 1 << 20;
 /// The longest request line: the command, its reason and its standard input as JSON text (an
 /// escaped byte takes up to 6).
 pub const MAX_LINE: usize = 64 * 1024 + 6 * MAX_STDIN;
+/// Most JSON values a request line may hold, at any depth: its object, `argv` and its words,
+/// `reason`, `stdin` and a few more. 1 MiB of `[0],` took 89 MB as a JSON tree; this many take
+/// a few hundred KB.
+pub const MAX_REQUEST_VALUES: usize = 4096 + 8;
 /// The most of each of the command's stdout and stderr kept; the rest is dropped (`truncated`).
 pub const MAX_OUTPUT: usize = 1 << 20;
 /// Most bytes of a refused peer's request read (and dropped) before closing.
@@ -365,6 +369,21 @@ struct Request {
 impl Request {
     fn parse(line: &[u8]) -> Result<Self, String> {
         const FORMAT: &str = r#"write one JSON object per line: {"argv": ["cmd", "arg"], "reason": "why", "stdin": "optional text"}"#;
+        // Read before anything is built from it: a JSON tree takes tens of times its text, and
+        // a line may be megabytes, held in the agent outside the call's memory limit.
+        match toolsrv_meta::read_json_values(line, MAX_REQUEST_VALUES) {
+            Ok(_) => {}
+            Err(toolsrv_meta::JsonValuesError::TooMany) => {
+                return Err(format!(
+                    "the request holds more than {MAX_REQUEST_VALUES} JSON values, the most one \
+                     may (`argv` of at most {} words); {FORMAT}",
+                    MAX_REQUEST_VALUES - 8
+                ));
+            }
+            Err(toolsrv_meta::JsonValuesError::Invalid(e)) => {
+                return Err(format!("the request is not valid JSON ({e}); {FORMAT}"));
+            }
+        }
         let value: Value = serde_json::from_slice(line)
             .map_err(|e| format!("the request is not valid JSON ({e}); {FORMAT}"))?;
         let Value::Object(map) = value else {
@@ -628,6 +647,13 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
+        // 4,096 words pass; a line of megabytes of tiny values (hundreds of MB as a JSON tree)
+        // is refused unbuilt, saying why.
+        let words = format!(r#"{{"argv": ["a"{}]}}"#, r#", "b""#.repeat(4095));
+        assert_eq!(Request::parse(words.as_bytes()).unwrap().argv.len(), 4096);
+        let flood = format!(r#"{{"argv": ["a"], "x": [{}0]}}"#, "[0],".repeat(1 << 20));
+        let refused = Request::parse(flood.as_bytes()).unwrap_err();
+        assert!(refused.contains("more than 4104 JSON values"), "{refused}");
     }
 
     #[test]

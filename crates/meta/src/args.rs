@@ -61,9 +61,34 @@ pub fn check_args_json(json: &str) -> Result<(), ArgsTextError> {
     if json.trim().is_empty() {
         return Ok(());
     }
-    let mut de = serde_json::Deserializer::from_str(json);
+    match read_json_values(json.as_bytes(), MAX_ARGS_VALUES) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(ArgsTextError::NotObject),
+        Err(JsonValuesError::TooMany) => Err(ArgsTextError::TooManyValues),
+        Err(JsonValuesError::Invalid(e)) => Err(ArgsTextError::Invalid(e)),
+    }
+}
+
+/// Why [`read_json_values`] refused a text.
+#[derive(Debug, thiserror::Error)]
+pub enum JsonValuesError {
+    /// Not JSON.
+    #[error("not valid JSON: {0}")]
+    Invalid(serde_json::Error),
+    /// More values than the limit.
+    #[error("more JSON values than the limit")]
+    TooMany,
+}
+
+/// Reads JSON text from a peer without building anything from it, stopping past `max_values`
+/// values (objects, arrays, strings, numbers, booleans, nulls, at any depth): whether its top
+/// is an object. Built into memory, a value takes tens of bytes whatever its text; read first,
+/// a text is known to be small enough to build.
+pub fn read_json_values(json: &[u8], max_values: usize) -> Result<bool, JsonValuesError> {
+    let mut de = serde_json::Deserializer::from_slice(json);
     let mut count = Count {
         values: 0,
+        max: max_values,
         too_many: false,
     };
     let object = serde::Deserializer::deserialize_any(&mut de, Top(&mut count)).and_then(|o| {
@@ -71,10 +96,9 @@ pub fn check_args_json(json: &str) -> Result<(), ArgsTextError> {
         Ok(o)
     });
     match object {
-        _ if count.too_many => Err(ArgsTextError::TooManyValues),
-        Ok(true) => Ok(()),
-        Ok(false) => Err(ArgsTextError::NotObject),
-        Err(e) => Err(ArgsTextError::Invalid(e)),
+        _ if count.too_many => Err(JsonValuesError::TooMany),
+        Ok(object) => Ok(object),
+        Err(e) => Err(JsonValuesError::Invalid(e)),
     }
 }
 
@@ -91,13 +115,14 @@ pub fn parse_args_json(json: &str) -> Result<Value, ArgsTextError> {
 /// Values seen so far; `too_many` once past the limit (the walk then stops with an error).
 struct Count {
     values: usize,
+    max: usize,
     too_many: bool,
 }
 
 impl Count {
     fn one<E: serde::de::Error>(&mut self) -> Result<(), E> {
         self.values += 1;
-        if self.values > MAX_ARGS_VALUES {
+        if self.values > self.max {
             self.too_many = true;
             return Err(E::custom("too many values"));
         }

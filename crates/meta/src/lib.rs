@@ -15,8 +15,8 @@ mod resolve;
 mod suggest;
 
 pub use args::{
-    ArgsError, ArgsTextError, ArgsValidator, MAX_ARGS_VALUES, Violation, check_args_json,
-    parse_args_json,
+    ArgsError, ArgsTextError, ArgsValidator, JsonValuesError, MAX_ARGS_VALUES, Violation,
+    check_args_json, parse_args_json, read_json_values,
 };
 pub use command::{CommandError, CommandSource, resolve_command};
 pub use diag::{Code, Diagnostic, Severity};
