@@ -558,9 +558,10 @@ impl InternState {
                 def.encoded_len(),
                 MAX_HOST_ONLY_DEFINITION_BYTES
             ),
+            // Read, not built: a JSON tree takes tens of times its text.
             Some(def)
-                if !serde_json::from_str::<serde_json::Value>(&def.args_schema_json)
-                    .is_ok_and(|schema| schema.is_object()) =>
+                if !toolsrv_meta::read_json_values(def.args_schema_json.as_bytes(), usize::MAX)
+                    .is_ok_and(|object| object) =>
             {
                 "offered with an `args` schema that is not a JSON object".to_string()
             }
