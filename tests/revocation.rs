@@ -176,6 +176,11 @@ fn revoking_closes_a_live_agent_and_a_live_client_and_refuses_them_after() {
     fleet.agents.get_mut("a").unwrap().stop();
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "hello");
+    // b reconnects to the restarted coordinator on its own, and is stopped only once back:
+    // stopped before, it would be a host this coordinator never saw, never offline.
+    wait_for("host b back online", Duration::from_secs(30), || {
+        (host_state(&fleet, "b") == "online").then_some(())
+    });
 
     // A host retired first and revoked after, while offline: it leaves the fleet then.
     fleet.agents.get_mut("b").unwrap().stop();
