@@ -404,8 +404,10 @@ where
                     heard = tokio::time::Instant::now();
                     last_seen.store(now_ms(), Ordering::Relaxed);
                     let mut reported = Reported { views: &mut views, pace: &mut pace };
-                    if let Some(reason) = handle(state, link, &shipped, &mut reported, msg) {
-                        return refuse(link, reason).await;
+                    match handle(state, link, &shipped, &mut reported, msg) {
+                        None => {}
+                        Some(Ended::Left(reason)) => return reason,
+                        Some(Ended::Refused(reason)) => return refuse(link, reason).await,
                     }
                 }
                 None => return "the agent closed the link".into(),
@@ -512,20 +514,28 @@ struct Reported<'a> {
     pace: &'a mut ViewPace,
 }
 
-/// Handles one message from the agent; `Some(reason)` ends the session.
+/// Why a message from the agent ends the session.
+enum Ended {
+    /// The agent said goodbye.
+    Left(String),
+    /// The coordinator refuses what it sent (the agent is told why: [`refuse`]).
+    Refused(String),
+}
+
+/// Handles one message from the agent; `Some` ends the session.
 fn handle(
     state: &State,
     link: &Link,
     shipped: &Shipped,
     reported: &mut Reported<'_>,
     msg: AgentMessage,
-) -> Option<String> {
+) -> Option<Ended> {
     use agent_message::Msg as M;
     match msg.msg {
         Some(M::View(part)) => match reported.views.add(part) {
             Ok(Some(view)) => offer_view(state, link, shipped, reported.pace, view),
             Ok(None) => {}
-            Err(reason) => return Some(reason),
+            Err(reason) => return Some(Ended::Refused(reason)),
         },
         Some(M::Output(CallOutput {
             call_id,
@@ -537,8 +547,13 @@ fn handle(
         }
         Some(M::Bypass(request)) => link.deliver(request.call_id, AgentEvent::Bypass(request)),
         // Reaches the callers of the calls the link ends: one bounded line.
-        Some(M::Goodbye(g)) => return Some(format!("goodbye: {}", printable_line(&g.reason, 256))),
-        Some(M::Hello(_)) => return Some("protocol error: a second hello".into()),
+        Some(M::Goodbye(g)) => {
+            return Some(Ended::Left(format!(
+                "goodbye: {}",
+                printable_line(&g.reason, 256)
+            )));
+        }
+        Some(M::Hello(_)) => return Some(Ended::Refused("protocol error: a second hello".into())),
         Some(M::Keepalive(_)) | Some(M::Output(_)) | None => {}
     }
     None

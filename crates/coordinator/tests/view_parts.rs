@@ -205,3 +205,31 @@ async fn a_view_part_too_large_once_decoded_ends_the_link_undecoded() {
     );
     assert_eq!(host.visible_tools, 1, "the last whole view is kept");
 }
+
+/// An agent that says goodbye is let go without one back: only a link ended over what the
+/// agent sent is told why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_says_goodbye_gets_none_back() {
+    let coordinator = coordinator().await;
+    let mut agent = attach(&coordinator).await;
+    let goodbye = AgentMessage {
+        msg: Some(Out::Goodbye(toolsrv_proto::v1::Goodbye {
+            reason: "agent shutting down".into(),
+        })),
+    };
+    agent.out.send(goodbye).await.unwrap();
+    let answered = tokio::time::timeout(WAIT, async {
+        loop {
+            match agent.inbound.message().await {
+                Ok(Some(CoordinatorMessage {
+                    msg: Some(In::Goodbye(goodbye)),
+                })) => return Some(goodbye.reason),
+                Ok(Some(_)) => continue,
+                _ => return None,
+            }
+        }
+    })
+    .await
+    .expect("the coordinator ends the link");
+    assert_eq!(answered, None, "no Goodbye back");
+}
