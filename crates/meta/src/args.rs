@@ -91,7 +91,7 @@ pub fn read_json_values(json: &[u8], max_values: usize) -> Result<bool, JsonValu
         max: max_values,
         too_many: false,
     };
-    let object = serde::Deserializer::deserialize_any(&mut de, Top(&mut count)).and_then(|o| {
+    let object = serde::de::DeserializeSeed::deserialize(Any(&mut count), &mut de).and_then(|o| {
         de.end()?;
         Ok(o)
     });
@@ -130,103 +130,60 @@ impl Count {
     }
 }
 
-/// The top-level value: counted, and whether it is an object.
-struct Top<'c>(&'c mut Count);
-
-/// Any value below the top: counted, with everything in it.
+/// A value: counted, with everything in it; whether it is an object.
 struct Any<'c>(&'c mut Count);
 
 impl<'de> serde::de::DeserializeSeed<'de> for Any<'_> {
-    type Value = ();
+    type Value = bool;
 
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> serde::de::Visitor<'de> for Top<'_> {
+impl<'de> serde::de::Visitor<'de> for Any<'_> {
     type Value = bool;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON value")
     }
 
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<bool, A::Error> {
-        serde::de::Visitor::visit_map(Any(self.0), map).map(|()| true)
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<bool, A::Error> {
-        serde::de::Visitor::visit_seq(Any(self.0), seq).map(|()| false)
-    }
-
-    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<bool, E> {
-        Ok(false)
-    }
-
-    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<bool, E> {
-        Ok(false)
-    }
-
-    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<bool, E> {
-        Ok(false)
-    }
-
-    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<bool, E> {
-        Ok(false)
-    }
-
-    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<bool, E> {
-        Ok(false)
-    }
-
-    fn visit_unit<E: serde::de::Error>(self) -> Result<bool, E> {
-        Ok(false)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for Any<'_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
         self.0.one()?;
         while map.next_key::<serde::de::IgnoredAny>()?.is_some() {
             map.next_value_seed(Any(&mut *self.0))?;
         }
-        Ok(())
+        Ok(true)
     }
 
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
         self.0.one()?;
         while seq.next_element_seed(Any(&mut *self.0))?.is_some() {}
-        Ok(())
+        Ok(false)
     }
 
-    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<(), E> {
-        self.0.one()
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<bool, E> {
+        self.0.one().map(|()| false)
     }
 
-    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<(), E> {
-        self.0.one()
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<bool, E> {
+        self.0.one().map(|()| false)
     }
 
-    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<(), E> {
-        self.0.one()
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<bool, E> {
+        self.0.one().map(|()| false)
     }
 
-    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<(), E> {
-        self.0.one()
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<bool, E> {
+        self.0.one().map(|()| false)
     }
 
-    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<(), E> {
-        self.0.one()
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<bool, E> {
+        self.0.one().map(|()| false)
     }
 
-    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
-        self.0.one()
+    fn visit_unit<E: serde::de::Error>(self) -> Result<bool, E> {
+        self.0.one().map(|()| false)
     }
 }
 

@@ -96,28 +96,28 @@ impl From<Refused> for tonic::Status {
 /// Refuses `encoded`, a `M` as it came off the wire, when decoding it would allocate more than
 /// [`MAX_DECODED_BYTES`] or it is not wire format.
 pub fn check<M: prost::Name>(encoded: &[u8]) -> Result<(), Refused> {
-    let Some(root) = schema().root(M::PACKAGE, M::NAME) else {
-        return Ok(());
-    };
-    Walk::new(MAX_DECODED_BYTES)
-        .message(root, encoded, 0, 0, false)
-        .map_err(|why| Refused {
-            message: M::full_name(),
-            encoded: encoded.len(),
-            why,
-        })
+    match schema().root(M::PACKAGE, M::NAME) {
+        Some(root) => check_root(root, encoded, M::full_name),
+        None => Ok(()),
+    }
 }
 
 /// [`check`] by the message's full protobuf name. A name the schema does not hold is not
 /// checked (every message of this crate is in it; a test sees to that).
 pub fn check_named(message: &str, encoded: &[u8]) -> Result<(), Refused> {
-    let Some(&root) = schema().index.get(message) else {
-        return Ok(());
-    };
-    let mut walk = Walk::new(MAX_DECODED_BYTES);
-    walk.message(root, encoded, 0, 0, false)
+    match schema().index.get(message) {
+        Some(&root) => check_root(root, encoded, || message.to_string()),
+        None => Ok(()),
+    }
+}
+
+/// Walks `encoded` as message `root` within [`MAX_DECODED_BYTES`]; `name` names it in a
+/// refusal (built only then).
+fn check_root(root: usize, encoded: &[u8], name: impl FnOnce() -> String) -> Result<(), Refused> {
+    Walk::new(MAX_DECODED_BYTES)
+        .message(root, encoded, 0, 0, false)
         .map_err(|why| Refused {
-            message: message.to_string(),
+            message: name(),
             encoded: encoded.len(),
             why,
         })
@@ -544,18 +544,12 @@ impl<'s> Walk<'s> {
     }
 }
 
-/// Reads a varint at `*at`, moving past it.
+/// Reads a varint at `*at` as decoding does, moving past it.
 fn varint(bytes: &[u8], at: &mut usize) -> Option<u64> {
-    let mut value = 0u64;
-    for shift in 0..10 {
-        let byte = *bytes.get(*at)?;
-        *at += 1;
-        value |= u64::from(byte & 0x7f) << (7 * shift);
-        if byte < 0x80 {
-            return Some(value);
-        }
-    }
-    None
+    let mut rest = bytes.get(*at..)?;
+    let value = prost::encoding::decode_varint(&mut rest).ok()?;
+    *at = bytes.len() - rest.len();
+    Some(value)
 }
 
 /// The end of `len` bytes from `at`, if they are there.

@@ -13,6 +13,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use prost::encoding::WireType;
 use prost::{Message, Name};
 use prost_types::field_descriptor_proto::{Label, Type};
 use prost_types::{DescriptorProto, FileDescriptorSet};
@@ -192,27 +193,17 @@ fn descriptors() -> HashMap<String, DescriptorProto> {
     out
 }
 
-fn key(number: i32, wire: u64) -> Vec<u8> {
-    varint((u64::try_from(number).unwrap() << 3) | wire)
-}
-
-fn varint(mut v: u64) -> Vec<u8> {
+/// A field's key, as prost encodes it.
+fn key(number: i32, wire: WireType) -> Vec<u8> {
     let mut out = Vec::new();
-    loop {
-        let byte = u8::try_from(v & 0x7f).unwrap();
-        v >>= 7;
-        if v == 0 {
-            out.push(byte);
-            return out;
-        }
-        out.push(byte | 0x80);
-    }
+    prost::encoding::encode_key(u32::try_from(number).unwrap(), wire, &mut out);
+    out
 }
 
 /// A length-delimited field.
 fn delimited(number: i32, payload: &[u8]) -> Vec<u8> {
-    let mut out = key(number, 2);
-    out.extend(varint(payload.len() as u64));
+    let mut out = key(number, WireType::LengthDelimited);
+    prost::encoding::encode_varint(payload.len() as u64, &mut out);
     out.extend_from_slice(payload);
     out
 }
@@ -244,17 +235,17 @@ fn entry(
             delimited(f.number(), if filled { b"a" } else { b"" })
         }
         (None, Type::Double | Type::Fixed64 | Type::Sfixed64) => {
-            let mut out = key(f.number(), 1);
+            let mut out = key(f.number(), WireType::SixtyFourBit);
             out.extend([0; 8]);
             out
         }
         (None, Type::Float | Type::Fixed32 | Type::Sfixed32) => {
-            let mut out = key(f.number(), 5);
+            let mut out = key(f.number(), WireType::ThirtyTwoBit);
             out.extend([0; 4]);
             out
         }
         _ => {
-            let mut out = key(f.number(), 0);
+            let mut out = key(f.number(), WireType::Varint);
             out.push(if filled { 1 } else { 0 });
             out
         }
@@ -278,7 +269,7 @@ fn fill(
             (Some(_), _, _) => inner.extend(delimited(g.number(), &[])),
             (None, Type::String | Type::Bytes, _) => inner.extend(delimited(g.number(), text)),
             (None, _, Label::Repeated) => {
-                inner.extend(key(g.number(), 0));
+                inner.extend(key(g.number(), WireType::Varint));
                 inner.push(0);
             }
             _ => {}
