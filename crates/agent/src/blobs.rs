@@ -352,10 +352,31 @@ impl BlobCache {
                 ),
             ));
         }
+        // tokio's file hands each write to a thread and reports its error at the next
+        // operation: `flush` waits for the last one and returns its error, which `sync_all`
+        // would not (a full disk cut the last write short and the blob was cached truncated).
+        file.flush()
+            .await
+            .map_err(|e| AgentError::io("cannot write", tmp, e))?;
         file.sync_all()
             .await
             .map_err(|e| AgentError::io("cannot sync", tmp, e))?;
         drop(file);
+        // What is on disk, not what was sent, goes under the digest's name.
+        let written = tokio::fs::metadata(tmp)
+            .await
+            .map_err(|e| AgentError::io("cannot read back", tmp, e))?;
+        if written.len() != blob.size {
+            return Err(AgentError::io(
+                "cannot write",
+                tmp,
+                std::io::Error::other(format!(
+                    "{} of its {} bytes are on disk",
+                    written.len(),
+                    blob.size
+                )),
+            ));
+        }
         std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(BLOB_MODE))
             .map_err(|e| AgentError::io("cannot make read-only and executable", tmp, e))
     }

@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use toolsrv_meta::Host;
 use toolsrv_proto::v1::agent_message::Msg;
-use toolsrv_proto::v1::{AgentMessage, BlobRef, CatalogUpdate, HostView};
+use toolsrv_proto::v1::{AgentMessage, BlobRef, CatalogUpdate, HostView, ToolDocument};
 use toolsrv_registry::{Catalog, Scanner};
 
 use crate::blobs::BlobSource;
@@ -31,6 +31,9 @@ pub struct CatalogKeeper {
     views: ViewTracker,
     /// Shipped executables that could not be fetched yet, retried at each recheck.
     missing: BTreeMap<String, BlobRef>,
+    /// Tools whose new version could not be written (a full disk), retried at each recheck;
+    /// not served meanwhile.
+    unwritten: BTreeMap<String, ToolDocument>,
     /// More parts of the revision being applied are on their way.
     partial: bool,
     /// The tools of a full catalog arriving in parts, swept against once the last part is in.
@@ -54,6 +57,7 @@ impl CatalogKeeper {
             partial: false,
             full_names: None,
             missing: BTreeMap::new(),
+            unwritten: BTreeMap::new(),
         }
     }
 
@@ -76,6 +80,7 @@ impl CatalogKeeper {
     ) -> Option<HostView> {
         if update.full {
             self.missing.clear();
+            self.unwritten.clear();
             self.full_names = update.more.then(BTreeSet::new);
         }
         if let Some(names) = &mut self.full_names {
@@ -88,9 +93,11 @@ impl CatalogKeeper {
             .chain(&update.removals)
         {
             self.missing.remove(name);
+            self.unwritten.remove(name);
         }
         let report = self.store.apply(update, source).await;
         self.missing.extend(report.missing);
+        self.unwritten.extend(report.unwritten);
         self.partial = update.more;
         if update.more {
             return None;
@@ -121,6 +128,22 @@ impl CatalogKeeper {
         if self.partial {
             // The rest of the revision is on its way; its last part reports the view.
             return None;
+        }
+        let unwritten = std::mem::take(&mut self.unwritten);
+        if !unwritten.is_empty() {
+            let retry = CatalogUpdate {
+                revision: self.revision.unwrap_or(0),
+                upserts: unwritten.into_values().collect(),
+                ..CatalogUpdate::default()
+            };
+            let report = self.store.apply(&retry, source).await;
+            for name in retry.upserts.iter().map(|d| &d.name) {
+                if !report.unwritten.contains_key(name) {
+                    tracing::info!(tool = %name, "wrote the tool's new version on retry");
+                }
+            }
+            self.missing.extend(report.missing);
+            self.unwritten = report.unwritten;
         }
         let missing = std::mem::take(&mut self.missing);
         for (name, blob) in missing {

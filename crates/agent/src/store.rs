@@ -31,8 +31,12 @@ const META_MODE: u32 = 0o444;
 pub struct ApplyReport {
     /// Tools whose executable could not be fetched: they are served without it for now.
     pub missing: BTreeMap<String, BlobRef>,
-    /// Upserts and removals that were refused (bad name, wrong digest), with the reason.
+    /// Upserts and removals that were refused (bad name, wrong digest, a write that failed),
+    /// with the reason.
     pub refused: Vec<AgentError>,
+    /// Tools whose new version could not be written (a full disk): their old files are removed
+    /// (a tool is served as the catalog says or not at all), and the update is tried again.
+    pub unwritten: BTreeMap<String, ToolDocument>,
 }
 
 /// The catalog directory and the blob cache it links executables from. Clones share what they
@@ -172,7 +176,9 @@ impl CatalogStore {
     /// Brings the directory to the state `update` describes.
     ///
     /// Per-tool problems are reported, not fatal: one bad document does not stop the others. A
-    /// refused upsert leaves that tool's existing files as they were (even on a full update).
+    /// refused upsert removes that tool's existing files: an agent never serves a version of a
+    /// tool the catalog no longer has (a fix, a tightened `args`) under the catalog's new
+    /// revision. One refused for a write that failed is in the report's `unwritten`, to retry.
     pub async fn apply(&self, update: &CatalogUpdate, source: &impl BlobSource) -> ApplyReport {
         let mut report = ApplyReport::default();
         let mut keep = BTreeSet::new();
@@ -183,6 +189,12 @@ impl CatalogStore {
             }
             keep.insert(doc.name.clone());
             if let Err(e) = self.upsert(doc, source, &mut report).await {
+                if let Err(removal) = self.remove(&doc.name) {
+                    report.refused.push(removal);
+                }
+                if matches!(e, AgentError::Io { .. }) {
+                    report.unwritten.insert(doc.name.clone(), doc.clone());
+                }
                 report.refused.push(e);
             }
         }

@@ -393,3 +393,135 @@ fn the_catalog_directory_is_absolute() {
     assert!(store.dir().is_absolute());
     assert!(store.dir().ends_with("relative/catalog"));
 }
+
+/// A small tmpfs mounted over a new directory, unmounted when dropped. (Needs root.)
+struct SmallDisk {
+    dir: std::path::PathBuf,
+    _root: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount(bytes: usize) -> SmallDisk {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test mounts a file system: run it as root"
+        );
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("disk");
+        std::fs::create_dir(&dir).unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "agent-state"])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mount: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        SmallDisk { dir, _root: root }
+    }
+
+    /// Fills the disk but for about `left` bytes, with the file `filler`.
+    fn fill(&self, left: u64) {
+        let filler = self.dir.join("filler");
+        let _ = std::fs::remove_file(&filler);
+        let free = nix::sys::statvfs::statvfs(&self.dir).unwrap();
+        let free = free.blocks_available() as u64 * free.fragment_size() as u64;
+        let size = free.saturating_sub(left);
+        std::fs::write(&filler, vec![0u8; size as usize]).unwrap();
+    }
+
+    fn free(&self) {
+        std::fs::remove_file(self.dir.join("filler")).unwrap();
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.dir).status();
+    }
+}
+
+/// A full disk cuts a fetched executable short: it is neither cached under its digest nor
+/// placed (it was once, truncated, and ran as far as it went), and it is fetched whole once
+/// there is room.
+#[tokio::test]
+async fn an_executable_cut_short_by_a_full_disk_is_never_cached_or_placed() {
+    let disk = SmallDisk::mount(1 << 20);
+    let store = store(&disk.dir);
+    // 72 KB of script whose end says it ran whole.
+    let exe = script(&format!("# {}\necho END", "x".repeat(72 * 1024)));
+    // In one chunk, so that the write the disk cuts short is the last one.
+    let blobs = FakeBlobs::with(&[&exe]).in_chunks_of(1 << 20);
+    let blob = blob_ref(&exe);
+    disk.fill(16 * 1024);
+    let report = store
+        .apply(&full(1, vec![doc("t", "{}", Some(blob.clone()))]), &blobs)
+        .await;
+    let cached = disk.dir.join("blobs").join(&blob.sha256);
+    assert!(!cached.exists(), "a cut blob was cached under its digest");
+    assert!(
+        !store.dir().join("t").exists(),
+        "a cut executable was placed"
+    );
+    assert_eq!(
+        report.missing.keys().collect::<Vec<_>>(),
+        ["t"],
+        "{report:?}"
+    );
+    disk.free();
+    store
+        .place_executable("t", &blob, &blobs)
+        .await
+        .expect("placed once there is room");
+    assert_eq!(std::fs::read(store.dir().join("t")).unwrap(), exe);
+}
+
+/// A new version of a tool that cannot be written (a full disk) does not leave the old one
+/// served under the catalog's new revision: the tool is removed, and written on a later
+/// recheck once there is room.
+#[tokio::test]
+async fn a_tool_whose_new_version_cannot_be_written_is_not_served_stale() {
+    let disk = SmallDisk::mount(1 << 20);
+    let store = store(&disk.dir);
+    let host = toolsrv_meta::Host::with_env(Default::default());
+    let mut keeper = toolsrv_agent::CatalogKeeper::new(store.clone(), &[], host);
+    let blobs = FakeBlobs::default();
+    let old = r#"{"description":"old","cmd":"echo old"}"#;
+    keeper
+        .apply(&full(1, vec![doc("hello", old, None)]), &blobs)
+        .await
+        .expect("a view");
+    assert!(keeper.catalog().tools.contains_key("hello"));
+    // The new version is larger than what is left.
+    let new = format!(
+        r#"{{"description":"new {}","cmd":"echo new"}}"#,
+        "y".repeat(64 * 1024)
+    );
+    disk.fill(8 * 1024);
+    let update = CatalogUpdate {
+        revision: 2,
+        full: false,
+        upserts: vec![doc("hello", &new, None)],
+        removals: vec![],
+        more: false,
+    };
+    let view = keeper.apply(&update, &blobs).await.expect("a view");
+    assert_eq!(view.catalog_revision, 2);
+    assert!(
+        !view.tools.iter().any(|t| t.name == "hello"),
+        "the old version is reported under revision 2: {view:?}"
+    );
+    assert!(!store.dir().join("hello.meta").exists());
+    // Still full: tried again, still not served.
+    assert!(keeper.recheck(&blobs).await.is_none());
+    assert!(!keeper.catalog().tools.contains_key("hello"));
+    disk.free();
+    let view = keeper.recheck(&blobs).await.expect("the view changed");
+    assert!(view.tools.iter().any(|t| t.name == "hello"), "{view:?}");
+    assert_eq!(
+        std::fs::read(store.dir().join("hello.meta")).unwrap(),
+        new.as_bytes()
+    );
+}

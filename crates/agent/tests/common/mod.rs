@@ -16,6 +16,8 @@ use toolsrv_registry::hex_sha256;
 pub struct FakeBlobs {
     pub blobs: Mutex<HashMap<String, Vec<u8>>>,
     pub fetches: AtomicUsize,
+    /// Bytes per chunk sent; 0 is 7.
+    pub chunk: AtomicUsize,
 }
 
 impl FakeBlobs {
@@ -44,6 +46,12 @@ impl FakeBlobs {
         self.blobs.lock().unwrap().remove(sha256);
     }
 
+    /// Sends each blob in chunks of `bytes` (a blob in one chunk is written in one write).
+    pub fn in_chunks_of(self, bytes: usize) -> Self {
+        self.chunk.store(bytes, Ordering::SeqCst);
+        self
+    }
+
     pub fn fetches(&self) -> usize {
         self.fetches.load(Ordering::SeqCst)
     }
@@ -60,8 +68,12 @@ impl BlobSource for FakeBlobs {
             .cloned()
             .ok_or_else(|| tonic::Status::not_found(format!("no blob {sha256}")))?;
         // Several chunks, to exercise the streaming hash.
+        let size = match self.chunk.load(Ordering::SeqCst) {
+            0 => 7,
+            n => n,
+        };
         let chunks: Vec<Result<Vec<u8>, tonic::Status>> =
-            content.chunks(7).map(|c| Ok(c.to_vec())).collect();
+            content.chunks(size).map(|c| Ok(c.to_vec())).collect();
         Ok(Box::pin(tokio_stream::iter(chunks)))
     }
 }
