@@ -175,6 +175,17 @@ pub async fn connect_tls(
     host_id: String,
 ) -> Result<Channel, AgentError> {
     check_identity(&tls, &host_id)?;
+    // Refused by the coordinator in the handshake, which the agent would see only as a broken
+    // connection: said here, naming the file and its dates, at each attempt.
+    toolsrv_tls::check_dates(
+        &tls.cert,
+        "the coordinator refuses it: give the agent a current certificate (its files are read \
+         again at each attempt to connect)",
+    )
+    .map_err(|source| AgentError::Connect {
+        url: url.clone(),
+        source,
+    })?;
     toolsrv_tls::connect_reloading(&url, &tls, Role::Coordinator)
         .await
         .map_err(|source| AgentError::Connect { url, source })
@@ -306,5 +317,42 @@ mod tests {
         // Not there yet: the attempts will say why, and it may still come.
         let missing = TlsFiles::in_dir(&dir.path().join("none"), &Identity::Agent("x".into()));
         check_identity(&missing, "x").unwrap();
+    }
+
+    /// An agent certificate outside its dates is named, with its dates, at each attempt to
+    /// connect: the coordinator's refusal in the handshake reads as a broken connection.
+    #[tokio::test]
+    async fn a_certificate_outside_its_dates_is_named_before_dialling() {
+        let dir = tempfile::tempdir().unwrap();
+        toolsrv_testkit::write_pki(dir.path(), &["web-1"], &[]).unwrap();
+        let day = std::time::Duration::from_secs(86_400);
+        let now = std::time::SystemTime::now();
+        let identity = Identity::Agent("web-1".into());
+        for (stem, dates, says) in [
+            (
+                "old",
+                (now - 3 * day, now - day),
+                "this certificate expired at",
+            ),
+            ("early", (now + day, now + 3 * day), "is valid only from"),
+        ] {
+            let tls = toolsrv_testkit::sign_with_ca_between(
+                dir.path(),
+                stem,
+                vec![toolsrv_testkit::uri_san(&identity).unwrap()],
+                vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth],
+                Some(dates),
+            )
+            .unwrap();
+            // Nothing listens there: the certificate is refused before any dialling.
+            let err = connect_tls("https://127.0.0.1:9".into(), tls, "web-1".into())
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!("{stem}.pem")) && err.contains(says),
+                "{err}"
+            );
+        }
     }
 }

@@ -518,7 +518,14 @@ async fn a_tool_whose_new_version_cannot_be_written_is_not_served_stale() {
     assert!(keeper.recheck(&blobs).await.is_none());
     assert!(!keeper.catalog().tools.contains_key("hello"));
     disk.free();
-    let view = keeper.recheck(&blobs).await.expect("the view changed");
+    let view = keeper.recheck(&blobs).await.unwrap_or_else(|| {
+        panic!(
+            "the view did not change once there was room: files {:?}, tools {:?}, invalid {:?}",
+            files(store.dir()),
+            keeper.catalog().tools.keys().collect::<Vec<_>>(),
+            keeper.catalog().invalid
+        )
+    });
     assert!(view.tools.iter().any(|t| t.name == "hello"), "{view:?}");
     assert_eq!(
         std::fs::read(store.dir().join("hello.meta")).unwrap(),

@@ -422,38 +422,11 @@ impl WatchStream {
 
 /// Refuses our certificate, naming its file, when this machine's clock is past its `notAfter` or
 /// before its `notBefore`: the coordinator would refuse it in the handshake, which TLS 1.3 shows
-/// the client only as a broken connection on its first request. A file that cannot be read or
-/// parsed is left to the connection, which says what is wrong with it.
+/// the client only as a broken connection on its first request.
 fn check_dates(cert: &std::path::Path) -> Result<(), TlsError> {
-    let Some(leaf) = toolsrv_tls::certificates_in(cert)
-        .ok()
-        .and_then(|certs| certs.into_iter().next())
-    else {
-        return Ok(());
-    };
-    let (not_before, not_after) = (leaf.not_before, leaf.not_after);
-    let now = toolsrv_tls::unix_now();
-    let utc = toolsrv_tls::enroll::utc;
-    let msg = if now > not_after {
-        format!(
-            "this certificate expired at {} UTC, {} s ago by this machine's clock, and the \
-             coordinator refuses it: use a new one (from the development CA: remove this file and \
-             its key, then run `toolsrv pki init DIR --clients NAME` again)",
-            utc(not_after),
-            now - not_after
-        )
-    } else if now < not_before {
-        format!(
-            "this certificate is valid only from {} UTC, {} s from now by this machine's clock: \
-             check the clock",
-            utc(not_before),
-            not_before - now
-        )
-    } else {
-        return Ok(());
-    };
-    Err(TlsError::BadFile {
-        path: cert.to_path_buf(),
-        msg,
-    })
+    toolsrv_tls::check_dates(
+        cert,
+        "the coordinator refuses it: use a new one (from the development CA: remove this file \
+         and its key, then run `toolsrv pki init DIR --clients NAME` again)",
+    )
 }

@@ -11,6 +11,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use toolsrv_meta::MAX_NAME_BYTES;
 use toolsrv_proto::limits::MAX_ARGS_BYTES;
+use toolsrv_proto::text::printable_line;
 use toolsrv_proto::v1::tools_server::Tools;
 use toolsrv_proto::v1::{
     ApproveRequest, ApproveResponse, CallEvent, CallRequest, CallResult, CallStatus, CatalogEvent,
@@ -32,6 +33,7 @@ use toolsrv_proto::v1::{
 use crate::State;
 
 use crate::approvals::DecideError;
+use crate::audit::{Pending, Record};
 use crate::calls::{CallSpec, Event};
 use crate::identity::Caller;
 use crate::refusal::{self, Refusal};
@@ -133,7 +135,7 @@ fn call_spec(
     let max_timeout = state.quotas.limits.max_call_timeout;
     if u128::from(timeout_ms) > max_timeout.as_millis() {
         return Err(Status::invalid_argument(format!(
-            "a timeout of {} s is over this coordinator's maximum of {} s (--max-call-timeout)",
+            "a timeout of {} s is over this coordinator's maximum of {} s (--max-call-timeout-secs)",
             timeout_ms / 1000,
             max_timeout.as_secs()
         )));
@@ -370,6 +372,16 @@ impl Tools for ToolsService {
         )
         .map_err(refuse)?;
         let targets = targets(&state, &selector);
+        if targets.is_empty() {
+            // Answered with an empty fan-out (the client says no host matched), and on the
+            // record like any request that reached no host.
+            state.audit.refused(
+                &client,
+                &req.selector,
+                &req.tool,
+                &Status::not_found("the selector matches no host"),
+            );
+        }
         let width = state.quotas.limits.fanout_hosts;
         if targets.len() > width {
             return Err(refuse(Status::resource_exhausted(format!(
@@ -426,6 +438,11 @@ impl Tools for ToolsService {
         let req = req.into_inner();
         bounded("the request id", &req.id, 64)?;
         bounded("the reason", &req.reason, 1024)?;
+        if req.id.is_empty() {
+            return Err(Status::invalid_argument(
+                "the request id is empty: give one that `toolctl approvals` lists",
+            ));
+        }
         // No call is let run that the audit log cannot record: the request keeps waiting, to be
         // approved once the log is written again (this refusal's record is its next try).
         if req.approve
@@ -453,7 +470,13 @@ impl Tools for ToolsService {
                 _ => Err(Status::not_found(e.to_string())),
             },
             Err(e @ DecideError::NotAllowed { .. }) => {
-                Err(Status::permission_denied(e.to_string()))
+                let status = Status::permission_denied(e.to_string());
+                if let DecideError::NotAllowed { request, .. } = &e {
+                    // Someone tried to decide what is not theirs to decide: on the record.
+                    tracing::warn!(client = %printable_line(&client, 256), request = %printable_line(&request.id, 64), "refused a decision on an approval request: {}", status.message());
+                    self.state.audit.approval_refused(&client, request, &status);
+                }
+                Err(status)
             }
         }
     }
@@ -776,14 +799,33 @@ async fn fan_out(
             spec.clone(),
         );
         hosts.spawn(async move {
+            // Every targeted host is audited: one the fan-out never reached (its caller went
+            // away first) as not started, a skipped one as skipped.
+            let record = Record {
+                client: &spec.client,
+                host: &host,
+                tool: &spec.tool,
+                args_sha256: &spec.args_sha256,
+                fanout: spec.fanout.as_deref(),
+            };
+            let unstarted = Pending::not_started(&state.audit, record);
             let Ok(_permit) = permits.acquire_owned().await else {
                 return;
             };
+            // The caller went away while this host waited its turn (the tasks are being
+            // aborted, and a host's slot freed by another's abort must not start it).
+            if tx.is_closed() {
+                return;
+            }
             let result = if max_errors > 0 && failed.load(Ordering::Relaxed) > max_errors {
                 let result = CallResult::not_run(
                     CallStatus::Skipped,
-                    format!("not started: more than {max_errors} hosts failed"),
+                    format!(
+                        "not started: more than {max_errors} {} failed",
+                        if max_errors == 1 { "host" } else { "hosts" }
+                    ),
                 );
+                unstarted.finish(&result);
                 state.metrics.call(true).finish(&result);
                 let _ = tx
                     .send(Ok(host_event(
@@ -804,6 +846,7 @@ async fn fan_out(
                         tx.send(Ok(host_event(&host, event))).await.is_ok()
                     }
                 };
+                unstarted.hand_over();
                 replicas::run_call(&state, &host, &spec, None, false, emit).await
             };
             let counter = if result.status == CallStatus::Ok as i32 {

@@ -50,10 +50,11 @@ pub enum DecideError {
         "no pending approval request `{0}`: it was decided already, expired, or its caller went away"
     )]
     NotFound(String),
-    #[error("client {decider} may not decide request `{id}`: {why}")]
+    #[error("client {decider} may not decide request `{}`: {why}", request.id)]
     NotAllowed {
         decider: String,
-        id: String,
+        /// The request, for the audit record of the refusal.
+        request: Box<ApprovalRequest>,
         why: String,
     },
 }
@@ -106,10 +107,19 @@ impl Waiting<'_> {
     pub async fn next(&mut self, deadline: Instant) -> Next {
         loop {
             tokio::select! {
+                // An answer already given wins over the deadline passing at the same moment.
+                biased;
                 answer = &mut self.answer => {
                     return Next::Decided(answer.unwrap_or(Decision::Expired));
                 }
-                () = tokio::time::sleep_until(deadline) => return Next::Decided(Decision::Expired),
+                () = tokio::time::sleep_until(deadline) => {
+                    // Expired only if nobody took the request meanwhile: a decision made as the
+                    // deadline passed (its decider was told it was taken) is the one that holds.
+                    if self.approvals.lock().remove(&self.request.id).is_some() {
+                        return Next::Decided(Decision::Expired);
+                    }
+                    return Next::Decided((&mut self.answer).await.unwrap_or(Decision::Expired));
+                }
                 () = self.retold.notified() => {
                     // Decided meanwhile: the answer is there for the next turn.
                     if let Some(request) = self.approvals.get(&self.request.id)
@@ -162,6 +172,21 @@ pub(crate) fn deciders(approvers: &[String]) -> (Vec<String>, bool) {
         approvers.iter().filter(|a| *a != CALLER).cloned().collect()
     };
     (shown, caller_may_decide)
+}
+
+/// Why nobody can decide a request of `caller` asked of `approvers`, if nobody can: every
+/// approver the rule names is `caller` itself, by name (no glob), and a caller never decides a
+/// request that asks for another approver. Such a request could only expire.
+pub(crate) fn undecidable(approvers: &[String], caller: &str) -> Option<String> {
+    let (shown, caller_may_decide) = deciders(approvers);
+    let only_caller = shown.iter().all(|p| p == caller && !p.contains(['*', '?']));
+    (!caller_may_decide && only_caller).then(|| {
+        format!(
+            "nobody can approve it: the only approver its rule names is {caller}, the caller, and \
+             a call is approved by someone other than its caller (a rule's `approvers` of \
+             `[\"caller\"]` lets the caller decide)"
+        )
+    })
 }
 
 /// A fresh unguessable request id.
@@ -264,7 +289,7 @@ impl Approvals {
             .ok_or_else(|| DecideError::NotFound(id.to_string()))?;
         may_decide(&entry.request, decider).map_err(|why| DecideError::NotAllowed {
             decider: decider.to_string(),
-            id: id.to_string(),
+            request: Box::new(entry.request.clone()),
             why,
         })?;
         let Some(entry) = pending.remove(id) else {
@@ -435,6 +460,51 @@ mod tests {
         assert_eq!(a.pending(), 1);
         assert!(a.decide(&denied_id, "oncall-1", true, "").is_err());
         assert_eq!(decided(&mut kept, 60).await, Decision::Expired);
+    }
+
+    #[test]
+    fn a_request_only_its_caller_is_named_to_approve_is_undecidable() {
+        let caller = "approver";
+        assert!(undecidable(&strings(&["approver"]), caller).is_some());
+        assert!(undecidable(&strings(&["approver", "approver"]), caller).is_some());
+        // Someone else is named, or may match: it can be decided.
+        assert!(undecidable(&strings(&["approver", "oncall-1"]), caller).is_none());
+        assert!(undecidable(&strings(&["approv*"]), caller).is_none());
+        assert!(undecidable(&strings(&["approve?"]), caller).is_none());
+        // The caller decides its own.
+        assert!(undecidable(&[], caller).is_none());
+        assert!(undecidable(&strings(&["caller"]), caller).is_none());
+        assert!(undecidable(&strings(&["alice"]), caller).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_decision_made_as_the_deadline_passes_is_the_one_that_holds() {
+        let a = Approvals::default();
+        let mut w = file(&a, &["oncall-*"]);
+        let id = w.request.id.clone();
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        tokio::time::sleep_until(deadline).await;
+        // The deadline has passed, and the waiter has not looked yet: a decision now was told
+        // to its decider as taken, so the waiter must see it, not an expiry.
+        a.decide(&id, "oncall-1", true, "in time").unwrap();
+        assert_eq!(
+            w.next(deadline).await,
+            Next::Decided(Decision::Approved {
+                by: "oncall-1".into(),
+                reason: "in time".into()
+            })
+        );
+        // And an expiry, once it is one, takes the request away from deciders.
+        let mut late = file(&a, &["oncall-*"]);
+        let late_id = late.request.id.clone();
+        assert_eq!(
+            late.next(Instant::now()).await,
+            Next::Decided(Decision::Expired)
+        );
+        assert!(matches!(
+            a.decide(&late_id, "oncall-1", true, ""),
+            Err(DecideError::NotFound(_))
+        ));
     }
 
     #[test]

@@ -358,6 +358,8 @@ pub struct Pending<'a> {
     /// When the call began here: a call whose caller vanished ran until then, as far as the
     /// coordinator knows.
     started: std::time::Instant,
+    /// What the record says when the caller vanishes first ([`Pending::not_started`]).
+    dropped: &'static str,
 }
 
 impl<'a> Pending<'a> {
@@ -367,26 +369,50 @@ impl<'a> Pending<'a> {
             record,
             done: false,
             started: std::time::Instant::now(),
+            dropped: "the caller went away before the call ended; the call was cancelled on the host",
         }
     }
 
-    /// Writes the record with the call's result.
-    pub fn finish(mut self, result: &CallResult) {
-        self.audit.record(&self.record, result);
+    /// A host of a fan-out waiting for its turn: if the fan-out's caller vanishes first, the
+    /// record says the call was never started. Once its turn comes, [`Pending::finish`] (the
+    /// host is skipped) or [`Pending::hand_over`] (the call is run, and audited as any call).
+    pub fn not_started(audit: &'a Audit, record: Record<'a>) -> Self {
+        // Not `..Self::new(..)`: that temporary's own drop would write a record.
+        let mut pending = Self::new(audit, record);
+        pending.dropped = "not started: the caller went away before the fan-out reached this host";
+        pending
+    }
+
+    /// Leaves the record to the call about to run, which writes its own.
+    pub fn hand_over(mut self) {
         self.done = true;
+    }
+
+    /// Writes the record with the call's result. A result the host gave no duration (the call
+    /// did not run, waited for an approval that was denied, or its host was lost mid-call) is
+    /// recorded with how long the call was under way here.
+    pub fn finish(mut self, result: &CallResult) {
+        if result.duration_ms == 0 {
+            let mut result = result.clone();
+            result.duration_ms = self.elapsed_ms();
+            self.audit.record(&self.record, &result);
+        } else {
+            self.audit.record(&self.record, result);
+        }
+        self.done = true;
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 }
 
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if !self.done {
-            let mut result = CallResult::not_run(
-                CallStatus::Cancelled,
-                "the caller went away before the call ended; the call was cancelled on the host",
-            );
+            let mut result = CallResult::not_run(CallStatus::Cancelled, self.dropped);
             // It may well have run until then: the record says for how long it was under way.
-            result.duration_ms =
-                u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            result.duration_ms = self.elapsed_ms();
             self.audit.record(&self.record, &result);
         }
     }
@@ -475,6 +501,25 @@ mod tests {
         // How long it was under way, not 0 as for a call that never ran.
         assert!(got[0]["duration_ms"].as_u64().unwrap() >= 30, "{}", got[0]);
         assert_eq!(got[1]["status"], "CALL_STATUS_OK");
+    }
+
+    #[test]
+    fn a_fan_out_host_is_recorded_once_whether_reached_or_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let audit = Audit::open(Some(&path)).unwrap();
+        drop(Pending::not_started(&audit, record("never")));
+        Pending::not_started(&audit, record("skipped"))
+            .finish(&CallResult::not_run(CallStatus::Skipped, "budget spent"));
+        // Handed over to the call, which writes its own record: none from here.
+        Pending::not_started(&audit, record("ran")).hand_over();
+        let got = lines(&path);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0]["host"], "never");
+        assert_eq!(got[0]["status"], "CALL_STATUS_CANCELLED");
+        assert!(got[0]["message"].as_str().unwrap().contains("not started"));
+        assert_eq!(got[1]["host"], "skipped");
+        assert_eq!(got[1]["status"], "CALL_STATUS_SKIPPED");
     }
 
     #[test]

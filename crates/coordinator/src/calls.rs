@@ -161,6 +161,18 @@ where
             .saturating_add(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
         ..request
     };
+    if let Some(why) = crate::approvals::undecidable(approvers, &request.caller) {
+        // Denied now rather than left to expire unanswered.
+        let mut request = request;
+        (request.approvers, request.caller_may_decide) = crate::approvals::deciders(approvers);
+        let decision = Decision::Denied {
+            by: "coordinator".into(),
+            reason: why,
+        };
+        state.audit.approval(&request, &decision);
+        state.metrics.approval(&decision);
+        return Some((decision, request));
+    }
     let mut waiting = state.approvals.file(request, approvers);
     // Recorded withdrawn however the wait ends undecided, this future dropped included (the
     // caller went away and its stream went with it): no request goes unaudited.
@@ -446,7 +458,7 @@ where
     F: FnMut(Event) -> Fut,
     Fut: Future<Output = bool>,
 {
-    let routed = route(state, host_id, spec, slot)
+    let mut routed = route(state, host_id, spec, slot)
         .await
         .map_err(|result| (result, true))?;
     if routed.verdict.approve {
@@ -454,6 +466,12 @@ where
             return Err((refused, true));
         }
         approve_call(state, host_id, spec, &routed.verdict, emit).await?;
+        // Routed again after the wait, which may have been minutes: the host may have
+        // reconnected since (the link routed to first is closed), or gone, or no longer offer
+        // the tool. The approval holds for this call wherever it is routed now.
+        routed = route(state, host_id, spec, Some(routed.slot))
+            .await
+            .map_err(|result| (result, true))?;
     }
     let start = StartCall {
         call_id: 0,

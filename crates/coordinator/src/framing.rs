@@ -146,7 +146,7 @@ where
                     self.ended = true;
                     self.buf = BytesMut::new();
                     return Poll::Ready(Some(Err(Status::unknown(format!(
-                        "stream error: {}",
+                        "the connection broke ({})",
                         summary(&e.to_string())
                     )))));
                 }
@@ -173,6 +173,16 @@ const MAX_ERROR_SUMMARY: usize = 300;
 /// [`MAX_ERROR_SUMMARY`] bytes.
 fn summary(text: &str) -> String {
     let text = text.split(", source:").next().unwrap_or(text);
+    // A status's display wraps the message people need: `code: 'Unknown error', message: "..."`.
+    let text = text
+        .strip_prefix("code: '")
+        .and_then(|t| t.split_once("', message: \""))
+        .map_or(text, |(_, message)| {
+            message.strip_suffix('"').unwrap_or(message)
+        });
+    // hyper's HTTP/2 layer names itself `h2`, which reads as a host of that name.
+    let text = text.replace("h2 protocol error", "HTTP/2 protocol error");
+    let text = text.as_str();
     match text.char_indices().find(|(i, _)| *i >= MAX_ERROR_SUMMARY) {
         Some((at, _)) => format!("{}…", &text[..at]),
         None => text.to_string(),
@@ -308,9 +318,13 @@ mod tests {
         let dump = "code: 'Unknown error', message: \"error reading a body from connection\", \
                     source: Error { inner: Status { code: Unknown, source: Some(hyper::Error(\
                     Body, Error { kind: Io(Custom { kind: UnexpectedEof }) })) } }";
+        assert_eq!(summary(dump), "error reading a body from connection");
+        // As a killed agent's connection reads: nothing that looks like a host named `h2`.
+        let killed = "code: 'Unknown error', message: \"h2 protocol error: error reading a body \
+                      from connection\"";
         assert_eq!(
-            summary(dump),
-            "code: 'Unknown error', message: \"error reading a body from connection\""
+            summary(killed),
+            "HTTP/2 protocol error: error reading a body from connection"
         );
         let long = "x".repeat(1000);
         assert_eq!(summary(&long).len(), MAX_ERROR_SUMMARY + '…'.len_utf8());

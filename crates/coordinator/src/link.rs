@@ -250,9 +250,13 @@ impl Link {
         let calls: Vec<_> = self.lock().drain().collect();
         for (_, sink) in calls {
             sink.ended.cancel();
+            // The caller knows the host: the message says what happened to the call there.
             let _ = sink.tx.send(AgentEvent::Finished(CallResult::not_run(
                 CallStatus::Lost,
-                format!("host {}: {reason}", self.host_id),
+                format!(
+                    "the link to its host ended mid-call ({reason}); whether the tool finished \
+                     there is not known"
+                ),
             )));
         }
     }

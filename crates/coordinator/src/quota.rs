@@ -166,7 +166,7 @@ impl Quotas {
         let u = usage.entry(client.to_string()).or_default();
         if !in_fanout && u.total >= self.limits.calls_per_client {
             return Err(format!(
-                "client {client} already has {} calls running, its limit (the coordinator's \
+                "client {client} already has {} calls running or waiting for approval, its limit (the coordinator's \
                  --max-calls-per-client); wait for some to finish",
                 u.total
             ));
@@ -174,7 +174,8 @@ impl Quotas {
         let on_host = u.per_host.get(host).copied().unwrap_or(0);
         if on_host >= self.limits.calls_per_client_host {
             return Err(format!(
-                "client {client} already has {on_host} calls running on host {host}, its limit \
+                "client {client} already has {on_host} calls running or waiting for approval on host \
+                 {host}, its limit \
                  per host (the coordinator's --max-calls-per-client-host); wait for some to finish"
             ));
         }
@@ -198,7 +199,7 @@ impl Quotas {
         let free = self.limits.calls_per_client.saturating_sub(u.total);
         if free == 0 {
             return Err(format!(
-                "client {client} already has {} calls running, its limit (the coordinator's \
+                "client {client} already has {} calls running or waiting for approval, its limit (the coordinator's \
                  --max-calls-per-client); wait for some to finish",
                 u.total
             ));

@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Coordinator, WAIT, call_result, client};
+use common::{Coordinator, WAIT, audited, call_result, client, next};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tonic::Streaming;
@@ -23,20 +23,6 @@ use toolsrv_proto::v1::{
     call_event,
 };
 use toolsrv_testkit::{must, wait_until};
-
-/// The next message of `kind` from the coordinator, within the wait.
-async fn next<T>(inbound: &mut Streaming<CoordinatorMessage>, kind: impl Fn(In) -> Option<T>) -> T {
-    tokio::time::timeout(WAIT, async {
-        loop {
-            let msg = inbound.message().await.unwrap().expect("the link stays up");
-            if let Some(found) = msg.msg.and_then(&kind) {
-                return found;
-            }
-        }
-    })
-    .await
-    .expect("the coordinator sends it within the wait")
-}
 
 async fn send(out: &mpsc::Sender<AgentMessage>, msg: Out) {
     out.send(AgentMessage { msg: Some(msg) }).await.unwrap();
@@ -109,16 +95,6 @@ fn finished(call_id: u64, status: CallStatus) -> Out {
             ..CallResult::default()
         }),
     })
-}
-
-/// The audit log's records of `event`.
-fn audited(coordinator: &Coordinator, event: &str) -> Vec<serde_json::Value> {
-    let audit = std::fs::read_to_string(coordinator.dir.path().join("audit.jsonl")).unwrap();
-    audit
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|r| r["event"] == event)
-        .collect()
 }
 
 /// The approval requests waiting, within the wait, once there are `n`.

@@ -209,6 +209,11 @@ pub struct Scanner {
     complete: Option<Catalog>,
     /// What cut the current scan short, if anything did (see [`is_shortage`]).
     shortage: Option<String>,
+    /// The directories the last complete scan listed. One of them that cannot be listed now
+    /// (moved away, unmounted, its permissions changed) does not empty the catalog of its tools.
+    listed: HashSet<PathBuf>,
+    /// A directory of [`Scanner::listed`] the current scan could not list, and why.
+    unlisted: Option<String>,
 }
 
 /// How soon a scan cut short by the machine (see [`is_shortage`]) is tried again.
@@ -271,6 +276,8 @@ impl Scanner {
     pub fn scan(&mut self) -> Catalog {
         self.recheck = None;
         self.shortage = None;
+        self.unlisted = None;
+        let mut listed = HashSet::with_capacity(self.dirs.len());
         let mut catalog = Catalog::default();
         let mut seen_metas = HashSet::with_capacity(self.metas.len());
         let mut seen_exes = HashSet::new();
@@ -281,13 +288,24 @@ impl Scanner {
                 break;
             }
             let files = match list_meta_files(&dir) {
-                Ok(files) => files,
+                Ok(files) => {
+                    listed.insert(dir.clone());
+                    files
+                }
                 Err(e) if is_shortage(&e) => {
                     self.shortage = Some(format!(
                         "cannot read tools directory {}: {e}",
                         dir.display()
                     ));
                     break;
+                }
+                Err(e) if self.listed.contains(&dir) => {
+                    // Read by the last complete scan: most likely moved or unmounted for a
+                    // moment, not meant to take every tool it holds off the fleet.
+                    self.unlisted.get_or_insert_with(|| {
+                        format!("cannot read tools directory {}: {e}", dir.display())
+                    });
+                    continue;
                 }
                 Err(e) => {
                     let message = format!("cannot read tools directory: {e}");
@@ -389,6 +407,16 @@ impl Scanner {
         if let Some(why) = self.shortage.take() {
             return self.cut_short(catalog, why);
         }
+        if let Some(why) = self.unlisted.take() {
+            let message = format!(
+                "{why}: the tools of the last complete scan are served until it can be read \
+                 again (tried every {}s); to take every tool of a directory off, empty it rather \
+                 than remove it",
+                SHORTAGE_RETRY.as_secs()
+            );
+            return self.kept(catalog, message);
+        }
+        self.listed = listed;
         self.metas.retain(|p, _| seen_metas.contains(p));
         self.executables.retain(|p, _| seen_exes.contains(p));
         self.complete = Some(catalog.clone());
@@ -399,15 +427,21 @@ impl Scanner {
     /// none: what it read), with a warning naming what could not be read, and a recheck soon.
     /// What it did read is kept in the caches for the next scan; nothing is forgotten.
     fn cut_short(&mut self, partial: Catalog, why: String) -> Catalog {
-        let at = SystemTime::now() + SHORTAGE_RETRY;
-        self.recheck = Some(self.recheck.map_or(at, |r| r.min(at)));
-        let mut kept = self.complete.clone().unwrap_or(partial);
-        let dir = self.dirs.first().cloned().unwrap_or_default();
         let message = format!(
             "{why}: the machine is short of file descriptors or memory, so the tools of the last \
              complete scan are served until a scan completes (tried again every {}s)",
             SHORTAGE_RETRY.as_secs()
         );
+        self.kept(partial, message)
+    }
+
+    /// The last complete scan (the first scan has none: `partial`, what it read) with the
+    /// warning `message`, and a recheck in [`SHORTAGE_RETRY`].
+    fn kept(&mut self, partial: Catalog, message: String) -> Catalog {
+        let at = SystemTime::now() + SHORTAGE_RETRY;
+        self.recheck = Some(self.recheck.map_or(at, |r| r.min(at)));
+        let mut kept = self.complete.clone().unwrap_or(partial);
+        let dir = self.dirs.first().cloned().unwrap_or_default();
         kept.diagnostics
             .push(Diagnostic::warning(&dir, None, Code::Io, message));
         kept

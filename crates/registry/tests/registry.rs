@@ -842,3 +842,63 @@ fn modes_on_a_read_only_file_system_do_not_count() {
         cat.diagnostics
     );
 }
+
+/// A tools directory that was read and then cannot be (moved away, unmounted, replaced by a
+/// file) keeps its tools served, with a warning and a scan again soon, until it can be read;
+/// emptying it is what takes its tools off. One that never could be read serves nothing.
+#[test]
+fn a_tools_directory_that_vanishes_keeps_its_tools_until_it_is_back() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("tools");
+    std::fs::create_dir(&dir).unwrap();
+    write_settled(&dir, "a.meta", &tool("a"));
+    write_settled(&dir, "b.meta", &tool("b"));
+    let never = root.path().join("typo");
+    let mut scanner = Scanner::new(vec![dir.clone(), never.clone()]);
+    let names = |c: &toolsrv_registry::Catalog| c.tools.keys().cloned().collect::<Vec<_>>();
+    let first = scanner.scan();
+    assert_eq!(names(&first), ["a", "b"]);
+    assert_eq!(
+        scanner.recheck_at(),
+        None,
+        "a directory never read is no reason to retry"
+    );
+    assert!(
+        first
+            .diagnostics
+            .iter()
+            .any(|d| d.file == never && d.message.contains("cannot read tools directory")),
+        "{:?}",
+        first.diagnostics
+    );
+
+    let away = root.path().join("tools.away");
+    std::fs::rename(&dir, &away).unwrap();
+    let gone = scanner.scan();
+    assert_eq!(
+        names(&gone),
+        ["a", "b"],
+        "a moved directory emptied the catalog"
+    );
+    assert!(
+        gone.diagnostics.iter().any(|d| d
+            .message
+            .contains("the tools of the last complete scan are served")),
+        "{:?}",
+        gone.diagnostics
+    );
+    assert!(scanner.recheck_at().is_some(), "scanned again soon");
+    // A file in its place is no better.
+    std::fs::write(&dir, "not a directory").unwrap();
+    assert_eq!(names(&scanner.scan()), ["a", "b"]);
+    std::fs::remove_file(&dir).unwrap();
+
+    // Back, with one tool fewer: read whole again.
+    std::fs::remove_file(away.join("b.meta")).unwrap();
+    std::fs::rename(&away, &dir).unwrap();
+    assert_eq!(names(&scanner.scan()), ["a"]);
+    assert_eq!(scanner.recheck_at(), None);
+    // Emptied: its tools are off.
+    std::fs::remove_file(dir.join("a.meta")).unwrap();
+    assert!(scanner.scan().tools.is_empty());
+}

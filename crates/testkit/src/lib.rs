@@ -39,7 +39,10 @@ pub use http::{Prometheus, ensure_program, http_get};
 pub use kube::{COORDINATOR_TOKEN, FakeKubeApi, ServiceAccountToken};
 pub use launch::{AgentLaunch, CoordinatorLaunch, client_env};
 pub use model::{find_model_dir, mpnet_model_dir};
-pub use pki::{Pki, ca_pin_in, sign_with_ca, stem_files, tls_args, uri_san, write_key, write_pki};
+pub use pki::{
+    Pki, ca_pin_in, sign_with_ca, sign_with_ca_between, stem_files, tls_args, uri_san, write_key,
+    write_pki,
+};
 pub use proc::{Proc, free_port, try_free_port};
 pub use python::Venv;
 pub use wait::{

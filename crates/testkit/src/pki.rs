@@ -37,6 +37,20 @@ pub fn sign_with_ca_until(
     ekus: Vec<rcgen::ExtendedKeyUsagePurpose>,
     not_after: Option<std::time::SystemTime>,
 ) -> Result<TlsFiles> {
+    let dates = not_after.map(|not_after| (std::time::SystemTime::now(), not_after));
+    sign_with_ca_between(dir, stem, sans, ekus, dates)
+}
+
+/// [`sign_with_ca`] with the certificate valid from `dates.0` until `dates.1` (rcgen's default
+/// validity when `None`): dates in the past or the future make an expired certificate, or
+/// one not valid yet.
+pub fn sign_with_ca_between(
+    dir: &Path,
+    stem: &str,
+    sans: Vec<rcgen::SanType>,
+    ekus: Vec<rcgen::ExtendedKeyUsagePurpose>,
+    dates: Option<(std::time::SystemTime, std::time::SystemTime)>,
+) -> Result<TlsFiles> {
     let failed = |reason: String| TestkitError::Certificate {
         stem: stem.to_string(),
         reason,
@@ -55,9 +69,8 @@ pub fn sign_with_ca_until(
     let mut params = rcgen::CertificateParams::default();
     params.subject_alt_names = sans;
     params.extended_key_usages = ekus;
-    if let Some(not_after) = not_after {
-        let now = std::time::SystemTime::now();
-        params.not_before = now.into();
+    if let Some((not_before, not_after)) = dates {
+        params.not_before = not_before.into();
         params.not_after = not_after.into();
     }
     let cert = params

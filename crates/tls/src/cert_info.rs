@@ -62,3 +62,40 @@ pub fn certificates_in(path: &Path) -> Result<Vec<CertInfo>, TlsError> {
         })
         .collect()
 }
+
+/// Refuses the certificate of file `path` (its first, the leaf), naming the file and its dates,
+/// when this machine's clock is past its `notAfter` or before its `notBefore`: no peer takes it,
+/// and TLS 1.3 shows a client only a broken connection. `expired`: what follows "this
+/// certificate expired at ..., N s ago by this machine's clock, and", saying who refuses it and
+/// what to do. A file that cannot be read or parsed passes: whatever reads it next says what is
+/// wrong with it.
+pub fn check_dates(path: &Path, expired: &str) -> Result<(), TlsError> {
+    let Some(leaf) = certificates_in(path)
+        .ok()
+        .and_then(|certs| certs.into_iter().next())
+    else {
+        return Ok(());
+    };
+    let now = unix_now();
+    let utc = crate::enroll::utc;
+    let msg = if now > leaf.not_after {
+        format!(
+            "this certificate expired at {} UTC, {} s ago by this machine's clock, and {expired}",
+            utc(leaf.not_after),
+            now - leaf.not_after
+        )
+    } else if now < leaf.not_before {
+        format!(
+            "this certificate is valid only from {} UTC, {} s from now by this machine's clock: \
+             check the clock",
+            utc(leaf.not_before),
+            leaf.not_before - now
+        )
+    } else {
+        return Ok(());
+    };
+    Err(TlsError::BadFile {
+        path: path.to_path_buf(),
+        msg,
+    })
+}

@@ -25,6 +25,14 @@ pub struct ServerCreds {
     crls: watch::Sender<Arc<Crls>>,
 }
 
+/// Refuses the server's own certificate outside its dates: every peer would refuse it.
+fn own_dates(files: &TlsFiles) -> Result<(), TlsError> {
+    crate::check_dates(
+        &files.cert,
+        "every peer refuses it: install a current certificate",
+    )
+}
+
 impl ServerCreds {
     /// Loads `files` once; an error if they do not make a valid server config.
     pub fn new(files: TlsFiles) -> Result<Self, TlsError> {
@@ -40,6 +48,7 @@ impl ServerCreds {
         anonymous: bool,
     ) -> Result<Self, TlsError> {
         let crls = Crls::load(&crl_files)?;
+        own_dates(&files)?;
         let config = server_config_with(&files, &crls, anonymous)?;
         let (tx, _rx) = watch::channel(config);
         let (crls, _rx) = watch::channel(Arc::new(crls));
@@ -80,9 +89,11 @@ impl ServerCreds {
 
     /// Re-reads the files. On error the previous config and CRLs stay in use and the error is
     /// returned: a CRL file replaced by something unreadable never lets in what the last good
-    /// one refused.
+    /// one refused, and a certificate outside its dates (expired, or not valid yet by this
+    /// machine's clock) never replaces one every peer takes.
     pub fn reload(&self) -> Result<(), TlsError> {
         let crls = Crls::load(&self.crl_files)?;
+        own_dates(&self.files)?;
         let config = server_config_with(&self.files, &crls, self.anonymous)?;
         // send_replace, not send: it succeeds even with no receiver yet.
         self.tx.send_replace(config);
@@ -137,11 +148,14 @@ impl ServerCreds {
         })
     }
 
-    fn stamp(&self) -> Vec<Option<(SystemTime, u64)>> {
+    /// What the files are now: a change to any (contents, or a `chmod` that makes a refused key
+    /// file usable, which changes only its ctime) is a reason to read them again.
+    fn stamp(&self) -> Vec<Option<(SystemTime, i64, u64, u32)>> {
+        use std::os::unix::fs::MetadataExt;
         let one = |p: &Path| {
             std::fs::metadata(p)
                 .ok()
-                .and_then(|m| Some((m.modified().ok()?, m.len())))
+                .and_then(|m| Some((m.modified().ok()?, m.ctime(), m.len(), m.mode())))
         };
         [&self.files.ca, &self.files.cert, &self.files.key]
             .into_iter()

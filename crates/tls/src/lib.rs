@@ -20,9 +20,10 @@ mod identity;
 mod pki;
 mod plain;
 mod server;
+mod throttle;
 mod usage;
 
-pub use cert_info::{CertInfo, certificates_in, since_epoch, unix_now, until_unix};
+pub use cert_info::{CertInfo, certificates_in, check_dates, since_epoch, unix_now, until_unix};
 pub use client::{
     CONNECT_TIMEOUT, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, connect, connect_reloading,
     connect_reloading_within, connect_replicas_within, lazy_channel,

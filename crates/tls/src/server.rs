@@ -27,6 +27,12 @@ use tokio_util::sync::WaitForCancellationFutureOwned;
 use tonic::transport::server::Connected;
 
 use crate::conns::{Connections, Registration};
+use crate::throttle::LogThrottle;
+
+/// Failed handshakes are logged once a second at most: anyone who reaches the port can fail
+/// one at will (about a thousand a second from one script, 170 KB of log a second), and the
+/// next line says how many went unlogged (`unlogged`).
+static HANDSHAKE_FAILED: LogThrottle = LogThrottle::new(Duration::from_secs(1));
 use crate::counts::{OpenCounts, Slot};
 use crate::enroll::labels_of;
 use crate::{Identity, identity_of};
@@ -452,11 +458,15 @@ async fn handshake(
     let mut stream = match tokio::time::timeout(options.handshake, acceptor.accept(tcp)).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => {
-            tracing::info!(%remote, error = %e, "TLS handshake failed; connection dropped");
+            if let Some(unlogged) = HANDSHAKE_FAILED.pass() {
+                tracing::info!(%remote, error = %e, unlogged, "TLS handshake failed; connection dropped");
+            }
             return;
         }
         Err(_) => {
-            tracing::info!(%remote, timeout = ?options.handshake, "TLS handshake timed out; connection dropped");
+            if let Some(unlogged) = HANDSHAKE_FAILED.pass() {
+                tracing::info!(%remote, timeout = ?options.handshake, unlogged, "TLS handshake timed out; connection dropped");
+            }
             return;
         }
     };

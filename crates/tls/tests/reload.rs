@@ -114,3 +114,99 @@ async fn file_changes_are_picked_up_by_polling() {
     stop.cancel();
     tokio::time::timeout(WAIT, watcher).await.unwrap().unwrap();
 }
+
+/// A coordinator certificate outside its dates (expired, or valid only from tomorrow by this
+/// machine's clock) is refused at start and on reload, naming the file and its dates: the
+/// previous one stays in use, rather than one no peer takes.
+#[tokio::test]
+async fn a_certificate_outside_its_dates_is_refused_and_the_old_one_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    common::pki(dir);
+    let live = files(dir, &Identity::Coordinator);
+    let creds = ServerCreds::new(live.clone()).unwrap();
+    let server = serve(creds.subscribe()).await;
+    let alice_files = files(dir, &alice());
+    let raw = || common::raw_client_config(&live.ca, Some((&alice_files.cert, &alice_files.key)));
+    let old = common::certs(&live.cert)[0].clone();
+    let day = Duration::from_secs(86_400);
+    let now = std::time::SystemTime::now();
+    for (stem, dates, says) in [
+        (
+            "expired",
+            (now - 3 * day, now - day),
+            "this certificate expired at",
+        ),
+        ("future", (now + day, now + 3 * day), "is valid only from"),
+    ] {
+        let odd = toolsrv_testkit::sign_with_ca_between(
+            dir,
+            stem,
+            vec![
+                common::uri_san(&Identity::Coordinator),
+                rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap()),
+            ],
+            vec![
+                rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+                rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+            Some(dates),
+        )
+        .unwrap();
+        // At start: refused.
+        let err = ServerCreds::new(odd.clone()).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("{stem}.pem")) && err.contains(says),
+            "{err}"
+        );
+        // On reload: refused, and the old certificate still served.
+        let saved = (fs::read(&live.cert).unwrap(), fs::read(&live.key).unwrap());
+        replace(&odd.key, &live.key);
+        replace(&odd.cert, &live.cert);
+        let err = creds.reload().unwrap_err().to_string();
+        assert!(
+            err.contains("coordinator.pem") && err.contains(says),
+            "{err}"
+        );
+        assert_eq!(server_leaf(server.addr, raw()).await, old);
+        fs::write(&live.cert, &saved.0).unwrap();
+        fs::write(&live.key, &saved.1).unwrap();
+    }
+    creds.reload().unwrap();
+    assert_eq!(server_leaf(server.addr, raw()).await, old);
+    server.stop().await;
+}
+
+/// A key refused for its permissions is read again once they are fixed: `chmod` changes
+/// neither the file's size nor its modification time, only its change time and mode.
+#[tokio::test]
+async fn a_key_made_private_after_a_refusal_is_picked_up() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    common::pki(dir);
+    let live = files(dir, &Identity::Coordinator);
+    let creds = ServerCreds::new(live.clone()).unwrap();
+    let stop = CancellationToken::new();
+    let watcher = creds.spawn_reload_on_change(Duration::from_millis(20), stop.clone());
+    let mut rx = creds.subscribe();
+    let next = next_coordinator(dir);
+    fs::set_permissions(&next.key, fs::Permissions::from_mode(0o644)).unwrap();
+    replace(&next.key, &live.key);
+    fs::set_permissions(&live.key, fs::Permissions::from_mode(0o644)).unwrap();
+    replace(&next.cert, &live.cert);
+    // Refused while every user may read the key.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), rx.changed())
+            .await
+            .is_err(),
+        "a key every user may read was taken"
+    );
+    fs::set_permissions(&live.key, fs::Permissions::from_mode(0o600)).unwrap();
+    tokio::time::timeout(WAIT, rx.changed())
+        .await
+        .expect("the key made private was never taken")
+        .unwrap();
+    stop.cancel();
+    tokio::time::timeout(WAIT, watcher).await.unwrap().unwrap();
+}

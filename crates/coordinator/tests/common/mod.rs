@@ -255,3 +255,31 @@ pub fn client(name: &str) -> Identity {
 pub fn agent(id: &str) -> Identity {
     Identity::Agent(id.into())
 }
+
+/// The next message of `kind` from the coordinator, within the wait.
+pub async fn next<T>(
+    inbound: &mut Streaming<CoordinatorMessage>,
+    kind: impl Fn(In) -> Option<T>,
+) -> T {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let msg = inbound.message().await.unwrap().expect("the link stays up");
+            if let Some(found) = msg.msg.and_then(&kind) {
+                return found;
+            }
+        }
+    })
+    .await
+    .expect("the coordinator sends it within the wait")
+}
+
+/// The records of `event` in the audit log of a coordinator configured with
+/// `audit.jsonl` in its directory.
+pub fn audited(coordinator: &Coordinator, event: &str) -> Vec<serde_json::Value> {
+    let audit = std::fs::read_to_string(coordinator.dir.path().join("audit.jsonl")).unwrap();
+    audit
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r["event"] == event)
+        .collect()
+}
