@@ -45,13 +45,42 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
+/// What is wrong with a PEM file, as text: the library's own message shows the lines it quotes
+/// as lists of byte values (`missing section end marker: [45, 45, ...]`).
+pub(crate) fn pem_problem(e: &rustls_pki_types::pem::Error) -> String {
+    use rustls_pki_types::pem::Error;
+    let line = |bytes: &[u8]| {
+        String::from_utf8_lossy(bytes)
+            .escape_debug()
+            .take(80)
+            .collect::<String>()
+    };
+    match e {
+        Error::MissingSectionEnd { end_marker } => {
+            format!(
+                "no `-----END {}-----` line: the file is cut short",
+                line(end_marker)
+            )
+        }
+        Error::IllegalSectionStart { line: start } => {
+            format!("a malformed `-----BEGIN` line: `{}`", line(start))
+        }
+        other => other.to_string(),
+    }
+}
+
 /// Reads every certificate of a PEM file; an error if there is none.
 pub(crate) fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let bytes = crate::files::read_bounded(path, crate::files::MAX_PEM_BYTES)
         .map_err(|e| TlsError::io("cannot read", path, e))?;
     let certs = CertificateDer::pem_slice_iter(&bytes)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TlsError::bad_file(path, format!("not a valid PEM certificate file: {e}")))?;
+        .map_err(|e| {
+            TlsError::bad_file(
+                path,
+                format!("not a valid PEM certificate file: {}", pem_problem(&e)),
+            )
+        })?;
     if certs.is_empty() {
         return Err(TlsError::bad_file(
             path,
@@ -102,7 +131,10 @@ fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
             path,
             "no private key in it: expected a -----BEGIN PRIVATE KEY----- block",
         ),
-        other => TlsError::bad_file(path, format!("not a valid PEM private key: {other}")),
+        other => TlsError::bad_file(
+            path,
+            format!("not a valid PEM private key: {}", pem_problem(&other)),
+        ),
     })
 }
 

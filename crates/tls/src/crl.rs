@@ -102,7 +102,15 @@ fn read_crl_file(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static
     }
     let crls = CertificateRevocationListDer::pem_slice_iter(&bytes)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TlsError::bad_file(path, format!("not a valid PEM CRL file: {e}")))?;
+        .map_err(|e| {
+            TlsError::bad_file(
+                path,
+                format!(
+                    "not a valid PEM CRL file: {}",
+                    crate::config::pem_problem(&e)
+                ),
+            )
+        })?;
     if crls.is_empty() {
         return Err(TlsError::bad_file(
             path,

@@ -179,7 +179,12 @@ pub fn parse_pin(text: &str) -> Result<String, String> {
 pub fn certs_from_pem(pem: &str) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("not a valid PEM certificate bundle: {e}"))?;
+        .map_err(|e| {
+            format!(
+                "not a valid PEM certificate bundle: {}",
+                crate::config::pem_problem(&e)
+            )
+        })?;
     if certs.is_empty() {
         return Err("no certificate in it".into());
     }

@@ -130,3 +130,35 @@ fn client_certificate_cannot_serve() {
         "{err}"
     );
 }
+
+/// A certificate or key file cut short (a copy interrupted, a half-written rotation) is said
+/// in words, not as the byte values of the line it lacks.
+#[test]
+fn a_file_cut_short_is_explained_in_words() {
+    use std::os::unix::fs::PermissionsExt;
+    let (tmp, coord, _) = setup();
+    let cut = |from: &std::path::Path, name: &str| {
+        let text = fs::read_to_string(from).unwrap();
+        let path = tmp.path().join(name);
+        fs::write(&path, &text[..text.len() / 2]).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        path
+    };
+    let files = TlsFiles {
+        cert: cut(&coord.cert, "cut-cert.pem"),
+        ..coord.clone()
+    };
+    for err in both_errors(&files) {
+        assert!(
+            err.contains("no `-----END CERTIFICATE-----` line: the file is cut short"),
+            "{err}"
+        );
+    }
+    let files = TlsFiles {
+        key: cut(&coord.key, "cut-key.pem"),
+        ..coord.clone()
+    };
+    for err in both_errors(&files) {
+        assert!(err.contains("-----END") && !err.contains("[45, "), "{err}");
+    }
+}
