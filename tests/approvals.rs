@@ -466,3 +466,49 @@ fn a_request_whose_caller_vanishes_is_recorded_withdrawn() {
     );
     assert_eq!(decided, [("withdrawn".to_string(), None)]);
 }
+
+/// A question asked on the terminal is withdrawn when its request is decided elsewhere
+/// (`toolctl approve` from another shell): the call's output is not held behind it, and the
+/// command does not wait for an answer that no longer counts.
+#[test]
+fn a_question_decided_elsewhere_is_withdrawn_from_the_terminal() {
+    let fleet = fleet(&[]);
+    let inner = fleet.toolctl_command("client-alice", &["call", "a", "restart"]);
+    let line: Vec<String> = std::iter::once(inner.get_program())
+        .chain(inner.get_args())
+        .map(|a| format!("'{}'", a.to_str().unwrap()))
+        .collect();
+    // `script` gives the command a terminal of its own to be asked on; nobody types on it.
+    let mut cmd = std::process::Command::new("script");
+    cmd.args(["-qefc", &line.join(" "), "/dev/null"]);
+    for (k, v) in inner.get_envs() {
+        if let Some(v) = v {
+            cmd.env(k, v);
+        }
+    }
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut caller = cmd.spawn().unwrap();
+    // Held open: an end of input would answer the question on the terminal.
+    let _typing = caller.stdin.take();
+    let id = wait_for("the question to be asked", Duration::from_secs(20), || {
+        approvals_for(&fleet, "client-alice")
+            .first()
+            .map(|r| r["id"].as_str().unwrap().to_string())
+    });
+    let out = fleet.toolctl_as("client-alice", &["approve", &id], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = finish_child(caller, Duration::from_secs(30));
+    let seen = text(&out.stdout);
+    assert!(out.status.success(), "{seen}{}", text(&out.stderr));
+    assert!(
+        seen.contains("approve? [y/N]"),
+        "asked on the terminal: {seen}"
+    );
+    assert!(seen.contains("restart ran"), "{seen}");
+    assert!(
+        seen.contains(&format!("request {id} was decided elsewhere")),
+        "{seen}"
+    );
+}

@@ -2,7 +2,7 @@
 //! (`--approve`, `--deny`, or a y/N question on the terminal), and `toolctl approvals`,
 //! `approve ID`, `deny ID` for requests someone else's call waits for.
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 
 use crate::ApprovalRequest;
 use serde_json::json;
@@ -67,23 +67,126 @@ fn expires_in(request: &ApprovalRequest) -> u64 {
 }
 
 /// Asks `question` on the controlling terminal; `None` when there is none (a script, a pipe).
+///
+/// The terminal is read without blocking a thread (polled every 50 ms while a person types), so
+/// that dropping the future stops the question: a request decided elsewhere while it is asked
+/// (`toolctl approve` from another shell) must not leave a reader that takes the user's next
+/// line. Its own opening of `/dev/tty` is non-blocking; the shell's is not touched.
 async fn ask_terminal(question: String) -> Option<bool> {
-    tokio::task::spawn_blocking(move || {
-        let tty = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/dev/tty")
-            .ok()?;
-        let mut out = tty.try_clone().ok()?;
-        write!(out, "{question} [y/N] ").ok()?;
-        out.flush().ok()?;
-        let mut line = String::new();
-        std::io::BufReader::new(tty).read_line(&mut line).ok()?;
-        Some(matches!(line.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
-    })
-    .await
-    .ok()
-    .flatten()
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tty = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
+        .open("/dev/tty")
+        .ok()?;
+    (&tty)
+        .write_all(format!("{question} [y/N] ").as_bytes())
+        .ok()?;
+    let mut line = Vec::new();
+    let mut buf = [0u8; 256];
+    // A line is what a person types: bounded, the rest of a pasted flood is not read.
+    while !line.contains(&b'\n') && line.len() < 1024 {
+        match (&tty).read(&mut buf) {
+            Ok(0) => return None,
+            Ok(n) => line.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    let line = String::from_utf8_lossy(&line);
+    let answer = line.lines().next().unwrap_or("").trim();
+    Some(matches!(answer, "y" | "Y" | "yes" | "YES" | "Yes"))
+}
+
+/// Tells the terminal that the question on it is withdrawn: the request was decided elsewhere.
+fn withdraw_question(request: &ApprovalRequest) {
+    if let Ok(mut tty) = std::fs::OpenOptions::new().write(true).open("/dev/tty") {
+        let _ = writeln!(
+            tty,
+            "\ntoolctl: request {} was decided elsewhere; the question is withdrawn",
+            printable(&request.id)
+        );
+    }
+}
+
+/// The approval questions of one command, asked on the terminal one at a time while its
+/// stream goes on: output or a result of the host a question is about means the request was
+/// decided elsewhere, and the question is withdrawn rather than left to hold up the output.
+pub struct Prompts<'a> {
+    remote: &'a Remote,
+    answer: Answer,
+    /// The request being answered, and its answering.
+    asking: Option<(
+        ApprovalRequest,
+        std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>>,
+    )>,
+    queued: std::collections::VecDeque<ApprovalRequest>,
+}
+
+impl<'a> Prompts<'a> {
+    pub fn new(remote: &'a Remote, answer: Answer) -> Self {
+        Self {
+            remote,
+            answer,
+            asking: None,
+            queued: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// A request the call or fan-out waits for: answered now, or after the one being asked.
+    pub fn request(&mut self, request: ApprovalRequest) {
+        // The same request told again (who decides it changed) replaces the one waiting.
+        self.queued.retain(|q| q.id != request.id);
+        if self
+            .asking
+            .as_ref()
+            .is_some_and(|(r, _)| r.id == request.id)
+        {
+            self.asking = None;
+        }
+        self.queued.push_back(request);
+        self.next();
+    }
+
+    fn next(&mut self) {
+        if self.asking.is_some() {
+            return;
+        }
+        if let Some(request) = self.queued.pop_front() {
+            let (remote, answer) = (self.remote, self.answer);
+            let asked = request.clone();
+            let answering = Box::pin(async move { answer_request(remote, &asked, answer).await });
+            self.asking = Some((request, answering));
+        }
+    }
+
+    /// Host `host` sent output or a result: its requests were decided.
+    pub fn decided_on(&mut self, host: &str) {
+        self.queued.retain(|q| q.host != host);
+        if self.asking.as_ref().is_some_and(|(r, _)| r.host == host) {
+            if let Some((request, _)) = self.asking.take() {
+                withdraw_question(&request);
+            }
+            self.next();
+        }
+    }
+
+    /// Runs the question being asked until it is answered; pending forever when none is.
+    pub async fn answered(&mut self) {
+        match &mut self.asking {
+            Some((_, answering)) => {
+                answering.await;
+                self.asking = None;
+                self.next();
+            }
+            None => std::future::pending().await,
+        }
+    }
 }
 
 /// Answers one request the running command's call waits for, as `answer` says; a request only
@@ -117,11 +220,18 @@ pub async fn answer_request(remote: &Remote, request: &ApprovalRequest, answer: 
             }
         }
     };
-    if let Err(e) = remote.client.decide(&request.id, approve, how).await {
-        eprintln!(
+    match remote.client.decide(&request.id, approve, how).await {
+        Ok(()) => {}
+        // Someone else (`toolctl approve` in another shell) or the timeout was first.
+        Err(e) if e.code() == tonic::Code::NotFound => eprintln!(
+            "toolctl: request {} was decided already (elsewhere, or it expired): this answer \
+             does not count",
+            printable(&request.id)
+        ),
+        Err(e) => eprintln!(
             "toolctl: cannot answer approval request {} at {}: {e}",
             request.id, remote.addr
-        );
+        ),
     }
 }
 

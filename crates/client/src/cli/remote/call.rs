@@ -49,9 +49,11 @@ pub async fn call(
         Err(e) => return remote.fail(&what(), &e),
     };
     let (mut stdout, mut stderr) = (std::io::stdout(), std::io::stderr());
+    let mut prompts = super::approve::Prompts::new(&remote, opts.answer);
     loop {
         let update = tokio::select! {
             update = stream.next() => update,
+            () = prompts.answered() => continue,
             () = interrupted() => {
                 // Dropping the stream resets it, which cancels the call on the host.
                 drop(stream);
@@ -59,6 +61,12 @@ pub async fn call(
                 return exit::CANCELLED;
             }
         };
+        if matches!(
+            update,
+            Some(Ok(CallUpdate::Output(_) | CallUpdate::Result(_)))
+        ) {
+            prompts.decided_on(host);
+        }
         match update {
             Some(Ok(CallUpdate::Output(chunk))) => {
                 // A reader that went away (`| head`) must not end the call with an error here.
@@ -68,9 +76,7 @@ pub async fn call(
                     let _ = stdout.write_all(&chunk.data).and_then(|()| stdout.flush());
                 }
             }
-            Some(Ok(CallUpdate::Approval(request))) => {
-                super::approve::answer_request(&remote, &request, opts.answer).await;
-            }
+            Some(Ok(CallUpdate::Approval(request))) => prompts.request(request),
             Some(Ok(CallUpdate::Result(result))) => {
                 if opts.print_result && !result.result_json.is_empty() {
                     println!("{}", result.result_json);

@@ -58,9 +58,11 @@ pub async fn fan_out(
         Err(e) => return remote.fail(&what(), &e),
     };
     let mut printer = Printer::new(opts.json);
+    let mut prompts = super::approve::Prompts::new(&remote, opts.answer);
     loop {
         let update = tokio::select! {
             update = stream.next() => update,
+            () = prompts.answered() => continue,
             () = interrupted() => {
                 drop(stream);
                 printer.flush_all();
@@ -80,6 +82,12 @@ pub async fn fan_out(
                 return remote.fail(&what(), &e);
             }
         };
+        if matches!(
+            event.event,
+            FanOutUpdate::Output(_) | FanOutUpdate::Result(_)
+        ) {
+            prompts.decided_on(&event.host);
+        }
         match event.event {
             FanOutUpdate::Output(chunk) => printer.output(
                 &event.host,
@@ -89,7 +97,7 @@ pub async fn fan_out(
             FanOutUpdate::Result(result) => printer.result(&event.host, result),
             FanOutUpdate::Approval(request) => {
                 printer.flush_all();
-                super::approve::answer_request(&remote, &request, opts.answer).await;
+                prompts.request(request);
             }
             FanOutUpdate::Summary(summary) => {
                 printer.summary(&summary);
