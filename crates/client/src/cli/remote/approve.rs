@@ -114,6 +114,9 @@ fn withdraw_question(request: &ApprovalRequest) {
     }
 }
 
+/// A question being answered on the terminal, then sent to the coordinator.
+type Answering<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>>;
+
 /// The approval questions of one command, asked on the terminal one at a time while its
 /// stream goes on: output or a result of the host a question is about means the request was
 /// decided elsewhere, and the question is withdrawn rather than left to hold up the output.
@@ -121,10 +124,7 @@ pub struct Prompts<'a> {
     remote: &'a Remote,
     answer: Answer,
     /// The request being answered, and its answering.
-    asking: Option<(
-        ApprovalRequest,
-        std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>>,
-    )>,
+    asking: Option<(ApprovalRequest, Answering<'a>)>,
     queued: std::collections::VecDeque<ApprovalRequest>,
 }
 
