@@ -12,11 +12,11 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use toolsrv_meta::Host;
 use toolsrv_proto::v1::agent_message::Msg;
-use toolsrv_proto::v1::{AgentMessage, BlobRef, CatalogUpdate, HostView, ToolDocument};
+use toolsrv_proto::v1::{AgentMessage, BlobRef, CatalogUpdate, HostView, ToolStatus};
 use toolsrv_registry::{Catalog, Scanner};
 
 use crate::blobs::BlobSource;
-use crate::store::CatalogStore;
+use crate::store::{CatalogStore, Unwritten};
 use crate::view::{ViewTracker, parts, tool_statuses, within_limits};
 
 /// The agent's catalog: the shipped tools materialized on disk plus the host-only directories.
@@ -33,7 +33,7 @@ pub struct CatalogKeeper {
     missing: BTreeMap<String, BlobRef>,
     /// Tools whose new version could not be written (a full disk), retried at each recheck;
     /// not served meanwhile.
-    unwritten: BTreeMap<String, ToolDocument>,
+    unwritten: BTreeMap<String, Unwritten>,
     /// More parts of the revision being applied are on their way.
     partial: bool,
     /// The tools of a full catalog arriving in parts, swept against once the last part is in.
@@ -133,7 +133,7 @@ impl CatalogKeeper {
         if !unwritten.is_empty() {
             let retry = CatalogUpdate {
                 revision: self.revision.unwrap_or(0),
-                upserts: unwritten.into_values().collect(),
+                upserts: unwritten.into_values().map(|u| u.doc).collect(),
                 ..CatalogUpdate::default()
             };
             let report = self.store.apply(&retry, source).await;
@@ -171,9 +171,27 @@ impl CatalogKeeper {
             tracing::debug!(diagnostic = %d, "catalog diagnostic");
         }
         self.catalog = Arc::new(catalog);
+        let mut tools = tool_statuses(&self.catalog, &self.host);
+        // A tool the host could not store is reported hidden, saying why, rather than left out:
+        // a caller is told what is wrong on the host, not that it never reported the tool.
+        for (name, unwritten) in &self.unwritten {
+            if !tools.iter().any(|t| &t.name == name) {
+                tools.push(ToolStatus {
+                    name: name.clone(),
+                    visible: false,
+                    reason: format!(
+                        "the host could not store this version of the tool ({}); it is written \
+                         again every few seconds",
+                        unwritten.why
+                    ),
+                    ..ToolStatus::default()
+                });
+            }
+        }
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
         within_limits(HostView {
             catalog_revision: self.revision.unwrap_or(0),
-            tools: tool_statuses(&self.catalog, &self.host),
+            tools,
             more: false,
         })
     }

@@ -36,7 +36,14 @@ pub struct ApplyReport {
     pub refused: Vec<AgentError>,
     /// Tools whose new version could not be written (a full disk): their old files are removed
     /// (a tool is served as the catalog says or not at all), and the update is tried again.
-    pub unwritten: BTreeMap<String, ToolDocument>,
+    pub unwritten: BTreeMap<String, Unwritten>,
+}
+
+/// A tool whose new version could not be written, and why.
+#[derive(Debug, Clone)]
+pub struct Unwritten {
+    pub doc: ToolDocument,
+    pub why: String,
 }
 
 /// The catalog directory and the blob cache it links executables from. Clones share what they
@@ -192,8 +199,17 @@ impl CatalogStore {
                 if let Err(removal) = self.remove(&doc.name) {
                     report.refused.push(removal);
                 }
-                if matches!(e, AgentError::Io { .. }) {
-                    report.unwritten.insert(doc.name.clone(), doc.clone());
+                if let AgentError::Io { source, .. } = &e {
+                    // The error alone: the file it names is a temporary one, named anew at
+                    // each try, and the view (which says it) would change at every retry.
+                    let why = source.to_string();
+                    report.unwritten.insert(
+                        doc.name.clone(),
+                        Unwritten {
+                            doc: doc.clone(),
+                            why,
+                        },
+                    );
                 }
                 report.refused.push(e);
             }
@@ -236,7 +252,16 @@ impl CatalogStore {
             ));
         }
         let exe = self.dir.join(&doc.name);
+        let meta = self.dir.join(format!("{}.meta", doc.name));
+        // What is on disk already is not written again: a reconnect ships the whole catalog,
+        // and on a full disk every write would fail and take the tool off.
+        let meta_unchanged = std::fs::metadata(&meta)
+            .is_ok_and(|md| md.is_file() && md.len() == doc.meta.len() as u64)
+            && std::fs::read(&meta).is_ok_and(|on_disk| on_disk == doc.meta);
         match &doc.executable {
+            Some(blob)
+                if self.placed(&doc.name).as_ref() == Some(blob)
+                    && self.blobs.holds_async(&exe, blob).await => {}
             Some(blob) => {
                 if let Err(e) = self.place_executable(&doc.name, blob, source).await {
                     tracing::error!(
@@ -252,6 +277,9 @@ impl CatalogStore {
                 self.placed_map().remove(&doc.name);
                 remove_if_exists(&exe)?;
             }
+        }
+        if meta_unchanged {
+            return Ok(());
         }
         write_atomic(&self.dir, &format!("{}.meta", doc.name), &doc.meta)
     }
@@ -372,7 +400,8 @@ fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), AgentError> 
         file.sync_all()?;
         file.set_permissions(std::fs::Permissions::from_mode(META_MODE))
     })()
-    .map_err(|e| AgentError::io("cannot write", &tmp, e))
+    // Named by the file it was to become: the temporary name says nothing to a reader.
+    .map_err(|e| AgentError::io("cannot write", &dest, e))
     .and_then(|()| {
         std::fs::rename(&tmp, &dest).map_err(|e| AgentError::io("cannot move into place", &dest, e))
     });

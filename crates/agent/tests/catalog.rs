@@ -509,9 +509,16 @@ async fn a_tool_whose_new_version_cannot_be_written_is_not_served_stale() {
     };
     let view = keeper.apply(&update, &blobs).await.expect("a view");
     assert_eq!(view.catalog_revision, 2);
+    let hello = view.tools.iter().find(|t| t.name == "hello").unwrap();
     assert!(
-        !view.tools.iter().any(|t| t.name == "hello"),
+        !hello.visible && hello.definition.is_none(),
         "the old version is reported under revision 2: {view:?}"
+    );
+    assert!(
+        hello.reason.contains("could not store this version")
+            && hello.reason.contains("No space left on device"),
+        "{}",
+        hello.reason
     );
     assert!(!store.dir().join("hello.meta").exists());
     // Still full: tried again, still not served.
@@ -526,9 +533,35 @@ async fn a_tool_whose_new_version_cannot_be_written_is_not_served_stale() {
             keeper.catalog().invalid
         )
     });
-    assert!(view.tools.iter().any(|t| t.name == "hello"), "{view:?}");
+    assert!(
+        view.tools.iter().any(|t| t.name == "hello" && t.visible),
+        "{view:?}"
+    );
     assert_eq!(
         std::fs::read(store.dir().join("hello.meta")).unwrap(),
         new.as_bytes()
     );
+}
+
+/// A reconnect ships the whole catalog again: on a full disk, what is already on disk is kept
+/// as it is, not written again (which would fail and take every tool off).
+#[tokio::test]
+async fn an_unchanged_catalog_sent_again_on_a_full_disk_keeps_every_tool() {
+    let disk = SmallDisk::mount(1 << 20);
+    let store = store(&disk.dir);
+    let exe = script("echo a");
+    let blobs = FakeBlobs::with(&[&exe]);
+    let docs = || {
+        vec![
+            doc("a", r#"{"description":"a"}"#, Some(blob_ref(&exe))),
+            doc("b", r#"{"description":"b","cmd":"echo b"}"#, None),
+        ]
+    };
+    let report = store.apply(&full(1, docs()), &blobs).await;
+    assert!(report.refused.is_empty(), "{report:?}");
+    disk.fill(0);
+    let report = store.apply(&full(2, docs()), &blobs).await;
+    assert!(report.refused.is_empty(), "{report:?}");
+    assert!(report.unwritten.is_empty(), "{report:?}");
+    assert_eq!(files(store.dir()), ["a", "a.meta", "b.meta"]);
 }
