@@ -1057,3 +1057,81 @@ fn an_enrollment_directory_another_user_made_stops_the_agent() {
     fleet.start_agent("x-1", &join_spec(&tok, &pin));
     fleet.wait_online(&["x-1"], "hello");
 }
+
+/// A renewed certificate the agent cannot write (its state directory's disk is full) is kept
+/// and written once there is room, not asked for again: each request has the coordinator
+/// sign one more. (Needs root, for the mount.)
+#[test]
+fn a_renewed_certificate_that_cannot_be_written_is_written_later_not_asked_again() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test mounts a file system: run it as root"
+    );
+    let fleet_extra = ["--agent-cert-ttl=9s"];
+    let mut fleet = enrolling_fleet(&["a"], &fleet_extra);
+    let enroll = fleet.work.path().join("host-w-1/state/enroll");
+    std::fs::create_dir_all(&enroll).unwrap();
+    let mount = |args: &[&str]| {
+        let out = Command::new("mount").args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "mount {args:?}: {}",
+            text(&out.stderr)
+        );
+    };
+    mount(&[
+        "-t",
+        "tmpfs",
+        "-o",
+        "size=256k,mode=0700",
+        "agent-enroll",
+        enroll.to_str().unwrap(),
+    ]);
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(enroll.clone());
+    let (tok, pin) = token(&fleet, "w-1", &[]);
+    fleet.start_agent("w-1", &join_spec(&tok, &pin));
+    fleet.wait_online(&["w-1"], "hello");
+    let file = identity_file(&fleet, "w-1");
+    let first = std::fs::read_to_string(&file).unwrap();
+
+    // Full: the renewal (at two thirds of 9 s) is granted, and cannot be written.
+    let filler = enroll.join("filler");
+    let _ = std::fs::write(&filler, vec![0u8; 512 << 10]);
+    let granted = || {
+        audit(&fleet, "renewal")
+            .iter()
+            .filter(|r| r["outcome"] == "granted" && r["host"] == "w-1")
+            .count()
+    };
+    wait_for("a renewal granted", Duration::from_secs(15), || {
+        (granted() >= 1).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), first);
+    assert_eq!(
+        granted(),
+        1,
+        "asked again while the first could not be written"
+    );
+
+    // Room again: the renewed certificate is written, without another renewal.
+    std::fs::remove_file(&filler).unwrap();
+    wait_for(
+        "the renewed certificate written",
+        Duration::from_secs(10),
+        || (std::fs::read_to_string(&file).unwrap() != first).then_some(()),
+    );
+    assert_eq!(granted(), 1);
+    let log = fleet.agents["w-1"].log();
+    assert!(
+        log.contains("the certificate was renewed, but cannot be written")
+            && log.contains("No space left on device"),
+        "{log}"
+    );
+}

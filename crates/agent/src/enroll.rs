@@ -403,6 +403,9 @@ pub async fn keep_renewed(
 ) {
     let files = enrolled_files(&state_dir);
     let mut wait = None;
+    // A renewed certificate that could not be written (a full disk): written again until it
+    // is, not asked for again (each request has the coordinator sign one more).
+    let mut unstored: Option<Issued> = None;
     loop {
         let stored = match read_stored(&files) {
             Ok(s) => s,
@@ -421,13 +424,40 @@ pub async fn keep_renewed(
             () = tokio::time::sleep(sleep) => {}
             () = shutdown.cancelled() => return,
         }
+        let now = toolsrv_tls::unix_now();
+        if let Some(issued) = unstored.take().filter(|i| i.not_after > now) {
+            match issued.store(&files) {
+                Ok(()) => {
+                    tracing::info!(host_id = %stored.host_id, not_after = %utc(issued.not_after), "renewed certificate written")
+                }
+                Err(e) => {
+                    let retry = retry_after(issued.not_after, now);
+                    tracing::error!(error = %e, retry_in = ?retry, "still cannot write the renewed certificate; the current one is used until it can be");
+                    wait = Some(retry);
+                    unstored = Some(issued);
+                }
+            }
+            continue;
+        }
         let Some(channel) = channels.borrow().clone() else {
             wait = Some(Duration::from_secs(1));
             continue;
         };
-        match renew_once(channel, &stored.host_id, &files).await {
+        let renewed = renew_once(channel, &stored.host_id).await;
+        match renewed.and_then(|issued| match issued.store(&files) {
+            Ok(()) => Ok(issued.not_after),
+            Err(e) => {
+                unstored = Some(issued);
+                Err(e)
+            }
+        }) {
             Ok(not_after) => {
                 tracing::info!(host_id = %stored.host_id, not_after = %utc(not_after), "certificate renewed");
+            }
+            Err(e) if unstored.is_some() => {
+                let retry = retry_after(stored.not_after, toolsrv_tls::unix_now());
+                tracing::error!(error = %e, retry_in = ?retry, "the certificate was renewed, but cannot be written; it is written again until it can be");
+                wait = Some(retry);
             }
             Err(e) => {
                 let now = toolsrv_tls::unix_now();
@@ -440,7 +470,8 @@ pub async fn keep_renewed(
                     );
                     wait = Some(Duration::from_secs(60));
                 } else {
-                    let retry = retry_after(stored.not_after, now);
+                    // A coordinator that throttles renewals says when to come back.
+                    let retry = retry_after(stored.not_after, now).max(asked_to_wait(&e));
                     tracing::warn!(error = %e, retry_in = ?retry, "cannot renew the certificate yet");
                     wait = Some(retry);
                 }
@@ -449,7 +480,41 @@ pub async fn keep_renewed(
     }
 }
 
-async fn renew_once(channel: Channel, host_id: &str, files: &TlsFiles) -> Result<i64, AgentError> {
+/// How long a refusal asks the agent to wait: a throttled renewal says `come back in N s`.
+fn asked_to_wait(e: &AgentError) -> Duration {
+    let AgentError::Rpc { status, .. } = e else {
+        return Duration::ZERO;
+    };
+    if status.code() != tonic::Code::ResourceExhausted {
+        return Duration::ZERO;
+    }
+    status
+        .message()
+        .rsplit_once("come back in ")
+        .and_then(|(_, rest)| rest.split(' ').next()?.parse::<u64>().ok())
+        .map_or(Duration::ZERO, |secs| Duration::from_secs(secs.min(3600)))
+}
+
+/// A certificate the coordinator issued on renewal, with its key, before it is written.
+struct Issued {
+    ca_bundle_pem: String,
+    /// The certificate chain, then the key.
+    identity_pem: String,
+    not_after: i64,
+}
+
+impl Issued {
+    /// Writes the CA bundle (when the coordinator sent one), then the certificate and key in
+    /// one rename.
+    fn store(&self, files: &TlsFiles) -> Result<(), AgentError> {
+        if !self.ca_bundle_pem.is_empty() {
+            write_file(&files.ca, self.ca_bundle_pem.as_bytes())?;
+        }
+        write_file(&files.cert, self.identity_pem.as_bytes())
+    }
+}
+
+async fn renew_once(channel: Channel, host_id: &str) -> Result<Issued, AgentError> {
     let (key_pem, csr_der) =
         pki::new_key_and_csr().map_err(|e| AgentError::Identity(e.to_string()))?;
     let response = RenewalClient::new(channel)
@@ -469,13 +534,13 @@ async fn renew_once(channel: Channel, host_id: &str, files: &TlsFiles) -> Result
             "the renewed certificate names host `{issued}`, not `{host_id}`"
         )));
     }
-    if !response.ca_bundle_pem.is_empty() {
-        write_file(&files.ca, response.ca_bundle_pem.as_bytes())?;
-    }
-    let mut identity = response.certificate_chain_pem;
-    identity.push_str(&key_pem);
-    write_file(&files.cert, identity.as_bytes())?;
-    Ok(response.not_after_unix)
+    let mut identity_pem = response.certificate_chain_pem;
+    identity_pem.push_str(&key_pem);
+    Ok(Issued {
+        ca_bundle_pem: response.ca_bundle_pem,
+        identity_pem,
+        not_after: response.not_after_unix,
+    })
 }
 
 #[cfg(test)]
@@ -514,5 +579,22 @@ mod tests {
         assert_eq!(retry_after(100, 99), Duration::from_secs(1));
         assert_eq!(retry_after(100_000, 0), Duration::from_secs(30));
         assert_eq!(retry_after(0, 100), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_throttled_renewal_waits_as_long_as_it_is_told() {
+        let status = |code, message: &str| AgentError::Rpc {
+            what: "renewing the certificate",
+            status: tonic::Status::new(code, message),
+        };
+        let throttled = status(
+            tonic::Code::ResourceExhausted,
+            "too many renewals from a1: come back in 8 s",
+        );
+        assert_eq!(asked_to_wait(&throttled), Duration::from_secs(8));
+        let other = status(tonic::Code::Unavailable, "come back in 8 s");
+        assert_eq!(asked_to_wait(&other), Duration::ZERO);
+        let odd = status(tonic::Code::ResourceExhausted, "come back in soon");
+        assert_eq!(asked_to_wait(&odd), Duration::ZERO);
     }
 }
