@@ -104,6 +104,16 @@ fn a_two_person_rule_waits_for_the_second_identity() {
     );
     assert!(list("client-alice").is_empty(), "the caller may not decide");
     let id = pending[0]["id"].as_str().unwrap();
+    // The request whole, for the approver only.
+    let out = fleet.toolctl_as("client-bob", &["approvals", "--id", id], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains(&format!("request {id}")) && shown.contains("arguments (2 bytes"),
+        "{shown}"
+    );
+    let out = fleet.toolctl_as("client-alice", &["approvals", "--id", id], None);
+    assert_exit(&out, 77, &["needs another approver"]);
 
     let out = fleet.toolctl_as("client-alice", &["approve", id], None);
     assert_exit(&out, 77, &[]);

@@ -276,9 +276,24 @@ impl Client {
         let response = self
             .inner
             .clone()
-            .list_approvals(ListApprovalsRequest {})
+            .list_approvals(ListApprovalsRequest::default())
             .await?;
         Ok(response.into_inner().requests)
+    }
+
+    /// Pending request `id` with its arguments whole (the list cuts them at 4 KiB).
+    pub async fn approval(&self, id: &str) -> Result<ApprovalRequest, ClientError> {
+        let response = self
+            .inner
+            .clone()
+            .list_approvals(ListApprovalsRequest { id: id.to_string() })
+            .await?;
+        response
+            .into_inner()
+            .requests
+            .into_iter()
+            .next()
+            .ok_or_else(|| ClientError::Protocol(format!("no request `{id}` in the answer")))
     }
 
     /// Approves (`approve`) or denies one pending request by its id.

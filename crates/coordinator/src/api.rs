@@ -418,6 +418,31 @@ impl Tools for ToolsService {
         req: Request<ListApprovalsRequest>,
     ) -> Result<Response<ListApprovalsResponse>, Status> {
         let client = Caller::client(&req)?;
+        if !req.get_ref().id.is_empty() {
+            bounded("the request id", &req.get_ref().id, 64)?;
+            let id = req.get_ref().id.clone();
+            let relayed = replicas::is_relayed(&req);
+            return match self.state.approvals.whole(&id, &client) {
+                Ok(request) => Ok(Response::new(ListApprovalsResponse {
+                    requests: vec![request],
+                })),
+                // A relayed call waits for its approval on the replica that runs it.
+                Err(e @ DecideError::NotFound(_)) => match &self.state.replicas {
+                    Some(replicas) if !relayed => {
+                        match replicas.approval_elsewhere(&client, &id).await? {
+                            Some(request) => Ok(Response::new(ListApprovalsResponse {
+                                requests: vec![request],
+                            })),
+                            None => Err(Status::not_found(e.to_string())),
+                        }
+                    }
+                    _ => Err(Status::not_found(e.to_string())),
+                },
+                Err(e @ DecideError::NotAllowed { .. }) => {
+                    Err(Status::permission_denied(e.to_string()))
+                }
+            };
+        }
         let mut requests = self.state.approvals.decidable_by(&client);
         // Through any replica, the requests waiting on every replica.
         if let Some(replicas) = &self.state.replicas

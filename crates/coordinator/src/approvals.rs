@@ -62,6 +62,8 @@ pub enum DecideError {
 #[derive(Debug)]
 struct Entry {
     request: ApprovalRequest,
+    /// The arguments whole (`request` shows them cut at [`SHOWN_ARGS`]).
+    args_json: String,
     answer: oneshot::Sender<Decision>,
     /// Told when `request` changed (its approvers, by [`Approvals::rejudge`]).
     retold: Arc<Notify>,
@@ -218,7 +220,8 @@ impl Approvals {
     /// `["caller"]` lets the caller decide, other globs a second identity.
     pub fn file(&self, mut request: ApprovalRequest, approvers: &[String]) -> Waiting<'_> {
         request.id = new_id();
-        request.args_json = bounded(&request.args_json, SHOWN_ARGS);
+        let args_json = std::mem::take(&mut request.args_json);
+        request.args_json = bounded(&args_json, SHOWN_ARGS);
         (request.approvers, request.caller_may_decide) = deciders(approvers);
         let (tx, rx) = oneshot::channel();
         let retold = Arc::new(Notify::new());
@@ -226,6 +229,7 @@ impl Approvals {
             request.id.clone(),
             Entry {
                 request: request.clone(),
+                args_json,
                 answer: tx,
                 retold: retold.clone(),
             },
@@ -306,6 +310,23 @@ impl Approvals {
         // The waiter may have just timed out; its request is used up all the same.
         let _ = entry.answer.send(decision);
         Ok(entry.request)
+    }
+
+    /// Request `id` with its arguments whole, for someone who may decide it.
+    pub fn whole(&self, id: &str, decider: &str) -> Result<ApprovalRequest, DecideError> {
+        let pending = self.lock();
+        let entry = pending
+            .get(id)
+            .ok_or_else(|| DecideError::NotFound(id.to_string()))?;
+        may_decide(&entry.request, decider).map_err(|why| DecideError::NotAllowed {
+            decider: decider.to_string(),
+            request: Box::new(entry.request.clone()),
+            why,
+        })?;
+        Ok(ApprovalRequest {
+            args_json: entry.args_json.clone(),
+            ..entry.request.clone()
+        })
     }
 
     /// The pending requests `decider` may decide, oldest first (by expiry).
@@ -519,5 +540,16 @@ mod tests {
         assert_ne!(w1.request.id, w2.request.id);
         assert_eq!(w1.request.id.len(), 32);
         assert!(w1.request.args_json.len() < 4200);
+        // Whole, for whoever may decide it (here the caller, as no approvers are named).
+        let whole = a.whole(&w1.request.id, &w1.request.caller).unwrap();
+        assert_eq!(whole.args_json.len(), 10_000);
+        assert!(matches!(
+            a.whole(&w1.request.id, "someone-else"),
+            Err(DecideError::NotAllowed { .. })
+        ));
+        assert!(matches!(
+            a.whole("nope", "x"),
+            Err(DecideError::NotFound(_))
+        ));
     }
 }

@@ -290,7 +290,8 @@ impl Replicas {
     /// wait for them), from those that answer within [`PEER_WAIT`].
     pub async fn remote_approvals(&self, client: &str) -> Vec<ApprovalRequest> {
         self.gather("approval requests", |peer| async move {
-            let (mut tools, request) = self.relay(&peer, client, ListApprovalsRequest {})?;
+            let (mut tools, request) =
+                self.relay(&peer, client, ListApprovalsRequest::default())?;
             Ok(tools.list_approvals(request).await?.into_inner().requests)
         })
         .await
@@ -476,6 +477,34 @@ impl Replicas {
 
     /// Decides a request that is not pending here on the replica where it is: `Ok(true)` when
     /// one had it, `Ok(false)` when none did; a refusal (not allowed to decide) passes through.
+    /// Request `id` whole from the replica that holds it, for `client`: `None` when none does.
+    pub async fn approval_elsewhere(
+        &self,
+        client: &str,
+        id: &str,
+    ) -> Result<Option<ApprovalRequest>, Status> {
+        let asked = ListApprovalsRequest { id: id.to_string() };
+        let answers = self
+            .ask_all(|peer| {
+                let asked = asked.clone();
+                async move {
+                    let (mut tools, request) = self.relay(&peer, client, asked)?;
+                    Ok(tools.list_approvals(request).await?.into_inner().requests)
+                }
+            })
+            .await;
+        for (_, answer) in answers {
+            match answer {
+                Some(Ok(mut found)) if !found.is_empty() => return Ok(Some(found.remove(0))),
+                Some(Err(status)) if status.code() == tonic::Code::PermissionDenied => {
+                    return Err(status);
+                }
+                _ => {}
+            }
+        }
+        Ok(None)
+    }
+
     pub async fn approve_elsewhere(
         &self,
         client: &str,

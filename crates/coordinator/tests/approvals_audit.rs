@@ -15,7 +15,7 @@ use toolsrv_proto::v1::agent_message::Msg as Out;
 use toolsrv_proto::v1::coordinator_message::Msg as In;
 use toolsrv_proto::v1::{
     AgentMessage, ApproveRequest, CallEvent, CallFinished, CallRequest, CallResult, CallStatus,
-    CoordinatorMessage, FanOutRequest, call_event, fan_out_event,
+    CoordinatorMessage, FanOutRequest, ListApprovalsRequest, call_event, fan_out_event,
 };
 use toolsrv_testkit::{must, wait_until};
 
@@ -367,5 +367,76 @@ async fn every_host_of_a_fan_out_is_on_the_record_reached_or_not() {
     }
     let refusals = audited_within(&coordinator, "refusal", 1, |r| r["host"] == "nomatch-*").await;
     assert_eq!(refusals[0]["code"], "NotFound", "{refusals:?}");
+    coordinator.stop().await;
+}
+
+/// An approver reads all of what it approves: the list cuts arguments at 4 KiB, and the
+/// request asked for by its id has them whole, for those who may decide it only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approver_can_read_the_whole_arguments_of_a_request() {
+    let coordinator = coordinator(&["a"]).await;
+    let (_out, _inbound) = coordinator.attach_offering("a", &["t"]).await;
+    let mut alice = coordinator.tools(&client("alice")).await;
+    // What rides at the end of 10 KB of arguments, where the list does not show it.
+    let args = format!(
+        r#"{{"note": "{}", "also": "rm -rf /"}}"#,
+        "x".repeat(10_000)
+    );
+    let mut events = alice
+        .call(CallRequest {
+            host: "a".into(),
+            tool: "t".into(),
+            args_json: args.clone(),
+            ..CallRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let asked = tokio::time::timeout(WAIT, async {
+        while let Some(event) = events.next().await {
+            if let Some(call_event::Event::Approval(request)) = event.unwrap().event {
+                return request;
+            }
+        }
+        panic!("no approval asked");
+    })
+    .await
+    .unwrap();
+    let mut bob = coordinator.tools(&client("bob")).await;
+    let listed = bob
+        .list_approvals(ListApprovalsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .requests;
+    assert_eq!(listed.len(), 1);
+    assert!(
+        !listed[0].args_json.contains("rm -rf"),
+        "the list cuts them"
+    );
+    let whole = bob
+        .list_approvals(ListApprovalsRequest {
+            id: asked.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .requests;
+    assert_eq!(whole.len(), 1);
+    assert_eq!(whole[0].args_json, args);
+    // Not to someone who may not decide it, and not for a request that is not pending.
+    let refused = alice
+        .list_approvals(ListApprovalsRequest {
+            id: asked.id.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    let unknown = bob
+        .list_approvals(ListApprovalsRequest { id: "0".repeat(32) })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound, "{unknown:?}");
+    drop(events);
     coordinator.stop().await;
 }

@@ -144,7 +144,10 @@ enum Command {
     Approvals {
         #[command(flatten)]
         conn: ConnArgs,
-        /// Print a JSON array
+        /// Only this request, with its arguments whole (the list cuts them at 4 KiB)
+        #[arg(long, value_name = "ID")]
+        id: Option<String>,
+        /// Print a JSON array (with --id: one object)
         #[arg(long)]
         json: bool,
     },
@@ -663,7 +666,10 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Token(TokenCommand::Revoke { conn, id }) => {
             remote::token::revoke(&conn, &id).await
         }
-        Command::Approvals { conn, json } => remote::approvals(&conn, json).await,
+        Command::Approvals { conn, id, json } => match id {
+            Some(id) => remote::approval(&conn, &id, json).await,
+            None => remote::approvals(&conn, json).await,
+        },
         Command::Approve { conn, id, reason } => remote::decide(&conn, &id, true, &reason).await,
         Command::Deny { conn, id, reason } => remote::decide(&conn, &id, false, &reason).await,
         Command::Revoke {

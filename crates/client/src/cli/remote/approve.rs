@@ -247,21 +247,7 @@ pub async fn approvals(conn: &ConnArgs, json_out: bool) -> u8 {
     };
     let mut out = std::io::stdout().lock();
     let written = if json_out {
-        let list: Vec<_> = requests
-            .iter()
-            .map(|r| {
-                json!({
-                    "id": r.id, "caller": r.caller, "host": r.host, "tool": r.tool,
-                    "args_json": r.args_json, "args_sha256": r.args_sha256,
-                    "approvers": r.approvers, "reason": r.reason,
-                    "fanout": (!r.fanout.is_empty()).then_some(&r.fanout),
-                    "bypass_argv": r.bypass_argv,
-                    "bypass_reason": (!r.bypass_argv.is_empty()).then_some(&r.bypass_reason),
-                    "expires_unix_ms": r.expires_unix_ms,
-                    "host_only": r.host_only,
-                })
-            })
-            .collect();
+        let list: Vec<_> = requests.iter().map(request_json).collect();
         write_json(&mut out, &json!(list))
     } else {
         let rows: Vec<Vec<String>> = requests
@@ -281,13 +267,75 @@ pub async fn approvals(conn: &ConnArgs, json_out: bool) -> u8 {
                 ]
             })
             .collect();
-        write_table(
+        let written = write_table(
             &mut out,
             &["ID", "CALLER", "HOST", "TOOL", "EXPIRES", "ARGUMENTS"],
             &rows,
-        )
+        );
+        if requests.iter().any(|r| r.args_json.ends_with(" bytes]")) {
+            eprintln!(
+                "toolctl: arguments longer than 4 KiB are cut here: `toolctl approvals --id ID` \
+                 shows a request's whole"
+            );
+        }
+        written
     };
     super::written(written, "the approval requests")
+}
+
+/// One request as `toolctl approvals --json` prints it.
+fn request_json(r: &ApprovalRequest) -> serde_json::Value {
+    json!({
+        "id": r.id, "caller": r.caller, "host": r.host, "tool": r.tool,
+        "args_json": r.args_json, "args_sha256": r.args_sha256,
+        "approvers": r.approvers, "reason": r.reason,
+        "fanout": (!r.fanout.is_empty()).then_some(&r.fanout),
+        "bypass_argv": r.bypass_argv,
+        "bypass_reason": (!r.bypass_argv.is_empty()).then_some(&r.bypass_reason),
+        "expires_unix_ms": r.expires_unix_ms,
+        "host_only": r.host_only,
+    })
+}
+
+/// `toolctl approvals --id ID`: one pending request with its arguments whole, so that an
+/// approver reads all of what it approves.
+pub async fn approval(conn: &ConnArgs, id: &str, json_out: bool) -> u8 {
+    let remote = match connect(conn).await {
+        Ok(remote) => remote,
+        Err(code) => return code,
+    };
+    let r = match remote.client.approval(id).await {
+        Ok(request) => request,
+        Err(e) => return remote.fail(&format!("cannot show request {}", printable(id)), &e),
+    };
+    let mut out = std::io::stdout().lock();
+    let written = if json_out {
+        write_json(&mut out, &request_json(&r))
+    } else {
+        // The arguments one key per line when they are JSON (they are, for a call), escaped:
+        // they come from the caller.
+        let args = serde_json::from_str::<serde_json::Value>(&r.args_json)
+            .ok()
+            .and_then(|v| serde_json::to_string_pretty(&v).ok())
+            .unwrap_or_else(|| r.args_json.clone());
+        let args: Vec<String> = args.lines().map(printable).collect();
+        writeln!(
+            out,
+            "request {}\n{}\nexpires in {} s; decided by {}\narguments ({} bytes, SHA-256 {}):\n{}",
+            printable(&r.id),
+            describe(&r),
+            expires_in(&r),
+            if r.caller_may_decide {
+                "the caller".to_string()
+            } else {
+                r.approvers.join(" or ")
+            },
+            r.args_json.len(),
+            r.args_sha256,
+            args.join("\n")
+        )
+    };
+    super::written(written, "the approval request")
 }
 
 /// `toolctl approve ID` / `toolctl deny ID [--reason TEXT]`.

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use crate::{Client, ClientError, ConnectOptions, TlsError, TlsFiles};
 use clap::Args;
 
-pub use approve::{Answer, approvals, asked, decide};
+pub use approve::{Answer, approval, approvals, asked, decide};
 pub use call::{CallOptions, call, failure_line};
 pub use fanout::{FanOutOptions, fan_out};
 pub use hosts::hosts;
