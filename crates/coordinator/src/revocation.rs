@@ -651,7 +651,9 @@ fn save(path: &Path, list: &BTreeMap<String, Entry>) -> Result<(), Status> {
     };
     let failed = |what: &str, e: &dyn std::fmt::Display| {
         tracing::error!(file = %path.display(), error = %e, "cannot save the revocations");
-        Status::internal(format!(
+        // A full or read-only disk, as for join tokens: retry once the state directory is
+        // writable (`UNAVAILABLE`, exit 75), not a fault of the coordinator's (exit 70).
+        Status::unavailable(format!(
             "cannot {what} {}: {e}; nothing was changed",
             path.display()
         ))
@@ -671,6 +673,23 @@ fn save(path: &Path, list: &BTreeMap<String, Entry>) -> Result<(), Status> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// A state directory that cannot be written is a condition to retry once it is fixed
+    /// (`UNAVAILABLE`, exit 75), as for join tokens, not an internal error.
+    #[test]
+    fn a_list_that_cannot_be_saved_is_unavailable_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let blocker = dir.path().join("not-a-dir");
+        std::fs::write(&blocker, "").unwrap();
+        let path = blocker.join("revocations.json");
+        let err = save(&path, &BTreeMap::new()).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+        assert!(
+            err.message().contains("revocations.json"),
+            "{}",
+            err.message()
+        );
+    }
 
     #[test]
     fn records_from_etcd_revoke_what_their_key_names_however_they_read() {
