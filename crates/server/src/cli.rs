@@ -901,6 +901,11 @@ fn parse_labels(raw: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
         if k.is_empty() {
             bail!("--label {item}: the key is empty");
         }
+        // The coordinator refuses a hello with such a label, and the agent would only retry:
+        // said here, once, at start.
+        if let Err(e) = toolsrv_tls::enroll::check_label(k, v) {
+            bail!("--label {item}: {e}");
+        }
         labels.insert(k.to_string(), v.to_string());
     }
     Ok(labels)

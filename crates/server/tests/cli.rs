@@ -100,3 +100,40 @@ fn bad_flags_are_explained() {
         .unwrap();
     assert!(!out.status.success(), "missing TLS flags must fail");
 }
+
+/// A label the coordinator would refuse in the agent's hello stops the agent at start, naming
+/// it, instead of a link refused again at every retry.
+#[test]
+fn an_agent_label_the_coordinator_would_refuse_stops_it_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let pem = dir.path().join("x.pem");
+    for bad in ["ro le=web", "role=a\u{7}b"] {
+        // Bounded: an agent that does not stop at start runs until it is stopped.
+        let out = Command::new("timeout")
+            .args(["10", env!("CARGO_BIN_EXE_toolsrv")])
+            .args([
+                "agent",
+                "--coordinator",
+                "https://127.0.0.1:1",
+                "--host-id",
+                "x",
+            ])
+            .arg("--ca")
+            .arg(&pem)
+            .arg("--cert")
+            .arg(&pem)
+            .arg("--key")
+            .arg(&pem)
+            .arg(format!("--label={bad}"))
+            .env("TOOLSRV_STATE_DIR", dir.path().join("state"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(err.contains("--label") && err.contains("label"), "{err}");
+        assert!(
+            !err.contains("x.pem"),
+            "refused before the files are read: {err}"
+        );
+    }
+}
