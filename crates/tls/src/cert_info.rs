@@ -63,6 +63,15 @@ pub fn certificates_in(path: &Path) -> Result<Vec<CertInfo>, TlsError> {
         .collect()
 }
 
+/// Seconds a certificate's `notBefore` may be ahead of this machine's clock: one issued a
+/// moment ago by a machine whose clock runs a little ahead (cert-manager, another host's CA)
+/// is valid for every peer whose clock agrees with its issuer's.
+const CLOCK_SKEW: i64 = 300;
+
+/// How [`check_dates`] says a certificate is not valid yet, for callers that wait for the
+/// clock rather than for new files.
+pub(crate) const NOT_YET_VALID: &str = "is valid only from";
+
 /// Refuses the certificate of file `path` (its first, the leaf), naming the file and its dates,
 /// when this machine's clock is past its `notAfter` or before its `notBefore`: no peer takes it,
 /// and TLS 1.3 shows a client only a broken connection. `expired`: what follows "this
@@ -84,9 +93,9 @@ pub fn check_dates(path: &Path, expired: &str) -> Result<(), TlsError> {
             utc(leaf.not_after),
             now - leaf.not_after
         )
-    } else if now < leaf.not_before {
+    } else if now.saturating_add(CLOCK_SKEW) < leaf.not_before {
         format!(
-            "this certificate is valid only from {} UTC, {} s from now by this machine's clock: \
+            "this certificate {NOT_YET_VALID} {} UTC, {} s from now by this machine's clock: \
              check the clock",
             utc(leaf.not_before),
             leaf.not_before - now

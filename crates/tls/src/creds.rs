@@ -113,6 +113,9 @@ impl ServerCreds {
         // Stamp now, not in the task: a change made before the task first
         // runs must still count as a change.
         let mut last = creds.stamp();
+        // The last reload's error, while the files stay as they were: logged once. One that
+        // only the clock can fix (a certificate not valid yet) is tried again at every tick.
+        let mut refused: Option<String> = None;
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -123,15 +126,20 @@ impl ServerCreds {
                     _ = tick.tick() => {}
                 }
                 let now = creds.stamp();
-                if now == last {
+                let waiting_for_the_clock = refused
+                    .as_deref()
+                    .is_some_and(|e| e.contains(crate::cert_info::NOT_YET_VALID));
+                if now == last && !waiting_for_the_clock {
                     continue;
                 }
                 // Remember the new stamp even on failure: a half-written
                 // file changes again when complete, and we do not want to
                 // log the same error every tick meanwhile.
+                let changed = now != last;
                 last = now;
                 match creds.reload() {
                     Ok(()) => {
+                        refused = None;
                         let crls = creds.crls.borrow().clone();
                         tracing::info!(
                             cert = %creds.files.cert.display(),
@@ -141,7 +149,11 @@ impl ServerCreds {
                         )
                     }
                     Err(e) => {
-                        tracing::error!(error = %e, "TLS credentials or CRLs changed but cannot be loaded; keeping the previous ones")
+                        let e = e.to_string();
+                        if changed || refused.as_deref() != Some(e.as_str()) {
+                            tracing::error!(error = %e, "TLS credentials or CRLs changed but cannot be loaded; keeping the previous ones");
+                        }
+                        refused = Some(e);
                     }
                 }
             }

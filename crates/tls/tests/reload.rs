@@ -210,3 +210,51 @@ async fn a_key_made_private_after_a_refusal_is_picked_up() {
     stop.cancel();
     tokio::time::timeout(WAIT, watcher).await.unwrap().unwrap();
 }
+
+/// A certificate issued a moment ago by a machine whose clock runs ahead (cert-manager's, by a
+/// few minutes at most) is taken: within five minutes of its start it counts as valid. One
+/// further ahead is refused, then taken once the clock gets there, without the files changing
+/// again.
+#[tokio::test]
+async fn a_certificate_not_valid_yet_is_taken_once_the_clock_gets_there() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    common::pki(dir);
+    let live = files(dir, &Identity::Coordinator);
+    let creds = ServerCreds::new(live.clone()).unwrap();
+    let now = std::time::SystemTime::now();
+    let issue = |stem: &str, ahead: Duration| {
+        toolsrv_testkit::sign_with_ca_between(
+            dir,
+            stem,
+            vec![
+                common::uri_san(&Identity::Coordinator),
+                rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap()),
+            ],
+            vec![
+                rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+                rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+            Some((now + ahead, now + Duration::from_secs(86_400))),
+        )
+        .unwrap()
+    };
+    // A minute ahead: within the skew, taken at once.
+    let soon = issue("soon", Duration::from_secs(60));
+    ServerCreds::new(soon).unwrap();
+
+    // Five minutes and two seconds ahead: refused, then taken by the watcher within seconds.
+    let stop = CancellationToken::new();
+    let watcher = creds.spawn_reload_on_change(Duration::from_millis(100), stop.clone());
+    let mut rx = creds.subscribe();
+    let later = issue("later", Duration::from_secs(302));
+    replace(&later.key, &live.key);
+    replace(&later.cert, &live.cert);
+    assert!(creds.reload().is_err(), "not valid yet");
+    tokio::time::timeout(Duration::from_secs(10), rx.changed())
+        .await
+        .expect("taken once the clock got within the skew, without another change")
+        .unwrap();
+    stop.cancel();
+    tokio::time::timeout(WAIT, watcher).await.unwrap().unwrap();
+}
