@@ -312,3 +312,48 @@ fn python_grpcio_request_too_large_once_decoded_is_refused_undecoded() {
     }
     assert_eq!(report["hosts_after"], serde_json::json!(["a"]), "{report}");
 }
+
+/// An HTTP/2 peer that breaks the rules on purpose (raw frames, `tests/python/http2_limits.py`):
+/// the coordinator bounds the streams one connection may open (it says so in its SETTINGS),
+/// and ends a connection that makes it reset stream after stream (MadeYouReset: a window
+/// update that overflows each stream's window) instead of resetting them without end, which
+/// grew it by a gigabyte in half a minute. Other clients and the agents are not touched.
+#[test]
+fn an_http2_peer_is_held_to_a_stream_limit_and_a_reset_limit() {
+    let python = python();
+    let stubs = python_stubs(&python);
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "greet.meta",
+        r#"{"description": "Greets", "cmd": "echo hello"}"#,
+        false,
+    );
+    fleet.start_coordinator(&[]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "greet");
+
+    let report = python_script("http2_limits.py", &python, stubs.path(), &fleet, &["3000"]);
+    let log = || fleet.coordinator.as_ref().unwrap().log_tail(20);
+    assert_eq!(
+        report["max_concurrent_streams"],
+        1024,
+        "{report}; the coordinator's log ends: {}",
+        log()
+    );
+    // ENHANCE_YOUR_CALM, after about as many resets as the limit.
+    assert_eq!(report["goaway_code"], 11, "{report}");
+    assert!(
+        report["flow_control_resets"].as_u64().unwrap() <= 1100,
+        "{report}"
+    );
+    let out = fleet.toolctl(&["call", "a", "greet"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "hello\n");
+    // The HTTP/2 library's warning about the ended connection is not logged: any peer could
+    // have it written once a connection.
+    let log = fleet.coordinator.as_ref().unwrap().log();
+    assert!(
+        !log.contains("locally-reset streams reached limit"),
+        "{log}"
+    );
+}

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Endpoint, Server, Uri};
+use tonic::transport::{Endpoint, Uri};
 use tonic::{Request, Response, Status};
 use toolsrv_proto::v1::tools_client::ToolsClient;
 use toolsrv_proto::v1::tools_server::{Tools, ToolsServer};
@@ -245,7 +245,7 @@ pub async fn serve_master(
     let service = ToolsServer::new(relay)
         .max_decoding_message_size(MAX_MESSAGE_SIZE)
         .max_encoding_message_size(MAX_MESSAGE_SIZE);
-    let server = Server::builder()
+    let server = toolsrv_tls::bounded_server(toolsrv_tls::STREAMS_PER_CONNECTION)
         .add_service(service)
         .add_service(crate::enroll::relay(upstream.channel.clone()))
         .serve_with_incoming_shutdown(

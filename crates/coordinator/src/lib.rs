@@ -506,7 +506,8 @@ pub async fn serve(
                 "health",
             )
             .incoming();
-            let served = tonic::transport::Server::builder()
+            // A health check is one request at a time.
+            let served = toolsrv_tls::bounded_server(16)
                 .add_service(health_service)
                 .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
                 .await;
@@ -553,7 +554,7 @@ pub async fn serve(
             }
         }),
     );
-    let served = tonic::transport::Server::builder()
+    let served = toolsrv_tls::bounded_server(toolsrv_tls::STREAMS_PER_CONNECTION)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(5)))
         .tcp_nodelay(true)

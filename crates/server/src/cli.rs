@@ -933,8 +933,16 @@ enum PkiCommand {
 }
 
 pub fn init_logging(args: &LogArgs) {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
+    let mut filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // The HTTP/2 library warns once per connection it ends for a peer's abuse (too many
+    // resets, streams reset for its errors): any peer that reaches the port could write a
+    // line a connection. Its errors stay; a filter that names it decides for itself.
+    if !args.log_level.contains("h2")
+        && let Ok(quiet) = "h2=error".parse()
+    {
+        filter = filter.add_directive(quiet);
+    }
     // Colours only for a person at a terminal: a journal, a file or a pipe gets plain text.
     use std::io::IsTerminal;
     let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();

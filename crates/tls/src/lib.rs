@@ -45,7 +45,8 @@ pub use pki::{
 };
 pub use plain::{PlainConn, PlainLimits, PlainListener};
 pub use server::{
-    ANONYMOUS_LIFETIME, AcceptOptions, ConnInfo, HANDSHAKE_TIMEOUT, MAX_OPEN_PER_IDENTITY,
-    MAX_SETTING_UP_PER_ADDRESS, PREFACE_TIMEOUT, PeerInfo, TlsConn, TlsIncoming, address_key,
-    incoming, incoming_with, peer, peer_of,
+    ANONYMOUS_LIFETIME, AcceptOptions, ConnInfo, HANDSHAKE_TIMEOUT, LOCAL_ERROR_RESETS,
+    MAX_OPEN_PER_IDENTITY, MAX_SETTING_UP_PER_ADDRESS, PREFACE_TIMEOUT, PeerInfo,
+    STREAMS_PER_CONNECTION, TlsConn, TlsIncoming, address_key, bounded_server, incoming,
+    incoming_with, peer, peer_of,
 };

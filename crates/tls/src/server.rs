@@ -564,6 +564,31 @@ async fn handshake(
     let _ = tx.send(conn).await;
 }
 
+/// HTTP/2 streams one connection to a toolsrv server may have open at once, as the server says
+/// in its SETTINGS: as many as one identity may have open over all its connections on a
+/// coordinator (`--max-requests-per-identity`'s default), so a client on one connection is not
+/// held below that; streams past it are refused by HTTP/2 itself before any work is spent.
+pub const STREAMS_PER_CONNECTION: u32 = 1024;
+
+/// Streams a server may reset over a peer's protocol errors on one connection before it ends
+/// the connection: h2's own default, which tonic replaces with none.
+pub const LOCAL_ERROR_RESETS: usize = 1024;
+
+/// A tonic server with the HTTP/2 bounds every toolsrv server keeps: at most `streams` open at
+/// once per connection, and at most [`LOCAL_ERROR_RESETS`] streams reset for a peer's errors.
+///
+/// tonic leaves both unbounded unless told. Without the stream limit a peer (one without a
+/// certificate included, on a coordinator that enrolls) opened streams faster than they were
+/// refused, and the coordinator grew by 45 MB a second until its other clients timed out;
+/// without the reset limit a peer made it reset streams without end (MadeYouReset,
+/// CVE-2025-8671), to the same effect. Past either, that connection's streams are refused or
+/// the connection ended; other connections are not touched.
+pub fn bounded_server(streams: u32) -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .max_concurrent_streams(Some(streams))
+        .http2_max_local_error_reset_streams(Some(LOCAL_ERROR_RESETS))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
