@@ -88,6 +88,20 @@ fn python_script(script: &str, python: &Path, stubs: &Path, fleet: &Fleet, args:
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// A coordinator and host `a` offering `greet` (prints `hello`), online.
+fn greet_fleet() -> Fleet {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "greet.meta",
+        r#"{"description": "Greets", "cmd": "echo hello"}"#,
+        false,
+    );
+    fleet.start_coordinator(&[]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "greet");
+    fleet
+}
+
 #[test]
 fn python_grpcio_approves_a_call_and_its_bypass() {
     let python = python();
@@ -284,15 +298,7 @@ fn python_grpcio_finds_tools_and_drives_a_session() {
 fn python_grpcio_request_too_large_once_decoded_is_refused_undecoded() {
     let python = python();
     let stubs = python_stubs(&python);
-    let mut fleet = Fleet::new(&["a"]);
-    fleet.tool(
-        "greet.meta",
-        r#"{"description": "Greets", "cmd": "echo hello"}"#,
-        false,
-    );
-    fleet.start_coordinator(&[]);
-    fleet.start_agent("a", &AgentSpec::default());
-    fleet.wait_online(&["a"], "greet");
+    let fleet = greet_fleet();
 
     let report = python_script(
         "hostile_sizes.py",
@@ -322,15 +328,7 @@ fn python_grpcio_request_too_large_once_decoded_is_refused_undecoded() {
 fn an_http2_peer_is_held_to_a_stream_limit_and_a_reset_limit() {
     let python = python();
     let stubs = python_stubs(&python);
-    let mut fleet = Fleet::new(&["a"]);
-    fleet.tool(
-        "greet.meta",
-        r#"{"description": "Greets", "cmd": "echo hello"}"#,
-        false,
-    );
-    fleet.start_coordinator(&[]);
-    fleet.start_agent("a", &AgentSpec::default());
-    fleet.wait_online(&["a"], "greet");
+    let fleet = greet_fleet();
 
     let report = python_script("http2_limits.py", &python, stubs.path(), &fleet, &["3000"]);
     let log = || fleet.coordinator.as_ref().unwrap().log_tail(20);

@@ -164,6 +164,23 @@ fn may_decide(request: &ApprovalRequest, decider: &str) -> Result<(), String> {
     }
 }
 
+/// Pending request `id`, when `decider` may decide it.
+fn decidable<'a>(
+    pending: &'a HashMap<String, Entry>,
+    id: &str,
+    decider: &str,
+) -> Result<&'a Entry, DecideError> {
+    let entry = pending
+        .get(id)
+        .ok_or_else(|| DecideError::NotFound(id.to_string()))?;
+    may_decide(&entry.request, decider).map_err(|why| DecideError::NotAllowed {
+        decider: decider.to_string(),
+        request: Box::new(entry.request.clone()),
+        why,
+    })?;
+    Ok(entry)
+}
+
 /// Who decides a request asked of a rule's `approvers`: the approver globs shown and kept, and
 /// whether the caller decides (`approvers` empty or `["caller"]`).
 pub(crate) fn deciders(approvers: &[String]) -> (Vec<String>, bool) {
@@ -288,14 +305,7 @@ impl Approvals {
         reason: &str,
     ) -> Result<ApprovalRequest, DecideError> {
         let mut pending = self.lock();
-        let entry = pending
-            .get(id)
-            .ok_or_else(|| DecideError::NotFound(id.to_string()))?;
-        may_decide(&entry.request, decider).map_err(|why| DecideError::NotAllowed {
-            decider: decider.to_string(),
-            request: Box::new(entry.request.clone()),
-            why,
-        })?;
+        decidable(&pending, id, decider)?;
         let Some(entry) = pending.remove(id) else {
             return Err(DecideError::NotFound(id.to_string()));
         };
@@ -315,14 +325,7 @@ impl Approvals {
     /// Request `id` with its arguments whole, for someone who may decide it.
     pub fn whole(&self, id: &str, decider: &str) -> Result<ApprovalRequest, DecideError> {
         let pending = self.lock();
-        let entry = pending
-            .get(id)
-            .ok_or_else(|| DecideError::NotFound(id.to_string()))?;
-        may_decide(&entry.request, decider).map_err(|why| DecideError::NotAllowed {
-            decider: decider.to_string(),
-            request: Box::new(entry.request.clone()),
-            why,
-        })?;
+        let entry = decidable(&pending, id, decider)?;
         Ok(ApprovalRequest {
             args_json: entry.args_json.clone(),
             ..entry.request.clone()

@@ -24,6 +24,29 @@ fn next_coordinator(dir: &Path) -> TlsFiles {
     TlsFiles::in_dir(&next, &Identity::Coordinator)
 }
 
+/// A coordinator certificate from the CA of `dir`, valid from `dates.0` to `dates.1`, written
+/// as `<stem>.pem` and `<stem>-key.pem`.
+fn coordinator_between(
+    dir: &Path,
+    stem: &str,
+    dates: (std::time::SystemTime, std::time::SystemTime),
+) -> TlsFiles {
+    toolsrv_testkit::sign_with_ca_between(
+        dir,
+        stem,
+        vec![
+            common::uri_san(&Identity::Coordinator),
+            rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap()),
+        ],
+        vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ],
+        Some(dates),
+    )
+    .unwrap()
+}
+
 /// Replaces a file the way rotation tools do: write aside, then rename.
 fn replace(from: &Path, to: &Path) {
     let tmp = to.with_extension("tmp");
@@ -139,20 +162,7 @@ async fn a_certificate_outside_its_dates_is_refused_and_the_old_one_kept() {
         ),
         ("future", (now + day, now + 3 * day), "is valid only from"),
     ] {
-        let odd = toolsrv_testkit::sign_with_ca_between(
-            dir,
-            stem,
-            vec![
-                common::uri_san(&Identity::Coordinator),
-                rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap()),
-            ],
-            vec![
-                rcgen::ExtendedKeyUsagePurpose::ServerAuth,
-                rcgen::ExtendedKeyUsagePurpose::ClientAuth,
-            ],
-            Some(dates),
-        )
-        .unwrap();
+        let odd = coordinator_between(dir, stem, dates);
         // At start: refused.
         let err = ServerCreds::new(odd.clone()).unwrap_err().to_string();
         assert!(
@@ -224,20 +234,7 @@ async fn a_certificate_not_valid_yet_is_taken_once_the_clock_gets_there() {
     let creds = ServerCreds::new(live.clone()).unwrap();
     let now = std::time::SystemTime::now();
     let issue = |stem: &str, ahead: Duration| {
-        toolsrv_testkit::sign_with_ca_between(
-            dir,
-            stem,
-            vec![
-                common::uri_san(&Identity::Coordinator),
-                rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap()),
-            ],
-            vec![
-                rcgen::ExtendedKeyUsagePurpose::ServerAuth,
-                rcgen::ExtendedKeyUsagePurpose::ClientAuth,
-            ],
-            Some((now + ahead, now + Duration::from_secs(86_400))),
-        )
-        .unwrap()
+        coordinator_between(dir, stem, (now + ahead, now + Duration::from_secs(86_400)))
     };
     // A minute ahead: within the skew, taken at once.
     let soon = issue("soon", Duration::from_secs(60));
