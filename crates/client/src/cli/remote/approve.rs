@@ -75,14 +75,19 @@ fn expires_in(request: &ApprovalRequest) -> u64 {
 async fn ask_terminal(question: String) -> Option<bool> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
-    let tty = std::fs::OpenOptions::new()
-        .read(true)
+    // Written through a blocking opening: a slow terminal (a link with flow control) may not
+    // take a 4 KiB question at once, and a non-blocking write would fail rather than wait.
+    let mut out = std::fs::OpenOptions::new()
         .write(true)
-        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
         .open("/dev/tty")
         .ok()?;
-    (&tty)
-        .write_all(format!("{question} [y/N] ").as_bytes())
+    out.write_all(format!("{question} [y/N] ").as_bytes())
+        .ok()?;
+    out.flush().ok()?;
+    let tty = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
+        .open("/dev/tty")
         .ok()?;
     let mut line = Vec::new();
     let mut buf = [0u8; 256];
