@@ -372,16 +372,6 @@ impl Tools for ToolsService {
         )
         .map_err(refuse)?;
         let targets = targets(&state, &selector);
-        if targets.is_empty() {
-            // Answered with an empty fan-out (the client says no host matched), and on the
-            // record like any request that reached no host.
-            state.audit.refused(
-                &client,
-                &req.selector,
-                &req.tool,
-                &Status::not_found("the selector matches no host"),
-            );
-        }
         let width = state.quotas.limits.fanout_hosts;
         if targets.len() > width {
             return Err(refuse(Status::resource_exhausted(format!(
@@ -398,6 +388,16 @@ impl Tools for ToolsService {
             .quotas
             .reserve(&client, wanted.min(targets.len()).max(1))
             .map_err(|e| refuse(Status::resource_exhausted(e)))?;
+        if targets.is_empty() {
+            // Answered with an empty fan-out (the client says no host matched), and on the
+            // record, once, like any request that reached no host.
+            state.audit.refused(
+                &client,
+                &req.selector,
+                &req.tool,
+                &Status::not_found("the selector matches no host"),
+            );
+        }
         spec.fanout = Some(format!("{:016x}", rand_id()));
         let (tx, rx) = mpsc::channel(64);
         let max_errors = req.max_errors;
