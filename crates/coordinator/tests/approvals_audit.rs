@@ -80,16 +80,19 @@ async fn finish(out: &mpsc::Sender<AgentMessage>, call_id: u64, status: CallStat
     out.send(AgentMessage { msg: Some(msg) }).await.unwrap();
 }
 
-/// Alice calls `tool` on host `a`: her events and the id of the approval request it waits for.
+/// Alice calls `tool` on host `a` with `args_json`: her events and the approval request the
+/// call waits for.
 async fn call_waiting(
     coordinator: &Coordinator,
     tool: &str,
+    args_json: &str,
 ) -> (Streaming<CallEvent>, toolsrv_proto::v1::ApprovalRequest) {
     let mut api = coordinator.tools(&client("alice")).await;
     let mut events = api
         .call(CallRequest {
             host: "a".into(),
             tool: tool.into(),
+            args_json: args_json.into(),
             ..CallRequest::default()
         })
         .await
@@ -128,7 +131,7 @@ async fn decide(
 async fn a_decision_refused_is_on_the_record_and_the_request_still_waits() {
     let coordinator = coordinator(&["a"]).await;
     let (out, mut inbound) = coordinator.attach_offering("a", &["t"]).await;
-    let (mut events, request) = call_waiting(&coordinator, "t").await;
+    let (mut events, request) = call_waiting(&coordinator, "t", "").await;
 
     // The caller may not approve a call its rule gives to bob.
     let refused = decide(&coordinator, "alice", &request.id, true)
@@ -197,7 +200,7 @@ async fn a_request_only_its_caller_is_named_to_decide_is_denied_at_once() {
 async fn an_approved_call_runs_on_the_link_its_host_has_when_approved() {
     let coordinator = coordinator(&["a"]).await;
     let (old_out, _old_inbound) = coordinator.attach_offering("a", &["t"]).await;
-    let (mut events, request) = call_waiting(&coordinator, "t").await;
+    let (mut events, request) = call_waiting(&coordinator, "t", "").await;
     drop(old_out);
     let (out, mut inbound) = coordinator.attach_offering("a", &["t"]).await;
     must(
@@ -382,26 +385,7 @@ async fn an_approver_can_read_the_whole_arguments_of_a_request() {
         r#"{{"note": "{}", "also": "rm -rf /"}}"#,
         "x".repeat(10_000)
     );
-    let mut events = alice
-        .call(CallRequest {
-            host: "a".into(),
-            tool: "t".into(),
-            args_json: args.clone(),
-            ..CallRequest::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let asked = tokio::time::timeout(WAIT, async {
-        while let Some(event) = events.next().await {
-            if let Some(call_event::Event::Approval(request)) = event.unwrap().event {
-                return request;
-            }
-        }
-        panic!("no approval asked");
-    })
-    .await
-    .unwrap();
+    let (events, asked) = call_waiting(&coordinator, "t", &args).await;
     let mut bob = coordinator.tools(&client("bob")).await;
     let listed = bob
         .list_approvals(ListApprovalsRequest::default())

@@ -171,20 +171,10 @@ async fn a_view_part_too_large_once_decoded_ends_the_link_undecoded() {
         .await,
     );
     agent.part(vec![ToolStatus::default(); 200_000], true).await;
-    let goodbye = tokio::time::timeout(WAIT, async {
-        loop {
-            match agent.inbound.message().await {
-                Ok(Some(CoordinatorMessage {
-                    msg: Some(In::Goodbye(goodbye)),
-                })) => return Some(goodbye.reason),
-                Ok(Some(_)) => continue,
-                _ => return None,
-            }
-        }
-    })
-    .await
-    .expect("the coordinator ends the link")
-    .expect("with a Goodbye saying why");
+    let goodbye = tokio::time::timeout(WAIT, goodbye_or_end(&mut agent.inbound))
+        .await
+        .expect("the coordinator ends the link")
+        .expect("with a Goodbye saying why");
     for words in [
         "view.tools",
         "refused before decoding",
@@ -206,6 +196,20 @@ async fn a_view_part_too_large_once_decoded_ends_the_link_undecoded() {
     assert_eq!(host.visible_tools, 1, "the last whole view is kept");
 }
 
+/// The reason of the coordinator's next Goodbye on the link; `None` when the link ends without
+/// one.
+async fn goodbye_or_end(inbound: &mut tonic::Streaming<CoordinatorMessage>) -> Option<String> {
+    loop {
+        match inbound.message().await {
+            Ok(Some(CoordinatorMessage {
+                msg: Some(In::Goodbye(goodbye)),
+            })) => return Some(goodbye.reason),
+            Ok(Some(_)) => continue,
+            _ => return None,
+        }
+    }
+}
+
 /// An agent that says goodbye is let go without one back: only a link ended over what the
 /// agent sent is told why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -218,18 +222,8 @@ async fn an_agent_that_says_goodbye_gets_none_back() {
         })),
     };
     agent.out.send(goodbye).await.unwrap();
-    let answered = tokio::time::timeout(WAIT, async {
-        loop {
-            match agent.inbound.message().await {
-                Ok(Some(CoordinatorMessage {
-                    msg: Some(In::Goodbye(goodbye)),
-                })) => return Some(goodbye.reason),
-                Ok(Some(_)) => continue,
-                _ => return None,
-            }
-        }
-    })
-    .await
-    .expect("the coordinator ends the link");
+    let answered = tokio::time::timeout(WAIT, goodbye_or_end(&mut agent.inbound))
+        .await
+        .expect("the coordinator ends the link");
     assert_eq!(answered, None, "no Goodbye back");
 }

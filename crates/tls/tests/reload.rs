@@ -47,6 +47,15 @@ fn coordinator_between(
     .unwrap()
 }
 
+/// A PKI in a new directory, and server credentials loaded from its coordinator's files.
+fn live_creds() -> (tempfile::TempDir, TlsFiles, ServerCreds) {
+    let tmp = tempfile::tempdir().unwrap();
+    common::pki(tmp.path());
+    let live = files(tmp.path(), &Identity::Coordinator);
+    let creds = ServerCreds::new(live.clone()).unwrap();
+    (tmp, live, creds)
+}
+
 /// Replaces a file the way rotation tools do: write aside, then rename.
 fn replace(from: &Path, to: &Path) {
     let tmp = to.with_extension("tmp");
@@ -56,11 +65,8 @@ fn replace(from: &Path, to: &Path) {
 
 #[tokio::test]
 async fn reload_switches_new_handshakes_and_keeps_old_config_on_error() {
-    let tmp = tempfile::tempdir().unwrap();
+    let (tmp, live, creds) = live_creds();
     let dir = tmp.path();
-    common::pki(dir);
-    let live = files(dir, &Identity::Coordinator);
-    let creds = ServerCreds::new(live.clone()).unwrap();
     let server = serve(creds.subscribe()).await;
     let alice_files = files(dir, &alice());
     let raw = || common::raw_client_config(&live.ca, Some((&alice_files.cert, &alice_files.key)));
@@ -101,11 +107,8 @@ async fn reload_switches_new_handshakes_and_keeps_old_config_on_error() {
 
 #[tokio::test]
 async fn file_changes_are_picked_up_by_polling() {
-    let tmp = tempfile::tempdir().unwrap();
+    let (tmp, live, creds) = live_creds();
     let dir = tmp.path();
-    common::pki(dir);
-    let live = files(dir, &Identity::Coordinator);
-    let creds = ServerCreds::new(live.clone()).unwrap();
     let stop = CancellationToken::new();
     let watcher = creds.spawn_reload_on_change(Duration::from_millis(20), stop.clone());
     let mut rx = creds.subscribe();
@@ -143,11 +146,8 @@ async fn file_changes_are_picked_up_by_polling() {
 /// previous one stays in use, rather than one no peer takes.
 #[tokio::test]
 async fn a_certificate_outside_its_dates_is_refused_and_the_old_one_kept() {
-    let tmp = tempfile::tempdir().unwrap();
+    let (tmp, live, creds) = live_creds();
     let dir = tmp.path();
-    common::pki(dir);
-    let live = files(dir, &Identity::Coordinator);
-    let creds = ServerCreds::new(live.clone()).unwrap();
     let server = serve(creds.subscribe()).await;
     let alice_files = files(dir, &alice());
     let raw = || common::raw_client_config(&live.ca, Some((&alice_files.cert, &alice_files.key)));
@@ -192,11 +192,8 @@ async fn a_certificate_outside_its_dates_is_refused_and_the_old_one_kept() {
 #[tokio::test]
 async fn a_key_made_private_after_a_refusal_is_picked_up() {
     use std::os::unix::fs::PermissionsExt;
-    let tmp = tempfile::tempdir().unwrap();
+    let (tmp, live, creds) = live_creds();
     let dir = tmp.path();
-    common::pki(dir);
-    let live = files(dir, &Identity::Coordinator);
-    let creds = ServerCreds::new(live.clone()).unwrap();
     let stop = CancellationToken::new();
     let watcher = creds.spawn_reload_on_change(Duration::from_millis(20), stop.clone());
     let mut rx = creds.subscribe();
@@ -227,11 +224,8 @@ async fn a_key_made_private_after_a_refusal_is_picked_up() {
 /// again.
 #[tokio::test]
 async fn a_certificate_not_valid_yet_is_taken_once_the_clock_gets_there() {
-    let tmp = tempfile::tempdir().unwrap();
+    let (tmp, live, creds) = live_creds();
     let dir = tmp.path();
-    common::pki(dir);
-    let live = files(dir, &Identity::Coordinator);
-    let creds = ServerCreds::new(live.clone()).unwrap();
     let now = std::time::SystemTime::now();
     let issue = |stem: &str, ahead: Duration| {
         coordinator_between(dir, stem, (now + ahead, now + Duration::from_secs(86_400)))
