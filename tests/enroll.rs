@@ -778,20 +778,28 @@ mod wire {
                         host_id: String::new(),
                     })
                     .await;
-                codes.push(
-                    renewed
-                        .map(drop)
-                        .map_err(|e| (e.code(), e.message().to_string())),
-                );
+                codes.push(renewed.map(drop).map_err(|e| {
+                    (
+                        e.code(),
+                        e.message().to_string(),
+                        toolsrv_proto::retry_pushback(&e),
+                    )
+                }));
             }
             codes
         });
         let granted = codes.iter().filter(|c| c.is_ok()).count();
         assert_eq!(granted, 5, "{:?}", &codes[..8]);
-        let Err((code, message)) = &codes[5] else {
+        let Err((code, message, pushback)) = &codes[5] else {
             panic!("{:?}", codes[5]);
         };
         assert_eq!(*code, tonic::Code::ResourceExhausted);
+        // When to come back is said in the trailers too, for programs.
+        let wait = pushback.unwrap_or_else(|| panic!("no retry pushback in {:?}", codes[5]));
+        assert!(
+            wait > Duration::ZERO && wait <= Duration::from_secs(3600),
+            "{wait:?}"
+        );
         assert!(
             message.contains("too many renewals from `a`") && message.contains("come back in"),
             "{message}"

@@ -202,10 +202,12 @@ pub async fn prepare(
                 return Err(e);
             }
             Err(e) => {
-                tracing::warn!(error = %e, retry_in = ?delay, "cannot join yet; retrying");
+                // A coordinator that throttles joins from this address says when to come back.
+                let wait = delay.max(asked_to_wait(&e));
+                tracing::warn!(error = %e, retry_in = ?wait, "cannot join yet; retrying");
                 urls.next();
                 tokio::select! {
-                    () = tokio::time::sleep(delay) => {}
+                    () = tokio::time::sleep(wait) => {}
                     () = shutdown.cancelled() => return Ok(false),
                 }
                 delay = (delay * 2).min(Duration::from_secs(30));
@@ -480,19 +482,14 @@ pub async fn keep_renewed(
     }
 }
 
-/// How long a refusal asks the agent to wait: a throttled renewal says `come back in N s`.
+/// How long a refusal asks the agent to wait: a throttled join or renewal says so in its metadata
+/// ([`toolsrv_proto::RETRY_PUSHBACK_METADATA`]); at most an hour is taken from it.
 fn asked_to_wait(e: &AgentError) -> Duration {
     let AgentError::Rpc { status, .. } = e else {
         return Duration::ZERO;
     };
-    if status.code() != tonic::Code::ResourceExhausted {
-        return Duration::ZERO;
-    }
-    status
-        .message()
-        .rsplit_once("come back in ")
-        .and_then(|(_, rest)| rest.split(' ').next()?.parse::<u64>().ok())
-        .map_or(Duration::ZERO, |secs| Duration::from_secs(secs.min(3600)))
+    toolsrv_proto::retry_pushback(status)
+        .map_or(Duration::ZERO, |wait| wait.min(Duration::from_secs(3600)))
 }
 
 /// A certificate the coordinator issued on renewal, with its key, before it is written.
@@ -583,18 +580,32 @@ mod tests {
 
     #[test]
     fn a_throttled_renewal_waits_as_long_as_it_is_told() {
-        let status = |code, message: &str| AgentError::Rpc {
+        let refused = |status: tonic::Status| AgentError::Rpc {
             what: "renewing the certificate",
-            status: tonic::Status::new(code, message),
+            status,
         };
-        let throttled = status(
-            tonic::Code::ResourceExhausted,
-            "too many renewals from a1: come back in 8 s",
+        let throttled = |wait| {
+            refused(toolsrv_proto::with_retry_pushback(
+                tonic::Status::resource_exhausted("too many renewals from a1: come back in 8 s"),
+                wait,
+            ))
+        };
+        assert_eq!(
+            asked_to_wait(&throttled(Duration::from_millis(7_500))),
+            Duration::from_millis(7_500)
         );
-        assert_eq!(asked_to_wait(&throttled), Duration::from_secs(8));
-        let other = status(tonic::Code::Unavailable, "come back in 8 s");
-        assert_eq!(asked_to_wait(&other), Duration::ZERO);
-        let odd = status(tonic::Code::ResourceExhausted, "come back in soon");
-        assert_eq!(asked_to_wait(&odd), Duration::ZERO);
+        assert_eq!(
+            asked_to_wait(&throttled(Duration::from_secs(86_400))),
+            Duration::from_secs(3600)
+        );
+        // The words alone are for people.
+        let worded = tonic::Status::resource_exhausted("come back in 8 s");
+        assert_eq!(asked_to_wait(&refused(worded)), Duration::ZERO);
+        let mut odd = tonic::Status::resource_exhausted("slow down");
+        odd.metadata_mut().insert(
+            toolsrv_proto::RETRY_PUSHBACK_METADATA,
+            "soon".parse().unwrap(),
+        );
+        assert_eq!(asked_to_wait(&refused(odd)), Duration::ZERO);
     }
 }

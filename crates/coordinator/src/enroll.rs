@@ -166,7 +166,7 @@ fn throttled(
         );
         state.audit.event(event, line.into());
     }
-    Status::resource_exhausted(message)
+    toolsrv_proto::with_retry_pushback(Status::resource_exhausted(message), retry_after)
 }
 
 fn ca_bundle(state: &State) -> Result<String, Status> {

@@ -31,6 +31,30 @@ pub fn unix_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// Metadata of a refusal that says when to ask again, in milliseconds: gRPC's own name for a
+/// server's pushback. A throttled join or renewal carries it; its message says the same in
+/// words.
+pub const RETRY_PUSHBACK_METADATA: &str = "grpc-retry-pushback-ms";
+
+/// Marks `status` as asking its caller to wait `wait` before asking again
+/// ([`RETRY_PUSHBACK_METADATA`]).
+pub fn with_retry_pushback(mut status: tonic::Status, wait: std::time::Duration) -> tonic::Status {
+    let millis = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+    status
+        .metadata_mut()
+        .insert(RETRY_PUSHBACK_METADATA, millis.into());
+    status
+}
+
+/// How long `status` asks its caller to wait before asking again, when it says
+/// ([`RETRY_PUSHBACK_METADATA`]); `None` for a status that does not, or whose value is not a
+/// number of milliseconds.
+pub fn retry_pushback(status: &tonic::Status) -> Option<std::time::Duration> {
+    let value = status.metadata().get(RETRY_PUSHBACK_METADATA)?;
+    let millis = value.to_str().ok()?.trim().parse::<u64>().ok()?;
+    Some(std::time::Duration::from_millis(millis))
+}
+
 /// Response metadata of `DescribeTool` when the tool described is the host's own, not the
 /// catalog's (its value is `true`).
 pub const HOST_ONLY_METADATA: &str = "toolsrv-host-only";
