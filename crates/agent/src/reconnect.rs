@@ -21,8 +21,9 @@ pub const REFUSED_RETRY: Duration = Duration::from_secs(300);
 pub enum SessionEnd {
     /// Shutdown was requested; the agent said goodbye.
     Shutdown,
-    /// The coordinator said goodbye (it is restarting); reconnect later.
-    Goodbye(String),
+    /// The coordinator said goodbye (it is restarting, or it refused something this agent
+    /// sent); reconnect later.
+    Goodbye(toolsrv_proto::v1::Goodbye),
 }
 
 /// What one connection attempt came to.
@@ -62,13 +63,11 @@ pub async fn reconnect_loop<S, SF, Z, ZF, J>(
             Ok(SessionEnd::Shutdown) => return,
             // The coordinator ends a link over a message of this agent's it refused:
             // worth an operator's eye (a version mismatch, or a broken host).
-            Ok(SessionEnd::Goodbye(reason))
-                if reason.starts_with("protocol error") || reason.starts_with("link error") =>
-            {
-                tracing::warn!(%reason, "the coordinator ended the link; reconnecting");
+            Ok(SessionEnd::Goodbye(goodbye)) if goodbye.refused => {
+                tracing::warn!(reason = %goodbye.reason, "the coordinator ended the link over what this agent sent; reconnecting");
             }
-            Ok(SessionEnd::Goodbye(reason)) => {
-                tracing::info!(%reason, "coordinator said goodbye; reconnecting");
+            Ok(SessionEnd::Goodbye(goodbye)) => {
+                tracing::info!(reason = %goodbye.reason, "coordinator said goodbye; reconnecting");
             }
             Err(e) if e.needs_operator() => {
                 ceiling = REFUSED_RETRY.max(backoff.max);
@@ -154,7 +153,10 @@ mod tests {
         script.push(failed(false));
         script.push(SessionOutcome {
             welcomed: true,
-            result: Ok(SessionEnd::Goodbye("restart".into())),
+            result: Ok(SessionEnd::Goodbye(toolsrv_proto::v1::Goodbye {
+                reason: "restart".into(),
+                refused: false,
+            })),
         });
         let (slept, sessions) = drive(script).await;
         let ms: Vec<u128> = slept.iter().map(Duration::as_millis).collect();

@@ -382,7 +382,7 @@ impl SessionLoop<'_> {
                     );
                 }
             }
-            Some(In::Goodbye(goodbye)) => return Ok(Some(SessionEnd::Goodbye(goodbye.reason))),
+            Some(In::Goodbye(goodbye)) => return Ok(Some(SessionEnd::Goodbye(goodbye))),
             Some(In::Welcome(_)) => {
                 tracing::warn!("ignoring a second Welcome from the coordinator");
             }
@@ -499,6 +499,7 @@ impl SessionLoop<'_> {
     async fn say_goodbye(self, inbound: &mut Streaming<CoordinatorMessage>) {
         let goodbye = Out::Goodbye(Goodbye {
             reason: "agent is shutting down".into(),
+            refused: false,
         });
         if timeout(CLOSE_TIMEOUT, self.send(goodbye)).await.is_err() {
             tracing::warn!("could not send the Goodbye: the outbound stream is stuck");

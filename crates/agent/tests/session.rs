@@ -335,6 +335,7 @@ async fn reconnects_after_refusal_silence_goodbye_and_bad_first_message() {
     let link = h.ready().await;
     link.send(In::Goodbye(Goodbye {
         reason: "restart".into(),
+        refused: false,
     }))
     .await;
     let link2 = h.attach().await;

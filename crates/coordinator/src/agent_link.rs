@@ -392,7 +392,10 @@ where
             biased;
             () = state.shutdown.cancelled() => {
                 // Said if the agent has room for it: a stalled one does not hold the shutdown.
-                let goodbye = Msg::Goodbye(Goodbye { reason: "coordinator shutting down".into() });
+                let goodbye = Msg::Goodbye(Goodbye {
+                    reason: "coordinator shutting down".into(),
+                    refused: false,
+                });
                 let _ = tokio::time::timeout(GOODBYE_WAIT, link.send(goodbye)).await;
                 return "coordinator shutting down".into();
             }
@@ -452,7 +455,11 @@ where
                 }
                 let now = i64::try_from(now_ms() / 1000).unwrap_or(i64::MAX);
                 if let Some(reason) = expired(not_after, link.calls_in_flight(), now) {
-                    link.send(Msg::Goodbye(Goodbye { reason: reason.clone() })).await;
+                    link.send(Msg::Goodbye(Goodbye {
+                        reason: reason.clone(),
+                        refused: false,
+                    }))
+                    .await;
                     return reason;
                 }
                 let paced = state.pace.interval(Some(keepalive));
@@ -479,6 +486,7 @@ where
 async fn refuse(link: &Link, reason: String) -> String {
     let goodbye = Msg::Goodbye(Goodbye {
         reason: reason.clone(),
+        refused: true,
     });
     let _ = tokio::time::timeout(GOODBYE_WAIT, link.send(goodbye)).await;
     reason

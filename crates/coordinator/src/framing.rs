@@ -414,6 +414,7 @@ mod tests {
         let big = |n: usize| AgentMessage {
             msg: Some(Msg::Goodbye(toolsrv_proto::v1::Goodbye {
                 reason: "x".repeat(n),
+                refused: false,
             })),
         };
         let decode = |messages: Vec<AgentMessage>| async move {
@@ -445,6 +446,7 @@ mod tests {
         let big = AgentMessage {
             msg: Some(Msg::Goodbye(toolsrv_proto::v1::Goodbye {
                 reason: "x".repeat(64 << 10),
+                refused: false,
             })),
         };
         let wire = framed(std::slice::from_ref(&big));
@@ -476,6 +478,7 @@ mod tests {
         let big = AgentMessage {
             msg: Some(Msg::Goodbye(toolsrv_proto::v1::Goodbye {
                 reason: "x".repeat(64 << 10),
+                refused: false,
             })),
         };
         let wire = framed(&[big.clone(), keepalive(1)]);

@@ -203,7 +203,13 @@ async fn goodbye_or_end(inbound: &mut tonic::Streaming<CoordinatorMessage>) -> O
         match inbound.message().await {
             Ok(Some(CoordinatorMessage {
                 msg: Some(In::Goodbye(goodbye)),
-            })) => return Some(goodbye.reason),
+            })) => {
+                assert!(
+                    goodbye.refused,
+                    "a link ended over the agent's message is marked refused: {goodbye:?}"
+                );
+                return Some(goodbye.reason);
+            }
             Ok(Some(_)) => continue,
             _ => return None,
         }
@@ -219,6 +225,7 @@ async fn an_agent_that_says_goodbye_gets_none_back() {
     let goodbye = AgentMessage {
         msg: Some(Out::Goodbye(toolsrv_proto::v1::Goodbye {
             reason: "agent shutting down".into(),
+            refused: false,
         })),
     };
     agent.out.send(goodbye).await.unwrap();
