@@ -461,6 +461,17 @@ fn a_watcher_sees_loads_meta_edits_and_hosts_going_away() {
             .await
             .unwrap_err();
         assert_eq!(refused.code(), tonic::Code::NotFound, "{refused}");
+        // A session that does not exist is told apart from a tool the session does not know,
+        // both NOT_FOUND, by programs as well as by the words: a client keeping a session for
+        // a model opens a new one for the first only.
+        let gone = client
+            .load_tool(&"0".repeat(32), "everyday")
+            .await
+            .unwrap_err();
+        assert!(gone.session_gone(), "{gone:?}");
+        let unknown = client.load_tool(&id, "no_such_tool").await.unwrap_err();
+        assert_eq!(unknown.code(), tonic::Code::NotFound, "{unknown}");
+        assert!(!unknown.session_gone(), "{unknown:?}");
     });
     let after = tool(&show(&fleet, &id), "everyday")["lastUsedUnixMs"]
         .as_u64()

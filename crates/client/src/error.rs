@@ -17,6 +17,9 @@ pub enum ClientError {
         code: tonic::Code,
         /// The coordinator's message.
         message: String,
+        /// The coordinator said that the session the request named no longer exists
+        /// (`NOT_FOUND`, with [`toolsrv_proto::SESSION_GONE_METADATA`]).
+        session_gone: bool,
     },
     /// The transport under an RPC failed (the connection broke, the coordinator went away):
     /// nobody answered the request.
@@ -42,6 +45,18 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// Whether the coordinator said that the session a request named no longer exists
+    /// (closed, ended idle, or gone with its coordinator), as opposed to a tool or host in it.
+    pub fn session_gone(&self) -> bool {
+        matches!(
+            self,
+            Self::Status {
+                session_gone: true,
+                ..
+            }
+        )
+    }
+
     /// The gRPC code closest to this error.
     pub fn code(&self) -> tonic::Code {
         match self {
@@ -88,7 +103,11 @@ impl From<tonic::Status> for ClientError {
             };
         }
         if from_peer {
-            Self::Status { code, message }
+            Self::Status {
+                code,
+                message,
+                session_gone: toolsrv_proto::is_session_gone(&status),
+            }
         } else {
             Self::Transport { code, message }
         }

@@ -1260,12 +1260,12 @@ pub(crate) fn session_elsewhere<'s>(
                 ..HostRecord::default()
             },
         ))),
-        None => Err(Status::not_found(format!(
+        None => Err(toolsrv_proto::session_gone(Status::not_found(format!(
             "no session `{}`: it was kept by replica `{}`, which is gone (its sessions ended \
              with it)",
             toolsrv_proto::text::printable_line(id, 100),
             toolsrv_proto::text::printable_line(owner, 64)
-        ))),
+        )))),
     }
 }
 

@@ -103,9 +103,12 @@ impl From<SessionError> for tonic::Status {
     fn from(e: SessionError) -> Self {
         let message = e.to_string();
         match e {
-            SessionError::NotFound(_)
-            | SessionError::UnknownTool { .. }
-            | SessionError::NotLoaded { .. } => tonic::Status::not_found(message),
+            SessionError::NotFound(_) => {
+                toolsrv_proto::session_gone(tonic::Status::not_found(message))
+            }
+            SessionError::UnknownTool { .. } | SessionError::NotLoaded { .. } => {
+                tonic::Status::not_found(message)
+            }
             SessionError::Invalid(_) => tonic::Status::invalid_argument(message),
             SessionError::TooMany(_) => tonic::Status::resource_exhausted(message),
             SessionError::Unavailable { .. }

@@ -55,6 +55,31 @@ pub fn retry_pushback(status: &tonic::Status) -> Option<std::time::Duration> {
     Some(std::time::Duration::from_millis(millis))
 }
 
+/// Metadata of a `NOT_FOUND` that is about the session a request named (closed, ended idle,
+/// or gone with its coordinator), not about a tool or a host in it (its value is `true`): a
+/// client keeping a session for someone opens a new one on it.
+pub const SESSION_GONE_METADATA: &str = "toolsrv-session-gone";
+
+/// Marks `status` as saying that the session a request named no longer exists
+/// ([`SESSION_GONE_METADATA`]).
+pub fn session_gone(mut status: tonic::Status) -> tonic::Status {
+    status.metadata_mut().insert(
+        SESSION_GONE_METADATA,
+        tonic::metadata::MetadataValue::from_static("true"),
+    );
+    status
+}
+
+/// Whether `status` says that the session a request named no longer exists
+/// ([`SESSION_GONE_METADATA`]).
+pub fn is_session_gone(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::NotFound
+        && status
+            .metadata()
+            .get(SESSION_GONE_METADATA)
+            .is_some_and(|v| v == "true")
+}
+
 /// Response metadata of `DescribeTool` when the tool described is the host's own, not the
 /// catalog's (its value is `true`).
 pub const HOST_ONLY_METADATA: &str = "toolsrv-host-only";

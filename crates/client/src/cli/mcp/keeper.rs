@@ -113,7 +113,7 @@ impl Backoff {
 
 /// Whether the session no longer exists (closed, expired, or the coordinator restarted).
 fn gone(e: &ClientError) -> bool {
-    e.code() == tonic::Code::NotFound
+    e.session_gone()
 }
 
 /// Loads into the new session `state` the tools of `before` (the old session's, in load order)
@@ -353,6 +353,7 @@ pub(super) mod tests {
         ClientError::Status {
             code,
             message: format!("{code:?}"),
+            session_gone: code == tonic::Code::NotFound,
         }
     }
 

@@ -175,7 +175,7 @@ pub async fn load(
     let client = &calls.client;
     let state = match client.load_tool(&catalog.session, name).await {
         Ok(state) => state,
-        Err(e) if e.code() == tonic::Code::NotFound && e.to_string().starts_with("no session") => {
+        Err(e) if e.session_gone() => {
             // The coordinator restarted, or the replica keeping the session died: the keeper
             // opens a new one now rather than at its next look.
             calls.session_gone.notify_one();

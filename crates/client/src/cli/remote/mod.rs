@@ -364,6 +364,7 @@ mod tests {
         let status = |code| ClientError::Status {
             code,
             message: String::new(),
+            session_gone: false,
         };
         let cases = [
             (
