@@ -520,3 +520,48 @@ fn programs_on_path_out_of_reach_are_named_at_start_and_run_once_granted() {
         "{granted}"
     );
 }
+
+/// A descriptor the agent inherited from whatever started it (a wrapper's log file, a service
+/// manager's socket) is open in no tool, confined or not.
+#[test]
+fn a_descriptor_the_agent_inherited_reaches_no_tool() {
+    // Every process this test starts inherits it: F_DUPFD does not set close-on-exec, and
+    // Rust's Command leaves such descriptors open.
+    let log = tempfile::tempfile().unwrap();
+    let inherited = nix::fcntl::fcntl(&log, nix::fcntl::FcntlArg::F_DUPFD(200)).unwrap();
+    let mut fleet = Fleet::new(&["confined", "unconfined"]);
+    fleet.tool(
+        "fds.meta",
+        r#"{"description": "lists its open descriptors", "cmd": "ls /proc/self/fd"}"#,
+        false,
+    );
+    fleet.start_coordinator(&[]);
+    fleet.start_agent("confined", &AgentSpec::default());
+    fleet.start_agent(
+        "unconfined",
+        &AgentSpec {
+            args: vec!["--sandbox=off".into()],
+            ..AgentSpec::default()
+        },
+    );
+    fleet.wait_online(&["confined", "unconfined"], "fds");
+    for host in ["confined", "unconfined"] {
+        let out = fleet.toolctl(&["call", host, "fds"]);
+        let stdout = text(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{host}: {stdout} {}",
+            text(&out.stderr)
+        );
+        let open: Vec<i32> = stdout
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        assert!(open.contains(&1), "{host}: {stdout}");
+        assert!(
+            !open.contains(&inherited),
+            "{host}: descriptor {inherited}, the agent's inheritance, is open in the tool: {open:?}"
+        );
+    }
+    nix::unistd::close(inherited).unwrap();
+}

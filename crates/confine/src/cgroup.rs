@@ -134,8 +134,13 @@ fn procs(dir: &Path) -> Vec<i32> {
         .collect()
 }
 
+/// Whether a process `pid` exists: one of another user's (another agent's, running as
+/// root while this one does not) exists too, though this process may not signal it.
 fn pid_alive(pid: i32) -> bool {
-    kill(Pid::from_raw(pid), None).is_ok()
+    !matches!(
+        kill(Pid::from_raw(pid), None),
+        Err(nix::errno::Errno::ESRCH)
+    )
 }
 
 /// Waits between retries while the kernel lets go of a call's processes or cgroup: short at
@@ -618,6 +623,42 @@ impl CallCgroup {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The sweep of leftover call cgroups must not take another user's live agent for a gone
+    /// one: a process this one may not signal is alive all the same.
+    #[test]
+    #[allow(unsafe_code)]
+    fn another_users_process_is_alive() {
+        let mine = i32::try_from(std::process::id()).unwrap();
+        assert!(pid_alive(mine));
+        if !nix::unistd::geteuid().is_root() {
+            assert!(pid_alive(1), "pid 1, which this user may not signal");
+            return;
+        }
+        // As root, ask from a child that has become nobody.
+        // SAFETY: the child makes system calls only (setuid, kill, _exit) before it exits.
+        match unsafe { nix::unistd::fork() }.unwrap() {
+            nix::unistd::ForkResult::Child => {
+                let code = if nix::unistd::setuid(nix::unistd::Uid::from_raw(65534)).is_err() {
+                    2
+                } else if pid_alive(1) {
+                    0
+                } else {
+                    1
+                };
+                // SAFETY: _exit(2) ends the child without running the parent's destructors.
+                unsafe { libc::_exit(code) }
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                let status = nix::sys::wait::waitpid(child, None).unwrap();
+                assert_eq!(
+                    status,
+                    nix::sys::wait::WaitStatus::Exited(child, 0),
+                    "1: pid 1 taken for gone by a user who may not signal it; 2: setuid failed"
+                );
+            }
+        }
+    }
 
     #[test]
     fn finds_hybrid_and_unified_layouts() {

@@ -16,6 +16,10 @@ fn main() -> ExitCode {
     if invoked_as("toolctl") {
         return toolsrv_client::cli::main();
     }
+    // Nothing this process inherited reaches the tools an agent runs.
+    if let Err(e) = toolsrv_confine::close_inherited_on_exec() {
+        eprintln!("toolsrv: cannot mark inherited descriptors close-on-exec: {e}");
+    }
     toolsrv_tls::install_crypto_provider();
     // Flags, environment and the `--config` file; `--print-config` and a bad file end here.
     let cli = match config::parse_command_line() {
