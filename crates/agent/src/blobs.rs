@@ -383,9 +383,14 @@ impl BlobCache {
 }
 
 /// Creates `dir` if needed and takes write permission on it away from group and others (tools
-/// of other users must not replace what the agent runs).
+/// of other users must not replace what the agent runs). Refuses it unless it and every
+/// directory above it are this user's or root's, none writable by others but sticky ones
+/// ([`toolsrv_tls::files::check_owned_dir`]): a state directory another user made beforehand
+/// (`/tmp/state`) would let them swap the catalog for tools of theirs, which the agent runs.
 pub(crate) fn create_private_dir(dir: &Path, op: &'static str) -> Result<(), AgentError> {
     std::fs::create_dir_all(dir).map_err(|e| AgentError::io(op, dir, e))?;
+    toolsrv_tls::files::check_owned_dir(dir)
+        .map_err(|why| AgentError::refused(format!("the directory {}", dir.display()), why))?;
     let md = std::fs::metadata(dir).map_err(|e| AgentError::io(op, dir, e))?;
     let mode = md.permissions().mode();
     if mode & 0o022 != 0 {

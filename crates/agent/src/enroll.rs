@@ -355,7 +355,9 @@ fn check_issued(chain_pem: &str, key_pem: &str) -> Result<String, AgentError> {
 fn private_dir(dir: &Path, uid: u32) -> Result<(), AgentError> {
     use std::os::unix::fs::MetadataExt;
     let md = std::fs::metadata(dir).map_err(|e| AgentError::io("cannot look at", dir, e))?;
-    let why = if md.uid() != uid && md.uid() != 0 {
+    let why = if let Err(why) = toolsrv_tls::files::check_owned_dir(dir) {
+        why
+    } else if md.uid() != uid && md.uid() != 0 {
         format!(
             "owned by uid {}, neither this process's user (uid {uid}) nor root: another user \
              could have put a certificate there; remove it, or chown {uid} it if it is yours",

@@ -137,3 +137,74 @@ fn an_agent_label_the_coordinator_would_refuse_stops_it_at_start() {
         );
     }
 }
+
+/// A directory another local user made beforehand (`/tmp/state` before the service started),
+/// or one under a directory they own, is refused by name: for the development PKI they could
+/// put a CA of theirs in it, for an agent's state the catalog of tools it runs as its user.
+#[test]
+fn a_directory_another_user_owns_is_refused_for_the_pki_and_the_agents_state() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test gives directories to another user, which needs root (as CI runs)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let theirs = dir.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let out = toolsrv()
+        .args(["pki", "init"])
+        .arg(&theirs)
+        .args(["--agents", "x"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&theirs.display().to_string()) && err.contains("uid 65534"),
+        "{err}"
+    );
+    assert!(!theirs.join("ca-key.pem").exists(), "nothing written in it");
+
+    // The agent, with a good PKI, and its state in their directory or beneath it.
+    let pki = dir.path().join("pki");
+    let made = toolsrv()
+        .args(["pki", "init"])
+        .arg(&pki)
+        .args(["--agents", "x"])
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    for state in [theirs.clone(), theirs.join("state")] {
+        // Bounded: an agent that does not stop at start runs until it is stopped.
+        let out = Command::new("timeout")
+            .args(["10", env!("CARGO_BIN_EXE_toolsrv")])
+            .args([
+                "agent",
+                "--coordinator",
+                "https://127.0.0.1:1",
+                "--host-id",
+                "x",
+            ])
+            .arg("--ca")
+            .arg(pki.join("ca.pem"))
+            .arg("--cert")
+            .arg(pki.join("agent-x.pem"))
+            .arg("--key")
+            .arg(pki.join("agent-x-key.pem"))
+            .arg("--state-dir")
+            .arg(&state)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}: {err}", state.display());
+        assert!(
+            err.contains(&theirs.display().to_string()) && err.contains("uid 65534"),
+            "{}: {err}",
+            state.display()
+        );
+    }
+}

@@ -162,3 +162,119 @@ mod tests {
         assert!(err.to_string().starts_with("cannot read"), "{err}");
     }
 }
+
+/// Refuses `dir` (which exists) unless this process's user or root owns it and every directory
+/// above it, and no other user may change a directory above it: writable by group or others
+/// only with the sticky bit, as `/tmp` is, where nobody renames what another user owns. A
+/// symbolic link on the way counts as its owner's, then what it points to is checked the same
+/// way. Otherwise another local user could swap what the directory holds (a certificate, a
+/// CA key, a tool the agent runs as root): one who made `/tmp/state` before the service did
+/// owns it still. Whether `dir` itself is writable by others is the caller's to judge. The
+/// reason names the directory at fault and what to do.
+pub fn check_owned_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let uid = nix::unistd::geteuid().as_raw();
+    let foreign = |what: String, owner: u32| {
+        format!(
+            "{what} is owned by uid {owner}, neither this process's user (uid {uid}) nor \
+             root: that user could replace what is in it; use a directory only root or uid \
+             {uid} can change"
+        )
+    };
+    let absolute = std::path::absolute(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let real = std::fs::canonicalize(&absolute).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for path in [&absolute, &real] {
+        for at in path.ancestors() {
+            let md = std::fs::symlink_metadata(at).map_err(|e| format!("{}: {e}", at.display()))?;
+            let owner = md.uid();
+            if owner != uid && owner != 0 {
+                let what = if md.file_type().is_symlink() {
+                    format!("the symbolic link {}", at.display())
+                } else if at == path.as_path() {
+                    at.display().to_string()
+                } else {
+                    format!("{}, a directory above it,", at.display())
+                };
+                return Err(foreign(what, owner));
+            }
+            let above = at != path.as_path();
+            let sticky = md.mode() & 0o1000 != 0;
+            if above && md.is_dir() && md.mode() & 0o022 != 0 && !sticky {
+                return Err(format!(
+                    "the directory above it, {}, may be written by other users (mode {:04o}), \
+                     who could replace what is in it: chmod go-w {} (or +t), or use another \
+                     directory",
+                    at.display(),
+                    md.mode() & 0o7777,
+                    at.display()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod owned_tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(path: &Path, mode: u32) {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn a_directory_of_ones_own_under_private_or_sticky_parents_passes() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("state");
+        std::fs::create_dir(&dir).unwrap();
+        check_owned_dir(&dir).unwrap();
+        // A sticky directory anyone may write (as /tmp) above it is fine.
+        mode(root.path(), 0o1777);
+        check_owned_dir(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_directory_others_may_change_above_it_is_refused_by_name() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("shared/state");
+        std::fs::create_dir_all(&dir).unwrap();
+        mode(&root.path().join("shared"), 0o777);
+        let err = check_owned_dir(&dir).unwrap_err();
+        assert!(
+            err.contains(&root.path().join("shared").display().to_string())
+                && err.contains("mode 0777"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn another_users_directory_or_link_on_the_way_is_refused() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test gives files to another user, which needs root (as CI runs)"
+        );
+        let root = tempfile::tempdir().unwrap();
+        let nobody = 65534;
+        let theirs = root.path().join("theirs");
+        std::fs::create_dir_all(theirs.join("state")).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(nobody), None).unwrap();
+        let err = check_owned_dir(&theirs.join("state")).unwrap_err();
+        assert!(
+            err.contains(&theirs.display().to_string()) && err.contains("uid 65534"),
+            "{err}"
+        );
+        // A link of theirs to a directory of ours: they could point it elsewhere.
+        let ours = root.path().join("ours");
+        std::fs::create_dir(&ours).unwrap();
+        let link = root.path().join("link");
+        std::os::unix::fs::symlink(&ours, &link).unwrap();
+        std::os::unix::fs::lchown(&link, Some(nobody), None).unwrap();
+        let err = check_owned_dir(&link).unwrap_err();
+        assert!(
+            err.contains("symbolic link") && err.contains(&link.display().to_string()),
+            "{err}"
+        );
+        check_owned_dir(&ours).unwrap();
+    }
+}

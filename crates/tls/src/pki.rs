@@ -159,12 +159,30 @@ fn check_days(days: u32) -> Result<(), TlsError> {
     }
 }
 
+/// Creates `dir` (0700) if needed, and refuses one that another user owns or may write, or
+/// that lies under a directory another user may change: they could put a CA of theirs in it
+/// between two runs, and every certificate issued after would be signed by it.
 fn ensure_dir(dir: &Path) -> Result<(), TlsError> {
+    use std::os::unix::fs::MetadataExt;
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|e| TlsError::io("cannot create directory", dir, e))
+        .map_err(|e| TlsError::io("cannot create directory", dir, e))?;
+    crate::files::check_owned_dir(dir).map_err(|why| TlsError::bad_file(dir, why))?;
+    let md = fs::metadata(dir).map_err(|e| TlsError::io("cannot look at", dir, e))?;
+    if md.mode() & 0o022 != 0 {
+        return Err(TlsError::bad_file(
+            dir,
+            format!(
+                "mode {:04o} lets other users write it, who could put a CA of theirs in it: \
+                 chmod go-w {}",
+                md.mode() & 0o7777,
+                dir.display()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A DNS name or IP address for the coordinator certificate.
