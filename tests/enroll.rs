@@ -139,6 +139,20 @@ fn a_host_joins_with_a_token_and_later_starts_without_one() {
     );
     fleet.start_agent("web-9", &join_spec(&tok, &pin));
     fleet.wait_online(&["web-9"], "hello");
+    // Given on the command line, the token is not left there for every user of the host to
+    // read while the agent runs: it moved to the agent's environment.
+    let agent = &fleet.agents["web-9"];
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", agent.pid())).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    assert!(
+        cmdline.contains("agent") && !cmdline.contains(&tok),
+        "{cmdline}"
+    );
+    assert!(
+        agent.log().contains("TOOLSRV_JOIN_TOKEN"),
+        "{}",
+        agent.log()
+    );
 
     // The certificate: the token's host id and labels, clientAuth, the configured lifetime,
     // and the key kept beside it, readable by the agent's user only.

@@ -52,8 +52,8 @@ pub async fn create(conn: &ConnArgs, host_id: &str, ttl: Option<&str>, labels: &
             );
             if remote.addr.starts_with("https://") {
                 eprintln!(
-                    "toolctl: on the host: toolsrv agent --join TOKEN --coordinator {} --ca-pin {} \
-                     --state-dir DIR",
+                    "toolctl: on the host: TOOLSRV_JOIN_TOKEN=TOKEN toolsrv agent --coordinator {} \
+                     --ca-pin {} --state-dir DIR",
                     remote.addr, created.ca_pin
                 );
             }
