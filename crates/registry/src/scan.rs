@@ -565,7 +565,7 @@ fn executable_too_large(path: &Path, size: u64) -> Diagnostic {
 /// with the directories looked at once per scan.
 #[derive(Debug, Default)]
 struct Exposure {
-    dirs: HashMap<PathBuf, Option<OpenToAll>>,
+    dirs: HashMap<PathBuf, DirAccess>,
 }
 
 impl Exposure {
@@ -574,33 +574,54 @@ impl Exposure {
         let open = writable_by_anyone_with(file, |dir| {
             self.dirs
                 .entry(dir.to_path_buf())
-                .or_insert_with(|| open_dir(dir))
+                .or_insert_with(|| dir_access(dir))
                 .clone()
         })?;
         Some(open.explained("anyone here could change what the tool runs, so it is not served"))
     }
 }
 
-/// A file, or a directory holding it, that every user of the machine may write.
+/// A file, or a directory holding it, that every user of the machine may write; or a file (or
+/// directory on the way to it) that any of them could have put where it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenToAll {
-    /// The file, or the directory; `chmod o-w` it to close it.
+    /// The file, or the directory; `chmod o-w` it to close it. When [`OpenToAll::planted`],
+    /// the file or directory another user owns.
     pub path: PathBuf,
-    /// Its permission bits.
+    /// Its permission bits (when planted, those of the directory that holds it).
     pub mode: u32,
     pub directory: bool,
+    /// `path` is another user's (this uid), in `dir`, a directory every user may write with the
+    /// sticky bit (as `/tmp`): anyone could have put it there, and it is theirs to change.
+    pub planted: Option<(u32, PathBuf)>,
 }
 
 impl OpenToAll {
-    /// What is open, `why` that matters, and the `chmod` that closes it.
+    /// What is open, `why` that matters, and what closes it.
     pub fn explained(&self, why: &str) -> String {
-        format!("{self}: {why}: chmod o-w {}", self.path.display())
+        if self.planted.is_some() {
+            format!(
+                "{self}: {why}: remove it, or chown it to root or this process's user (uid {})",
+                nix::unistd::geteuid()
+            )
+        } else {
+            format!("{self}: {why}: chmod o-w {}", self.path.display())
+        }
     }
 }
 
 impl std::fmt::Display for OpenToAll {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.directory {
+        if let Some((owner, dir)) = &self.planted {
+            write!(
+                f,
+                "{} is owned by uid {owner}, in the directory {}, which every user of this \
+                 machine may write (mode {:04o}): any of them could have put it there",
+                self.path.display(),
+                dir.display(),
+                self.mode
+            )
+        } else if self.directory {
             write!(
                 f,
                 "in the directory {}, which every user of this machine may write (mode {:04o}, \
@@ -618,19 +639,33 @@ impl std::fmt::Display for OpenToAll {
     }
 }
 
+/// What a directory on the way to a file lets every user of the machine do.
+#[derive(Debug, Clone)]
+enum DirAccess {
+    /// Nothing: only its owner (and those of its group) may write it, or it is read-only.
+    Closed,
+    /// Replace anything in it: writable by all, no sticky bit.
+    Open(OpenToAll),
+    /// Add entries of their own (writable by all, sticky, as `/tmp`): the directory's owner
+    /// and mode.
+    Sticky { owner: u32, mode: u32 },
+}
+
 /// Whether any user of this machine could rewrite `file`: it is writable by every user, or a
 /// directory holding it (as named, or after symbolic links) is, without the sticky bit. A
-/// directory with the sticky bit (as `/tmp`) lets nobody replace another's file, and nothing on
-/// a file system mounted read-only (a Kubernetes ConfigMap, whose directories are mode 0777)
-/// can be written: neither counts. `None` also when `file` cannot be looked at; a device's own
+/// directory with the sticky bit (as `/tmp`) lets nobody replace another's file, but lets
+/// anyone add one: what is in it on the way to `file` (`file` itself, or a directory) counts
+/// only when root, this process's user or the directory's owner owns it. Nothing on a file
+/// system mounted read-only (a Kubernetes ConfigMap, whose directories are mode 0777) can be
+/// written: it never counts. `None` also when `file` cannot be looked at; a device's own
 /// mode does not count.
 pub fn writable_by_anyone(file: &Path) -> Option<OpenToAll> {
-    writable_by_anyone_with(file, open_dir)
+    writable_by_anyone_with(file, dir_access)
 }
 
 fn writable_by_anyone_with(
     file: &Path,
-    mut dir_open: impl FnMut(&Path) -> Option<OpenToAll>,
+    mut access: impl FnMut(&Path) -> DirAccess,
 ) -> Option<OpenToAll> {
     use std::os::unix::fs::MetadataExt;
     let md = std::fs::metadata(file).ok()?;
@@ -641,27 +676,59 @@ fn writable_by_anyone_with(
             path: file.to_path_buf(),
             mode: mode & 0o7777,
             directory: false,
+            planted: None,
         });
     }
     // The directories that hold the name as given (a symbolic link in them could be replaced)
     // and those that hold the file it leads to.
     let given = std::path::absolute(file).ok()?;
     let real = std::fs::canonicalize(file).ok()?;
-    let mut dirs = given.ancestors().skip(1).chain(real.ancestors().skip(1));
-    dirs.find_map(&mut dir_open)
+    let me = nix::unistd::geteuid().as_raw();
+    for path in [given, real] {
+        let mut child = path.as_path();
+        for dir in path.ancestors().skip(1) {
+            match access(dir) {
+                DirAccess::Closed => {}
+                DirAccess::Open(open) => return Some(open),
+                DirAccess::Sticky { owner, mode } => {
+                    let theirs = std::fs::symlink_metadata(child).ok()?.uid();
+                    if theirs != 0 && theirs != me && theirs != owner {
+                        return Some(OpenToAll {
+                            path: child.to_path_buf(),
+                            mode,
+                            directory: false,
+                            planted: Some((theirs, dir.to_path_buf())),
+                        });
+                    }
+                }
+            }
+            child = dir;
+        }
+    }
+    None
 }
 
-/// Whether files in `dir` could be replaced by any user.
-fn open_dir(dir: &Path) -> Option<OpenToAll> {
+/// What every user may do in `dir`.
+fn dir_access(dir: &Path) -> DirAccess {
     use std::os::unix::fs::MetadataExt;
-    let mode = std::fs::metadata(dir).ok()?.mode();
-    if mode & 0o002 == 0 || mode & 0o1000 != 0 || read_only(dir) {
-        return None;
+    let Ok(md) = std::fs::metadata(dir) else {
+        return DirAccess::Closed;
+    };
+    let mode = md.mode();
+    if mode & 0o002 == 0 || read_only(dir) {
+        return DirAccess::Closed;
     }
-    Some(OpenToAll {
+    if mode & 0o1000 != 0 {
+        return DirAccess::Sticky {
+            owner: md.uid(),
+            mode: mode & 0o7777,
+        };
+    }
+    DirAccess::Open(OpenToAll {
         path: dir.to_path_buf(),
         mode: mode & 0o7777,
         directory: true,
+        planted: None,
     })
 }
 

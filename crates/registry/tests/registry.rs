@@ -795,6 +795,44 @@ fn tools_every_user_could_rewrite_are_not_served() {
     chmod(&dir, 0o1777);
     reg.rescan();
     assert_eq!(reg.catalog().tools.len(), 4);
+
+    // But anyone may add files there: a tool, or the executable beside a tool's `.meta` (which
+    // wins over its `cmd`), that another user owns is not served. (Needs root, for the chown.)
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test gives files to another user: run it as root"
+    );
+    std::fs::write(
+        dir.join("planted.meta"),
+        r#"{"description": "theirs", "cmd": "id"}"#,
+    )
+    .unwrap();
+    std::os::unix::fs::chown(dir.join("planted.meta"), Some(65534), None).unwrap();
+    std::fs::write(dir.join("good"), "#!/bin/sh\nid\n").unwrap();
+    chmod(&dir.join("good"), 0o755);
+    std::os::unix::fs::chown(dir.join("good"), Some(65534), None).unwrap();
+    reg.rescan();
+    let cat = reg.catalog();
+    assert!(!cat.tools.contains_key("planted"), "{:?}", cat.tools.keys());
+    assert!(!cat.tools.contains_key("good"), "{:?}", cat.tools.keys());
+    let found = exposed(&cat);
+    let planted = found
+        .iter()
+        .find(|(f, _)| f == &dir.join("planted.meta"))
+        .unwrap_or_else(|| panic!("{found:?}"));
+    assert!(
+        planted.1.contains("owned by uid 65534")
+            && planted.1.contains("any of them could have put it there")
+            && planted.1.contains("remove it, or chown it"),
+        "{}",
+        planted.1
+    );
+    assert_eq!(
+        cat.tools.len(),
+        3,
+        "the others still served: {:?}",
+        cat.tools.keys()
+    );
 }
 
 /// A file system mounted read-only cannot be written whatever the modes say: a Kubernetes
