@@ -39,6 +39,12 @@ const MAX_CALL_MESSAGE_BYTES: usize = 4096;
 
 /// How long an agent has to send its Hello after attaching.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an agent may take to say anything after the Welcome before its link counts as
+/// lost, when that is longer than `lost_after`: it speaks only once the Welcome has reached it,
+/// so its first word comes a whole round trip later, and a link whose round trip is longer
+/// than `lost_after` (a satellite uplink, a congested VPN) would otherwise be judged lost at
+/// every attach, for ever, though its keepalives would keep it alive after.
+const FIRST_WORD_WITHIN: Duration = HELLO_TIMEOUT;
 /// The path of the `Attach` method.
 const ATTACH_PATH: &str = "/toolsrv.v1.AgentLink/Attach";
 /// How long a goodbye at shutdown waits for room in a link's queue.
@@ -374,6 +380,8 @@ where
     // Bytes still arriving are the agent alive, though the message they belong to (a view part
     // of a megabyte on a slow uplink) is not whole yet, and its keepalives wait behind it.
     let mut bytes_heard = alive.received.bytes();
+    // Nothing heard since the Welcome yet: silence is judged by FIRST_WORD_WITHIN until then.
+    let mut spoken = false;
     let mut views = ViewParts::default();
     let mut pace = ViewPace::new(tokio::time::Instant::now());
     loop {
@@ -405,6 +413,7 @@ where
             msg = inbound.next() => match msg {
                 Some(Ok(msg)) => {
                     heard = tokio::time::Instant::now();
+                    spoken = true;
                     last_seen.store(now_ms(), Ordering::Relaxed);
                     let mut reported = Reported { views: &mut views, pace: &mut pace };
                     match handle(state, link, &shipped, &mut reported, msg) {
@@ -442,6 +451,7 @@ where
             scheduled = tick.tick() => {
                 if alive.received.arrived_since(&mut bytes_heard) {
                     heard = tokio::time::Instant::now();
+                    spoken = true;
                     last_seen.store(now_ms(), Ordering::Relaxed);
                 }
                 let silent = heard.elapsed();
@@ -450,7 +460,12 @@ where
                 // the connection. Silence is judged only on a tick on time; a dead connection
                 // still ends through HTTP/2 keepalive pings meanwhile.
                 let behind = scheduled.elapsed() > keepalive / 2;
-                if silent > lost_after && !behind {
+                let limit = if spoken {
+                    lost_after
+                } else {
+                    lost_after.max(FIRST_WORD_WITHIN)
+                };
+                if silent > limit && !behind {
                     return format!("lost: nothing heard for {} ms", silent.as_millis());
                 }
                 let now = i64::try_from(now_ms() / 1000).unwrap_or(i64::MAX);
