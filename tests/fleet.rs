@@ -1039,62 +1039,11 @@ fn keepalives_are_spaced_as_the_fleet_grows_and_a_frozen_host_is_still_lost() {
     assert!(detected < Duration::from_secs(8), "lost after {detected:?}");
 }
 
-/// A TCP relay to `target` on a loopback port that passes what the client sends at most `up`
-/// bytes a second and what comes back at most `down` (in 4 KiB slices; `None`: full speed): an
-/// agent on a slow link. Runs until the test process ends.
-fn slow_link(target: u16, up: Option<usize>, down: Option<usize>) -> u16 {
-    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-    const SLICE: usize = 4096;
-    async fn pass(
-        mut from: impl AsyncRead + Unpin,
-        mut to: impl AsyncWrite + Unpin,
-        per_second: Option<usize>,
-    ) {
-        let pause = per_second.map(|r| Duration::from_secs_f64(SLICE as f64 / r as f64));
-        let mut buf = vec![0; SLICE];
-        while let Ok(n) = from.read(&mut buf).await {
-            if n == 0 || to.write_all(&buf[..n]).await.is_err() {
-                break;
-            }
-            if let Some(pause) = pause {
-                tokio::time::sleep(pause).await;
-            }
-        }
-    }
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            while let Ok((client, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
-                    else {
-                        return;
-                    };
-                    let (client_read, client_write) = client.into_split();
-                    let (server_read, server_write) = server.into_split();
-                    tokio::select! {
-                        () = pass(client_read, server_write, up) => {}
-                        () = pass(server_read, client_write, down) => {}
-                    }
-                });
-            }
-        });
-    });
-    port
-}
-
-/// Starts the coordinator, then agent `slow` behind a [`slow_link`], and waits until its view
+/// Starts the coordinator, then agent `slow` behind a slow [`toolsrv_tests::TcpLink`], and waits until its view
 /// of `tools` tools, all visible, is in.
 fn start_slow_host(fleet: &mut Fleet, up: Option<usize>, down: Option<usize>, tools: usize) {
     fleet.start_coordinator(&[]);
-    let proxy = slow_link(fleet.port, up, down);
+    let proxy = toolsrv_tests::TcpLink::start(fleet.port, up, down).port;
     fleet.agent_coordinators = Some(format!("https://127.0.0.1:{proxy}"));
     fleet.start_agent("slow", &AgentSpec::default());
     let started = Instant::now();

@@ -39,7 +39,17 @@ impl Replicated {
         tools: &[(&str, &str)],
         extra: impl Fn(usize) -> Vec<String>,
     ) -> Self {
-        let etcd = EtcdCluster::start(3);
+        Self::start_on(EtcdCluster::start(3), n, agents, tools, extra)
+    }
+
+    /// As [`Self::start_with`], on `etcd`.
+    fn start_on(
+        etcd: EtcdCluster,
+        n: usize,
+        agents: &[&str],
+        tools: &[(&str, &str)],
+        extra: impl Fn(usize) -> Vec<String>,
+    ) -> Self {
         let fleet = Fleet::new(agents);
         for (file, content) in tools {
             fleet.tool(file, content, false);
@@ -85,7 +95,6 @@ impl Replicated {
         );
         launch.log = "info,toolsrv_coordinator=debug".into();
         launch.args = vec![
-            format!("--etcd={}", self.etcd.endpoints().join(",")),
             format!("--replica-id=r{i}"),
             format!("--advertise-url=https://127.0.0.1:{}", self.ports[i]),
             "--rescan-secs=1".into(),
@@ -99,6 +108,12 @@ impl Replicated {
                     .display()
             ),
         ];
+        // Every member, unless the test gives its own way to etcd.
+        if !extra.iter().any(|a| a.starts_with("--etcd=")) {
+            launch
+                .args
+                .push(format!("--etcd={}", self.etcd.endpoints().join(",")));
+        }
         // A short lease, so that a dead replica's hosts are freed soon; a test may give its own.
         if !extra.iter().any(|a| a.starts_with("--etcd-lease")) {
             launch.args.push("--etcd-lease=2s".into());
@@ -1556,5 +1571,91 @@ fn toolctl_mcp_carries_on_through_another_replica_when_its_replica_dies() {
             .as_str()
             .is_some_and(|t| t.contains("hello from")),
         "{answered}"
+    );
+}
+
+/// A replica cut off from etcd, but alive and holding its agents' links, keeps serving them
+/// ("serving the hosts held here"): its lease lapses, so the other replicas see its hosts
+/// reconnecting, and their agents, whose links hold, have no reason to move. Calls and
+/// fan-outs through another replica are relayed to the replica that last held the host; once
+/// that replica is really gone, a call says so (offline, not lost), and a fan-out reports every
+/// host rather than leaving out the ones it never held. Before, through the other replica,
+/// every call said `no host ... has connected to this coordinator` for as long as the cut
+/// lasted, and a fan-out left such hosts out.
+#[test]
+fn hosts_of_a_replica_cut_off_from_etcd_stay_callable_through_the_others() {
+    let names = ["e1", "e2"];
+    let etcd = EtcdCluster::start(3);
+    // r0 reaches etcd through a link the test can cut; r1 directly.
+    let member: u16 = etcd.endpoints()[0]
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let link = toolsrv_tests::TcpLink::start(member, None, None);
+    let through = format!("--etcd=http://127.0.0.1:{}", link.port);
+    let mut r = Replicated::start_on(etcd, 2, &names, &[("hello.meta", HELLO)], |i| {
+        if i == 0 {
+            vec![through.clone()]
+        } else {
+            Vec::new()
+        }
+    });
+    // The agents know r0 only, so they stay with it.
+    r.fleet.agent_coordinators = Some(r.urls()[0].clone());
+    for id in names {
+        r.fleet
+            .start_agent(id, &toolsrv_tests::AgentSpec::default());
+    }
+    let held = r.wait_all_online(1, &names, Duration::from_secs(30));
+    assert!(held.iter().all(|h| h == "r0"), "{held:?}");
+
+    link.cut();
+    // r0's lease lapses (2 s): r1 sees its hosts reconnecting.
+    wait_for(
+        "r1 to see r0's hosts reconnecting",
+        Duration::from_secs(30),
+        || {
+            r.hosts(1)
+                .iter()
+                .filter(|h| h["state"] == "reconnecting")
+                .count()
+                .eq(&names.len())
+                .then_some(())
+        },
+    );
+    for id in names {
+        let out = r.toolctl(1, &["call", id, "hello"]);
+        assert!(
+            out.status.success(),
+            "{id} through r1 while r0 is cut from etcd: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stdout).contains("hello from"),
+            "{}",
+            text(&out.stdout)
+        );
+    }
+    let out = r.toolctl(1, &["fanout", "all", "hello", "--json"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout} {}", text(&out.stderr));
+    for id in names {
+        assert!(
+            stdout.contains(&format!("\"{id}\"")),
+            "{id} in the fan-out: {stdout}"
+        );
+    }
+
+    // r0 gone for good: a call through r1 is not run, and says why.
+    r.replicas[0].take();
+    let out = r.toolctl(1, &["call", "e1", "hello"]);
+    assert_exit(&out, 75, &["reconnecting", "replica r0"]);
+    let out = r.toolctl(1, &["fanout", "all", "hello"]);
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        all.contains("e1") && all.contains("e2"),
+        "every host reported: {all}"
     );
 }

@@ -779,13 +779,16 @@ fn targets(state: &State, selector: &Selector) -> Vec<String> {
         .map(|h| h.id)
         .collect();
     if let Some(replicas) = &state.replicas {
-        // Hosts held by other replicas, from the routing table.
+        // Hosts held by other replicas, from the routing table; and those they held that have
+        // no link now, reported (offline, reconnecting, or reached through the replica that
+        // held them) rather than left out.
         targets.extend(
             replicas
                 .select_remote(selector)
                 .into_iter()
                 .map(|(id, _)| id),
         );
+        targets.extend(replicas.select_gone(selector));
     }
     for exact in selector.exact_hosts() {
         if !targets.iter().any(|t| t == exact) && state.fleet.get(exact).is_none() {

@@ -38,6 +38,19 @@ impl Refusal {
                 format!("host `{id}` is not in the fleet: {}", revoked.message()),
             );
         }
+        // A host another replica held, listed offline or reconnecting by every replica.
+        if let Some((owner, how)) = state.replicas.as_ref().and_then(|r| r.last_owner(id)) {
+            let why = if how == toolsrv_proto::v1::HostState::Reconnecting {
+                "the replica that held its link is gone from the cluster, and it has attached to \
+                 no other replica yet"
+            } else {
+                "its agent is connected to no replica"
+            };
+            return Self::new(
+                CallStatus::Offline,
+                format!("host `{id}` is offline: {why} (it was last held by replica {owner})"),
+            );
+        }
         let ids = state.fleet.ids();
         let suggestion = did_you_mean(id, ids.iter().map(String::as_str));
         let after = state.config.forget_offline_after;

@@ -121,6 +121,43 @@ impl Replicas {
         self.cluster.route(host).filter(|r| r.owner != self.id())
     }
 
+    /// The last record of `host` when the replica that held it went away from etcd and the
+    /// host has attached nowhere since (reconnecting). That replica may be alive still, cut off
+    /// from etcd only: it keeps serving the links it holds ("serving the hosts held here"),
+    /// and their agents have no reason to move. Requests for such a host are relayed to it on
+    /// the chance; one that is really gone does not answer, and the request says so.
+    pub fn last_holder(&self, host: &str) -> Option<HostRecord> {
+        self.lock_gone()
+            .get(host)
+            .filter(|g| {
+                g.state == HostState::Reconnecting
+                    && g.record.owner != self.id()
+                    && !g.record.owner_url.is_empty()
+            })
+            .map(|g| g.record.clone())
+    }
+
+    /// Hosts that had a link to another replica and have none now (offline, or reconnecting)
+    /// that `selector` picks: a fan-out reports them rather than leaving them out.
+    pub fn select_gone(&self, selector: &crate::selector::Selector) -> Vec<String> {
+        self.lock_gone()
+            .iter()
+            .filter(|(id, g)| {
+                let labels = labels_of(&g.record.facts, "label.");
+                selector.matches(&candidate(id, &g.record, &labels))
+            })
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// The replica that last held `host`, when it is one of the hosts another replica held and
+    /// none holds now.
+    pub fn last_owner(&self, host: &str) -> Option<(String, HostState)> {
+        self.lock_gone()
+            .get(host)
+            .map(|g| (g.record.owner.clone(), g.state))
+    }
+
     /// The record of this replica's link `link_id` to `host`, as other replicas see the host.
     fn record_of(&self, host: &HostEntry, link_id: &str) -> HostRecord {
         HostRecord {
@@ -195,6 +232,15 @@ impl Replicas {
             .map_err(|e| Status::unavailable(format!("cannot reach replica {url}: {e}")))?;
         peers.insert(url.to_string(), channel.clone());
         Ok(channel)
+    }
+
+    /// Whether a connection to the replica at `url` can be made now (within the connect
+    /// timeout); why not.
+    pub async fn reach(&self, url: &str) -> Result<(), String> {
+        toolsrv_tls::connect(url, self.tls.clone())
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
     }
 
     /// A `Tools` client to the owner of `record`, and `msg` wrapped as a request relayed for
@@ -732,12 +778,31 @@ where
         timeout_ms: spec.timeout_ms,
         ..CallRequest::default()
     };
+    let started = std::time::Instant::now();
+    // A host whose replica went away from etcd is tried on that replica, which may hold its
+    // link still: only once a connection to it is made is the call sent, so a replica that is
+    // really gone leaves the call not run, not lost.
+    let unreachable = if replicas.remote(host).is_none() {
+        replicas.reach(&record.owner_url).await.err()
+    } else {
+        None
+    };
     let (mut tools, request) = match replicas.relay(record, &spec.client, request) {
         Ok(r) => r,
         Err(s) => return lost(s.message().to_string()),
     };
-    let started = std::time::Instant::now();
     let result = async {
+        if let Some(why) = unreachable {
+            return Ok(Some(CallResult::not_run(
+                CallStatus::Offline,
+                format!(
+                    "host `{host}` is reconnecting: replica {}, which held its link, is gone from \
+                     the cluster (its etcd lease lapsed) and cannot be reached ({why}); its agent \
+                     attaches to another replica within seconds if that replica is down",
+                    record.owner
+                ),
+            )));
+        }
         let mut stream = match tools.call(request).await {
             Ok(response) => response.into_inner(),
             Err(status) => return Err(status),
@@ -1276,7 +1341,7 @@ pub(crate) fn route_elsewhere(state: &State, host: &str, relayed: bool) -> Optio
     if relayed || state.fleet.get(host).is_some_and(|h| h.online()) {
         return None;
     }
-    replicas.remote(host)
+    replicas.remote(host).or_else(|| replicas.last_holder(host))
 }
 
 /// Runs a call wherever its host's link is: here, or relayed to the replica that holds it.

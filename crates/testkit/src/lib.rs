@@ -20,6 +20,7 @@ mod fleet;
 mod http;
 mod kube;
 mod launch;
+mod link;
 mod model;
 mod pki;
 mod proc;
@@ -38,6 +39,7 @@ pub use fleet::{AgentSpec, TestFleet};
 pub use http::{Prometheus, ensure_program, http_get};
 pub use kube::{COORDINATOR_TOKEN, FakeKubeApi, ServiceAccountToken};
 pub use launch::{AgentLaunch, CoordinatorLaunch, client_env};
+pub use link::TcpLink;
 pub use model::{find_model_dir, mpnet_model_dir};
 pub use pki::{
     Pki, ca_pin_in, sign_with_ca, sign_with_ca_between, stem_files, tls_args, uri_san, write_key,
