@@ -150,3 +150,29 @@ fn an_agent_sigterm_finishes_its_call_and_is_offline_at_once() {
     });
     assert_eq!(state, "offline");
 }
+
+/// A coordinator that dies mid-call (SIGKILL: no drain) leaves `toolctl call` saying what is
+/// known, in the words `toolctl mcp` gives a model: the connection broke during the call, and
+/// whether the tool finished is not known. Before, it said `cannot call ...: h2 protocol error:
+/// error reading a body from connection`.
+#[test]
+fn a_coordinator_lost_mid_call_leaves_the_caller_told_what_is_known() {
+    let mut fleet = Fleet::new(&["a"]);
+    slow_tool(&fleet, "slow", 30);
+    fleet.start_coordinator(&[]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "slow");
+    let running = call_in_background(&fleet, "a", "slow");
+    started(&fleet, "slow");
+    fleet.coordinator.as_mut().unwrap().kill();
+    let out = finish_child(running, Duration::from_secs(30));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "{err}");
+    assert!(
+        err.starts_with(
+            "toolctl: the connection to the coordinator broke during the call of `slow` on host `a`"
+        ) && err.contains("whether the tool finished is not known"),
+        "{err}"
+    );
+    assert!(!err.contains("h2 protocol error"), "{err}");
+}

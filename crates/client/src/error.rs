@@ -102,6 +102,9 @@ impl From<tonic::Status> for ClientError {
                 ),
             };
         }
+        if !from_peer {
+            message = toolsrv_proto::text::transport_words(&message);
+        }
         if from_peer {
             Self::Status {
                 code,

@@ -180,8 +180,7 @@ fn summary(text: &str) -> String {
         .map_or(text, |(_, message)| {
             message.strip_suffix('"').unwrap_or(message)
         });
-    // hyper's HTTP/2 layer names itself `h2`, which reads as a host of that name.
-    let text = text.replace("h2 protocol error", "HTTP/2 protocol error");
+    let text = toolsrv_proto::text::transport_words(text);
     let text = text.as_str();
     match text.char_indices().find(|(i, _)| *i >= MAX_ERROR_SUMMARY) {
         Some((at, _)) => format!("{}…", &text[..at]),

@@ -5,6 +5,22 @@
 //! context. The coordinator keeps such text to one line of bounded length, and `toolctl` shows
 //! what a tool chose with every disguising character escaped.
 
+/// A transport error's text in the words of people: hyper's HTTP/2 layer names itself `h2`
+/// (`h2 protocol error`), which reads like a host of that name, and rustls ends some errors
+/// with a link to its manual (`: https://docs.rs/rustls/...`), which says nothing to someone
+/// whose call broke.
+pub fn transport_words(text: &str) -> String {
+    let mut out = text.replace("h2 protocol error", "HTTP/2 protocol error");
+    while let Some(at) = out.find(": https://docs.rs/") {
+        let rest = &out[at + 2..];
+        let end = rest
+            .find(|c: char| c.is_whitespace() || c == ')')
+            .map_or(out.len(), |n| at + 2 + n);
+        out.replace_range(at..end, "");
+    }
+    out
+}
+
 /// Whether `c` would change what a terminal shows around it, or hide itself: control characters
 /// (escape sequences, line breaks, carriage returns, backspace) and the invisible format
 /// characters that reorder or join text (direction marks and overrides, zero-width spaces and
@@ -116,6 +132,21 @@ pub fn shell_words(argv: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transport_errors_are_worded_for_people() {
+        assert_eq!(
+            transport_words(
+                "h2 protocol error: error reading a body from connection: peer closed connection \
+                 without sending TLS close_notify: https://docs.rs/rustls/latest/rustls/manual/\
+                 _03_howto/index.html#unexpected-eof"
+            ),
+            "HTTP/2 protocol error: error reading a body from connection: peer closed connection \
+             without sending TLS close_notify"
+        );
+        assert_eq!(transport_words("x (y: https://docs.rs/a/b) z"), "x (y) z");
+        assert_eq!(transport_words("connection refused"), "connection refused");
+    }
 
     #[test]
     fn printable_text_shows_what_would_disguise_it() {

@@ -8,7 +8,7 @@ mod lint;
 mod local;
 mod mcp;
 mod quote;
-mod remote;
+pub(crate) mod remote;
 
 use std::io::Write;
 use std::path::PathBuf;

@@ -222,15 +222,8 @@ impl Calls {
                     return Ok(tool_result(&run.host, &run.tool, &result).into());
                 }
                 Some(Err(e @ crate::ClientError::Transport { .. })) => {
-                    // The coordinator went away mid-call: what the tool did is not known here.
-                    return Ok(error(format!(
-                        "the connection to the coordinator broke during the call of `{}` on host \
-                         `{}` ({}): whether the tool finished is not known (a host stops the \
-                         calls of a coordinator it loses); check before calling it again if it \
-                         changes anything",
-                        run.tool,
-                        run.host,
-                        toolsrv_proto::text::printable_line(&e.to_string(), 200)
+                    return Ok(error(crate::cli::remote::call::broke_mid_call(
+                        &run.tool, &run.host, &e,
                     ))
                     .into());
                 }

@@ -87,6 +87,10 @@ pub async fn call(
                 }
                 return exit_code(&result);
             }
+            Some(Err(e @ crate::ClientError::Transport { .. })) => {
+                eprintln!("toolctl: {}", broke_mid_call(tool, host, &e));
+                return super::error_code(&e);
+            }
             Some(Err(e)) => return remote.fail(&what(), &e),
             // `CallStream` yields an error before ending without a result.
             None => {
@@ -95,6 +99,19 @@ pub async fn call(
             }
         }
     }
+}
+
+/// What is known of a call whose connection to the coordinator broke after it was sent (the
+/// coordinator went away, or the network between): the tool may have run, and may have
+/// finished. `toolctl call` and `toolctl mcp` say it in the same words.
+pub(crate) fn broke_mid_call(tool: &str, host: &str, e: &crate::ClientError) -> String {
+    format!(
+        "the connection to the coordinator broke during the call of `{tool}` on host `{host}` \
+         ({}): whether the tool finished is not known (a coordinator stops the calls of a \
+         caller it loses, and a host those of a coordinator it loses); check before calling it \
+         again if it changes anything",
+        toolsrv_proto::text::printable_line(&e.to_string(), 200)
+    )
 }
 
 /// What `toolctl call` prints when a call did not end OK. A call refused before anything ran

@@ -1,7 +1,7 @@
 //! `toolctl` commands that go through a coordinator: hosts, tools, describe, call, fanout, watch.
 
 mod approve;
-mod call;
+pub(crate) mod call;
 pub mod complete;
 mod fanout;
 mod hosts;
