@@ -1532,3 +1532,70 @@ fn the_model_is_offered_only_what_the_policy_lets_its_client_call() {
         out["load"]
     );
 }
+
+/// Ctrl-C or SIGTERM ends `toolctl mcp` at once and closes its session, whether the client has
+/// sent `initialize` yet or not, and though the client keeps stdin open. Before, a signal after
+/// `initialize` closed the session but the process lived on until stdin closed, SIGINT
+/// sometimes did nothing, and SIGTERM before `initialize` left the session open.
+#[test]
+fn a_signal_ends_toolctl_mcp_and_its_session_whatever_the_client_does() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let mut fleet = one_host_fleet(&[]);
+    let profile = one_host_profile(&fleet);
+    let no_session = |fleet: &mut Fleet, what: &str| {
+        let out = fleet.toolctl(&["session", "list"]);
+        assert_eq!(
+            text(&out.stdout),
+            "(no session)\n",
+            "{what}: {}",
+            text(&out.stderr)
+        );
+    };
+    for signal in [Signal::SIGINT, Signal::SIGTERM] {
+        // Initialized, stdin open.
+        let mut mcp = toolsrv_tests::McpStdio::start(
+            fleet.toolctl_command(
+                "client-alice",
+                &["mcp", "--profile", profile.to_str().unwrap()],
+            ),
+            fleet.work.path().join(format!("mcp-{signal}.stderr")),
+        );
+        kill(Pid::from_raw(mcp.pid()), signal).unwrap();
+        let status = mcp.exited_within(Duration::from_secs(10));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "{signal} after initialize: {status:?}: {}",
+            mcp.stderr()
+        );
+        no_session(&mut fleet, &format!("{signal} after initialize"));
+
+        // Before initialize: the session is open, the client has said nothing.
+        let stderr = fleet.work.path().join(format!("mcp-early-{signal}.stderr"));
+        let mut child = fleet
+            .toolctl_command(
+                "client-alice",
+                &["mcp", "--profile", profile.to_str().unwrap()],
+            )
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap();
+        wait_for("the session opened", Duration::from_secs(30), || {
+            std::fs::read_to_string(&stderr)
+                .ok()
+                .filter(|s| s.contains("toolctl mcp: session"))
+        });
+        kill(Pid::from_raw(i32::try_from(child.id()).unwrap()), signal).unwrap();
+        let status = wait_for("toolctl mcp to exit", Duration::from_secs(10), || {
+            child.try_wait().unwrap()
+        });
+        assert!(
+            status.success(),
+            "{signal} before initialize: {status:?}: {}",
+            std::fs::read_to_string(&stderr).unwrap_or_default()
+        );
+        no_session(&mut fleet, &format!("{signal} before initialize"));
+    }
+}

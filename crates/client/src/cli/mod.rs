@@ -686,7 +686,15 @@ pub async fn run(cli: Cli) -> ExitCode {
         }
         Command::Unrevoke { conn, identity } => remote::unrevoke(&conn, &identity).await,
         Command::Revocations { conn, json } => remote::revocations(&conn, json).await,
-        Command::Mcp(args) => mcp::run(args).await,
+        Command::Mcp(args) => {
+            let code = mcp::run(args).await;
+            // The stdio transport reads stdin on a thread of its own, which a client that keeps
+            // stdin open (or a signal) leaves blocked in read(2): the runtime would wait for it
+            // when it shuts down. Everything is done by now: exit.
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+            std::process::exit(i32::from(code));
+        }
         Command::Watch { conn, json } => remote::watch(&conn, json).await,
         Command::Find {
             conn,

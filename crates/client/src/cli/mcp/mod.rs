@@ -77,6 +77,9 @@ pub struct McpArgs {
 /// Runs the MCP server until its stdio client goes away (stdin closes), or until Ctrl-C or
 /// SIGTERM; returns the exit code.
 pub async fn run(args: McpArgs) -> u8 {
+    // Listening from the start: a signal while the session opens or before the client's
+    // `initialize` ends the server too, and closes the session it opened.
+    let mut stop = Stop::listen();
     let profile = match Profile::load(&args.profile) {
         Ok(profile) => profile,
         Err(e) => {
@@ -149,10 +152,11 @@ pub async fn run(args: McpArgs) -> u8 {
                 idle,
                 server,
                 shutdown.clone(),
+                &mut stop,
             )
             .await
         }
-        None => serve_stdio(server).await,
+        None => serve_stdio(server, &mut stop).await,
     };
     shutdown.cancel();
     if let Err(e) = keeper.await {
@@ -170,13 +174,16 @@ pub async fn run(args: McpArgs) -> u8 {
 }
 
 /// Serves one client on stdin and stdout until it goes away or a signal comes.
-async fn serve_stdio(server: server::Server) -> u8 {
-    let running = match server.serve(rmcp::transport::stdio()).await {
-        Ok(running) => running,
-        Err(e) => {
-            eprintln!("toolctl mcp: the MCP client on stdio did not start a connection: {e}");
-            return exit::USAGE;
-        }
+async fn serve_stdio(server: server::Server, stop: &mut Stop) -> u8 {
+    let running = tokio::select! {
+        started = server.serve(rmcp::transport::stdio()) => match started {
+            Ok(running) => running,
+            Err(e) => {
+                eprintln!("toolctl mcp: the MCP client on stdio did not start a connection: {e}");
+                return exit::USAGE;
+            }
+        },
+        () = stop.signalled() => return 0,
     };
     let token = running.cancellation_token();
     tokio::select! {
@@ -187,7 +194,7 @@ async fn serve_stdio(server: server::Server) -> u8 {
             }
             0
         }
-        () = terminated() => {
+        () = stop.signalled() => {
             token.cancel();
             0
         }
@@ -201,6 +208,7 @@ async fn serve_http(
     idle: Duration,
     server: server::Server,
     shutdown: CancellationToken,
+    stop: &mut Stop,
 ) -> u8 {
     let serving = async {
         let served = http::serve(addr, allow_remote, auth, idle, server, shutdown.clone()).await;
@@ -209,7 +217,7 @@ async fn serve_http(
     };
     let signals = async {
         tokio::select! {
-            () = terminated() => shutdown.cancel(),
+            () = stop.signalled() => shutdown.cancel(),
             () = shutdown.cancelled() => {}
         }
     };
@@ -222,17 +230,35 @@ async fn serve_http(
     }
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
-async fn terminated() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+/// Ctrl-C (SIGINT) and SIGTERM, caught from the moment it is made: until then, either ends
+/// the process at once, without closing the session.
+struct Stop {
+    interrupt: Option<tokio::signal::unix::Signal>,
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl Stop {
+    fn listen() -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        Self {
+            interrupt: signal(SignalKind::interrupt()).ok(),
+            terminate: signal(SignalKind::terminate()).ok(),
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    }
+
+    /// Resolves at the next of either signal (never, for one that could not be caught).
+    async fn signalled(&mut self) {
+        async fn next(signal: &mut Option<tokio::signal::unix::Signal>) {
+            match signal {
+                Some(signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            () = next(&mut self.interrupt) => {}
+            () = next(&mut self.terminate) => {}
+        }
     }
 }
