@@ -803,3 +803,34 @@ fn bash_completes_the_tools_of_the_tools_path_and_their_arguments() {
         Vec::<String>::new()
     );
 }
+
+/// A reader that stops early (`| head`, `| true`) ends toolctl as the command would have ended,
+/// never with a panic and exit 101 (`failed printing to stdout: Broken pipe`).
+#[test]
+fn a_reader_that_went_away_is_no_panic() {
+    let dir = fixture();
+    let tools = dir.path().to_str().unwrap();
+    for args in [
+        vec!["local", "describe", "--tools", tools, "echo"],
+        vec!["local", "call", "--tools", tools, "structured", "--result"],
+        vec!["local", "list", "--tools", tools],
+        vec!["lint", tools],
+    ] {
+        // stdout is a pipe whose reading end is closed before toolctl writes.
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        drop(read);
+        // Bounded by `timeout`: the harness's bounded run would take stdout for itself.
+        let out = Command::new("timeout")
+            .arg("30")
+            .arg(env!("CARGO_BIN_EXE_toolctl"))
+            .args(&args)
+            .env_remove("OLLIE_TOOLS_PATH")
+            .stdout(std::process::Stdio::from(write))
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_ne!(out.status.code(), Some(101), "{args:?}: {err}");
+    }
+}

@@ -24,7 +24,7 @@ pub fn run(paths: &[String], json: bool) -> u8 {
         if json {
             let mut value = serde_json::to_value(d).unwrap_or_default();
             value["severity"] = serde_json::json!(severity);
-            println!("{value}");
+            super::say_out(value);
         } else {
             // One line per problem whatever the file is called: a name holding a line break or
             // an escape sequence is shown escaped, not obeyed by the terminal.
@@ -33,7 +33,7 @@ pub fn run(paths: &[String], json: bool) -> u8 {
                 ..d.clone()
             }
             .to_string();
-            println!("{}", super::quote::printable(&line));
+            super::say_out(super::quote::printable(&line));
         }
     }
     if !json {

@@ -107,7 +107,7 @@ pub fn describe(tools: &ToolsArgs, name: &str) -> u8 {
     match entry.meta.resolve(&host) {
         Resolution::Visible { tool, .. } => match serde_json::to_string_pretty(&tool) {
             Ok(text) => {
-                println!("{text}");
+                super::say_out(text);
                 0
             }
             Err(e) => {
@@ -228,7 +228,7 @@ async fn stream(execution: &mut toolsrv_exec::Execution, name: &str, print_resul
             }
             Event::Finished(outcome) => {
                 if print_result {
-                    println!("{}", outcome.result);
+                    super::say_out(&outcome.result);
                 }
                 return match (outcome.ending, outcome.exit) {
                     (Ending::TimedOut, _) => {

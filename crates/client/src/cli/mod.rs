@@ -469,6 +469,15 @@ Exit codes:
 pub const COMPLETE_VAR: &str = "TOOLCTL_COMPLETE";
 
 /// `toolctl`'s `main`: parses the command line of this process and runs it.
+/// Writes `text` and a newline on stdout, as `println!` would, without its panic when stdout is
+/// gone: a reader that stopped early (`| head`, `| true`) gets what it read, and toolctl ends as
+/// the command would have, not with a panic and exit 101.
+pub(crate) fn say_out(text: impl std::fmt::Display) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{text}").and_then(|()| stdout.flush());
+}
+
 pub fn main() -> ExitCode {
     toolsrv_tls::install_crypto_provider();
     use std::io::IsTerminal;

@@ -79,7 +79,7 @@ pub async fn call(
             Some(Ok(CallUpdate::Approval(request))) => prompts.request(request),
             Some(Ok(CallUpdate::Result(result))) => {
                 if opts.print_result && !result.result_json.is_empty() {
-                    println!("{}", result.result_json);
+                    crate::cli::say_out(&result.result_json);
                 }
                 if result.status != CallStatus::Ok as i32 {
                     eprintln!("toolctl: {}", failure_line(host, tool, &result));

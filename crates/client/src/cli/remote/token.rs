@@ -42,7 +42,7 @@ pub async fn create(conn: &ConnArgs, host_id: &str, ttl: Option<&str>, labels: &
     };
     match remote.client.create_join_token(host_id, ttl, bound).await {
         Ok(created) => {
-            println!("{}", created.token);
+            crate::cli::say_out(&created.token);
             eprintln!(
                 "toolctl: token {} for host `{}`, single use, expires {} UTC; CA pin {}",
                 created.id,
