@@ -276,12 +276,18 @@ fn up_says_when_ollie_tools_path_replaces_the_example_tools() {
         r#"{"description": "Mine", "cmd": "echo mine"}"#,
     )
     .unwrap();
+    std::fs::write(
+        tools.join("bigout.meta"),
+        r#"{"description": "Prints 2,000,000 bytes", "cmd": "head -c 2000000 /dev/zero"}"#,
+    )
+    .unwrap();
     let mut up = Up::start(
         home.path(),
         free_port(),
         &[("OLLIE_TOOLS_PATH", tools.to_str().unwrap())],
     );
-    let banner = up.banner().join("\n");
+    let lines = up.banner();
+    let banner = lines.join("\n");
     assert!(
         banner.contains(&format!("tools from {}", tools.display()))
             && banner.contains(
@@ -294,6 +300,17 @@ fn up_says_when_ollie_tools_path_replaces_the_example_tools() {
         "and the log says it: {}",
         up.log()
     );
+    // Its agent keeps an agent's output limit (16 MiB), not `toolctl local call`'s (1 MiB).
+    let settings = block(&lines, "export ").join("\n");
+    let out = run_bounded(
+        shell(
+            home.path(),
+            &format!("{settings}\ntoolctl call local bigout | wc -c"),
+        ),
+        None,
+        Duration::from_secs(60),
+    );
+    assert_eq!(text(&out.stdout).trim(), "2000000", "{}", text(&out.stderr));
     up.stop();
 }
 

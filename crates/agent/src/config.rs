@@ -73,7 +73,7 @@ impl AgentConfig {
             labels: BTreeMap::new(),
             state_dir: state_dir.into(),
             max_concurrent_calls: DEFAULT_MAX_CONCURRENT_CALLS,
-            limits: toolsrv_host::Limits::default(),
+            limits: toolsrv_host::Limits::agent(),
             workdir: std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
             recheck_every: DEFAULT_RECHECK_EVERY,
             backoff: Backoff::default(),

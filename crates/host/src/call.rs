@@ -25,6 +25,21 @@ pub struct Limits {
     pub kill_grace: Duration,
 }
 
+/// Most bytes of output (stdout and stderr together) per call on an agent, by default: a host
+/// serves the fleet, whose tools may dump a log; running a tool by hand (`toolctl local call`)
+/// keeps [`toolsrv_exec::DEFAULT_OUTPUT_CAP`].
+pub const AGENT_OUTPUT_CAP: u64 = 16 << 20;
+
+impl Limits {
+    /// The limits of an agent's calls by default (`toolsrv agent`, and `toolsrv up`'s agent).
+    pub fn agent() -> Self {
+        Self {
+            output_cap: AGENT_OUTPUT_CAP,
+            ..Self::default()
+        }
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Self {

@@ -5,5 +5,5 @@
 mod call;
 mod view;
 
-pub use call::{CallError, CallRequest, Limits, prepare, start, unknown};
+pub use call::{AGENT_OUTPUT_CAP, CallError, CallRequest, Limits, prepare, start, unknown};
 pub use view::{ListEntry, ToolView, view};

@@ -631,7 +631,7 @@ pub struct AgentArgs {
     #[arg(long, env = "TOOLSRV_MAX_TIMEOUT_SECS", default_value_t = 3600)]
     pub max_timeout_secs: u64,
     /// Most bytes of output (stdout and stderr together) per call
-    #[arg(long, env = "TOOLSRV_OUTPUT_CAP", default_value_t = 16 << 20)]
+    #[arg(long, env = "TOOLSRV_OUTPUT_CAP", default_value_t = toolsrv_host::AGENT_OUTPUT_CAP)]
     pub output_cap: u64,
     /// Most bytes of output kept for a call's final result; beyond it output only streams
     #[arg(long, env = "TOOLSRV_RESULT_CAP", default_value_t = 1 << 20)]
