@@ -521,12 +521,33 @@ fn certificates_near_expiry_are_warned_about_once_and_counted() {
         r#"{"description": "Say hello", "cmd": "echo hello"}"#,
         false,
     );
-    // A window longer than any development certificate lives: every one is "near" expiry.
+    // The coordinator's certificate and carol's are in the last third of their lives, an hour
+    // from their end: "near" expiry within the default week. dave's is a day's certificate
+    // issued a minute ago, as enrolled agents get them and renew them at two thirds of their
+    // life: due in 24 h, within the week, but not near its end.
+    let now = std::time::SystemTime::now();
+    let hours = |h: u64| Duration::from_secs(h * 3600);
+    fleet.pki.issue_between(
+        &toolsrv_tls::Identity::Coordinator,
+        (now - hours(3), now + hours(1)),
+    );
+    fleet.pki.issue_between(
+        &toolsrv_tls::Identity::Client("carol".into()),
+        (now - hours(3), now + hours(1)),
+    );
+    fleet.pki.issue_between(
+        &toolsrv_tls::Identity::Client("dave".into()),
+        (now - Duration::from_secs(60), now + hours(24)),
+    );
+    // A window longer than any development certificate lives: alice's and the agent's, a year
+    // long and fresh, are not near their end either.
     fleet.start_coordinator(&["--cert-expiry-warning=100000d"]);
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "hello");
-    for _ in 0..3 {
-        assert!(fleet.toolctl(&["hosts"]).status.success());
+    for stem in ["client-carol", "client-dave", "client-alice"] {
+        for _ in 0..3 {
+            assert!(fleet.toolctl_as(stem, &["hosts"], None).status.success());
+        }
     }
     let log = coordinator_log(&fleet);
     let warnings = |who: &str| {
@@ -535,17 +556,18 @@ fn certificates_near_expiry_are_warned_about_once_and_counted() {
             .count()
     };
     assert_eq!(
-        warnings("client/alice"),
+        warnings("client/carol"),
         1,
         "once, not per connection:\n{log}"
     );
-    assert_eq!(warnings("agent/a"), 1, "{log}");
     assert_eq!(
         warnings("coordinator.pem"),
         1,
         "the own certificate:\n{log}"
     );
-    assert_eq!(warnings("ca.pem"), 1, "the CA:\n{log}");
+    for fresh in ["client/dave", "client/alice", "agent/a", "ca.pem"] {
+        assert_eq!(warnings(fresh), 0, "{fresh} is not near its end:\n{log}");
+    }
 }
 
 /// An mTLS handshake checks a certificate's dates once; the connection could otherwise carry

@@ -71,9 +71,23 @@ impl ExpiryWatch {
         });
     }
 
+    /// Whether `info` expires within the window, or within the last third of its lifetime if
+    /// that is shorter: a certificate renewed at two thirds of its life (an enrolled agent's,
+    /// 24 h by default; cert-manager's) is due only once renewal is late. A week's window over
+    /// a day's certificate would warn about every such certificate from its first hour, and the
+    /// alert on `toolsrv_certificates_expiring` would never clear.
     fn within(&self, info: &CertInfo, now: i64) -> bool {
-        !self.window.is_zero()
-            && info.not_after - now <= i64::try_from(self.window.as_secs()).unwrap_or(i64::MAX)
+        if self.window.is_zero() {
+            return false;
+        }
+        let window = i64::try_from(self.window.as_secs()).unwrap_or(i64::MAX);
+        let lifetime = info.not_after.saturating_sub(info.not_before);
+        let window = if lifetime > 0 {
+            window.min(lifetime / 3)
+        } else {
+            window
+        };
+        info.not_after - now <= window
     }
 
     /// Warns about `info` (whose holder `who` is, in role `role`) if it expires within the

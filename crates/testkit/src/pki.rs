@@ -211,6 +211,38 @@ impl Pki {
             Some(std::time::SystemTime::now() + lifetime),
         ));
     }
+
+    /// Writes the certificate of `identity` (a client, an agent or the coordinator, as this
+    /// PKI names their files) and its key anew, from this PKI's CA, valid from `dates.0` to
+    /// `dates.1`: one issued in the past, in the last part of its life.
+    #[track_caller]
+    pub fn issue_between(
+        &self,
+        identity: &toolsrv_tls::Identity,
+        dates: (std::time::SystemTime, std::time::SystemTime),
+    ) {
+        use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+        let mut sans = vec![must(uri_san(identity))];
+        let mut ekus = vec![ClientAuth];
+        if *identity == toolsrv_tls::Identity::Coordinator {
+            sans.push(rcgen::SanType::IpAddress([127, 0, 0, 1].into()));
+            ekus.push(ServerAuth);
+        }
+        let stem = toolsrv_tls::TlsFiles::in_dir(self.root(), identity);
+        let stem = stem
+            .cert
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_string();
+        must(sign_with_ca_between(
+            self.root(),
+            &stem,
+            sans,
+            ekus,
+            Some(dates),
+        ));
+    }
 }
 
 /// The CA pin (`sha256:HEX`) that `toolctl token create` prints on stderr.
