@@ -127,7 +127,7 @@ fn calls_still_running_after_the_grace_are_cancelled_on_the_host() {
 #[test]
 fn an_agent_sigterm_finishes_its_call_and_is_offline_at_once() {
     let mut fleet = Fleet::new(&["a"]);
-    slow_tool(&fleet, "slow", 2);
+    slow_tool(&fleet, "slow", 4);
     // An agent that vanished without a word would show offline only after a minute: only its
     // goodbye can make it offline within this test's bounds.
     fleet.start_coordinator(&["--lost-after-ms=60000"]);
@@ -136,8 +136,20 @@ fn an_agent_sigterm_finishes_its_call_and_is_offline_at_once() {
 
     let running = call_in_background(&fleet, "a", "slow");
     started(&fleet, "slow");
+    sigterm(fleet.agents["a"].pid());
+    // While it drains, a new call is refused by the coordinator as the host shutting down
+    // (offline, exit 75: retry later), not run and not "cancelled" (exit 130, as for Ctrl-C).
+    wait_for(
+        "the agent to say it drains",
+        Duration::from_secs(10),
+        || {
+            let log = fleet.coordinator.as_ref().unwrap().log();
+            log.contains("the agent is shutting down").then_some(())
+        },
+    );
+    let refused = fleet.toolctl(&["call", "a", "slow"]);
+    toolsrv_tests::assert_exit(&refused, 75, &["host `a` is shutting down"]);
     let agent = fleet.agents.get_mut("a").unwrap();
-    sigterm(agent.pid());
     let out = finish_child(running, Duration::from_secs(30));
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim(), "done");

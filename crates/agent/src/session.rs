@@ -282,6 +282,11 @@ impl SessionLoop<'_> {
                         calls = self.calls.len(), grace = ?self.config.drain_grace,
                         "shutting down: letting in-flight calls finish"
                     );
+                    // New calls go nowhere now: the coordinator refuses them as this host
+                    // shutting down, rather than sending them to be refused here. Not waited
+                    // on past a moment: the drain goes on whether it is sent or not.
+                    let draining = Out::Draining(toolsrv_proto::v1::Draining {});
+                    let _ = timeout(CLOSE_TIMEOUT, self.send(draining)).await;
                     cancel_at = Some(Instant::now() + self.config.drain_grace);
                 }
                 () = sleep_until(cancel_at.unwrap_or_else(Instant::now)), if cancel_at.is_some() => {

@@ -270,7 +270,7 @@ async fn calls_run_and_report_their_outcome() {
     assert_eq!(result.message, "timed out after 300ms");
 
     h.shutdown.cancel();
-    assert!(matches!(link.next(WAIT).await, Some(Out::Goodbye(_))));
+    says_draining_then_goodbye(&mut link).await;
     h.stopped().await.unwrap();
 }
 
@@ -281,8 +281,9 @@ async fn shutdown_drains_then_cancels_and_says_goodbye() {
     link.send(start(1, "sleepy", "", 1 << 20)).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     h.shutdown.cancel();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // New calls are refused while draining.
+    // The agent says first that it takes no new call.
+    assert!(matches!(link.next(WAIT).await, Some(Out::Draining(_))));
+    // New calls that cross that word are refused while draining.
     link.send(start(2, "hello", "", 1 << 20)).await;
     let (_, refused) = call_output(&mut link, 2).await;
     assert_eq!(refused.status(), CallStatus::Cancelled);
@@ -460,7 +461,7 @@ async fn run_attaches_over_mutual_tls() {
     .await;
     assert!(matches!(link.next(WAIT).await, Some(Out::View(v)) if v.catalog_revision == 1));
     shutdown.cancel();
-    assert!(matches!(link.next(WAIT).await, Some(Out::Goodbye(_))));
+    says_draining_then_goodbye(&mut link).await;
     drop(link);
     tokio::time::timeout(WAIT, agent)
         .await
@@ -514,7 +515,7 @@ async fn an_altered_cached_executable_never_runs() {
 
     // Tampered while the agent is stopped.
     h.shutdown.cancel();
-    assert!(matches!(link.next(WAIT).await, Some(Out::Goodbye(_))));
+    says_draining_then_goodbye(&mut link).await;
     let state = h.state.clone();
     h.stopped().await.unwrap();
     tamper(&cached, &evil);
@@ -523,4 +524,16 @@ async fn an_altered_cached_executable_never_runs() {
     assert_eq!(call(&mut link).await, "{\"n\":1}\n");
     assert_eq!(std::fs::read(&cached).unwrap(), exe);
     h.shutdown.cancel();
+}
+
+/// The agent's last words after a shutdown: `Draining` (no new call), then `Goodbye`.
+async fn says_draining_then_goodbye(link: &mut Attached) {
+    match link.next(WAIT).await {
+        Some(Out::Draining(_)) => {}
+        other => panic!("expected Draining, got {other:?}"),
+    }
+    match link.next(WAIT).await {
+        Some(Out::Goodbye(_)) => {}
+        other => panic!("expected Goodbye, got {other:?}"),
+    }
 }

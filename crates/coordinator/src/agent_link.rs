@@ -569,6 +569,10 @@ fn handle(
             link.deliver(f.call_id, AgentEvent::Finished(result))
         }
         Some(M::Bypass(request)) => link.deliver(request.call_id, AgentEvent::Bypass(request)),
+        Some(M::Draining(_)) => {
+            tracing::info!(host = %link.host_id, "the agent is shutting down: no new calls go to it");
+            link.set_draining();
+        }
         // Reaches the callers of the calls the link ends: one bounded line.
         Some(M::Goodbye(g)) => {
             return Some(Ended::Left(format!(

@@ -85,6 +85,9 @@ async fn route(
     let Some(link) = host.link.clone().filter(|_| host.online()) else {
         return Err(Refusal::offline(host_id).result());
     };
+    if link.draining() {
+        return Err(Refusal::shutting_down(host_id).result());
+    }
     refusal::visible_tool(state, &host, &spec.tool).map_err(Refusal::result)?;
     let verdict = state
         .policy

@@ -67,6 +67,8 @@ pub struct Link {
     close_reason: std::sync::OnceLock<String>,
     /// Bytes of output a call may have in flight before the coordinator grants more.
     window: u64,
+    /// The agent said it is shutting down: it takes no new call.
+    draining: std::sync::atomic::AtomicBool,
 }
 
 impl Link {
@@ -86,7 +88,18 @@ impl Link {
             closed: CancellationToken::new(),
             close_reason: std::sync::OnceLock::new(),
             window,
+            draining: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Marks the agent as shutting down (its `Draining`): no new call goes to it.
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the agent said it is shutting down.
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
     }
 
     /// Why [`Link::close`] closed the link, if it did.

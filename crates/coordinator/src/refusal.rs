@@ -79,6 +79,17 @@ impl Refusal {
         )
     }
 
+    /// The host's agent said it is shutting down: it finishes its calls and takes no new one.
+    pub fn shutting_down(id: &str) -> Self {
+        Self::new(
+            CallStatus::Offline,
+            format!(
+                "host `{id}` is shutting down: its agent finishes the calls it runs and takes no \
+                 new one (try again once it is back)"
+            ),
+        )
+    }
+
     /// Neither the catalog nor the host has a tool of that name.
     pub fn unknown_tool(state: &State, host: &HostEntry, tool: &str) -> Self {
         let catalog = state.registry.catalog();

@@ -112,6 +112,7 @@ messages!(
     CreateJoinTokenResponse,
     Credit,
     DescribeToolRequest,
+    Draining,
     FanOutEvent,
     FanOutRequest,
     FanOutSummary,
