@@ -107,6 +107,22 @@ fn an_agent_certificate_cannot_use_the_client_api_and_foreign_cas_are_refused() 
         text(&out.stdout)
     );
 
+    // A client trusting another CA than the one that issued the coordinator's certificate:
+    // told so, as a setting to fix (exit 78), not a coordinator away (75), nor rustls's
+    // `invalid peer certificate: BadSignature`.
+    let mut cmd = Command::new(bin("toolctl"));
+    cmd.arg("hosts")
+        .env("TOOLSRV_ADDR", fleet.url())
+        .env("TOOLSRV_CA", other.path("ca.pem"))
+        .env("TOOLSRV_CERT", other.path("client-mallory.pem"))
+        .env("TOOLSRV_KEY", other.path("client-mallory-key.pem"));
+    let out = run_bounded(cmd, None, Duration::from_secs(30));
+    toolsrv_tests::assert_exit(
+        &out,
+        78,
+        &["the server's certificate was not issued by a CA this side trusts"],
+    );
+
     let foreign = [
         format!("--ca={}", fleet.pki.path("ca.pem").display()),
         format!("--cert={}", other.path("agent-a.pem").display()),

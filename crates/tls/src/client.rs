@@ -106,7 +106,62 @@ async fn dial(url: &str, endpoint: Endpoint, connector: TlsConnector) -> Result<
     endpoint
         .connect_with_connector(connector)
         .await
-        .map_err(|e| TlsError::Connect(format!("cannot connect to {url}: {}", chain(&e))))
+        .map_err(|e| {
+            let untrusted =
+                std::iter::successors(Some(&e as &(dyn std::error::Error + 'static)), |e| {
+                    e.source()
+                })
+                .find_map(|e| {
+                    // An io::Error's source is its payload's source, not the payload itself.
+                    e.downcast_ref::<PeerNotTrusted>().or_else(|| {
+                        e.downcast_ref::<io::Error>()?
+                            .get_ref()?
+                            .downcast_ref::<PeerNotTrusted>()
+                    })
+                });
+            match untrusted {
+                Some(why) => TlsError::PeerNotTrusted(format!("cannot connect to {url}: {why}")),
+                None => TlsError::Connect(format!("cannot connect to {url}: {}", chain(&e))),
+            }
+        })
+}
+
+/// A handshake that failed on the peer's certificate, in words that say which side's files to
+/// change: rustls's own (`invalid peer certificate: BadSignature`) name neither the CA nor
+/// what to do.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct PeerNotTrusted(String);
+
+/// [`PeerNotTrusted`] for a handshake with `host:port` that failed with `e`, when `e` is about
+/// the peer's certificate.
+fn peer_not_trusted(host: &str, port: u16, e: &io::Error) -> Option<PeerNotTrusted> {
+    use rustls::CertificateError as C;
+    let rustls::Error::InvalidCertificate(why) = e.get_ref()?.downcast_ref::<rustls::Error>()?
+    else {
+        return None;
+    };
+    let what = match why {
+        C::BadSignature | C::UnknownIssuer => "was not issued by a CA this side trusts (its --ca \
+            file, TOOLSRV_CA): point that at the CA that issued the server's certificate, or \
+            issue the server's certificate from this CA"
+            .to_string(),
+        C::NotValidForName | C::NotValidForNameContext { .. } => format!(
+            "does not name `{host}`: connect by a name or address it carries, or issue it with \
+             this one (`toolsrv pki init DIR --coordinator-names {host}`)"
+        ),
+        C::Expired | C::ExpiredContext { .. } => {
+            "has expired: renew it (or check this machine's clock)".to_string()
+        }
+        C::NotValidYet | C::NotValidYetContext { .. } => {
+            "is not valid yet: check the clocks of both machines".to_string()
+        }
+        C::Revoked => "is revoked".to_string(),
+        _ => return None,
+    };
+    Some(PeerNotTrusted(format!(
+        "TLS handshake with {host}:{port}: the server's certificate {what} (rustls: {why:?})"
+    )))
 }
 
 /// Where a connection's TLS configuration comes from.
@@ -286,7 +341,10 @@ impl Target {
         let tls = tokio_rustls::TlsConnector::from(config)
             .connect(self.server_name.clone(), tcp)
             .await
-            .map_err(failed("TLS handshake with"))?;
+            .map_err(|e| match peer_not_trusted(host, port, &e) {
+                Some(why) => io::Error::new(e.kind(), why),
+                None => failed("TLS handshake with")(e),
+            })?;
         Ok(TokioIo::new(tls))
     }
 }

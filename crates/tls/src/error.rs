@@ -58,6 +58,11 @@ pub enum TlsError {
     /// Building a verifier or connecting to a peer failed.
     #[error("{0}")]
     Connect(String),
+    /// The peer answered, and its certificate fails this side's checks (another CA's, a name
+    /// it does not carry, out of its dates): trying again changes nothing until one side's
+    /// files do.
+    #[error("{0}")]
+    PeerNotTrusted(String),
 }
 
 impl TlsError {
@@ -80,6 +85,7 @@ impl TlsError {
     pub fn code(&self) -> tonic::Code {
         match self {
             Self::Connect(_) => tonic::Code::Unavailable,
+            Self::PeerNotTrusted(_) => tonic::Code::FailedPrecondition,
             Self::Identity(_) => tonic::Code::PermissionDenied,
             Self::InvalidName { .. } => tonic::Code::InvalidArgument,
             Self::Io { .. }
