@@ -61,6 +61,42 @@ fn pki_init_writes_a_usable_layout_and_is_additive() {
         "the CA is kept"
     );
     assert!(pki.join("agent-c.pem").exists());
+    // A name for the coordinator, asked for again later, is added to its certificate (the
+    // key stays): the names a coordinator is reached by grow with the fleet.
+    let key = std::fs::read(pki.join("coordinator-key.pem")).unwrap();
+    for _ in 0..2 {
+        let out = toolsrv()
+            .args(["pki", "init"])
+            .arg(&pki)
+            .args(["--coordinator-names", "coord-1.example,10.0.0.9"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let pem = std::fs::read(pki.join("coordinator.pem")).unwrap();
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).unwrap();
+    let cert = pem.parse_x509().unwrap();
+    let sans = format!(
+        "{:?}",
+        cert.subject_alternative_name().unwrap().unwrap().value
+    );
+    for name in ["localhost", "coord-1.example", "[10, 0, 0, 9]"] {
+        assert!(sans.contains(name), "{name} in {sans}");
+    }
+    assert_eq!(
+        std::fs::read(pki.join("coordinator-key.pem")).unwrap(),
+        key,
+        "the key stays"
+    );
+    let mode = std::fs::metadata(pki.join("coordinator.pem"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o644);
     let out = toolsrv()
         .args(["pki", "init"])
         .arg(&pki)

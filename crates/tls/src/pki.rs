@@ -396,6 +396,9 @@ fn issue_with(
 ) -> Result<Vec<PathBuf>, TlsError> {
     let files = TlsFiles::in_dir(dir, identity);
     match (files.cert.exists(), files.key.exists()) {
+        (true, true) if *identity == Identity::Coordinator && !extra.is_empty() => {
+            return widen_coordinator(ca, &files, extra, days);
+        }
         (true, true) => return Ok(Vec::new()),
         (false, false) => {}
         (true, false) | (false, true) => {
@@ -426,6 +429,72 @@ fn issue_with(
     write_new(&files.key, &key.serialize_pem(), 0o600)?;
     write_new(&files.cert, &cert.pem(), 0o644)?;
     Ok(vec![files.cert, files.key])
+}
+
+/// The coordinator's certificate issued again, with its key, when it lacks a name of `extra`:
+/// with every name it had and those, so that `pki init DIR --coordinator-names NAME` run again
+/// adds NAME rather than saying there is nothing to write. The key stays; a running
+/// coordinator picks the new certificate up as any renewed one.
+fn widen_coordinator(
+    ca: &Ca,
+    files: &TlsFiles,
+    extra: &[String],
+    days: u32,
+) -> Result<Vec<PathBuf>, TlsError> {
+    let der = crate::config::read_certs(&files.cert)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| TlsError::bad_file(&files.cert, "no certificate in it"))?;
+    let (_, parsed) = x509_parser::parse_x509_certificate(&der).map_err(|e| {
+        TlsError::bad_file(&files.cert, format!("cannot parse the certificate: {e}"))
+    })?;
+    let mut names: Vec<String> = Vec::new();
+    if let Ok(Some(san)) = parsed.subject_alternative_name() {
+        for name in &san.value.general_names {
+            match name {
+                x509_parser::extensions::GeneralName::DNSName(dns) => names.push(dns.to_string()),
+                x509_parser::extensions::GeneralName::IPAddress(bytes) => {
+                    let ip = match bytes.len() {
+                        4 => <[u8; 4]>::try_from(*bytes).map(IpAddr::from).ok(),
+                        16 => <[u8; 16]>::try_from(*bytes).map(IpAddr::from).ok(),
+                        _ => None,
+                    };
+                    names.extend(ip.map(|ip| ip.to_string()));
+                }
+                _ => {}
+            }
+        }
+    }
+    let have: Vec<SanType> = names
+        .iter()
+        .filter_map(|n| parse_extra_name(n).ok())
+        .collect();
+    let mut missing = false;
+    for name in extra {
+        if !have.contains(&parse_extra_name(name)?) {
+            missing = true;
+            names.push(name.clone());
+        }
+    }
+    if !missing {
+        return Ok(Vec::new());
+    }
+    let key = KeyPair::from_pem(&crate::files::read_private_key(&files.key)?).map_err(|e| {
+        TlsError::bad_file(&files.key, format!("not a usable PEM private key: {e}"))
+    })?;
+    let cert = leaf_params(&Identity::Coordinator, &names, days)?
+        .signed_by(&key, ca)
+        .map_err(|source| TlsError::Generate {
+            what: "the coordinator's certificate".into(),
+            source,
+        })?;
+    write_atomically(&files.cert, cert.pem().as_bytes())
+        .and_then(|()| {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(&files.cert, fs::Permissions::from_mode(0o644))
+        })
+        .map_err(|e| TlsError::io("cannot write", &files.cert, e))?;
+    Ok(vec![files.cert.clone()])
 }
 
 /// Replaces `path` with `bytes` (mode 0600) so that a reader sees the old or the new content,
