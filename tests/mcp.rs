@@ -1298,6 +1298,25 @@ fn streamable_http_keeps_a_bounded_number_of_sessions() {
     let newest = &sessions[259];
     assert_eq!(status_in(newest, initialized), 202);
     assert_eq!(status_in(newest, list), 200);
+    // Ended by its client: 204, which clients take for success (the official Python client
+    // logged 202 as a failed termination); then it is gone.
+    let delete = |session: &str| -> u16 {
+        let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let request = format!(
+            "DELETE /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
+             Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-11-25\r\n\
+             Connection: close\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut head = [0u8; 12];
+        stream.read_exact(&mut head).unwrap();
+        String::from_utf8_lossy(&head[9..12]).parse().unwrap()
+    };
+    assert_eq!(delete(&sessions[258]), 204);
+    assert_eq!(status_in(&sessions[258], list), 404);
     assert!(
         server
             .log()

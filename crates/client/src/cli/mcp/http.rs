@@ -5,7 +5,7 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -96,6 +96,20 @@ fn token_in(path: &Path) -> Result<String, String> {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let token = new_token()?;
+            // `~/.config/toolsrv` on a fresh machine: its directories are made as the user's own
+            // (0700), as ssh makes `~/.ssh`.
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)
+                    .map_err(|e| {
+                        format!(
+                            "--http-token-file {shown}: cannot create its directory {}: {e}",
+                            dir.display()
+                        )
+                    })?;
+            }
             let mut file = std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -194,6 +208,19 @@ async fn require(token: Arc<str>, request: Request, next: Next) -> Response {
         .into_response()
 }
 
+/// A session ended by the client's `DELETE` answers 204 No Content: the SDK answers 202, which
+/// the official Python client takes for a failure (`Session termination failed: 202`, logged
+/// at every close), as it accepts 200 and 204 only.
+async fn ended_is_no_content(request: Request, next: Next) -> Response {
+    let delete = request.method() == axum::http::Method::DELETE;
+    let mut response = next.run(request).await;
+    if delete && response.status() == StatusCode::ACCEPTED {
+        *response.status_mut() = StatusCode::NO_CONTENT;
+        *response.body_mut() = axum::body::Body::empty();
+    }
+    response
+}
+
 /// How long an MCP session over HTTP (a 2025-11-25 client's, which `initialize` opens) lives
 /// with nothing sent either way, by default (`--http-session-idle-secs`): then it ends, and
 /// with it any call still running in it. A
@@ -236,7 +263,8 @@ pub async fn serve(
             move |request: Request, next: Next| {
                 super::sessions::bound(bound.clone(), request, next)
             },
-        ));
+        ))
+        .layer(axum::middleware::from_fn(ended_is_no_content));
     eprintln!("toolctl mcp: serving MCP on http://{local}{PATH}");
     let open = matches!(auth, Auth::Open);
     let router = match auth {
@@ -318,6 +346,16 @@ mod tests {
             panic!("no token");
         };
         assert_eq!(made, again, "the file keeps the token");
+
+        // In directories that do not exist yet (`~/.config/toolsrv` on a fresh machine): made,
+        // the user's own.
+        let nested = dir.path().join("config/toolsrv/mcp-token");
+        assert!(matches!(
+            auth(Some(&nested), false),
+            Ok(Auth::Bearer { .. })
+        ));
+        let made = std::fs::metadata(dir.path().join("config/toolsrv")).unwrap();
+        assert_eq!(made.mode() & 0o777, 0o700);
 
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let e = auth(Some(&path), false).unwrap_err();
