@@ -342,7 +342,8 @@ pub struct CoordinatorArgs {
     #[arg(
         long = "k8s-join-label",
         env = "TOOLSRV_K8S_JOIN_LABELS",
-        value_delimiter = ','
+        value_delimiter = ',',
+        value_parser = label_arg
     )]
     pub k8s_join_labels: Vec<String>,
     /// The Kubernetes API's URL (default: in the cluster, from KUBERNETES_SERVICE_HOST and
@@ -612,7 +613,12 @@ pub struct AgentArgs {
     #[arg(long, env = "TOOLSRV_AGENT_TOOLS", value_name = "PATH")]
     pub tools: Option<String>,
     /// A label for host selection, KEY=VALUE; repeatable (env: comma-separated)
-    #[arg(long = "label", env = "TOOLSRV_LABELS", value_delimiter = ',')]
+    #[arg(
+        long = "label",
+        env = "TOOLSRV_LABELS",
+        value_delimiter = ',',
+        value_parser = label_arg
+    )]
     pub labels: Vec<String>,
     /// Blob cache and materialized catalog
     #[arg(
@@ -701,7 +707,8 @@ pub struct SandboxArgs {
     #[arg(
         long = "sandbox-memory",
         env = "TOOLSRV_SANDBOX_MEMORY",
-        default_value = "1G"
+        default_value = "1G",
+        value_parser = memory_arg
     )]
     pub memory: String,
     /// Processes and threads of one call, or 0 for unlimited
@@ -712,7 +719,7 @@ pub struct SandboxArgs {
     )]
     pub pids: u64,
     /// CPU of one call in cores (`0.5`, `2`) or thousandths (`500m`); unlimited when unset
-    #[arg(long = "sandbox-cpu", env = "TOOLSRV_SANDBOX_CPU")]
+    #[arg(long = "sandbox-cpu", env = "TOOLSRV_SANDBOX_CPU", value_parser = cpu_arg)]
     pub cpu: Option<String>,
     /// Open files per process of a call, or 0 to keep the agent's limit
     #[arg(
@@ -725,7 +732,8 @@ pub struct SandboxArgs {
     #[arg(
         long = "sandbox-network",
         env = "TOOLSRV_SANDBOX_NETWORK",
-        default_value = "allow"
+        default_value = "allow",
+        value_parser = network_arg
     )]
     pub network: String,
     /// Where calls' private directories are made (default: `<tmp>/toolsrv-calls.<uid>`)
@@ -890,6 +898,42 @@ impl AgentArgs {
         config.drain_grace = Duration::from_secs(self.drain_grace_secs);
         Ok(())
     }
+}
+
+/// A `--label` (or `--k8s-join-label`) as its parser checks it, so that a configuration file's
+/// bad label is refused naming the file, line and key like any other bad value.
+fn label_arg(text: &str) -> Result<String, String> {
+    if !text.is_empty() {
+        let Some((k, v)) = text.split_once('=') else {
+            return Err(format!("`{text}`: expected KEY=VALUE"));
+        };
+        if k.is_empty() {
+            return Err(format!("`{text}`: the key is empty"));
+        }
+        toolsrv_tls::enroll::check_label(k, v).map_err(|e| format!("`{text}`: {e}"))?;
+    }
+    Ok(text.to_string())
+}
+
+/// `--sandbox-memory` as its parser checks it (`512M`, `2G`, `unlimited`).
+fn memory_arg(text: &str) -> Result<String, String> {
+    if !matches!(text, "unlimited" | "0") {
+        toolsrv_confine::parse_size(text)?;
+    }
+    Ok(text.to_string())
+}
+
+/// `--sandbox-network` as its parser checks it.
+fn network_arg(text: &str) -> Result<String, String> {
+    match text {
+        "allow" | "deny" => Ok(text.to_string()),
+        _ => Err("use allow or deny".into()),
+    }
+}
+
+/// `--sandbox-cpu` as its parser checks it (`0.5`, `2`, `500m`).
+fn cpu_arg(text: &str) -> Result<String, String> {
+    toolsrv_confine::parse_cpu(text).map(|_| text.to_string())
 }
 
 fn parse_labels(raw: &[String]) -> anyhow::Result<BTreeMap<String, String>> {

@@ -244,3 +244,40 @@ fn a_directory_another_user_owns_is_refused_for_the_pki_and_the_agents_state() {
         );
     }
 }
+
+/// A configuration file's bad label, CPU, memory or network value stops the role naming the
+/// file, the line and the key (exit 2), as every other bad value does: checked by the flag's
+/// own parser. Before, a bad label stopped the agent later, naming neither, with exit 1, and
+/// `--print-config` took `sandbox_cpu = true`.
+#[test]
+fn bad_values_of_a_configuration_file_are_named_by_line_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("agent.toml");
+    std::fs::write(
+        &file,
+        "coordinator = \"https://127.0.0.1:1\"\nhost_id = \"x\"\n\
+         label = [\"role=web\", \"zone\"]\nsandbox_cpu = true\nsandbox_memory = \"lots\"\n\
+         sandbox_network = \"maybe\"\n",
+    )
+    .unwrap();
+    let out = toolsrv()
+        .args(["agent", "--config"])
+        .arg(&file)
+        .arg("--print-config")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    for (line, key, why) in [
+        (3, "label", "expected KEY=VALUE"),
+        (4, "sandbox_cpu", "not a number of cores"),
+        (5, "sandbox_memory", "unknown unit"),
+        (6, "sandbox_network", "use allow or deny"),
+    ] {
+        let at = format!("agent.toml:{line}: `{key}`");
+        assert!(
+            err.lines().any(|l| l.contains(&at) && l.contains(why)),
+            "{at} ... {why} in:\n{err}"
+        );
+    }
+}

@@ -140,7 +140,7 @@ fn value_for(dir: &Path, role: &str, flag: &HelpFlag) -> String {
         return toml::Value::String(p.clone()).to_string();
     }
     let key = flag.long.replace('-', "_");
-    for candidate in ["\"/srv/x\"", "\"127.0.0.1:9\"", "7", "\"x=y\""] {
+    for candidate in ["\"/srv/x\"", "\"127.0.0.1:9\"", "\"500m\"", "7", "\"x=y\""] {
         let file = dir.join("probe.toml");
         std::fs::write(&file, format!("{key} = {candidate}\n")).unwrap();
         let out = toolsrv(
