@@ -139,6 +139,14 @@ fn revoking_closes_a_live_agent_and_a_live_client_and_refuses_them_after() {
         agent_log.contains("agent/a is revoked"),
         "the agent is told why: {agent_log}"
     );
+    // At once, in the Goodbye that ends its link: not a broken connection.
+    assert!(
+        agent_log
+            .lines()
+            .any(|l| l.contains("the coordinator refused this agent")
+                && l.contains("was revoked by alice")),
+        "{agent_log}"
+    );
     // Host b and alice are untouched.
     assert_eq!(host_state(&fleet, "b"), "online");
     let out = fleet.toolctl(&["call", "b", "hello"]);

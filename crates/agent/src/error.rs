@@ -17,7 +17,7 @@ pub enum AgentError {
         source: toolsrv_tls::TlsError,
     },
     /// The coordinator answered an RPC with an error status.
-    #[error("{what} failed: {} ({:?}){}", status.message(), status.code(), hint(status.code()))]
+    #[error("{what} failed: {}{}", status.message(), hint(status.code()))]
     Rpc {
         /// Which RPC or step, e.g. "opening the agent link".
         what: &'static str,
@@ -88,12 +88,10 @@ impl AgentError {
     }
 }
 
-/// What an operator can do about a refused link.
+/// What the coordinator's words leave out: a refusal (a host id its certificate does not name,
+/// a used token, a revocation) says itself what to do.
 fn hint(code: tonic::Code) -> &'static str {
     match code {
-        tonic::Code::PermissionDenied | tonic::Code::Unauthenticated => {
-            "; the host id must match the agent certificate's identity (toolsrv://agent/<host-id>)"
-        }
         tonic::Code::Unavailable => "; the coordinator is unreachable or restarting",
         _ => "",
     }

@@ -64,7 +64,7 @@ pub async fn reconnect_loop<S, SF, Z, ZF, J>(
             // The coordinator ends a link over a message of this agent's it refused:
             // worth an operator's eye (a version mismatch, or a broken host).
             Ok(SessionEnd::Goodbye(goodbye)) if goodbye.refused => {
-                tracing::warn!(reason = %goodbye.reason, "the coordinator ended the link over what this agent sent; reconnecting");
+                tracing::warn!(reason = %goodbye.reason, "the coordinator refused this agent and ended the link; reconnecting");
             }
             Ok(SessionEnd::Goodbye(goodbye)) => {
                 tracing::info!(reason = %goodbye.reason, "coordinator said goodbye; reconnecting");
@@ -75,8 +75,9 @@ pub async fn reconnect_loop<S, SF, Z, ZF, J>(
                     error = %e,
                     retry_in = ?ceiling,
                     "the coordinator refuses this agent, which retrying cannot fix by itself: \
-                     fix the certificate or --host-id (the files are read again on each attempt); \
-                     retrying only every few minutes until then"
+                     do what it says (the certificate and --host-id are read again on each \
+                     attempt; a revocation is lifted by an administrator); retrying only every \
+                     few minutes until then"
                 );
             }
             Err(e) => tracing::warn!(error = %e, attempt, "agent session ended"),

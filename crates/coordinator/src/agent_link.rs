@@ -408,7 +408,14 @@ where
                 return "coordinator shutting down".into();
             }
             () = link.closed.cancelled() => {
-                return link.close_reason().unwrap_or("replaced by a new connection").into();
+                let reason = link.close_reason().unwrap_or("replaced by a new connection");
+                // The agent hears why (a revocation, a newer link elsewhere), if it still reads.
+                let goodbye = Msg::Goodbye(Goodbye {
+                    reason: reason.to_string(),
+                    refused: link.refused(),
+                });
+                let _ = tokio::time::timeout(GOODBYE_WAIT, link.send(goodbye)).await;
+                return reason.into();
             }
             msg = inbound.next() => match msg {
                 Some(Ok(msg)) => {

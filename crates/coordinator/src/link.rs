@@ -69,6 +69,8 @@ pub struct Link {
     window: u64,
     /// The agent said it is shutting down: it takes no new call.
     draining: std::sync::atomic::AtomicBool,
+    /// Closed by [`Link::refuse`]: the agent is told so in its Goodbye.
+    refused: std::sync::atomic::AtomicBool,
 }
 
 impl Link {
@@ -89,7 +91,20 @@ impl Link {
             close_reason: std::sync::OnceLock::new(),
             window,
             draining: std::sync::atomic::AtomicBool::new(false),
+            refused: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// [`Link::close`] for a reason that refuses the agent (its identity revoked): its
+    /// Goodbye says so.
+    pub fn refuse(&self, reason: &str) {
+        self.refused.store(true, Ordering::Relaxed);
+        self.close(reason);
+    }
+
+    /// Whether [`Link::refuse`] closed it.
+    pub fn refused(&self) -> bool {
+        self.refused.load(Ordering::Relaxed)
     }
 
     /// Marks the agent as shutting down (its `Draining`): no new call goes to it.

@@ -304,13 +304,15 @@ impl Revocations {
 
     /// Revokes `identity` on behalf of administrator `by`: saved, then in force, then
     /// `before_closing` runs (to end an agent's link with the revocation as its reason), then its
-    /// open connections are closed.
+    /// open connections are closed: at once, or, when `before_closing` says a link is telling
+    /// its agent why (true), [`TOLD_WITHIN`] later, so that the Goodbye gets out. Every request
+    /// on them is refused meanwhile, as for any revoked identity.
     pub fn revoke(
         &self,
         identity: &Identity,
         reason: &str,
         by: &str,
-        before_closing: impl FnOnce(),
+        before_closing: impl FnOnce() -> bool,
     ) -> Result<Revoked, Status> {
         let path = self.persistent()?;
         if reason.len() > MAX_REASON_BYTES {
@@ -343,10 +345,14 @@ impl Revocations {
                 (entry, false)
             }
         };
-        before_closing();
+        let telling = before_closing();
         // Still under the lock: a connection registered after this scan is one whose requests
         // will all be checked against the list that now holds the identity.
-        let closed = self.close(identity);
+        let closed = if telling {
+            self.close_later(identity)
+        } else {
+            self.close(identity)
+        };
         drop(list);
         Ok(Revoked {
             revocation: entry.proto(),
@@ -372,6 +378,21 @@ impl Revocations {
         }
         *list = next;
         Ok(entry.proto())
+    }
+
+    /// Closes the open connections of `identity` [`TOLD_WITHIN`] from now; how many there are.
+    fn close_later(&self, identity: &Identity) -> usize {
+        let Some(conns) = self.conns.get().cloned() else {
+            return 0;
+        };
+        let mut open = 0;
+        conns.for_each(|peer, _| open += usize::from(&peer.identity == identity));
+        let identity = identity.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(TOLD_WITHIN).await;
+            conns.close_where(|peer, _| peer.identity == identity);
+        });
+        open
     }
 
     /// Closes the open connections of `identity`; how many there were.
@@ -459,13 +480,14 @@ pub(crate) fn revoke_rpc(
         let identity = parse_identity(&req.identity)?;
         if identity == Identity::Client(caller.clone()) {
             return Err(Status::invalid_argument(format!(
-                "client/{caller} is the identity this request comes from: revoking it would                  lock you out; ask another administrator"
+                "client/{caller} is the identity this request comes from: revoking it would \
+                 lock you out; ask another administrator"
             )));
         }
         state
             .revocations
             .revoke(&identity, &req.reason, &caller, || {
-                end_agent_link(state, &identity, &caller);
+                end_agent_link(state, &identity, &caller)
             })
     })();
     match done {
@@ -516,17 +538,23 @@ fn entry_of(key: &str, record: &[u8]) -> Option<(String, Entry)> {
     Some((identity.to_string(), entry))
 }
 
+/// How long a revoked agent's connections stay open for its link's Goodbye to get out: the
+/// link waits 2 s at most to send it.
+const TOLD_WITHIN: std::time::Duration = std::time::Duration::from_millis(2500);
+
 /// Ends a revoked agent's link, with the revocation as its reason, so its calls end saying why
-/// (before its connection is closed).
+/// and the agent is told in a Goodbye (before its connection is closed); whether it had one.
 /// The host is then forgotten once offline (`forget_offline_hosts`).
-pub(crate) fn end_agent_link(state: &State, identity: &Identity, by: &str) {
+pub(crate) fn end_agent_link(state: &State, identity: &Identity, by: &str) -> bool {
     let Identity::Agent(host) = identity else {
-        return;
+        return false;
     };
-    if let Some(link) = state.fleet.get(host).and_then(|h| h.link) {
-        link.close(&format!("its identity {identity} was revoked by {by}"));
+    let link = state.fleet.get(host).and_then(|h| h.link);
+    if let Some(link) = &link {
+        link.refuse(&format!("its identity {identity} was revoked by {by}"));
     }
     state.agent_revoked.notify_one();
+    link.is_some()
 }
 
 /// `Revoke` on a replica: revoked here ([`revoke_rpc`]), then written to etcd for the others;
@@ -756,9 +784,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let bob = Identity::client("bob").unwrap();
         let revs = Revocations::load(Some(dir.path())).unwrap();
-        let done = revs.revoke(&bob, "left the team", "admin", || {}).unwrap();
+        let done = revs
+            .revoke(&bob, "left the team", "admin", || false)
+            .unwrap();
         assert!(!done.already);
-        assert!(revs.revoke(&bob, "again", "admin", || {}).unwrap().already);
+        assert!(
+            revs.revoke(&bob, "again", "admin", || false)
+                .unwrap()
+                .already
+        );
         let err = revs.check(&bob).unwrap_err();
         assert_eq!(err.code(), tonic::Code::PermissionDenied);
         assert!(err.message().contains("client/bob") && err.message().contains("left the team"));
@@ -778,13 +812,16 @@ mod tests {
         );
 
         let none = Revocations::load(None).unwrap();
-        let err = none.revoke(&bob, "", "admin", || {}).unwrap_err();
+        let err = none.revoke(&bob, "", "admin", || false).unwrap_err();
         assert_eq!(err.code(), tonic::Code::FailedPrecondition);
         assert!(err.message().contains("--state-dir"), "{}", err.message());
         assert!(none.check(&bob).is_ok());
 
         let carol = Identity::client("carol").unwrap();
-        assert!(revs.revoke(&carol, "two\nlines", "admin", || {}).is_err());
+        assert!(
+            revs.revoke(&carol, "two\nlines", "admin", || false)
+                .is_err()
+        );
     }
 
     #[test]
