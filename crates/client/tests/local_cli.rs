@@ -834,3 +834,34 @@ fn a_reader_that_went_away_is_no_panic() {
         assert_ne!(out.status.code(), Some(101), "{args:?}: {err}");
     }
 }
+
+/// `lint` reads a tools path as the registries do, so a tool in two of its directories is
+/// reported shadowed in the later one; `local` says when a directory of the path cannot be
+/// read (a typo: `list` was empty, `call` said unknown tool, and nothing more).
+#[test]
+fn a_shadowed_tool_and_a_missing_tools_directory_are_reported() {
+    let first = fixture();
+    let second = fixture();
+    let path = format!("{}:{}", first.path().display(), second.path().display());
+    let out = run(toolctl().args(["lint", &path]));
+    let said = stdout(&out);
+    assert!(
+        said.lines().any(|l| l.contains("shadowed")
+            && l.contains(&second.path().join("echo.meta").display().to_string())),
+        "{said}"
+    );
+
+    let missing = first.path().join("no-such-dir");
+    let tools = format!("{}:{}", missing.display(), first.path().display());
+    let out = run(toolctl().args(["local", "list", "--tools", &tools]));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&missing.display().to_string()) && err.contains("cannot read tools directory"),
+        "{err}"
+    );
+    assert!(
+        stdout(&out).contains("echo"),
+        "the rest is listed: {}",
+        stdout(&out)
+    );
+}

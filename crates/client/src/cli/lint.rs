@@ -11,8 +11,16 @@ use super::exit;
 pub fn run(paths: &[String], json: bool) -> u8 {
     let mut diags = Vec::new();
     for arg in paths {
-        for path in split_tools_path(arg) {
-            diags.extend(lint_path(&path));
+        // The directories of one tools path are scanned together, as a registry reads them:
+        // a tool in two of them is reported shadowed in the later one.
+        let (files, dirs): (Vec<PathBuf>, Vec<PathBuf>) = split_tools_path(arg)
+            .into_iter()
+            .partition(|p| std::fs::metadata(p).is_ok_and(|m| !m.is_dir()));
+        for file in &files {
+            diags.extend(lint_file(file));
+        }
+        if !dirs.is_empty() {
+            diags.extend(lint_dirs(dirs));
         }
     }
     let mut errors = 0;
@@ -43,13 +51,11 @@ pub fn run(paths: &[String], json: bool) -> u8 {
     if errors > 0 { exit::LINT_ERRORS } else { 0 }
 }
 
-fn lint_path(path: &Path) -> Vec<Diagnostic> {
-    // Anything but a directory is linted as a file: a FIFO or a device named on the command
-    // line is reported as what it is, not as a directory that cannot be read.
-    if std::fs::metadata(path).is_ok_and(|m| !m.is_dir()) {
-        return lint_file(path);
-    }
-    let mut scanner = Scanner::new(vec![path.to_path_buf()]);
+/// The directories of one tools path, in order. (Anything but a directory is linted as a file:
+/// a FIFO or a device named on the command line is reported as what it is, not as a directory
+/// that cannot be read.)
+fn lint_dirs(dirs: Vec<PathBuf>) -> Vec<Diagnostic> {
+    let mut scanner = Scanner::new(dirs.clone());
     let catalog = scanner.scan();
     let mut diags = catalog.diagnostics;
     for (name, tool) in &catalog.tools {
@@ -59,9 +65,9 @@ fn lint_path(path: &Path) -> Vec<Diagnostic> {
             tool.meta.def.cmd.is_some() || has_variant_cmd(&tool.meta),
         ));
     }
-    if let Some(d) = diags
+    for d in diags
         .iter_mut()
-        .find(|d| d.code == Code::Io && d.file == path)
+        .filter(|d| d.code == Code::Io && dirs.contains(&d.file))
     {
         d.severity = Severity::Error;
     }

@@ -29,11 +29,12 @@ pub(super) fn load(tools: &ToolsArgs, report_errors: bool) -> Result<(Catalog, H
     })?;
     let catalog = Scanner::new(split_tools_path(path)).scan();
     if report_errors {
-        for d in catalog
-            .diagnostics
-            .iter()
-            .filter(|d| d.severity == Severity::Error)
-        {
+        // Errors, and a directory of the path that cannot be read (a typo serves nothing, and
+        // said nothing: `list` was empty, `call` an unknown tool).
+        for d in catalog.diagnostics.iter().filter(|d| {
+            d.severity == Severity::Error
+                || (d.code == toolsrv_meta::Code::Io && std::fs::metadata(&d.file).is_err())
+        }) {
             super::quote::say(d);
         }
     }
