@@ -28,8 +28,9 @@ pub async fn watch(conn: &ConnArgs, json: bool) -> u8 {
                 let line = if json {
                     event_json(&event).to_string()
                 } else {
-                    // What changed is named by files and hosts: escaped like every table.
-                    crate::cli::quote::printable(&event_line(&event))
+                    // Escaped as it is built, like every table: an invalid tool's reason is a
+                    // line of its own.
+                    event_line(&event)
                 };
                 let mut out = std::io::stdout().lock();
                 if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
@@ -59,11 +60,13 @@ fn kind_name(kind: i32) -> String {
 }
 
 /// One event as text: the kind, the revision, the host or what changed in the registry; each
-/// tool that became invalid follows on a line of its own with the reason.
+/// tool that became invalid follows on a line of its own with the reason. What hosts and files
+/// named (hosts, tools, reasons) is escaped: a line break in it cannot start a line.
 fn event_line(e: &CatalogEvent) -> String {
+    use crate::cli::quote::printable;
     let mut line = format!("{:<12}  revision {}", kind_name(e.kind), e.revision);
     if !e.host.is_empty() {
-        line.push_str(&format!("  host {}", e.host));
+        line.push_str(&format!("  host {}", printable(&e.host)));
     }
     if e.kind == CatalogEventKind::HostView as i32 {
         line.push_str(&format!("  view_revision {}", e.view_revision));
@@ -77,14 +80,19 @@ fn event_line(e: &CatalogEvent) -> String {
             ("invalid", &invalid),
         ] {
             if !names.is_empty() {
-                line.push_str(&format!("  {what} {}", names.join(",")));
+                line.push_str(&format!("  {what} {}", printable(&names.join(","))));
             }
         }
         if e.omitted > 0 {
             line.push_str(&format!("  and {} more", e.omitted));
         }
         for tool in &e.invalid {
-            line.push_str(&format!("\n{:<12}  {}: {}", "", tool.name, tool.reason));
+            line.push_str(&format!(
+                "\n{:<12}  {}: {}",
+                "",
+                printable(&tool.name),
+                printable(&tool.reason)
+            ));
         }
     }
     line
@@ -159,6 +167,14 @@ mod tests {
             "registry      revision 4  added a,b  removed r  invalid x\n\
              \x20             x: invalid: /t/x.meta: field `tier`: `lukewarm` is not a tier"
         );
+        // A line break in a reason stays in its line.
+        e.invalid[0].reason = "two\nlines".into();
+        assert!(
+            event_line(&e).ends_with("x: two\\nlines"),
+            "{}",
+            event_line(&e)
+        );
+        e.invalid[0].reason = "invalid: /t/x.meta: field `tier`: `lukewarm` is not a tier".into();
         assert_eq!(
             event_json(&e),
             json!({"kind": "registry", "revision": 4, "added": ["a", "b"], "changed": [],
