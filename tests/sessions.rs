@@ -154,10 +154,14 @@ fn a_session_loads_unloads_and_evicts_by_tier() {
         &fleet.toolctl(&["session", "load", &id, "rare1"]),
         "load rare1",
     );
-    let out = ok(
-        &fleet.toolctl(&["session", "load", &id, "rare2", "--json"]),
-        "load rare2",
+    let evicting = fleet.toolctl(&["session", "load", &id, "rare2", "--json"]);
+    // What made room is said, as `tool_load` tells a model.
+    assert!(
+        text(&evicting.stderr).contains("unloaded `rare1` to make room for `rare2` (maxLoaded 3)"),
+        "{}",
+        text(&evicting.stderr)
     );
+    let out = ok(&evicting, "load rare2");
     let state: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(loaded(&state), ["pinned", "everyday", "rare2"]);
     assert_eq!(tool(&state, "rare2")["autoLoaded"], false);

@@ -45,13 +45,42 @@ pub async fn load(conn: &ConnArgs, id: &str, tool: &str, unload: bool, json: boo
         Ok(remote) => remote,
         Err(code) => return code,
     };
+    // What was loaded before a load, to say what made room for it (maxLoaded): unloading a
+    // model's tool behind its back is worth a line. A session that cannot be read now is
+    // refused by the load itself, in its words.
+    let before = if unload {
+        None
+    } else {
+        remote.client.session(id).await.ok()
+    };
     let result = if unload {
         remote.client.unload_tool(id, tool).await
     } else {
         remote.client.load_tool(id, tool).await
     };
     match result {
-        Ok(state) => print_state(&state, json),
+        Ok(state) => {
+            if let Some(before) = before {
+                let evicted: Vec<&str> = before
+                    .tools
+                    .iter()
+                    .map(|t| t.name.as_str())
+                    .filter(|name| *name != tool && !state.tools.iter().any(|t| t.name == *name))
+                    .collect();
+                if !evicted.is_empty() {
+                    crate::cli::quote::say(format!(
+                        "unloaded {} to make room for `{tool}` (maxLoaded {})",
+                        evicted
+                            .iter()
+                            .map(|n| format!("`{n}`"))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        state.max_loaded
+                    ));
+                }
+            }
+            print_state(&state, json)
+        }
         Err(e) => {
             let verb = if unload { "unload" } else { "load" };
             remote.fail(&format!("cannot {verb} `{tool}` in session `{id}`"), &e)
