@@ -417,7 +417,8 @@ async fn remote_commands_against_a_real_fleet() {
             .any(|e| e["type"] == "stderr" && e["data"] == "broken\n")
     );
     let out = fleet.run(&["fanout", "role=nothing", "echo"]).await;
-    assert_exit(&out, 1, &["matches no host"]);
+    let err = assert_exit(&out, 1, &["matches no host"]);
+    assert!(!err.contains("0 hosts"), "one line says it: {err}");
 
     // watch starts with a snapshot.
     let mut watch = fleet.toolctl(&["watch", "--json"]).spawn().unwrap();

@@ -100,7 +100,11 @@ pub async fn fan_out(
                 prompts.request(request);
             }
             FanOutUpdate::Summary(summary) => {
-                printer.summary(&summary);
+                // Nothing matched: the one line below says it, not `0 hosts: 0 ok, 0 failed` too
+                // (a JSON reader still gets its summary object).
+                if summary.targeted > 0 || printer.json {
+                    printer.summary(&summary);
+                }
                 if let Some(refused) = printer
                     .results
                     .values()
