@@ -255,7 +255,7 @@ fn the_commands_up_prints_work_verbatim_in_a_clean_environment() {
     let err = text(&out.stderr);
     assert!(
         err.contains("another `toolsrv up` may be running")
-            && err.contains(&format!("--listen 127.0.0.1:{}", port + 1)),
+            && err.contains(&format!("--listen 127.0.0.1:{} --state DIR", port + 1)),
         "{err}"
     );
     assert!(

@@ -65,7 +65,8 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
     // Listen first: a second `up` fails here, before it touches the state directory.
     let hint = format!(
         "another `toolsrv up` may be running (its banner names the address), or another server \
-         uses the port: stop it, or pick another port with --listen {} (TOOLSRV_LISTEN)",
+         uses the port: stop it, or run a second one with --listen {} --state DIR (its own \
+         port and state directory)",
         SocketAddr::new(args.listen.ip(), args.listen.port().wrapping_add(1).max(1))
     );
     let listener = crate::cli::bind(args.listen, &hint).await?;
@@ -86,7 +87,15 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
         .ok()
         .filter(|p| !p.is_empty());
     let (tools, source) = match (&args.tools, from_env) {
-        (Some(path), _) => (split_tools_path(path), ToolsSource::Flag),
+        (Some(path), _) => {
+            // A mistyped directory would serve nothing and say so only in the coordinator's log.
+            for dir in split_tools_path(path) {
+                if !dir.is_dir() {
+                    tracing::warn!(dir = %dir.display(), "--tools names a directory that does not exist (or is no directory): it serves nothing until it does");
+                }
+            }
+            (split_tools_path(path), ToolsSource::Flag)
+        }
         (None, Some(path)) => {
             tracing::warn!(
                 tools = %path,
