@@ -91,7 +91,8 @@ enum Command {
         tool: String,
         #[arg(value_name = "ARGS", help = call_args::HELP, add = ArgValueCompleter::new(remote::complete::args))]
         args: Vec<String>,
-        /// Working directory on the host (default: the agent's)
+        /// Working directory on the host, readable to the call (default: the call's own private
+        /// directory, made for it and removed after)
         #[arg(long)]
         cwd: Option<String>,
         /// Timeout in seconds, fractions allowed (default: the agent's)
@@ -139,8 +140,8 @@ enum Command {
     /// Join tokens: enroll a host without handing it a certificate (administrators only)
     #[command(subcommand)]
     Token(TokenCommand),
-    /// The pending approval requests this identity may decide (calls the policy marks
-    /// `approve` that wait for you)
+    /// The pending approval requests this identity may decide: calls the policy marks
+    /// `approve`, and commands a confined tool asks to run outside its sandbox (bypass)
     Approvals {
         #[command(flatten)]
         conn: ConnArgs,
@@ -175,7 +176,8 @@ enum Command {
     /// and its open connections are closed within seconds
     ///
     /// IDENTITY is `agent/<host-id>` or `client/<name>`. The coordinator keeps the revocation
-    /// in its --state-dir (and refuses without one). `--undo` lifts it, as `unrevoke` does.
+    /// in its --state-dir, or with replicas in etcd (and refuses with neither). `--undo` lifts
+    /// it, as `unrevoke` does.
     Revoke {
         #[command(flatten)]
         conn: ConnArgs,
