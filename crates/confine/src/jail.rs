@@ -120,6 +120,9 @@ pub struct Settings {
     pub run_as: Option<String>,
     /// Where the private per-call directories are made
     pub call_dir: PathBuf,
+    /// `call_dir` is the operator's choice (`--call-dir`), not the default under the temporary
+    /// directory: it is used as it is or not at all.
+    pub call_dir_chosen: bool,
     /// A delegated cgroup v2 directory for call cgroups; `None`: the agent's own cgroup
     pub cgroup: Option<PathBuf>,
 }
@@ -144,6 +147,7 @@ impl Settings {
             hidden,
             run_as: None,
             call_dir: std::env::temp_dir().join(format!("toolsrv-calls.{euid}")),
+            call_dir_chosen: false,
             cgroup: None,
         }
     }
@@ -258,6 +262,28 @@ fn make_call_root(dir: &Path) -> Result<(), ConfineError> {
         .map_err(|e| ConfineError::io("set the mode of", dir, e))
 }
 
+/// A new directory beside `taken`, made by this process now (`<taken>.<random>`, 0711), for
+/// calls' private directories.
+fn fresh_call_root(taken: &Path) -> Result<PathBuf, ConfineError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let mut last = None;
+    for _ in 0..8 {
+        let dir = PathBuf::from(format!("{}.{:016x}", taken.display(), fastrand::u64(..)));
+        match std::fs::DirBuilder::new().mode(0o711).create(&dir) {
+            Ok(()) => {
+                make_call_root(&dir)?;
+                return Ok(dir);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(ConfineError::io(
+        "create a calls' directory beside",
+        taken,
+        last.unwrap_or_else(|| std::io::Error::other("no free name")),
+    ))
+}
+
 fn canonical(paths: &[PathBuf]) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = paths
         .iter()
@@ -274,7 +300,7 @@ fn canonical(paths: &[PathBuf]) -> Vec<PathBuf> {
 impl Confiner {
     /// Probes the host and sets up what every call shares; in `enforce` mode, fails when the
     /// host cannot enforce everything
-    pub fn new(settings: Settings) -> Result<Self, ConfineError> {
+    pub fn new(mut settings: Settings) -> Result<Self, ConfineError> {
         let ids = settings.run_as.as_deref().map(resolve_user).transpose()?;
         let hidden = canonical(&settings.hidden);
         let abi = landlock_abi();
@@ -302,7 +328,22 @@ impl Confiner {
                 })),
             });
         }
-        make_call_root(&settings.call_dir)?;
+        if let Err(e) = make_call_root(&settings.call_dir) {
+            // The default name under /tmp is known in advance: another local user who made it
+            // first must not keep the agent from starting. A new directory of the agent's own
+            // is made beside it instead.
+            if settings.call_dir_chosen {
+                return Err(e);
+            }
+            let fresh = fresh_call_root(&settings.call_dir)?;
+            tracing::warn!(
+                taken = %settings.call_dir.display(),
+                using = %fresh.display(),
+                error = %e,
+                "the default calls' directory cannot be used (someone else made it?): using a new one"
+            );
+            settings.call_dir = fresh;
+        }
         // Every call's private directory is out of reach of the others': the directory holding
         // them is hidden like the agent's files (a shared read rule, a grant or a caller's
         // `--cwd` above it opens none of them; each call is granted its own).

@@ -541,3 +541,57 @@ fn running_a_tool_as_another_user_leaves_the_agents_threads_alone() {
         t.join().unwrap();
     }
 }
+
+/// The default calls' directory has a name known in advance (`/tmp/toolsrv-calls.<uid>`):
+/// another local user who made it first gets a new directory of the agent's own used beside
+/// it, not an agent that cannot start. One the operator chose (`--call-dir`) is used as it
+/// is, or refused.
+#[test]
+fn a_default_calls_directory_someone_else_made_is_not_used_nor_a_reason_to_stop() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test gives a directory to another user, which needs root (as CI runs)"
+    );
+    let root = tempfile::tempdir().unwrap();
+    let taken = root.path().join("toolsrv-calls.0");
+    std::fs::create_dir(&taken).unwrap();
+    std::os::unix::fs::chown(&taken, Some(65534), Some(65534)).unwrap();
+    let settings = |chosen: bool| {
+        let mut s = Settings::new(vec![root.path().join("state")]);
+        s.call_dir = taken.clone();
+        s.call_dir_chosen = chosen;
+        s
+    };
+    let Err(err) = Confiner::new(settings(true)) else {
+        panic!("a chosen calls' directory someone else made is used");
+    };
+    assert!(
+        err.to_string()
+            .contains("not a directory owned by the agent's user"),
+        "{err}"
+    );
+
+    let confiner = Confiner::new(settings(false)).expect("a default one taken is worked around");
+    let prepared = confiner
+        .prepare(&CallPlan {
+            tool_dir: root.path(),
+            cwd: None,
+            grant: None,
+            agent_env: &[],
+            timeout: Duration::from_secs(10),
+        })
+        .unwrap();
+    let cwd = prepared.cwd.clone().unwrap();
+    assert!(!cwd.starts_with(&taken), "{}", cwd.display());
+    assert!(
+        cwd.parent()
+            .and_then(|p| p.file_name())
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("toolsrv-calls.0.")),
+        "{}",
+        cwd.display()
+    );
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(cwd.parent().unwrap()).unwrap().uid(), 0);
+    prepared.jail.release();
+}

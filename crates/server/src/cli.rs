@@ -776,6 +776,7 @@ impl SandboxArgs {
             .map_err(|e| anyhow::anyhow!("--sandbox-cpu: {e}"))?;
         if let Some(dir) = &self.call_dir {
             s.call_dir = dir.clone();
+            s.call_dir_chosen = true;
         }
         s.cgroup = self.cgroup.clone();
         Ok(s)
