@@ -865,3 +865,35 @@ fn a_shadowed_tool_and_a_missing_tools_directory_are_reported() {
         stdout(&out)
     );
 }
+
+/// `local call` runs the tool with stdin, stdout and stderr open and nothing else toolctl
+/// inherited (a wrapper's log file, a pipe of the shell): they were all open in the tool.
+#[test]
+fn a_descriptor_toolctl_inherited_reaches_no_tool() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        "fds.meta",
+        r#"{"description": "Lists its descriptors", "cmd": "ls /proc/self/fd"}"#,
+    );
+    // F_DUPFD does not set close-on-exec, and Command leaves such descriptors open.
+    let log = tempfile::tempfile().unwrap();
+    let inherited = nix::fcntl::fcntl(&log, nix::fcntl::FcntlArg::F_DUPFD(200)).unwrap();
+    let out = run(toolctl().args([
+        "local",
+        "call",
+        "--tools",
+        dir.path().to_str().unwrap(),
+        "fds",
+    ]));
+    nix::unistd::close(inherited).unwrap();
+    let open: Vec<i32> = stdout(&out)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    assert!(open.contains(&1), "{}", stdout(&out));
+    assert!(
+        !open.contains(&inherited),
+        "descriptor {inherited} is open in the tool: {open:?}"
+    );
+}

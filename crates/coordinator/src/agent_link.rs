@@ -577,8 +577,10 @@ fn handle(
         }
         Some(M::Bypass(request)) => link.deliver(request.call_id, AgentEvent::Bypass(request)),
         Some(M::Draining(_)) => {
-            tracing::info!(host = %link.host_id, "the agent is shutting down: no new calls go to it");
-            link.set_draining();
+            // Said once: an agent that says it again is not worth a line each time.
+            if link.set_draining() {
+                tracing::info!(host = %link.host_id, "the agent is shutting down: no new calls go to it");
+            }
         }
         // Reaches the callers of the calls the link ends: one bounded line.
         Some(M::Goodbye(g)) => {

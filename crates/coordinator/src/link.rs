@@ -107,9 +107,10 @@ impl Link {
         self.refused.load(Ordering::Relaxed)
     }
 
-    /// Marks the agent as shutting down (its `Draining`): no new call goes to it.
-    pub fn set_draining(&self) {
-        self.draining.store(true, Ordering::Relaxed);
+    /// Marks the agent as shutting down (its `Draining`): no new call goes to it. True the
+    /// first time.
+    pub fn set_draining(&self) -> bool {
+        !self.draining.swap(true, Ordering::Relaxed)
     }
 
     /// Whether the agent said it is shutting down.
@@ -384,6 +385,19 @@ mod tests {
     fn link(window: u64) -> (Arc<Link>, Taken<CoordinatorMessage>) {
         let (tx, rx) = outbound::channel(64, DEFAULT_STALLED_AFTER);
         (Arc::new(Link::new("web-1".into(), 7, tx, window)), rx)
+    }
+
+    /// An agent that says `Draining` again and again is logged once (the first time only is
+    /// news): 20,000 of them made 20,000 log lines.
+    #[test]
+    fn draining_is_news_once() {
+        let (link, _rx) = link(1000);
+        assert!(!link.draining());
+        assert!(link.set_draining());
+        for _ in 0..3 {
+            assert!(!link.set_draining());
+        }
+        assert!(link.draining());
     }
 
     fn start() -> StartCall {

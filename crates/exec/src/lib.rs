@@ -32,3 +32,6 @@ pub use invocation::{
 };
 pub use result::tool_result;
 pub use run::{EventStream, Execution, run_to_end, spawn};
+/// Marks the descriptors a process inherited close-on-exec, so that none reaches the tools it
+/// runs (see [`toolsrv_confine::close_inherited_on_exec`]).
+pub use toolsrv_confine::close_inherited_on_exec;

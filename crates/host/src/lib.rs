@@ -6,4 +6,5 @@ mod call;
 mod view;
 
 pub use call::{AGENT_OUTPUT_CAP, CallError, CallRequest, Limits, prepare, start, unknown};
+pub use toolsrv_exec::close_inherited_on_exec;
 pub use view::{ListEntry, ToolView, view};

@@ -85,7 +85,19 @@ fn hide_join_token() {
 fn without_join_token(
     args: &[std::ffi::OsString],
 ) -> Option<(Vec<std::ffi::OsString>, std::ffi::OsString)> {
-    if args.get(1).is_none_or(|role| role != "agent") {
+    // The role is the first word that is neither a global flag nor a global flag's value.
+    let mut words = args.iter().skip(1);
+    let role = loop {
+        let word = words.next()?;
+        match word.to_str() {
+            Some("--log-level" | "--log-format") => {
+                words.next()?;
+            }
+            Some(flag) if flag.starts_with('-') => {}
+            _ => break word,
+        }
+    };
+    if role != "agent" {
         return None;
     }
     let mut rest = Vec::with_capacity(args.len());
@@ -139,6 +151,14 @@ mod tests {
         assert_eq!(token, "T0K");
         assert!(without_join_token(&args("toolsrv agent --state-dir /s")).is_none());
         assert!(without_join_token(&args("toolsrv coordinator --join T0K")).is_none());
+        // Global flags may come before the role.
+        let (rest, token) =
+            without_join_token(&args("toolsrv --log-level info agent --join T0K")).unwrap();
+        assert_eq!(rest, args("toolsrv --log-level info agent"));
+        assert_eq!(token, "T0K");
+        let (rest, _) =
+            without_join_token(&args("toolsrv --log-format=json agent --join=T0K")).unwrap();
+        assert_eq!(rest, args("toolsrv --log-format=json agent"));
         // A missing value is left for the flag parser to explain.
         assert!(without_join_token(&args("toolsrv agent --join")).is_none());
     }

@@ -481,6 +481,12 @@ pub(crate) fn say_out(text: impl std::fmt::Display) {
 }
 
 pub fn main() -> ExitCode {
+    // `toolctl local call` runs tools: nothing toolctl inherited reaches them.
+    if let Err(e) = toolsrv_host::close_inherited_on_exec() {
+        quote::say(format!(
+            "cannot mark inherited descriptors close-on-exec: {e}"
+        ));
+    }
     toolsrv_tls::install_crypto_provider();
     use std::io::IsTerminal;
     let filter = match std::env::var("TOOLCTL_LOG") {
