@@ -26,6 +26,39 @@ pub enum FileError {
 }
 
 impl FileError {
+    /// Makes the coordinator's `--state-dir` (0700) if needed, and refuses one another user
+    /// could change: owned by them, under a directory of theirs or a link of theirs, or
+    /// writable by others. Its revocations and join tokens would be theirs to delete or write.
+    pub fn own_state_dir(dir: &Path) -> Result<(), Self> {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+        const WHAT: &str = "state directory";
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|source| Self::Io {
+                what: WHAT,
+                action: "create",
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        toolsrv_tls::files::check_owned_dir(dir).map_err(|why| Self::invalid(WHAT, dir, why))?;
+        let md = std::fs::metadata(dir).map_err(|e| Self::read(WHAT, dir, e))?;
+        if md.mode() & 0o022 != 0 {
+            return Err(Self::invalid(
+                WHAT,
+                dir,
+                format!(
+                    "mode {:04o} lets other users write it, who could delete its revocations or \
+                     put join tokens of theirs in it: chmod go-w {}",
+                    md.mode() & 0o7777,
+                    dir.display()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     pub fn read(what: &'static str, path: &std::path::Path, source: std::io::Error) -> Self {
         Self::Io {
             what,

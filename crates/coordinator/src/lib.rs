@@ -300,6 +300,9 @@ pub async fn serve(
     let shutdown = CancellationToken::new();
     // Before the audit log and the settings files are opened: a SIGHUP from then on is heard.
     let (audit_hangups, settings_hangups) = (hangups(), hangups());
+    if let Some(dir) = config.state_dir.as_deref() {
+        FileError::own_state_dir(dir)?;
+    }
     let revocations = Arc::new(revocation::Revocations::load(config.state_dir.as_deref())?);
     let expiry = Arc::new(expiry::ExpiryWatch::new(
         config.cert_expiry_warning,

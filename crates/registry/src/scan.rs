@@ -594,12 +594,17 @@ pub struct OpenToAll {
     /// `path` is another user's (this uid), in `dir`, a directory every user may write with the
     /// sticky bit (as `/tmp`): anyone could have put it there, and it is theirs to change.
     pub planted: Option<(u32, PathBuf)>,
+    /// Who could change `path` cannot be told: an entry on the way to it cannot be looked at
+    /// (a path longer than the system takes, too many links, no permission). Why.
+    pub unchecked: Option<String>,
 }
 
 impl OpenToAll {
     /// What is open, `why` that matters, and what closes it.
     pub fn explained(&self, why: &str) -> String {
-        if self.planted.is_some() {
+        if self.unchecked.is_some() {
+            format!("{self}: {why}")
+        } else if self.planted.is_some() {
             format!(
                 "{self}: {why}: remove it, or chown it to root or this process's user (uid {})",
                 nix::unistd::geteuid()
@@ -612,7 +617,13 @@ impl OpenToAll {
 
 impl std::fmt::Display for OpenToAll {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if let Some((owner, dir)) = &self.planted {
+        if let Some(why) = &self.unchecked {
+            write!(
+                f,
+                "who could change {} cannot be told ({why})",
+                self.path.display()
+            )
+        } else if let Some((owner, dir)) = &self.planted {
             write!(
                 f,
                 "{} is owned by uid {owner}, in the directory {}, which every user of this \
@@ -677,35 +688,59 @@ fn writable_by_anyone_with(
             mode: mode & 0o7777,
             directory: false,
             planted: None,
+            unchecked: None,
         });
     }
-    // The directories that hold the name as given (a symbolic link in them could be replaced)
-    // and those that hold the file it leads to.
-    let given = std::path::absolute(file).ok()?;
-    let real = std::fs::canonicalize(file).ok()?;
+    // Every entry on the way, as the kernel resolves it, links wherever they are met: each in a
+    // directory every user may write without the sticky bit counts, and one in a sticky one
+    // counts when another user owns it.
     let me = nix::unistd::geteuid().as_raw();
-    for path in [given, real] {
-        let mut child = path.as_path();
-        for dir in path.ancestors().skip(1) {
-            match access(dir) {
-                DirAccess::Closed => {}
-                DirAccess::Open(open) => return Some(open),
-                DirAccess::Sticky { owner, mode } => {
-                    let theirs = std::fs::symlink_metadata(child).ok()?.uid();
-                    if theirs != 0 && theirs != me && theirs != owner {
-                        return Some(OpenToAll {
-                            path: child.to_path_buf(),
-                            mode,
-                            directory: false,
-                            planted: Some((theirs, dir.to_path_buf())),
-                        });
-                    }
-                }
+    let mut found = None;
+    let walked = toolsrv_tls::files::walk(file, |step| {
+        let Some((dir, _)) = step.parent else {
+            return Ok(());
+        };
+        match access(dir) {
+            DirAccess::Closed => Ok(()),
+            DirAccess::Open(open) => {
+                found = Some(open);
+                Err(String::new())
             }
-            child = dir;
+            DirAccess::Sticky { owner, mode } => {
+                let theirs = step.md.uid();
+                if theirs == 0 || theirs == me || theirs == owner {
+                    return Ok(());
+                }
+                found = Some(OpenToAll {
+                    path: step.path.to_path_buf(),
+                    mode,
+                    directory: false,
+                    planted: Some((theirs, dir.to_path_buf())),
+                    unchecked: None,
+                });
+                Err(String::new())
+            }
         }
+    });
+    match walked {
+        Ok(_) => None,
+        Err(toolsrv_tls::files::WalkError::Refused(_)) => found,
+        // Gone meanwhile: whoever reads it next says so.
+        Err(toolsrv_tls::files::WalkError::Io { error, .. })
+            if error.kind() == std::io::ErrorKind::NotFound =>
+        {
+            None
+        }
+        // What cannot be looked at is not trusted (a link to a path longer than the system
+        // takes hid a planted file).
+        Err(e) => Some(OpenToAll {
+            path: file.to_path_buf(),
+            mode: 0,
+            directory: false,
+            planted: None,
+            unchecked: Some(e.to_string()),
+        }),
     }
-    None
 }
 
 /// What every user may do in `dir`.
@@ -729,6 +764,7 @@ fn dir_access(dir: &Path) -> DirAccess {
         mode: mode & 0o7777,
         directory: true,
         planted: None,
+        unchecked: None,
     })
 }
 

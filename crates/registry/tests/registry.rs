@@ -940,3 +940,70 @@ fn a_tools_directory_that_vanishes_keeps_its_tools_until_it_is_back() {
     std::fs::remove_file(dir.join("a.meta")).unwrap();
     assert!(scanner.scan().tools.is_empty());
 }
+
+/// A `.meta` reached through a link to a path longer than the system takes (`realpath` fails
+/// with "File name too long") cannot be checked for who could change it, and is not served:
+/// such a link in a sticky tools directory hid a planted tool, served as root.
+#[test]
+fn a_tool_behind_a_path_too_long_to_check_is_not_served() {
+    use nix::fcntl::{OFlag, openat};
+    use nix::sys::stat::{Mode, mkdirat};
+    let root = tempfile::tempdir().unwrap();
+    let tools = root.path().join("tools");
+    std::fs::create_dir(&tools).unwrap();
+    write(&tools, "good.meta", &tool("good"));
+    // About 4,800 bytes of nested directories, made one at a time from a descriptor.
+    let name = "d".repeat(200);
+    let mut dir = openat(
+        nix::fcntl::AT_FDCWD,
+        root.path(),
+        OFlag::O_DIRECTORY | OFlag::O_RDONLY,
+        Mode::empty(),
+    )
+    .unwrap();
+    // Reached through short links: `half` leads to the first twelve levels, and the link in
+    // the tools directory names `half` and the twelve more, each path under the system's limit.
+    let mut first = root.path().to_path_buf();
+    let mut second = root.path().join("half");
+    for level in 0..24 {
+        mkdirat(&dir, name.as_str(), Mode::from_bits_truncate(0o755)).unwrap();
+        dir = openat(
+            &dir,
+            name.as_str(),
+            OFlag::O_DIRECTORY | OFlag::O_RDONLY,
+            Mode::empty(),
+        )
+        .unwrap();
+        if level < 12 {
+            first.push(&name);
+        } else {
+            second.push(&name);
+        }
+    }
+    std::os::unix::fs::symlink(&first, root.path().join("half")).unwrap();
+    let meta = openat(
+        &dir,
+        "far.meta",
+        OFlag::O_CREAT | OFlag::O_WRONLY,
+        Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    nix::unistd::write(&meta, tool("far").as_bytes()).unwrap();
+    std::os::unix::fs::symlink(second.join("far.meta"), tools.join("far.meta")).unwrap();
+    assert!(
+        std::fs::canonicalize(tools.join("far.meta")).is_err(),
+        "the path it leads to is longer than the system takes"
+    );
+
+    let reg = Registry::open(vec![tools.clone()]);
+    let cat = reg.catalog();
+    assert!(cat.tools.contains_key("good"), "{:?}", cat.diagnostics);
+    assert!(!cat.tools.contains_key("far"), "{:?}", cat.tools.keys());
+    let found = exposed(&cat);
+    assert!(
+        found
+            .iter()
+            .any(|(f, why)| f == &tools.join("far.meta") && why.contains("cannot be told")),
+        "{found:?}"
+    );
+}

@@ -214,6 +214,52 @@ fn a_directory_another_user_owns_is_refused_for_the_pki_and_the_agents_state() {
         "{}",
         String::from_utf8_lossy(&made.stderr)
     );
+    // The coordinator's state (revocations, join tokens) likewise.
+    for state in [theirs.clone(), theirs.join("coordinator")] {
+        let out = Command::new("timeout")
+            .args(["10", env!("CARGO_BIN_EXE_toolsrv")])
+            .args(["coordinator", "--listen", "127.0.0.1:0"])
+            .arg("--tools")
+            .arg(dir.path())
+            .arg("--ca")
+            .arg(pki.join("ca.pem"))
+            .arg("--cert")
+            .arg(pki.join("coordinator.pem"))
+            .arg("--key")
+            .arg(pki.join("coordinator-key.pem"))
+            .arg("--state-dir")
+            .arg(&state)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}: {err}", state.display());
+        assert!(
+            err.contains("state directory") && err.contains("uid 65534"),
+            "{}: {err}",
+            state.display()
+        );
+    }
+    // A link of theirs on the way to a directory of ours.
+    let ours = dir.path().join("ours");
+    std::fs::create_dir(&ours).unwrap();
+    let their_link = dir.path().join("their-link");
+    std::os::unix::fs::symlink(&ours, &their_link).unwrap();
+    std::os::unix::fs::lchown(&their_link, Some(65534), None).unwrap();
+    let our_link = dir.path().join("state-link");
+    std::os::unix::fs::symlink(&their_link, &our_link).unwrap();
+    let out = toolsrv()
+        .args(["pki", "init"])
+        .arg(&our_link)
+        .args(["--agents", "x"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("symbolic link") && err.contains("uid 65534"),
+        "{err}"
+    );
+
     for state in [theirs.clone(), theirs.join("state")] {
         // Bounded: an agent that does not stop at start runs until it is stopped.
         let out = Command::new("timeout")

@@ -3,7 +3,7 @@
 //! is an error naming it instead of a process that reads until memory runs out.
 
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Most bytes read of a PEM file of certificates or of a key: a system CA bundle is about
 /// 200 KiB.
@@ -163,55 +163,173 @@ mod tests {
     }
 }
 
-/// Refuses `dir` (which exists) unless this process's user or root owns it and every directory
-/// above it, and no other user may change a directory above it: writable by group or others
-/// only with the sticky bit, as `/tmp` is, where nobody renames what another user owns. A
-/// symbolic link on the way counts as its owner's, then what it points to is checked the same
-/// way. Otherwise another local user could swap what the directory holds (a certificate, a
-/// CA key, a tool the agent runs as root): one who made `/tmp/state` before the service did
-/// owns it still. Whether `dir` itself is writable by others is the caller's to judge. The
-/// reason names the directory at fault and what to do.
+/// One entry met on the way to a path by [`walk`].
+#[derive(Debug)]
+pub struct Step<'a> {
+    /// The entry, as resolved so far (a link's target is followed from the directory holding it).
+    pub path: &'a Path,
+    /// What `lstat` says of it: a symbolic link is itself, not what it leads to.
+    pub md: &'a std::fs::Metadata,
+    /// The directory holding it, with its metadata (none for `/`).
+    pub parent: Option<(&'a Path, &'a std::fs::Metadata)>,
+    /// Whether it is the end of the way: what the path names, once every link is followed.
+    pub last: bool,
+}
+
+/// Why [`walk`] stopped.
+#[derive(Debug)]
+pub enum WalkError {
+    /// An entry could not be looked at (gone, a path too long for the system, no permission,
+    /// too many links): callers judging who could change a file treat it as they see fit.
+    Io {
+        /// The entry.
+        at: PathBuf,
+        /// What the system said.
+        error: std::io::Error,
+    },
+    /// The visitor refused a step.
+    Refused(String),
+}
+
+impl std::fmt::Display for WalkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Io { at, error } => write!(f, "{}: {error}", at.display()),
+            Self::Refused(why) => f.write_str(why),
+        }
+    }
+}
+
+/// Most symbolic links [`walk`] follows, as the kernel (`ELOOP`).
+const MAX_LINKS: usize = 40;
+
+/// Resolves `path` one entry at a time from `/`, as the kernel does, and calls `visit` on every
+/// entry it looks at: each directory, each symbolic link (wherever it is met, a link inside a
+/// link's target included) and the end; returns where the path leads. Nothing is resolved by
+/// `canonicalize`, which hides the links on the way and fails on paths longer than the system
+/// takes, so whoever could change any entry on the way is seen.
+pub fn walk(
+    path: &Path,
+    mut visit: impl FnMut(&Step<'_>) -> Result<(), String>,
+) -> Result<PathBuf, WalkError> {
+    use std::collections::VecDeque;
+    use std::ffi::OsString;
+    use std::path::Component;
+    let parts = |p: &Path| -> VecDeque<OsString> {
+        p.components()
+            .filter_map(|c| match c {
+                Component::Normal(name) => Some(name.to_owned()),
+                Component::ParentDir => Some("..".into()),
+                _ => None,
+            })
+            .collect()
+    };
+    let io = |at: &Path| {
+        let at = at.to_path_buf();
+        move |error| WalkError::Io { at, error }
+    };
+    let absolute = std::path::absolute(path).map_err(io(path))?;
+    let root = PathBuf::from("/");
+    let root_md = std::fs::symlink_metadata(&root).map_err(io(&root))?;
+    let mut rest = parts(&absolute);
+    visit(&Step {
+        path: &root,
+        md: &root_md,
+        parent: None,
+        last: rest.is_empty(),
+    })
+    .map_err(WalkError::Refused)?;
+    // The directories from `/` down to the current one, for `..`.
+    let mut trail: Vec<(PathBuf, std::fs::Metadata)> = vec![(root.clone(), root_md)];
+    let mut links = 0;
+    while let Some(name) = rest.pop_front() {
+        if name == ".." {
+            if trail.len() > 1 {
+                trail.pop();
+            }
+            continue;
+        }
+        // `/` stays at the bottom of the trail: it is never empty.
+        let Some((dir, dir_md)) = trail.last().cloned() else {
+            break;
+        };
+        let next = dir.join(&name);
+        let md = std::fs::symlink_metadata(&next).map_err(io(&next))?;
+        let link = md.file_type().is_symlink();
+        visit(&Step {
+            path: &next,
+            md: &md,
+            parent: Some((&dir, &dir_md)),
+            last: rest.is_empty() && !link,
+        })
+        .map_err(WalkError::Refused)?;
+        if link {
+            links += 1;
+            if links > MAX_LINKS {
+                return Err(WalkError::Io {
+                    at: next,
+                    error: std::io::Error::other("too many symbolic links on the way"),
+                });
+            }
+            let target = std::fs::read_link(&next).map_err(io(&next))?;
+            if target.is_absolute() {
+                trail.truncate(1);
+            }
+            let mut followed = parts(&target);
+            followed.extend(rest.drain(..));
+            rest = followed;
+            continue;
+        }
+        trail.push((next, md));
+    }
+    Ok(trail.last().map_or(root, |(p, _)| p.clone()))
+}
+
+/// Refuses `dir` (which exists) unless this process's user or root owns it and every entry on
+/// the way to it, symbolic links included wherever they are met, and no other user may change a
+/// directory above it: writable by group or others only with the sticky bit, as `/tmp` is, where
+/// nobody renames what another user owns. Otherwise another local user could swap what the
+/// directory holds (a certificate, a CA key, a tool the agent runs as root): one who made
+/// `/tmp/state` before the service did owns it still, and one whose link is on the way can point
+/// it elsewhere. Whether `dir` itself is writable by others is the caller's to judge. The reason
+/// names the entry at fault and what to do.
 pub fn check_owned_dir(dir: &Path) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     let uid = nix::unistd::geteuid().as_raw();
-    let foreign = |what: String, owner: u32| {
-        format!(
-            "{what} is owned by uid {owner}, neither this process's user (uid {uid}) nor \
-             root: that user could replace what is in it; use a directory only root or uid \
-             {uid} can change"
-        )
-    };
-    let absolute = std::path::absolute(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let real = std::fs::canonicalize(&absolute).map_err(|e| format!("{}: {e}", dir.display()))?;
-    for path in [&absolute, &real] {
-        for at in path.ancestors() {
-            let md = std::fs::symlink_metadata(at).map_err(|e| format!("{}: {e}", at.display()))?;
-            let owner = md.uid();
-            if owner != uid && owner != 0 {
-                let what = if md.file_type().is_symlink() {
-                    format!("the symbolic link {}", at.display())
-                } else if at == path.as_path() {
-                    at.display().to_string()
-                } else {
-                    format!("{}, a directory above it,", at.display())
-                };
-                return Err(foreign(what, owner));
-            }
-            let above = at != path.as_path();
-            let sticky = md.mode() & 0o1000 != 0;
-            if above && md.is_dir() && md.mode() & 0o022 != 0 && !sticky {
-                return Err(format!(
-                    "the directory above it, {}, may be written by other users (mode {:04o}), \
-                     who could replace what is in it: chmod go-w {} (or +t), or use another \
-                     directory",
-                    at.display(),
-                    md.mode() & 0o7777,
-                    at.display()
-                ));
-            }
+    walk(dir, |step| {
+        let owner = step.md.uid();
+        if owner != uid && owner != 0 {
+            let what = if step.md.file_type().is_symlink() {
+                format!("the symbolic link {}", step.path.display())
+            } else if step.last {
+                step.path.display().to_string()
+            } else {
+                format!("{}, a directory above it,", step.path.display())
+            };
+            return Err(format!(
+                "{what} is owned by uid {owner}, neither this process's user (uid {uid}) nor \
+                 root: that user could replace what is in it; use a directory only root or uid \
+                 {uid} can change"
+            ));
         }
-    }
-    Ok(())
+        let mode = step.md.mode();
+        if !step.last && step.md.is_dir() && mode & 0o022 != 0 && mode & 0o1000 == 0 {
+            return Err(format!(
+                "the directory above it, {}, may be written by other users (mode {:04o}), \
+                 who could replace what is in it: chmod go-w {} (or +t), or use another \
+                 directory",
+                step.path.display(),
+                mode & 0o7777,
+                step.path.display()
+            ));
+        }
+        Ok(())
+    })
+    .map(drop)
+    .map_err(|e| match e {
+        WalkError::Refused(why) => why,
+        io => format!("{}: cannot be checked: {io}", dir.display()),
+    })
 }
 
 #[cfg(test)]
@@ -275,6 +393,20 @@ mod owned_tests {
             err.contains("symbolic link") && err.contains(&link.display().to_string()),
             "{err}"
         );
+        // The same link reached through one of ours: a link in the middle of the way, which
+        // neither the path as given nor its canonical form shows.
+        let ours_to_theirs = root.path().join("state");
+        std::os::unix::fs::symlink(&link, &ours_to_theirs).unwrap();
+        let err = check_owned_dir(&ours_to_theirs).unwrap_err();
+        assert!(
+            err.contains("symbolic link") && err.contains(&link.display().to_string()),
+            "{err}"
+        );
+        // And in a link's relative target, after `..`.
+        let sub = root.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        std::os::unix::fs::symlink("../link", sub.join("up")).unwrap();
+        assert!(check_owned_dir(&sub.join("up")).is_err());
         check_owned_dir(&ours).unwrap();
     }
 }
