@@ -906,7 +906,7 @@ fn relay_failed(host: &str, record: &HostRecord, status: &Status) -> CallResult 
         message: format!(
             "{host}: {what} (replica {}): {}",
             record.owner,
-            status.message()
+            toolsrv_proto::text::transport_words(status.message())
         ),
         ..CallResult::default()
     }
