@@ -214,31 +214,6 @@ fn a_directory_another_user_owns_is_refused_for_the_pki_and_the_agents_state() {
         "{}",
         String::from_utf8_lossy(&made.stderr)
     );
-    // The coordinator's state (revocations, join tokens) likewise.
-    for state in [theirs.clone(), theirs.join("coordinator")] {
-        let out = Command::new("timeout")
-            .args(["10", env!("CARGO_BIN_EXE_toolsrv")])
-            .args(["coordinator", "--listen", "127.0.0.1:0"])
-            .arg("--tools")
-            .arg(dir.path())
-            .arg("--ca")
-            .arg(pki.join("ca.pem"))
-            .arg("--cert")
-            .arg(pki.join("coordinator.pem"))
-            .arg("--key")
-            .arg(pki.join("coordinator-key.pem"))
-            .arg("--state-dir")
-            .arg(&state)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{}: {err}", state.display());
-        assert!(
-            err.contains("state directory") && err.contains("uid 65534"),
-            "{}: {err}",
-            state.display()
-        );
-    }
     // A link of theirs on the way to a directory of ours.
     let ours = dir.path().join("ours");
     std::fs::create_dir(&ours).unwrap();
@@ -260,34 +235,51 @@ fn a_directory_another_user_owns_is_refused_for_the_pki_and_the_agents_state() {
         "{err}"
     );
 
-    for state in [theirs.clone(), theirs.join("state")] {
-        // Bounded: an agent that does not stop at start runs until it is stopped.
-        let out = Command::new("timeout")
-            .args(["10", env!("CARGO_BIN_EXE_toolsrv")])
-            .args([
-                "agent",
-                "--coordinator",
-                "https://127.0.0.1:1",
-                "--host-id",
-                "x",
-            ])
-            .arg("--ca")
-            .arg(pki.join("ca.pem"))
-            .arg("--cert")
-            .arg(pki.join("agent-x.pem"))
-            .arg("--key")
-            .arg(pki.join("agent-x-key.pem"))
-            .arg("--state-dir")
-            .arg(&state)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{}: {err}", state.display());
-        assert!(
-            err.contains(&theirs.display().to_string()) && err.contains("uid 65534"),
-            "{}: {err}",
-            state.display()
-        );
+    // The coordinator's state (revocations, join tokens) and the agent's, in their directory
+    // or beneath it. Bounded: a role that does not stop at start runs until it is stopped.
+    let coordinator: Vec<std::ffi::OsString> = vec![
+        "coordinator".into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--tools".into(),
+        dir.path().into(),
+        "--ca".into(),
+        pki.join("ca.pem").into(),
+        "--cert".into(),
+        pki.join("coordinator.pem").into(),
+        "--key".into(),
+        pki.join("coordinator-key.pem").into(),
+    ];
+    let agent: Vec<std::ffi::OsString> = vec![
+        "agent".into(),
+        "--coordinator".into(),
+        "https://127.0.0.1:1".into(),
+        "--host-id".into(),
+        "x".into(),
+        "--ca".into(),
+        pki.join("ca.pem").into(),
+        "--cert".into(),
+        pki.join("agent-x.pem").into(),
+        "--key".into(),
+        pki.join("agent-x-key.pem").into(),
+    ];
+    for (role, sub) in [(&coordinator, "coordinator"), (&agent, "state")] {
+        for state in [theirs.clone(), theirs.join(sub)] {
+            let out = Command::new("timeout")
+                .args(["10", env!("CARGO_BIN_EXE_toolsrv")])
+                .args(role)
+                .arg("--state-dir")
+                .arg(&state)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{}: {err}", state.display());
+            assert!(
+                err.contains(&theirs.display().to_string()) && err.contains("uid 65534"),
+                "{}: {err}",
+                state.display()
+            );
+        }
     }
 }
 
