@@ -388,6 +388,8 @@ impl BlobCache {
 /// ([`toolsrv_tls::files::check_owned_dir`]): a state directory another user made beforehand
 /// (`/tmp/state`) would let them swap the catalog for tools of theirs, which the agent runs.
 pub(crate) fn create_private_dir(dir: &Path, op: &'static str) -> Result<(), AgentError> {
+    toolsrv_tls::files::check_before_creating(dir)
+        .map_err(|why| AgentError::refused(format!("the directory {}", dir.display()), why))?;
     std::fs::create_dir_all(dir).map_err(|e| AgentError::io(op, dir, e))?;
     toolsrv_tls::files::check_owned_dir(dir)
         .map_err(|why| AgentError::refused(format!("the directory {}", dir.display()), why))?;

@@ -32,6 +32,8 @@ impl FileError {
     pub fn own_state_dir(dir: &Path) -> Result<(), Self> {
         use std::os::unix::fs::{DirBuilderExt, MetadataExt};
         const WHAT: &str = "state directory";
+        toolsrv_tls::files::check_before_creating(dir)
+            .map_err(|why| Self::invalid(WHAT, dir, why))?;
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)

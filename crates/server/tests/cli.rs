@@ -279,6 +279,12 @@ fn a_directory_another_user_owns_is_refused_for_the_pki_and_the_agents_state() {
                 "{}: {err}",
                 state.display()
             );
+            // Refused before anything is made there.
+            assert!(
+                state == theirs || !state.exists(),
+                "{} was made",
+                state.display()
+            );
         }
     }
 }

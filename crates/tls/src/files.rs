@@ -285,6 +285,37 @@ pub fn walk(
     Ok(trail.last().map_or(root, |(p, _)| p.clone()))
 }
 
+/// Before `dir` is made: the nearest of it and the directories above it that exists passes
+/// [`check_owned_dir`], and when `dir` is to be made in it, no other user may write it unless
+/// it is sticky. So nothing is made where another user's link or directory leads, before the
+/// made directory is refused.
+pub fn check_before_creating(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let absolute = std::path::absolute(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let Some(existing) = absolute
+        .ancestors()
+        .find(|a| std::fs::symlink_metadata(a).is_ok())
+    else {
+        return Ok(());
+    };
+    check_owned_dir(existing)?;
+    if existing != absolute {
+        let md = std::fs::metadata(existing).map_err(|e| format!("{}: {e}", existing.display()))?;
+        let mode = md.mode();
+        if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+            return Err(format!(
+                "{} would be made in {}, which other users may write (mode {:04o}): chmod \
+                 go-w {} (or +t), or use another directory",
+                absolute.display(),
+                existing.display(),
+                mode & 0o7777,
+                existing.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Refuses `dir` (which exists) unless this process's user or root owns it and every entry on
 /// the way to it, symbolic links included wherever they are met, and no other user may change a
 /// directory above it: writable by group or others only with the sticky bit, as `/tmp` is, where

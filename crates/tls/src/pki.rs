@@ -164,6 +164,7 @@ fn check_days(days: u32) -> Result<(), TlsError> {
 /// between two runs, and every certificate issued after would be signed by it.
 fn ensure_dir(dir: &Path) -> Result<(), TlsError> {
     use std::os::unix::fs::MetadataExt;
+    crate::files::check_before_creating(dir).map_err(|why| TlsError::bad_file(dir, why))?;
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
