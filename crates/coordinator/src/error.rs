@@ -27,10 +27,10 @@ pub enum FileError {
 
 impl FileError {
     /// Makes the coordinator's `--state-dir` (0700) if needed, and refuses one another user
-    /// could change: owned by them, under a directory of theirs or a link of theirs, or
-    /// writable by others. Its revocations and join tokens would be theirs to delete or write.
+    /// could change: owned by them, or under a directory or a link of theirs. Its revocations
+    /// and join tokens would be theirs to delete or write.
     pub fn own_state_dir(dir: &Path) -> Result<(), Self> {
-        use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+        use std::os::unix::fs::DirBuilderExt;
         const WHAT: &str = "state directory";
         toolsrv_tls::files::check_before_creating(dir)
             .map_err(|why| Self::invalid(WHAT, dir, why))?;
@@ -44,20 +44,10 @@ impl FileError {
                 path: dir.to_path_buf(),
                 source,
             })?;
+        // Whether others may write it is the state files' own check (each is made anew, and
+        // refused when another user could have written it): a volume mounted mode 0777 is
+        // used that way.
         toolsrv_tls::files::check_owned_dir(dir).map_err(|why| Self::invalid(WHAT, dir, why))?;
-        let md = std::fs::metadata(dir).map_err(|e| Self::read(WHAT, dir, e))?;
-        if md.mode() & 0o022 != 0 {
-            return Err(Self::invalid(
-                WHAT,
-                dir,
-                format!(
-                    "mode {:04o} lets other users write it, who could delete its revocations or \
-                     put join tokens of theirs in it: chmod go-w {}",
-                    md.mode() & 0o7777,
-                    dir.display()
-                ),
-            ));
-        }
         Ok(())
     }
 

@@ -285,6 +285,24 @@ pub fn walk(
     Ok(trail.last().map_or(root, |(p, _)| p.clone()))
 }
 
+/// Whether users other than this process's user (and root) may write a directory of `md`: it
+/// is writable by everyone, or by a group this process is not in. A group of this process's
+/// own (a Kubernetes `fsGroup` volume is mode 2775 of the pod's group) is its grant to make.
+pub fn writable_by_others(md: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let mode = md.mode();
+    if mode & 0o002 != 0 {
+        return true;
+    }
+    if mode & 0o020 == 0 {
+        return false;
+    }
+    let gid = nix::unistd::Gid::from_raw(md.gid());
+    let ours = gid == nix::unistd::getegid()
+        || nix::unistd::getgroups().is_ok_and(|groups| groups.contains(&gid));
+    !ours
+}
+
 /// Before `dir` is made: the nearest of it and the directories above it that exists passes
 /// [`check_owned_dir`], and when `dir` is to be made in it, no other user may write it unless
 /// it is sticky. So nothing is made where another user's link or directory leads, before the
@@ -302,7 +320,7 @@ pub fn check_before_creating(dir: &Path) -> Result<(), String> {
     if existing != absolute {
         let md = std::fs::metadata(existing).map_err(|e| format!("{}: {e}", existing.display()))?;
         let mode = md.mode();
-        if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+        if writable_by_others(&md) && mode & 0o1000 == 0 {
             return Err(format!(
                 "{} would be made in {}, which other users may write (mode {:04o}): chmod \
                  go-w {} (or +t), or use another directory",
@@ -344,7 +362,7 @@ pub fn check_owned_dir(dir: &Path) -> Result<(), String> {
             ));
         }
         let mode = step.md.mode();
-        if !step.last && step.md.is_dir() && mode & 0o022 != 0 && mode & 0o1000 == 0 {
+        if !step.last && step.md.is_dir() && writable_by_others(step.md) && mode & 0o1000 == 0 {
             return Err(format!(
                 "the directory above it, {}, may be written by other users (mode {:04o}), \
                  who could replace what is in it: chmod go-w {} (or +t), or use another \
@@ -381,6 +399,28 @@ mod owned_tests {
         // A sticky directory anyone may write (as /tmp) above it is fine.
         mode(root.path(), 0o1777);
         check_owned_dir(&dir).unwrap();
+    }
+
+    /// Group write for a group of this process's own is its grant (a Kubernetes `fsGroup`
+    /// volume, mode 2775 of the pod's group); for another group, it lets others in.
+    #[test]
+    fn group_write_counts_only_for_a_group_this_process_is_not_in() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("shared/state");
+        std::fs::create_dir_all(&dir).unwrap();
+        let shared = root.path().join("shared");
+        mode(&shared, 0o2775);
+        check_owned_dir(&dir).unwrap();
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "giving the directory to another group needs root (as CI runs)"
+        );
+        let others = nix::unistd::Gid::from_raw(65534);
+        assert!(!nix::unistd::getgroups().unwrap().contains(&others));
+        std::os::unix::fs::chown(&shared, None, Some(65534)).unwrap();
+        mode(&shared, 0o2775);
+        let err = check_owned_dir(&dir).unwrap_err();
+        assert!(err.contains("mode 2775"), "{err}");
     }
 
     #[test]

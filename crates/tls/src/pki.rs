@@ -172,7 +172,7 @@ fn ensure_dir(dir: &Path) -> Result<(), TlsError> {
         .map_err(|e| TlsError::io("cannot create directory", dir, e))?;
     crate::files::check_owned_dir(dir).map_err(|why| TlsError::bad_file(dir, why))?;
     let md = fs::metadata(dir).map_err(|e| TlsError::io("cannot look at", dir, e))?;
-    if md.mode() & 0o022 != 0 {
+    if crate::files::writable_by_others(&md) {
         return Err(TlsError::bad_file(
             dir,
             format!(
