@@ -9,7 +9,7 @@ mod watch;
 
 pub use definition::definition;
 pub use scan::{
-    Catalog, CatalogChanges, Executable, Hashed, Invalid, OpenToAll, ReadError, SETTLE_AGE,
+    Catalog, CatalogChanges, Executable, Hashed, Invalid, Open, OpenToAll, ReadError, SETTLE_AGE,
     SHORTAGE_RETRY, Scanner, Tool, hash_file, hash_file_bounded, hex_sha256, is_shortage,
     open_regular, read_meta, split_tools_path, writable_by_anyone,
 };

@@ -585,67 +585,65 @@ impl Exposure {
 /// directory on the way to it) that any of them could have put where it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenToAll {
-    /// The file, or the directory; `chmod o-w` it to close it. When [`OpenToAll::planted`],
-    /// the file or directory another user owns.
+    /// The file or directory at fault.
     pub path: PathBuf,
-    /// Its permission bits (when planted, those of the directory that holds it).
-    pub mode: u32,
-    pub directory: bool,
-    /// `path` is another user's (this uid), in `dir`, a directory every user may write with the
-    /// sticky bit (as `/tmp`): anyone could have put it there, and it is theirs to change.
-    pub planted: Option<(u32, PathBuf)>,
-    /// Who could change `path` cannot be told: an entry on the way to it cannot be looked at
-    /// (a path longer than the system takes, too many links, no permission). Why.
-    pub unchecked: Option<String>,
+    /// What makes it so.
+    pub how: Open,
+}
+
+/// What lets any user of the machine change a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Open {
+    /// The file is writable by every user (its permission bits): `chmod o-w` it.
+    File { mode: u32 },
+    /// The directory holding it is writable by every user without the sticky bit (its
+    /// permission bits): `chmod o-w` it.
+    Directory { mode: u32 },
+    /// It is another user's (`owner`), in `dir`, a directory every user may write with the
+    /// sticky bit (as `/tmp`; `mode` is that directory's): anyone could have put it there, and
+    /// it is theirs to change.
+    Planted { owner: u32, dir: PathBuf, mode: u32 },
+    /// Who could change it cannot be told: an entry on the way to it cannot be looked at (a
+    /// path longer than the system takes, too many links, no permission). Why.
+    Unchecked(String),
 }
 
 impl OpenToAll {
     /// What is open, `why` that matters, and what closes it.
     pub fn explained(&self, why: &str) -> String {
-        if self.unchecked.is_some() {
-            format!("{self}: {why}")
-        } else if self.planted.is_some() {
-            format!(
+        match self.how {
+            Open::Unchecked(_) => format!("{self}: {why}"),
+            Open::Planted { .. } => format!(
                 "{self}: {why}: remove it, or chown it to root or this process's user (uid {})",
                 nix::unistd::geteuid()
-            )
-        } else {
-            format!("{self}: {why}: chmod o-w {}", self.path.display())
+            ),
+            Open::File { .. } | Open::Directory { .. } => {
+                format!("{self}: {why}: chmod o-w {}", self.path.display())
+            }
         }
     }
 }
 
 impl std::fmt::Display for OpenToAll {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if let Some(why) = &self.unchecked {
-            write!(
+        let path = self.path.display();
+        match &self.how {
+            Open::Unchecked(why) => write!(f, "who could change {path} cannot be told ({why})"),
+            Open::Planted { owner, dir, mode } => write!(
                 f,
-                "who could change {} cannot be told ({why})",
-                self.path.display()
-            )
-        } else if let Some((owner, dir)) = &self.planted {
-            write!(
-                f,
-                "{} is owned by uid {owner}, in the directory {}, which every user of this \
-                 machine may write (mode {:04o}): any of them could have put it there",
-                self.path.display(),
+                "{path} is owned by uid {owner}, in the directory {}, which every user of this \
+                 machine may write (mode {mode:04o}): any of them could have put it there",
                 dir.display(),
-                self.mode
-            )
-        } else if self.directory {
-            write!(
+            ),
+            Open::Directory { mode } => write!(
                 f,
-                "in the directory {}, which every user of this machine may write (mode {:04o}, \
-                 no sticky bit)",
-                self.path.display(),
-                self.mode
-            )
-        } else {
-            write!(
+                "in the directory {path}, which every user of this machine may write (mode \
+                 {mode:04o}, no sticky bit)"
+            ),
+            Open::File { mode } => write!(
                 f,
-                "writable by every user of this machine (mode {:04o})",
-                self.mode
-            )
+                "writable by every user of this machine (mode {mode:04o})"
+            ),
         }
     }
 }
@@ -685,10 +683,9 @@ fn writable_by_anyone_with(
     if md.is_file() && mode & 0o002 != 0 && !read_only(file) {
         return Some(OpenToAll {
             path: file.to_path_buf(),
-            mode: mode & 0o7777,
-            directory: false,
-            planted: None,
-            unchecked: None,
+            how: Open::File {
+                mode: mode & 0o7777,
+            },
         });
     }
     // Every entry on the way, as the kernel resolves it, links wherever they are met: each in a
@@ -713,10 +710,11 @@ fn writable_by_anyone_with(
                 }
                 found = Some(OpenToAll {
                     path: step.path.to_path_buf(),
-                    mode,
-                    directory: false,
-                    planted: Some((theirs, dir.to_path_buf())),
-                    unchecked: None,
+                    how: Open::Planted {
+                        owner: theirs,
+                        dir: dir.to_path_buf(),
+                        mode,
+                    },
                 });
                 Err(String::new())
             }
@@ -735,10 +733,7 @@ fn writable_by_anyone_with(
         // takes hid a planted file).
         Err(e) => Some(OpenToAll {
             path: file.to_path_buf(),
-            mode: 0,
-            directory: false,
-            planted: None,
-            unchecked: Some(e.to_string()),
+            how: Open::Unchecked(e.to_string()),
         }),
     }
 }
@@ -761,10 +756,9 @@ fn dir_access(dir: &Path) -> DirAccess {
     }
     DirAccess::Open(OpenToAll {
         path: dir.to_path_buf(),
-        mode: mode & 0o7777,
-        directory: true,
-        planted: None,
-        unchecked: None,
+        how: Open::Directory {
+            mode: mode & 0o7777,
+        },
     })
 }
 
