@@ -129,7 +129,7 @@ pub async fn prepare(
         .mode(0o700)
         .create(&dir)
         .map_err(|e| AgentError::io("cannot create", &dir, e))?;
-    private_dir(&dir, nix::unistd::geteuid().as_raw())?;
+    private_dir(&dir)?;
     if files.cert.exists() {
         let stored = read_stored(&files)?;
         if toolsrv_tls::unix_now() < stored.not_after {
@@ -349,20 +349,15 @@ fn check_issued(chain_pem: &str, key_pem: &str) -> Result<String, AgentError> {
 }
 
 /// Refuses the directory of the enrolled certificate and key unless it is the agent's own: made
-/// by this process's user (`uid`) or root, and no other user may write it. One made beforehand
+/// by this process's user or root, and no other user may write it. One made beforehand
 /// by someone who could write the state directory (it is made mode 0700 when it does not exist)
 /// could hold a certificate and key of theirs, or swap them later.
-fn private_dir(dir: &Path, uid: u32) -> Result<(), AgentError> {
+fn private_dir(dir: &Path) -> Result<(), AgentError> {
     use std::os::unix::fs::MetadataExt;
     let md = std::fs::metadata(dir).map_err(|e| AgentError::io("cannot look at", dir, e))?;
+    // Its owner, and every entry on the way to it, as every state directory is checked.
     let why = if let Err(why) = toolsrv_tls::files::check_owned_dir(dir) {
         why
-    } else if md.uid() != uid && md.uid() != 0 {
-        format!(
-            "owned by uid {}, neither this process's user (uid {uid}) nor root: another user \
-             could have put a certificate there; remove it, or chown {uid} it if it is yours",
-            md.uid()
-        )
     } else if md.mode() & 0o022 != 0 {
         format!(
             "mode {:04o} lets other users write it; chmod 700 {}",
@@ -554,15 +549,14 @@ mod tests {
         let state = tempfile::tempdir().unwrap();
         let dir = state.path().join(ENROLL_DIR);
         std::fs::create_dir(&dir).unwrap();
-        let uid = nix::unistd::geteuid().as_raw();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
-        private_dir(&dir, uid).unwrap();
+        private_dir(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o770)).unwrap();
-        let err = private_dir(&dir, uid).unwrap_err().to_string();
+        let err = private_dir(&dir).unwrap_err().to_string();
         assert!(err.contains("mode 0770 lets other users write it"), "{err}");
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         std::os::unix::fs::chown(&dir, Some(65534), None).unwrap();
-        let err = private_dir(&dir, uid).unwrap_err().to_string();
+        let err = private_dir(&dir).unwrap_err().to_string();
         assert!(
             err.contains(&dir.display().to_string()) && err.contains("owned by uid 65534"),
             "{err}"
