@@ -8,6 +8,16 @@ fn toolsrv() -> Command {
     Command::new(env!("CARGO_BIN_EXE_toolsrv"))
 }
 
+/// `toolsrv pki init DIR ARGS...`, run to its end.
+fn pki_init(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    toolsrv()
+        .args(["pki", "init"])
+        .arg(dir)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn help_lists_every_role() {
     let out = toolsrv().arg("--help").output().unwrap();
@@ -21,12 +31,7 @@ fn help_lists_every_role() {
 fn pki_init_writes_a_usable_layout_and_is_additive() {
     let dir = tempfile::tempdir().unwrap();
     let pki = dir.path().join("pki");
-    let out = toolsrv()
-        .args(["pki", "init"])
-        .arg(&pki)
-        .args(["--agents", "a,b", "--clients", "alice"])
-        .output()
-        .unwrap();
+    let out = pki_init(&pki, &["--agents", "a,b", "--clients", "alice"]);
     assert!(
         out.status.success(),
         "{}",
@@ -48,12 +53,7 @@ fn pki_init_writes_a_usable_layout_and_is_additive() {
         .mode();
     assert_eq!(mode & 0o777, 0o600);
     let ca = std::fs::read(pki.join("ca.pem")).unwrap();
-    let out = toolsrv()
-        .args(["pki", "init"])
-        .arg(&pki)
-        .args(["--agents", "c"])
-        .output()
-        .unwrap();
+    let out = pki_init(&pki, &["--agents", "c"]);
     assert!(out.status.success());
     assert_eq!(
         std::fs::read(pki.join("ca.pem")).unwrap(),
@@ -65,12 +65,7 @@ fn pki_init_writes_a_usable_layout_and_is_additive() {
     // key stays): the names a coordinator is reached by grow with the fleet.
     let key = std::fs::read(pki.join("coordinator-key.pem")).unwrap();
     for _ in 0..2 {
-        let out = toolsrv()
-            .args(["pki", "init"])
-            .arg(&pki)
-            .args(["--coordinator-names", "coord-1.example,10.0.0.9"])
-            .output()
-            .unwrap();
+        let out = pki_init(&pki, &["--coordinator-names", "coord-1.example,10.0.0.9"]);
         assert!(
             out.status.success(),
             "{}",
@@ -97,12 +92,7 @@ fn pki_init_writes_a_usable_layout_and_is_additive() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o644);
-    let out = toolsrv()
-        .args(["pki", "init"])
-        .arg(&pki)
-        .args(["--agents", "bad/id"])
-        .output()
-        .unwrap();
+    let out = pki_init(&pki, &["--agents", "bad/id"]);
     assert!(!out.status.success());
 }
 
@@ -187,12 +177,7 @@ fn a_directory_another_user_owns_is_refused_for_the_pki_and_the_agents_state() {
     let theirs = dir.path().join("theirs");
     std::fs::create_dir(&theirs).unwrap();
     std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
-    let out = toolsrv()
-        .args(["pki", "init"])
-        .arg(&theirs)
-        .args(["--agents", "x"])
-        .output()
-        .unwrap();
+    let out = pki_init(&theirs, &["--agents", "x"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
@@ -203,12 +188,7 @@ fn a_directory_another_user_owns_is_refused_for_the_pki_and_the_agents_state() {
 
     // The agent, with a good PKI, and its state in their directory or beneath it.
     let pki = dir.path().join("pki");
-    let made = toolsrv()
-        .args(["pki", "init"])
-        .arg(&pki)
-        .args(["--agents", "x"])
-        .output()
-        .unwrap();
+    let made = pki_init(&pki, &["--agents", "x"]);
     assert!(
         made.status.success(),
         "{}",
@@ -222,12 +202,7 @@ fn a_directory_another_user_owns_is_refused_for_the_pki_and_the_agents_state() {
     std::os::unix::fs::lchown(&their_link, Some(65534), None).unwrap();
     let our_link = dir.path().join("state-link");
     std::os::unix::fs::symlink(&their_link, &our_link).unwrap();
-    let out = toolsrv()
-        .args(["pki", "init"])
-        .arg(&our_link)
-        .args(["--agents", "x"])
-        .output()
-        .unwrap();
+    let out = pki_init(&our_link, &["--agents", "x"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
