@@ -44,6 +44,7 @@ fn the_set_is_big_enough_and_paraphrases_share_no_word_with_their_tool() {
     let docs = common::catalog();
     let queries = common::queries();
     let tuning = common::tuning_queries();
+    let holdout = common::holdout_queries();
     assert!(docs.len() >= 40, "{} tools", docs.len());
     assert!(
         tuning
@@ -51,6 +52,29 @@ fn the_set_is_big_enough_and_paraphrases_share_no_word_with_their_tool() {
             .all(|t| t.kind != "keyword" && queries.iter().all(|q| q.query != t.query)),
         "the tuning set holds only paraphrases, none of them an evaluation request"
     );
+    assert!(
+        holdout
+            .iter()
+            .all(|h| h.kind != "keyword"
+                && queries.iter().chain(&tuning).all(|q| q.query != h.query)),
+        "the held-out set holds only paraphrases, none of them in another set"
+    );
+    for set in [&tuning, &holdout] {
+        for tool in docs.iter().map(|(name, _)| name) {
+            for kind in ["paraphrase", "no-keyword"] {
+                let n = set
+                    .iter()
+                    .filter(|q| q.expected.as_ref() == Some(tool) && q.kind == kind)
+                    .count();
+                assert_eq!(
+                    n,
+                    1,
+                    "{tool}: {n} {kind} requests in a set of {}",
+                    set.len()
+                );
+            }
+        }
+    }
     let labelled: Vec<&Query> = queries.iter().filter(|q| q.expected.is_some()).collect();
     assert!(labelled.len() >= 80, "{} labelled queries", labelled.len());
     // Both kinds of paraphrase share no keyword with their tool.
@@ -60,7 +84,7 @@ fn the_set_is_big_enough_and_paraphrases_share_no_word_with_their_tool() {
         "{paraphrases} paraphrases"
     );
     let analyzer = Analyzer::default();
-    for q in queries.iter().chain(&tuning) {
+    for q in queries.iter().chain(&tuning).chain(&holdout) {
         if let Some(expected) = &q.expected {
             let (_, doc) = docs
                 .iter()

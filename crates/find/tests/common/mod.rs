@@ -60,6 +60,13 @@ pub fn tuning_queries() -> Vec<Query> {
     read_queries("dev.jsonl")
 }
 
+/// The held-out requests (`holdout.jsonl`): 112 paraphrases, one of each kind per tool, written
+/// after the tuning set and before anything was measured on them; a setting chosen on the tuning
+/// set is measured here once, as well as on the evaluation set.
+pub fn holdout_queries() -> Vec<Query> {
+    read_queries("holdout.jsonl")
+}
+
 fn read_queries(file: &str) -> Vec<Query> {
     let text = std::fs::read_to_string(eval_dir().join(file)).unwrap();
     text.lines()
