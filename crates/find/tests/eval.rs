@@ -168,6 +168,8 @@ struct Ranked {
     fused: Vec<Measures>,
     /// The fused score on the tuning set (`dev.jsonl`), every request a paraphrase.
     tuning: Measures,
+    /// The fused score on the held-out set (`holdout.jsonl`), every request a paraphrase.
+    holdout: Measures,
     hits: HashMap<String, Vec<Hit<String>>>,
 }
 
@@ -175,6 +177,7 @@ struct Ranked {
 fn rank_with(encoder: &Arc<Encoder>, label: &str) -> Ranked {
     let queries = common::queries();
     let tuning = common::tuning_queries();
+    let holdout = common::holdout_queries();
     let all = Index::with_options(
         Some(encoder.clone()),
         Options {
@@ -187,6 +190,7 @@ fn rank_with(encoder: &Arc<Encoder>, label: &str) -> Ranked {
     let cache: HashMap<String, Vec<Hit<String>>> = queries
         .iter()
         .chain(&tuning)
+        .chain(&holdout)
         .map(|q| (q.query.clone(), unfiltered(&all, &q.query)))
         .collect();
     let semantic = |q: &str| {
@@ -211,10 +215,13 @@ fn rank_with(encoder: &Arc<Encoder>, label: &str) -> Ranked {
     }
     let tuning = measure(&tuning, fused);
     report(&format!("{label} fused, tuning set"), tuning);
+    let holdout = measure(&holdout, fused);
+    report(&format!("{label} fused, held-out set"), holdout);
     Ranked {
         semantic: semantic_measures,
         fused: fused_measures,
         tuning,
+        holdout,
         hits: cache,
     }
 }
@@ -305,11 +312,17 @@ fn hold(
     fused_at3: [f64; 5],
     keyword_at1: f64,
     tuning_at3: f64,
+    holdout_at3: f64,
 ) {
     assert!(
         r.tuning.at3 >= tuning_at3,
         "fused, tuning set: {}",
         r.tuning
+    );
+    assert!(
+        r.holdout.at3 >= holdout_at3,
+        "fused, held-out set: {}",
+        r.holdout
     );
     for (i, kind) in KINDS.iter().enumerate() {
         let (s, f) = (r.semantic[i], r.fused[i]);
@@ -329,14 +342,15 @@ fn encoder_and_fusion_meet_their_floors() {
     let r = rank_with(&encoder, "MiniLM");
     // The goal for paraphrases is 0.9 recall@3; this model, centred and corrected for hubness,
     // reaches about 0.84 on requests without their tool's keywords and 0.79 on those sharing no
-    // word with it at all; 0.71 of the tuning set's paraphrases. Order: all, keyword,
-    // no-keyword, paraphrase, any paraphrase.
+    // word with it at all; 0.71 of the tuning set's paraphrases and 0.79 of the held-out
+    // set's. Order: all, keyword, no-keyword, paraphrase, any paraphrase.
     hold(
         &r,
         [0.85, 0.0, 0.0, 0.76, 0.0],
         [0.85, 0.0, 0.80, 0.76, 0.80],
         0.93,
         0.68,
+        0.75,
     );
     print_thresholds(&r, "MiniLM");
     // The default threshold (0.18, from the table: 0.22 would drop every unrelated request but
@@ -351,8 +365,15 @@ fn the_larger_encoder_meets_its_floors() {
     let r = rank_with(&encoder, "MPNet");
     // all-mpnet-base-v2 with 8-bit weights: about 0.95 on requests without their tool's
     // keywords, 0.84 on those sharing no word with it, 0.89 on both (the goal, 0.9, not met);
-    // 0.85 of the tuning set's paraphrases.
-    hold(&r, [0.0; 5], [0.90, 0.0, 0.92, 0.80, 0.87], 0.93, 0.82);
+    // 0.84 of the tuning set's paraphrases, 0.875 of the held-out set's.
+    hold(
+        &r,
+        [0.0; 5],
+        [0.90, 0.0, 0.92, 0.80, 0.87],
+        0.93,
+        0.82,
+        0.85,
+    );
     print_thresholds(&r, "MPNet");
     let kept = check_threshold_and_updates(encoder, "MPNet", 2);
     assert!(kept.at3 >= 0.82, "{kept} vs {}", r.fused[0]);
