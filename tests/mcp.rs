@@ -1397,8 +1397,10 @@ fn requests_the_sdk_cannot_read_get_an_error_naming_what_and_the_server_goes_on(
         r#"{{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{{"name":"greet","arguments":"{}"}}}}"#,
         "x".repeat(5_000_000)
     );
+    // `initialize` asking for 2026-07-28, the revision that removed it: answered with the
+    // newest revision that has it.
     let mut lines = vec![
-        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2026-07-28","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#,
         r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
         r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"greet","arguments":"text"}}"#,
         r#"{"jsonrpc":"2.0","id":3,"method":"tools/\u001b[2Jexplode"}"#,
@@ -1447,6 +1449,11 @@ fn requests_the_sdk_cannot_read_get_an_error_naming_what_and_the_server_goes_on(
     drop(stdin);
     let _ = child.kill();
     let _ = child.wait();
+    assert_eq!(
+        answers[&1]["result"]["protocolVersion"], "2025-11-25",
+        "{}",
+        answers[&1]
+    );
     assert_eq!(answers[&2]["error"]["code"], -32602, "{}", answers[&2]);
     let message = answers[&2]["error"]["message"].as_str().unwrap();
     assert!(
