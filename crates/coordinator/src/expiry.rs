@@ -16,7 +16,8 @@ use toolsrv_tls::{CertInfo, Connections, Identity, Role, TlsFiles};
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(7 * 86_400);
 /// A certificate is warned about at most this often.
 const WARN_EVERY_SECS: i64 = 86_400;
-/// How often the coordinator's own certificate and CA bundle are looked at again.
+/// How often, at most, the coordinator's own certificate and CA bundle are looked at again
+/// ([`ExpiryWatch::next_own_check`] looks sooner when one of them enters its window sooner).
 pub const OWN_CHECK_EVERY: Duration = Duration::from_secs(3600);
 /// Certificates remembered as warned about; beyond, the oldest warnings are forgotten (a peer
 /// could otherwise grow the map with fresh certificates).
@@ -77,8 +78,14 @@ impl ExpiryWatch {
     /// a day's certificate would warn about every such certificate from its first hour, and the
     /// alert on `toolsrv_certificates_expiring` would never clear.
     fn within(&self, info: &CertInfo, now: i64) -> bool {
+        self.enters_window(info).is_some_and(|enters| now >= enters)
+    }
+
+    /// When (Unix seconds) `info` enters its window ([`Self::within`]); `None` with the warning
+    /// turned off.
+    fn enters_window(&self, info: &CertInfo) -> Option<i64> {
         if self.window.is_zero() {
-            return false;
+            return None;
         }
         let window = i64::try_from(self.window.as_secs()).unwrap_or(i64::MAX);
         let lifetime = info.not_after.saturating_sub(info.not_before);
@@ -87,7 +94,29 @@ impl ExpiryWatch {
         } else {
             window
         };
-        info.not_after - now <= window
+        Some(info.not_after.saturating_sub(window))
+    }
+
+    /// How long until the own certificate and CA bundle should be looked at again:
+    /// [`OWN_CHECK_EVERY`], or less if one of them enters its window sooner. A certificate
+    /// living two hours has a window of 40 minutes, which looks an hour apart could miss,
+    /// leaving only `expired` to be logged.
+    pub fn next_own_check(&self) -> Duration {
+        let now = toolsrv_tls::unix_now();
+        let mut next = OWN_CHECK_EVERY;
+        for (i, path) in [&self.tls.cert, &self.tls.ca].into_iter().enumerate() {
+            let Ok(certs) = toolsrv_tls::certificates_in(path) else {
+                continue;
+            };
+            let take = if i == 0 { 1 } else { certs.len() };
+            for info in certs.iter().take(take) {
+                if let Some(enters) = self.enters_window(info).filter(|&at| at > now) {
+                    let wait = Duration::from_secs(u64::try_from(enters - now).unwrap_or(0) + 1);
+                    next = next.min(wait);
+                }
+            }
+        }
+        next
     }
 
     /// Warns about `info` (whose holder `who` is, in role `role`) if it expires within the
@@ -133,7 +162,7 @@ impl ExpiryWatch {
     }
 
     /// Checks the coordinator's own certificate and every CA of its bundle (at start, after a
-    /// reload, and every hour).
+    /// reload, and at each [`Self::next_own_check`]).
     pub fn check_own(&self) {
         for (role, path) in [("own", &self.tls.cert), ("ca", &self.tls.ca)] {
             match toolsrv_tls::certificates_in(path) {
@@ -227,6 +256,41 @@ impl MetricsCollector for ExpiryCollector {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// A watch over the coordinator certificate of a new PKI, issued valid from `from` to
+    /// `until` seconds from now.
+    fn watching_own(from: i64, until: i64) -> (toolsrv_testkit::Pki, ExpiryWatch) {
+        let pki = toolsrv_testkit::Pki::new(&[], &[]);
+        let at = |secs: i64| {
+            let now = std::time::SystemTime::now();
+            let d = Duration::from_secs(secs.unsigned_abs());
+            if secs < 0 { now - d } else { now + d }
+        };
+        pki.issue_between(&Identity::Coordinator, (at(from), at(until)));
+        let files = pki.files(&Identity::Coordinator);
+        (pki, ExpiryWatch::new(DEFAULT_WINDOW, files))
+    }
+
+    #[test]
+    fn the_own_certificate_is_looked_at_when_it_enters_its_window() {
+        // Two hours of life, one gone: the window (a third, 40 minutes) opens in 20 minutes.
+        let (_pki, watch) = watching_own(-3600, 3600);
+        let next = watch.next_own_check();
+        assert!(
+            next > Duration::from_secs(19 * 60) && next <= Duration::from_secs(20 * 60 + 2),
+            "{next:?}"
+        );
+        // A year of life: the hour (the test CA itself lives longer than the window).
+        let (_pki, watch) = watching_own(-60, 365 * 86_400);
+        assert_eq!(watch.next_own_check(), OWN_CHECK_EVERY);
+        // Already inside its window: the hour, as before (it is warned about once a day).
+        let (_pki, watch) = watching_own(-3600, 600);
+        assert_eq!(watch.next_own_check(), OWN_CHECK_EVERY);
+        // Warnings off: the hour.
+        let (_pki, watch) = watching_own(-3600, 3600);
+        let off = ExpiryWatch::new(Duration::ZERO, watch.tls.clone());
+        assert_eq!(off.next_own_check(), OWN_CHECK_EVERY);
+    }
 
     #[test]
     fn durations() {

@@ -30,7 +30,7 @@ use toolsrv_tls::{Connections, Crls, Identity};
 
 use crate::State;
 use crate::error::FileError;
-use crate::expiry::{ExpiryWatch, OWN_CHECK_EVERY};
+use crate::expiry::ExpiryWatch;
 use crate::fleet::now_ms;
 use crate::identity::Caller;
 
@@ -419,7 +419,8 @@ impl Revocations {
     }
 }
 
-/// Follows the server credentials: at start, after each reload and every hour, checks the
+/// Follows the server credentials: at start, after each reload and at least every hour (sooner
+/// when a certificate enters its warning window sooner: [`ExpiryWatch::next_own_check`]), checks the
 /// coordinator's own certificate and CA bundle for expiry; after each reload, closes the open
 /// connections whose certificate a CRL now lists (the handshake refuses new ones).
 pub async fn follow_crls(
@@ -429,13 +430,14 @@ pub async fn follow_crls(
     shutdown: CancellationToken,
 ) {
     expiry.check_own();
-    let mut hourly = tokio::time::interval(OWN_CHECK_EVERY);
-    hourly.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    hourly.tick().await; // the first tick is immediate: checked above
+    let mut next_look = tokio::time::Instant::now() + expiry.next_own_check();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
-            _ = hourly.tick() => expiry.check_own(),
+            () = tokio::time::sleep_until(next_look) => {
+                expiry.check_own();
+                next_look = tokio::time::Instant::now() + expiry.next_own_check();
+            }
             changed = crls.changed() => {
                 if changed.is_err() {
                     return;
