@@ -1100,3 +1100,33 @@ fn a_catalog_message_that_takes_longer_than_the_silence_allowed_does_not_lose_th
     assert_exit(&out, 0, &[]);
     assert_eq!(text(&out.stdout), "big\n");
 }
+
+/// An agent whose environment holds bytes that are not UTF-8 (in a variable's value, in
+/// another's name) starts, takes the variable as set for `env` matches, and runs calls: it
+/// used to panic before connecting (`std::env::vars`).
+#[test]
+fn an_environment_that_is_not_utf8_is_no_panic() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    let mut fleet = Fleet::new(&["odd"]);
+    fleet.tool(
+        "odd.meta",
+        r#"{"description": "Odd", "variants": [{"match": {"env": "ODD_VALUE"}, "cmd": "echo odd is set"}]}"#,
+        false,
+    );
+    fleet.start_coordinator(&[]);
+    fleet.start_agent(
+        "odd",
+        &AgentSpec {
+            env_os: vec![
+                ("ODD_VALUE".into(), OsString::from_vec(b"caf\xe9".to_vec())),
+                (OsString::from_vec(b"NAME_\xff".to_vec()), "x".into()),
+            ],
+            ..AgentSpec::default()
+        },
+    );
+    fleet.wait_online(&["odd"], "odd");
+    let out = fleet.toolctl(&["call", "odd", "odd"]);
+    assert_exit(&out, 0, &[]);
+    assert_eq!(text(&out.stdout).trim(), "odd is set");
+}

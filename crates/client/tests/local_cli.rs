@@ -248,6 +248,36 @@ fn call_passes_arguments_on_stdin_with_env_and_cwd() {
     assert_eq!(stderr(&out), "to-stderr\n");
 }
 
+/// Bytes that are not UTF-8 in the environment (a value, a name): `local` lists and calls as
+/// usual, and the variable passes to the tool as it is (it panicked in `std::env::vars`).
+#[test]
+fn an_environment_that_is_not_utf8_is_no_panic() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    let dir = fixture();
+    write(
+        dir.path(),
+        "odd.meta",
+        r#"{"description": "Odd", "variants": [{"match": {"env": "ODD_VALUE"}, "cmd": "printf '%s' \"$ODD_VALUE\" | od -An -tx1"}]}"#,
+    );
+    let odd = |cmd: &mut Command| {
+        cmd.env("ODD_VALUE", OsString::from_vec(b"caf\xe9".to_vec()))
+            .env(OsString::from_vec(b"NAME_\xff".to_vec()), "x");
+    };
+    let mut list = toolctl();
+    list.args(["local", "list", "--tools", &tools_arg(&dir)]);
+    odd(&mut list);
+    let out = run(&mut list);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("odd"), "{}", stdout(&out));
+    let mut call = toolctl();
+    call.args(["local", "call", "--tools", &tools_arg(&dir), "odd"]);
+    odd(&mut call);
+    let out = run(&mut call);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "63 61 66 e9");
+}
+
 #[test]
 fn call_reads_arguments_from_stdin_with_a_dash() {
     let dir = fixture();

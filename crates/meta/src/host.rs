@@ -53,9 +53,20 @@ impl fmt::Debug for Host {
 }
 
 impl Host {
-    /// This machine: its OS, architecture, environment and real file system.
+    /// This machine: its OS, architecture, environment and real file system. A variable whose
+    /// name or value is not UTF-8 is taken with each bad byte as U+FFFD (`env` still sees it
+    /// set; `std::env::vars` would panic on it).
     pub fn current() -> Self {
-        Self::with_env(std::env::vars().collect())
+        Self::with_env(
+            std::env::vars_os()
+                .map(|(name, value)| {
+                    (
+                        name.to_string_lossy().into_owned(),
+                        value.to_string_lossy().into_owned(),
+                    )
+                })
+                .collect(),
+        )
     }
 
     /// This machine's OS, architecture and file system with the given environment.

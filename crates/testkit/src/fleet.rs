@@ -41,6 +41,8 @@ pub struct AgentSpec {
     pub binaries: Vec<(String, String)>,
     /// Extra environment variables.
     pub env: Vec<(String, String)>,
+    /// Extra environment variables that need not be UTF-8.
+    pub env_os: Vec<(std::ffi::OsString, std::ffi::OsString)>,
     /// Labels.
     pub labels: Vec<(String, String)>,
     /// Host-only tool directory contents: (file, content, executable).
@@ -168,6 +170,7 @@ impl TestFleet {
         launch.max_concurrent = spec.max_concurrent;
         launch.labels.clone_from(&spec.labels);
         launch.env.clone_from(&spec.env);
+        launch.env_os.clone_from(&spec.env_os);
         launch.enroll.clone_from(&spec.enroll);
         // Agents are confined: test tools leave marks in the one directory they may write.
         launch.args = std::iter::once(format!("--sandbox-write={}", self.marks().display()))

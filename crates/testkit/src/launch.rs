@@ -114,6 +114,8 @@ pub struct AgentLaunch {
     pub args: Vec<String>,
     /// Further environment variables (after the ones above: they may replace them).
     pub env: Vec<(String, String)>,
+    /// Further environment variables that need not be UTF-8.
+    pub env_os: Vec<(std::ffi::OsString, std::ffi::OsString)>,
     /// Run under `prlimit --as=BYTES`: a cap on its address space.
     pub address_space: Option<u64>,
     /// Run enrolled: these flags (`--join TOKEN`, `--ca-pin PIN`, or none for an agent enrolled
@@ -137,6 +139,7 @@ impl AgentLaunch {
             recheck_secs: None,
             args: Vec::new(),
             env: Vec::new(),
+            env_os: Vec::new(),
             address_space: None,
             enroll: None,
         }
@@ -180,6 +183,9 @@ impl AgentLaunch {
             .env("HOME", &self.home)
             .env("TOOLSRV_LOG", &self.log);
         for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        for (k, v) in &self.env_os {
             cmd.env(k, v);
         }
         cmd
