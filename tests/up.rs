@@ -266,6 +266,43 @@ fn the_commands_up_prints_work_verbatim_in_a_clean_environment() {
     up.stop();
 }
 
+/// The example `fix_perms` asks for `chmod` and `stat` outside its sandbox with `toolsrv
+/// bypass`: under `up` it is offered (its variant wants `toolsrv` on PATH, which `up` links for
+/// its agent) and, approved by its caller, changes a file's mode outside the sandbox.
+#[test]
+fn up_offers_the_bypass_example_and_runs_it_once_approved() {
+    use std::os::unix::fs::PermissionsExt;
+    let home = tempfile::tempdir().unwrap();
+    let home = home.path();
+    let mut up = Up::start(home, free_port(), &[]);
+    let banner = up.banner();
+    let settings = block(&banner, "export ").join("\n");
+    let file = home.join("outside.conf");
+    std::fs::write(&file, "x").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let script = format!(
+        "{settings}\ntoolctl call --approve local fix_perms path={} mode=0640",
+        file.display()
+    );
+    let out = run_bounded(shell(home, &script), None, Duration::from_secs(60));
+    assert!(
+        out.status.success(),
+        "{:?}\n{}{}\nup's log:\n{}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr),
+        up.log()
+    );
+    assert!(
+        text(&out.stdout).starts_with("640 "),
+        "{}",
+        text(&out.stdout)
+    );
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o640);
+    up.stop();
+}
+
 #[test]
 fn up_says_when_ollie_tools_path_replaces_the_example_tools() {
     let home = tempfile::tempdir().unwrap();

@@ -54,6 +54,10 @@ pub struct AgentConfig {
     /// and `host_id` then come from `<state>/enroll/`, and the certificate is kept renewed.
     /// `None`: the certificate files of `tls` are used as they are.
     pub enroll: Option<crate::enroll::EnrollConfig>,
+    /// Directories put before the agent's own `PATH` for its tools: where `binary` matches look
+    /// and the `PATH` calls get (`toolsrv up`: the directory where it links `toolsrv` and
+    /// `toolctl`).
+    pub path_first: Vec<PathBuf>,
 }
 
 impl AgentConfig {
@@ -82,6 +86,7 @@ impl AgentConfig {
             sandbox: toolsrv_confine::Settings::new(Vec::new()),
             metrics_listen: None,
             enroll: None,
+            path_first: Vec::new(),
         }
     }
 

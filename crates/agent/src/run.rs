@@ -1,5 +1,6 @@
 //! The agent's entry point: connect, run a session, reconnect with backoff, until shutdown.
 
+use std::ffi::OsString;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -250,11 +251,12 @@ where
     if let Some(addr) = config.metrics_listen {
         serve_metrics(addr, &metrics, &config, shutdown.clone()).await?;
     }
+    let base_env = env_with_path_first(std::env::vars_os(), &config.path_first);
     let agent = Agent {
         metrics,
         confiner: Arc::new(confiner),
-        host: Host::current(),
-        base_env: std::env::vars_os().collect(),
+        host: Host::with_env_os(base_env.iter().cloned()),
+        base_env,
         store,
         config,
     };
@@ -291,9 +293,62 @@ where
     Ok(())
 }
 
+/// `env` with `first` put before its `PATH` (which is set if it was not).
+fn env_with_path_first(
+    env: impl IntoIterator<Item = (OsString, OsString)>,
+    first: &[PathBuf],
+) -> Vec<(OsString, OsString)> {
+    let mut env: Vec<(OsString, OsString)> = env.into_iter().collect();
+    if first.is_empty() {
+        return env;
+    }
+    let mut path = OsString::new();
+    for dir in first {
+        if !path.is_empty() {
+            path.push(":");
+        }
+        path.push(dir);
+    }
+    match env.iter_mut().find(|(name, _)| name == "PATH") {
+        Some((_, value)) => {
+            if !value.is_empty() {
+                path.push(":");
+                path.push(&*value);
+            }
+            *value = path;
+        }
+        None => env.push(("PATH".into(), path)),
+    }
+    env
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn directories_put_first_go_before_the_path_or_make_it() {
+        let env = |pairs: &[(&str, &str)]| -> Vec<(OsString, OsString)> {
+            pairs.iter().map(|(k, v)| (k.into(), v.into())).collect()
+        };
+        let first = [PathBuf::from("/up/bin"), PathBuf::from("/more")];
+        assert_eq!(
+            env_with_path_first(env(&[("A", "1"), ("PATH", "/usr/bin:/bin")]), &first),
+            env(&[("A", "1"), ("PATH", "/up/bin:/more:/usr/bin:/bin")])
+        );
+        assert_eq!(
+            env_with_path_first(env(&[("A", "1")]), &first[..1]),
+            env(&[("A", "1"), ("PATH", "/up/bin")])
+        );
+        assert_eq!(
+            env_with_path_first(env(&[("PATH", "")]), &first[..1]),
+            env(&[("PATH", "/up/bin")])
+        );
+        assert_eq!(
+            env_with_path_first(env(&[("PATH", "/bin")]), &[]),
+            env(&[("PATH", "/bin")])
+        );
+    }
 
     #[test]
     fn a_certificate_for_another_host_is_refused_before_any_attempt() {

@@ -1,6 +1,7 @@
 //! Host facts that variants are evaluated against, and the file-system probe behind them.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -53,12 +54,17 @@ impl fmt::Debug for Host {
 }
 
 impl Host {
-    /// This machine: its OS, architecture, environment and real file system. A variable whose
-    /// name or value is not UTF-8 is taken with each bad byte as U+FFFD (`env` still sees it
-    /// set; `std::env::vars` would panic on it).
+    /// This machine: its OS, architecture, environment and real file system.
     pub fn current() -> Self {
+        Self::with_env_os(std::env::vars_os())
+    }
+
+    /// This machine's OS, architecture and file system with the given environment as the
+    /// system gives it: a variable whose name or value is not UTF-8 is taken with each bad byte
+    /// as U+FFFD (`env` still sees it set; `std::env::vars` would panic on it).
+    pub fn with_env_os(env: impl IntoIterator<Item = (OsString, OsString)>) -> Self {
         Self::with_env(
-            std::env::vars_os()
+            env.into_iter()
                 .map(|(name, value)| {
                     (
                         name.to_string_lossy().into_owned(),

@@ -114,7 +114,7 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
             (vec![dir], ToolsSource::Examples)
         }
     };
-    let bin = match link_toolctl(&state.join("bin")) {
+    let bin = match link_binaries(&state.join("bin")) {
         Ok(bin) => Some(bin),
         Err(e) => {
             tracing::warn!(error = %format!("{e:#}"), "cannot link toolctl into the state directory; put toolctl on PATH yourself (cargo install --path crates/client)");
@@ -151,6 +151,14 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
             "PATH holds a version manager's shims: the local agent's calls may read its root"
         );
         agent.sandbox.defaults.read.push(root);
+    }
+    // The example fix_perms runs `toolsrv bypass` inside its sandbox: the links come first on
+    // the local agent's PATH, and its calls may read the binary they lead to.
+    if let Some(bin) = &bin {
+        agent.path_first.push(bin.clone());
+        if let Ok(exe) = std::env::current_exe() {
+            agent.sandbox.defaults.read.push(exe);
+        }
     }
     let mut coordinator = tokio::spawn(toolsrv_coordinator::serve(
         coordinator,
@@ -250,20 +258,23 @@ pub const TOUR: &[(&str, &str)] = &[
     ),
 ];
 
-/// Makes `<bin>/toolctl` a link to this binary, which runs as `toolctl` when called by that
-/// name: the commands `up` prints then work before anything else is built or installed, and
-/// always match this server's version. Returns `bin`.
-fn link_toolctl(bin: &Path) -> anyhow::Result<PathBuf> {
+/// Makes `<bin>/toolctl` and `<bin>/toolsrv` links to this binary, which runs as `toolctl`
+/// when called by that name: the commands `up` prints then work before anything else is built
+/// or installed, and always match this server's version; the local agent's tools find
+/// `toolsrv` there (`toolsrv bypass`). Returns `bin`.
+fn link_binaries(bin: &Path) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("cannot tell where this binary is")?;
     std::fs::create_dir_all(bin).with_context(|| format!("cannot create {}", bin.display()))?;
-    let link = bin.join("toolctl");
-    // Replaced in one step (a new link renamed over the old), so a command started meanwhile
-    // finds either link, never none.
-    let fresh = bin.join(format!(".toolctl.{}", std::process::id()));
-    let _ = std::fs::remove_file(&fresh);
-    std::os::unix::fs::symlink(&exe, &fresh)
-        .and_then(|()| std::fs::rename(&fresh, &link))
-        .with_context(|| format!("cannot link {} to {}", link.display(), exe.display()))?;
+    for name in ["toolctl", "toolsrv"] {
+        let link = bin.join(name);
+        // Replaced in one step (a new link renamed over the old), so a command started
+        // meanwhile finds either link, never none.
+        let fresh = bin.join(format!(".{name}.{}", std::process::id()));
+        let _ = std::fs::remove_file(&fresh);
+        std::os::unix::fs::symlink(&exe, &fresh)
+            .and_then(|()| std::fs::rename(&fresh, &link))
+            .with_context(|| format!("cannot link {} to {}", link.display(), exe.display()))?;
+    }
     Ok(bin.to_path_buf())
 }
 
@@ -317,7 +328,7 @@ fn banner(
     out.push_str("\nIn another shell:\n\n");
     match bin {
         Some(bin) => out.push_str(&format!(
-            "  export PATH={}:\"$PATH\"   # toolctl: this binary, linked under that name\n",
+            "  export PATH={}:\"$PATH\"   # toolctl and toolsrv: this binary, linked under those names\n",
             sh_word(&bin.display().to_string())
         )),
         None => out.push_str("  # put toolctl on PATH first: cargo install --path crates/client\n"),
