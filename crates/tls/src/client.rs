@@ -444,32 +444,29 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
     }
 
-    #[tokio::test]
-    async fn an_address_that_does_not_answer_costs_its_bound_not_the_dial() {
-        // A listener whose accept queue is full and never drained: Linux drops the SYNs of
-        // further connections, so connecting to it hangs, as to a host that swallows packets.
+    /// A listener whose accept queue is full, not drained: Linux drops the SYNs of further
+    /// connections, so connecting to it hangs, as to a host that swallows packets, until the
+    /// queue is drained. Returns it with the connections that filled the queue.
+    async fn full_listener() -> (tokio::net::TcpListener, Vec<TcpStream>) {
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
         socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let full = socket.listen(0).unwrap();
-        let silent = full.local_addr().unwrap();
+        let addr = full.local_addr().unwrap();
         let mut held = Vec::new();
-        let mut hangs = false;
         for _ in 0..16 {
-            match tokio::time::timeout(Duration::from_millis(300), TcpStream::connect(silent)).await
-            {
+            match tokio::time::timeout(Duration::from_millis(300), TcpStream::connect(addr)).await {
                 Ok(Ok(tcp)) => held.push(tcp),
                 Ok(Err(e)) => panic!("connecting to the full listener: {e}"),
-                Err(_) => {
-                    hangs = true;
-                    break;
-                }
+                Err(_) => return (full, held),
             }
         }
-        assert!(
-            hangs,
-            "the listener's queue never filled ({} held)",
-            held.len()
-        );
+        panic!("the listener's queue never filled ({} held)", held.len());
+    }
+
+    #[tokio::test]
+    async fn an_address_that_does_not_answer_costs_its_bound_not_the_dial() {
+        let (full, _held) = full_listener().await;
+        let silent = full.local_addr().unwrap();
         let live = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let live = live.local_addr().unwrap();
         let per_address = Duration::from_millis(300);
@@ -497,18 +494,8 @@ mod tests {
     async fn a_lone_address_whose_first_two_syns_are_lost_is_still_reached() {
         // The full listener drops SYNs until its queue is drained, at 1.5 s: the SYN sent
         // again at 3 s gets through, where a 2 s bound gave up first.
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
-        let full = socket.listen(0).unwrap();
+        let (full, held) = full_listener().await;
         let addr = full.local_addr().unwrap();
-        let mut held = Vec::new();
-        for _ in 0..16 {
-            match tokio::time::timeout(Duration::from_millis(300), TcpStream::connect(addr)).await {
-                Ok(Ok(tcp)) => held.push(tcp),
-                Ok(Err(e)) => panic!("connecting to the full listener: {e}"),
-                Err(_) => break,
-            }
-        }
         let drain = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(1500)).await;
             let mut accepted = Vec::new();
