@@ -338,6 +338,84 @@ fn sighup_reopens_the_audit_log_for_logrotate() {
     }
 }
 
+/// A FIFO where a file is named (by mistake, or as another user's trap) is read, or refused,
+/// without waiting for a writer: a plain `open` waited for one for good, and SIGTERM no longer
+/// ended the process. The coordinator stops at once on one as its policy or its audit log; one
+/// put in the audit log's place before a SIGHUP is refused (the old file is kept, calls go on,
+/// SIGTERM ends the coordinator); `toolctl` says what is wrong with one as its CA or a profile.
+#[test]
+fn a_fifo_named_as_a_file_is_refused_without_waiting_for_a_writer() {
+    let mut fleet = Fleet::new(&["a"]);
+    let fifo = fleet.work.path().join("trap");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let shown = fifo.display().to_string();
+    for flag in ["--policy", "--audit-log"] {
+        let started = Instant::now();
+        let err = fleet
+            .try_start_coordinator(&[&format!("{flag}={shown}")])
+            .unwrap_err()
+            .to_string();
+        assert!(started.elapsed() < Duration::from_secs(15), "{flag}: {err}");
+        assert!(err.contains(&shown), "{flag}: {err}");
+    }
+    assert!(
+        fleet
+            .try_start_coordinator(&[&format!("--audit-log={shown}")])
+            .unwrap_err()
+            .to_string()
+            .contains("is a FIFO or a socket")
+    );
+
+    fleet.tool(
+        "echo.meta",
+        r#"{"description": "echo", "cmd": "echo hi"}"#,
+        false,
+    );
+    fleet.start_coordinator(&[&fleet.audit_arg()]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "echo");
+    let log = fleet.audit_log();
+    std::fs::rename(&log, fleet.work.path().join("audit.jsonl.1")).unwrap();
+    nix::unistd::mkfifo(&log, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let coordinator = fleet.coordinator.as_ref().unwrap();
+    let pid = nix::unistd::Pid::from_raw(coordinator.pid());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    wait_for("the refused reopen", Duration::from_secs(20), || {
+        coordinator
+            .log()
+            .contains("cannot reopen the audit log")
+            .then_some(())
+    });
+    assert!(fleet.toolctl(&["call", "a", "echo"]).status.success());
+    assert_eq!(
+        json_lines(&fleet.work.path().join("audit.jsonl.1")).len(),
+        1,
+        "the call's record went to the file kept open"
+    );
+
+    // toolctl: the FIFO as its CA, and as a profile.
+    let started = Instant::now();
+    let out = fleet.toolctl_command("client-alice", &["hosts"]);
+    let mut out = out;
+    out.env("TOOLSRV_CA", &fifo);
+    let out = toolsrv_tests::run_bounded(out, None, Duration::from_secs(60));
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains(&shown), "{}", text(&out.stderr));
+    let out = fleet.toolctl(&["session", "open", "--profile", &shown]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains(&shown), "{}", text(&out.stderr));
+    assert!(started.elapsed() < Duration::from_secs(20));
+
+    // SIGTERM still ends the coordinator.
+    let coordinator = fleet.coordinator.as_mut().unwrap();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    wait_for(
+        "the coordinator to exit on SIGTERM",
+        Duration::from_secs(20),
+        || coordinator.child.try_wait().unwrap(),
+    );
+}
+
 /// The audit log on a full disk (`/dev/full`, through a symlink): the call that finds it so
 /// runs, its record going to the coordinator's log instead; every call and fan-out after it is
 /// refused before reaching a host (exit 75, naming the log), and so says the metric. Once the

@@ -313,7 +313,7 @@ async fn join(
 /// The projected token, as the kubelet last wrote it. Bounded: a token is a few KiB.
 fn read_service_account_token(path: &Path) -> Result<String, AgentError> {
     const MAX: u64 = 64 * 1024;
-    let text = std::fs::File::open(path)
+    let text = toolsrv_tls::files::open_read(path)
         .and_then(|f| toolsrv_tls::files::read_text_up_to(f, MAX))
         .map_err(|e| AgentError::io("cannot read the service account token", path, e))?;
     let token = text.as_deref().map_or("", str::trim);

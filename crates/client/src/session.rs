@@ -34,7 +34,8 @@ impl Profile {
     /// Reads a profile file, with errors naming the file and what is wrong.
     pub fn load(path: &Path) -> Result<Self, ClientError> {
         let fail = |why: String| ClientError::Profile(format!("{}: {why}", path.display()));
-        let file = std::fs::File::open(path).map_err(|e| fail(format!("cannot open: {e}")))?;
+        let file =
+            toolsrv_tls::files::open_read(path).map_err(|e| fail(format!("cannot open: {e}")))?;
         let text = toolsrv_tls::files::read_text_up_to(file, MAX_PROFILE_BYTES)
             .map_err(|e| fail(format!("cannot read: {e}")))?
             .ok_or_else(|| fail(format!("over the limit of {MAX_PROFILE_BYTES} bytes")))?;

@@ -105,15 +105,39 @@ fn open(path: &Path, action: &'static str) -> Result<std::fs::File, FileError> {
     {
         FileError::unless_own("audit log", path, &link, WHY)?;
     }
+    // A FIFO is refused: opening one with no reader waits for a reader for good (at start, or
+    // on SIGHUP in a runtime thread, after which SIGTERM no longer ended the coordinator), and
+    // with a reader every call would wait on it to read its record. Opened non-blocking, so
+    // that the open itself never waits, then made blocking again.
+    const NOT_A_FIFO: &str = "is a FIFO or a socket: records are written as calls finish, and \
+                              would wait on whatever reads it; give a file (or leave \
+                              --audit-log out to have records in the coordinator's log)";
     // A new log is readable by the coordinator's user and group (a log shipper's): who called
     // what, where, is no business of every user of the machine.
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .mode(0o640)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)
-        .map_err(io)?;
-    FileError::unless_own("audit log", path, &file.metadata().map_err(io)?, WHY)?;
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENXIO) => FileError::invalid("audit log", path, NOT_A_FIFO.into()),
+            _ => io(e),
+        })?;
+    let md = file.metadata().map_err(io)?;
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if md.file_type().is_fifo() || md.file_type().is_socket() {
+            return Err(FileError::invalid("audit log", path, NOT_A_FIFO.into()));
+        }
+    }
+    FileError::unless_own("audit log", path, &md, WHY)?;
+    {
+        use nix::fcntl::{FcntlArg, OFlag, fcntl};
+        let flags =
+            OFlag::from_bits_retain(fcntl(&file, FcntlArg::F_GETFL).map_err(|e| io(e.into()))?);
+        fcntl(&file, FcntlArg::F_SETFL(flags - OFlag::O_NONBLOCK)).map_err(|e| io(e.into()))?;
+    }
     Ok(file)
 }
 

@@ -75,7 +75,7 @@ impl FileError {
     /// write), or every user may write it. Such a file could hold someone's own join token or
     /// lack a revocation; starting without it would lose the real ones, so the role stops.
     pub fn read_own_state(what: &'static str, path: &Path) -> Result<Option<Vec<u8>>, Self> {
-        let file = match std::fs::File::open(path) {
+        let file = match toolsrv_tls::files::open_read(path) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(Self::read(what, path, e)),

@@ -37,14 +37,31 @@ pub fn read_text_up_to(input: impl Read, max: u64) -> std::io::Result<Option<Str
         .transpose()
 }
 
+/// Opens `path` for reading without waiting for a writer. A plain `open` of a FIFO that no
+/// process writes to (a path named by mistake, or another user's trap) waits for one for good,
+/// in a process whose runtime has taken over SIGTERM and SIGINT: only SIGKILL ended it. The file
+/// is opened non-blocking, then made blocking again, so a FIFO with a writer (`--ca <(...)`) is
+/// read as before and one without reads as empty; a terminal does not become the process's.
+pub fn open_read(path: &Path) -> std::io::Result<std::fs::File> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
+        .open(path)?;
+    let flags = OFlag::from_bits_retain(fcntl(&file, FcntlArg::F_GETFL)?);
+    fcntl(&file, FcntlArg::F_SETFL(flags - OFlag::O_NONBLOCK))?;
+    Ok(file)
+}
+
 /// The bytes of `path`, or an error when it holds more than `max`.
 pub fn read_bounded(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
-    read_up_to(std::fs::File::open(path)?, max)?.ok_or_else(|| too_large(max))
+    read_up_to(open_read(path)?, max)?.ok_or_else(|| too_large(max))
 }
 
 /// [`read_bounded`], as UTF-8 text.
 pub fn read_text_bounded(path: &Path, max: u64) -> std::io::Result<String> {
-    read_text_up_to(std::fs::File::open(path)?, max)?.ok_or_else(|| too_large(max))
+    read_text_up_to(open_read(path)?, max)?.ok_or_else(|| too_large(max))
 }
 
 /// The text of the private key file `path`, refused when every user of the machine may read
@@ -57,7 +74,7 @@ pub fn read_text_bounded(path: &Path, max: u64) -> std::io::Result<String> {
 pub fn read_private_key(path: &Path) -> Result<String, crate::TlsError> {
     use std::os::unix::fs::MetadataExt;
     let cannot_read = |e| crate::TlsError::io("cannot read", path, e);
-    let file = std::fs::File::open(path).map_err(cannot_read)?;
+    let file = open_read(path).map_err(cannot_read)?;
     let md = file.metadata().map_err(cannot_read)?;
     let text = read_text_up_to(file, MAX_PEM_BYTES)
         .map_err(cannot_read)?

@@ -92,7 +92,7 @@ fn new_token() -> Result<String, String> {
 /// The token in `path`, which only its owner may read; made there when the file does not exist.
 fn token_in(path: &Path) -> Result<String, String> {
     let shown = path.display();
-    let file = match std::fs::File::open(path) {
+    let file = match toolsrv_tls::files::open_read(path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let token = new_token()?;
