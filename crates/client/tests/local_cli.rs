@@ -482,24 +482,55 @@ fn lint_and_list_name_a_fifo_or_a_device_where_a_meta_should_be() {
     let fifo = d.join("pipe.meta");
     toolsrv_testkit::mkfifo(&fifo);
     std::os::unix::fs::symlink("/dev/zero", d.join("zero.meta")).unwrap();
+    // Links that lead nowhere: gone, and a loop. They were left out without a word.
+    std::os::unix::fs::symlink(d.join("gone"), d.join("dangling.meta")).unwrap();
+    std::os::unix::fs::symlink("loop.meta", d.join("loop.meta")).unwrap();
     let out = run(toolctl().arg("lint").arg(d));
-    assert_exit(&out, 1, &["2 error(s)"]);
+    assert_exit(&out, 1, &["4 error(s)"]);
     let said = stdout(&out);
     assert!(
         said.contains("pipe.meta: error: cannot read: a FIFO, not a regular file")
-            && said.contains("zero.meta: error: cannot read: a device"),
+            && said.contains("zero.meta: error: cannot read: a device")
+            && said.contains("dangling.meta: error: cannot read: a link to ")
+            && said.contains("gone, which does not exist")
+            && said.contains("loop.meta: error: cannot read: Too many levels of symbolic links"),
         "{said}"
     );
     let out = run(toolctl().arg("lint").arg(&fifo));
     assert_exit(&out, 1, &["1 error(s)"]);
     assert!(stdout(&out).contains("pipe.meta: error: cannot read: a FIFO"));
+    // A loop named on the command line is a file that cannot be read, not a directory.
+    let out = run(toolctl().arg("lint").arg(d.join("loop.meta")));
+    assert_exit(&out, 1, &["1 error(s)"]);
+    assert!(stdout(&out).contains("loop.meta: error: cannot read: Too many levels"));
     let out = run(toolctl()
         .args(["local", "list", "--all", "--json", "--tools"])
         .arg(d));
     assert_exit(&out, 0, &[]);
     let listed: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
     let names: Vec<&str> = listed.iter().map(|t| t["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["ok", "pipe", "zero"], "{listed:?}");
+    assert_eq!(
+        names,
+        ["dangling", "loop", "ok", "pipe", "zero"],
+        "{listed:?}"
+    );
+}
+
+/// A directory that does not exist is an error for `lint`, named relative or absolute.
+#[test]
+fn lint_of_a_missing_directory_is_an_error_however_it_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["missing", "./missing"] {
+        let out = run(toolctl().current_dir(dir.path()).args(["lint", name]));
+        assert_exit(&out, 1, &["1 error(s)"]);
+        assert!(
+            stdout(&out).contains("error: cannot read tools directory"),
+            "{name}: {}",
+            stdout(&out)
+        );
+    }
+    let out = run(toolctl().arg("lint").arg(dir.path().join("missing")));
+    assert_exit(&out, 1, &["1 error(s)"]);
 }
 
 #[test]

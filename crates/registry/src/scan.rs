@@ -789,8 +789,24 @@ pub fn read_meta(path: &Path) -> Result<Vec<u8>, ReadError> {
         ReadError::Rejected(Box::new(Diagnostic::error(path, None, code, message)))
     };
     let unreadable = |e: std::io::Error| {
+        // A link whose target is missing is a broken tool, not a file deleted meanwhile.
+        let dangling = || {
+            std::fs::symlink_metadata(path)
+                .is_ok_and(|m| m.file_type().is_symlink())
+                .then(|| std::fs::read_link(path).ok())
+                .flatten()
+        };
         if e.kind() == std::io::ErrorKind::NotFound {
-            ReadError::Gone
+            match dangling() {
+                Some(target) => rejected(
+                    Code::Io,
+                    format!(
+                        "cannot read: a link to {}, which does not exist",
+                        target.display()
+                    ),
+                ),
+                None => ReadError::Gone,
+            }
         } else if is_shortage(&e) {
             ReadError::Short(e)
         } else {
@@ -886,8 +902,9 @@ impl Stamp {
 /// `(name, path)` of the `.meta` files in `dir`, sorted by name; dot-files are skipped.
 ///
 /// A name that is not UTF-8 is kept under its lossy form, and a FIFO, socket or device named
-/// `x.meta` is kept too: reading them reports them ([`read_meta`]), where skipping them would
-/// leave a tool missing without a word.
+/// `x.meta` is kept too, as is a link that leads nowhere (dangling, a loop, no permission):
+/// reading them reports them ([`read_meta`]), where skipping them would leave a tool missing
+/// without a word.
 fn list_meta_files(dir: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir)? {
@@ -899,7 +916,7 @@ fn list_meta_files(dir: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
             continue;
         };
         // Follow symlinks: a linked .meta is a tool, a directory named x.meta is not.
-        if std::fs::metadata(entry.path()).is_ok_and(|m| !m.is_dir()) {
+        if !std::fs::metadata(entry.path()).is_ok_and(|m| m.is_dir()) {
             out.push((name.to_string(), entry.path()));
         }
     }

@@ -13,9 +13,19 @@ pub fn run(paths: &[String], json: bool) -> u8 {
     for arg in paths {
         // The directories of one tools path are scanned together, as a registry reads them:
         // a tool in two of them is reported shadowed in the later one.
-        let (files, dirs): (Vec<PathBuf>, Vec<PathBuf>) = split_tools_path(arg)
-            .into_iter()
-            .partition(|p| std::fs::metadata(p).is_ok_and(|m| !m.is_dir()));
+        // A path that cannot be looked at (missing, a link that leads nowhere) is a file when
+        // it is named like one, so that lint says what is wrong with it; else a directory.
+        let (files, dirs): (Vec<PathBuf>, Vec<PathBuf>) =
+            split_tools_path(arg).into_iter().partition(|p| {
+                std::fs::metadata(p).map_or_else(
+                    |_| {
+                        p.file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.ends_with(".meta"))
+                    },
+                    |m| !m.is_dir(),
+                )
+            });
         for file in &files {
             diags.extend(lint_file(file));
         }
@@ -65,9 +75,20 @@ fn lint_dirs(dirs: Vec<PathBuf>) -> Vec<Diagnostic> {
             tool.meta.def.cmd.is_some() || has_variant_cmd(&tool.meta),
         ));
     }
+    // The scanner names a directory as an absolute path: `lint tools` of a missing `tools` is
+    // an error too.
+    let named: Vec<PathBuf> = dirs
+        .iter()
+        .flat_map(|d| {
+            [
+                d.clone(),
+                std::path::absolute(d).unwrap_or_else(|_| d.clone()),
+            ]
+        })
+        .collect();
     for d in diags
         .iter_mut()
-        .filter(|d| d.code == Code::Io && dirs.contains(&d.file))
+        .filter(|d| d.code == Code::Io && named.contains(&d.file))
     {
         d.severity = Severity::Error;
     }
