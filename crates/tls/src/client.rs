@@ -257,7 +257,23 @@ fn target(url: &str) -> Result<(Uri, Target), TlsError> {
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_string();
-    let port = uri.port_u16().unwrap_or(443);
+    // `http::Uri` takes `:99999`, `:0` and `:` and then has no port, or port 0: not 443.
+    let authority = uri.authority().map_or("", |a| a.as_str());
+    let given = match authority.rsplit_once(':') {
+        Some((_, port)) if !authority.ends_with(']') => Some(port),
+        _ => None,
+    };
+    let port = match given {
+        None => 443,
+        Some(port) => match port.parse::<u16>() {
+            Ok(n) if n != 0 => n,
+            _ => {
+                return Err(bad(&format!(
+                    "`{port}` is not a port number (1 to 65535): expected https://host:port"
+                )));
+            }
+        },
+    };
     let server_name = ServerName::try_from(host.clone()).map_err(|e| {
         bad(&format!(
             "host {host:?} is not a DNS name or IP address: {e}"
@@ -477,6 +493,28 @@ mod tests {
         let err = connect_any(&[silent], 0, per_address).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
         assert!(err.to_string().contains("no answer within"), "{err}");
+    }
+
+    #[test]
+    fn a_port_out_of_range_is_refused_not_taken_for_443() {
+        for (url, port) in [
+            ("https://127.0.0.1:8443", 8443),
+            ("https://example.org", 443),
+            ("https://[::1]:7443", 7443),
+            ("https://[::1]", 443),
+        ] {
+            assert_eq!(target(url).unwrap().1.port, port, "{url}");
+        }
+        for url in [
+            "https://127.0.0.1:99999",
+            "https://127.0.0.1:65536",
+            "https://127.0.0.1:0",
+            "https://127.0.0.1:",
+            "https://[::1]:70000",
+        ] {
+            let err = target(url).unwrap_err().to_string();
+            assert!(err.contains("is not a port number"), "{url}: {err}");
+        }
     }
 
     #[test]
