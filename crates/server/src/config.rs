@@ -60,7 +60,15 @@ pub fn parse_command_line() -> Start {
             }
             Start::Exit(ExitCode::SUCCESS)
         }
-        Err(Failure::Clap(e)) => e.exit(),
+        Err(Failure::Clap(e)) => {
+            let argv: Vec<OsString> = std::env::args_os().collect();
+            let note = toolsrv_client::cli::env_note::note(&Cli::command(), &argv, &e);
+            let _ = e.print();
+            if let Some(note) = note {
+                eprintln!("{note}");
+            }
+            Start::Exit(ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2)))
+        }
         Err(Failure::File(problems)) => {
             for problem in problems {
                 eprintln!("toolsrv: {problem}");

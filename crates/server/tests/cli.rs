@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 fn toolsrv() -> Command {
@@ -125,6 +126,55 @@ fn bad_flags_are_explained() {
         .output()
         .unwrap();
     assert!(!out.status.success(), "missing TLS flags must fail");
+}
+
+/// A bad value that came from the environment names its variable, not only the flag: a value
+/// that is not valid, and one that is not UTF-8 (clap said only "invalid UTF-8 was detected").
+#[test]
+fn a_bad_value_from_the_environment_names_the_variable() {
+    use std::os::unix::ffi::OsStringExt;
+    let out = toolsrv()
+        .args(["agent", "--print-config"])
+        .env("TOOLSRV_LABELS", "role=web,oops")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--label is not on the command line: the value comes from the environment variable TOOLSRV_LABELS"),
+        "{err}"
+    );
+    let out = toolsrv()
+        .args(["pki", "init"])
+        .arg(tempfile::tempdir().unwrap().path())
+        .env(
+            "TOOLSRV_LOG",
+            std::ffi::OsString::from_vec(b"info\xff".to_vec()),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the environment variable TOOLSRV_LOG is not UTF-8"),
+        "{err}"
+    );
+    // The client names it too (and keeps its usage exit code).
+    let out = Command::new(env!("CARGO_BIN_EXE_toolsrv"))
+        .arg0("toolctl")
+        .arg("hosts")
+        .env(
+            "TOOLSRV_ADDR",
+            std::ffi::OsString::from_vec(b"https://\xff".to_vec()),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the environment variable TOOLSRV_ADDR is not UTF-8"),
+        "{err}"
+    );
 }
 
 /// A label the coordinator would refuse in the agent's hello stops the agent at start, naming

@@ -2,6 +2,7 @@
 //! can also run as `toolctl` (what `toolsrv up` links into its state directory).
 
 mod call_args;
+pub mod env_note;
 pub mod exit;
 mod find;
 mod lint;
@@ -521,6 +522,10 @@ pub fn main() -> ExitCode {
         Ok(args) => args,
         Err(e) => {
             let _ = e.print();
+            let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+            if let Some(note) = env_note::note(&Cli::command(), &argv, &e) {
+                eprintln!("{note}");
+            }
             return if e.use_stderr() {
                 ExitCode::from(exit::USAGE)
             } else {
