@@ -355,6 +355,13 @@ fn call_exit_codes() {
             64,
             "--timeout -1: must be a positive number",
         ),
+        // Too large or too small for a timeout is said so, the value shown short.
+        (
+            &["echo", "--timeout", "1e300"],
+            64,
+            "--timeout 1e300: over a year",
+        ),
+        (&["echo", "--timeout", "1e-300"], 64, "--timeout 0.000"),
     ];
     for (args, code, needle) in cases {
         let out = run(toolctl().args(["local", "call", "--tools", &t]).args(*args));

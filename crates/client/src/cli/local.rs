@@ -2,7 +2,6 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use toolsrv_exec::{Ending, Event, Exit, Stream};
@@ -145,13 +144,10 @@ pub async fn call(tools: &ToolsArgs, name: &str, args: &[String], opts: CallOpti
             return exit::USAGE;
         }
     };
-    let timeout = match Duration::try_from_secs_f64(opts.timeout) {
-        Ok(t) if !t.is_zero() => t,
-        _ => {
-            eprintln!(
-                "toolctl: --timeout {}: must be a positive number of seconds",
-                opts.timeout
-            );
+    let timeout = match super::timeout_secs(opts.timeout) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("toolctl: {e}");
             return exit::USAGE;
         }
     };

@@ -760,6 +760,36 @@ async fn session(command: SessionCommand) -> u8 {
 }
 
 /// The exit code after writing a command's output: a closed pipe (`| head`) is not an error.
+/// The longest `--timeout` taken: a year.
+const MAX_TIMEOUT_SECS: f64 = 365.0 * 86_400.0;
+
+/// A `--timeout` in seconds as a duration, or what is wrong with it: not a positive number,
+/// under a millisecond, or over [`MAX_TIMEOUT_SECS`] (a value that large or small is shown
+/// short).
+pub fn timeout_secs(secs: f64) -> Result<std::time::Duration, String> {
+    let shown = if secs.is_finite() && secs != 0.0 && !(1e-3..1e9).contains(&secs.abs()) {
+        format!("{secs:e}")
+    } else {
+        secs.to_string()
+    };
+    if !(secs.is_finite() && secs > 0.0) {
+        return Err(format!(
+            "--timeout {shown}: must be a positive number of seconds"
+        ));
+    }
+    if secs < 0.001 {
+        return Err(format!(
+            "--timeout {shown}: under a millisecond, the shortest timeout"
+        ));
+    }
+    if secs > MAX_TIMEOUT_SECS {
+        return Err(format!(
+            "--timeout {shown}: over a year ({MAX_TIMEOUT_SECS} s), the longest timeout"
+        ));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
+}
+
 pub fn written(result: std::io::Result<()>, what: &str) -> u8 {
     match result {
         Ok(()) => 0,

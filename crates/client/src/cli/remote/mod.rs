@@ -339,10 +339,10 @@ fn note_strings(string_keys: &[String], result: &crate::CallResult) {
 /// `--timeout` seconds as the request's milliseconds; `None` (agent default) when absent.
 fn timeout_ms(timeout: Option<f64>) -> Result<u64, u8> {
     let Some(secs) = timeout else { return Ok(0) };
-    match std::time::Duration::try_from_secs_f64(secs) {
-        Ok(t) if !t.is_zero() => Ok(u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1)),
-        _ => {
-            eprintln!("toolctl: --timeout {secs}: must be a positive number of seconds");
+    match crate::cli::timeout_secs(secs) {
+        Ok(t) => Ok(u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1)),
+        Err(e) => {
+            eprintln!("toolctl: {e}");
             Err(exit::USAGE)
         }
     }
