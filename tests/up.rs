@@ -25,6 +25,15 @@ struct Up {
 
 impl Up {
     fn start(home: &Path, port: u16, extra_env: &[(&str, &str)]) -> Self {
+        let env: Vec<(&str, &std::ffi::OsStr)> = extra_env
+            .iter()
+            .map(|(k, v)| (*k, std::ffi::OsStr::new(*v)))
+            .collect();
+        Self::start_os(home, port, &env)
+    }
+
+    /// [`Up::start`] with values that need not be UTF-8.
+    fn start_os(home: &Path, port: u16, extra_env: &[(&str, &std::ffi::OsStr)]) -> Self {
         let stderr = home.join("up.log");
         let mut cmd = Command::new(bin("toolsrv"));
         cmd.args(["up", "--listen", &format!("127.0.0.1:{port}")])
@@ -305,8 +314,12 @@ fn up_offers_the_bypass_example_and_runs_it_once_approved() {
 
 #[test]
 fn up_says_when_ollie_tools_path_replaces_the_example_tools() {
+    use std::os::unix::ffi::OsStrExt;
     let home = tempfile::tempdir().unwrap();
-    let tools = home.path().join("my-tools");
+    // A name that is not UTF-8 is a path all the same (it was taken for no OLLIE_TOOLS_PATH).
+    let tools = home
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"my-tools-\xe9"));
     std::fs::create_dir(&tools).unwrap();
     std::fs::write(
         tools.join("mine.meta"),
@@ -318,10 +331,10 @@ fn up_says_when_ollie_tools_path_replaces_the_example_tools() {
         r#"{"description": "Prints 2,000,000 bytes", "cmd": "head -c 2000000 /dev/zero"}"#,
     )
     .unwrap();
-    let mut up = Up::start(
+    let mut up = Up::start_os(
         home.path(),
         free_port(),
-        &[("OLLIE_TOOLS_PATH", tools.to_str().unwrap())],
+        &[("OLLIE_TOOLS_PATH", tools.as_os_str())],
     );
     let lines = up.banner();
     let banner = lines.join("\n");

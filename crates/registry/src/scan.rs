@@ -187,11 +187,15 @@ pub struct Executable {
     pub size: u64,
 }
 
-/// Splits a colon-separated tools path, dropping empty entries.
-pub fn split_tools_path(path: &str) -> Vec<PathBuf> {
-    path.split(':')
+/// Splits a colon-separated tools path, dropping empty entries; the directories' names need
+/// not be UTF-8.
+pub fn split_tools_path(path: impl AsRef<std::ffi::OsStr>) -> Vec<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    path.as_ref()
+        .as_bytes()
+        .split(|&b| b == b':')
         .filter(|p| !p.is_empty())
-        .map(PathBuf::from)
+        .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes(p)))
         .collect()
 }
 

@@ -83,9 +83,8 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
             pki.display()
         )
     })?;
-    let from_env = std::env::var("OLLIE_TOOLS_PATH")
-        .ok()
-        .filter(|p| !p.is_empty());
+    // Not UTF-8 is still a path (it was taken for unset, and the examples served instead).
+    let from_env = std::env::var_os("OLLIE_TOOLS_PATH").filter(|p| !p.is_empty());
     let (tools, source) = match (&args.tools, from_env) {
         (Some(path), _) => {
             // A mistyped directory would serve nothing and say so only in the coordinator's log.
@@ -98,7 +97,7 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
         }
         (None, Some(path)) => {
             tracing::warn!(
-                tools = %path,
+                tools = %path.to_string_lossy(),
                 "serving the tools of OLLIE_TOOLS_PATH from the environment instead of the \
                  example tools in the state directory; unset it to serve those"
             );
