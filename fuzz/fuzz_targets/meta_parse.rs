@@ -50,6 +50,7 @@ fn host() -> &'static Host {
             os: "linux".into(),
             arch: "amd64".into(),
             env,
+            raw_path: None,
             fs: Arc::new(FakeFs),
         }
     })

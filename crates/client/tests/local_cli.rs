@@ -253,7 +253,7 @@ fn call_passes_arguments_on_stdin_with_env_and_cwd() {
 #[test]
 fn an_environment_that_is_not_utf8_is_no_panic() {
     use std::ffi::OsString;
-    use std::os::unix::ffi::OsStringExt;
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
     let dir = fixture();
     write(
         dir.path(),
@@ -276,6 +276,25 @@ fn an_environment_that_is_not_utf8_is_no_panic() {
     let out = run(&mut call);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "63 61 66 e9");
+
+    // A directory of PATH whose name is not UTF-8: `binary` finds what is in it, and so does
+    // a tool without `cmd` (it runs the program of its name); it was looked for under a name
+    // with U+FFFD in place of the byte.
+    let bin = dir.path().join(std::ffi::OsStr::from_bytes(b"bin-\xff"));
+    std::fs::create_dir(&bin).unwrap();
+    executable(&bin, "oddtool", "#!/bin/sh\necho odd tool ran\n");
+    write(
+        dir.path(),
+        "oddtool.meta",
+        r#"{"description": "Odd", "variants": [{"match": {"binary": "oddtool"}}]}"#,
+    );
+    let mut path = bin.into_os_string();
+    path.push(":/usr/bin:/bin");
+    let out = run(toolctl()
+        .args(["local", "call", "--tools", &tools_arg(&dir), "oddtool"])
+        .env("PATH", &path));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "odd tool ran");
 }
 
 #[test]

@@ -40,6 +40,9 @@ pub struct Host {
     pub arch: String,
     /// The environment that `env`, `nenv` and the `PATH` lookup of `binary` see.
     pub env: BTreeMap<String, String>,
+    /// `PATH` as the system gave it when it is not UTF-8 (`env` holds it with U+FFFD for each
+    /// bad byte, a directory that does not exist): where `binary` looks then.
+    pub raw_path: Option<OsString>,
     pub fs: Arc<dyn FileProbe>,
 }
 
@@ -63,16 +66,23 @@ impl Host {
     /// system gives it: a variable whose name or value is not UTF-8 is taken with each bad byte
     /// as U+FFFD (`env` still sees it set; `std::env::vars` would panic on it).
     pub fn with_env_os(env: impl IntoIterator<Item = (OsString, OsString)>) -> Self {
-        Self::with_env(
-            env.into_iter()
-                .map(|(name, value)| {
-                    (
-                        name.to_string_lossy().into_owned(),
-                        value.to_string_lossy().into_owned(),
-                    )
-                })
-                .collect(),
-        )
+        let mut raw_path = None;
+        let env = env
+            .into_iter()
+            .map(|(name, value)| {
+                if name == "PATH" && value.to_str().is_none() {
+                    raw_path = Some(value.clone());
+                }
+                (
+                    name.to_string_lossy().into_owned(),
+                    value.to_string_lossy().into_owned(),
+                )
+            })
+            .collect();
+        Self {
+            raw_path,
+            ..Self::with_env(env)
+        }
     }
 
     /// This machine's OS, architecture and file system with the given environment.
@@ -81,19 +91,21 @@ impl Host {
             os: go_os(std::env::consts::OS).to_string(),
             arch: go_arch(std::env::consts::ARCH).to_string(),
             env,
+            raw_path: None,
             fs: Arc::new(RealFs),
         }
     }
 
     /// Directories of `PATH`, in order; empty entries are skipped rather than meaning the cwd.
     pub fn path_dirs(&self) -> impl Iterator<Item = &Path> {
-        self.env
-            .get("PATH")
-            .map(String::as_str)
-            .unwrap_or("")
-            .split(':')
+        use std::os::unix::ffi::OsStrExt;
+        let path: &[u8] = match &self.raw_path {
+            Some(raw) => raw.as_bytes(),
+            None => self.env.get("PATH").map_or(&[], |p| p.as_bytes()),
+        };
+        path.split(|&b| b == b':')
             .filter(|d| !d.is_empty())
-            .map(Path::new)
+            .map(|d| Path::new(std::ffi::OsStr::from_bytes(d)))
     }
 
     /// Finds an executable: a bare name through `PATH`, an absolute path as is.

@@ -42,6 +42,7 @@ fn host(os: &str, arch: &str, env: &[(&str, &str)], exes: &[&str], files: &[&str
         os: os.into(),
         arch: arch.into(),
         env,
+        raw_path: None,
         fs: Arc::new(fs),
     }
 }
