@@ -1386,8 +1386,8 @@ fn streamable_http_keeps_its_token_in_a_private_file() {
 
 /// Requests the SDK cannot read, sent raw on stdio as a broken or hostile client would: a
 /// `tools/call` whose `arguments` is not an object gets invalid params naming what is wrong, a
-/// method nobody serves gets method not found naming it (escaped), a line that is not JSON is
-/// dropped, and the server answers the next request as before.
+/// method nobody serves gets method not found naming it (escaped), a line that is not JSON gets
+/// a parse error (see the next test), and the server answers the next request as before.
 #[test]
 fn requests_the_sdk_cannot_read_get_an_error_naming_what_and_the_server_goes_on() {
     use std::io::Write;
@@ -1482,6 +1482,245 @@ fn requests_the_sdk_cannot_read_get_an_error_naming_what_and_the_server_goes_on(
         answers[&6]
     );
     assert_eq!(answers[&7]["result"]["isError"], false, "{}", answers[&7]);
+}
+
+/// Lines that are not JSON-RPC messages, sent raw on stdio: each gets a JSON-RPC error naming
+/// what is wrong and where, with the request's id when it can be read, and not megabytes of the
+/// line back; then the server answers a good request. Before, the SDK dropped such a line
+/// without a word, and its client waited for the answer for good.
+#[test]
+fn a_line_that_does_not_parse_is_answered_with_a_parse_error_and_the_server_goes_on() {
+    use std::io::Write;
+    let fleet = one_host_fleet(&[]);
+    let (mut child, mut stdin, rx) = stdio_server(&fleet, &one_host_profile(&fleet));
+    let deep = format!(
+        r#"{{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{{"name":"greet","arguments":{{"name":{}"x"{}}}}}}}"#,
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    let huge_garbage = format!("garbage {}", "x".repeat(5_000_000));
+    let lines: Vec<(&[u8], Value, i64, &str)> = vec![
+        (
+            b"{\"jsonrpc\":\"2.0\",\"id\":4,\"method\":\"tools/call\",\"params\":{\"name\":\"greet\",\"arguments\":{\"name\":\"caf\xe9\"}}}",
+            json!(4),
+            -32700,
+            "invalid UTF-8 at byte 95 of the request",
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":"five","method":"tools/call","params":{"name":"greet","arguments":{"name":"\ud800"}}}"#,
+            json!("five"),
+            -32700,
+            "unexpected end of hex escape at line 1 column",
+        ),
+        (deep.as_bytes(), json!(6), -32700, "recursion limit exceeded at line 1 column"),
+        (
+            br#"{"jsonrpc":"2.0","id":1e400,"method":"ping"}"#,
+            Value::Null,
+            -32700,
+            "number out of range at line 1 column",
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":8,"method":"ping"} and more"#,
+            json!(8),
+            -32700,
+            "trailing characters at line 1 column 42",
+        ),
+        (b"not json at all {", Value::Null, -32700, "at line 1 column 2"),
+        (
+            huge_garbage.as_bytes(),
+            Value::Null,
+            -32700,
+            "expected value at line 1 column 1",
+        ),
+        // A notification that does not parse: answered all the same, with no id to give.
+        (
+            br#"{"jsonrpc":"2.0","method":"notifications/initialized","params":{"x":"\udfff"}}"#,
+            Value::Null,
+            -32700,
+            "surrogate in hex escape at line 1 column 75",
+        ),
+        (b"[]", Value::Null, -32600, "a JSON-RPC message is an object, not an array"),
+        (b"null", Value::Null, -32600, "a JSON-RPC message is an object, not null"),
+        (b"5", Value::Null, -32600, "a JSON-RPC message is an object, not a number"),
+        (
+            br#"{"jsonrpc":"1.0","id":"old","method":"ping"}"#,
+            json!("old"),
+            -32600,
+            "invalid request: ",
+        ),
+    ];
+    for line in [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    ] {
+        writeln!(stdin, "{line}").unwrap();
+    }
+    for (line, ..) in &lines {
+        stdin.write_all(line).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        // Blank lines are skipped, as before.
+        stdin.write_all(b"\n  \r\n").unwrap();
+    }
+    writeln!(
+        stdin,
+        r#"{{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{{"name":"greet","arguments":{{"name":"after"}}}}}}"#
+    )
+    .unwrap();
+    stdin.flush().unwrap();
+    // The answers with an id, by id; those without, in order.
+    let mut by_id = std::collections::BTreeMap::new();
+    let mut without_id = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !by_id.contains_key(&json!(9).to_string()) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = rx.recv_timeout(left).unwrap_or_else(|_| {
+            panic!("no answer to the good request; with an id: {by_id:?}, without: {without_id:?}")
+        });
+        assert!(line.len() < 2000, "an answer of {} bytes", line.len());
+        let message: Value = serde_json::from_str(&line).unwrap();
+        match &message["id"] {
+            Value::Null if message.get("error").is_some() => without_id.push(message),
+            Value::Null => {}
+            id => {
+                by_id.insert(id.to_string(), message);
+            }
+        }
+    }
+    drop(stdin);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        result_text(&by_id[&json!(9).to_string()]["result"]).trim(),
+        "hello after",
+        "{by_id:?}"
+    );
+    let mut without = without_id.iter();
+    for (line, id, code, what) in &lines {
+        let shown = String::from_utf8_lossy(&line[..line.len().min(60)]).to_string();
+        let answer = if id.is_null() {
+            without
+                .next()
+                .unwrap_or_else(|| panic!("{shown}: not answered: {without_id:?}"))
+        } else {
+            by_id
+                .get(&id.to_string())
+                .unwrap_or_else(|| panic!("{shown}: not answered: {by_id:?}"))
+        };
+        assert_eq!(answer["error"]["code"], *code, "{shown}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains(what), "{shown}: {message}");
+        assert!(message.len() < 400, "{shown}: {} bytes", message.len());
+    }
+    assert!(without.next().is_none(), "{without_id:?}");
+}
+
+/// POSTs `body` as JSON to `http://ADDR/mcp` by hand, with `Authorization: Bearer TOKEN` when
+/// given: the status, the response head in lowercase, and the body.
+fn post_over_http(addr: &str, token: Option<&str>, body: &[u8]) -> (u16, String, Vec<u8>) {
+    use std::io::{Read, Write};
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let mut request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\n{auth}Content-Length: {}\r\n\
+         Connection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(body);
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(&request).unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).unwrap();
+    let end = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no response head: {:?}", String::from_utf8_lossy(&response)));
+    let head = String::from_utf8_lossy(&response[..end]).to_ascii_lowercase();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP status: {head:?}"));
+    (status, head, response[end + 4..].to_vec())
+}
+
+/// A POST whose JSON body is not a JSON-RPC message gets `400` and a JSON-RPC error naming what
+/// is wrong, with the request's id when it can be read, before MCP sees it; one without the
+/// token gets `401` all the same, and the server goes on. Before, the SDK answered `415
+/// Unsupported Media Type` to a client that had sent `Content-Type: application/json`.
+#[test]
+fn a_post_that_does_not_parse_is_answered_400_with_a_json_rpc_error() {
+    let fleet = one_host_fleet(&[]);
+    let profile = one_host_profile(&fleet);
+    let (_server, addr, token) = http_server(&fleet, &profile);
+    let deep = format!(
+        r#"{{"jsonrpc":"2.0","id":6,"method":"ping","params":{{"a":{}1{}}}}}"#,
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    let huge_garbage = format!("garbage {}", "x".repeat(3_000_000));
+    let bodies: Vec<(&[u8], Value, i64, &str)> = vec![
+        (
+            b"{\"jsonrpc\":\"2.0\",\"id\":4,\"method\":\"initialize\",\"params\":{\"clientInfo\":{\"name\":\"caf\xe9\"}}}",
+            json!(4),
+            -32700,
+            "invalid UTF-8 at byte 81 of the request",
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":"five","method":"initialize","params":{"clientInfo":{"name":"\ud800"}}}"#,
+            json!("five"),
+            -32700,
+            "unexpected end of hex escape at line 1 column",
+        ),
+        (deep.as_bytes(), json!(6), -32700, "recursion limit exceeded"),
+        (
+            br#"{"jsonrpc":"2.0","id":1e400,"method":"ping"}"#,
+            Value::Null,
+            -32700,
+            "number out of range",
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":8,"method":"ping"}}"#,
+            json!(8),
+            -32700,
+            "trailing characters",
+        ),
+        (huge_garbage.as_bytes(), Value::Null, -32700, "expected value at line 1 column 1"),
+        (b"", Value::Null, -32700, "the request is empty"),
+        (b"[]", Value::Null, -32600, "not an array"),
+        (b"null", Value::Null, -32600, "not null"),
+        (br#"{"jsonrpc":"2.0","id":1}"#, Value::Null, -32600, "invalid request: "),
+    ];
+    for (body, id, code, what) in &bodies {
+        let shown = String::from_utf8_lossy(&body[..body.len().min(60)]).to_string();
+        // Without the token, refused as before, whatever the body.
+        let (status, _, _) = post_over_http(&addr, None, body);
+        assert_eq!(status, 401, "{shown}");
+        let (status, head, answer) = post_over_http(&addr, Some(&token), body);
+        assert_eq!(status, 400, "{shown}: {head}");
+        assert!(
+            head.contains("content-type: application/json"),
+            "{shown}: {head}"
+        );
+        assert!(
+            answer.len() < 2000,
+            "{shown}: an answer of {} bytes",
+            answer.len()
+        );
+        let answer: Value = serde_json::from_slice(&answer)
+            .unwrap_or_else(|e| panic!("{shown}: {e}: {}", String::from_utf8_lossy(&answer)));
+        assert_eq!(answer["jsonrpc"], "2.0", "{shown}: {answer}");
+        assert_eq!(answer["id"], *id, "{shown}: {answer}");
+        assert_eq!(answer["error"]["code"], *code, "{shown}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains(what), "{shown}: {message}");
+    }
+    // And a good request is served.
+    let (status, head) = initialize_over_http(&addr, Some(&token));
+    assert_eq!(status, 200, "{head}");
 }
 
 /// The model is offered only what the policy lets its client call: a host where a rule denies

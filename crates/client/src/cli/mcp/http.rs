@@ -18,6 +18,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
+use super::malformed::{self, Check};
 use super::server::Server;
 use super::strangers::{self, Standing};
 
@@ -221,6 +222,86 @@ async fn ended_is_no_content(request: Request, next: Next) -> Response {
     response
 }
 
+/// A POST of JSON whose body is not a JSON-RPC message is answered `400` with the JSON-RPC
+/// error [`malformed`] names: the SDK answers `415 Unsupported Media Type`, which tells a client
+/// that did send JSON nothing. A body over `max_bytes` is refused as the SDK refuses it.
+async fn well_formed(max_bytes: usize, request: Request, next: Next) -> Response {
+    if request.method() != axum::http::Method::POST || !json(request.headers()) {
+        // The SDK answers these as it should (405, 415).
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let body = match read_body(body, max_bytes).await {
+        Ok(body) => body,
+        Err(refused) => return refused,
+    };
+    let refusal = match malformed::check(&body) {
+        Check::Message => {
+            // The SDK does not skip a byte order mark, which RFC 8259 lets a parser ignore.
+            const BOM: &[u8] = b"\xEF\xBB\xBF";
+            let body = if body.starts_with(BOM) {
+                body.slice(BOM.len()..)
+            } else {
+                body
+            };
+            return next
+                .run(Request::from_parts(parts, axum::body::Body::from(body)))
+                .await;
+        }
+        Check::Stray(refusal) | Check::Refused(refusal) => refusal,
+    };
+    tracing::warn!(
+        id = %refusal.id,
+        "answered a POST that is not a JSON-RPC message: {}",
+        refusal.message
+    );
+    (
+        StatusCode::BAD_REQUEST,
+        [(header::CONTENT_TYPE, "application/json")],
+        refusal.to_json(),
+    )
+        .into_response()
+}
+
+/// Whether the request says it carries JSON.
+fn json(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            let essence = v.split_once(';').map_or(v, |(essence, _)| essence);
+            essence.trim().eq_ignore_ascii_case("application/json")
+        })
+}
+
+/// The whole body, at most `max_bytes` of it.
+async fn read_body(
+    body: axum::body::Body,
+    max_bytes: usize,
+) -> Result<axum::body::Bytes, Response> {
+    use tokio_stream::StreamExt;
+    let mut stream = body.into_data_stream();
+    let mut collected = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            (
+                StatusCode::BAD_REQUEST,
+                format!("toolctl mcp: cannot read the request body: {e}\n"),
+            )
+                .into_response()
+        })?;
+        if chunk.len() > max_bytes.saturating_sub(collected.len()) {
+            return Err((
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("Payload Too Large: request body exceeds {max_bytes} bytes"),
+            )
+                .into_response());
+        }
+        collected.extend_from_slice(&chunk);
+    }
+    Ok(collected.into())
+}
+
 /// How long an MCP session over HTTP (a 2025-11-25 client's, which `initialize` opens) lives
 /// with nothing sent either way, by default (`--http-session-idle-secs`): then it ends, and
 /// with it any call still running in it. A
@@ -256,9 +337,14 @@ pub async fn serve(
     sessions.session_config.keep_alive = Some(idle);
     let sessions = Arc::new(sessions);
     let bound = super::sessions::Bound::new(sessions.clone(), super::sessions::MAX_SESSIONS);
+    let max_body = config.max_request_body_bytes;
     let service = StreamableHttpService::new(move || Ok(server.for_connection()), sessions, config);
+    // The layers run from the last one in: the token, then the others.
     let router = axum::Router::new()
         .nest_service(PATH, service)
+        .layer(axum::middleware::from_fn(
+            move |request: Request, next: Next| well_formed(max_body, request, next),
+        ))
         .layer(axum::middleware::from_fn(
             move |request: Request, next: Next| {
                 super::sessions::bound(bound.clone(), request, next)

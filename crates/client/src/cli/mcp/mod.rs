@@ -6,9 +6,11 @@
 mod call;
 mod http;
 mod keeper;
+mod malformed;
 mod own;
 mod server;
 mod sessions;
+mod stdio;
 mod strangers;
 mod tools;
 
@@ -29,6 +31,8 @@ use crate::Profile;
 
 /// How long closing the session at exit may take.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the last answers on stdout may take to be read once the MCP service ended.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `toolctl mcp`'s options.
 #[derive(Debug, Args)]
@@ -175,8 +179,21 @@ pub async fn run(args: McpArgs) -> u8 {
 
 /// Serves one client on stdin and stdout until it goes away or a signal comes.
 async fn serve_stdio(server: server::Server, stop: &mut Stop) -> u8 {
+    // Through [`stdio`], which answers the lines that are not JSON-RPC messages.
+    let (filter, pipes) = stdio::start(tokio::io::stdin(), tokio::io::stdout());
+    let code = serve_pipes(server, pipes, stop).await;
+    filter.finish(FLUSH_TIMEOUT).await;
+    code
+}
+
+/// Serves one client on the SDK's ends of [`stdio`]'s pipes.
+async fn serve_pipes(
+    server: server::Server,
+    pipes: (tokio::io::DuplexStream, tokio::io::DuplexStream),
+    stop: &mut Stop,
+) -> u8 {
     let running = tokio::select! {
-        started = server.serve(rmcp::transport::stdio()) => match started {
+        started = server.serve(pipes) => match started {
             Ok(running) => running,
             Err(e) => {
                 eprintln!("toolctl mcp: the MCP client on stdio did not start a connection: {e}");
