@@ -94,6 +94,40 @@ fn oversized_arguments_are_refused_and_leave_other_calls_and_the_link_alone() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(out.stdout.len(), args.len());
     assert_eq!(host(&fleet.hosts(), "a")["connected_unix_ms"], connected);
+
+    // A key given twice, sent as it is by a client of the API (toolctl reads JSON into a
+    // value and sends that): the coordinator would check the last value, and a tool's parser
+    // may keep the first (C's cJSON does). Refused before any host sees it.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let refused = rt.block_on(async {
+        toolsrv_tls::install_crypto_provider();
+        let files = toolsrv_testkit::stem_files(fleet.pki.root(), "client-alice");
+        let client = toolsrv_client::Client::connect(&toolsrv_client::ConnectOptions {
+            addr: fleet.url(),
+            tls: files,
+        })
+        .await
+        .unwrap();
+        client
+            .call_to_end(toolsrv_client::CallRequest {
+                host: "a".into(),
+                tool: "echo".into(),
+                args_json: r#"{"x": "/etc/shadow", "x": "/tmp/fine"}"#.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err()
+    });
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused}");
+    assert!(
+        refused
+            .to_string()
+            .contains("the key \"x\" is given twice in one object"),
+        "{refused}"
+    );
 }
 
 #[test]

@@ -368,6 +368,11 @@ fn call_exit_codes() {
         (&["echo", r#"{"m": 1}"#], 65, "at /"),
         (&["echo", "[1]"], 64, "JSON object"),
         (&["echo", "{oops"], 64, "not valid JSON"),
+        (
+            &["echo", r#"{"n": 1, "n": 2}"#],
+            64,
+            "the key \"n\" is given twice in one object",
+        ),
         (&["slow", "--timeout", "0.3"], 124, "timed out"),
         (
             &["echo", "--timeout", "-1"],

@@ -150,7 +150,21 @@ impl<'de> serde::de::Visitor<'de> for Any<'_> {
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
         self.0.one()?;
-        while map.next_key::<serde::de::IgnoredAny>()?.is_some() {
+        // A key given twice is refused: this reader keeps the last, and the tool that gets the
+        // text may keep the first (C's cJSON does), so a value the schema checked would not be
+        // the one the tool uses.
+        let mut keys = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if keys.contains(&key) {
+                let mut shown: String = key.chars().take(64).collect();
+                if shown.len() < key.len() {
+                    shown.push('…');
+                }
+                return Err(serde::de::Error::custom(format!(
+                    "the key {shown:?} is given twice in one object"
+                )));
+            }
+            keys.insert(key);
             map.next_value_seed(Any(&mut *self.0))?;
         }
         Ok(true)
@@ -297,6 +311,28 @@ mod tests {
         assert_eq!(parse_args_json("  ").ok(), Some(json!({})));
         assert_eq!(parse_args_json(r#"{"a":1}"#).ok(), Some(json!({"a":1})));
         assert!(parse_args_json("{").is_err());
+    }
+
+    #[test]
+    fn a_key_given_twice_is_refused_at_any_depth() {
+        // The schema would check the last `path`; a tool whose parser keeps the first would
+        // use the other.
+        for text in [
+            r#"{"path": "/etc/shadow", "path": "/tmp/safe"}"#,
+            r#"{"a": {"k": 1, "k": 2}}"#,
+            r#"{"a": [{"k": 1, "\u006b": 2}]}"#,
+        ] {
+            let err = parse_args_json(text).unwrap_err().to_string();
+            assert!(
+                err.contains("is given twice in one object"),
+                "{text}: {err}"
+            );
+        }
+        // The same key in two objects is no duplicate.
+        assert!(parse_args_json(r#"{"a": {"k": 1}, "b": {"k": 2}}"#).is_ok());
+        let long = format!(r#"{{"{0}": 1, "{0}": 2}}"#, "x".repeat(10_000));
+        let err = parse_args_json(&long).unwrap_err().to_string();
+        assert!(err.len() < 300, "{err}");
     }
 
     fn schema() -> ArgsValidator {

@@ -74,14 +74,11 @@ pub fn parse(words: &[String]) -> Result<CallArgs, String> {
         [] => object(Value::Object(Map::new())),
         [only] if only == "-" => {
             let text = stdin_arguments(std::io::stdin().lock())?;
-            object(
-                serde_json::from_str(&text)
-                    .map_err(|e| format!("arguments on stdin are not valid JSON: {e}"))?,
-            )
+            object(json(&text).map_err(|e| format!("arguments on stdin are not valid JSON: {e}"))?)
         }
-        [only] if starts_json(only) => object(
-            serde_json::from_str(only).map_err(|e| format!("arguments are not valid JSON: {e}"))?,
-        ),
+        [only] if starts_json(only) => {
+            object(json(only).map_err(|e| format!("arguments are not valid JSON: {e}"))?)
+        }
         [only] if !only.contains('=') => match serde_json::from_str(only) {
             Ok(value) => object(value),
             Err(_) => Err(format!(
@@ -91,6 +88,17 @@ pub fn parse(words: &[String]) -> Result<CallArgs, String> {
         },
         words => from_words(words),
     }
+}
+
+/// JSON text as a value, a key given twice in one object refused as the coordinator refuses it
+/// (read into a value, the last would win without a word).
+fn json(text: &str) -> Result<Value, String> {
+    if let Err(toolsrv_meta::JsonValuesError::Invalid(e)) =
+        toolsrv_meta::read_json_values(text.as_bytes(), usize::MAX)
+    {
+        return Err(e.to_string());
+    }
+    serde_json::from_str(text).map_err(|e| e.to_string())
 }
 
 /// A word that opens a JSON object or array.
