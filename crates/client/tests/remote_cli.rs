@@ -275,7 +275,7 @@ async fn remote_commands_against_a_real_fleet() {
         3,
         &["toolctl: tool `fail` on host `web-1`: exited with code 3"],
     );
-    let cases: [(&[&str], i32, &str); 7] = [
+    let cases: [(&[&str], i32, &str); 8] = [
         (
             &["call", "web-1", "echo", r#"{"n": "x"}"#],
             65,
@@ -308,6 +308,12 @@ async fn remote_commands_against_a_real_fleet() {
             "toolctl: tool `slow` on host `web-1`: timed out after 300ms",
         ),
         (&["call", "web-1", "echo", "[1]"], 64, "JSON object"),
+        // A working directory on another host is named from its root.
+        (
+            &["call", "web-1", "echo", "--cwd", "srv/app"],
+            64,
+            "cwd \"srv/app\" is not an absolute path",
+        ),
     ];
     for (args, code, says) in cases {
         let out = fleet.run(args).await;

@@ -132,6 +132,12 @@ fn call_spec(
     }
     bounded("the tool name", &tool, MAX_NAME_BYTES)?;
     bounded("cwd", &cwd, MAX_CWD_BYTES)?;
+    if !cwd.is_empty() && !cwd.starts_with('/') {
+        return Err(Status::invalid_argument(format!(
+            "cwd {cwd:?} is not an absolute path: a working directory on a host is named from \
+             its root (/srv/app)"
+        )));
+    }
     let max_timeout = state.quotas.limits.max_call_timeout;
     if u128::from(timeout_ms) > max_timeout.as_millis() {
         return Err(Status::invalid_argument(format!(

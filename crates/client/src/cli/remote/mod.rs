@@ -421,7 +421,9 @@ mod tests {
     fn timeouts_convert_to_milliseconds() {
         assert_eq!(timeout_ms(None), Ok(0));
         assert_eq!(timeout_ms(Some(1.5)), Ok(1500));
-        assert_eq!(timeout_ms(Some(0.0001)), Ok(1));
+        assert_eq!(timeout_ms(Some(0.001)), Ok(1));
+        assert_eq!(timeout_ms(Some(0.0001)), Err(exit::USAGE));
+        assert_eq!(timeout_ms(Some(1e18)), Err(exit::USAGE));
         assert_eq!(timeout_ms(Some(0.0)), Err(exit::USAGE));
         assert_eq!(timeout_ms(Some(-1.0)), Err(exit::USAGE));
     }
