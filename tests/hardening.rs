@@ -98,20 +98,9 @@ fn oversized_arguments_are_refused_and_leave_other_calls_and_the_link_alone() {
     // A key given twice, sent as it is by a client of the API (toolctl reads JSON into a
     // value and sends that): the coordinator would check the last value, and a tool's parser
     // may keep the first (C's cJSON does). Refused before any host sees it.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let refused = rt.block_on(async {
-        toolsrv_tls::install_crypto_provider();
-        let files = toolsrv_testkit::stem_files(fleet.pki.root(), "client-alice");
-        let client = toolsrv_client::Client::connect(&toolsrv_client::ConnectOptions {
-            addr: fleet.url(),
-            tls: files,
-        })
-        .await
-        .unwrap();
-        client
+    let refused = toolsrv_tests::runtime().block_on(async {
+        toolsrv_tests::api_client(&fleet, "client-alice")
+            .await
             .call_to_end(toolsrv_client::CallRequest {
                 host: "a".into(),
                 tool: "echo".into(),
@@ -337,10 +326,8 @@ fn one_client_cannot_fill_a_host_and_others_are_served_at_once() {
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
 
-#[test]
-fn sighup_reopens_the_audit_log_for_logrotate() {
-    let mut fleet = Fleet::new(&["a"]);
-    let log = fleet.audit_log();
+/// Starts `fleet`'s coordinator with its audit log, and host `a` with a tool `echo`.
+fn start_with_an_audit_log(fleet: &mut Fleet) {
     fleet.tool(
         "echo.meta",
         r#"{"description": "echo", "cmd": "echo hi"}"#,
@@ -349,6 +336,13 @@ fn sighup_reopens_the_audit_log_for_logrotate() {
     fleet.start_coordinator(&[&fleet.audit_arg()]);
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "echo");
+}
+
+#[test]
+fn sighup_reopens_the_audit_log_for_logrotate() {
+    let mut fleet = Fleet::new(&["a"]);
+    let log = fleet.audit_log();
+    start_with_an_audit_log(&mut fleet);
     assert!(fleet.toolctl(&["call", "a", "echo"]).status.success());
     let rotated = fleet.work.path().join("audit.jsonl.1");
     std::fs::rename(&log, &rotated).unwrap();
@@ -400,14 +394,7 @@ fn a_fifo_named_as_a_file_is_refused_without_waiting_for_a_writer() {
             .contains("is a FIFO or a socket")
     );
 
-    fleet.tool(
-        "echo.meta",
-        r#"{"description": "echo", "cmd": "echo hi"}"#,
-        false,
-    );
-    fleet.start_coordinator(&[&fleet.audit_arg()]);
-    fleet.start_agent("a", &AgentSpec::default());
-    fleet.wait_online(&["a"], "echo");
+    start_with_an_audit_log(&mut fleet);
     let log = fleet.audit_log();
     std::fs::rename(&log, fleet.work.path().join("audit.jsonl.1")).unwrap();
     nix::unistd::mkfifo(&log, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();

@@ -432,14 +432,7 @@ fn a_watcher_sees_loads_meta_edits_and_hosts_going_away() {
         .build()
         .unwrap();
     rt.block_on(async {
-        toolsrv_tls::install_crypto_provider();
-        let files = toolsrv_testkit::stem_files(fleet.pki.root(), "client-alice");
-        let client = toolsrv_client::Client::connect(&toolsrv_client::ConnectOptions {
-            addr: fleet.url(),
-            tls: files,
-        })
-        .await
-        .unwrap();
+        let client = toolsrv_tests::api_client(&fleet, "client-alice").await;
         let outcome = client
             .call_to_end(toolsrv_client::CallRequest {
                 host: "a".into(),

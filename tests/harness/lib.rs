@@ -24,6 +24,19 @@ pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Runtime::new().expect("a tokio runtime")
 }
 
+/// The client library connected to the fleet's coordinator with certificate `stem`
+/// (`client-alice`), for a test that calls the API as a program would.
+#[allow(clippy::expect_used)] // A test fixture: fails loudly.
+pub async fn api_client(fleet: &Fleet, stem: &str) -> toolsrv_client::Client {
+    toolsrv_tls::install_crypto_provider();
+    toolsrv_client::Client::connect(&toolsrv_client::ConnectOptions {
+        addr: fleet.url(),
+        tls: toolsrv_testkit::stem_files(fleet.pki.root(), stem),
+    })
+    .await
+    .expect("the client library connected to the fleet")
+}
+
 /// A connection to the fleet's coordinator from a peer without a certificate, as a host that
 /// comes to join has.
 #[allow(clippy::expect_used)] // A test fixture: fails loudly.
