@@ -586,6 +586,13 @@ fn policy_check_says_what_the_policy_decides_for_a_call() {
     ]);
     assert_eq!(code, Some(77), "{stdout}");
     assert!(stdout.contains("refused `unconfined`"), "{stdout}");
+    // A name with an escape sequence is shown escaped, not obeyed by the terminal.
+    let (_, stdout, _) = check(&["--client=eve\u{1b}[31m", "--tool=x", "--host=web-1"]);
+    assert!(!stdout.contains('\u{1b}'), "{stdout:?}");
+    assert!(
+        stdout.contains("eve\\u{1b}[31m calling x on web-1"),
+        "{stdout:?}"
+    );
     // Denied by a rule; a label only the certificate carries counts as trusted too.
     let (code, stdout, _) = check(&["--client=ci-7", "--tool=service_status", "--host=web-1"]);
     assert_eq!(code, Some(77), "{stdout}");

@@ -1,6 +1,7 @@
 //! The environment of a confined call: an allowlist of the agent's variables plus the contract variables
 
 use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 /// Variables of the agent's environment every confined call sees (besides `LC_*`)
@@ -18,27 +19,26 @@ pub const CONTRACT: [&str; 5] = [
     "HOME",
 ];
 
-/// Whether `name` matches one of `patterns` (a name, or a prefix ending in `*`)
+/// Whether `name` matches one of `patterns` (a name, or a prefix ending in `*`), byte for byte:
+/// a name that is not UTF-8 matches a prefix it starts with, as `env` matches see it set.
 fn listed(name: &OsStr, patterns: &[String]) -> bool {
-    let Some(name) = name.to_str() else {
-        return false;
-    };
+    let name = name.as_bytes();
     patterns.iter().any(|p| match p.strip_suffix('*') {
-        Some(prefix) => name.starts_with(prefix),
-        None => name == p,
+        Some(prefix) => name.starts_with(prefix.as_bytes()),
+        None => name == p.as_bytes(),
     })
 }
 
 /// Whether the agent's variable `name` is passed to a confined call, given the extra names the
 /// configuration adds
 pub fn allowed(name: &OsStr, extra: &[String]) -> bool {
-    let Some(text) = name.to_str() else {
-        return false;
-    };
-    if CONTRACT.contains(&text) {
+    let bytes = name.as_bytes();
+    if CONTRACT.iter().any(|c| c.as_bytes() == bytes) {
         return false;
     }
-    ALLOWED.contains(&text) || text.starts_with("LC_") || listed(name, extra)
+    ALLOWED.iter().any(|a| a.as_bytes() == bytes)
+        || bytes.starts_with(b"LC_")
+        || listed(name, extra)
 }
 
 /// The complete environment of a confined call: the allowed variables of `agent_env`, then the
@@ -122,5 +122,14 @@ mod tests {
             assert!(!allowed(OsStr::new(name), &extra), "{name}");
         }
         assert!(allowed(OsStr::new("OLLIE_OTHER"), &extra));
+    }
+
+    #[test]
+    fn a_name_that_is_not_utf8_matches_by_its_bytes() {
+        use std::os::unix::ffi::OsStrExt;
+        let odd = OsStr::from_bytes(b"BA\xffR");
+        assert!(allowed(odd, &["BA*".into()]));
+        assert!(!allowed(odd, &["BAR".into(), "C*".into()]));
+        assert!(allowed(OsStr::from_bytes(b"LC_\xff"), &[]));
     }
 }

@@ -38,11 +38,17 @@ impl FileError {
             .recursive(true)
             .mode(0o700)
             .create(dir)
-            .map_err(|source| Self::Io {
-                what: WHAT,
-                action: "create",
-                path: dir.to_path_buf(),
-                source,
+            .map_err(|source| match source.kind() {
+                // `create` says only "File exists" of a file, a FIFO or a device there.
+                std::io::ErrorKind::AlreadyExists => {
+                    Self::invalid(WHAT, dir, "exists and is not a directory".into())
+                }
+                _ => Self::Io {
+                    what: WHAT,
+                    action: "create",
+                    path: dir.to_path_buf(),
+                    source,
+                },
             })?;
         // Whether others may write it is the state files' own check (each is made anew, and
         // refused when another user could have written it): a volume mounted mode 0777 is
@@ -145,6 +151,29 @@ impl FileError {
                 open.explained("anyone here could rewrite who may do what, so it is not used"),
             )),
             None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_state_directory_that_is_a_file_or_a_fifo_is_said_to_be_no_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, "x").unwrap();
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        for path in [file, fifo] {
+            let err = FileError::own_state_dir(&path).unwrap_err().to_string();
+            assert!(
+                err.contains("exists and is not a directory"),
+                "{}: {err}",
+                path.display()
+            );
         }
     }
 }

@@ -111,13 +111,27 @@ pub fn run(args: &PolicyCheckArgs) -> ExitCode {
         sandbox: fact("sandbox"),
         labels: &trusted,
     };
-    let call = format!("{client} calling {tool} on {host}");
+    // Names as typed, escapes and line breaks shown escaped: the terminal does not obey them.
+    let shown = |name: &str| toolsrv_proto::text::printable_line(name, 256);
+    let call = format!(
+        "{} calling {} on {}",
+        shown(&client),
+        shown(tool),
+        shown(&host)
+    );
     if !trusted.is_empty() {
-        println!("trusted labels of {host}: {}", joined(&trusted));
+        println!(
+            "trusted labels of {}: {}",
+            shown(&host),
+            shown(&joined(&trusted))
+        );
     }
     let code = match policy.check(&client, tool, &candidate) {
         Err(reason) => {
-            println!("{call}: denied: {reason}");
+            println!(
+                "{call}: denied: {}",
+                toolsrv_proto::text::printable(&reason)
+            );
             ExitCode::from(REFUSED)
         }
         Ok(verdict) => say(&call, &verdict, fact("sandbox")),
