@@ -1696,9 +1696,12 @@ fn a_post_that_does_not_parse_is_answered_400_with_a_json_rpc_error() {
     ];
     for (body, id, code, what) in &bodies {
         let shown = String::from_utf8_lossy(&body[..body.len().min(60)]).to_string();
-        // Without the token, refused as before, whatever the body.
-        let (status, _, _) = post_over_http(&addr, None, body);
-        assert_eq!(status, 401, "{shown}");
+        // Without the token, refused as before, whatever the body. (Of a body of megabytes
+        // the server reads none before it refuses and closes: the client's write breaks.)
+        if body.len() <= 64 * 1024 {
+            let (status, _, _) = post_over_http(&addr, None, body);
+            assert_eq!(status, 401, "{shown}");
+        }
         let (status, head, answer) = post_over_http(&addr, Some(&token), body);
         assert_eq!(status, 400, "{shown}: {head}");
         assert!(
