@@ -6,18 +6,19 @@
 //! client: never a host id).
 
 use std::collections::{HashMap, HashSet};
+use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use toolsrv_metrics::{Encoder, MetricsCollector, encode_gauges};
-use toolsrv_tls::{CertInfo, Connections, Identity, Role, TlsFiles};
+use toolsrv_tls::{CertInfo, Connections, Identity, Role, TlsError, TlsFiles};
 
 /// The default window: a week gives a weekend and a holiday to renew.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(7 * 86_400);
 /// A certificate is warned about at most this often.
 const WARN_EVERY_SECS: i64 = 86_400;
 /// How often, at most, the coordinator's own certificate and CA bundle are looked at again
-/// ([`ExpiryWatch::next_own_check`] looks sooner when one of them enters its window sooner).
+/// ([`ExpiryWatch::check_own`] says to look sooner when one of them enters its window sooner).
 pub const OWN_CHECK_EVERY: Duration = Duration::from_secs(3600);
 /// Certificates remembered as warned about; beyond, the oldest warnings are forgotten (a peer
 /// could otherwise grow the map with fresh certificates).
@@ -35,6 +36,10 @@ fn role_label(identity: &Identity) -> &'static str {
         Role::Coordinator => "coordinator",
     }
 }
+
+/// The coordinator's own certificate and its CA bundle as read for a check: role (`own`,
+/// `ca`), file, and its certificates or why it does not read.
+type OwnCertificates<'a> = [(&'static str, &'a Path, Result<Vec<CertInfo>, TlsError>); 2];
 
 /// Watches certificates for their expiry.
 #[derive(Debug)]
@@ -97,26 +102,33 @@ impl ExpiryWatch {
         Some(info.not_after.saturating_sub(window))
     }
 
+    /// The coordinator's own certificate (the first of its file: the intermediates after it
+    /// are the CA's business, not "own") and every CA of its bundle, by role, with the file
+    /// each was read from, or why it does not read.
+    fn own_certificates(&self) -> OwnCertificates<'_> {
+        [("own", &self.tls.cert), ("ca", &self.tls.ca)].map(|(role, path)| {
+            let certs = toolsrv_tls::certificates_in(path).map(|mut certs| {
+                if role == "own" {
+                    certs.truncate(1);
+                }
+                certs
+            });
+            (role, path.as_path(), certs)
+        })
+    }
+
     /// How long until the own certificate and CA bundle should be looked at again:
     /// [`OWN_CHECK_EVERY`], or less if one of them enters its window sooner. A certificate
     /// living two hours has a window of 40 minutes, which looks an hour apart could miss,
     /// leaving only `expired` to be logged.
-    pub fn next_own_check(&self) -> Duration {
+    fn next_look(&self, own: &OwnCertificates<'_>) -> Duration {
         let now = toolsrv_tls::unix_now();
-        let mut next = OWN_CHECK_EVERY;
-        for (i, path) in [&self.tls.cert, &self.tls.ca].into_iter().enumerate() {
-            let Ok(certs) = toolsrv_tls::certificates_in(path) else {
-                continue;
-            };
-            let take = if i == 0 { 1 } else { certs.len() };
-            for info in certs.iter().take(take) {
-                if let Some(enters) = self.enters_window(info).filter(|&at| at > now) {
-                    let wait = Duration::from_secs(u64::try_from(enters - now).unwrap_or(0) + 1);
-                    next = next.min(wait);
-                }
-            }
-        }
-        next
+        own.iter()
+            .filter_map(|(_, _, certs)| certs.as_ref().ok())
+            .flatten()
+            .filter_map(|info| self.enters_window(info).filter(|&at| at > now))
+            .map(|enters| Duration::from_secs(u64::try_from(enters - now).unwrap_or(0) + 1))
+            .fold(OWN_CHECK_EVERY, Duration::min)
     }
 
     /// Warns about `info` (whose holder `who` is, in role `role`) if it expires within the
@@ -162,14 +174,14 @@ impl ExpiryWatch {
     }
 
     /// Checks the coordinator's own certificate and every CA of its bundle (at start, after a
-    /// reload, and at each [`Self::next_own_check`]).
-    pub fn check_own(&self) {
-        for (role, path) in [("own", &self.tls.cert), ("ca", &self.tls.ca)] {
-            match toolsrv_tls::certificates_in(path) {
+    /// reload, and when the last check said to look again); returns when to look again
+    /// ([`Self::next_look`] of the certificates read for this check).
+    pub fn check_own(&self) -> Duration {
+        let own = self.own_certificates();
+        for (role, path, certs) in &own {
+            match certs {
                 Ok(certs) => {
-                    // The certificate file's intermediates are the CA's business, not "own".
-                    let take = if role == "own" { 1 } else { certs.len() };
-                    for info in certs.iter().take(take) {
+                    for info in certs {
                         self.check(role, &path.display().to_string(), info);
                     }
                 }
@@ -179,6 +191,7 @@ impl ExpiryWatch {
                 }
             }
         }
+        self.next_look(&own)
     }
 
     /// What the metrics report now: per role, how many certificates expire within the window,
@@ -186,14 +199,9 @@ impl ExpiryWatch {
     fn snapshot(&self) -> ([i64; 4], [Option<i64>; 2]) {
         let now = toolsrv_tls::unix_now();
         let mut expiring = [0i64; 4];
-        for (i, path) in [&self.tls.cert, &self.tls.ca].into_iter().enumerate() {
-            if let Ok(certs) = toolsrv_tls::certificates_in(path) {
-                let take = if i == 0 { 1 } else { certs.len() };
-                expiring[i] = certs
-                    .iter()
-                    .take(take)
-                    .filter(|c| self.within(c, now))
-                    .count() as i64;
+        for (slot, (_, _, certs)) in expiring.iter_mut().zip(self.own_certificates()) {
+            if let Ok(certs) = certs {
+                *slot = certs.iter().filter(|c| self.within(c, now)).count() as i64;
             }
         }
         let mut earliest = [None::<i64>; 2];
@@ -275,21 +283,21 @@ mod tests {
     fn the_own_certificate_is_looked_at_when_it_enters_its_window() {
         // Two hours of life, one gone: the window (a third, 40 minutes) opens in 20 minutes.
         let (_pki, watch) = watching_own(-3600, 3600);
-        let next = watch.next_own_check();
+        let next = watch.check_own();
         assert!(
             next > Duration::from_secs(19 * 60) && next <= Duration::from_secs(20 * 60 + 2),
             "{next:?}"
         );
         // A year of life: the hour (the test CA itself lives longer than the window).
         let (_pki, watch) = watching_own(-60, 365 * 86_400);
-        assert_eq!(watch.next_own_check(), OWN_CHECK_EVERY);
+        assert_eq!(watch.check_own(), OWN_CHECK_EVERY);
         // Already inside its window: the hour, as before (it is warned about once a day).
         let (_pki, watch) = watching_own(-3600, 600);
-        assert_eq!(watch.next_own_check(), OWN_CHECK_EVERY);
+        assert_eq!(watch.check_own(), OWN_CHECK_EVERY);
         // Warnings off: the hour.
         let (_pki, watch) = watching_own(-3600, 3600);
         let off = ExpiryWatch::new(Duration::ZERO, watch.tls.clone());
-        assert_eq!(off.next_own_check(), OWN_CHECK_EVERY);
+        assert_eq!(off.check_own(), OWN_CHECK_EVERY);
     }
 
     #[test]

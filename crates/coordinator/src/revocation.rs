@@ -420,7 +420,7 @@ impl Revocations {
 }
 
 /// Follows the server credentials: at start, after each reload and at least every hour (sooner
-/// when a certificate enters its warning window sooner: [`ExpiryWatch::next_own_check`]), checks the
+/// when a certificate enters its warning window sooner: [`ExpiryWatch::check_own`]), checks the
 /// coordinator's own certificate and CA bundle for expiry; after each reload, closes the open
 /// connections whose certificate a CRL now lists (the handshake refuses new ones).
 pub async fn follow_crls(
@@ -429,21 +429,20 @@ pub async fn follow_crls(
     expiry: Arc<ExpiryWatch>,
     shutdown: CancellationToken,
 ) {
-    expiry.check_own();
-    let mut next_look = tokio::time::Instant::now() + expiry.next_own_check();
+    let mut next_look = tokio::time::Instant::now() + expiry.check_own();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep_until(next_look) => {
-                expiry.check_own();
-                next_look = tokio::time::Instant::now() + expiry.next_own_check();
+                next_look = tokio::time::Instant::now() + expiry.check_own();
             }
             changed = crls.changed() => {
                 if changed.is_err() {
                     return;
                 }
                 let current = crls.borrow_and_update().clone();
-                expiry.check_own();
+                // A reloaded certificate has its own window: the next look follows it.
+                next_look = tokio::time::Instant::now() + expiry.check_own();
                 if current.is_empty() {
                     continue;
                 }
