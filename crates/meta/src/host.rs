@@ -31,6 +31,16 @@ impl FileProbe for RealFs {
     }
 }
 
+/// The directories of a colon-separated list (`PATH`, a tools path), in order; empty entries are
+/// skipped, and names need not be UTF-8.
+pub fn path_list(list: &std::ffi::OsStr) -> impl Iterator<Item = &Path> {
+    use std::os::unix::ffi::OsStrExt;
+    list.as_bytes()
+        .split(|&b| b == b':')
+        .filter(|d| !d.is_empty())
+        .map(|d| Path::new(std::ffi::OsStr::from_bytes(d)))
+}
+
 /// Everything a variant can ask about a host.
 #[derive(Clone)]
 pub struct Host {
@@ -98,14 +108,11 @@ impl Host {
 
     /// Directories of `PATH`, in order; empty entries are skipped rather than meaning the cwd.
     pub fn path_dirs(&self) -> impl Iterator<Item = &Path> {
-        use std::os::unix::ffi::OsStrExt;
-        let path: &[u8] = match &self.raw_path {
-            Some(raw) => raw.as_bytes(),
-            None => self.env.get("PATH").map_or(&[], |p| p.as_bytes()),
+        let path: &std::ffi::OsStr = match &self.raw_path {
+            Some(raw) => raw,
+            None => self.env.get("PATH").map_or("".as_ref(), |p| p.as_ref()),
         };
-        path.split(|&b| b == b':')
-            .filter(|d| !d.is_empty())
-            .map(|d| Path::new(std::ffi::OsStr::from_bytes(d)))
+        path_list(path)
     }
 
     /// Finds an executable: a bare name through `PATH`, an absolute path as is.

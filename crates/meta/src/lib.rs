@@ -20,7 +20,7 @@ pub use args::{
 };
 pub use command::{CommandError, CommandSource, resolve_command};
 pub use diag::{Code, Diagnostic, Severity};
-pub use host::{FileProbe, Host, RealFs, go_arch, go_os};
+pub use host::{FileProbe, Host, RealFs, go_arch, go_os, path_list};
 pub use model::{Condition, MatchKey, Meta, Tier, ToolDef, Variant};
 pub use name::{MAX_NAME_BYTES, NAME_RULE, is_valid_name, name_problem, tool_name_of};
 pub use parse::{MCP_HOST_ARG, MCP_MAX_NAME_CHARS, MCP_OWN_TOOLS, Parsed, parse};

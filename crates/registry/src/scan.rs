@@ -190,12 +190,8 @@ pub struct Executable {
 /// Splits a colon-separated tools path, dropping empty entries; the directories' names need
 /// not be UTF-8.
 pub fn split_tools_path(path: impl AsRef<std::ffi::OsStr>) -> Vec<PathBuf> {
-    use std::os::unix::ffi::OsStrExt;
-    path.as_ref()
-        .as_bytes()
-        .split(|&b| b == b':')
-        .filter(|p| !p.is_empty())
-        .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes(p)))
+    toolsrv_meta::path_list(path.as_ref())
+        .map(Path::to_path_buf)
         .collect()
 }
 
