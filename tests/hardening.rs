@@ -375,7 +375,7 @@ fn sighup_reopens_the_audit_log_for_logrotate() {
 fn a_fifo_named_as_a_file_is_refused_without_waiting_for_a_writer() {
     let mut fleet = Fleet::new(&["a"]);
     let fifo = fleet.work.path().join("trap");
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    toolsrv_testkit::mkfifo(&fifo);
     let shown = fifo.display().to_string();
     for flag in ["--policy", "--audit-log"] {
         let started = Instant::now();
@@ -397,7 +397,7 @@ fn a_fifo_named_as_a_file_is_refused_without_waiting_for_a_writer() {
     start_with_an_audit_log(&mut fleet);
     let log = fleet.audit_log();
     std::fs::rename(&log, fleet.work.path().join("audit.jsonl.1")).unwrap();
-    nix::unistd::mkfifo(&log, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    toolsrv_testkit::mkfifo(&log);
     let coordinator = fleet.coordinator.as_ref().unwrap();
     let pid = nix::unistd::Pid::from_raw(coordinator.pid());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();

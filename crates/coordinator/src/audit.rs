@@ -118,7 +118,7 @@ fn open(path: &Path, action: &'static str) -> Result<std::fs::File, FileError> {
         .create(true)
         .append(true)
         .mode(0o640)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .custom_flags(toolsrv_tls::files::OPEN_WITHOUT_WAITING)
         .open(path)
         .map_err(|e| match e.raw_os_error() {
             Some(libc::ENXIO) => FileError::invalid("audit log", path, NOT_A_FIFO.into()),
@@ -132,12 +132,7 @@ fn open(path: &Path, action: &'static str) -> Result<std::fs::File, FileError> {
         }
     }
     FileError::unless_own("audit log", path, &md, WHY)?;
-    {
-        use nix::fcntl::{FcntlArg, OFlag, fcntl};
-        let flags =
-            OFlag::from_bits_retain(fcntl(&file, FcntlArg::F_GETFL).map_err(|e| io(e.into()))?);
-        fcntl(&file, FcntlArg::F_SETFL(flags - OFlag::O_NONBLOCK)).map_err(|e| io(e.into()))?;
-    }
+    toolsrv_tls::files::blocking_again(&file).map_err(io)?;
     Ok(file)
 }
 

@@ -166,7 +166,7 @@ mod tests {
         let file = dir.path().join("file");
         std::fs::write(&file, "x").unwrap();
         let fifo = dir.path().join("fifo");
-        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        toolsrv_testkit::mkfifo(&fifo);
         for path in [file, fifo] {
             let err = FileError::own_state_dir(&path).unwrap_err().to_string();
             assert!(

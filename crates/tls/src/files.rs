@@ -43,15 +43,26 @@ pub fn read_text_up_to(input: impl Read, max: u64) -> std::io::Result<Option<Str
 /// is opened non-blocking, then made blocking again, so a FIFO with a writer (`--ca <(...)`) is
 /// read as before and one without reads as empty; a terminal does not become the process's.
 pub fn open_read(path: &Path) -> std::io::Result<std::fs::File> {
-    use nix::fcntl::{FcntlArg, OFlag, fcntl};
     use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags((OFlag::O_NONBLOCK | OFlag::O_NOCTTY).bits())
+        .custom_flags(OPEN_WITHOUT_WAITING)
         .open(path)?;
-    let flags = OFlag::from_bits_retain(fcntl(&file, FcntlArg::F_GETFL)?);
-    fcntl(&file, FcntlArg::F_SETFL(flags - OFlag::O_NONBLOCK))?;
+    blocking_again(&file)?;
     Ok(file)
+}
+
+/// Flags that open a file without waiting for a FIFO's other end, nor making a terminal the
+/// process's: give them to `OpenOptions::custom_flags`, then [`blocking_again`].
+pub const OPEN_WITHOUT_WAITING: i32 =
+    nix::fcntl::OFlag::O_NONBLOCK.bits() | nix::fcntl::OFlag::O_NOCTTY.bits();
+
+/// Makes reads and writes of `file`, opened with [`OPEN_WITHOUT_WAITING`], wait again.
+pub fn blocking_again(file: &std::fs::File) -> std::io::Result<()> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    let flags = OFlag::from_bits_retain(fcntl(file, FcntlArg::F_GETFL)?);
+    fcntl(file, FcntlArg::F_SETFL(flags - OFlag::O_NONBLOCK))?;
+    Ok(())
 }
 
 /// The bytes of `path`, or an error when it holds more than `max`.
