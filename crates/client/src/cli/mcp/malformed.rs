@@ -112,11 +112,7 @@ pub fn check(message: &[u8]) -> Check {
     let probe = Probe::of(message);
     let refusal = Refusal {
         code: INVALID_REQUEST,
-        id: if probe.is_request() {
-            probe.id()
-        } else {
-            Value::Null
-        },
+        id: probe.request_id(),
         message: format!("invalid request: {}", reason(&typed)),
     };
     if probe.is_request() {
@@ -139,12 +135,7 @@ fn reason(e: &serde_json::Error) -> String {
 /// that is not UTF-8, an escape of half a character, nesting too deep, a huge number, trailing
 /// bytes): `null` when it cannot be told, or when the message is no request.
 fn id_of(message: &[u8]) -> Value {
-    let probe = Probe::of(message);
-    if probe.is_request() {
-        probe.id()
-    } else {
-        Value::Null
-    }
+    Probe::of(message).request_id()
 }
 
 /// The two members of a JSON-RPC object that tell a request and name it, read past whatever
@@ -171,8 +162,12 @@ impl Probe {
         self.method.is_some() && self.id.is_some()
     }
 
-    /// The id as the request gave it, when JSON-RPC allows it (a string or an integer).
-    fn id(&self) -> Value {
+    /// The id as the request gave it, when JSON-RPC allows it (a string or an integer), and
+    /// the message is a request; else `null`.
+    fn request_id(&self) -> Value {
+        if !self.is_request() {
+            return Value::Null;
+        }
         match &self.id {
             Some(Value::String(s)) if s.len() <= MAX_ID_BYTES => Value::String(s.clone()),
             Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Value::Number(n.clone()),
