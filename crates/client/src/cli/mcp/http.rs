@@ -238,12 +238,7 @@ async fn well_formed(max_bytes: usize, request: Request, next: Next) -> Response
     let refusal = match malformed::check(&body) {
         Check::Message => {
             // The SDK does not skip a byte order mark, which RFC 8259 lets a parser ignore.
-            const BOM: &[u8] = b"\xEF\xBB\xBF";
-            let body = if body.starts_with(BOM) {
-                body.slice(BOM.len()..)
-            } else {
-                body
-            };
+            let body = body.slice(body.len() - malformed::without_bom(&body).len()..);
             return next
                 .run(Request::from_parts(parts, axum::body::Body::from(body)))
                 .await;

@@ -122,7 +122,8 @@ pub fn check(message: &[u8]) -> Check {
     }
 }
 
-fn without_bom(message: &[u8]) -> &[u8] {
+/// `message` without the byte order mark it may start with.
+pub fn without_bom(message: &[u8]) -> &[u8] {
     message.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(message)
 }
 
