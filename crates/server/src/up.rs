@@ -88,12 +88,11 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
     let (tools, source) = match (&args.tools, from_env) {
         (Some(path), _) => {
             // A mistyped directory would serve nothing and say so only in the coordinator's log.
-            for dir in split_tools_path(path) {
-                if !dir.is_dir() {
-                    tracing::warn!(dir = %dir.display(), "--tools names a directory that does not exist (or is no directory): it serves nothing until it does");
-                }
+            let dirs = split_tools_path(path);
+            for dir in dirs.iter().filter(|dir| !dir.is_dir()) {
+                tracing::warn!(dir = %dir.display(), "--tools names a directory that does not exist (or is no directory): it serves nothing until it does");
             }
-            (split_tools_path(path), ToolsSource::Flag)
+            (dirs, ToolsSource::Flag)
         }
         (None, Some(path)) => {
             tracing::warn!(
