@@ -2,12 +2,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use toolsrv_tests::{AgentSpec, Fleet, text, wait_for};
+use toolsrv_tests::{AgentSpec, Fleet, bin, text, wait_for};
 
 fn host<'a>(hosts: &'a [Value], id: &str) -> &'a Value {
     hosts.iter().find(|h| h["host_id"] == id).unwrap()
@@ -166,6 +167,123 @@ fn nothing_a_call_starts_outlives_it_setsid_and_double_forked_daemons_included()
     assert!(
         !alive(double),
         "the double-forked daemon {double} outlived its call"
+    );
+}
+
+/// The calls' warden started by agent `agent`: its pid, and its process group.
+fn warden_of(agent: i32) -> Option<(i32, i32)> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let fields: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
+            let (ppid, pgid): (i32, i32) =
+                (fields.get(1)?.parse().ok()?, fields.get(2)?.parse().ok()?);
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let arg0 = cmdline.split(|b| *b == 0).next()?;
+            (ppid == agent && arg0 == b"toolsrv-call-warden").then_some((pid, pgid))
+        })
+}
+
+#[test]
+fn the_calls_of_an_agent_killed_outright_are_ended_by_its_warden() {
+    let mut fleet = Fleet::new(&["a", "b"]);
+    let marks = fleet.marks();
+    fleet.tool(
+        "linger.meta",
+        &format!(
+            r#"{{"description": "starts a daemon, then waits",
+                "cmd": "setsid sh -c 'echo daemon=$$ >> {marks}/pids; exec sleep 300 </dev/null >/dev/null 2>&1' & echo self=$$ >> {marks}/pids; sleep 300"}}"#,
+            marks = marks.display()
+        ),
+        false,
+    );
+    fleet.start_coordinator(&[]);
+    // It logs as its agent does: here one JSON object a line.
+    fleet.start_agent(
+        "a",
+        &AgentSpec {
+            args: vec!["--log-format=json".into()],
+            ..AgentSpec::default()
+        },
+    );
+    fleet.start_agent("b", &AgentSpec::default());
+    fleet.wait_online(&["a", "b"], "linger");
+    let agent = fleet.agents["a"].pid();
+    let (warden, group) = wait_for("agent a's warden", Duration::from_secs(10), || {
+        warden_of(agent)
+    });
+    assert_ne!(group, agent, "the warden shares the agent's process group");
+    let caller = fleet
+        .toolctl_command("client-alice", &["call", "a", "linger", "--timeout", "600"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pids: Vec<i32> = wait_for("the call's two processes", Duration::from_secs(20), || {
+        let text = std::fs::read_to_string(marks.join("pids")).ok()?;
+        let pids: Vec<i32> = text
+            .lines()
+            .filter_map(|l| l.split_once('=')?.1.parse().ok())
+            .collect();
+        (pids.len() == 2).then_some(pids)
+    });
+    // The whole group of the agent gets SIGKILL: nothing of it can end the call.
+    fleet.agents.get_mut("a").unwrap().kill();
+    for pid in &pids {
+        wait_for(
+            &format!("process {pid} of the call to be ended"),
+            Duration::from_secs(10),
+            || (!alive(*pid)).then_some(()),
+        );
+    }
+    wait_for("the warden to exit", Duration::from_secs(10), || {
+        (!alive(warden)).then_some(())
+    });
+    // It says so where the agent logged, as the agent logs.
+    let log = fleet.agents["a"].log();
+    let said: Value = log
+        .lines()
+        .find(|l| l.contains("the agent ended without ending its calls"))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON line of the warden in {log}"));
+    assert_eq!(said["fields"]["agent_pid"], agent, "{said}");
+    let ended = said["fields"]["processes"].as_u64().unwrap();
+    assert!((2..=3).contains(&ended), "{said}");
+    let out = toolsrv_tests::finish_child(caller, Duration::from_secs(30));
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("the link to its host ended mid-call"),
+        "{stderr}"
+    );
+
+    // An agent that stops as asked ends its calls itself; its warden exits with it.
+    let agent = fleet.agents["b"].pid();
+    let (warden, _) = wait_for("agent b's warden", Duration::from_secs(10), || {
+        warden_of(agent)
+    });
+    fleet.agents.get_mut("b").unwrap().terminate().unwrap();
+    wait_for("b's warden to exit", Duration::from_secs(10), || {
+        (!alive(warden)).then_some(())
+    });
+
+    // Started by hand, a warden takes no directory that is not its starter's call cgroups.
+    let out = Command::new(bin("toolsrv"))
+        .arg0("toolsrv-call-warden")
+        .arg("/sys/fs/cgroup")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(
+            "/sys/fs/cgroup is not a directory of call cgroups of the process that started this one"
+        ),
+        "{stderr}"
     );
 }
 

@@ -21,6 +21,7 @@ use nix::unistd::Pid;
 
 use crate::error::ConfineError;
 use crate::profile::Limits;
+use crate::warden::{Warden, WardenStart};
 
 /// A resource controller the agent uses
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -45,7 +46,7 @@ impl Controller {
 /// CFS period used for `cpu.max` and `cpu.cfs_period_us`
 const CPU_PERIOD_US: u64 = 100_000;
 /// Prefix of an agent's directory of call cgroups
-const AGENT_PREFIX: &str = "toolsrv-calls-";
+pub(crate) const AGENT_PREFIX: &str = "toolsrv-calls-";
 
 /// The cgroup hierarchies of this host as the agent can use them
 #[derive(Debug)]
@@ -59,6 +60,8 @@ pub struct Cgroups {
     next: AtomicU64,
     /// Why the v2 tree is not used, when it is not
     pub v2_problem: Option<String>,
+    /// Ends the calls if the agent is gone without ending them
+    warden: Option<Warden>,
 }
 
 /// What /proc/self/mounts and /proc/self/cgroup say
@@ -198,15 +201,18 @@ fn sweep(parent: &Path, own: &Path) {
         if path == own || pid_alive(pid) {
             continue;
         }
-        remove_tree(&path);
+        end_left_behind(&path);
     }
 }
 
-/// Kills everything in an agent's call cgroups and removes them
-fn remove_tree(dir: &Path) {
+/// Kills everything in an agent's call cgroups and removes them; returns how many processes
+/// were found there
+pub(crate) fn end_left_behind(dir: &Path) -> usize {
+    let mut found = 0;
     if let Ok(calls) = std::fs::read_dir(dir) {
         for call in calls.flatten().filter(|e| e.path().is_dir()) {
             let path = call.path();
+            found += procs(&path).len();
             if path.join("cgroup.kill").exists() {
                 let _ = write_file(&path.join("cgroup.kill"), "1");
             }
@@ -219,6 +225,7 @@ fn remove_tree(dir: &Path) {
     if let Err(e) = remove_cgroup(dir) {
         tracing::warn!(cgroup = %dir.display(), error = %e, "cannot remove the call cgroups left behind");
     }
+    found
 }
 
 impl Cgroups {
@@ -239,6 +246,7 @@ impl Cgroups {
             v1: Vec::new(),
             next: AtomicU64::new(1),
             v2_problem: None,
+            warden: None,
         };
         let base = v2_base
             .map(Path::to_path_buf)
@@ -311,6 +319,23 @@ impl Cgroups {
         self.kill_file
     }
 
+    /// The directories holding this agent's call cgroups, one per hierarchy used
+    fn dirs(&self) -> impl Iterator<Item = &Path> {
+        self.v2
+            .iter()
+            .map(|(d, _)| d.as_path())
+            .chain(self.v1.iter().map(|(_, d)| d.as_path()))
+    }
+
+    /// Starts `program` (this binary) as the warden of the call cgroups, which ends every call
+    /// left running if this process ends without ending them (see [`crate::warden`])
+    pub fn start_warden(&mut self, how: &WardenStart) -> std::io::Result<()> {
+        let dirs: Vec<&Path> = self.dirs().collect();
+        let warden = Warden::start(how, &dirs)?;
+        self.warden = Some(warden);
+        Ok(())
+    }
+
     /// Makes the cgroups of one call with `limits` and opens their `cgroup.procs` for the call's
     /// process to join
     pub fn create(&self, limits: &Limits) -> Result<(CallCgroup, Vec<OwnedFd>), ConfineError> {
@@ -345,14 +370,10 @@ impl Cgroups {
 
 impl Drop for Cgroups {
     fn drop(&mut self) {
-        for dir in self
-            .v2
-            .iter()
-            .map(|(d, _)| d)
-            .chain(self.v1.iter().map(|(_, d)| d))
-        {
-            remove_tree(dir);
+        for dir in self.dirs() {
+            end_left_behind(dir);
         }
+        // Then the warden's pipe closes (the field drops), and it finds nothing left.
     }
 }
 

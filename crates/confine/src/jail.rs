@@ -125,6 +125,10 @@ pub struct Settings {
     pub call_dir_chosen: bool,
     /// A delegated cgroup v2 directory for call cgroups; `None`: the agent's own cgroup
     pub cgroup: Option<PathBuf>,
+    /// How to start the agent's own binary again as the calls' warden ([`crate::warden`])
+    /// where calls get cgroups; `None`: no warden, and calls left by an
+    /// agent killed outright run on until an agent starts again on the host
+    pub warden: Option<crate::warden::WardenStart>,
 }
 
 impl Settings {
@@ -149,6 +153,7 @@ impl Settings {
             call_dir: std::env::temp_dir().join(format!("toolsrv-calls.{euid}")),
             call_dir_chosen: false,
             cgroup: None,
+            warden: None,
         }
     }
 }
@@ -349,11 +354,21 @@ impl Confiner {
         // `--cwd` above it opens none of them; each call is granted its own).
         let mut hidden = hidden;
         hidden.extend(canonical(std::slice::from_ref(&settings.call_dir)));
-        let cgroups = if cfg!(target_os = "linux") {
+        let mut cgroups = if cfg!(target_os = "linux") {
             Cgroups::setup(settings.cgroup.as_deref())
         } else {
             None
         };
+        if let (Some(cgroups), Some(how)) = (cgroups.as_mut(), settings.warden.as_ref())
+            && let Err(e) = cgroups.start_warden(how)
+        {
+            tracing::warn!(
+                program = %how.program.display(),
+                error = %e,
+                "cannot start the calls' warden: if this agent is killed outright, its calls \
+                 run on until an agent starts again on this host"
+            );
+        }
         let abilities = abilities(&settings, abi, cgroups.as_ref(), run_as);
         if settings.mode == Mode::Enforce && abilities.level != Level::Enforced {
             return Err(ConfineError::NotEnforceable {

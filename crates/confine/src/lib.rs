@@ -31,6 +31,7 @@ mod profile;
 #[cfg(target_os = "linux")]
 pub mod spawn;
 mod sys;
+pub mod warden;
 
 pub use cgroup::{Controller, LimitHit};
 pub use error::ConfineError;

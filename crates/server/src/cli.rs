@@ -14,6 +14,9 @@ use toolsrv_coordinator::CoordinatorConfig;
 use toolsrv_registry::split_tools_path;
 use toolsrv_tls::TlsFiles;
 
+/// This binary, for a process to start it again (the calls' warden, see `toolsrv_confine::warden`)
+pub const SELF_EXE: &str = "/proc/self/exe";
+
 /// The toolsrv server.
 #[derive(Debug, Parser)]
 #[command(
@@ -42,6 +45,29 @@ pub struct LogArgs {
         value_parser = ["text", "json"]
     )]
     log_format: String,
+}
+
+impl LogArgs {
+    /// How an agent starts its calls' warden: this binary, logging as this process does
+    pub fn warden(&self) -> toolsrv_confine::warden::WardenStart {
+        toolsrv_confine::warden::WardenStart {
+            program: SELF_EXE.into(),
+            env: vec![
+                ("TOOLSRV_LOG".into(), self.log_level.clone().into()),
+                ("TOOLSRV_LOG_FORMAT".into(), self.log_format.clone().into()),
+            ],
+        }
+    }
+
+    /// The logging of a warden: as its agent's, from the environment the agent gave it
+    pub fn of_warden() -> Self {
+        let var =
+            |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_string());
+        Self {
+            log_level: var("TOOLSRV_LOG", "info"),
+            log_format: var("TOOLSRV_LOG_FORMAT", "text"),
+        }
+    }
 }
 
 /// A log filter as `tracing` reads it, refused here rather than replaced by `info` unseen.
@@ -1068,7 +1094,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Agent(args) => {
-            let config = args.config()?;
+            let mut config = args.config()?;
+            config.sandbox.warden = Some(cli.log.warden());
             toolsrv_agent::run(config, shutdown_on_signals()).await?;
             Ok(())
         }
@@ -1099,7 +1126,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("CA pin (for `toolsrv agent --join ... --ca-pin`): {pin}");
             Ok(())
         }
-        Command::Up(args) => crate::up::run(args, shutdown_on_signals()).await,
+        Command::Up(args) => crate::up::run(args, cli.log.warden(), shutdown_on_signals()).await,
         // Handled by `main` before the runtime starts: it exits with the command's status.
         Command::Bypass(_) | Command::Policy(_) => bail!(
             "toolsrv bypass and policy run without the server's runtime; this is a bug, please report it"

@@ -16,6 +16,11 @@ fn main() -> ExitCode {
     if invoked_as("toolctl") {
         return toolsrv_client::cli::main();
     }
+    // An agent starts this binary again by this name to end its calls if it is killed outright.
+    if invoked_as(toolsrv_confine::warden::ARG0) {
+        cli::init_logging(&cli::LogArgs::of_warden());
+        return toolsrv_confine::warden::main();
+    }
     // Nothing this process inherited reaches the tools an agent runs.
     if let Err(e) = toolsrv_confine::close_inherited_on_exec() {
         eprintln!("toolsrv: cannot mark inherited descriptors close-on-exec: {e}");
@@ -72,7 +77,7 @@ fn hide_join_token() {
          can read; starting again with it in TOOLSRV_JOIN_TOKEN (give it there yourself to \
          skip this)"
     );
-    let error = std::process::Command::new("/proc/self/exe")
+    let error = std::process::Command::new(cli::SELF_EXE)
         .arg0(&args[0])
         .args(&rest[1..])
         .env("TOOLSRV_JOIN_TOKEN", token)

@@ -55,7 +55,11 @@ fn default_state() -> PathBuf {
     base.join("toolsrv/up")
 }
 
-pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    args: UpArgs,
+    warden: toolsrv_confine::warden::WardenStart,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     // A model directory without the model stops `up` before anything starts (the coordinator
     // would refuse it too, but only after the agent had begun connecting to it).
     if let Some(dir) = &args.find_model {
@@ -133,6 +137,7 @@ pub async fn run(args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<()
         state.join("agent"),
     );
     agent.labels.insert("role".into(), "dev".into());
+    agent.sandbox.warden = Some(warden);
     // The example system_logs tool reads the logs; calls are otherwise confined as on any agent.
     agent
         .sandbox
