@@ -293,21 +293,28 @@ where
     Ok(())
 }
 
-/// `env` with `first` put before its `PATH` (which is set if it was not).
+/// `env` with `first` put before its `PATH` (which is set if it was not). A directory whose
+/// name holds `:` cannot be on `PATH` (it would be read as two): it is left out, with a warning.
 fn env_with_path_first(
     env: impl IntoIterator<Item = (OsString, OsString)>,
     first: &[PathBuf],
 ) -> Vec<(OsString, OsString)> {
     let mut env: Vec<(OsString, OsString)> = env.into_iter().collect();
-    if first.is_empty() {
-        return env;
+    let (kept, refused): (Vec<&PathBuf>, Vec<&PathBuf>) = first
+        .iter()
+        .partition(|dir| std::env::join_paths([dir]).is_ok());
+    for dir in refused {
+        tracing::warn!(
+            dir = %dir.display(),
+            "this directory's name holds `:`, so it cannot be put on the tools' PATH: programs \
+             in it are not found by name"
+        );
     }
-    let mut path = OsString::new();
-    for dir in first {
-        if !path.is_empty() {
-            path.push(":");
-        }
-        path.push(dir);
+    let Ok(mut path) = std::env::join_paths(kept) else {
+        return env;
+    };
+    if path.is_empty() {
+        return env;
     }
     match env.iter_mut().find(|(name, _)| name == "PATH") {
         Some((_, value)) => {
@@ -346,6 +353,16 @@ mod tests {
         );
         assert_eq!(
             env_with_path_first(env(&[("PATH", "/bin")]), &[]),
+            env(&[("PATH", "/bin")])
+        );
+        // A name with `:` would be read as two directories: left out.
+        let odd = [PathBuf::from("/tmp/a:b/bin"), PathBuf::from("/up/bin")];
+        assert_eq!(
+            env_with_path_first(env(&[("PATH", "/bin")]), &odd),
+            env(&[("PATH", "/up/bin:/bin")])
+        );
+        assert_eq!(
+            env_with_path_first(env(&[("PATH", "/bin")]), &odd[..1]),
             env(&[("PATH", "/bin")])
         );
     }
