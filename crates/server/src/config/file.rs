@@ -64,7 +64,14 @@ pub(crate) fn parse(
     text: &str,
     settings: &[Setting],
 ) -> Result<FileSettings, Vec<String>> {
-    let table = DeTable::parse(text).map_err(|e| vec![format!("{}: {e}", path.display())])?;
+    // The parser quotes the line it stopped at: whatever it holds is shown escaped.
+    let table = DeTable::parse(text).map_err(|e| {
+        vec![format!(
+            "{}: {}",
+            path.display(),
+            toolsrv_proto::text::printable_lines(&e.to_string())
+        )]
+    })?;
     let mut problems: Vec<(usize, String)> = Vec::new();
     let mut values = BTreeMap::new();
     for (key, value) in table.get_ref() {

@@ -154,6 +154,16 @@ fn problems_name_the_file_the_line_and_the_key() {
         problems[0].starts_with("/etc/t/role.toml: TOML parse error at line 1"),
         "{problems:?}"
     );
+    // The line it quotes reaches the terminal escaped, its line breaks kept.
+    let problems = read("listen = \"x\u{1b}[31mred\n").unwrap_err();
+    assert!(
+        problems[0].contains("listen = \"x\\u{1b}[31mred"),
+        "{problems:?}"
+    );
+    assert!(!problems[0].contains('\u{1b}'), "{problems:?}");
+    assert!(problems[0].contains("\n  |"), "{problems:?}");
+    let problems = read("listen = 1\nfoo\r = 2").unwrap_err();
+    assert!(problems[0].contains("foo\\r = 2"), "{problems:?}");
 }
 
 #[test]
