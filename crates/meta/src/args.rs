@@ -42,7 +42,7 @@ pub use toolsrv_proto::limits::MAX_ARGS_VALUES;
 #[derive(Debug, thiserror::Error)]
 pub enum ArgsTextError {
     /// Not JSON.
-    #[error("args_json is not valid JSON: {0}")]
+    #[error("args_json is not valid JSON: {}", json_error(.0))]
     Invalid(serde_json::Error),
     /// JSON, but not an object.
     #[error("args_json must be a JSON object")]
@@ -73,11 +73,25 @@ pub fn check_args_json(json: &str) -> Result<(), ArgsTextError> {
 #[derive(Debug, thiserror::Error)]
 pub enum JsonValuesError {
     /// Not JSON.
-    #[error("not valid JSON: {0}")]
+    #[error("not valid JSON: {}", json_error(.0))]
     Invalid(serde_json::Error),
     /// More values than the limit.
     #[error("more JSON values than the limit")]
     TooMany,
+}
+
+/// Why JSON text does not parse, as serde says it, with what to do where its words do not say:
+/// a `\u` escape of half a UTF-16 surrogate pair is told as an "end of hex escape" or a "lone
+/// leading surrogate" (for a trailing one too).
+pub fn json_error(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    if text.contains("surrogate") || text.contains("hex escape") {
+        return format!(
+            "{text} (a `\\u` escape between D800 and DFFF must be one of a pair: a high \
+             surrogate, D800 to DBFF, then at once a low one, DC00 to DFFF)"
+        );
+    }
+    text
 }
 
 /// Reads JSON text from a peer without building anything from it, stopping past `max_values`

@@ -580,12 +580,5 @@ fn not_json(bytes: &[u8], e: &serde_json::Error) -> String {
                 without one"
             .into();
     }
-    let text = e.to_string();
-    if text.contains("surrogate") || text.contains("hex escape") {
-        return format!(
-            "not valid JSON: {text} (a `\\u` escape between D800 and DFFF must be one of a \
-             pair: a high surrogate, then a low one)"
-        );
-    }
-    format!("not valid JSON: {text}")
+    format!("not valid JSON: {}", crate::json_error(e))
 }

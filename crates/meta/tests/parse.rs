@@ -78,7 +78,7 @@ fn not_json() {
         r#"{"description": "\ud800"}"#,
         Code::NotJson,
         None,
-        "must be one of a pair: a high surrogate, then a low one",
+        "must be one of a pair: a high surrogate, D800 to DBFF, then at once a low one",
     );
 }
 

@@ -96,9 +96,9 @@ fn json(text: &str) -> Result<Value, String> {
     if let Err(toolsrv_meta::JsonValuesError::Invalid(e)) =
         toolsrv_meta::read_json_values(text.as_bytes(), usize::MAX)
     {
-        return Err(e.to_string());
+        return Err(toolsrv_meta::json_error(&e));
     }
-    serde_json::from_str(text).map_err(|e| e.to_string())
+    serde_json::from_str(text).map_err(|e| toolsrv_meta::json_error(&e))
 }
 
 /// A word that opens a JSON object or array.
@@ -126,7 +126,7 @@ fn from_words(words: &[String]) -> Result<CallArgs, String> {
         let (key, value) = match key.strip_suffix(':') {
             Some(key) => (
                 key,
-                serde_json::from_str(value).map_err(|e| {
+                json(value).map_err(|e| {
                     format!(
                         "argument `{}`: the value after `:=` is not JSON: {e}",
                         quoted(word)
@@ -233,6 +233,28 @@ mod tests {
         assert!(err(&["n:="]).starts_with("argument `n:=`: the value after `:=` is not JSON"));
         assert!(err(&["a=1", "{}"]).contains("must be the only argument"));
         assert!(err(&["a=1", "-"]).contains("must be the only argument"));
+        // Half a surrogate pair, either half, is told as such, where serde says "end of hex
+        // escape" or "lone leading surrogate".
+        for half in [
+            r#"{"x":"\ud800"}"#,
+            r#"{"x":"\udc00"}"#,
+            r#"{"x":"\ud800\u0041"}"#,
+        ] {
+            let e = err(&[half]);
+            assert!(
+                e.starts_with("arguments are not valid JSON: ")
+                    && e.contains("must be one of a pair: a high surrogate, D800 to DBFF"),
+                "{half}: {e}"
+            );
+        }
+        let e = err(&[r#"x:="\udc00""#]);
+        assert!(e.contains("must be one of a pair"), "{e}");
+        // A key given twice inside a `:=` value is refused as in a whole object.
+        let e = err(&[r#"x:={"a":1,"a":2}"#]);
+        assert!(
+            e.contains("the key \"a\" is given twice in one object"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -129,7 +129,7 @@ pub fn without_bom(message: &[u8]) -> &[u8] {
 
 /// A decoder's reason, escaped and cut.
 fn reason(e: &serde_json::Error) -> String {
-    toolsrv_proto::text::printable_line(&e.to_string(), MAX_REASON_BYTES)
+    toolsrv_proto::text::printable_line(&toolsrv_meta::json_error(e), MAX_REASON_BYTES)
 }
 
 /// The id of a request that does not parse, when what is wrong with it is elsewhere (a byte
