@@ -184,17 +184,19 @@ impl Encoder {
         let fingerprint = fingerprint(&[config_text.as_bytes(), &tokenizer_bytes, &weights]);
         drop(tokenizer_bytes);
         let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
-            .map_err(|e| bad("model.safetensors")(&e))?;
+            .map_err(|e| bad("model.safetensors")(&candle_words(&e)))?;
         let (model, dims) = match architecture {
             Architecture::Bert(config) => (
                 Model::Bert(
-                    BertModel::load(vb, &config).map_err(|e| bad("model.safetensors")(&e))?,
+                    BertModel::load(vb, &config)
+                        .map_err(|e| bad("model.safetensors")(&candle_words(&e)))?,
                 ),
                 config.sizes.hidden_size,
             ),
             Architecture::MpNet(config) => (
                 Model::MpNet(
-                    MpNetModel::load(vb, &config).map_err(|e| bad("model.safetensors")(&e))?,
+                    MpNetModel::load(vb, &config)
+                        .map_err(|e| bad("model.safetensors")(&candle_words(&e)))?,
                 ),
                 config.sizes.hidden_size,
             ),
@@ -335,6 +337,42 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
 
 impl From<candle_core::Error> for FindError {
     fn from(e: candle_core::Error) -> Self {
-        FindError::Encode(e.to_string())
+        FindError::Encode(candle_words(&e))
+    }
+}
+
+/// A candle error in its own words, without the backtrace candle adds to them (over dozens of
+/// lines) when `RUST_BACKTRACE` is set: a message for whoever gave the model directory.
+fn candle_words(e: &candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => candle_words(inner),
+        candle_core::Error::Context { inner, context } => {
+            format!("{context}: {}", candle_words(inner))
+        }
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_candle_error_is_told_without_its_backtrace() {
+        let shape = || Box::new(candle_core::Error::Msg("shape mismatch for x".into()));
+        let traced = candle_core::Error::WithBacktrace {
+            inner: shape(),
+            backtrace: Box::new(std::backtrace::Backtrace::force_capture()),
+        };
+        assert!(traced.to_string().lines().count() > 1, "{traced}");
+        assert_eq!(candle_words(&traced), "shape mismatch for x");
+        let within = candle_core::Error::Context {
+            inner: Box::new(traced),
+            context: Box::new("loading layer 3"),
+        };
+        assert_eq!(
+            candle_words(&within),
+            "loading layer 3: shape mismatch for x"
+        );
     }
 }
