@@ -272,6 +272,7 @@ impl Cgroups {
             let parent = below(mount, path);
             let dir = parent.join(&tag);
             sweep(&parent, &dir);
+            end_left_behind(&dir);
             match std::fs::create_dir(&dir) {
                 Ok(()) => v1.push((*controller, dir)),
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => v1.push((*controller, dir)),
@@ -382,6 +383,10 @@ impl Drop for Cgroups {
 fn setup_v2(base: &Path, tag: &str, own: bool) -> Result<(PathBuf, Vec<Controller>), String> {
     let dir = base.join(tag);
     sweep(base, &dir);
+    // A directory of this name was left by an earlier process with this pid (an agent that is
+    // process 1 of a container, under a delegated cgroup that outlives it): its calls are not
+    // this agent's, and their names would clash with this agent's.
+    end_left_behind(&dir);
     if let Err(e) = std::fs::create_dir(&dir)
         && e.kind() != ErrorKind::AlreadyExists
     {
