@@ -1130,3 +1130,28 @@ fn an_environment_that_is_not_utf8_is_no_panic() {
     assert_exit(&out, 0, &[]);
     assert_eq!(text(&out.stdout).trim(), "odd is set");
 }
+
+/// A coordinator whose tools directory's name is not UTF-8 serves it (clap refused the flag:
+/// "invalid UTF-8 was detected").
+#[test]
+fn a_tools_path_that_is_not_utf8_is_served() {
+    use std::os::unix::ffi::OsStrExt;
+    let mut fleet = Fleet::new(&["a"]);
+    let odd = fleet
+        .work
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"tools-\xff"));
+    std::fs::create_dir(&odd).unwrap();
+    fleet.tools = odd;
+    fleet.tool(
+        "hi.meta",
+        r#"{"description": "Says hi", "cmd": "echo hi"}"#,
+        false,
+    );
+    fleet.start_coordinator(&[]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "hi");
+    let out = fleet.toolctl(&["call", "a", "hi"]);
+    assert_exit(&out, 0, &[]);
+    assert_eq!(text(&out.stdout), "hi\n");
+}

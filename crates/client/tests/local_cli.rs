@@ -297,6 +297,42 @@ fn an_environment_that_is_not_utf8_is_no_panic() {
     assert_eq!(stdout(&out).trim(), "odd tool ran");
 }
 
+/// A tools directory whose name is not UTF-8, given with `--tools`, in `OLLIE_TOOLS_PATH` or to
+/// `lint`: read like any other (clap refused it: "invalid UTF-8 was detected").
+#[test]
+fn a_tools_directory_whose_name_is_not_utf8_is_read() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let tools = dir.path().join(std::ffi::OsStr::from_bytes(b"tools-\xff"));
+    std::fs::create_dir(&tools).unwrap();
+    write(
+        &tools,
+        "hi.meta",
+        r#"{"description": "Says hi", "cmd": "echo hi"}"#,
+    );
+    let out = run(toolctl()
+        .args(["local", "call", "--tools"])
+        .arg(&tools)
+        .arg("hi"));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "hi\n");
+    let out = run(toolctl()
+        .args(["local", "list"])
+        .env("OLLIE_TOOLS_PATH", &tools));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("hi"), "{}", stdout(&out));
+    let out = run(toolctl().arg("lint").arg(&tools));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    write(&tools, "bad.meta", r#"{"description": "#);
+    let out = run(toolctl().arg("lint").arg(&tools));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("bad.meta: error: not valid JSON"),
+        "{}",
+        stdout(&out)
+    );
+}
+
 #[test]
 fn call_reads_arguments_from_stdin_with_a_dash() {
     let dir = fixture();

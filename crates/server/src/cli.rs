@@ -175,7 +175,7 @@ pub struct CoordinatorArgs {
     pub metrics_listen: Option<SocketAddr>,
     /// Colon-separated tool directories; the first wins a name clash. Needed
     #[arg(long, env = "OLLIE_TOOLS_PATH", value_name = "PATH")]
-    pub tools: Option<String>,
+    pub tools: Option<std::ffi::OsString>,
     #[command(flatten)]
     pub tls: TlsArgs,
     /// Call policy (JSON); everything is allowed without one
@@ -637,7 +637,7 @@ pub struct AgentArgs {
     pub ca_pin: Option<String>,
     /// Colon-separated host-only tool directories, served besides the coordinator's catalog
     #[arg(long, env = "TOOLSRV_AGENT_TOOLS", value_name = "PATH")]
-    pub tools: Option<String>,
+    pub tools: Option<std::ffi::OsString>,
     /// A label for host selection, KEY=VALUE; repeatable (env: comma-separated)
     #[arg(
         long = "label",

@@ -28,7 +28,7 @@ pub struct UpArgs {
     /// Tools path to serve instead of the example tools in the state directory. Without it,
     /// OLLIE_TOOLS_PATH is used when set (and `up` says so), else the example tools
     #[arg(long, value_name = "PATH")]
-    tools: Option<String>,
+    tools: Option<std::ffi::OsString>,
     /// Sentence encoder for FindTools, `toolctl find` and MCP's `tool_search` (a directory with
     /// model.safetensors, tokenizer.json and config.json, as `scripts/fetch-find-model` lays it
     /// out): tools are then ranked by meaning as well as by words

@@ -58,7 +58,7 @@ impl CoordinatorLaunch {
         }
         cmd.arg("coordinator")
             .arg(format!("--listen=127.0.0.1:{}", self.port))
-            .arg(format!("--tools={}", self.tools.display()))
+            .arg(flag("--tools=", &self.tools))
             .args(tls_args(&self.tls))
             .args(&self.args)
             .env("TOOLSRV_LOG", &self.log);
@@ -175,7 +175,7 @@ impl AgentLaunch {
             cmd.arg(format!("--label={k}={v}"));
         }
         if let Some(tools) = &self.tools {
-            cmd.arg(format!("--tools={}", tools.display()));
+            cmd.arg(flag("--tools=", tools));
         }
         cmd.args(&self.args)
             .env_clear()
@@ -212,4 +212,12 @@ pub fn client_env(url: &str, tls: &TlsFiles) -> [(&'static str, OsString); 4] {
         ("TOOLSRV_CERT", tls.cert.clone().into()),
         ("TOOLSRV_KEY", tls.key.clone().into()),
     ]
+}
+
+/// `--flag=` and a path, the path's bytes as they are (`display()` would put U+FFFD in place of
+/// bytes that are not UTF-8, and name another path).
+fn flag(name: &str, path: &Path) -> std::ffi::OsString {
+    let mut arg = std::ffi::OsString::from(name);
+    arg.push(path);
+    arg
 }

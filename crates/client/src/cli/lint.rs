@@ -8,7 +8,7 @@ use toolsrv_registry::{ReadError, Scanner, read_meta, split_tools_path};
 use super::exit;
 
 /// Lints files, directories and tools paths; exits non-zero when any problem is an error.
-pub fn run(paths: &[String], json: bool) -> u8 {
+pub fn run(paths: &[std::ffi::OsString], json: bool) -> u8 {
     let mut diags = Vec::new();
     for arg in paths {
         // The directories of one tools path are scanned together, as a registry reads them:

@@ -40,7 +40,7 @@ enum Command {
     Lint {
         /// `.meta` files, directories, or colon-separated tools paths
         #[arg(required = true)]
-        paths: Vec<String>,
+        paths: Vec<std::ffi::OsString>,
         /// Print one JSON object per problem instead of text
         #[arg(long)]
         json: bool,
@@ -449,7 +449,7 @@ struct ToolsArgs {
     /// Colon-separated list of tool directories; the first wins a name clash. Needed, here or
     /// in the environment
     #[arg(long, env = "OLLIE_TOOLS_PATH", value_name = "PATH")]
-    tools: Option<String>,
+    tools: Option<std::ffi::OsString>,
     /// Evaluate `os` and `arch` as another host would: `os=darwin,arch=arm64` (Go vocabulary).
     /// `binary`, `file`, `env` and `nenv` keys are still checked on this machine, so a variant
     /// that needs a binary this machine lacks does not match even as another OS

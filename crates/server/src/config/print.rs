@@ -52,9 +52,9 @@ pub(crate) fn render(
         }
         let in_file = file.is_some_and(|f| f.values.contains_key(&setting.key));
         let source = super::source(matches, setting, in_file);
-        let values: Vec<String> = matches
+        let raw: Vec<&std::ffi::OsStr> = matches
             .get_raw(setting.arg.get_id().as_str())
-            .map(|raw| raw.map(|v| v.to_string_lossy().into_owned()).collect())
+            .map(Iterator::collect)
             .unwrap_or_default();
         let key = &setting.key;
         let comment = match &source {
@@ -71,6 +71,23 @@ pub(crate) fn render(
             let _ = writeln!(out, "# {key}: set, not shown  # {comment}");
             continue;
         }
+        // TOML holds text only: a value with bytes that are not UTF-8 (a path) cannot be
+        // written as it is, and a value with U+FFFD in their place would name something else.
+        let Some(values) = raw
+            .iter()
+            .map(|v| v.to_str().map(str::to_owned))
+            .collect::<Option<Vec<String>>>()
+        else {
+            // Quoted as Rust shows bytes that are not UTF-8: "/srv/tools-\xFF".
+            let shown: Vec<String> = raw.iter().map(|v| format!("{v:?}")).collect();
+            let _ = writeln!(
+                out,
+                "# {key}: not UTF-8, which a TOML file cannot hold: give it as the flag or its \
+                 environment variable ({})  # {comment}",
+                shown.join(", ")
+            );
+            continue;
+        };
         let value = toml_value(setting, &values, &cwd);
         let _ = writeln!(out, "{key} = {value}  # {comment}");
     }

@@ -42,7 +42,12 @@ fn command() -> Command {
                         .long("ca")
                         .value_parser(value_parser!(PathBuf)),
                 )
-                .arg(Arg::new("tools").long("tools").value_name("PATH"))
+                .arg(
+                    Arg::new("tools")
+                        .long("tools")
+                        .value_name("PATH")
+                        .value_parser(value_parser!(std::ffi::OsString)),
+                )
                 .arg(Arg::new("quiet").long("quiet").action(ArgAction::SetTrue))
                 .arg(Arg::new("enroll_token").long("enroll-token")),
         )
@@ -216,6 +221,39 @@ fn the_file_gives_defaults_that_flags_override() {
     let (_, m, _) = parse_with("label = [\"a=1\", \"b=2\"]\n", &["role", "--label", "c=3"]);
     let labels: Vec<_> = m.get_raw("labels").unwrap().collect();
     assert_eq!(labels, ["c=3"]);
+}
+
+#[test]
+fn a_value_that_is_not_utf8_is_not_printed_as_something_else() {
+    use std::os::unix::ffi::OsStringExt;
+    let settings = role_settings();
+    let odd = std::ffi::OsString::from_vec(b"/srv/tools-\xff".to_vec());
+    let matches = command()
+        .try_get_matches_from([
+            "toolsrv".into(),
+            "role".into(),
+            "--tools".into(),
+            odd,
+            "--ca".into(),
+            "/etc/ca.pem".into(),
+        ])
+        .unwrap();
+    let m = matches.subcommand_matches("role").unwrap();
+    let text = print::render("toolsrv role", &settings, m, None);
+    assert!(
+        text.lines().any(|l| l
+            == "# tools: not UTF-8, which a TOML file cannot hold: give it as the flag or its \
+                environment variable (\"/srv/tools-\\xFF\")  # flag"),
+        "{text}"
+    );
+    assert!(!text.contains('\u{FFFD}'), "{text}");
+    assert!(
+        text.lines().any(|l| l == "ca = \"/etc/ca.pem\"  # flag"),
+        "{text}"
+    );
+    // What is printed reads back, without the value that could not be written.
+    let again = read(&text).unwrap();
+    assert!(!again.values.contains_key("tools"));
 }
 
 #[test]

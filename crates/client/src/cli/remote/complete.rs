@@ -341,7 +341,7 @@ fn local_views(words: &[String]) -> Vec<(String, toolsrv_meta::ResolvedTool)> {
         return Vec::new();
     };
     let tools = crate::cli::ToolsArgs {
-        tools: Some(path),
+        tools: Some(path.into()),
         as_host: typed(words, "--as"),
     };
     let Some((catalog, host)) = crate::cli::local::load_quietly(&tools) else {
