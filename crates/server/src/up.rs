@@ -281,16 +281,43 @@ fn link_binaries(bin: &Path) -> anyhow::Result<PathBuf> {
     Ok(bin.to_path_buf())
 }
 
-/// A word as a POSIX shell reads it back: as it is when it holds nothing special, else quoted.
-fn sh_word(text: &str) -> String {
-    let plain = !text.is_empty()
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"/._-+:,@%=".contains(&b));
-    if plain {
-        text.to_string()
-    } else {
-        format!("'{}'", text.replace('\'', r"'\''"))
+/// A word as a shell reads it back: as it is when it holds nothing special, else quoted; in
+/// `$'...'` (bash, zsh, POSIX 2024) with `\xHH` escapes when it holds bytes that are not UTF-8
+/// or control characters, which no other quoting can carry through a terminal.
+fn sh_word(word: impl AsRef<std::ffi::OsStr>) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = word.as_ref().as_bytes();
+    let plain = !bytes.is_empty()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+:,@%=".contains(b));
+    match std::str::from_utf8(bytes) {
+        _ if plain => String::from_utf8_lossy(bytes).into_owned(),
+        Ok(text) if !text.chars().any(char::is_control) => {
+            format!("'{}'", text.replace('\'', r"'\''"))
+        }
+        _ => {
+            let mut out = String::from("$'");
+            for chunk in bytes.utf8_chunks() {
+                for c in chunk.valid().chars() {
+                    match c {
+                        '\\' | '\'' => {
+                            out.push('\\');
+                            out.push(c);
+                        }
+                        c if c.is_control() && c.is_ascii() => {
+                            out.push_str(&format!("\\x{:02x}", c as u32));
+                        }
+                        c => out.push(c),
+                    }
+                }
+                for b in chunk.invalid() {
+                    out.push_str(&format!("\\x{b:02x}"));
+                }
+            }
+            out.push('\'');
+            out
+        }
     }
 }
 
@@ -332,17 +359,17 @@ fn banner(
     match bin {
         Some(bin) => out.push_str(&format!(
             "  export PATH={}:\"$PATH\"   # toolctl and toolsrv: this binary, linked under those names\n",
-            sh_word(&bin.display().to_string())
+            sh_word(bin)
         )),
         None => out.push_str("  # put toolctl on PATH first: cargo install --path crates/client\n"),
     }
     for (name, path) in [
-        ("TOOLSRV_ADDR", url.to_string()),
-        ("TOOLSRV_CA", client.ca.display().to_string()),
-        ("TOOLSRV_CERT", client.cert.display().to_string()),
-        ("TOOLSRV_KEY", client.key.display().to_string()),
+        ("TOOLSRV_ADDR", std::ffi::OsStr::new(url)),
+        ("TOOLSRV_CA", client.ca.as_os_str()),
+        ("TOOLSRV_CERT", client.cert.as_os_str()),
+        ("TOOLSRV_KEY", client.key.as_os_str()),
     ] {
-        out.push_str(&format!("  export {name}={}\n", sh_word(&path)));
+        out.push_str(&format!("  export {name}={}\n", sh_word(path)));
     }
     out.push('\n');
     let width = TOUR.iter().map(|(c, _)| c.len()).max().unwrap_or(0);
@@ -367,6 +394,23 @@ mod tests {
         assert_eq!(sh_word("/a b/c"), "'/a b/c'");
         assert_eq!(sh_word("/it's"), r"'/it'\''s'");
         assert_eq!(sh_word("$HOME"), "'$HOME'");
+        // Bytes that are not UTF-8, and control characters, go through `$'...'`.
+        use std::os::unix::ffi::OsStrExt;
+        assert_eq!(
+            sh_word(std::ffi::OsStr::from_bytes(b"/s-\xff/it's\\x")),
+            r"$'/s-\xff/it\'s\\x'"
+        );
+        assert_eq!(sh_word("/a\tb\u{1b}[1m"), r"$'/a\x09b\x1b[1m'");
+        assert_eq!(sh_word("/caf\u{e9}"), "'/caf\u{e9}'");
+        // What bash reads back from them is the word itself.
+        for word in [&b"/s-\xff/it's\\x"[..], b"/a\tb\x1b[1m", b"/d\xc3"] {
+            let quoted = sh_word(std::ffi::OsStr::from_bytes(word));
+            let out = std::process::Command::new("bash")
+                .args(["-c", &format!("printf %s {quoted}")])
+                .output()
+                .unwrap();
+            assert_eq!(out.stdout, word, "{quoted}");
+        }
     }
 
     #[test]
