@@ -216,6 +216,16 @@ fn the_calls_of_an_agent_killed_outright_are_ended_by_its_warden() {
         warden_of(agent)
     });
     assert_ne!(group, agent, "the warden shares the agent's process group");
+    // Nothing of the agent's environment lives on in it but how to log.
+    let environ = std::fs::read(format!("/proc/{warden}/environ")).unwrap();
+    let mut names: Vec<String> = environ
+        .split(|b| *b == 0)
+        .filter(|v| !v.is_empty())
+        .map(|v| String::from_utf8_lossy(v.split(|b| *b == b'=').next().unwrap()).into_owned())
+        .collect();
+    names.sort();
+    names.retain(|n| n != "NO_COLOR");
+    assert_eq!(names, ["TOOLSRV_LOG", "TOOLSRV_LOG_FORMAT"]);
     let caller = fleet
         .toolctl_command("client-alice", &["call", "a", "linger", "--timeout", "600"])
         .stdout(Stdio::piped())

@@ -126,8 +126,8 @@ pub struct Settings {
     /// A delegated cgroup v2 directory for call cgroups; `None`: the agent's own cgroup
     pub cgroup: Option<PathBuf>,
     /// How to start the agent's own binary again as the calls' warden ([`crate::warden`])
-    /// where calls get cgroups; `None`: no warden, and calls left by an
-    /// agent killed outright run on until an agent starts again on the host
+    /// where calls get cgroups; `None`: no warden, and calls left by an agent killed outright
+    /// run on until an agent starts again on the host
     pub warden: Option<crate::warden::WardenStart>,
 }
 

@@ -30,7 +30,8 @@ pub const ARG0: &str = "toolsrv-call-warden";
 pub struct WardenStart {
     /// The agent's own binary (`/proc/self/exe`), which runs [`main`] when started as [`ARG0`]
     pub program: PathBuf,
-    /// Set in the warden's environment (how to log, as the agent does)
+    /// The warden's whole environment (how to log, as the agent does): nothing else of the
+    /// agent's, whose environment may hold a join token, lives on in it
     pub env: Vec<(OsString, OsString)>,
 }
 
@@ -51,6 +52,7 @@ impl Warden {
         let mut child = Command::new(&how.program)
             .arg0(ARG0)
             .args(dirs)
+            .env_clear()
             .envs(how.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::null())

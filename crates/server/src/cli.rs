@@ -50,12 +50,16 @@ pub struct LogArgs {
 impl LogArgs {
     /// How an agent starts its calls' warden: this binary, logging as this process does
     pub fn warden(&self) -> toolsrv_confine::warden::WardenStart {
+        let mut env: Vec<(std::ffi::OsString, std::ffi::OsString)> = vec![
+            ("TOOLSRV_LOG".into(), self.log_level.clone().into()),
+            ("TOOLSRV_LOG_FORMAT".into(), self.log_format.clone().into()),
+        ];
+        if let Some(no_colour) = std::env::var_os("NO_COLOR") {
+            env.push(("NO_COLOR".into(), no_colour));
+        }
         toolsrv_confine::warden::WardenStart {
             program: SELF_EXE.into(),
-            env: vec![
-                ("TOOLSRV_LOG".into(), self.log_level.clone().into()),
-                ("TOOLSRV_LOG_FORMAT".into(), self.log_format.clone().into()),
-            ],
+            env,
         }
     }
 
