@@ -102,6 +102,13 @@ impl Parser<'_> {
             );
         }
         self.name_for_models(name);
+        // A key given twice is refused, as in call arguments: whoever reviews the file reads
+        // the first, this parser keeps the last.
+        if let Err(crate::JsonValuesError::Invalid(e)) = crate::read_json_values(bytes, usize::MAX)
+        {
+            self.error(None, Code::NotJson, not_json(bytes, &e));
+            return None;
+        }
         let value: Value = match serde_json::from_slice(bytes) {
             Ok(v) => v,
             Err(e) => {

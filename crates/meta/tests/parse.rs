@@ -80,6 +80,19 @@ fn not_json() {
         None,
         "must be one of a pair: a high surrogate, D800 to DBFF, then at once a low one",
     );
+    // A key given twice: a reviewer reads the first, a parser keeping the last runs `id`.
+    rejected(
+        r#"{"description": "dup", "cmd": "true", "cmd": "id"}"#,
+        Code::NotJson,
+        None,
+        "not valid JSON: the key \"cmd\" is given twice in one object at line 1",
+    );
+    rejected(
+        r#"{"description": "d", "variants": [{"match": {"os": "linux", "os": "darwin"}}]}"#,
+        Code::NotJson,
+        None,
+        "the key \"os\" is given twice in one object",
+    );
 }
 
 #[test]
