@@ -226,6 +226,31 @@ fn the_calls_of_an_agent_killed_outright_are_ended_by_its_warden() {
     names.sort();
     names.retain(|n| n != "NO_COLOR");
     assert_eq!(names, ["TOOLSRV_LOG", "TOOLSRV_LOG_FORMAT"]);
+    // Seen as itself in `ps`, and deaf to what ends processes by name or by service (SIGTERM),
+    // a hang-up (which the kernel sends an orphaned group with a stopped member), Ctrl-C.
+    let comm = std::fs::read_to_string(format!("/proc/{warden}/comm")).unwrap();
+    assert_eq!(comm.trim(), "toolsrv-warden");
+    for signal in ["TERM", "HUP", "INT"] {
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &warden.to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        alive(warden),
+        "the warden ended on a signal it should ignore"
+    );
+    // Killed outright, it is started again.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(warden),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let (warden, _) = wait_for("agent a's next warden", Duration::from_secs(10), || {
+        warden_of(agent).filter(|(pid, _)| *pid != warden)
+    });
     let caller = fleet
         .toolctl_command("client-alice", &["call", "a", "linger", "--timeout", "600"])
         .stdout(Stdio::piped())
@@ -280,6 +305,32 @@ fn the_calls_of_an_agent_killed_outright_are_ended_by_its_warden() {
         (!alive(warden)).then_some(())
     });
 
+    // Started by hand with a directory named like its starter's call cgroups that is no cgroup
+    // (a `cgroup.procs` that is a plain file listing another process): nothing is killed.
+    let fake = tempfile::tempdir().unwrap();
+    let mut victim = Command::new("sleep").arg("60").spawn().unwrap();
+    let calls = fake
+        .path()
+        .join(format!("toolsrv-calls-{}.0", std::process::id()));
+    std::fs::create_dir_all(calls.join("call-1")).unwrap();
+    std::fs::write(calls.join("call-1/cgroup.procs"), victim.id().to_string()).unwrap();
+    let out = Command::new(bin("toolsrv"))
+        .arg0("toolsrv-call-warden")
+        .arg(&calls)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let still = victim.try_wait().unwrap().is_none();
+    let _ = victim.kill();
+    let _ = victim.wait();
+    assert!(still, "the warden killed a process outside any call cgroup");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not a cgroup"),
+        "{}",
+        text(&out.stderr)
+    );
+
     // Started by hand, a warden takes no directory that is not its starter's call cgroups.
     let out = Command::new(bin("toolsrv"))
         .arg0("toolsrv-call-warden")
@@ -291,7 +342,7 @@ fn the_calls_of_an_agent_killed_outright_are_ended_by_its_warden() {
     let stderr = text(&out.stderr);
     assert!(
         stderr.contains(
-            "/sys/fs/cgroup is not a directory of call cgroups of the process that started this one"
+            "/sys/fs/cgroup is not a directory of call cgroups (named toolsrv-calls-PID.N)"
         ),
         "{stderr}"
     );

@@ -139,7 +139,7 @@ fn procs(dir: &Path) -> Vec<i32> {
 
 /// Whether a process `pid` exists: one of another user's (another agent's, running as
 /// root while this one does not) exists too, though this process may not signal it.
-fn pid_alive(pid: i32) -> bool {
+pub(crate) fn pid_alive(pid: i32) -> bool {
     !matches!(
         kill(Pid::from_raw(pid), None),
         Err(nix::errno::Errno::ESRCH)
@@ -201,16 +201,60 @@ fn sweep(parent: &Path, own: &Path) {
         if path == own || pid_alive(pid) {
             continue;
         }
-        end_left_behind(&path);
+        let ended = end_left_behind(&path);
+        if ended > 0 {
+            tracing::warn!(
+                agent_pid = pid,
+                processes = ended,
+                "the calls of an agent that is gone were still running: ended them and removed \
+                 their cgroups"
+            );
+        }
     }
 }
 
-/// Kills everything in an agent's call cgroups and removes them; returns how many processes
-/// were found there
+/// Whether `dir` is in a cgroup file system (v2 or v1): what is taken for a call cgroup and
+/// killed must be one, whatever a directory's name says
+fn in_cgroupfs(dir: &Path) -> io::Result<bool> {
+    use nix::sys::statfs::{CGROUP_SUPER_MAGIC, CGROUP2_SUPER_MAGIC, statfs};
+    let kind = statfs(dir).map_err(io::Error::from)?.filesystem_type();
+    Ok(kind == CGROUP2_SUPER_MAGIC || kind == CGROUP_SUPER_MAGIC)
+}
+
+/// Kills everything in an agent's call cgroups (its subdirectories named `call-N`, links not
+/// followed) and removes them; returns how many processes were found there. A directory that
+/// is not in a cgroup file system is left alone.
 pub(crate) fn end_left_behind(dir: &Path) -> usize {
     let mut found = 0;
-    if let Ok(calls) = std::fs::read_dir(dir) {
-        for call in calls.flatten().filter(|e| e.path().is_dir()) {
+    match in_cgroupfs(dir) {
+        Ok(true) => {}
+        Err(e) if e.kind() == ErrorKind::NotFound => return 0,
+        Ok(false) => {
+            tracing::warn!(dir = %dir.display(), "not a cgroup: its subdirectories are not ended as calls");
+            return 0;
+        }
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot tell whether this is a cgroup: its calls are not ended");
+            return 0;
+        }
+    }
+    let calls = match std::fs::read_dir(dir) {
+        Ok(calls) => Some(calls),
+        Err(e) if e.kind() == ErrorKind::NotFound => None,
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot list the call cgroups left behind");
+            None
+        }
+    };
+    if let Some(calls) = calls {
+        let is_call = |e: &std::fs::DirEntry| {
+            e.file_type().is_ok_and(|t| t.is_dir())
+                && e.file_name()
+                    .to_str()
+                    .and_then(|n| n.strip_prefix("call-"))
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        };
+        for call in calls.flatten().filter(is_call) {
             let path = call.path();
             found += procs(&path).len();
             if path.join("cgroup.kill").exists() {
@@ -381,6 +425,12 @@ impl Drop for Cgroups {
 /// Sets up `<base>/<tag>` in the v2 tree with every usable controller enabled; returns it and
 /// those controllers, or why v2 cannot be used
 fn setup_v2(base: &Path, tag: &str, own: bool) -> Result<(PathBuf, Vec<Controller>), String> {
+    use nix::sys::statfs::{CGROUP2_SUPER_MAGIC, statfs};
+    match statfs(base) {
+        Ok(fs) if fs.filesystem_type() == CGROUP2_SUPER_MAGIC => {}
+        Ok(_) => return Err(format!("{} is not a cgroup v2 directory", base.display())),
+        Err(e) => return Err(format!("cannot look at {}: {e}", base.display())),
+    }
     let dir = base.join(tag);
     sweep(base, &dir);
     // A directory of this name was left by an earlier process with this pid (an agent that is

@@ -32,6 +32,12 @@ pub enum ConfineError {
         path.display()
     )]
     HiddenCwd { path: PathBuf },
+    /// `--cgroup` names a directory where call cgroups cannot be made
+    #[error(
+        "cannot make call cgroups under --cgroup {}: {why}; name a cgroup v2 directory delegated to the agent, or leave --cgroup out to use the agent's own cgroup",
+        path.display()
+    )]
+    Cgroup { path: PathBuf, why: String },
 }
 
 impl ConfineError {

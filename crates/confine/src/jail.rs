@@ -216,6 +216,8 @@ pub struct Confiner {
     settings: Settings,
     abilities: Abilities,
     cgroups: Option<Cgroups>,
+    /// What a call's processes may not do to others (`None`: not on this kernel or build)
+    seccomp: Option<crate::seccomp::Filter>,
     ids: Option<(Uid, Gid)>,
     hidden: Vec<PathBuf>,
     #[cfg(target_os = "linux")]
@@ -265,6 +267,43 @@ fn make_call_root(dir: &Path) -> Result<(), ConfineError> {
     }
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
         .map_err(|e| ConfineError::io("set the mode of", dir, e))
+}
+
+/// Removes the private directories that agents gone without removing them (killed outright)
+/// left in `root`: those named for a process that no longer runs (`call-<pid>-<random>`).
+fn sweep_private_dirs(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    let own = std::process::id();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.strip_prefix("call-"))
+            .and_then(|n| n.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let gone = i32::try_from(pid).is_ok_and(|pid| !crate::cgroup::pid_alive(pid));
+        if pid == own || !gone || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let dir = entry.path();
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => tracing::info!(
+                dir = %dir.display(),
+                agent_pid = pid,
+                "removed the private directory of a call of an agent that is gone"
+            ),
+            Err(e) => tracing::warn!(
+                dir = %dir.display(),
+                error = %e,
+                "cannot remove the private directory of a call of an agent that is gone"
+            ),
+        }
+    }
 }
 
 /// A new directory beside `taken`, made by this process now (`<taken>.<random>`, 0711), for
@@ -324,6 +363,7 @@ impl Confiner {
                 },
                 settings,
                 cgroups: None,
+                seccomp: None,
                 ids,
                 hidden,
                 #[cfg(target_os = "linux")]
@@ -349,6 +389,7 @@ impl Confiner {
             );
             settings.call_dir = fresh;
         }
+        sweep_private_dirs(&settings.call_dir);
         // Every call's private directory is out of reach of the others': the directory holding
         // them is hidden like the agent's files (a shared read rule, a grant or a caller's
         // `--cwd` above it opens none of them; each call is granted its own).
@@ -359,6 +400,19 @@ impl Confiner {
         } else {
             None
         };
+        // A directory the operator named that cannot be used is their mistake to hear about,
+        // not a reason to fall back on something else unseen.
+        if let Some(path) = &settings.cgroup
+            && let Some(why) = match &cgroups {
+                Some(c) => c.v2_problem.clone(),
+                None => Some("it cannot be used".to_owned()),
+            }
+        {
+            return Err(ConfineError::Cgroup {
+                path: path.clone(),
+                why,
+            });
+        }
         if let (Some(cgroups), Some(how)) = (cgroups.as_mut(), settings.warden.as_ref())
             && let Err(e) = cgroups.start_warden(how)
         {
@@ -369,7 +423,8 @@ impl Confiner {
                  run on until an agent starts again on this host"
             );
         }
-        let abilities = abilities(&settings, abi, cgroups.as_ref(), run_as);
+        let seccomp = crate::seccomp::filter().filter(|_| crate::sys::seccomp_available());
+        let abilities = abilities(&settings, abi, cgroups.as_ref(), seccomp.is_some(), run_as);
         if settings.mode == Mode::Enforce && abilities.level != Level::Enforced {
             return Err(ConfineError::NotEnforceable {
                 missing: abilities.missing.join("; "),
@@ -381,6 +436,7 @@ impl Confiner {
             settings,
             abilities,
             cgroups,
+            seccomp,
             ids,
             hidden,
         };
@@ -442,6 +498,7 @@ impl Confiner {
             ids: self.ids,
             no_new_privs: true,
             drop_capabilities: true,
+            seccomp: self.seccomp.clone(),
             ..ChildSetup::default()
         };
         if let Some(cgroups) = &self.cgroups {
@@ -534,10 +591,12 @@ impl Confiner {
         use std::os::unix::fs::DirBuilderExt;
         let mut last = None;
         for _ in 0..8 {
-            let dir = self
-                .settings
-                .call_dir
-                .join(format!("call-{:016x}", fastrand::u64(..)));
+            // The agent's pid in the name: an agent that starts removes those of agents gone.
+            let dir = self.settings.call_dir.join(format!(
+                "call-{}-{:016x}",
+                std::process::id(),
+                fastrand::u64(..)
+            ));
             match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
                 Ok(()) => {
                     if let Some((uid, gid)) = self.ids
@@ -591,9 +650,18 @@ fn abilities(
     settings: &Settings,
     abi: i32,
     cgroups: Option<&Cgroups>,
+    seccomp: bool,
     run_as: String,
 ) -> Abilities {
     let mut missing = Vec::new();
+    if !seccomp {
+        missing.push(
+            "seccomp: no filter on this kernel or architecture (a tool may change the resource \
+             limits and scheduling of other processes of its user, and start a child in \
+             another cgroup)"
+                .to_owned(),
+        );
+    }
     match abi {
         0 => missing.push(
             "Landlock file-system rules: this kernel has no Landlock (or it is disabled)"
@@ -637,7 +705,8 @@ fn abilities(
     if !has(Controller::Cpu) && settings.defaults.limits.cpu_millis.is_some() {
         missing.push("cpu limit: no cpu controller".to_owned());
     }
-    let enforced = abi > 0 && cgroups.is_some() && has(Controller::Pids) && has(Controller::Memory);
+    let enforced =
+        abi > 0 && seccomp && cgroups.is_some() && has(Controller::Pids) && has(Controller::Memory);
     Abilities {
         mode: settings.mode,
         level: if enforced {
@@ -783,6 +852,7 @@ impl CallJail {
             // its user may do: keeping their limits is the cgroup's job, which it cannot leave.
             drop_capabilities: false,
             landlock: None,
+            seccomp: None,
         };
         crate::sys::install(cmd, Arc::new(setup));
         Ok(())

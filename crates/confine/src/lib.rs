@@ -28,6 +28,7 @@ mod error;
 pub mod fs_rules;
 mod jail;
 mod profile;
+pub mod seccomp;
 #[cfg(target_os = "linux")]
 pub mod spawn;
 mod sys;

@@ -82,6 +82,9 @@ pub struct ChildSetup {
     /// A Landlock ruleset to restrict the process with (requires `no_new_privs` or
     /// `CAP_SYS_ADMIN`)
     pub landlock: Option<OwnedFd>,
+    /// A seccomp filter to install last (see [`crate::seccomp`]; requires `no_new_privs` or
+    /// `CAP_SYS_ADMIN`)
+    pub seccomp: Option<crate::seccomp::Filter>,
 }
 
 /// What a confined tool never gets, even as root: raising its own resource limits
@@ -169,8 +172,76 @@ impl ChildSetup {
                 return Err(io::Error::last_os_error());
             }
         }
+        #[cfg(target_os = "linux")]
+        if let Some(filter) = &self.seccomp {
+            let program = libc::sock_fprog {
+                // At most a few dozen instructions (see `seccomp::filter`).
+                len: filter.0.len() as libc::c_ushort,
+                filter: filter.0.as_ptr().cast_mut(),
+            };
+            // SAFETY: seccomp(2) reads the program, which lives on this frame and points into
+            // the shared filter (owned by `self`, alive for the whole call).
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_seccomp,
+                    SECCOMP_SET_MODE_FILTER,
+                    0 as libc::c_uint,
+                    &program as *const libc::sock_fprog,
+                )
+            };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
         Ok(())
     }
+}
+
+/// Makes this process (the calls' warden) deaf to the signals that end or stop a process by
+/// default and that reach it without anyone meaning it: a terminal's (`SIGINT`, `SIGQUIT`,
+/// `SIGTSTP`, `SIGTTIN`, `SIGTTOU`), a hang-up (`SIGHUP`, which the kernel also sends a process
+/// group left orphaned with a stopped member), `SIGTERM` sent to every process of a service or
+/// a name, and `SIGPIPE`. Only `SIGKILL` and `SIGSTOP` still act on it.
+pub(crate) fn ignore_ending_signals() -> io::Result<()> {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    for sig in [
+        Signal::SIGHUP,
+        Signal::SIGINT,
+        Signal::SIGQUIT,
+        Signal::SIGTERM,
+        Signal::SIGTSTP,
+        Signal::SIGTTIN,
+        Signal::SIGTTOU,
+        Signal::SIGPIPE,
+    ] {
+        // SAFETY: setting a disposition to SIG_IGN installs no handler; nothing runs on delivery.
+        unsafe { signal(sig, SigHandler::SigIgn) }?;
+    }
+    Ok(())
+}
+
+/// seccomp(2) operations (linux/seccomp.h)
+#[cfg(target_os = "linux")]
+const SECCOMP_SET_MODE_FILTER: libc::c_uint = 1;
+#[cfg(target_os = "linux")]
+const SECCOMP_GET_ACTION_AVAIL: libc::c_uint = 2;
+
+/// Whether this kernel runs seccomp filters that answer with an errno (Linux 4.14 and later,
+/// built with `CONFIG_SECCOMP_FILTER`)
+#[cfg(target_os = "linux")]
+pub fn seccomp_available() -> bool {
+    let action: u32 = 0x0005_0000; // SECCOMP_RET_ERRNO
+    // SAFETY: seccomp(2) with SECCOMP_GET_ACTION_AVAIL reads one u32, which lives on this
+    // frame, and changes nothing.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            SECCOMP_GET_ACTION_AVAIL,
+            0 as libc::c_uint,
+            &action as *const u32,
+        )
+    };
+    rc == 0
 }
 
 /// Drops supplementary groups and switches group and user, for this process alone

@@ -16,9 +16,10 @@ use std::ffi::OsString;
 use std::io::{self, Read};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{ChildStdin, Command, ExitCode, Stdio};
-use std::sync::Arc;
+use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::cgroup::{AGENT_PREFIX, end_left_behind};
 
@@ -35,95 +36,184 @@ pub struct WardenStart {
     pub env: Vec<(OsString, OsString)>,
 }
 
-/// The agent's side of a running warden: dropping it closes the pipe, and the warden ends
-/// whatever is left in the agent's call cgroups
+/// The agent's side of its warden: dropping it closes the pipe, and the warden ends whatever is
+/// left in the agent's call cgroups. A warden that ends while the agent runs (killed by hand) is
+/// started again.
 #[derive(Debug)]
 pub(crate) struct Warden {
-    /// Kept open for as long as the agent's calls may run
-    _pipe: ChildStdin,
+    /// The running warden's pipe, kept open for as long as the agent's calls may run
+    pipe: Arc<Mutex<Option<ChildStdin>>>,
     /// Set before the pipe closes on purpose, so the end of the warden is not reported
     closing: Arc<AtomicBool>,
 }
 
+/// A warden that lived this long before it ended is started again at once
+const STEADY: Duration = Duration::from_secs(60);
+/// The most a warden that keeps ending waits before it is started again
+const MAX_PAUSE: Duration = Duration::from_secs(60);
+
 impl Warden {
-    /// Starts `program` (the agent's own binary, `/proc/self/exe`) as the warden of the call
-    /// cgroups under `dirs`. A thread waits for it and warns if it ends while the agent runs.
+    /// Starts `how.program` as the warden of the call cgroups under `dirs`. A thread waits for
+    /// it, and starts another if it ends while the agent runs.
     pub(crate) fn start(how: &WardenStart, dirs: &[&Path]) -> io::Result<Self> {
-        let mut child = Command::new(&how.program)
-            .arg0(ARG0)
-            .args(dirs)
-            .env_clear()
-            .envs(how.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .process_group(0)
-            .spawn()?;
-        let pipe = child
-            .stdin
-            .take()
-            .ok_or_else(|| io::Error::other("the warden's standard input is not a pipe"))?;
+        let dirs: Vec<PathBuf> = dirs.iter().map(|d| d.to_path_buf()).collect();
+        let (child, pipe) = spawn(how, &dirs)?;
+        tracing::debug!(pid = child.id(), "calls' warden started");
+        let pipe = Arc::new(Mutex::new(Some(pipe)));
         let closing = Arc::new(AtomicBool::new(false));
-        let seen = closing.clone();
-        let pid = child.id();
+        let keeper = Keeper {
+            how: how.clone(),
+            dirs,
+            pipe: pipe.clone(),
+            closing: closing.clone(),
+        };
         std::thread::Builder::new()
             .name("call-warden".into())
-            .spawn(move || {
-                let status = child.wait();
-                if !seen.load(Ordering::Acquire) {
-                    tracing::warn!(
-                        pid,
-                        status = ?status,
-                        "the calls' warden ended: if this agent is killed outright, its calls \
-                         now run on until an agent starts again on this host"
-                    );
-                }
-            })?;
-        tracing::debug!(pid, "calls' warden started");
-        Ok(Self {
-            _pipe: pipe,
-            closing,
-        })
+            .spawn(move || keeper.keep(child))?;
+        Ok(Self { pipe, closing })
     }
 }
 
 impl Drop for Warden {
     fn drop(&mut self) {
         self.closing.store(true, Ordering::Release);
+        drop(self.pipe.lock().unwrap_or_else(|p| p.into_inner()).take());
     }
 }
 
-/// Why a warden's arguments are refused, if they are: each must be an absolute path whose
-/// name is an agent's directory of call cgroups, of the process that started the warden
-fn refused(dirs: &[PathBuf], parent: u32) -> Option<String> {
+/// Starts one warden; its pipe
+fn spawn(how: &WardenStart, dirs: &[PathBuf]) -> io::Result<(Child, ChildStdin)> {
+    let mut child = Command::new(&how.program)
+        .arg0(ARG0)
+        .args(dirs)
+        .env_clear()
+        .envs(how.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .process_group(0)
+        .spawn()?;
+    match child.stdin.take() {
+        Some(pipe) => Ok((child, pipe)),
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(io::Error::other(
+                "the warden's standard input is not a pipe",
+            ))
+        }
+    }
+}
+
+/// What the agent's thread that waits for its warden holds
+struct Keeper {
+    how: WardenStart,
+    dirs: Vec<PathBuf>,
+    pipe: Arc<Mutex<Option<ChildStdin>>>,
+    closing: Arc<AtomicBool>,
+}
+
+impl Keeper {
+    fn keep(self, mut child: Child) {
+        let mut pause = Duration::from_secs(1);
+        loop {
+            let started = Instant::now();
+            let pid = child.id();
+            let status = child.wait();
+            if self.closing.load(Ordering::Acquire) {
+                return;
+            }
+            tracing::warn!(pid, status = ?status, "the calls' warden ended; starting another");
+            if started.elapsed() >= STEADY {
+                pause = Duration::from_secs(1);
+            }
+            child = loop {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(MAX_PAUSE);
+                if self.closing.load(Ordering::Acquire) {
+                    return;
+                }
+                match spawn(&self.how, &self.dirs) {
+                    Ok((next, pipe)) => {
+                        let mut held = self.pipe.lock().unwrap_or_else(|p| p.into_inner());
+                        // Dropped meanwhile: the new warden's pipe closes at once, and it ends
+                        // what is left, as the old one would have.
+                        if self.closing.load(Ordering::Acquire) {
+                            return;
+                        }
+                        *held = Some(pipe);
+                        tracing::info!(pid = next.id(), "calls' warden started again");
+                        break next;
+                    }
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "cannot start the calls' warden again: if this agent is killed \
+                         outright, its calls run on until an agent starts again on this host"
+                    ),
+                }
+            };
+        }
+    }
+}
+
+/// Why a warden's arguments are refused, if they are: each must be an absolute path named as an
+/// agent's directory of call cgroups (`toolsrv-calls-<pid>.<n>`), of `parent` (the process that
+/// started the warden) or of a process that is gone (an agent killed before its warden looked).
+fn refused(dirs: &[PathBuf], parent: i32, alive: impl Fn(i32) -> bool) -> Option<String> {
     if dirs.is_empty() {
         return Some("no directory of call cgroups was given".into());
     }
-    let own = format!("{AGENT_PREFIX}{parent}.");
     dirs.iter().find_map(|dir| {
-        let named = dir
+        let pid = dir
             .file_name()
             .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with(&own));
-        (!dir.is_absolute() || !named).then(|| {
-            format!(
-                "{} is not a directory of call cgroups of the process that started this one \
-                 (an absolute path named {own}N)",
-                dir.display()
-            )
-        })
+            .and_then(|n| n.strip_prefix(AGENT_PREFIX))
+            .and_then(|rest| rest.split_once('.'))
+            .filter(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|(pid, _)| pid.parse::<i32>().ok())
+            .filter(|pid| *pid > 0);
+        // Control characters escaped, for the terminal or log it lands in.
+        let shown = || -> String {
+            dir.to_string_lossy()
+                .chars()
+                .flat_map(|c| {
+                    let escaped: Vec<char> = if c.is_control() {
+                        c.escape_debug().collect()
+                    } else {
+                        vec![c]
+                    };
+                    escaped
+                })
+                .collect()
+        };
+        match pid {
+            _ if !dir.is_absolute() => Some(format!("{} is not an absolute path", shown())),
+            None => Some(format!(
+                "{} is not a directory of call cgroups (named {AGENT_PREFIX}PID.N)",
+                shown()
+            )),
+            Some(pid) if pid != parent && alive(pid) => Some(format!(
+                "{} holds the calls of process {pid}, which is running and did not start this \
+                 one",
+                shown()
+            )),
+            Some(_) => None,
+        }
     })
 }
 
 /// Runs a warden: the whole of a process started under the name [`ARG0`], logging through
 /// `tracing` (the binary sets up a subscriber first)
 pub fn main() -> ExitCode {
-    let dirs: Vec<PathBuf> = std::env::args_os()
-        .skip(1)
-        .map(|a: OsString| PathBuf::from(a))
-        .collect();
+    // Seen as this in `ps` and `top`, not as `exe` (it was started as /proc/self/exe).
+    let _ = nix::sys::prctl::set_name(c"toolsrv-warden");
+    if let Err(e) = crate::sys::ignore_ending_signals() {
+        tracing::warn!(error = %e, "{ARG0}: cannot ignore the signals that would end it");
+    }
+    let dirs: Vec<PathBuf> = std::env::args_os().skip(1).map(PathBuf::from).collect();
     let agent = std::os::unix::process::parent_id();
-    if let Some(why) = refused(&dirs, agent) {
+    let parent = i32::try_from(agent).unwrap_or(0);
+    if let Some(why) = refused(&dirs, parent, crate::cgroup::pid_alive) {
         tracing::error!("{ARG0}: {why}; only a toolsrv agent starts this");
         return ExitCode::from(2);
     }
@@ -155,21 +245,45 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_the_call_cgroups_of_its_own_agent_are_taken() {
-        let ok = |p: &str| refused(&[PathBuf::from(p)], 42);
-        assert_eq!(ok("/sys/fs/cgroup/x/toolsrv-calls-42.0"), None);
-        assert_eq!(ok("/sys/fs/cgroup/x/toolsrv-calls-42.17"), None);
-        for bad in [
-            "/sys/fs/cgroup/x/toolsrv-calls-43.0",
-            "/sys/fs/cgroup/x/toolsrv-calls-420.0",
-            "/sys/fs/cgroup/x/toolsrv-calls-42",
-            "toolsrv-calls-42.0",
-            "/sys/fs/cgroup/user.slice",
-            "/",
+    fn only_call_cgroups_of_its_own_agent_or_of_one_gone_are_taken() {
+        // Process 42 started it; 43 is running; every other pid is gone.
+        let check = |p: &[u8]| {
+            use std::os::unix::ffi::OsStrExt;
+            refused(
+                &[PathBuf::from(std::ffi::OsStr::from_bytes(p))],
+                42,
+                |pid| pid == 42 || pid == 43,
+            )
+        };
+        assert_eq!(check(b"/sys/fs/cgroup/x/toolsrv-calls-42.0"), None);
+        assert_eq!(check(b"/sys/fs/cgroup/x/toolsrv-calls-42.17"), None);
+        // An agent killed before its warden looked: its parent is no longer the agent.
+        assert_eq!(check(b"/sys/fs/cgroup/x/toolsrv-calls-7.0"), None);
+        for (bad, why) in [
+            (
+                &b"/sys/fs/cgroup/x/toolsrv-calls-43.0"[..],
+                "process 43, which is running",
+            ),
+            (
+                b"/sys/fs/cgroup/x/toolsrv-calls-42",
+                "named toolsrv-calls-PID.N",
+            ),
+            (
+                b"/sys/fs/cgroup/x/toolsrv-calls-42.",
+                "named toolsrv-calls-PID.N",
+            ),
+            (
+                b"/sys/fs/cgroup/x/toolsrv-calls-x.1",
+                "named toolsrv-calls-PID.N",
+            ),
+            (b"/sys/fs/cgroup/user.slice", "named toolsrv-calls-PID.N"),
+            (b"/", "named toolsrv-calls-PID.N"),
+            (b"toolsrv-calls-42.0", "not an absolute path"),
+            (b"/x/\xff\x1b[1m", "/x/\u{fffd}\\u{1b}[1m is not"),
         ] {
-            let why = ok(bad).unwrap_or_else(|| panic!("{bad} taken"));
-            assert!(why.contains("toolsrv-calls-42."), "{why}");
+            let said = check(bad).unwrap_or_else(|| panic!("{bad:?} taken"));
+            assert!(said.contains(why), "{said}");
         }
-        assert!(refused(&[], 42).unwrap().contains("no directory"));
+        assert!(refused(&[], 42, |_| true).unwrap().contains("no directory"));
     }
 }

@@ -351,6 +351,137 @@ fn a_root_tool_cannot_undo_its_limits_or_pin_its_files() {
     assert!(!cwd.exists(), "{} left behind", cwd.display());
 }
 
+/// A process of the agent's user outside the call (the agent, its warden, another caller's
+/// call) is out of reach of a root tool: neither its limits nor its scheduling change; the tool
+/// still changes its own, and `clone3`, which could start a child in another cgroup, is
+/// unavailable.
+#[test]
+fn a_root_tool_cannot_change_other_processes_of_its_user() {
+    if !nix::unistd::Uid::effective().is_root() {
+        panic!("this test needs root (the same user as the process out of reach)");
+    }
+    let mut victim = Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = victim.id();
+    let limits_before = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let world = World::new();
+    let script = format!(
+        "prlimit --pid {pid} --nofile=0:0 2>/dev/null && echo PRLIMIT-OTHER; \
+         renice -n 5 -p {pid} >/dev/null 2>&1 && echo RENICE-OTHER; \
+         renice -n 5 -u root >/dev/null 2>&1 && echo RENICE-USER; \
+         ionice -c 3 -p {pid} 2>/dev/null && echo IONICE-OTHER; \
+         taskset -p 1 {pid} >/dev/null 2>&1 && echo TASKSET-OTHER; \
+         chrt -b -p 0 {pid} >/dev/null 2>&1 && echo CHRT-OTHER; \
+         ulimit -n 100 && echo ULIMIT-SELF; \
+         prlimit --nofile=90:90 sh -c 'ulimit -n' ; \
+         nice -n 5 true && echo NICE-SELF; \
+         ionice -c 3 true && echo IONICE-SELF; \
+         taskset -c 0 true && echo TASKSET-SELF; \
+         /usr/bin/python3 -c 'import ctypes; r = ctypes.CDLL(None, use_errno=True).syscall(435, 0, 0); print(\"CLONE3\", r, ctypes.get_errno())'; \
+         sh -c 'echo CHILD-RAN'"
+    );
+    let (out, _) = world.run(&script, None, None);
+    let stdout = text(&out.stdout);
+    let limits_after = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let _ = victim.kill();
+    let _ = victim.wait();
+    assert_eq!(limits_before, limits_after);
+    for other in [
+        "PRLIMIT-OTHER",
+        "RENICE-OTHER",
+        "RENICE-USER",
+        "IONICE-OTHER",
+        "TASKSET-OTHER",
+        "CHRT-OTHER",
+    ] {
+        assert!(!stdout.contains(other), "{other}: {stdout}");
+    }
+    for own in [
+        "ULIMIT-SELF",
+        "\n90\n",
+        "NICE-SELF",
+        "IONICE-SELF",
+        "TASKSET-SELF",
+        "CHILD-RAN",
+    ] {
+        assert!(
+            stdout.contains(own),
+            "{own}: {stdout} {}",
+            text(&out.stderr)
+        );
+    }
+    // ENOSYS (38): libc then starts children with clone, as on a kernel before 5.3.
+    assert!(
+        stdout.contains("CLONE3 -1 38"),
+        "{stdout} {}",
+        text(&out.stderr)
+    );
+}
+
+/// `--cgroup` naming a directory that is no cgroup stops the agent, naming it: every call
+/// would fail to join its cgroup.
+#[test]
+fn a_cgroup_directory_that_is_no_cgroup_is_refused_at_start() {
+    let root = tempfile::tempdir().unwrap();
+    let plain = root.path().join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    let mut settings = Settings::new(Vec::new());
+    settings.call_dir = root.path().join("calls");
+    settings.cgroup = Some(plain.clone());
+    let e = Confiner::new(settings).unwrap_err().to_string();
+    assert!(
+        e.starts_with(&format!(
+            "cannot make call cgroups under --cgroup {}: {} is not a cgroup v2 directory",
+            plain.display(),
+            plain.display()
+        )),
+        "{e}"
+    );
+    // Nothing was made in it.
+    assert_eq!(std::fs::read_dir(&plain).unwrap().count(), 0);
+}
+
+/// Private directories of calls whose agent is gone (killed outright, before it removed them)
+/// are removed when an agent starts; those of running processes, and names it did not make,
+/// are left.
+#[test]
+fn private_directories_of_agents_gone_are_removed_at_start() {
+    let own = std::process::id();
+    let mut calls = PathBuf::new();
+    let world = World::with(|settings| {
+        calls = settings.call_dir.clone();
+        for name in [
+            "call-999999999-0123456789abcdef".to_string(),
+            "call-1-0123456789abcdef".to_string(),
+            format!("call-{own}-0123456789abcdef"),
+            "call-0123456789abcdef".to_string(),
+        ] {
+            std::fs::create_dir_all(calls.join(&name).join("sub")).unwrap();
+            std::fs::write(calls.join(&name).join("sub/file"), "left").unwrap();
+        }
+        // A link named like a gone agent's directory is not followed.
+        let kept = calls.parent().unwrap().join("kept");
+        std::fs::create_dir_all(&kept).unwrap();
+        std::fs::write(kept.join("file"), "kept").unwrap();
+        std::os::unix::fs::symlink(&kept, calls.join("call-999999998-0123456789abcdef")).unwrap();
+    });
+    let left: Vec<String> = std::fs::read_dir(&calls)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        !left.contains(&"call-999999999-0123456789abcdef".to_string()),
+        "{left:?}"
+    );
+    for kept in [
+        "call-1-0123456789abcdef".to_string(),
+        format!("call-{own}-0123456789abcdef"),
+        "call-0123456789abcdef".to_string(),
+    ] {
+        assert!(left.contains(&kept), "{kept} removed: {left:?}");
+    }
+    assert!(world.root.path().join("kept/file").exists());
+}
+
 #[test]
 fn a_cwd_among_the_agents_files_is_refused() {
     let world = World::new();
