@@ -47,9 +47,10 @@ pub(crate) struct Warden {
     closing: Arc<AtomicBool>,
 }
 
-/// A warden that lived this long before it ended is started again at once
+/// A warden that lived this long before it ended is started again after a second; one that
+/// keeps ending sooner waits twice as long each time
 const STEADY: Duration = Duration::from_secs(60);
-/// The most a warden that keeps ending waits before it is started again
+/// The longest wait before a warden that keeps ending is started again
 const MAX_PAUSE: Duration = Duration::from_secs(60);
 
 impl Warden {
