@@ -153,6 +153,15 @@ fn a_host_joins_with_a_token_and_later_starts_without_one() {
         "{}",
         agent.log()
     );
+    // Nor is it left in the environment the agent started with, which every process of its
+    // user may read (a tool running as root, the default): read, then overwritten.
+    let environ = std::fs::read(format!("/proc/{}/environ", agent.pid())).unwrap();
+    let environ = String::from_utf8_lossy(&environ);
+    assert!(
+        !environ.contains(&tok),
+        "the join token is in the agent's environment"
+    );
+    assert!(environ.contains("TOOLSRV_JOIN_TOKEN="), "{environ}");
 
     // The certificate: the token's host id and labels, clientAuth, the configured lifetime,
     // and the key kept beside it, readable by the agent's user only.

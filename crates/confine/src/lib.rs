@@ -41,4 +41,4 @@ pub use jail::{
 };
 pub use profile::{Grant, Limits, Profile, glob, grant_for, parse_cpu, parse_size};
 #[cfg(target_os = "linux")]
-pub use sys::{DROPPED_CAPABILITIES, close_inherited_on_exec};
+pub use sys::{DROPPED_CAPABILITIES, close_inherited_on_exec, scrub_env_value};

@@ -197,6 +197,30 @@ impl ChildSetup {
     }
 }
 
+/// Overwrites the value of the environment variable `name` with NUL bytes where it lies, in the
+/// block of environment strings this process started with: the block `/proc/PID/environ`
+/// shows every process of the same user (a tool run as root, among them). The variable then
+/// reads as empty here too. For a secret read once at start (the join token). Returns whether
+/// the variable was set.
+///
+/// Call it before any other thread starts: no thread may read or change the environment
+/// meanwhile.
+pub fn scrub_env_value(name: &std::ffi::CStr) -> bool {
+    // SAFETY: getenv(3) returns null or a pointer to the variable's NUL-terminated value inside
+    // the environment; strlen reads up to that NUL, and write_bytes writes only the bytes
+    // before it. No other thread runs yet (the caller's duty), so nothing reads or moves the
+    // environment meanwhile.
+    unsafe {
+        let value = libc::getenv(name.as_ptr());
+        if value.is_null() {
+            return false;
+        }
+        let len = libc::strlen(value);
+        std::ptr::write_bytes(value, 0, len);
+    }
+    true
+}
+
 /// Makes this process (the calls' warden) deaf to the signals that end or stop a process by
 /// default and that reach it without anyone meaning it: a terminal's (`SIGINT`, `SIGQUIT`,
 /// `SIGTSTP`, `SIGTTIN`, `SIGTTOU`), a hang-up (`SIGHUP`, which the kernel also sends a process

@@ -32,6 +32,10 @@ fn main() -> ExitCode {
         config::Start::Run(cli) => cli,
         config::Start::Exit(code) => return code,
     };
+    // Read: from now on the join token lives in this process's memory only. The environment
+    // block it came in is what /proc/PID/environ shows every process of this user, a tool
+    // running as root included; no thread but this one runs yet.
+    toolsrv_confine::scrub_env_value(c"TOOLSRV_JOIN_TOKEN");
     if let Some(args) = cli.bypass() {
         return bypass::run(args);
     }
