@@ -1131,6 +1131,28 @@ fn an_environment_that_is_not_utf8_is_no_panic() {
     assert_eq!(text(&out.stdout).trim(), "odd is set");
 }
 
+/// A tool on a host reads its arguments as the client wrote them (on one line): the coordinator
+/// and the agent pass the text on, rather than a value parsed and written again.
+#[test]
+fn a_tool_on_a_host_reads_its_arguments_as_written() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "echo.meta",
+        r#"{"description": "Its input", "cmd": "cat"}"#,
+        false,
+    );
+    fleet.start_coordinator(&[]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "echo");
+    let whole = "{\"n\": 12345678901234567890123, \"f\": 1.10, \"s\": \"caf\\u00e9\"}";
+    let out = fleet.toolctl(&["call", "a", "echo", whole]);
+    assert_exit(&out, 0, &[]);
+    assert_eq!(
+        text(&out.stdout),
+        "{\"n\":12345678901234567890123,\"f\":1.10,\"s\":\"caf\\u00e9\"}\n"
+    );
+}
+
 /// A coordinator whose tools directory's name is not UTF-8 serves it (clap refused the flag:
 /// "invalid UTF-8 was detected").
 #[test]

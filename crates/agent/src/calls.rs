@@ -153,6 +153,8 @@ async fn run(
     let req = CallRequest {
         tool: start.tool.clone(),
         args,
+        // Passed on as the caller wrote it (empty text is `{}`, written out).
+        args_text: (!start.args_json.trim().is_empty()).then(|| start.args_json.clone()),
         cwd: if start.cwd.is_empty() {
             env.workdir.clone()
         } else {

@@ -60,6 +60,7 @@ impl CallFixture {
         let request = CallRequest {
             tool: TOOL.to_string(),
             args: json!({}),
+            args_text: None,
             cwd: dir.path().to_path_buf(),
             timeout: Some(Duration::from_secs(60)),
         };

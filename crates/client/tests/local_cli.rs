@@ -297,6 +297,41 @@ fn an_environment_that_is_not_utf8_is_no_panic() {
     assert_eq!(stdout(&out).trim(), "odd tool ran");
 }
 
+/// The tool reads its arguments as the caller wrote them, on one line: an integer beyond 64
+/// bits, a number's trailing zero and an escape arrive as typed (written again from a parsed
+/// value they became `1.2345678901234568e+22`, `1.1` and `é`).
+#[test]
+fn a_tool_reads_its_arguments_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        "echo.meta",
+        r#"{"description": "Its input", "cmd": "cat"}"#,
+    );
+    let tools = dir.path().display().to_string();
+    let whole = "{\"n\": 12345678901234567890123,\n \"f\": 1.10, \"s\": \"caf\\u00e9\"}";
+    let out = run(toolctl().args(["local", "call", "--tools", &tools, "echo", whole]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "{\"n\":12345678901234567890123,\"f\":1.10,\"s\":\"caf\\u00e9\"}\n"
+    );
+    let out = run(toolctl().args([
+        "local",
+        "call",
+        "--tools",
+        &tools,
+        "echo",
+        "n:=12345678901234567890123",
+        "s=a b",
+    ]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "{\"n\":12345678901234567890123,\"s\":\"a b\"}\n"
+    );
+}
+
 /// A tools directory whose name is not UTF-8, given with `--tools`, in `OLLIE_TOOLS_PATH` or to
 /// `lint`: read like any other (clap refused it: "invalid UTF-8 was detected").
 #[test]

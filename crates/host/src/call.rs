@@ -58,6 +58,10 @@ pub struct CallRequest {
     pub tool: String,
     /// The arguments: a JSON object, validated against the tool's resolved `args` schema.
     pub args: Value,
+    /// The same arguments as the caller wrote them, when it did: the tool gets this text on one
+    /// line ([`toolsrv_meta::compact_json`]), its numbers and escapes as written. `None`: `args`
+    /// written out.
+    pub args_text: Option<String>,
     /// The call's working directory (also `PWD`).
     pub cwd: PathBuf,
     /// `None` takes the host's default.
@@ -136,7 +140,10 @@ pub fn prepare(
         .collect();
     env.push(("OLLIE_TOOLS_PATH".into(), dir.as_os_str().to_owned()));
     env.push(("PWD".into(), req.cwd.as_os_str().to_owned()));
-    let mut stdin = serde_json::to_vec(&req.args).unwrap_or_default();
+    let mut stdin = match &req.args_text {
+        Some(text) => toolsrv_meta::compact_json(text).into_bytes(),
+        None => serde_json::to_vec(&req.args).unwrap_or_default(),
+    };
     stdin.push(b'\n');
     Ok(Invocation {
         program,

@@ -116,6 +116,30 @@ pub fn read_json_values(json: &[u8], max_values: usize) -> Result<bool, JsonValu
     }
 }
 
+/// JSON text on one line: the blanks between its tokens left out, every token (a number's
+/// digits, a string's escapes) as written. `text` must be valid JSON, as checked before: a tool
+/// then reads the arguments as the caller wrote them, where writing a parsed value again would
+/// turn `\u00e9` into `é` and an integer beyond 64 bits into a float.
+pub fn compact_json(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for c in text.chars() {
+        if in_string {
+            out.push(c);
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+        } else if !matches!(c, ' ' | '\t' | '\n' | '\r') {
+            in_string = c == '"';
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// A call's arguments from their JSON text, as the wire carries them ([`check_args_json`]
 /// first): empty text is `{}`.
 pub fn parse_args_json(json: &str) -> Result<Value, ArgsTextError> {
@@ -316,6 +340,19 @@ pub(crate) fn json_type(v: &Value) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn compact_json_keeps_every_token_as_written() {
+        let text = "{ \"a b\" : [ 1.10 ,\n\t12345678901234567890123 ],\r\n \"s\": \"x \\\" y\\\\\", \"e\": \"\\u00e9 \\n\" }";
+        let compact = compact_json(text);
+        assert_eq!(
+            compact,
+            "{\"a b\":[1.10,12345678901234567890123],\"s\":\"x \\\" y\\\\\",\"e\":\"\\u00e9 \\n\"}"
+        );
+        assert!(!compact.contains('\n'));
+        let parsed = |t: &str| serde_json::from_str::<Value>(t).unwrap();
+        assert_eq!(parsed(&compact), parsed(text));
+    }
     use super::*;
     use serde_json::json;
 

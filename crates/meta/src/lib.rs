@@ -16,7 +16,7 @@ mod suggest;
 
 pub use args::{
     ArgsError, ArgsTextError, ArgsValidator, JsonValuesError, MAX_ARGS_VALUES, Violation,
-    check_args_json, json_error, parse_args_json, read_json_values,
+    check_args_json, compact_json, json_error, parse_args_json, read_json_values,
 };
 pub use command::{CommandError, CommandSource, resolve_command};
 pub use diag::{Code, Diagnostic, Severity};

@@ -16,6 +16,10 @@ pub const HELP: &str = "Arguments: a JSON object, `-` to read one from stdin, or
 #[derive(Debug, PartialEq)]
 pub struct CallArgs {
     pub value: Value,
+    /// The same object as JSON text, as written: the object given whole, or the words' values
+    /// (`KEY:=JSON` as typed) in their order. What is sent, so that the tool reads a number's
+    /// digits and a string's escapes as the caller wrote them.
+    pub text: String,
     pub string_keys: Vec<String>,
 }
 
@@ -60,10 +64,11 @@ fn stdin_arguments(input: impl std::io::Read) -> Result<String, String> {
 
 /// The arguments of `words`; the error names the word at fault and what it should be.
 pub fn parse(words: &[String]) -> Result<CallArgs, String> {
-    let object = |value: Value| {
+    let object = |value: Value, text: &str| {
         if value.is_object() {
             Ok(CallArgs {
                 value,
+                text: text.to_string(),
                 string_keys: Vec::new(),
             })
         } else {
@@ -71,16 +76,19 @@ pub fn parse(words: &[String]) -> Result<CallArgs, String> {
         }
     };
     match words {
-        [] => object(Value::Object(Map::new())),
+        [] => object(Value::Object(Map::new()), "{}"),
         [only] if only == "-" => {
             let text = stdin_arguments(std::io::stdin().lock())?;
-            object(json(&text).map_err(|e| format!("arguments on stdin are not valid JSON: {e}"))?)
+            let value =
+                json(&text).map_err(|e| format!("arguments on stdin are not valid JSON: {e}"))?;
+            object(value, &text)
         }
-        [only] if starts_json(only) => {
-            object(json(only).map_err(|e| format!("arguments are not valid JSON: {e}"))?)
-        }
+        [only] if starts_json(only) => object(
+            json(only).map_err(|e| format!("arguments are not valid JSON: {e}"))?,
+            only,
+        ),
         [only] if !only.contains('=') => match serde_json::from_str(only) {
-            Ok(value) => object(value),
+            Ok(value) => object(value, only),
             Err(_) => Err(format!(
                 "argument `{}` is neither a JSON object nor KEY=VALUE or KEY:=JSON",
                 quoted(only)
@@ -109,6 +117,8 @@ fn starts_json(word: &str) -> bool {
 fn from_words(words: &[String]) -> Result<CallArgs, String> {
     let mut map = Map::new();
     let mut string_keys = Vec::new();
+    // `{"key":value,...}`, each `KEY:=JSON` value as typed.
+    let mut text = String::from("{");
     for word in words {
         if word == "-" || starts_json(word) {
             return Err(format!(
@@ -123,7 +133,7 @@ fn from_words(words: &[String]) -> Result<CallArgs, String> {
                 quoted(word)
             ));
         };
-        let (key, value) = match key.strip_suffix(':') {
+        let (key, value, written) = match key.strip_suffix(':') {
             Some(key) => (
                 key,
                 json(value).map_err(|e| {
@@ -132,10 +142,13 @@ fn from_words(words: &[String]) -> Result<CallArgs, String> {
                         quoted(word)
                     )
                 })?,
+                value.to_string(),
             ),
             None => {
                 string_keys.push(key.to_string());
-                (key, Value::String(value.to_string()))
+                let string = Value::String(value.to_string());
+                let written = string.to_string();
+                (key, string, written)
             }
         };
         if key.is_empty() {
@@ -147,9 +160,17 @@ fn from_words(words: &[String]) -> Result<CallArgs, String> {
         if map.insert(key.to_string(), value).is_some() {
             return Err(format!("argument `{}` is given twice", quoted(key)));
         }
+        if text.len() > 1 {
+            text.push(',');
+        }
+        text.push_str(&Value::String(key.to_string()).to_string());
+        text.push(':');
+        text.push_str(&written);
     }
+    text.push('}');
     Ok(CallArgs {
         value: Value::Object(map),
+        text,
         string_keys,
     })
 }
@@ -158,6 +179,34 @@ fn from_words(words: &[String]) -> Result<CallArgs, String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_text_sent_is_the_arguments_as_written() {
+        let text = |w: &[&str]| parse(&words(w)).unwrap().text;
+        let whole = r#"{"n": 12345678901234567890123, "s": "caf\u00e9"}"#;
+        assert_eq!(text(&[whole]), whole);
+        assert_eq!(text(&[]), "{}");
+        assert_eq!(
+            text(&[
+                "n:=12345678901234567890123",
+                "s=caf\u{e9} \"q\"",
+                "f:=1.10",
+                "o:={\"a\": [1, 2.50]}"
+            ]),
+            "{\"n\":12345678901234567890123,\"s\":\"caf\u{e9} \\\"q\\\"\",\"f\":1.10,\"o\":{\"a\": [1, 2.50]}}"
+        );
+        // What is sent reads back as the value checked.
+        for w in [
+            &["a=1", "b:=[true, null]"][..],
+            &[r#"{"x": {"y": "\ud83d\ude00"}}"#],
+        ] {
+            let args = parse(&words(w)).unwrap();
+            assert_eq!(
+                serde_json::from_str::<Value>(&args.text).unwrap(),
+                args.value
+            );
+        }
+    }
 
     #[test]
     fn arguments_on_stdin_are_read_up_to_the_limit_of_a_call() {

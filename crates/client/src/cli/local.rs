@@ -171,6 +171,7 @@ pub async fn call(tools: &ToolsArgs, name: &str, args: &[String], opts: CallOpti
     let request = CallRequest {
         tool: name.to_string(),
         args: args.value,
+        args_text: Some(args.text),
         cwd,
         timeout: Some(timeout),
     };

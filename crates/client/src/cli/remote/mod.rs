@@ -312,7 +312,7 @@ async fn prepare_run(
     let timeout_ms = timeout_ms(timeout)?;
     let remote = connect(conn).await?;
     let prepared = Prepared {
-        args_json: args.value.to_string(),
+        args_json: args.text,
         string_keys: args.string_keys,
         timeout_ms,
     };
