@@ -183,22 +183,30 @@ fn remove_cgroup(dir: &Path) -> io::Result<()> {
     last
 }
 
-/// Kills and removes the call cgroups of agents that are gone
+/// The pid of the agent a directory of call cgroups is named for (`toolsrv-calls-<pid>.<n>`)
+pub(crate) fn agent_of(name: &str) -> Option<i32> {
+    let (pid, n) = name.strip_prefix(AGENT_PREFIX)?.split_once('.')?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    pid.parse::<i32>().ok().filter(|pid| *pid > 0)
+}
+
+/// Kills and removes the call cgroups of agents that are gone, and those left under this
+/// agent's own name
 fn sweep(parent: &Path, own: &Path) {
     let Ok(entries) = std::fs::read_dir(parent) else {
         return;
     };
     for entry in entries.flatten() {
         let path = entry.path();
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.strip_prefix(AGENT_PREFIX))
-            .and_then(|p| p.split('.').next()?.parse::<i32>().ok())
-        else {
+        let Some(pid) = entry.file_name().to_str().and_then(agent_of) else {
             continue;
         };
-        if path == own || pid_alive(pid) {
+        // A directory of this agent's own name was left by an earlier process with its pid
+        // (an agent that is process 1 of a container, under a delegated cgroup that outlives
+        // it): its calls are not this agent's, and their names would clash with this agent's.
+        if path != own && pid_alive(pid) {
             continue;
         }
         let ended = end_left_behind(&path);
@@ -316,7 +324,6 @@ impl Cgroups {
             let parent = below(mount, path);
             let dir = parent.join(&tag);
             sweep(&parent, &dir);
-            end_left_behind(&dir);
             match std::fs::create_dir(&dir) {
                 Ok(()) => v1.push((*controller, dir)),
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => v1.push((*controller, dir)),
@@ -433,10 +440,6 @@ fn setup_v2(base: &Path, tag: &str, own: bool) -> Result<(PathBuf, Vec<Controlle
     }
     let dir = base.join(tag);
     sweep(base, &dir);
-    // A directory of this name was left by an earlier process with this pid (an agent that is
-    // process 1 of a container, under a delegated cgroup that outlives it): its calls are not
-    // this agent's, and their names would clash with this agent's.
-    end_left_behind(&dir);
     if let Err(e) = std::fs::create_dir(&dir)
         && e.kind() != ErrorKind::AlreadyExists
     {

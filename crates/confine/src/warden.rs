@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::cgroup::{AGENT_PREFIX, end_left_behind};
+use crate::cgroup::{AGENT_PREFIX, agent_of, end_left_behind};
 
 /// The name a warden runs under (`argv[0]`): a binary started by this name is a warden
 pub const ARG0: &str = "toolsrv-call-warden";
@@ -165,14 +165,7 @@ fn refused(dirs: &[PathBuf], parent: i32, alive: impl Fn(i32) -> bool) -> Option
         return Some("no directory of call cgroups was given".into());
     }
     dirs.iter().find_map(|dir| {
-        let pid = dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix(AGENT_PREFIX))
-            .and_then(|rest| rest.split_once('.'))
-            .filter(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|(pid, _)| pid.parse::<i32>().ok())
-            .filter(|pid| *pid > 0);
+        let pid = dir.file_name().and_then(|n| n.to_str()).and_then(agent_of);
         // Control characters escaped, for the terminal or log it lands in.
         let shown = || -> String {
             dir.to_string_lossy()

@@ -340,6 +340,8 @@ pub(crate) fn json_type(v: &Value) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use serde_json::json;
 
     #[test]
     fn compact_json_keeps_every_token_as_written() {
@@ -353,8 +355,6 @@ mod tests {
         let parsed = |t: &str| serde_json::from_str::<Value>(t).unwrap();
         assert_eq!(parsed(&compact), parsed(text));
     }
-    use super::*;
-    use serde_json::json;
 
     #[test]
     fn empty_args_are_an_empty_object() {
