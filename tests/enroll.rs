@@ -884,10 +884,11 @@ mod wire {
                 .unwrap();
             let mut client = RenewalClient::new(channel);
             let (_, der) = csr(Vec::new());
+            // Another host's name, with a forged log line and a clear-screen after it.
             let err = client
                 .renew(RenewRequest {
                     csr_der: der.clone(),
-                    host_id: "b".into(),
+                    host_id: format!("b\n{FORGED}\x1b[2J"),
                 })
                 .await
                 .unwrap_err();
@@ -926,7 +927,18 @@ mod wire {
         let renewals = audit(&fleet, "renewal");
         assert_eq!(renewals.len(), 3, "{renewals:?}");
         assert_eq!(renewals[2]["outcome"], "granted");
+        // What it asked for is quoted in the coordinator's log, escaped: no line of its own.
+        let log = fleet.coordinator.as_ref().unwrap().log();
+        assert!(log.contains("renewal refused"), "{log}");
+        assert!(
+            !log.lines().any(|l| l.starts_with(FORGED)) && !log.contains('\x1b'),
+            "{log}"
+        );
     }
+
+    /// A log line as the coordinator writes them, which a peer could try to pass off as one.
+    const FORGED: &str = "2026-12-07T14:41:00.000000Z  WARN toolsrv_coordinator::revocation: \
+                          identity revoked identity=client/admin";
 }
 
 #[test]

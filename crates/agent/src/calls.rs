@@ -261,7 +261,9 @@ async fn stream(
     while let Some(event) = execution.next().await {
         match event {
             Event::Output { stream, data } => {
-                if forwarding && credit.take(data.len(), cancel, deadline).await {
+                // Each chunk costs what holding it costs the coordinator, besides its data.
+                let cost = data.len().saturating_add(start.chunk_overhead as usize);
+                if forwarding && credit.take(cost, cancel, deadline).await {
                     env.metrics.streamed(output_stream(stream), data.len());
                     let chunk = OutputChunk {
                         stream: output_stream(stream).into(),

@@ -45,5 +45,7 @@ pub fn hello(config: &AgentConfig, host: &Host, abilities: &Abilities) -> Hello 
         facts: Some(host_facts(config, host, abilities)),
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
         max_concurrent_calls: config.max_concurrent_calls,
+        // `stream` in `calls` spends StartCall.chunk_overhead on every chunk.
+        counts_chunk_overhead: true,
     }
 }

@@ -154,6 +154,11 @@ impl Harness {
                 doc("echo", r#"{"description":"echo stdin"}"#, Some(blob)),
                 doc("hello", r#"{"cmd":"printf hello"}"#, None),
                 doc("sleepy", r#"{"cmd":"sleep 30"}"#, None),
+                doc(
+                    "drip",
+                    r#"{"cmd":"for i in 1 2 3 4 5 6; do echo a; sleep 0.2; done"}"#,
+                    None,
+                ),
             ],
             removals: vec![],
             more: false,
@@ -163,7 +168,7 @@ impl Harness {
             Some(Out::View(view)) => {
                 assert_eq!(view.catalog_revision, 5);
                 let names: Vec<_> = view.tools.iter().map(|t| t.name.as_str()).collect();
-                assert_eq!(names, ["echo", "hello", "sleepy"]);
+                assert_eq!(names, ["drip", "echo", "hello", "sleepy"]);
                 assert!(view.tools.iter().all(|t| t.visible));
             }
             other => panic!("expected a HostView, got {other:?}"),
@@ -194,7 +199,7 @@ fn start(call_id: u64, tool: &str, args: &str, credit: u64) -> In {
         cwd: String::new(),
         timeout_ms: 0,
         initial_credit: credit,
-        require_sandbox: false,
+        ..StartCall::default()
     })
 }
 
@@ -272,6 +277,57 @@ async fn calls_run_and_report_their_outcome() {
     h.shutdown.cancel();
     says_draining_then_goodbye(&mut link).await;
     h.stopped().await.unwrap();
+}
+
+/// Every chunk spends the overhead the coordinator asks on top of its data, so output in many
+/// small chunks waits for credit as soon as the coordinator's count says it should.
+#[tokio::test]
+async fn each_output_chunk_spends_the_overhead_asked() {
+    let mut h = Harness::start(Duration::from_secs(5)).await;
+    let mut link = h.ready().await;
+    // Enough for three chunks of a line each at 256 bytes a chunk (two leave 1 byte, above
+    // zero), where the six lines' 12 bytes alone would all fit.
+    link.send(In::Start(StartCall {
+        call_id: 1,
+        tool: "drip".into(),
+        initial_credit: 2 * (256 + 2) + 1,
+        chunk_overhead: 256,
+        ..StartCall::default()
+    }))
+    .await;
+    let (mut chunks, mut bytes) = (0, 0);
+    // The tool prints a line every 200 ms: after 2 s it has printed them all. Keepalives say
+    // the coordinator is still there.
+    for _ in 0..20 {
+        link.send(In::Keepalive(Keepalive {
+            sent_unix_ms: 0,
+            interval_ms: 0,
+        }))
+        .await;
+        let tick = tokio::time::Instant::now() + Duration::from_millis(100);
+        while let Ok(message) = tokio::time::timeout_at(tick, link.next(WAIT)).await {
+            match message {
+                Some(Out::Output(o)) => {
+                    chunks += 1;
+                    bytes += o.chunk.unwrap().data.len();
+                }
+                Some(Out::View(_) | Out::Keepalive(_)) => {}
+                other => panic!("output expected, got {other:?}"),
+            }
+        }
+    }
+    assert_eq!(chunks, 3, "three chunks fit the credit ({bytes} bytes)");
+    assert!(bytes < 12, "the rest waits for credit: {bytes} bytes came");
+    link.send(In::Credit(Credit {
+        call_id: 1,
+        bytes: 1 << 20,
+    }))
+    .await;
+    let (rest, result) = call_output(&mut link, 1).await;
+    assert_eq!(bytes + rest.len(), 12, "all of it once credit came");
+    assert_eq!(result.status(), CallStatus::Ok, "{}", result.message);
+    drop(link);
+    h.shutdown.cancel();
 }
 
 #[tokio::test]

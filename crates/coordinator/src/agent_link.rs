@@ -157,12 +157,13 @@ impl AgentLinkService {
         let state = self.state.clone();
         let (tx, rx) = outbound::channel(256, state.config.stalled_after);
         let generation = state.fleet.next_generation();
-        let link = Arc::new(Link::new(
-            id.clone(),
-            generation,
-            tx,
-            state.config.credit_window,
-        ));
+        let link = Link::new(id.clone(), generation, tx, state.config.credit_window);
+        // Small chunks are held to the window too, where the agent counts what each costs.
+        let link = Arc::new(if hello.counts_chunk_overhead {
+            link.counting_chunk_overhead()
+        } else {
+            link
+        });
         tracing::info!(host = %id, version = ?hello.agent_version, "agent attached");
         let mut entry = HostEntry {
             id: id.clone(),

@@ -504,7 +504,7 @@ impl Tools for ToolsService {
                 let status = Status::permission_denied(e.to_string());
                 if let DecideError::NotAllowed { request, .. } = &e {
                     // Someone tried to decide what is not theirs to decide: on the record.
-                    tracing::warn!(client = %printable_line(&client, 256), request = %printable_line(&request.id, 64), "refused a decision on an approval request: {}", status.message());
+                    tracing::warn!(client = %printable_line(&client, 256), request = %printable_line(&request.id, 64), "refused a decision on an approval request: {}", printable_line(status.message(), 1024));
                     self.state.audit.approval_refused(&client, request, &status);
                 }
                 Err(status)

@@ -200,7 +200,8 @@ impl Audit {
         })
     }
 
-    /// Records a call's outcome.
+    /// Records a call's outcome (calls write theirs through [`Pending`]).
+    #[cfg(test)]
     pub fn record(&self, r: &Record<'_>, result: &CallResult) {
         self.write(call_json(r, result));
     }
@@ -379,6 +380,8 @@ pub struct Pending<'a> {
     started: std::time::Instant,
     /// What the record says when the caller vanishes first ([`Pending::not_started`]).
     dropped: &'static str,
+    /// The call's bypass requests refused past the limit without a record each.
+    bypass_unrecorded: u64,
 }
 
 impl<'a> Pending<'a> {
@@ -389,7 +392,22 @@ impl<'a> Pending<'a> {
             done: false,
             started: std::time::Instant::now(),
             dropped: "the caller went away before the call ended; the call was cancelled on the host",
+            bypass_unrecorded: 0,
         }
+    }
+
+    /// Counts a bypass request of the call refused without a record of its own: the call's
+    /// record says how many (`bypass_unrecorded`).
+    pub fn bypass_unrecorded(&mut self) {
+        self.bypass_unrecorded += 1;
+    }
+
+    fn write(&self, result: &CallResult) {
+        let mut record = call_json(&self.record, result);
+        if self.bypass_unrecorded > 0 {
+            record["bypass_unrecorded"] = json!(self.bypass_unrecorded);
+        }
+        self.audit.write(record);
     }
 
     /// A host of a fan-out waiting for its turn: if the fan-out's caller vanishes first, the
@@ -414,9 +432,9 @@ impl<'a> Pending<'a> {
         if result.duration_ms == 0 {
             let mut result = result.clone();
             result.duration_ms = self.elapsed_ms();
-            self.audit.record(&self.record, &result);
+            self.write(&result);
         } else {
-            self.audit.record(&self.record, result);
+            self.write(result);
         }
         self.done = true;
     }
@@ -432,7 +450,7 @@ impl Drop for Pending<'_> {
             let mut result = CallResult::not_run(CallStatus::Cancelled, self.dropped);
             // It may well have run until then: the record says for how long it was under way.
             result.duration_ms = self.elapsed_ms();
-            self.audit.record(&self.record, &result);
+            self.write(&result);
         }
     }
 }

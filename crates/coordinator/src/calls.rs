@@ -401,19 +401,10 @@ where
     F: FnMut(Event) -> Fut,
     Fut: Future<Output = bool>,
 {
-    let mut request = call_request(state, host_id, spec);
     if let Some(why) = malformed_bypass(bypass) {
-        // Audited as what it is, without the flood: the start of the command and its size.
-        request.bypass_argv = vec![printable_line(&bypass.argv.join(" "), 256)];
-        request.bypass_reason = printable_line(&bypass.reason, 256);
-        request.reason = why.clone();
-        let decision = Decision::Denied {
-            by: "coordinator".into(),
-            reason: why.clone(),
-        };
-        state.audit.approval(&request, &decision);
-        return Some((false, why));
+        return Some(refuse_bypass(state, host_id, spec, bypass, why));
     }
+    let mut request = call_request(state, host_id, spec);
     request.bypass_argv = bypass.argv.clone();
     request.bypass_reason = bypass.reason.clone();
     // Decided under the policy in force now, which may not be the one the call started under.
@@ -449,6 +440,27 @@ where
     Some((approved, why))
 }
 
+/// Refuses a bypass request on the coordinator's own account, whatever the policy says, and
+/// audits it as what it is, without the flood: the start of the command and of its reason.
+fn refuse_bypass(
+    state: &State,
+    host_id: &str,
+    spec: &CallSpec,
+    bypass: &BypassRequest,
+    why: String,
+) -> (bool, String) {
+    let mut request = call_request(state, host_id, spec);
+    request.bypass_argv = vec![printable_line(&bypass.argv.join(" "), 256)];
+    request.bypass_reason = printable_line(&bypass.reason, 256);
+    request.reason = why.clone();
+    let decision = Decision::Denied {
+        by: "coordinator".into(),
+        reason: why.clone(),
+    };
+    state.audit.approval(&request, &decision);
+    (false, why)
+}
+
 /// Routes the call, waits for its approval if the policy asks for one, and starts it.
 async fn start<F, Fut>(
     state: &State,
@@ -482,8 +494,9 @@ where
         args_json: spec.args_json.clone(),
         cwd: spec.cwd.clone(),
         timeout_ms: spec.timeout_ms,
-        initial_credit: 0,
         require_sandbox: routed.verdict.require_sandbox.is_some(),
+        // The link sets the id and what the call's output may cost.
+        ..StartCall::default()
     };
     let handle = routed
         .link
@@ -534,7 +547,7 @@ where
     F: FnMut(Event) -> Fut,
     Fut: Future<Output = bool>,
 {
-    let audit = Pending::new(
+    let mut audit = Pending::new(
         &state.audit,
         Record {
             client: &spec.client,
@@ -557,15 +570,34 @@ where
         Ok((handle, _slot, verdict)) => {
             let mut pump = Pump::new(handle, spec, state.quotas.limits.max_call_timeout)
                 .until(state.shutdown.clone());
+            let mut bypasses = 0;
             loop {
                 match pump.step(&mut emit).await {
                     Step::Done(result, present) => break (result, present),
                     Step::Bypass(request) => {
+                        bypasses += 1;
                         let ended = pump.handle.ended().clone();
-                        let decided = decide_bypass(
-                            state, host_id, spec, &verdict, &request, &ended, &mut emit,
-                        )
-                        .await;
+                        let decided = match bypasses {
+                            n if n <= MAX_BYPASS_REQUESTS_PER_CALL => {
+                                decide_bypass(
+                                    state, host_id, spec, &verdict, &request, &ended, &mut emit,
+                                )
+                                .await
+                            }
+                            n => {
+                                let why = too_many_bypasses();
+                                // The first past the limit is audited; the call's record counts
+                                // the others, which a looping tool could send by the thousand
+                                // a second.
+                                Some(match n == MAX_BYPASS_REQUESTS_PER_CALL + 1 {
+                                    true => refuse_bypass(state, host_id, spec, &request, why),
+                                    false => {
+                                        audit.bypass_unrecorded();
+                                        (false, why)
+                                    }
+                                })
+                            }
+                        };
                         match decided {
                             Some((approved, why)) => {
                                 pump.handle.answer_bypass(&request, approved, why).await;
@@ -591,6 +623,19 @@ where
         emit(Event::Result(result.clone())).await;
     }
     result
+}
+
+/// Bypass requests one call may have decided (by the policy, an approver or the coordinator).
+/// Past it, the coordinator refuses them at once, and audits the first: a tool (or a
+/// compromised agent) asking again as soon as it is answered wrote 40,000 records in 10 s.
+pub const MAX_BYPASS_REQUESTS_PER_CALL: u32 = 64;
+
+fn too_many_bypasses() -> String {
+    format!(
+        "refused: the call has asked for {MAX_BYPASS_REQUESTS_PER_CALL} commands outside its \
+         sandbox, the most one call may; its further requests are refused without a record \
+         each (the call's record counts them)"
+    )
 }
 
 /// Where a running call stands after [`Pump::step`].
@@ -652,7 +697,7 @@ impl Pump {
             };
             match event {
                 Some(AgentEvent::Output(chunk)) => {
-                    let n = chunk.data.len() as u64;
+                    let n = chunk.data.len();
                     if !emit(Event::Output(chunk)).await {
                         // Dropping the handle cancels the call on the agent.
                         return Step::Done(

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use tonic::{Request, Response, Status};
+use toolsrv_proto::text::printable_line;
 use toolsrv_proto::v1::enrollment_server::Enrollment as EnrollmentRpc;
 use toolsrv_proto::v1::join_tokens_server::JoinTokens;
 use toolsrv_proto::v1::renewal_server::Renewal;
@@ -274,7 +275,9 @@ impl EnrollmentRpc for EnrollmentService {
                 audit("granted", &resp.host_id, "");
             }
             Err((host, status)) => {
-                tracing::info!(host = %host, remote = %from, with, reason = %status.message(), "join refused");
+                // The reason quotes what the peer asked for: escaped, as all a peer sends.
+                tracing::info!(host = %printable_line(host, 256), remote = %from, with,
+                    reason = %printable_line(status.message(), 1024), "join refused");
                 audit("refused", host, status.message());
                 // The coordinator's own trouble (its audit log) is not the joining host's.
                 if let Some((throttle, ip)) = counted
@@ -637,7 +640,8 @@ impl Renewal for RenewalService {
             Ok(r) => {
                 tracing::info!(host = %caller.name, not_after = r.not_after_unix, "agent certificate renewed")
             }
-            Err(s) => tracing::info!(host = %caller.name, reason = %s.message(), "renewal refused"),
+            Err(s) => tracing::info!(host = %caller.name,
+                reason = %printable_line(s.message(), 1024), "renewal refused"),
         }
         result.map(Response::new)
     }

@@ -61,12 +61,14 @@ use toolsrv_tls::{ServerCreds, TlsFiles};
 
 pub use agent_link::{AgentLinkRoutes, AgentLinkService};
 pub use api::ToolsService;
+pub use calls::MAX_BYPASS_REQUESTS_PER_CALL;
 pub use embeds::DEFAULT_MAX_HOST_ONLY_EMBEDS_PER_HOUR;
 pub use enroll::kubernetes::{self as kubernetes_join, KubernetesJoin};
 pub use enroll::{DEFAULT_AGENT_CERT_TTL, SigningCa};
 pub use error::FileError;
 pub use expiry::{DEFAULT_WINDOW as DEFAULT_CERT_EXPIRY_WARNING, parse_duration};
 pub use identity::{Caller, RequireRole};
+pub use link::CHUNK_OVERHEAD;
 pub use policy::Policy;
 pub use quota::Limits;
 pub use sessions::SessionLimits;

@@ -2,8 +2,10 @@
 //!
 //! Architecture invariant: what the coordinator holds of one call's events is bounded whatever
 //! the agent sends. Output is queued only within the credit the call was given (the agent's own
-//! rule: it may send while its credit is above zero), and at most one bypass request waits for
-//! an answer; an agent that breaks either rule ends that call, not its link or its other calls.
+//! rule: it may send while its credit is above zero), each chunk costing its data and, for an
+//! agent that counts it, [`CHUNK_OVERHEAD`] for what holding it costs (so a million one-byte
+//! chunks are not a megabyte); an empty chunk is a breach. At most one bypass request waits for
+//! an answer. An agent that breaks a rule ends that call, not its link or its other calls.
 //!
 //! Nothing waits without end for an agent to read: the link's queue is a
 //! [`toolsrv_proto::outbound`] one, and a send it refuses as stalled closes the link (its calls
@@ -26,6 +28,13 @@ use toolsrv_proto::v1::{
 const START_SLACK: usize = 64;
 
 pub use toolsrv_proto::outbound::DEFAULT_STALLED_AFTER;
+
+/// Bytes of credit an output chunk costs on top of its data, for agents that count it (Hello's
+/// `counts_chunk_overhead`): about what the coordinator spends holding one chunk in a call's
+/// queue (the queued event and its buffer's allocation). With a window of 1 MiB, a call's queue
+/// then holds at most about 4,000 chunks, where an agent sending one byte a chunk had it hold a
+/// million (some 150 MB).
+pub const CHUNK_OVERHEAD: u64 = 256;
 
 /// Something that happened to a call on the agent.
 #[derive(Debug)]
@@ -67,6 +76,9 @@ pub struct Link {
     close_reason: std::sync::OnceLock<String>,
     /// Bytes of output a call may have in flight before the coordinator grants more.
     window: u64,
+    /// Bytes of credit each output chunk costs on top of its data ([`CHUNK_OVERHEAD`] for an
+    /// agent that counts it, 0 for one that does not).
+    chunk_overhead: u64,
     /// The agent said it is shutting down: it takes no new call.
     draining: std::sync::atomic::AtomicBool,
     /// Closed by [`Link::refuse`]: the agent is told so in its Goodbye.
@@ -90,9 +102,18 @@ impl Link {
             closed: CancellationToken::new(),
             close_reason: std::sync::OnceLock::new(),
             window,
+            chunk_overhead: 0,
             draining: std::sync::atomic::AtomicBool::new(false),
             refused: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Charges every output chunk of this link's calls [`CHUNK_OVERHEAD`] bytes of credit on
+    /// top of its data, as an agent whose Hello says `counts_chunk_overhead` does itself.
+    #[must_use]
+    pub fn counting_chunk_overhead(mut self) -> Self {
+        self.chunk_overhead = CHUNK_OVERHEAD;
+        self
     }
 
     /// [`Link::close`] for a reason that refuses the agent (its identity revoked): its
@@ -179,6 +200,7 @@ impl Link {
         self.lock().insert(call_id, sink);
         start.call_id = call_id;
         start.initial_credit = self.window;
+        start.chunk_overhead = u32::try_from(self.chunk_overhead).unwrap_or(u32::MAX);
         let handle = CallHandle {
             link: self.clone(),
             call_id,
@@ -209,14 +231,21 @@ impl Link {
             return;
         };
         let breach = match &event {
+            // An agent never sends an empty chunk (it reads none), and one would cost nothing
+            // of the credit of an agent that does not count chunks: a flood of them once grew
+            // the coordinator by gigabytes.
+            AgentEvent::Output(chunk) if chunk.data.is_empty() => Some(format!(
+                "host {} sent an empty output chunk for the call",
+                self.host_id
+            )),
             AgentEvent::Output(chunk) => {
-                let n = i64::try_from(chunk.data.len()).unwrap_or(i64::MAX);
-                if sink.credit <= 0 && n > 0 {
+                if sink.credit <= 0 {
                     Some(format!(
                         "host {} sent output for the call beyond the credit it was given",
                         self.host_id
                     ))
                 } else {
+                    let n = self.chunk_cost(chunk.data.len());
                     sink.credit = sink.credit.saturating_sub(n);
                     None
                 }
@@ -257,6 +286,12 @@ impl Link {
             }
         };
         let _ = sink.tx.send(event);
+    }
+
+    /// What a chunk of `len` bytes of output costs of a call's credit.
+    fn chunk_cost(&self, len: usize) -> i64 {
+        let len = u64::try_from(len).unwrap_or(u64::MAX);
+        i64::try_from(len.saturating_add(self.chunk_overhead)).unwrap_or(i64::MAX)
     }
 
     /// Tells the agent to kill a call, without waiting for room in the link's queue.
@@ -343,10 +378,12 @@ impl CallHandle {
         self.link.send(Msg::Bypass(decision)).await;
     }
 
-    /// Tells the agent that `bytes` of output were passed on, so it may send more.
-    /// Credit is returned in batches of half a window to keep the link quiet.
-    pub async fn consumed(&mut self, bytes: u64) {
-        self.ungranted += bytes;
+    /// Tells the agent that a chunk of `len` bytes of output was passed on, so it may send
+    /// more: what the chunk cost of the credit comes back. Credit is returned in batches of
+    /// half a window to keep the link quiet.
+    pub async fn consumed(&mut self, len: usize) {
+        let cost = u64::try_from(self.link.chunk_cost(len)).unwrap_or(0);
+        self.ungranted = self.ungranted.saturating_add(cost);
         if self.ungranted >= self.link.window / 2 && !self.finished {
             let credit = Credit {
                 call_id: self.call_id,
@@ -582,6 +619,93 @@ mod tests {
             assert!(matches!(next_msg(&mut rx), Some(Msg::Credit(_))));
         }
         assert!(!call.ended().is_cancelled(), "an agent within its credit");
+    }
+
+    /// A compromised agent sent tens of millions of empty chunks, which cost no credit: the
+    /// coordinator grew by 3 GB holding them. One is now a breach of the call.
+    #[tokio::test]
+    async fn an_empty_output_chunk_ends_the_call() {
+        let (link, mut rx) = link(1000);
+        let mut call = link.start_call(start()).await.unwrap();
+        let _start = next_msg(&mut rx);
+        link.deliver(1, chunk(10));
+        for _ in 0..1000 {
+            link.deliver(1, chunk(0));
+        }
+        assert!(call.ended().is_cancelled());
+        assert!(matches!(next_msg(&mut rx), Some(Msg::Cancel(_))));
+        let mut events = 0;
+        let result = loop {
+            match call.next().await {
+                Some(AgentEvent::Finished(result)) => break result,
+                Some(_) => events += 1,
+                None => panic!("no result"),
+            }
+        };
+        assert_eq!(events, 1, "only the chunk before the breach was held");
+        assert_eq!(result.status, CallStatus::Lost as i32);
+        assert!(
+            result
+                .message
+                .contains("host web-1 sent an empty output chunk"),
+            "{}",
+            result.message
+        );
+    }
+
+    /// Of an agent that counts chunks, a call's queue holds no more than its window of data
+    /// and overhead: one-byte chunks once filled it by the million.
+    #[tokio::test]
+    async fn small_chunks_are_held_to_the_window_with_their_overhead() {
+        let (tx, mut rx) = outbound::channel(64, DEFAULT_STALLED_AFTER);
+        let window = 10 * CHUNK_OVERHEAD;
+        let link = Arc::new(Link::new("web-1".into(), 7, tx, window).counting_chunk_overhead());
+        let mut call = link.start_call(start()).await.unwrap();
+        let Some(Msg::Start(started)) = next_msg(&mut rx) else {
+            panic!("a start expected");
+        };
+        assert_eq!(u64::from(started.chunk_overhead), CHUNK_OVERHEAD);
+        // 257 bytes of credit each, out of 2,560: the tenth overshoots (247 were left before
+        // it, above zero), and the eleventh is past the credit.
+        for _ in 0..10 {
+            link.deliver(1, chunk(1));
+        }
+        assert!(!call.ended().is_cancelled(), "within the agent's own rule");
+        link.deliver(1, chunk(1));
+        assert!(call.ended().is_cancelled());
+        assert!(matches!(next_msg(&mut rx), Some(Msg::Cancel(_))));
+        let (bytes, result) = drain(&mut call).await;
+        assert_eq!(bytes, 10);
+        assert!(
+            result.message.contains("beyond the credit"),
+            "{}",
+            result.message
+        );
+
+        // What a passed-on chunk cost comes back as credit.
+        let mut call = link.start_call(start()).await.unwrap();
+        let _start = next_msg(&mut rx);
+        for _ in 0..5 {
+            link.deliver(2, chunk(1));
+            assert!(matches!(call.next().await, Some(AgentEvent::Output(_))));
+            call.consumed(1).await;
+        }
+        match next_msg(&mut rx) {
+            Some(Msg::Credit(c)) => assert_eq!(c.bytes, 5 * (CHUNK_OVERHEAD + 1)),
+            other => panic!("credit expected, got {other:?}"),
+        }
+    }
+
+    /// What the coordinator holds per queued chunk, besides its data, stays within what the
+    /// chunk is charged.
+    #[test]
+    fn a_queued_chunk_costs_no_more_than_its_overhead() {
+        // The event in the channel's slot, plus the smallest allocation of its buffer.
+        let held = std::mem::size_of::<AgentEvent>() + 32;
+        assert!(
+            held as u64 <= CHUNK_OVERHEAD,
+            "a queued chunk holds {held} bytes besides its data; raise CHUNK_OVERHEAD"
+        );
     }
 
     #[tokio::test]

@@ -230,6 +230,16 @@ async fn a_fan_out_runs_at_most_its_concurrency_at_once() {
 /// least half its window as the caller reads, not once per chunk.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credit_goes_back_in_batches_as_the_caller_reads() {
+    credit_comes_back(false).await;
+}
+
+/// The same with an agent that spends each chunk's overhead: what it spent comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credit_spent_on_each_chunk_s_overhead_comes_back() {
+    credit_comes_back(true).await;
+}
+
+async fn credit_comes_back(counts_chunk_overhead: bool) {
     const WINDOW: u64 = 1024;
     const BYTES: u64 = 16 * 1024;
     const CHUNK: u64 = 128;
@@ -241,6 +251,7 @@ async fn credit_goes_back_in_batches_as_the_caller_reads() {
                 bytes: BYTES,
                 chunk: CHUNK,
             },
+            counts_chunk_overhead,
             ..Behaviour::default()
         },
     )
@@ -275,16 +286,22 @@ async fn credit_goes_back_in_batches_as_the_caller_reads() {
     let grants = counters.credits.load(Ordering::SeqCst) as u64;
     let granted = counters.credit_bytes.load(Ordering::SeqCst);
     let smallest = counters.smallest_credit.load(Ordering::SeqCst);
+    // Each chunk cost its data, and its overhead where counted.
+    let overhead = match counts_chunk_overhead {
+        true => toolsrv_coordinator::CHUNK_OVERHEAD,
+        false => 0,
+    };
+    let spent = BYTES + BYTES / CHUNK * overhead;
     assert!(
-        granted >= BYTES - WINDOW,
-        "the agent got the credit it needed beyond its first window: {granted}"
+        granted >= spent - WINDOW,
+        "the agent got the credit it needed beyond its first window: {granted} of {spent}"
     );
     assert!(
         smallest >= WINDOW / 2,
         "every grant is at least half a window: {smallest}"
     );
     assert!(
-        grants <= BYTES / (WINDOW / 2),
+        grants <= spent / (WINDOW / 2),
         "{grants} grants for {} chunks: batched",
         BYTES / CHUNK
     );

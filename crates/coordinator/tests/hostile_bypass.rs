@@ -191,6 +191,73 @@ async fn bypass_requests_no_person_should_read_are_refused_by_the_coordinator() 
     coordinator.stop().await;
 }
 
+/// An agent that asks again as soon as it is answered (40,000 audit records in 10 s from one
+/// call): past the limit of one call its requests are refused, the first with a record, the
+/// others counted in the call's record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_s_bypass_requests_past_its_limit_are_refused_and_counted() {
+    let (coordinator, out, mut inbound) = asking_coordinator(|_| {}).await;
+    let mut api = coordinator.tools(&client("alice")).await;
+    let (mut events, call_id) = call_asker(&mut api, &mut inbound).await;
+    let limit = u64::from(toolsrv_coordinator::MAX_BYPASS_REQUESTS_PER_CALL);
+    let asked = 1000;
+    for request_id in 1..=asked {
+        // Named no command: refused by the coordinator whatever the policy, put to nobody.
+        send(
+            &out,
+            Out::Bypass(BypassRequest {
+                call_id,
+                request_id,
+                ..BypassRequest::default()
+            }),
+        )
+        .await;
+        let decision: BypassDecision = next(&mut inbound, |m| match m {
+            In::Bypass(decision) => Some(decision),
+            _ => None,
+        })
+        .await;
+        assert_eq!(decision.request_id, request_id);
+        assert!(!decision.approved);
+        let why = match request_id <= limit {
+            true => "names no command",
+            false => "the most one call may",
+        };
+        assert!(
+            decision.reason.contains(why),
+            "{request_id}: {}",
+            decision.reason
+        );
+    }
+    send(&out, finished(call_id, CallStatus::Ok)).await;
+    let result = call_result(&mut events).await;
+    assert_eq!(result.status, CallStatus::Ok as i32, "{result:?}");
+
+    let bypasses = audited(&coordinator, "bypass");
+    assert_eq!(
+        bypasses.len() as u64,
+        limit + 1,
+        "one record past the limit"
+    );
+    let last = bypasses.last().unwrap();
+    assert!(
+        last["reason"]
+            .as_str()
+            .unwrap()
+            .contains("refused without a record"),
+        "{last}"
+    );
+    let calls = audited(&coordinator, "call");
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(
+        calls[0]["bypass_unrecorded"],
+        asked - limit - 1,
+        "{}",
+        calls[0]
+    );
+    coordinator.stop().await;
+}
+
 /// Alice's call of `asker` on `a`, its agent asking for a command outside the sandbox, and the
 /// request waiting for a person (for ten minutes if nobody answers).
 async fn a_request_waiting_for_a_person() -> (

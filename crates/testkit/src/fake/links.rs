@@ -61,6 +61,9 @@ pub struct Behaviour {
     pub answer: Answer,
     /// When set, each call's first answer waits until this gate opens.
     pub hold: Option<Gate>,
+    /// Says `counts_chunk_overhead` in its Hello and spends each chunk's overhead, as a real
+    /// agent does; unset, it spends credit on data alone, as agents before that did.
+    pub counts_chunk_overhead: bool,
 }
 
 /// Counters shared by every link of a set of fake agents.
@@ -504,6 +507,9 @@ async fn run_link(
     flags: &mut Flags,
 ) -> Result<()> {
     let mut responder = Responder::new(id, behaviour.definitions).answering(behaviour.answer);
+    if behaviour.counts_chunk_overhead {
+        responder = responder.counting_chunk_overhead();
+    }
     let (tx, rx) = mpsc::channel(16);
     let closed = |_| TestkitError::link(id, "the link's queue is closed");
     tx.send(responder.hello()).await.map_err(closed)?;

@@ -8,7 +8,7 @@ use toolsrv_proto::v1::coordinator_message::Msg as In;
 use toolsrv_proto::v1::{
     AgentMessage, CallFinished, CallOutput, CallResult, CallStatus, CatalogUpdate,
     CoordinatorMessage, Hello, HostFacts, HostView, Keepalive, OutputChunk, OutputStream,
-    ToolDefinition, ToolStatus,
+    StartCall, ToolDefinition, ToolStatus,
 };
 
 /// What every call answered [`Answer::Ok`] writes to stdout.
@@ -90,7 +90,10 @@ pub enum Reaction {
 #[derive(Debug, Clone, Copy)]
 struct Streaming {
     left: u64,
-    credit: u64,
+    /// May end below zero by the last chunk, as a real agent's does.
+    credit: i64,
+    /// What each chunk costs besides its data (`StartCall.chunk_overhead`, when counted).
+    overhead: u64,
 }
 
 /// The protocol state of one fake agent: its host id, the tools of its catalog, and its
@@ -104,6 +107,7 @@ pub struct Responder {
     answer: Answer,
     welcomed: bool,
     streams: BTreeMap<u64, Streaming>,
+    counts_chunk_overhead: bool,
 }
 
 impl Responder {
@@ -116,7 +120,14 @@ impl Responder {
             answer: Answer::Ok,
             welcomed: false,
             streams: BTreeMap::new(),
+            counts_chunk_overhead: false,
         }
+    }
+
+    /// The same host, spending each chunk's overhead as a real agent does (and saying so).
+    pub fn counting_chunk_overhead(mut self) -> Self {
+        self.counts_chunk_overhead = true;
+        self
     }
 
     /// The same host, answering calls with `answer`.
@@ -140,6 +151,9 @@ impl Responder {
             }),
             agent_version: "fakeagent".into(),
             max_concurrent_calls: FAKE_MAX_CONCURRENT,
+            // Unless asked, it spends credit on data alone, as agents before chunks were
+            // counted did: the coordinator must go on streaming to those.
+            counts_chunk_overhead: self.counts_chunk_overhead,
         }))
     }
 
@@ -170,9 +184,7 @@ impl Responder {
             }
             _ if !self.welcomed => Reaction::End("the first message was not a Welcome".into()),
             Some(In::Catalog(update)) => Reaction::Send(self.apply(update).into_iter().collect()),
-            Some(In::Start(start)) => {
-                Reaction::Send(self.start(start.call_id, start.initial_credit))
-            }
+            Some(In::Start(start)) => Reaction::Send(self.start(&start)),
             Some(In::Credit(credit)) => Reaction::Send(self.credit(credit.call_id, credit.bytes)),
             Some(In::Cancel(cancel)) => {
                 let cancelled = self.streams.remove(&cancel.call_id).map(|_| {
@@ -201,7 +213,8 @@ impl Responder {
     }
 
     /// The first answer to a call.
-    fn start(&mut self, call_id: u64, initial_credit: u64) -> Vec<AgentMessage> {
+    fn start(&mut self, start: &StartCall) -> Vec<AgentMessage> {
+        let call_id = start.call_id;
         match self.answer {
             Answer::Ok => at_once(call_id, OutputStream::Stdout, FAKE_OUTPUT, 0, ""),
             Answer::Fail => at_once(
@@ -224,9 +237,13 @@ impl Responder {
                     Streaming {
                         left: bytes,
                         credit: 0,
+                        overhead: match self.counts_chunk_overhead {
+                            true => u64::from(start.chunk_overhead),
+                            false => 0,
+                        },
                     },
                 );
-                self.credit(call_id, initial_credit)
+                self.credit(call_id, start.initial_credit)
             }
         }
     }
@@ -239,12 +256,16 @@ impl Responder {
         let Some(stream) = self.streams.get_mut(&call_id) else {
             return vec![];
         };
-        stream.credit += bytes;
+        stream.credit = stream.credit.saturating_add(to_i64(bytes));
         let mut sent = Vec::new();
         while stream.left > 0 && stream.credit > 0 {
-            let n = chunk.max(1).min(stream.credit).min(stream.left);
+            // Within the credit where it can be (a real agent's chunk may overshoot it).
+            let room = u64::try_from(stream.credit).unwrap_or(0);
+            let n = chunk.max(1).min(room.max(1)).min(stream.left);
             stream.left -= n;
-            stream.credit -= n;
+            stream.credit = stream
+                .credit
+                .saturating_sub(to_i64(n.saturating_add(stream.overhead)));
             let data = vec![b'x'; usize::try_from(n).unwrap_or(usize::MAX)];
             sent.push(output(call_id, OutputStream::Stdout, data));
         }
@@ -453,6 +474,10 @@ fn finished(call_id: u64, result: CallResult) -> AgentMessage {
         call_id,
         result: Some(result),
     }))
+}
+
+fn to_i64(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
 fn msg(m: Out) -> AgentMessage {
