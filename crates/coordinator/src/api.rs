@@ -700,8 +700,7 @@ impl Tools for ToolsService {
             let stream = tools.watch_session(request).await?.into_inner();
             return Ok(Response::new(watched(Box::pin(stream), slot)));
         }
-        let (tx, rx) = mpsc::channel(4);
-        session_api::watch(&self.state, &client, &req.session, tx)?;
+        let rx = session_api::watch(&self.state, &client, &req.session)?;
         Ok(Response::new(watched(
             Box::pin(ReceiverStream::new(rx)),
             slot,

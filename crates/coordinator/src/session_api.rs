@@ -152,8 +152,7 @@ pub fn watch(
     state: &Arc<State>,
     client: &str,
     id: &str,
-    tx: mpsc::Sender<Result<SessionState, Status>>,
-) -> Result<(), Status> {
+) -> Result<mpsc::Receiver<Result<SessionState, Status>>, Status> {
     let session = state.sessions.get(client, id)?;
     let guard = session.attach();
     let mut loads = session.subscribe();
@@ -162,25 +161,34 @@ pub fn watch(
     let mut settings = state.settings_applied.subscribe();
     // With replicas, the other replicas' hosts coming, going and changing their views.
     let mut remote = state.replicas.as_ref().map(|r| r.remote_events());
+    // Room for one state: a watcher that reads nothing holds the one it has not taken, and
+    // the next is computed only once that one is, as the newest there is then (with four, a
+    // client's unread watchers held eight states each, gigabytes in all).
+    let (tx, rx) = mpsc::channel(1);
     let state = state.clone();
     state.tasks.clone().spawn(async move {
         let _guard = guard;
         let mut sent = None;
         loop {
+            let room = tokio::select! {
+                room = tx.reserve() => match room {
+                    Ok(room) => room,
+                    Err(_) => return,
+                },
+                () = state.shutdown.cancelled() => return,
+                () = session.closed.cancelled() => return ended(&tx, &session).await,
+            };
             let now = state_of(&state, &session).await;
             if sent != Some(now.generation) {
                 sent = Some(now.generation);
-                if tx.send(Ok(now)).await.is_err() {
-                    return;
-                }
+                room.send(Ok(now));
+            } else {
+                drop(room);
             }
             tokio::select! {
                 () = tx.closed() => return,
                 () = state.shutdown.cancelled() => return,
-                () = session.closed.cancelled() => {
-                    let _ = tx.send(Err(Status::not_found(format!("session `{}` ended", session.id)))).await;
-                    return;
-                }
+                () = session.closed.cancelled() => return ended(&tx, &session).await,
                 changed = loads.changed() => if changed.is_err() { return },
                 changed = settings.changed() => if changed.is_err() { return },
                 event = fleet.recv() => match event {
@@ -203,7 +211,14 @@ pub fn watch(
             settings.mark_unchanged();
         }
     });
-    Ok(())
+    Ok(rx)
+}
+
+/// Ends a watch whose session ended, saying so as `GetSession` does (marked, so that a client
+/// opens another session at once rather than watching again).
+async fn ended(tx: &mpsc::Sender<Result<SessionState, Status>>, session: &Session) {
+    let gone = Status::not_found(format!("session `{}` ended", session.id));
+    let _ = tx.send(Err(toolsrv_proto::session_gone(gone))).await;
 }
 
 /// Takes every event waiting in `events` (missed ones count as taken).
