@@ -894,6 +894,33 @@ fn solo_on_r0_of_two(arg: &str) -> Replicated {
     r
 }
 
+/// A replica that does not hold a host shows it as the one holding it does, and selects it by
+/// its sandbox level: through it, the host had no sandbox, no tools and no room for calls.
+#[test]
+fn a_host_of_another_replica_shows_and_selects_as_on_its_own() {
+    let mut r = solo_on_r0_of_two("--max-finds-per-client=8");
+    let own = r.hosts(0);
+    let own = own.iter().find(|h| h["host_id"] == "solo").unwrap().clone();
+    let level = own["sandbox"]["level"].as_str().unwrap().to_string();
+    assert!(!level.is_empty(), "{own}");
+    // r1 hears of the host's view from r0's watch.
+    let other = wait_for("r1 to hear of solo's view", Duration::from_secs(20), || {
+        let hosts = r.hosts(1);
+        let solo = hosts.iter().find(|h| h["host_id"] == "solo")?.clone();
+        (solo["view_revision"] == own["view_revision"]).then_some(solo)
+    });
+    assert_eq!(other["replica"], "r0", "{other}");
+    assert_eq!(other["sandbox"]["level"], level.as_str(), "{other}");
+    assert_eq!(
+        other["max_concurrent_calls"], own["max_concurrent_calls"],
+        "{other}"
+    );
+    assert_eq!(other["visible_tools"], own["visible_tools"], "{other}");
+    let out = r.toolctl(1, &["fanout", &format!("sandbox={level}"), "hello"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("hello"), "{}", text(&out.stdout));
+}
+
 /// New host labels reach the replicas that do not hold the host: the replica holding it
 /// rewrites its claim, so the others select it, and show it, by its new labels.
 #[test]

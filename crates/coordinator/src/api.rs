@@ -543,11 +543,13 @@ impl Tools for ToolsService {
                     let Some(host) = state.fleet.get(&id).filter(|h| h.online()) else {
                         continue;
                     };
+                    let info = host.info();
                     let event = CatalogEvent {
                         kind: CatalogEventKind::HostView as i32,
                         revision: state.fleet.revision(),
                         host: id,
-                        view_revision: host.info().view_revision,
+                        view_revision: info.view_revision,
+                        visible_tools: info.visible_tools,
                         ..CatalogEvent::default()
                     };
                     if tx.send(Ok(event)).await.is_err() {

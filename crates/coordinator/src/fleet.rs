@@ -93,10 +93,7 @@ impl HostEntry {
             connected_unix_ms: self.connected_unix_ms,
             last_seen_unix_ms: self.last_seen.load(Ordering::Relaxed),
             view_revision: self.view.as_ref().map_or(0, |v| v.catalog_revision),
-            visible_tools: self
-                .view
-                .as_ref()
-                .map_or(0, |v| v.tools.iter().filter(|t| t.visible).count() as u32),
+            visible_tools: self.view.as_ref().map_or(0, |v| v.visible()),
             calls_in_flight: self.link.as_ref().map_or(0, |l| l.calls_in_flight() as u32),
             max_concurrent_calls: self.max_concurrent_calls,
             trusted_labels: self.trusted_labels.clone().into_iter().collect(),
@@ -128,11 +125,12 @@ impl HostEntry {
 }
 
 /// Relabels `host` with `assigned`: its id and view revision when the labels changed.
-fn relabelled(host: &mut HostEntry, assigned: BTreeMap<String, String>) -> Option<(String, u64)> {
-    host.relabel(assigned).then(|| {
-        let revision = host.view.as_ref().map_or(0, |v| v.catalog_revision);
-        (host.id.clone(), revision)
-    })
+fn relabelled(
+    host: &mut HostEntry,
+    assigned: BTreeMap<String, String>,
+) -> Option<(String, Option<Arc<StoredView>>)> {
+    host.relabel(assigned)
+        .then(|| (host.id.clone(), host.view.clone()))
 }
 
 /// Hosts a selection looks at per hold of the fleet's lock ([`Fleet::select`]).
@@ -188,12 +186,13 @@ impl Fleet {
         self.revision.load(Ordering::Relaxed)
     }
 
-    pub fn emit(&self, kind: CatalogEventKind, host: &str, view_revision: u64) {
+    pub fn emit(&self, kind: CatalogEventKind, host: &str, view: Option<&StoredView>) {
         let event = CatalogEvent {
             kind: kind as i32,
             revision: self.revision(),
             host: host.to_string(),
-            view_revision,
+            view_revision: view.map_or(0, |v| v.catalog_revision),
+            visible_tools: view.map_or(0, StoredView::visible),
             ..CatalogEvent::default()
         };
         // No receivers is fine.
@@ -255,7 +254,7 @@ impl Fleet {
         if let Some(old) = old {
             old.close("replaced by a new connection from the same host");
         }
-        self.emit(CatalogEventKind::HostOnline, &id, 0);
+        self.emit(CatalogEventKind::HostOnline, &id, None);
     }
 
     /// Runs `f` on the entry of host `id` if `generation` is still its current connection.
@@ -300,7 +299,7 @@ impl Fleet {
             self.views_stored.fetch_add(1, Ordering::Relaxed);
         }
         for id in forgotten.iter().filter(|id| !elsewhere(id)) {
-            self.emit(CatalogEventKind::HostForgotten, id, 0);
+            self.emit(CatalogEventKind::HostForgotten, id, None);
         }
         forgotten
     }
@@ -311,7 +310,7 @@ impl Fleet {
             .with_current(id, generation, |entry| entry.link.take())
             .is_some()
         {
-            self.emit(CatalogEventKind::HostOffline, id, 0);
+            self.emit(CatalogEventKind::HostOffline, id, None);
         }
     }
 
@@ -319,15 +318,14 @@ impl Fleet {
     pub fn set_view(&self, id: &str, generation: u64, view: StoredView) {
         let view = self.interner.share(view);
         self.views_stored.fetch_add(1, Ordering::Relaxed);
-        let revision = view.catalog_revision;
         if self
             .with_current(id, generation, |entry| {
-                entry.view = Some(view);
+                entry.view = Some(view.clone());
                 entry.synced = true;
             })
             .is_some()
         {
-            self.emit(CatalogEventKind::HostView, id, revision);
+            self.emit(CatalogEventKind::HostView, id, Some(&view));
         }
     }
 
@@ -475,13 +473,13 @@ impl Fleet {
     /// Labels every host again with `assigned` (what the coordinator's labels file gives a
     /// host id), and tells watchers of each host whose labels changed; their ids.
     pub fn relabel(&self, assigned: impl Fn(&str) -> BTreeMap<String, String>) -> Vec<String> {
-        let changed: Vec<(String, u64)> = self
+        let changed: Vec<(String, Option<Arc<StoredView>>)> = self
             .write()
             .values_mut()
             .filter_map(|host| relabelled(host, assigned(&host.id)))
             .collect();
-        for (id, revision) in &changed {
-            self.emit(CatalogEventKind::HostView, id, *revision);
+        for (id, view) in &changed {
+            self.emit(CatalogEventKind::HostView, id, view.as_deref());
         }
         changed.into_iter().map(|(id, _)| id).collect()
     }
@@ -495,8 +493,8 @@ impl Fleet {
             .get_mut(id)
             .and_then(|host| relabelled(host, assigned));
         match changed {
-            Some((id, revision)) => {
-                self.emit(CatalogEventKind::HostView, &id, revision);
+            Some((id, view)) => {
+                self.emit(CatalogEventKind::HostView, &id, view.as_deref());
                 true
             }
             None => false,

@@ -31,7 +31,7 @@ use toolsrv_proto::v1::{
     CatalogEventKind, FindToolsRequest, FindToolsResponse, HostFacts, HostInfo, HostState,
     JoinRequest, JoinResponse, JoinTokenInfo, ListApprovalsRequest, ListJoinTokensRequest,
     ListSessionsRequest, ListToolsRequest, RevokeJoinTokenRequest, RevokeJoinTokenResponse,
-    SessionState, WatchCatalogRequest, call_event,
+    SandboxFacts, SessionState, WatchCatalogRequest, call_event,
 };
 use toolsrv_registry::{Catalog, Registry};
 
@@ -62,8 +62,9 @@ pub(crate) struct Replicas {
     /// `WatchCatalog`'s events of hosts other replicas hold: online and offline from the
     /// routing table, view changes from each other replica's own watch.
     remote_events: broadcast::Sender<CatalogEvent>,
-    /// The view revision of each host other replicas hold, as their watches told.
-    remote_views: Mutex<HashMap<String, u64>>,
+    /// The view revision of each host other replicas hold, and how many tools it has visible,
+    /// as their watches told.
+    remote_views: Mutex<HashMap<String, (u64, u32)>>,
     /// Views of hosts other replicas hold, fetched for sessions (see [`Replicas::remote_entries`]).
     mirror: Mutex<Mirror>,
     /// Shares equal definitions among the mirrored views.
@@ -300,12 +301,19 @@ impl Replicas {
     }
 
     /// Tells watchers of a host another replica holds (or held).
-    fn emit_remote(&self, state: &State, kind: CatalogEventKind, host: &str, view_revision: u64) {
+    fn emit_remote(
+        &self,
+        state: &State,
+        kind: CatalogEventKind,
+        host: &str,
+        (view_revision, visible_tools): (u64, u32),
+    ) {
         let event = CatalogEvent {
             kind: kind as i32,
             revision: state.fleet.revision(),
             host: host.to_string(),
             view_revision,
+            visible_tools,
             ..CatalogEvent::default()
         };
         // No watchers is fine.
@@ -698,7 +706,7 @@ impl Replicas {
             keep
         });
         for id in &forgotten {
-            self.emit_remote(state, CatalogEventKind::HostForgotten, id, 0);
+            self.emit_remote(state, CatalogEventKind::HostForgotten, id, (0, 0));
         }
         forgotten
     }
@@ -928,6 +936,10 @@ pub fn facts_of(host: &HostEntry) -> BTreeMap<String, String> {
                 .unwrap_or_default(),
         ),
         ("agent_version".to_string(), host.agent_version.clone()),
+        (
+            "max_concurrent_calls".to_string(),
+            host.max_concurrent_calls.to_string(),
+        ),
     ]);
     for (k, v) in &host.selectable_labels {
         facts.insert(format!("label.{k}"), v.clone());
@@ -949,6 +961,14 @@ pub fn labels_of(facts: &BTreeMap<String, String>, prefix: &str) -> BTreeMap<Str
 /// `ListHosts`' entry of a host another replica holds (`state` online, or reconnecting).
 pub fn host_info(id: &str, record: &HostRecord, state: HostState) -> HostInfo {
     let fact = |k: &str| record.facts.get(k).cloned().unwrap_or_default();
+    // The level is what selectors (`sandbox=enforced`) and `toolctl hosts` read; the rest of
+    // what the sandbox is made of stays with the replica that holds the host.
+    let sandbox = Some(fact("sandbox"))
+        .filter(|level| !level.is_empty())
+        .map(|level| SandboxFacts {
+            level,
+            ..SandboxFacts::default()
+        });
     HostInfo {
         host_id: id.to_string(),
         state: state as i32,
@@ -958,9 +978,10 @@ pub fn host_info(id: &str, record: &HostRecord, state: HostState) -> HostInfo {
             hostname: fact("hostname"),
             kernel: fact("kernel"),
             labels: labels_of(&record.facts, "label.").into_iter().collect(),
-            sandbox: None,
+            sandbox,
         }),
         agent_version: fact("agent_version"),
+        max_concurrent_calls: fact("max_concurrent_calls").parse().unwrap_or_default(),
         connected_unix_ms: record.attached_unix.saturating_mul(1000),
         trusted_labels: labels_of(&record.facts, "trusted.").into_iter().collect(),
         replica: record.owner.clone(),
@@ -1010,7 +1031,7 @@ pub(crate) async fn follow(state: Arc<State>, reporter: tonic_health::server::He
                     tracing::warn!(replica = %replica.id, hosts = hosts.len(), "a replica is gone; its hosts are reconnecting");
                     for host in &hosts {
                         if replicas.cluster.route(host).is_none() && !state.fleet.get(host).is_some_and(|h| h.online()) {
-                            replicas.emit_remote(&state, CatalogEventKind::HostOffline, host, 0);
+                            replicas.emit_remote(&state, CatalogEventKind::HostOffline, host, (0, 0));
                         }
                     }
                     let mut gone = replicas.lock_gone();
@@ -1035,12 +1056,12 @@ pub(crate) async fn follow(state: Arc<State>, reporter: tonic_health::server::He
                         .entry(host_id.clone())
                         .or_insert_with(|| Gone::new(record, HostState::Offline));
                     if replicas.cluster.route(&host_id).is_none() && !state.fleet.get(&host_id).is_some_and(|h| h.online()) {
-                        replicas.emit_remote(&state, CatalogEventKind::HostOffline, &host_id, 0);
+                        replicas.emit_remote(&state, CatalogEventKind::HostOffline, &host_id, (0, 0));
                     }
                 }
                 Ok(ClusterEvent::HostClaimed { host_id, record }) => {
                     if record.owner != replicas.id() {
-                        replicas.emit_remote(&state, CatalogEventKind::HostOnline, &host_id, 0);
+                        replicas.emit_remote(&state, CatalogEventKind::HostOnline, &host_id, (0, 0));
                     }
                     replicas.lock_gone().remove(&host_id);
                 }
@@ -1253,17 +1274,16 @@ async fn follow_peer(
                         .remote_views
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
-                        .insert(event.host.clone(), event.view_revision);
+                        .insert(
+                            event.host.clone(),
+                            (event.view_revision, event.visible_tools),
+                        );
                     // A view kept for sessions may have changed even at the same revision (the
                     // host itself changed): said too, so that their watchers look again.
                     let mirrored = replicas.invalidate(&event.host);
-                    if before != Some(event.view_revision) || mirrored {
-                        replicas.emit_remote(
-                            &state,
-                            CatalogEventKind::HostView,
-                            &event.host,
-                            event.view_revision,
-                        );
+                    let now = (event.view_revision, event.visible_tools);
+                    if before != Some(now) || mirrored {
+                        replicas.emit_remote(&state, CatalogEventKind::HostView, &event.host, now);
                     }
                 }
             }
@@ -1406,7 +1426,8 @@ impl Replicas {
         for (id, record) in self.cluster.hosts() {
             if record.owner != self.id() && by_id.get(&id).is_none_or(offline) {
                 let mut info = host_info(&id, &record, HostState::Online);
-                info.view_revision = views.get(&id).copied().unwrap_or_default();
+                (info.view_revision, info.visible_tools) =
+                    views.get(&id).copied().unwrap_or_default();
                 by_id.insert(id.clone(), info);
             }
         }
@@ -1454,7 +1475,7 @@ fn remote_entry(
         id: id.to_string(),
         facts: info.facts.unwrap_or_default(),
         agent_version: info.agent_version,
-        max_concurrent_calls: 0,
+        max_concurrent_calls: info.max_concurrent_calls,
         connected_unix_ms: info.connected_unix_ms,
         synced: view.is_some(),
         view,

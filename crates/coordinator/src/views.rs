@@ -32,6 +32,13 @@ pub struct StoredView {
     pub tools: Vec<StoredTool>,
 }
 
+impl StoredView {
+    /// How many of its tools are visible.
+    pub fn visible(&self) -> u32 {
+        u32::try_from(self.tools.iter().filter(|t| t.visible).count()).unwrap_or(u32::MAX)
+    }
+}
+
 /// One tool of a host's view.
 #[derive(Debug)]
 pub struct StoredTool {
