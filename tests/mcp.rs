@@ -345,7 +345,8 @@ fn a_coordinator_lost_mid_call_is_told_to_the_model_as_such() {
 
 /// On a session of several hosts, a tool with an argument of its own named `target_host` could
 /// never be called (the server's host argument replaced it): it is not offered, and `tool_load`
-/// says why and leaves the session as it was. `toolctl lint` warns its author.
+/// says why and leaves the session as it was, loading again what the load unloaded to make room
+/// (before, a full session silently lost a tool). `toolctl lint` warns its author.
 #[test]
 fn a_tool_clients_could_not_call_is_neither_offered_nor_loaded() {
     let mut fleet = Fleet::new(&["a", "b"]);
@@ -354,6 +355,11 @@ fn a_tool_clients_could_not_call_is_neither_offered_nor_loaded() {
         "cmd": "cat"}"#;
     fleet.tool("ping_target.meta", clash, false);
     fleet.tool("greet.meta", GREET, false);
+    fleet.tool(
+        "plain.meta",
+        r#"{"description": "Warm, so unloaded to make room", "cmd": "echo plain"}"#,
+        false,
+    );
     let lint = fleet.toolctl(&[
         "lint",
         fleet.tools.join("ping_target.meta").to_str().unwrap(),
@@ -368,7 +374,11 @@ fn a_tool_clients_could_not_call_is_neither_offered_nor_loaded() {
     fleet.start_agent("a", &AgentSpec::default());
     fleet.start_agent("b", &AgentSpec::default());
     fleet.wait_online(&["a", "b"], "ping_target");
-    let profile = profile(&fleet, &json!({"autoLoad": ["greet"], "hosts": "all"}));
+    // Full: loading another tool unloads `plain` to make room (`greet` is `hot`).
+    let profile = profile(
+        &fleet,
+        &json!({"autoLoad": ["greet", "plain"], "hosts": "all", "maxLoaded": 2}),
+    );
     let mut mcp = toolsrv_tests::McpStdio::start(
         fleet.toolctl_command(
             "client-alice",
@@ -385,7 +395,8 @@ fn a_tool_clients_could_not_call_is_neither_offered_nor_loaded() {
         result_text(&loaded["result"]).starts_with(
             "cannot load `ping_target`: MCP clients cannot be offered it: it has an argument \
              `target_host` of its own"
-        ),
+        ) && result_text(&loaded["result"])
+            .ends_with("Its load had unloaded `plain` to make room: loaded again"),
         "{loaded}"
     );
     let listed = mcp.request("tools/list", json!({}));
@@ -395,7 +406,11 @@ fn a_tool_clients_could_not_call_is_neither_offered_nor_loaded() {
         .iter()
         .filter_map(|t| t["name"].as_str())
         .collect();
-    assert_eq!(names, ["tool_search", "tool_load", "greet"], "{listed}");
+    assert_eq!(
+        names,
+        ["tool_search", "tool_load", "greet", "plain"],
+        "{listed}"
+    );
     let id = mcp
         .stderr()
         .lines()
@@ -411,7 +426,7 @@ fn a_tool_clients_could_not_call_is_neither_offered_nor_loaded() {
         .iter()
         .filter_map(|t| t["name"].as_str())
         .collect();
-    assert_eq!(loaded, ["greet"], "taken out again: {state}");
+    assert_eq!(loaded, ["greet", "plain"], "taken out again: {state}");
 }
 
 #[test]
@@ -913,6 +928,21 @@ fn streamable_http_serves_on_loopback_only_unless_told() {
         assert!(head.contains("www-authenticate: Bearer"), "{head}");
     }
     assert_eq!(initialize_over_http(&addr, Some(&token)).0, 200);
+    // A web page of another site (a name of its own resolved to 127.0.0.1: DNS rebinding) is
+    // refused, token or not; a page served from loopback is not.
+    for origin in ["http://evil.example", "http://evil.example:{port}", "null"] {
+        let origin = format!(
+            "Origin: {}\r\n",
+            origin.replace("{port}", &port.to_string())
+        );
+        let (status, head) = initialize_over_http_with(&addr, Some(&token), &origin);
+        assert_eq!(status, 403, "{origin}: {head}");
+    }
+    for origin in [format!("http://localhost:{port}"), format!("http://{addr}")] {
+        let header = format!("Origin: {origin}\r\n");
+        let (status, head) = initialize_over_http_with(&addr, Some(&token), &header);
+        assert_eq!(status, 200, "{origin}: {head}");
+    }
     // Exits on SIGTERM, closing its session.
     let log = server.log();
     let id = log
@@ -1158,12 +1188,17 @@ fn bearer_in(log: &str) -> Option<String> {
 /// POSTs an MCP `initialize` to `http://ADDR/mcp` by hand, with `Authorization: Bearer TOKEN`
 /// when given: the status, and the response head in lowercase (header values as sent).
 fn initialize_over_http(addr: &str, token: Option<&str>) -> (u16, String) {
+    initialize_over_http_with(addr, token, "")
+}
+
+/// [`initialize_over_http`] with more header lines (`Name: value\r\n` each).
+fn initialize_over_http_with(addr: &str, token: Option<&str>, headers: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
     let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     let request = format!(
         "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Accept: application/json, text/event-stream\r\n{auth}Content-Length: {}\r\n\
+         Accept: application/json, text/event-stream\r\n{auth}{headers}Content-Length: {}\r\n\
          Connection: close\r\n\r\n{body}",
         body.len()
     );
@@ -1200,7 +1235,8 @@ fn initialize_over_http(addr: &str, token: Option<&str>) -> (u16, String) {
 /// A 2025-11-25 HTTP client that drops its connection mid-call, with neither `DELETE` nor a
 /// cancellation, leaves its session idle: `--http-session-idle-secs` later the session ends,
 /// and the call with it, its process on the host killed. Before, the call ran to the tool's end
-/// (up to an hour) and held its place in the caller's quota, and the session lived 5 minutes.
+/// (up to an hour) and held its place in the caller's quota, and the session lived 5 minutes;
+/// then it ran 5 seconds past the bound, while the SDK waited for it to answer.
 #[test]
 fn an_abandoned_http_session_ends_its_calls_once_idle() {
     use std::io::Write;
@@ -1240,11 +1276,19 @@ fn an_abandoned_http_session_ends_its_calls_once_idle() {
             .ok()
             .and_then(|p| p.trim().parse::<u32>().ok())
     });
+    let dropped = std::time::Instant::now();
     drop(call);
     wait_for(
         "the abandoned call's process to end",
         Duration::from_secs(30),
         || (!Path::new(&format!("/proc/{pid}")).exists()).then_some(()),
+    );
+    // Within the idle bound (2 s since the call came in), and some time to kill it; not 5 s
+    // later, as when the SDK waited for the call to answer before it cancelled it.
+    let took = dropped.elapsed();
+    assert!(
+        took < Duration::from_millis(4500),
+        "the abandoned call ended {took:?} after the client dropped it"
     );
 }
 
@@ -1546,7 +1590,14 @@ fn a_line_that_does_not_parse_is_answered_with_a_parse_error_and_the_server_goes
             br#"{"jsonrpc":"1.0","id":"old","method":"ping"}"#,
             json!("old"),
             -32600,
-            "invalid request: ",
+            r#"invalid request: "jsonrpc" must be "2.0", not "1.0""#,
+        ),
+        // Which id is meant cannot be told: answered with a `null` one (the SDK gave none).
+        (
+            br#"{"id":13,"id":14,"method":"ping"}"#,
+            Value::Null,
+            -32600,
+            r#"invalid request: the key "id" is given twice"#,
         ),
     ];
     for line in [
@@ -1579,7 +1630,11 @@ fn a_line_that_does_not_parse_is_answered_with_a_parse_error_and_the_server_goes
         assert!(line.len() < 2000, "an answer of {} bytes", line.len());
         let message: Value = serde_json::from_str(&line).unwrap();
         match &message["id"] {
-            Value::Null if message.get("error").is_some() => without_id.push(message),
+            Value::Null if message.get("error").is_some() => {
+                // JSON-RPC: `null` when the id cannot be told, never absent.
+                assert_eq!(message.get("id"), Some(&Value::Null), "{message}");
+                without_id.push(message);
+            }
             Value::Null => {}
             id => {
                 by_id.insert(id.to_string(), message);
@@ -1693,6 +1748,49 @@ fn a_post_that_does_not_parse_is_answered_400_with_a_json_rpc_error() {
         (b"[]", Value::Null, -32600, "not an array"),
         (b"null", Value::Null, -32600, "not null"),
         (br#"{"jsonrpc":"2.0","id":1}"#, Value::Null, -32600, "invalid request: "),
+        // Each names what is wrong (the SDK's reason was `unrecognized JSON-RPC message`).
+        (
+            br#"{"jsonrpc":"2.0","id":21,"method":"tools/call","params":[1,2]}"#,
+            json!(21),
+            -32600,
+            r#"invalid request: "params" must be an object, not [1,2]"#,
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":22,"method":"tools/call","params":"x"}"#,
+            json!(22),
+            -32600,
+            r#"invalid request: "params" must be an object, not "x""#,
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":1.5,"method":"ping"}"#,
+            Value::Null,
+            -32600,
+            r#"invalid request: "id" must be a string or an integer, not 1.5"#,
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":123456789012345678901234567890,"method":"ping"}"#,
+            Value::Null,
+            -32600,
+            r#"invalid request: "id" must be a string or an integer"#,
+        ),
+        (
+            br#"{"jsonrpc":"1.0","id":23,"method":"ping"}"#,
+            json!(23),
+            -32600,
+            r#"invalid request: "jsonrpc" must be "2.0", not "1.0""#,
+        ),
+        (
+            br#"{"id":24,"method":"ping"}"#,
+            json!(24),
+            -32600,
+            r#"invalid request: "jsonrpc" is missing"#,
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":25,"id":26,"method":"ping"}"#,
+            Value::Null,
+            -32600,
+            r#"invalid request: the key "id" is given twice"#,
+        ),
     ];
     for (body, id, code, what) in &bodies {
         let shown = String::from_utf8_lossy(&body[..body.len().min(60)]).to_string();

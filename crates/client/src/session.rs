@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use serde::Deserialize;
+use toolsrv_proto::text::printable;
 use toolsrv_proto::v1::{
     FindToolsRequest, FindToolsResponse, GetSessionRequest, ListSessionsRequest, LoadToolRequest,
     OpenSessionRequest, SessionProfile, SessionState, UnloadToolRequest,
@@ -33,7 +34,10 @@ pub struct Profile {
 impl Profile {
     /// Reads a profile file, with errors naming the file and what is wrong.
     pub fn load(path: &Path) -> Result<Self, ClientError> {
-        let fail = |why: String| ClientError::Profile(format!("{}: {why}", path.display()));
+        // The path and the JSON's words (an unknown key is quoted back) reach a terminal.
+        let fail = |why: String| {
+            ClientError::Profile(format!("{}: {why}", printable(&path.display().to_string())))
+        };
         let file =
             toolsrv_tls::files::open_read(path).map_err(|e| fail(format!("cannot open: {e}")))?;
         let text = toolsrv_tls::files::read_text_up_to(file, MAX_PROFILE_BYTES)
@@ -53,7 +57,8 @@ impl Profile {
                     .to_string(),
             );
         }
-        let profile: Self = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        // serde quotes an unknown key back: its escape sequences must not reach a terminal.
+        let profile: Self = serde_json::from_str(text).map_err(|e| printable(&e.to_string()))?;
         if profile.max_loaded == Some(0) {
             return Err("maxLoaded must be at least 1".to_string());
         }
@@ -210,5 +215,28 @@ mod tests {
             let e = Profile::parse(text).unwrap_err();
             assert!(e.contains(expect), "{text}: {e}");
         }
+    }
+
+    /// A profile's unknown key and its file's name are quoted back on a terminal: their escape
+    /// sequences come back escaped, not run.
+    #[test]
+    fn profile_errors_show_control_characters_escaped() {
+        let e = Profile::parse(r#"{"autoLoad":[],"\u001b]0;PWNED\u0007\u001b[2J":1}"#).unwrap_err();
+        assert!(
+            e.contains(r"unknown field `\u{1b}]0;PWNED\u{7}\u{1b}[2J`"),
+            "{e}"
+        );
+        assert!(!e.chars().any(toolsrv_proto::text::disguises), "{e:?}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hostile\u{1b}[2J.json");
+        std::fs::write(&path, "{\"maxLoaded\": 0}").unwrap();
+        let e = Profile::load(&path).unwrap_err().to_string();
+        assert!(e.contains(r"hostile\u{1b}[2J.json: maxLoaded"), "{e}");
+        let e = Profile::load(&dir.path().join("gone\u{7}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(r"gone\u{7}: cannot open"), "{e}");
+        assert!(!e.chars().any(toolsrv_proto::text::disguises), "{e:?}");
     }
 }

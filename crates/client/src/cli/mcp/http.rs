@@ -1,7 +1,8 @@
 //! `toolctl mcp --http ADDR`: the MCP server over streamable HTTP at `/mcp`, on loopback unless
 //! told otherwise. Every request must carry `Authorization: Bearer TOKEN`: loopback keeps other
 //! machines out, not the other users of this one, and whoever gets through calls tools with this
-//! command's certificate. The token is new each run unless `--http-token-file` keeps one.
+//! command's certificate. The token is new each run unless `--http-token-file` keeps one. A
+//! request from a web page of another origin is refused, token or not (DNS rebinding).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -209,6 +210,77 @@ async fn require(token: Arc<str>, request: Request, next: Next) -> Response {
         .into_response()
 }
 
+/// Whether a request's `Origin` may reach the server: none (clients other than browsers send
+/// none), or a web page served from loopback (`http(s)://localhost`, `127.0.0.1`, `[::1]`, any
+/// port) or from the host this server is bound to (`own`). MCP wants servers to check it: a
+/// page of another site that a browser lets through (DNS rebinding: a name of the attacker's
+/// resolved to 127.0.0.1) must not reach the tools.
+fn origin_allowed(origin: Option<&[u8]>, own: std::net::IpAddr) -> bool {
+    let Some(origin) = origin else {
+        return true;
+    };
+    let Ok(origin) = std::str::from_utf8(origin) else {
+        return false;
+    };
+    let origin = origin.trim().to_ascii_lowercase();
+    let Some(rest) = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+    else {
+        // `null` (a sandboxed page, a file) and other schemes.
+        return false;
+    };
+    // An origin is scheme, host and port: nothing after them.
+    if rest.contains(['/', '?', '#', '@']) {
+        return false;
+    }
+    // `host`, `host:port`, `[v6]` or `[v6]:port`.
+    let (host, port) = match rest.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((ip, "")) => (ip, None),
+            Some((ip, port)) => match port.strip_prefix(':') {
+                Some(port) => (ip, Some(port)),
+                None => return false,
+            },
+            None => return false,
+        },
+        None => match rest.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (rest, None),
+        },
+    };
+    if port.is_some_and(|p| p.parse::<u16>().is_err()) {
+        return false;
+    }
+    if host == "localhost" {
+        return true;
+    }
+    host.parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback() || (ip == own && !own.is_unspecified()))
+}
+
+/// Refuses a request from a web page of another origin (see [`origin_allowed`]): 403 saying so.
+async fn same_origin(own: std::net::IpAddr, request: Request, next: Next) -> Response {
+    let origin = request.headers().get(header::ORIGIN).map(|v| v.as_bytes());
+    if origin_allowed(origin, own) {
+        return next.run(request).await;
+    }
+    let shown = origin.map_or_else(String::new, |o| {
+        crate::cli::quote::quoted(&String::from_utf8_lossy(o))
+    });
+    tracing::warn!(origin = %shown, "refused a request from a web page of another origin");
+    (
+        StatusCode::FORBIDDEN,
+        format!(
+            "toolctl mcp: refused: the request comes from a web page at origin `{shown}`; only \
+             pages served from loopback (http://localhost, http://127.0.0.1, http://[::1], any \
+             port) or from this server's own address may call it, so that another site cannot \
+             reach your tools through your browser\n"
+        ),
+    )
+        .into_response()
+}
+
 /// A session ended by the client's `DELETE` answers 204 No Content: the SDK answers 202, which
 /// the official Python client takes for a failure (`Session termination failed: 202`, logged
 /// at every close), as it accepts 200 and 204 only.
@@ -333,6 +405,7 @@ pub async fn serve(
     let sessions = Arc::new(sessions);
     let bound = super::sessions::Bound::new(sessions.clone(), super::sessions::MAX_SESSIONS);
     let max_body = config.max_request_body_bytes;
+    let sessions = Arc::new(super::ending::Manager::new(sessions));
     let service = StreamableHttpService::new(move || Ok(server.for_connection()), sessions, config);
     // The layers run from the last one in: the token, then the others.
     let router = axum::Router::new()
@@ -373,6 +446,11 @@ pub async fn serve(
             router
         }
     };
+    // Outermost: a page of another site is refused whatever it sends.
+    let own = local.ip();
+    let router = router.layer(axum::middleware::from_fn(
+        move |request: Request, next: Next| same_origin(own, request, next),
+    ));
     let listener = strangers::Listener::new(listener, open);
     axum::serve(
         listener,
@@ -471,6 +549,57 @@ mod tests {
         };
         assert_ne!(a, b);
         assert!(matches!(auth(None, true).unwrap(), Auth::Open));
+    }
+
+    /// Browsers send `Origin`; MCP wants it checked against DNS rebinding. Other clients send
+    /// none and pass.
+    #[test]
+    fn only_loopback_or_own_origins_pass() {
+        let loopback: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let own: std::net::IpAddr = "192.0.2.7".parse().unwrap();
+        for origin in [
+            "http://localhost",
+            "http://localhost:8765",
+            "https://LOCALHOST:443",
+            "http://127.0.0.1",
+            "http://127.0.0.1:3000",
+            "http://[::1]",
+            "https://[::1]:8443",
+        ] {
+            assert!(
+                origin_allowed(Some(origin.as_bytes()), loopback),
+                "{origin}"
+            );
+            assert!(origin_allowed(Some(origin.as_bytes()), own), "{origin}");
+        }
+        assert!(origin_allowed(None, loopback));
+        assert!(origin_allowed(Some(b"http://192.0.2.7:8765"), own));
+        for origin in [
+            "http://evil.example",
+            "http://localhost.evil.example",
+            "http://127.0.0.1.evil.example",
+            "http://evil.example:8765",
+            "http://192.0.2.7:8765",
+            "null",
+            "file://",
+            "ftp://localhost",
+            "http://localhost:notaport",
+            "http://localhost/path",
+            "http://user@localhost",
+            "http://[::1",
+            "http://[::1]x",
+            "",
+        ] {
+            assert!(
+                !origin_allowed(Some(origin.as_bytes()), loopback),
+                "{origin}"
+            );
+        }
+        assert!(!origin_allowed(
+            Some(b"http://0.0.0.0"),
+            "0.0.0.0".parse().unwrap()
+        ));
+        assert!(!origin_allowed(Some(b"http://\xff"), loopback));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 use rmcp::model::ClientJsonRpcMessage;
 use serde::Deserialize;
 use serde_json::Value;
+use toolsrv_proto::text::printable_line;
 
 /// JSON-RPC's code for a request that is not JSON.
 pub const PARSE_ERROR: i32 = -32700;
@@ -16,6 +17,8 @@ pub const INVALID_REQUEST: i32 = -32600;
 /// Most bytes of a decoder's reason an error quotes: the request may be megabytes, and a
 /// reason may quote part of it.
 const MAX_REASON_BYTES: usize = 300;
+/// Most bytes of a value a refusal quotes back.
+const MAX_QUOTED_BYTES: usize = 64;
 /// Longest string id given back: a longer one is not a client's counter, and is not echoed.
 const MAX_ID_BYTES: usize = 256;
 
@@ -110,15 +113,102 @@ pub fn check(message: &[u8]) -> Check {
         });
     }
     let probe = Probe::of(message);
+    let keys = Keys::of(message);
+    let wrong = keys.as_ref().and_then(|keys| what_is_wrong(keys, &value));
+    // A request whose id is given twice has none the probe reads, and is a request all the
+    // same: answered (with a `null` id), not left to the SDK, which answers it without one.
+    let request = probe.is_request()
+        || wrong.is_some()
+            && keys.as_ref().is_some_and(|k| {
+                k.0.iter().any(|k| k == "id") && k.0.iter().any(|k| k == "method")
+            });
     let refusal = Refusal {
         code: INVALID_REQUEST,
         id: probe.request_id(),
-        message: format!("invalid request: {}", reason(&typed)),
+        message: format!(
+            "invalid request: {}",
+            wrong.unwrap_or_else(|| reason(&typed))
+        ),
     };
-    if probe.is_request() {
+    if request {
         Check::Refused(refusal)
     } else {
         Check::Stray(refusal)
+    }
+}
+
+/// What makes `message` (a JSON object, its `keys` in order) no JSON-RPC message, in words,
+/// when it is one of the members JSON-RPC and MCP give a shape: the decoder's own reason
+/// (`unrecognized JSON-RPC message`) names nothing.
+fn what_is_wrong(keys: &Keys, message: &Value) -> Option<String> {
+    let mut seen = std::collections::HashSet::new();
+    if let Some(twice) = keys.0.iter().find(|k| !seen.insert(k.as_str())) {
+        return Some(format!(
+            "the key \"{}\" is given twice",
+            printable_line(twice, MAX_QUOTED_BYTES)
+        ));
+    }
+    // As JSON, escaped and cut: a huge or odd value does not come back whole.
+    let shown = |v: &Value| printable_line(&v.to_string(), MAX_QUOTED_BYTES);
+    match message.get("jsonrpc") {
+        None => return Some("\"jsonrpc\" is missing: it must be \"2.0\"".to_string()),
+        Some(v) if v != "2.0" => {
+            return Some(format!("\"jsonrpc\" must be \"2.0\", not {}", shown(v)));
+        }
+        Some(_) => {}
+    }
+    match message.get("id") {
+        Some(Value::String(_)) | None => {}
+        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => {}
+        Some(v) => {
+            return Some(format!(
+                "\"id\" must be a string or an integer, not {}",
+                shown(v)
+            ));
+        }
+    }
+    match message.get("method") {
+        Some(Value::String(_)) | None => {}
+        Some(v) => return Some(format!("\"method\" must be a string, not {}", shown(v))),
+    }
+    match message.get("params") {
+        Some(Value::Object(_) | Value::Null) | None => None,
+        Some(v) if message.get("method").is_some() => {
+            Some(format!("\"params\" must be an object, not {}", shown(v)))
+        }
+        Some(_) => None,
+    }
+}
+
+/// The keys of a JSON object, in order, repeats included (a `Value` keeps the last of them).
+struct Keys(Vec<String>);
+
+impl Keys {
+    fn of(message: &[u8]) -> Option<Self> {
+        serde_json::from_slice(message).ok()
+    }
+}
+
+impl<'de> Deserialize<'de> for Keys {
+    fn deserialize<D: serde::Deserializer<'de>>(decoder: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Keys;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Keys, A::Error> {
+                let mut keys = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                    keys.push(key);
+                }
+                Ok(Keys(keys))
+            }
+        }
+        decoder.deserialize_map(Visitor)
     }
 }
 
@@ -307,17 +397,76 @@ mod tests {
                 refusal.message
             );
         }
-        // A request the SDK cannot read: answered, with its id.
-        let refusal = refused(br#"{"jsonrpc":"1.0","id":"x","method":"ping"}"#);
-        assert_eq!((refusal.code, refusal.id), (INVALID_REQUEST, json!("x")));
-        assert!(
-            refusal.message.starts_with("invalid request: "),
-            "{}",
-            refusal.message
-        );
-        // A float id is none JSON-RPC allows: not given back.
-        let refusal = refused(br#"{"jsonrpc":"2.0","id":1.5,"method":"ping"}"#);
-        assert_eq!((refusal.code, refusal.id), (INVALID_REQUEST, Value::Null));
+        // A request the SDK cannot read: answered, with its id (one JSON-RPC allows: not a
+        // float, nor a number past 64 bits), naming what is wrong.
+        let thirty_digits = "1".repeat(30);
+        for (message, id, what) in [
+            (
+                r#"{"jsonrpc":"1.0","id":"x","method":"ping"}"#.to_string(),
+                json!("x"),
+                r#""jsonrpc" must be "2.0", not "1.0""#,
+            ),
+            (
+                r#"{"id":2,"method":"ping"}"#.into(),
+                json!(2),
+                r#""jsonrpc" is missing: it must be "2.0""#,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1.5,"method":"ping"}"#.into(),
+                Value::Null,
+                r#""id" must be a string or an integer, not 1.5"#,
+            ),
+            (
+                format!(r#"{{"jsonrpc":"2.0","id":{thirty_digits},"method":"ping"}}"#),
+                Value::Null,
+                r#""id" must be a string or an integer, not 1.1111"#,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":[1],"method":"ping"}"#.into(),
+                Value::Null,
+                r#""id" must be a string or an integer, not [1]"#,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":[1,2]}"#.into(),
+                json!(3),
+                r#""params" must be an object, not [1,2]"#,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":"x"}"#.into(),
+                json!(4),
+                r#""params" must be an object, not "x""#,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":5,"method":7}"#.into(),
+                json!(5),
+                r#""method" must be a string, not 7"#,
+            ),
+            (
+                r#"{"id":13,"id":14,"method":"ping"}"#.into(),
+                Value::Null,
+                r#"the key "id" is given twice"#,
+            ),
+            (
+                // A message with a key given twice is not read for its id.
+                r#"{"jsonrpc":"2.0","id":6,"method":"ping","method":"tools/list"}"#.into(),
+                Value::Null,
+                r#"the key "method" is given twice"#,
+            ),
+        ] {
+            let refusal = refused(message.as_bytes());
+            assert_eq!(
+                (refusal.code, &refusal.id),
+                (INVALID_REQUEST, &id),
+                "{message}"
+            );
+            assert!(
+                refusal
+                    .message
+                    .starts_with(&format!("invalid request: {what}")),
+                "{message}: {}",
+                refusal.message
+            );
+        }
         // Other objects are left to the transport, with the error to answer over HTTP.
         for message in [
             r#"{"jsonrpc":"2.0","method":"$/lsp","params":[]}"#,

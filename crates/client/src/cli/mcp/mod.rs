@@ -4,6 +4,7 @@
 //! session when it exits.
 
 mod call;
+mod ending;
 mod http;
 mod keeper;
 mod malformed;
@@ -87,7 +88,10 @@ pub async fn run(args: McpArgs) -> u8 {
     let profile = match Profile::load(&args.profile) {
         Ok(profile) => profile,
         Err(e) => {
-            eprintln!("toolctl mcp: {e}");
+            eprintln!(
+                "toolctl mcp: {}",
+                crate::cli::quote::printable(&e.to_string())
+            );
             return exit::USAGE;
         }
     };

@@ -169,6 +169,28 @@ impl ServerHandler for Server {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        // The SDK cancels a request of an ended HTTP session only seconds later: dropping the
+        // work now cancels a call on its host within the session's idle bound.
+        let Some(end) = super::ending::session_end(&context) else {
+            return self.call(request, context).await;
+        };
+        tokio::select! {
+            response = self.call(request, context) => response,
+            () = end.cancelled() => {
+                tracing::info!("the MCP session ended: its call is cancelled");
+                Err(McpError::internal_error("the MCP session ended", None))
+            }
+        }
+    }
+}
+
+impl Server {
+    /// [`ServerHandler::call_tool`], for as long as the session lasts.
+    async fn call(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
         let catalog = self.current();
         let mut args = request.arguments.clone().unwrap_or_default();
         let name = request.name.as_ref();

@@ -9,6 +9,7 @@ use rmcp::model::{JsonObject, MetaObject, Tool, ToolAnnotations};
 use serde_json::{Value, json};
 
 use toolsrv_proto::text::{printable, printable_lines};
+use toolsrv_tls::normalize_name;
 
 use crate::cli::quote::quoted;
 use crate::{HostState, LoadedTool, SessionState, ToolDefinition, WaitsForApproval};
@@ -189,7 +190,7 @@ impl Catalog {
             if !self.declares(tool, HOST_ARG) {
                 match args.remove(HOST_ARG) {
                     None => {}
-                    Some(Value::String(named)) if named == *host => {}
+                    Some(Value::String(named)) if normalize_name(&named) == *host => {}
                     Some(other) => {
                         let named = match &other {
                             Value::String(s) => s.clone(),
@@ -213,7 +214,8 @@ impl Catalog {
                 .join(", ")
         };
         let host = match args.remove(HOST_ARG) {
-            Some(Value::String(host)) => host,
+            // Host ids compare as everywhere else: `WEB-1` is host `web-1`.
+            Some(Value::String(host)) => normalize_name(&host),
             Some(other) => {
                 return Some(Route::Refused(format!(
                     "argument `{HOST_ARG}` must be a host name (a string), not {}",
@@ -910,6 +912,34 @@ mod tests {
         assert!(refused(json!({HOST_ARG: "c"})).contains("offline"));
         assert!(refused(json!({HOST_ARG: "z"})).contains("not one of this session's hosts"));
         assert!(refused(json!({HOST_ARG: 3})).contains("must be a host name"));
+    }
+
+    /// Host ids compare in lowercase, as `toolctl call WEB-1` does: the session's ids are.
+    #[test]
+    fn a_host_argument_names_a_host_in_any_case() {
+        let args = |v: Value| v.as_object().unwrap().clone();
+        let two = Catalog::from_state(&state(
+            &[("web-1", true), ("web-2", true)],
+            vec![(def("ls", ""), vec!["web-1", "web-2"])],
+        ));
+        assert_eq!(
+            two.route("ls", &mut args(json!({HOST_ARG: "WEB-1"}))),
+            Some(Route::Host("web-1".into()))
+        );
+        assert_eq!(
+            two.route("ls", &mut args(json!({HOST_ARG: "Web-2"}))),
+            Some(Route::Host("web-2".into()))
+        );
+        let one = Catalog::from_state(&state(
+            &[("web-1", true)],
+            vec![(def("ls", ""), vec!["web-1"])],
+        ));
+        let mut named = args(json!({HOST_ARG: "WEB-1", "path": "/"}));
+        assert_eq!(
+            one.route("ls", &mut named),
+            Some(Route::Host("web-1".into()))
+        );
+        assert_eq!(named, args(json!({"path": "/"})));
     }
 
     #[test]

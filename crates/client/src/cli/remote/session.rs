@@ -21,7 +21,7 @@ pub async fn open(conn: &ConnArgs, profile: Option<&Path>, hosts: Option<&str>, 
     let profile = match profile.map(Profile::load).transpose() {
         Ok(profile) => profile.unwrap_or_default(),
         Err(e) => {
-            eprintln!("toolctl: {e}");
+            crate::cli::quote::say(e);
             return exit::USAGE;
         }
     };
