@@ -311,6 +311,12 @@ fn a_coordinator_lost_mid_call_is_told_to_the_model_as_such() {
         ),
         fleet.work.path().join("mcp.stderr"),
     );
+    // A tool the model loads: the session the restart takes with it had it.
+    let loaded = mcp.request(
+        "tools/call",
+        json!({"name": "tool_load", "arguments": {"name": "extra"}}),
+    );
+    assert_eq!(loaded["result"]["isError"], false, "{loaded}");
     let id = mcp.send_request("tools/call", json!({"name": "sleeper", "arguments": {}}));
     wait_for("the tool to start", Duration::from_secs(30), || {
         pid_file.exists().then_some(())
@@ -327,8 +333,27 @@ fn a_coordinator_lost_mid_call_is_told_to_the_model_as_such() {
     );
     assert!(said.len() < 600, "{} bytes: {said}", said.len());
 
+    // The coordinator comes back before the host does: the new session is opened while no
+    // host offers `extra` (its load then was refused, and the tool lost for good).
+    fleet.agents.remove("a");
     fleet.start_coordinator(&[]);
+    wait_for("a new session", Duration::from_secs(60), || {
+        mcp.stderr().contains("opened session").then_some(())
+    });
+    assert!(
+        mcp.stderr().contains(
+            "the tools the last one had loaded: greet, jsonout, fail, slow, sleeper, extra"
+        ),
+        "{}",
+        mcp.stderr()
+    );
+    fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "greet");
+    wait_for("`extra` offered again", Duration::from_secs(60), || {
+        let listed = mcp.request("tools/list", json!({}));
+        let names = listed["result"]["tools"].as_array()?.clone();
+        names.iter().any(|t| t["name"] == "extra").then_some(())
+    });
     let called = wait_for("a call after the restart", Duration::from_secs(60), || {
         let answer = mcp.request(
             "tools/call",

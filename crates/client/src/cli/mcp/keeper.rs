@@ -21,12 +21,11 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 pub(super) trait Sessions {
     /// A stream of session states.
     type Watch: StateStream;
-    /// Opens a new session from the profile.
-    async fn open(&self) -> Result<SessionState, ClientError>;
+    /// Opens a new session from the profile; with `keep` not empty, loading those tools (the
+    /// ones a session before had loaded, in load order) instead of the profile's `autoLoad`.
+    async fn open(&self, keep: &[String]) -> Result<SessionState, ClientError>;
     /// Watches session `id`.
     async fn watch(&self, id: &str) -> Result<Self::Watch, ClientError>;
-    /// Loads `tool` into session `id`.
-    async fn load(&self, id: &str, tool: &str) -> Result<SessionState, ClientError>;
 }
 
 /// A session's states, as [`SessionWatch`] gives them.
@@ -47,18 +46,20 @@ pub struct Coordinator {
 impl Sessions for Coordinator {
     type Watch = SessionWatch;
 
-    async fn open(&self) -> Result<SessionState, ClientError> {
+    async fn open(&self, keep: &[String]) -> Result<SessionState, ClientError> {
+        let mut profile = self.profile.clone();
+        if !keep.is_empty() {
+            // As autoLoad, a tool no host offers yet (its agents not back after a restart of
+            // the coordinator) is kept, and arrives when a host offers it.
+            profile.auto_load = keep.to_vec();
+        }
         self.client
-            .open_session(&self.profile, self.hosts.as_deref())
+            .open_session(&profile, self.hosts.as_deref())
             .await
     }
 
     async fn watch(&self, id: &str) -> Result<SessionWatch, ClientError> {
         self.client.watch_session(id).await
-    }
-
-    async fn load(&self, id: &str, tool: &str) -> Result<SessionState, ClientError> {
-        self.client.load_tool(id, tool).await
     }
 }
 
@@ -116,38 +117,6 @@ fn gone(e: &ClientError) -> bool {
     e.session_gone()
 }
 
-/// Loads into the new session `state` the tools of `before` (the old session's, in load order)
-/// that its profile did not load, so that a model keeps what it loaded across a coordinator's
-/// restart; the state after, and what to say of it.
-async fn load_again<S: Sessions>(
-    sessions: &S,
-    mut state: SessionState,
-    before: &[String],
-) -> (SessionState, String) {
-    let mut again = Vec::new();
-    let mut failed = Vec::new();
-    for name in before {
-        if state.tools.iter().any(|t| t.name == *name) {
-            continue;
-        }
-        match sessions.load(&state.id, name).await {
-            Ok(next) => {
-                state = next;
-                again.push(name.as_str());
-            }
-            Err(e) => failed.push(format!("{name} ({e})")),
-        }
-    }
-    let mut note = String::new();
-    if !again.is_empty() {
-        note.push_str(&format!(", and loaded again {}", again.join(", ")));
-    }
-    if !failed.is_empty() {
-        note.push_str(&format!("; could not load again {}", failed.join(", ")));
-    }
-    (state, note)
-}
-
 /// Watches the published session until `shutdown`, keeping it and the catalog current.
 /// `sleep` is how it waits between attempts (a test passes one that records the waits);
 /// `nudge` cuts a wait short: a request that found the session gone says so, and the session is
@@ -192,13 +161,18 @@ pub(super) async fn keep<S, F, Fut>(
             Err(e) => e,
         };
         if gone(&failure) {
-            match sessions.open().await {
+            let before = tx.borrow().loaded_names();
+            match sessions.open(&before).await {
                 Ok(state) => {
-                    let before = tx.borrow().loaded_names();
-                    let (state, note) = load_again(&sessions, state, &before).await;
+                    let with = match before.is_empty() {
+                        true => "the profile's tools".to_string(),
+                        false => {
+                            format!("the tools the last one had loaded: {}", before.join(", "))
+                        }
+                    };
                     eprintln!(
-                        "toolctl mcp: session {id} is gone ({failure}); opened session {} from \
-                         the profile{note}",
+                        "toolctl mcp: session {id} is gone ({failure}); opened session {} with \
+                         {with}",
                         state.id
                     );
                     publish(&tx, &state, true);
@@ -304,8 +278,8 @@ pub(super) mod tests {
         watches: Mutex<VecDeque<WatchAnswer>>,
         opens: Mutex<VecDeque<SessionState>>,
         watched: Mutex<Vec<String>>,
-        /// `(session, tool)` of each load, in order; a tool named `broken` fails to load.
-        loads: Mutex<Vec<(String, String)>>,
+        /// What each `open` was asked to keep.
+        kept: Mutex<Vec<Vec<String>>>,
     }
 
     struct Scripted(VecDeque<Result<SessionState, ClientError>>);
@@ -318,7 +292,8 @@ pub(super) mod tests {
 
     impl Sessions for &Script {
         type Watch = Scripted;
-        async fn open(&self) -> Result<SessionState, ClientError> {
+        async fn open(&self, keep: &[String]) -> Result<SessionState, ClientError> {
+            self.kept.lock().unwrap().push(keep.to_vec());
             self.opens
                 .lock()
                 .unwrap()
@@ -334,19 +309,6 @@ pub(super) mod tests {
                 None => std::future::pending().await,
             }
         }
-        async fn load(&self, id: &str, tool: &str) -> Result<SessionState, ClientError> {
-            let mut loads = self.loads.lock().unwrap();
-            loads.push((id.to_string(), tool.to_string()));
-            if tool == "broken" {
-                return Err(status(tonic::Code::NotFound));
-            }
-            let loaded: Vec<&str> = loads
-                .iter()
-                .filter(|(s, t)| s == id && t != "broken")
-                .map(|(_, t)| t.as_str())
-                .collect();
-            Ok(state(id, 1 + loaded.len() as u64, &loaded))
-        }
     }
 
     fn status(code: tonic::Code) -> ClientError {
@@ -357,8 +319,10 @@ pub(super) mod tests {
         }
     }
 
-    /// A session gone with its coordinator is opened again from the profile, and what the model
-    /// had loaded since is loaded again, in the same order; what cannot be is said.
+    /// A session gone with its coordinator is opened again with what the model had loaded, in
+    /// the same order, as the new session's autoLoad: a tool no host offers yet (the agents not
+    /// back yet) is kept until one does, where loading it after the open was refused and it was
+    /// lost for good (3 of 6 restarts).
     #[tokio::test]
     async fn a_reopened_session_gets_back_the_tools_loaded_since_the_profile() {
         let script = Script::default();
@@ -368,7 +332,7 @@ pub(super) mod tests {
             .unwrap()
             .push_back(Err(status(tonic::Code::NotFound)));
         script.opens.lock().unwrap().push_back(state("t", 1, &[]));
-        let old = state("s", 4, &["x", "broken", "y"]);
+        let old = state("s", 4, &["x", "pending", "y"]);
         let (tx, mut rx) = watch::channel(Arc::new(Catalog::from_state(&old)));
         let shutdown = CancellationToken::new();
         let keeper = keep(&script, tx, shutdown.clone(), Arc::default(), |_| {
@@ -384,11 +348,8 @@ pub(super) mod tests {
         })
         .await
         .unwrap();
-        assert_eq!(catalog.served().collect::<Vec<_>>(), ["x", "y"]);
-        assert_eq!(
-            *script.loads.lock().unwrap(),
-            [("t", "x"), ("t", "broken"), ("t", "y")].map(|(s, t)| (s.to_string(), t.to_string()))
-        );
+        assert_eq!(catalog.session, "t");
+        assert_eq!(*script.kept.lock().unwrap(), [["x", "pending", "y"]]);
     }
 
     /// A request that found the session gone cuts the keeper's wait short: with waits that

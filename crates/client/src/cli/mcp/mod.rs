@@ -118,7 +118,7 @@ pub async fn run(args: McpArgs) -> u8 {
         profile,
         hosts: args.hosts.clone(),
     };
-    let state = match keeper::Sessions::open(&sessions).await {
+    let state = match keeper::Sessions::open(&sessions, &[]).await {
         Ok(state) => state,
         Err(e) => {
             eprintln!("toolctl mcp: cannot open a session: {e}");
