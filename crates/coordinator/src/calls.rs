@@ -577,26 +577,16 @@ where
                     Step::Bypass(request) => {
                         bypasses += 1;
                         let ended = pump.handle.ended().clone();
-                        let decided = match bypasses {
-                            n if n <= MAX_BYPASS_REQUESTS_PER_CALL => {
-                                decide_bypass(
-                                    state, host_id, spec, &verdict, &request, &ended, &mut emit,
-                                )
-                                .await
-                            }
-                            n => {
-                                let why = too_many_bypasses();
-                                // The first past the limit is audited; the call's record counts
-                                // the others, which a looping tool could send by the thousand
-                                // a second.
-                                Some(match n == MAX_BYPASS_REQUESTS_PER_CALL + 1 {
-                                    true => refuse_bypass(state, host_id, spec, &request, why),
-                                    false => {
-                                        audit.bypass_unrecorded();
-                                        (false, why)
-                                    }
-                                })
-                            }
+                        let decided = if bypasses <= MAX_BYPASS_REQUESTS_PER_CALL {
+                            decide_bypass(
+                                state, host_id, spec, &verdict, &request, &ended, &mut emit,
+                            )
+                            .await
+                        } else {
+                            let first = bypasses == MAX_BYPASS_REQUESTS_PER_CALL + 1;
+                            Some(past_the_limit(
+                                state, host_id, spec, &request, first, &mut audit,
+                            ))
                         };
                         match decided {
                             Some((approved, why)) => {
@@ -630,12 +620,27 @@ where
 /// compromised agent) asking again as soon as it is answered wrote 40,000 records in 10 s.
 pub const MAX_BYPASS_REQUESTS_PER_CALL: u32 = 64;
 
-fn too_many_bypasses() -> String {
-    format!(
+/// Refuses a bypass request past [`MAX_BYPASS_REQUESTS_PER_CALL`]: the `first` is audited,
+/// the others only counted in the call's record (`audit`), since a looping tool could send them
+/// by the thousand a second.
+fn past_the_limit(
+    state: &State,
+    host_id: &str,
+    spec: &CallSpec,
+    bypass: &BypassRequest,
+    first: bool,
+    audit: &mut Pending<'_>,
+) -> (bool, String) {
+    let why = format!(
         "refused: the call has asked for {MAX_BYPASS_REQUESTS_PER_CALL} commands outside its \
          sandbox, the most one call may; its further requests are refused without a record \
          each (the call's record counts them)"
-    )
+    );
+    if first {
+        return refuse_bypass(state, host_id, spec, bypass, why);
+    }
+    audit.bypass_unrecorded();
+    (false, why)
 }
 
 /// Where a running call stands after [`Pump::step`].

@@ -876,7 +876,6 @@ struct Turns(std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
 struct Turn {
     turns: Arc<Turns>,
     client: String,
-    lock: Arc<tokio::sync::Mutex<()>>,
     held: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
@@ -888,12 +887,10 @@ impl Turns {
     /// Waits for `client`'s turn (its earlier requests' searches done).
     async fn take(self: &Arc<Self>, client: &str) -> Turn {
         let lock = self.map().entry(client.to_string()).or_default().clone();
-        let held = lock.clone().lock_owned().await;
         Turn {
             turns: self.clone(),
             client: client.to_string(),
-            lock,
-            held: Some(held),
+            held: Some(lock.lock_owned().await),
         }
     }
 
@@ -905,10 +902,12 @@ impl Turns {
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        drop(self.held.take());
+        let Some(held) = self.held.take() else { return };
+        let lock = Arc::clone(tokio::sync::OwnedMutexGuard::mutex(&held));
+        drop(held);
         let mut map = self.turns.map();
         // The map's and this one: no other request of the client holds or waits for a turn.
-        if Arc::strong_count(&self.lock) == 2 {
+        if Arc::strong_count(&lock) == 2 {
             map.remove(&self.client);
         }
     }

@@ -76,6 +76,20 @@ async fn call_asker(
     (events, call_id)
 }
 
+/// Sends `request` as the agent and waits for the coordinator's decision on it.
+async fn decided(
+    out: &mpsc::Sender<AgentMessage>,
+    inbound: &mut Streaming<CoordinatorMessage>,
+    request: BypassRequest,
+) -> BypassDecision {
+    send(out, Out::Bypass(request)).await;
+    next(inbound, |m| match m {
+        In::Bypass(decision) => Some(decision),
+        _ => None,
+    })
+    .await
+}
+
 fn bypass(call_id: u64, request_id: u64) -> Out {
     Out::Bypass(BypassRequest {
         call_id,
@@ -138,22 +152,14 @@ async fn bypass_requests_no_person_should_read_are_refused_by_the_coordinator() 
     ];
     for (i, (argv, reason, why)) in requests.into_iter().enumerate() {
         let request_id = i as u64 + 1;
-        send(
-            &out,
-            Out::Bypass(BypassRequest {
-                call_id,
-                request_id,
-                argv,
-                reason: reason.into(),
-                stdin_bytes: 0,
-            }),
-        )
-        .await;
-        let decision: BypassDecision = next(&mut inbound, |m| match m {
-            In::Bypass(decision) => Some(decision),
-            _ => None,
-        })
-        .await;
+        let request = BypassRequest {
+            call_id,
+            request_id,
+            argv,
+            reason: reason.into(),
+            stdin_bytes: 0,
+        };
+        let decision = decided(&out, &mut inbound, request).await;
         assert_eq!(decision.request_id, request_id);
         assert!(!decision.approved);
         assert!(
@@ -203,20 +209,12 @@ async fn a_call_s_bypass_requests_past_its_limit_are_refused_and_counted() {
     let asked = 1000;
     for request_id in 1..=asked {
         // Named no command: refused by the coordinator whatever the policy, put to nobody.
-        send(
-            &out,
-            Out::Bypass(BypassRequest {
-                call_id,
-                request_id,
-                ..BypassRequest::default()
-            }),
-        )
-        .await;
-        let decision: BypassDecision = next(&mut inbound, |m| match m {
-            In::Bypass(decision) => Some(decision),
-            _ => None,
-        })
-        .await;
+        let request = BypassRequest {
+            call_id,
+            request_id,
+            ..BypassRequest::default()
+        };
+        let decision = decided(&out, &mut inbound, request).await;
         assert_eq!(decision.request_id, request_id);
         assert!(!decision.approved);
         let why = match request_id <= limit {
