@@ -616,7 +616,7 @@ mod wire {
         )
         .unwrap();
         let streams = runtime().block_on(toolsrv_tests::open_bodiless_streams(
-            &fleet,
+            fleet.port,
             tls,
             "/toolsrv.v1.Enrollment/Join",
             2000,

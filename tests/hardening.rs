@@ -877,16 +877,10 @@ fn one_client_cannot_hold_requests_open_without_end() {
     fleet.start_coordinator(&["--max-requests-per-identity=50", &audit]);
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "echo");
-    let alice = toolsrv_tls::client_config(
-        &fleet
-            .pki
-            .files(&toolsrv_tls::Identity::Client("alice".into())),
-        toolsrv_tls::Role::Coordinator,
-    )
-    .unwrap();
+    let alice = client_tls(&fleet, "alice");
     let rt = toolsrv_tests::runtime();
     let streams = rt.block_on(toolsrv_tests::open_bodiless_streams(
-        &fleet,
+        fleet.port,
         alice,
         "/toolsrv.v1.Tools/ListHosts",
         500,
@@ -920,6 +914,136 @@ fn one_client_cannot_hold_requests_open_without_end() {
     wait_for("alice to be served again", Duration::from_secs(10), || {
         fleet.toolctl(&["hosts"]).status.success().then_some(())
     });
+}
+
+/// An answer keeps its request's place, and its bytes in the client's budget, until it has
+/// left, not merely until the coordinator queued it. A client whose streams give the
+/// coordinator a window of one byte and read nothing holds at most `--max-requests-per-identity`
+/// requests and `--max-answer-bytes-per-identity` bytes of answers: past them, requests are
+/// refused and answers cut short with `RESOURCE_EXHAUSTED`, other clients are served, small
+/// answers to the same client still go, and once its streams are gone it is served again.
+/// Before, each answer was queued whole in the HTTP/2 send buffer and its request counted as
+/// ended: 1,000 unread answers of 1.25 MB held the coordinator at 1.3 GB, and no request limit
+/// applied to them.
+#[test]
+fn answers_nobody_reads_are_held_to_the_limits() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "echo.meta",
+        r#"{"description": "echo", "cmd": "cat"}"#,
+        false,
+    );
+    // One page of ListTools holds about 1 MiB of these.
+    let prompt = "the answer of this tool is long. ".repeat(2_000);
+    for i in 0..20 {
+        fleet.tool(
+            &format!("long{i:02}.meta"),
+            &serde_json::json!({"description": "a tool with a long prompt", "prompt": prompt, "cmd": "true"})
+                .to_string(),
+            false,
+        );
+    }
+    let audit = fleet.audit_arg();
+    fleet.start_coordinator(&[
+        "--max-requests-per-identity=50",
+        "--max-answer-bytes-per-identity=32M",
+        &audit,
+    ]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "long19");
+    let alice = client_tls(&fleet, "alice");
+    let rt = toolsrv_tests::runtime();
+
+    // Small answers: each keeps its request's place while it waits.
+    let unread = rt.block_on(toolsrv_tests::open_unread_answers(
+        fleet.port,
+        alice.clone(),
+        "/toolsrv.v1.Tools/ListHosts",
+        &[],
+        60,
+        1,
+        Duration::from_secs(3),
+    ));
+    assert_eq!(unread.waiting, 50, "{unread:?}");
+    assert_eq!(unread.ended.len(), 10, "{unread:?}");
+    for (status, message) in &unread.ended {
+        assert_eq!(status, "8", "RESOURCE_EXHAUSTED: {unread:?}");
+        assert!(message.contains("50%20requests%20open"), "{message}");
+    }
+    let out = fleet.toolctl(&["hosts"]);
+    assert_exit(&out, 75, &["client/alice has 50 requests open"]);
+    drop(unread);
+    wait_for("alice to be served again", Duration::from_secs(10), || {
+        fleet.toolctl(&["hosts"]).status.success().then_some(())
+    });
+
+    // Large answers: held to 32 MiB, the rest cut short.
+    let host_a = [0x0a, 0x01, b'a'];
+    let unread = rt.block_on(toolsrv_tests::open_unread_answers(
+        fleet.port,
+        alice,
+        "/toolsrv.v1.Tools/ListTools",
+        &host_a,
+        45,
+        1,
+        Duration::from_secs(3),
+    ));
+    assert!(
+        (20..=34).contains(&unread.waiting) && unread.waiting + unread.ended.len() == 45,
+        "{unread:?}"
+    );
+    for (status, message) in &unread.ended {
+        assert_eq!(status, "8", "RESOURCE_EXHAUSTED: {unread:?}");
+        assert!(
+            message.contains("would%20pass%20the%20most%20it%20may%20hold%20(32.0%20MiB)"),
+            "{message}"
+        );
+    }
+    // Alice's next large answer is cut short too, and says why; her small ones go; Bob is served.
+    let out = fleet.toolctl(&["tools", "a"]);
+    assert_exit(
+        &out,
+        75,
+        &["of answers this coordinator cannot send until it reads them"],
+    );
+    assert_exit(&fleet.toolctl(&["hosts"]), 0, &[]);
+    let out = fleet.toolctl_as("client-bob", &["tools", "a"], None);
+    assert_exit(&out, 0, &[]);
+    assert!(text(&out.stdout).contains("long19"), "{out:?}");
+    // The run's first cut is recorded, once.
+    let records = fleet.audit_records();
+    let cut: Vec<&Value> = records
+        .iter()
+        .filter(|r| {
+            r["event"] == "refusal" && r["message"].as_str().unwrap_or("").contains("cut short")
+        })
+        .collect();
+    assert_eq!(cut.len(), 1, "{records:?}");
+    assert_eq!(cut[0]["client"], "alice");
+    assert_eq!(cut[0]["rpc"], "/toolsrv.v1.Tools/ListTools");
+
+    // Her streams gone with their connection, her large answers go again.
+    drop(unread);
+    wait_for(
+        "alice's large answers to go again",
+        Duration::from_secs(10),
+        || {
+            fleet
+                .toolctl(&["tools", "a"])
+                .status
+                .success()
+                .then_some(())
+        },
+    );
+}
+
+/// The TLS settings of client `name`'s certificate, for a raw HTTP/2 client.
+fn client_tls(fleet: &Fleet, name: &str) -> std::sync::Arc<tokio_rustls::rustls::ClientConfig> {
+    toolsrv_tls::client_config(
+        &fleet.pki.files(&toolsrv_tls::Identity::Client(name.into())),
+        toolsrv_tls::Role::Coordinator,
+    )
+    .unwrap()
 }
 
 /// Whoever can write the audit log can change or erase its records. A log another user made

@@ -6,11 +6,11 @@
 //! is bounded.
 
 pub use toolsrv_testkit::{
-    AgentSpec, LineWatch, Pki, Proc, Prometheus, TcpLink, TestFleet, TestkitError, Venv,
-    assert_exit, bin, ca_pin_in, decisions, ensure_program, fake_version_manager, find_model_dir,
-    finish_child, free_port, http_get, json_lines, line_starting, mpnet_model_dir, must,
-    run_bounded, text, try_bin, try_run_bounded, try_wait_for, wait_for, wait_until, write,
-    write_executable, write_file,
+    AgentSpec, LineWatch, Pki, Proc, Prometheus, Streams, TcpLink, TestFleet, TestkitError, Unread,
+    Venv, assert_exit, bin, ca_pin_in, decisions, ensure_program, fake_version_manager,
+    find_model_dir, finish_child, free_port, http_get, json_lines, line_starting, mpnet_model_dir,
+    must, open_bodiless_streams, open_unread_answers, run_bounded, text, try_bin, try_run_bounded,
+    try_wait_for, wait_for, wait_until, write, write_executable, write_file,
 };
 
 /// A fleet under test: one PKI, one coordinator, any number of agents (the name these tests
@@ -73,110 +73,6 @@ pub fn assert_same_ranking(a: &serde_json::Value, b: &serde_json::Value) {
     for ((name, x), (_, y)) in a_hits.iter().zip(&b_hits) {
         assert!((x - y).abs() < 1e-6, "{name}: {x} and {y}\n{a}\n{b}");
     }
-}
-
-/// What became of the streams [`open_bodiless_streams`] opened.
-pub struct Streams {
-    /// Still waiting for an answer (the coordinator took them).
-    pub taken: usize,
-    /// Answered at once, with the gRPC status and message of each kind of answer.
-    pub refused: usize,
-    pub answers: std::collections::BTreeSet<(String, String)>,
-    /// The connection and the streams still waiting, kept open while the caller looks.
-    pub connection: h2::client::SendRequest<bytes::Bytes>,
-    pub waiting: Vec<(h2::SendStream<bytes::Bytes>, h2::client::ResponseFuture)>,
-}
-
-impl std::fmt::Debug for Streams {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Streams")
-            .field("taken", &self.taken)
-            .field("refused", &self.refused)
-            .field("answers", &self.answers)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Opens `n` gRPC requests to `path` on one HTTP/2 connection to the fleet's coordinator made
-/// with `tls`: headers only, never a body, as a peer that means to hold streams would. Each is
-/// given 3 s to be answered.
-#[allow(clippy::expect_used)] // A test fixture: fails loudly.
-pub async fn open_bodiless_streams(
-    fleet: &Fleet,
-    tls: std::sync::Arc<tokio_rustls::rustls::ClientConfig>,
-    path: &str,
-    n: usize,
-) -> Streams {
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", fleet.port))
-        .await
-        .expect("a TCP connection to the coordinator");
-    let name =
-        tokio_rustls::rustls::pki_types::ServerName::try_from("localhost").expect("a server name");
-    let stream = tokio_rustls::TlsConnector::from(tls)
-        .connect(name, tcp)
-        .await
-        .expect("a TLS connection to the coordinator");
-    // Never more streams at once than the server takes, even before its settings say so: a
-    // loaded machine's late settings had the server refuse a stream over its limit (an HTTP/2
-    // refusal, not the answer the test looks for).
-    let (mut send, conn) = h2::client::Builder::new()
-        .initial_max_send_streams(toolsrv_tls::STREAMS_PER_CONNECTION as usize)
-        .handshake(stream)
-        .await
-        .expect("HTTP/2");
-    tokio::spawn(conn);
-    let mut answers = tokio::task::JoinSet::new();
-    for _ in 0..n {
-        send = send.ready().await.expect("room for a stream");
-        let request = http::Request::post(format!("https://localhost:{}{path}", fleet.port))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(())
-            .expect("a request");
-        let (mut response, body) = send.send_request(request, false).expect("a stream");
-        answers.spawn(async move {
-            // Unanswered, the stream is handed back whole: dropping it would cancel it.
-            let answered =
-                tokio::time::timeout(std::time::Duration::from_secs(3), &mut response).await;
-            let Ok(answered) = answered else {
-                return Err((body, response));
-            };
-            let header = |h: &str| {
-                answered
-                    .as_ref()
-                    .ok()
-                    .and_then(|r| r.headers().get(h))
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default()
-                    .to_string()
-            };
-            match &answered {
-                // Named, so that a test that did not expect one says what it was.
-                Err(e) => Ok(("HTTP/2 error".to_string(), e.to_string())),
-                Ok(_) => Ok((header("grpc-status"), header("grpc-message"))),
-            }
-        });
-    }
-    let mut streams = Streams {
-        taken: 0,
-        refused: 0,
-        answers: Default::default(),
-        connection: send,
-        waiting: Vec::new(),
-    };
-    while let Some(answer) = answers.join_next().await {
-        match answer.expect("an answer task") {
-            Ok(answer) => {
-                streams.refused += 1;
-                streams.answers.insert(answer);
-            }
-            Err(waiting) => {
-                streams.taken += 1;
-                streams.waiting.push(waiting);
-            }
-        }
-    }
-    streams
 }
 
 /// `toolctl mcp` over stdio with its stderr in a file: requests written, answers read by id.

@@ -6,7 +6,7 @@
 //! sshd and tears everything down. Environment: `FLEET_BIN_DIR` (default: next to this bench's
 //! executable), `FLEET_PKI` (default: a fresh PKI written here), `FLEET_EXAMPLES`, `FLEET_WORK`,
 //! `FLEET_SSH_CONFIG` + `FLEET_SSH_HOST` or `FLEET_SSH_SKIP`, `FLEET_ONLY=latency,concurrency,
-//! fanout,stream,memory,replicas,scale,failover,find` (`scale`, `failover` and `find` run only
+//! fanout,stream,memory,replicas,scale,failover,find,unread` (`scale`, `failover` and `find` run only
 //! when named: `FLEET_SCALE_AGENTS`, default 10,000, `FLEET_SCALE_PARALLEL`,
 //! `FLEET_SCALE_KEEPALIVE_MS`, `FLEET_SCALE_RUNS`; `FLEET_REPLICA_AGENTS`, default 3,000; `find`
 //! takes the encoder from `TOOLSRV_FIND_MODEL` and `FLEET_FIND_HOSTS`, default 10),
@@ -24,6 +24,8 @@ mod find_catalog;
 mod replicas;
 #[path = "fleet/scale.rs"]
 mod scale;
+#[path = "fleet/unread.rs"]
+mod unread;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -236,7 +238,7 @@ async fn run() -> Result<(), BenchError> {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
     let mut failures = Vec::new();
-    let sections: [(&str, Section); 9] = [
+    let sections: [(&str, Section); 10] = [
         ("latency", |p, s| {
             Box::pin(latency_and_concurrency(p, s, true))
         }),
@@ -250,6 +252,7 @@ async fn run() -> Result<(), BenchError> {
         ("replicas", |p, s| Box::pin(replicas::replicas(p, s))),
         ("failover", |p, s| Box::pin(failover::failover(p, s))),
         ("find", |p, s| Box::pin(find::find(p, s))),
+        ("unread", |p, s| Box::pin(unread::unread(p, s))),
     ];
     for (name, section) in sections {
         if !wanted(name) {

@@ -242,13 +242,11 @@ impl Audit {
     }
 
     /// Records the first request of a run that [`crate::streams`] refused, before any service
-    /// saw it (a refusal with `rpc`, the method asked for): `peer` had too many open at once,
-    /// and until it has none open its next requests are refused without a record each.
-    pub fn requests_refused(&self, peer: &str, rpc: &str, why: &tonic::Status) {
-        let message = format!(
-            "{}; until fewer are open, its requests are refused without a record each",
-            why.message()
-        );
+    /// saw it or before its answer was sent (a refusal with `rpc`, the method asked for):
+    /// `peer` had too many requests open at once, or too many bytes of answers waiting to
+    /// leave, and `until` says what happens to the next ones until the run ends.
+    pub fn requests_refused(&self, peer: &str, rpc: &str, why: &tonic::Status, until: &str) {
+        let message = format!("{}; {until}", why.message());
         let mut record = refusal_json(peer, None, None, why, &message);
         record["rpc"] = json!(bounded(rpc, MAX_NAME_FIELD));
         self.write(record);

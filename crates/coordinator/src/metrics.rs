@@ -33,6 +33,8 @@ pub struct Metrics {
     enrollment_throttled: Family<Labels<1>, Counter>,
     /// Requests refused for too many open at once (`crate::streams`).
     pub(crate) requests_refused: Counter,
+    /// Answers cut short for too many bytes waiting to leave (`crate::streams`).
+    pub(crate) answers_refused: Counter,
     finds: Family<Labels<1>, Counter>,
     find_duration: Histogram,
     index_builds: Family<Labels<1>, Counter>,
@@ -58,6 +60,7 @@ impl Default for Metrics {
             views_passed_over: Counter::default(),
             hosts_forgotten: Counter::default(),
             requests_refused: Counter::default(),
+            answers_refused: Counter::default(),
             enrollment_throttled: Family::default(),
             finds: Family::default(),
             find_duration: duration_histogram(),
@@ -120,6 +123,11 @@ impl Metrics {
             "requests_refused",
             "Requests refused before any service saw them: the peer had too many open at once (--max-requests-per-identity per certificate identity, 64 per address without a certificate)",
             self.requests_refused.clone(),
+        );
+        registry.register(
+            "answers_refused",
+            "Answers cut short with RESOURCE_EXHAUSTED: the peer's answers waiting to leave (sent, not yet read) held more bytes than --max-answer-bytes-per-identity (32 MiB per address without a certificate)",
+            self.answers_refused.clone(),
         );
         registry.register(
             "enrollment_throttled",

@@ -13,11 +13,22 @@
 //!
 //! The per-client quotas (calls, watches, finds) bound what a client keeps open on purpose, far
 //! under these limits; this bounds what the quotas do not see.
+//!
+//! What a request's answer holds is bounded too. Each chunk of response data is taken from its
+//! asker's budget of answer bytes (`--max-answer-bytes-per-identity`) when the handler gives it,
+//! and given back only once it has left: hyper queues a chunk whole in HTTP/2's send buffer when
+//! the stream has a byte of window, and asks for the next at once, so a peer that opens its
+//! window one byte at a time (or not at all) and reads nothing would pin every answer there
+//! (1,000 `GetSession`s of a 1.25 MB session held 1.3 GB). The last byte of each chunk is
+//! handed to hyper on its own: hyper sends it only once the stream has window again, which is
+//! once the rest of the chunk has left, and asks for what follows only then. So a request keeps
+//! its place and its bytes until its answer has left, not merely until it was queued. A chunk
+//! past the budget is dropped, and the answer ends with `RESOURCE_EXHAUSTED` in its trailers.
 
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use tonic::Status;
@@ -33,6 +44,18 @@ pub const DEFAULT_MAX_PER_IDENTITY: usize = 1024;
 /// Requests open at once from one address without a certificate: a joining host makes one or
 /// two (its CA bundle, its join), and hosts behind one NAT join a few at a time.
 pub const MAX_ANONYMOUS_PER_ADDRESS: usize = 64;
+
+/// Bytes of answers one certificate identity may have waiting to leave at once by default.
+pub const DEFAULT_MAX_ANSWER_BYTES_PER_IDENTITY: usize = 256 << 20;
+
+/// The least `--max-answer-bytes-per-identity` may be (0 aside): a chunk of response data holds
+/// one message of up to the message size limit (16 MiB) and what came before it in the encoder's
+/// buffer, and a chunk above the whole budget could never be sent.
+pub const MIN_ANSWER_BYTES: usize = 32 << 20;
+
+/// Bytes of answers waiting to leave at once for one address without a certificate: their
+/// answers are a CA bundle and a certificate.
+pub const MAX_ANONYMOUS_ANSWER_BYTES: usize = MIN_ANSWER_BYTES;
 
 /// Who a request is counted for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -60,20 +83,28 @@ impl Asker {
     }
 }
 
-/// Called with the first refusal of each run: who, the method asked for, the refusal.
-pub type OnRun = Arc<dyn Fn(&str, &str, &Status) + Send + Sync>;
+/// Called with the first refusal of each run: who, the method asked for, the refusal, and what
+/// happens until the run ends.
+pub type OnRun = Arc<dyn Fn(&str, &str, &Status, &str) + Send + Sync>;
 
 /// One request's place among its asker's open requests, given back when dropped.
 type Place = Slot<Asker>;
+
+/// Bytes of an answer taken from its asker's budget, given back when dropped.
+type Charge = Slot<Asker>;
 
 /// The limits and counts; cloned into every connection's service.
 #[derive(Clone)]
 pub struct StreamLimits {
     per_identity: usize,
     anonymous_per_address: usize,
+    answer_bytes_per_identity: usize,
     /// Requests open per asker, shared by every connection.
     open: OpenCounts<Asker>,
+    /// Bytes of answers waiting to leave per asker.
+    answers: OpenCounts<Asker>,
     refused: Counter,
+    answers_refused: Counter,
     /// The audit record of a run's first refusal.
     on_run: OnRun,
 }
@@ -83,19 +114,31 @@ impl std::fmt::Debug for StreamLimits {
         f.debug_struct("StreamLimits")
             .field("per_identity", &self.per_identity)
             .field("anonymous_per_address", &self.anonymous_per_address)
+            .field("answer_bytes_per_identity", &self.answer_bytes_per_identity)
             .finish_non_exhaustive()
     }
 }
 
 impl StreamLimits {
-    /// `per_identity` 0: no limit for peers with a certificate. `refused` counts refusals;
-    /// `on_run` is called with the first of each run (until the peer has none open).
-    pub fn new(per_identity: usize, refused: Counter, on_run: OnRun) -> Self {
+    /// `per_identity` requests and `answer_bytes_per_identity` bytes of answers (0: no limit)
+    /// for peers with a certificate. `refused` counts refused requests, `answers_refused`
+    /// answers cut short; `on_run` is called with the first refusal of each run (until the peer
+    /// has none open, or no answer bytes waiting).
+    pub fn new(
+        per_identity: usize,
+        answer_bytes_per_identity: usize,
+        refused: Counter,
+        answers_refused: Counter,
+        on_run: OnRun,
+    ) -> Self {
         Self {
             per_identity,
             anonymous_per_address: MAX_ANONYMOUS_PER_ADDRESS,
+            answer_bytes_per_identity,
             open: OpenCounts::default(),
+            answers: OpenCounts::default(),
             refused,
+            answers_refused,
             on_run,
         }
     }
@@ -127,9 +170,64 @@ impl StreamLimits {
         ));
         if full.first {
             tracing::warn!(asker = %asker, remote = %info.remote, limit, rpc, "too many requests open at once: new ones are refused until some end (--max-requests-per-identity)");
-            (self.on_run)(&asker.audited(), rpc, &status);
+            (self.on_run)(
+                &asker.audited(),
+                rpc,
+                &status,
+                "until fewer are open, its requests are refused without a record each",
+            );
         }
         Err(status)
+    }
+
+    /// The budget of answer bytes `place`'s asker has, 0 for none.
+    fn answer_budget(&self, place: &Place) -> usize {
+        match place.key() {
+            Asker::Identity(_) => self.answer_bytes_per_identity,
+            Asker::Address(_) => MAX_ANONYMOUS_ANSWER_BYTES,
+        }
+    }
+
+    /// Takes `bytes` of an answer to `rpc` from `place`'s asker's budget, or says why not.
+    fn charge(&self, place: &Place, rpc: &str, bytes: usize) -> Result<Option<Charge>, Status> {
+        let limit = self.answer_budget(place);
+        if limit == 0 {
+            return Ok(None);
+        }
+        let asker = place.key();
+        let full = match self.answers.admit_weighing(asker.clone(), bytes, limit) {
+            Ok(charge) => return Ok(Some(charge)),
+            Err(full) => full,
+        };
+        self.answers_refused.inc();
+        let status = Status::resource_exhausted(format!(
+            "{asker} has {} of answers this coordinator cannot send until it reads them, and this \
+             one's {} would pass the most it may hold ({}): read the answers of its other \
+             requests, or make fewer at once",
+            mib(full.held),
+            mib(bytes),
+            mib(limit)
+        ));
+        if full.first {
+            tracing::warn!(asker = %asker, held = full.held, bytes, limit, rpc, "answers waiting to be read hold too many bytes: new ones are cut short until some leave (--max-answer-bytes-per-identity)");
+            (self.on_run)(
+                &asker.audited(),
+                rpc,
+                &status,
+                "until its waiting answers are read, its answers past the budget are cut short \
+                 without a record each",
+            );
+        }
+        Err(status)
+    }
+}
+
+/// `bytes` for a person: MiB with one decimal, or bytes below 1 MiB.
+fn mib(bytes: usize) -> String {
+    if bytes < 1 << 20 {
+        format!("{bytes} bytes")
+    } else {
+        format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20))
     }
 }
 
@@ -174,14 +272,21 @@ where
         ) {
             Ok(None) => Box::pin(self.inner.call(req)),
             Ok(Some(place)) => {
+                let rpc = req.uri().path().to_string();
                 let fut = self.inner.call(req);
+                let limits = self.limits.clone();
                 // Held by the future until the response comes, then by its body until it ends.
                 Box::pin(async move {
                     let response = fut.await?;
                     Ok(response.map(|body| {
                         Body::new(Counted {
                             body,
-                            _place: place,
+                            place,
+                            limits,
+                            rpc,
+                            last: None,
+                            charge: None,
+                            ended: false,
                         })
                     }))
                 })
@@ -191,10 +296,21 @@ where
     }
 }
 
-/// A response body that keeps its request's [`Place`] until it ends or is dropped.
+/// A response body that keeps its request's [`Place`] until its answer has left or it is
+/// dropped, and each chunk's bytes in its asker's budget until the chunk has left (see the
+/// module's documentation).
 struct Counted {
     body: Body,
-    _place: Place,
+    place: Place,
+    limits: StreamLimits,
+    /// The method, for the record of a refusal.
+    rpc: String,
+    /// The last byte of the chunk being handed out, kept back until hyper asks again.
+    last: Option<bytes::Bytes>,
+    /// The bytes of the chunk being handed out, taken from the budget.
+    charge: Option<Charge>,
+    /// The answer was cut short: nothing follows.
+    ended: bool,
 }
 
 impl HttpBody for Counted {
@@ -205,15 +321,51 @@ impl HttpBody for Counted {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        let this = &mut *self;
+        if let Some(last) = this.last.take() {
+            return Poll::Ready(Some(Ok(Frame::data(last))));
+        }
+        // Asked again after a chunk's last byte: hyper sent that byte, so the chunk has left.
+        this.charge = None;
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        let frame = match ready!(Pin::new(&mut this.body).poll_frame(cx)) {
+            Some(Ok(frame)) => frame,
+            other => return Poll::Ready(other),
+        };
+        let mut data = match frame.into_data() {
+            Ok(data) if data.len() > 1 => data,
+            Ok(data) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+            Err(frame) => return Poll::Ready(Some(Ok(frame))),
+        };
+        match this.limits.charge(&this.place, &this.rpc, data.len()) {
+            Ok(charge) => this.charge = charge,
+            Err(status) => {
+                // What the handler had ready goes now, not when the peer reads.
+                this.body = Body::empty();
+                this.ended = true;
+                let mut trailers = http::HeaderMap::new();
+                return Poll::Ready(Some(match status.add_header(&mut trailers) {
+                    Ok(()) => Ok(Frame::trailers(trailers)),
+                    Err(status) => Err(status),
+                }));
+            }
+        }
+        this.last = Some(data.split_off(data.len() - 1));
+        Poll::Ready(Some(Ok(Frame::data(data))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.last.is_none() && (self.ended || self.body.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        if self.last.is_some() || self.ended {
+            SizeHint::default()
+        } else {
+            self.body.size_hint()
+        }
     }
 }
 
@@ -245,8 +397,10 @@ mod tests {
         let seen = runs.clone();
         let limits = StreamLimits::new(
             2,
+            0,
             refused.clone(),
-            Arc::new(move |peer: &str, rpc: &str, _: &Status| {
+            Counter::default(),
+            Arc::new(move |peer: &str, rpc: &str, _: &Status, _: &str| {
                 seen.lock().unwrap().push((peer.into(), rpc.into()));
             }),
         );
@@ -301,5 +455,160 @@ mod tests {
         drop((held, anonymous));
         assert!(limits.admit(Some(&alice), "/t/M").unwrap().is_some());
         assert!(limits.open.is_empty(), "every place given back");
+    }
+
+    /// A body of `chunks` then trailers saying OK, as tonic's encoder would give.
+    fn answer(chunks: &[usize]) -> Body {
+        let mut frames: Vec<Result<Frame<bytes::Bytes>, Status>> = chunks
+            .iter()
+            .map(|&n| Ok(Frame::data(bytes::Bytes::from(vec![7u8; n]))))
+            .collect();
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+        frames.push(Ok(Frame::trailers(trailers)));
+        Body::new(http_body_util::StreamBody::new(tokio_stream::iter(frames)))
+    }
+
+    fn counted(limits: &StreamLimits, who: &str, body: Body) -> Counted {
+        let place = limits
+            .admit(
+                Some(&info(Some(Identity::Client(who.into())), "192.0.2.1:1")),
+                "/t/M",
+            )
+            .unwrap()
+            .unwrap();
+        Counted {
+            body,
+            place,
+            limits: limits.clone(),
+            rpc: "/t/M".into(),
+            last: None,
+            charge: None,
+            ended: false,
+        }
+    }
+
+    fn next(body: &mut Counted) -> Option<Frame<bytes::Bytes>> {
+        let waker = std::task::Waker::noop();
+        match Pin::new(body).poll_frame(&mut Context::from_waker(waker)) {
+            Poll::Ready(frame) => frame.map(|f| f.unwrap()),
+            Poll::Pending => panic!("the test body is always ready"),
+        }
+    }
+
+    fn data_len(frame: Option<Frame<bytes::Bytes>>) -> usize {
+        frame.unwrap().into_data().unwrap().len()
+    }
+
+    /// Each chunk leaves in two, its last byte on its own, and its bytes stay in the asker's
+    /// budget until hyper asks for what follows that byte (by then the chunk has left).
+    #[test]
+    fn a_chunk_s_bytes_are_held_until_its_last_byte_is_taken() {
+        let limits = StreamLimits::new(0, 100, Counter::default(), Counter::default(), no_run());
+        let alice = Asker::Identity(Identity::Client("alice".into()));
+        let mut body = counted(&limits, "alice", answer(&[60, 1, 30]));
+        assert_eq!(data_len(next(&mut body)), 59);
+        assert!(!body.is_end_stream());
+        assert_eq!(held(&limits, &alice), 60, "taken when the chunk came");
+        assert_eq!(data_len(next(&mut body)), 1);
+        assert_eq!(held(&limits, &alice), 60, "its last byte has not left yet");
+        // A chunk of one byte goes as it is, with nothing taken.
+        assert_eq!(data_len(next(&mut body)), 1);
+        assert_eq!(held(&limits, &alice), 0, "the first chunk has left");
+        assert_eq!(data_len(next(&mut body)), 29);
+        assert_eq!(held(&limits, &alice), 30);
+        assert_eq!(data_len(next(&mut body)), 1);
+        assert!(next(&mut body).unwrap().is_trailers());
+        assert_eq!(held(&limits, &alice), 0);
+        assert!(next(&mut body).is_none());
+        drop(body);
+        assert!(limits.open.is_empty() && limits.answers.is_empty());
+    }
+
+    /// A chunk past the asker's budget is dropped and its answer ends with RESOURCE_EXHAUSTED
+    /// in the trailers; the first of a run is recorded, others' answers are not touched, and
+    /// once the asker's chunks have left its answers go again.
+    #[test]
+    fn an_answer_past_the_budget_is_cut_short_and_others_go_on() {
+        let cut = Counter::default();
+        let runs: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+        let seen = runs.clone();
+        let limits = StreamLimits::new(
+            0,
+            100,
+            Counter::default(),
+            cut.clone(),
+            Arc::new(move |peer: &str, _: &str, why: &Status, until: &str| {
+                seen.lock()
+                    .unwrap()
+                    .push((peer.into(), format!("{} {until}", why.message())));
+            }),
+        );
+        let mut first = counted(&limits, "alice", answer(&[80]));
+        assert_eq!(data_len(next(&mut first)), 79);
+        let mut second = counted(&limits, "alice", answer(&[30, 5]));
+        let trailers = next(&mut second).unwrap().into_trailers().unwrap();
+        assert_eq!(trailers["grpc-status"], "8", "{trailers:?}");
+        let message = trailers["grpc-message"].to_str().unwrap();
+        // Percent-encoded, as gRPC carries it.
+        assert!(
+            message.starts_with("client/alice%20has%2080%20bytes%20of%20answers"),
+            "{message}"
+        );
+        assert!(second.is_end_stream());
+        assert!(next(&mut second).is_none(), "nothing after the refusal");
+        // Bob has a budget of his own.
+        let mut bob = counted(&limits, "bob", answer(&[90]));
+        assert_eq!(data_len(next(&mut bob)), 89);
+        // A third refusal of alice's run is counted, not recorded.
+        let mut third = counted(&limits, "alice", answer(&[30]));
+        assert!(next(&mut third).unwrap().is_trailers());
+        assert_eq!(cut.get(), 2);
+        assert_eq!(runs.lock().unwrap().len(), 1, "{runs:?}");
+        assert!(runs.lock().unwrap()[0].1.contains("cut short"), "{runs:?}");
+        // Alice's first answer leaves; her next goes whole.
+        assert_eq!(data_len(next(&mut first)), 1);
+        assert!(next(&mut first).unwrap().is_trailers());
+        let mut fourth = counted(&limits, "alice", answer(&[30]));
+        assert_eq!(data_len(next(&mut fourth)), 29);
+        // A body dropped before its chunk left gives its bytes back.
+        drop((first, second, third, fourth, bob));
+        assert!(limits.answers.is_empty() && limits.open.is_empty());
+    }
+
+    /// A peer without a certificate has a budget of its own per address, whatever the flag.
+    #[test]
+    fn an_address_without_a_certificate_has_its_own_budget() {
+        let limits = StreamLimits::new(0, 0, Counter::default(), Counter::default(), no_run());
+        let place = limits
+            .admit(Some(&info(None, "192.0.2.7:1")), "/t/M")
+            .unwrap()
+            .unwrap();
+        let mut body = Counted {
+            body: answer(&[MAX_ANONYMOUS_ANSWER_BYTES + 1]),
+            place,
+            limits: limits.clone(),
+            rpc: "/t/M".into(),
+            last: None,
+            charge: None,
+            ended: false,
+        };
+        let trailers = next(&mut body).unwrap().into_trailers().unwrap();
+        assert_eq!(trailers["grpc-status"], "8", "{trailers:?}");
+        // Alice, with no limit, is not held to it.
+        let mut alice = counted(&limits, "alice", answer(&[MAX_ANONYMOUS_ANSWER_BYTES + 1]));
+        assert_eq!(data_len(next(&mut alice)), MAX_ANONYMOUS_ANSWER_BYTES);
+    }
+
+    fn no_run() -> OnRun {
+        Arc::new(|_: &str, _: &str, _: &Status, _: &str| {})
+    }
+
+    fn held(limits: &StreamLimits, asker: &Asker) -> usize {
+        // Nothing held: anything admits the whole budget.
+        match limits.answers.admit_weighing(asker.clone(), usize::MAX, 1) {
+            Err(full) => full.held,
+            Ok(_) => unreachable!("a weight above the limit is refused"),
+        }
     }
 }

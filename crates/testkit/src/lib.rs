@@ -25,6 +25,7 @@ mod model;
 mod pki;
 mod proc;
 mod python;
+mod raw_h2;
 mod wait;
 mod watch;
 
@@ -47,6 +48,7 @@ pub use pki::{
 };
 pub use proc::{Proc, free_port, try_free_port};
 pub use python::Venv;
+pub use raw_h2::{Streams, Unread, open_bodiless_streams, open_unread_answers};
 pub use wait::{
     finish_child, run_bounded, try_finish_child, try_run_bounded, try_wait_for, wait_for,
     wait_until,

@@ -1,5 +1,6 @@
-//! Things open at once per key (connections per address or identity, requests per peer), each
-//! held by a [`Slot`] that gives its place back when dropped, with what every such limit needs:
+//! Things open at once per key (connections per address or identity, requests per peer, bytes
+//! of answers a peer has not read), each held by a [`Slot`] that gives its place (or its weight)
+//! back when dropped, with what every such limit needs:
 //! a refusal past the limit, and whether it is the first of its run, so that a peer held at its
 //! limit is logged once rather than at each refusal.
 
@@ -35,6 +36,8 @@ impl<K> Default for OpenCounts<K> {
 pub struct Full {
     /// The first refusal since the key last had none open: the one to log.
     pub first: bool,
+    /// What the key holds: how many open, or their weight.
+    pub held: usize,
 }
 
 impl<K: Eq + Hash + Clone> OpenCounts<K> {
@@ -45,17 +48,28 @@ impl<K: Eq + Hash + Clone> OpenCounts<K> {
 
     /// A slot for one more under `key` if fewer than `limit` are open (0: no limit).
     pub fn admit(&self, key: K, limit: usize) -> Result<Slot<K>, Full> {
+        self.admit_weighing(key, 1, limit)
+    }
+
+    /// A slot of `weight` under `key` if what the key holds stays within `limit` with it (0: no
+    /// limit). A weight above the limit is always refused.
+    pub fn admit_weighing(&self, key: K, weight: usize, limit: usize) -> Result<Slot<K>, Full> {
         let mut keys = self.lock();
         let (open, told) = keys.entry(key.clone()).or_insert((0, false));
-        if limit != 0 && *open >= limit {
-            return Err(Full {
-                first: !std::mem::replace(told, true),
-            });
+        if limit != 0 && open.saturating_add(weight) > limit {
+            let held = *open;
+            let first = !std::mem::replace(told, true);
+            if held == 0 {
+                // Nothing held: the key is not kept for a refusal alone.
+                keys.remove(&key);
+            }
+            return Err(Full { first, held });
         }
-        *open += 1;
+        *open += weight;
         Ok(Slot {
             counts: self.clone(),
             key,
+            weight,
         })
     }
 
@@ -70,6 +84,7 @@ impl<K: Eq + Hash + Clone> OpenCounts<K> {
 pub struct Slot<K: Eq + Hash + Clone> {
     counts: OpenCounts<K>,
     key: K,
+    weight: usize,
 }
 
 impl<K: Eq + Hash + Clone> Slot<K> {
@@ -82,7 +97,7 @@ impl<K: Eq + Hash + Clone> Drop for Slot<K> {
     fn drop(&mut self) {
         let mut keys = self.counts.lock();
         if let Some((open, _)) = keys.get_mut(&self.key) {
-            *open -= 1;
+            *open -= self.weight;
             if *open == 0 {
                 keys.remove(&self.key);
             }
@@ -99,16 +114,55 @@ mod tests {
     fn counted_per_key_refused_past_the_limit_and_the_first_refusal_of_a_run_told() {
         let counts = OpenCounts::default();
         let a: Vec<Slot<&str>> = (0..2).map(|_| counts.admit("a", 2).unwrap()).collect();
-        assert_eq!(counts.admit("a", 2).unwrap_err(), Full { first: true });
-        assert_eq!(counts.admit("a", 2).unwrap_err(), Full { first: false });
+        assert_eq!(
+            counts.admit("a", 2).unwrap_err(),
+            Full {
+                first: true,
+                held: 2
+            }
+        );
+        assert_eq!(
+            counts.admit("a", 2).unwrap_err(),
+            Full {
+                first: false,
+                held: 2
+            }
+        );
         let b = counts.admit("b", 2).unwrap();
         assert_eq!(b.key(), &"b");
         assert!(counts.admit("a", 0).is_ok(), "0: no limit");
         drop(a);
         // The run over (none open), a refusal is the first again.
         let a: Vec<Slot<&str>> = (0..2).map(|_| counts.admit("a", 2).unwrap()).collect();
-        assert_eq!(counts.admit("a", 2).unwrap_err(), Full { first: true });
+        assert!(counts.admit("a", 2).unwrap_err().first);
         drop((a, b));
+        assert!(counts.is_empty());
+    }
+
+    #[test]
+    fn weights_are_held_to_the_limit_and_given_back_whole() {
+        let counts = OpenCounts::default();
+        let a = counts.admit_weighing("a", 60, 100).unwrap();
+        assert_eq!(
+            counts.admit_weighing("a", 41, 100).unwrap_err(),
+            Full {
+                first: true,
+                held: 60
+            }
+        );
+        let b = counts.admit_weighing("a", 40, 100).unwrap();
+        drop(a);
+        let c = counts.admit_weighing("a", 60, 100).unwrap();
+        drop((b, c));
+        assert!(counts.is_empty());
+        // Above the limit on its own: refused with nothing held, and nothing kept for it.
+        assert_eq!(
+            counts.admit_weighing("a", 101, 100).unwrap_err(),
+            Full {
+                first: true,
+                held: 0
+            }
+        );
         assert!(counts.is_empty());
     }
 }

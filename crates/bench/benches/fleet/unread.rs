@@ -1,0 +1,120 @@
+//! Section `unread`: what answers nobody reads hold in a coordinator. One client makes 1,000
+//! `ListTools` requests of about 1 MiB each (a host of 20 tools with long prompts) on one HTTP/2
+//! connection whose streams give the coordinator a window of 0 bytes (or 1) and read nothing,
+//! once with no budget of answer bytes (`--max-answer-bytes-per-identity=0`) and once with the
+//! default (256 MiB). It reports how many answers wait and how many were cut short, and the
+//! coordinator's resident memory before, at its peak, while the answers are held, and after the
+//! connection is gone.
+
+use std::time::Duration;
+
+use toolsrv_bench::BenchError;
+use toolsrv_bench::procs::{
+    Paths, connect, mem_of, start_agent, start_coordinator_on, wait_for_tool,
+};
+use toolsrv_bench::stats::Table;
+use toolsrv_testkit::try_free_port;
+
+use super::{CALL_AGENT, Sizes};
+
+/// Requests made, under the default `--max-requests-per-identity` (1,024).
+const REQUESTS: usize = 1000;
+/// Tools of the host, and the bytes of each one's prompt: one `ListTools` page of about 1 MiB.
+const TOOLS: usize = 20;
+const PROMPT_BYTES: usize = 48_000;
+
+pub(crate) async fn unread(paths: &Paths, _sizes: Sizes) -> Result<(), BenchError> {
+    let tools = paths.work.join("tools-unread");
+    std::fs::create_dir_all(&tools)?;
+    let prompt = "the answer of this tool is long. ".repeat(PROMPT_BYTES / 32);
+    for i in 0..TOOLS {
+        let meta = serde_json::json!({
+            "description": "a tool with a long prompt",
+            "prompt": prompt,
+            "cmd": "true",
+        });
+        std::fs::write(tools.join(format!("long{i:02}.meta")), meta.to_string())?;
+    }
+    let last = format!("long{:02}", TOOLS - 1);
+    let tls = toolsrv_tls::client_config(&paths.client_tls(), toolsrv_tls::Role::Coordinator)?;
+    println!(
+        "\nunread: {REQUESTS} ListTools requests of one page each, on one connection whose \
+         streams open a window of 0 or 1 byte and read nothing"
+    );
+    let mut table = Table::new([
+        "window",
+        "--max-answer-bytes-per-identity",
+        "answers waiting",
+        "cut short",
+        "other ends",
+        "RSS before",
+        "peak",
+        "RSS while held",
+        "RSS after",
+    ]);
+    for (window, budget) in [(0, "0"), (0, "256M"), (1, "0"), (1, "256M")] {
+        let port = try_free_port()?;
+        let coordinator = start_coordinator_on(
+            paths,
+            &format!("coordinator-unread-{window}-{budget}"),
+            &tools,
+            (port, "warn"),
+            &[format!("--max-answer-bytes-per-identity={budget}")],
+        )?;
+        let agent = start_agent(paths, &coordinator.url, CALL_AGENT, &[])?;
+        let client = connect(paths, &coordinator.url).await?;
+        wait_for_tool(&client, CALL_AGENT, &last, Duration::from_secs(30)).await?;
+        let page = client.tools(CALL_AGENT, false).await?;
+        let pid = coordinator.proc.pid().to_string();
+        let before = mem_of(&pid)?;
+        let mut host = vec![0x0a, u8::try_from(CALL_AGENT.len())?];
+        host.extend_from_slice(CALL_AGENT.as_bytes());
+        let unread = toolsrv_testkit::open_unread_answers(
+            port,
+            tls.clone(),
+            "/toolsrv.v1.Tools/ListTools",
+            &host,
+            REQUESTS,
+            window,
+            Duration::from_secs(300),
+        )
+        .await;
+        let held = mem_of(&pid)?;
+        let cut = unread
+            .ended
+            .iter()
+            .filter(|(status, message)| status == "8" && message.contains("of%20answers"))
+            .count();
+        let (waiting, others) = (unread.waiting, unread.ended.len() - cut);
+        let mut kinds: Vec<&(String, String)> = unread
+            .ended
+            .iter()
+            .filter(|(status, message)| !(status == "8" && message.contains("of%20answers")))
+            .collect();
+        kinds.dedup();
+        if !kinds.is_empty() {
+            println!("(window {window}, {budget}: other ends: {kinds:?})");
+        }
+        drop(unread);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let after = mem_of(&pid)?;
+        let mib = |kib: u64| format!("{} MiB", kib / 1024);
+        table.row([
+            window.to_string(),
+            budget.to_string(),
+            waiting.to_string(),
+            cut.to_string(),
+            others.to_string(),
+            mib(before.rss_kib),
+            mib(after.hwm_kib),
+            mib(held.rss_kib),
+            mib(after.rss_kib),
+        ]);
+        if page.tools.len() != TOOLS {
+            return Err(format!("the host lists {} tools, not {TOOLS}", page.tools.len()).into());
+        }
+        drop((client, agent, coordinator));
+    }
+    println!("{}", table.render());
+    Ok(())
+}
