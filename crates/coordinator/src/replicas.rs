@@ -376,7 +376,7 @@ impl Replicas {
             match answer {
                 Some(Ok(items)) => all.extend(items),
                 Some(Err(e)) => {
-                    tracing::warn!(replica = %owner, what, error = %e.message(), "cannot list what another replica keeps")
+                    tracing::warn!(replica = %owner, what, error = %toolsrv_proto::text::printable_line(e.message(), 1024), "cannot list what another replica keeps")
                 }
                 None => {
                     tracing::warn!(replica = %owner, what, "another replica did not list what it keeps in time")
@@ -580,7 +580,7 @@ impl Replicas {
                     return Err(status);
                 }
                 Some(Err(status)) => {
-                    tracing::warn!(replica = %owner, error = %status.message(), "cannot pass a decision to another replica");
+                    tracing::warn!(replica = %owner, error = %toolsrv_proto::text::printable_line(status.message(), 1024), "cannot pass a decision to another replica");
                 }
                 None => {
                     tracing::warn!(replica = %owner, "another replica did not answer a decision in time");
@@ -1178,7 +1178,7 @@ fn follow_revocations(state: &State, replicas: &Replicas) {
         crate::revocation::end_agent_link(state, identity, by);
     });
     if let Err(e) = ended {
-        tracing::error!(error = %e.message(), "cannot keep the revocations etcd holds");
+        tracing::error!(error = %toolsrv_proto::text::printable_line(e.message(), 1024), "cannot keep the revocations etcd holds");
     }
 }
 
@@ -1190,7 +1190,11 @@ fn revocation_changed(state: &State, identity: &str, record: Option<&[u8]>) {
             crate::revocation::end_agent_link(state, identity, by);
         });
     if let Err(e) = taken {
-        tracing::error!(identity, error = %e.message(), "cannot keep a revocation etcd holds");
+        tracing::error!(
+            identity = %toolsrv_proto::text::printable_line(identity, 256),
+            error = %toolsrv_proto::text::printable_line(e.message(), 1024),
+            "cannot keep a revocation etcd holds"
+        );
     }
 }
 

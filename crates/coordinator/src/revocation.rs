@@ -246,7 +246,7 @@ impl Revocations {
             };
             before_closing(&identity, &entry.revoked_by);
             let closed = self.close(&identity);
-            tracing::warn!(identity = %identity, by = %entry.revoked_by, reason = %entry.reason, connections_closed = closed, "identity revoked through another replica");
+            tracing::warn!(identity = %identity, by = %toolsrv_proto::text::printable_line(&entry.revoked_by, 256), reason = %toolsrv_proto::text::printable_line(&entry.reason, 1024), connections_closed = closed, "identity revoked through another replica");
         }
         for identity in lifted {
             tracing::warn!(identity = %identity, "revocation lifted through another replica");
@@ -500,7 +500,7 @@ pub(crate) fn revoke_rpc(
             tracing::warn!(
                 identity = %done.revocation.identity,
                 by = %caller,
-                reason = %done.revocation.reason,
+                reason = %toolsrv_proto::text::printable_line(&done.revocation.reason, 1024),
                 connections_closed = done.closed,
                 already = done.already,
                 "identity revoked"
@@ -526,7 +526,7 @@ fn entry_of(key: &str, record: &[u8]) -> Option<(String, Entry)> {
         return None;
     };
     let mut entry = serde_json::from_slice::<Entry>(record).unwrap_or_else(|e| {
-        tracing::warn!(identity = %identity, error = %e, "a revocation record in etcd cannot be read; the identity stays revoked");
+        tracing::warn!(identity = %identity, error = %toolsrv_proto::text::printable_line(&e.to_string(), 1024), "a revocation record in etcd cannot be read; the identity stays revoked");
         Entry {
             identity: identity.to_string(),
             reason: "revoked on another replica (its record is unreadable)".into(),
