@@ -919,7 +919,7 @@ fn one_client_cannot_hold_requests_open_without_end() {
 /// An answer keeps its request's place, and its bytes in the client's budget, until it has
 /// left, not merely until the coordinator queued it. A client whose streams give the
 /// coordinator a window of one byte and read nothing holds at most `--max-requests-per-identity`
-/// requests and `--max-answer-bytes-per-identity` bytes of answers: past them, requests are
+/// requests and `--max-buffered-bytes-per-identity` bytes of answers: past them, requests are
 /// refused and answers cut short with `RESOURCE_EXHAUSTED`, other clients are served, small
 /// answers to the same client still go, and once its streams are gone it is served again.
 /// Before, each answer was queued whole in the HTTP/2 send buffer and its request counted as
@@ -946,7 +946,7 @@ fn answers_nobody_reads_are_held_to_the_limits() {
     let audit = fleet.audit_arg();
     fleet.start_coordinator(&[
         "--max-requests-per-identity=50",
-        "--max-answer-bytes-per-identity=32M",
+        "--max-buffered-bytes-per-identity=32M",
         &audit,
     ]);
     fleet.start_agent("a", &AgentSpec::default());
@@ -1035,6 +1035,48 @@ fn answers_nobody_reads_are_held_to_the_limits() {
                 .then_some(())
         },
     );
+}
+
+/// A message that is still arriving holds its bytes in the client's budget
+/// (`--max-buffered-bytes-per-identity`) until it is whole: requests that announce messages of
+/// 12 MiB, send 10 MiB of each and never the rest hold at most the budget, the one that would
+/// pass it is ended with `RESOURCE_EXHAUSTED`, and other clients are served. Before, each such
+/// request held its 10 MiB with no bound but the request limit (1,024 requests: 10 GiB) and no
+/// timeout.
+#[test]
+fn messages_that_never_end_are_held_to_the_budget() {
+    let mut fleet = Fleet::new(&["a"]);
+    fleet.tool(
+        "echo.meta",
+        r#"{"description": "echo", "cmd": "cat"}"#,
+        false,
+    );
+    fleet.start_coordinator(&["--max-buffered-bytes-per-identity=32M"]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "echo");
+    let mut sent = vec![0u8];
+    sent.extend_from_slice(&(12u32 << 20).to_be_bytes());
+    sent.resize(5 + (10 << 20), b'x');
+    let rt = toolsrv_tests::runtime();
+    let streams = rt.block_on(toolsrv_tests::open_unfinished_streams(
+        fleet.port,
+        client_tls(&fleet, "alice"),
+        "/toolsrv.v1.Tools/ListHosts",
+        bytes::Bytes::from(sent),
+        6,
+        Duration::from_secs(10),
+    ));
+    assert!(
+        streams.taken <= 3 && streams.refused >= 3 && streams.taken + streams.refused == 6,
+        "{streams:?}"
+    );
+    for (status, message) in &streams.answers {
+        assert_eq!(status, "8", "RESOURCE_EXHAUSTED: {streams:?}");
+        assert!(message.contains("still%20arriving"), "{message}");
+    }
+    let out = fleet.toolctl_as("client-bob", &["call", "a", "echo", r#"{"x":1}"#], None);
+    assert_exit(&out, 0, &[]);
+    drop(streams);
 }
 
 /// The TLS settings of client `name`'s certificate, for a raw HTTP/2 client.

@@ -73,7 +73,7 @@ pub use policy::Policy;
 pub use quota::Limits;
 pub use sessions::SessionLimits;
 pub use streams::DEFAULT_MAX_PER_IDENTITY as DEFAULT_MAX_REQUESTS_PER_IDENTITY;
-pub use streams::{DEFAULT_MAX_ANSWER_BYTES_PER_IDENTITY, MIN_ANSWER_BYTES};
+pub use streams::{DEFAULT_MAX_BUFFERED_BYTES_PER_IDENTITY, MIN_BUFFERED_BYTES};
 pub use toolsrv_cluster::{ClusterConfig, EtcdTls};
 pub use views::{DEFAULT_MAX_HOST_ONLY_TOOLS, HostOnly, MAX_HOST_ONLY_PAST_LIMIT};
 
@@ -113,10 +113,11 @@ pub struct CoordinatorConfig {
     /// Requests (HTTP/2 streams) open at once with one certificate identity; more are refused
     /// with RESOURCE_EXHAUSTED. 0: no limit.
     pub max_requests_per_identity: usize,
-    /// Bytes of answers one certificate identity may have waiting to leave (sent by a handler,
-    /// not yet taken by the peer's HTTP/2 window) at once; an answer past it is cut short with
-    /// RESOURCE_EXHAUSTED. 0: no limit; otherwise at least [`MIN_ANSWER_BYTES`].
-    pub max_answer_bytes_per_identity: usize,
+    /// Bytes one certificate identity may have held at once: answers waiting to leave (sent by a
+    /// handler, not yet taken by the peer's HTTP/2 window) and request messages still arriving;
+    /// the answer or request past it is cut short with RESOURCE_EXHAUSTED. 0: no limit;
+    /// otherwise at least [`MIN_BUFFERED_BYTES`].
+    pub max_buffered_bytes_per_identity: usize,
     /// Output bytes a call may have in flight between agent and caller.
     pub credit_window: u64,
     /// An agent link whose queue stays full this long with the agent reading none of it is
@@ -185,7 +186,7 @@ impl CoordinatorConfig {
             max_connecting_per_address: toolsrv_tls::MAX_SETTING_UP_PER_ADDRESS,
             max_connections_per_identity: toolsrv_tls::MAX_OPEN_PER_IDENTITY,
             max_requests_per_identity: streams::DEFAULT_MAX_PER_IDENTITY,
-            max_answer_bytes_per_identity: streams::DEFAULT_MAX_ANSWER_BYTES_PER_IDENTITY,
+            max_buffered_bytes_per_identity: streams::DEFAULT_MAX_BUFFERED_BYTES_PER_IDENTITY,
             credit_window: 1 << 20,
             stalled_after: link::DEFAULT_STALLED_AFTER,
             policy: None,
@@ -558,7 +559,7 @@ pub async fn serve(
     let audit_to = Arc::downgrade(&state);
     let stream_limits = streams::StreamLimits::new(
         state.config.max_requests_per_identity,
-        state.config.max_answer_bytes_per_identity,
+        state.config.max_buffered_bytes_per_identity,
         state.metrics.requests_refused.clone(),
         state.metrics.answers_refused.clone(),
         Arc::new(

@@ -126,7 +126,7 @@ impl Metrics {
         );
         registry.register(
             "answers_refused",
-            "Answers cut short with RESOURCE_EXHAUSTED: the peer's answers waiting to leave (sent, not yet read) held more bytes than --max-answer-bytes-per-identity (32 MiB per address without a certificate)",
+            "Answers and requests cut short with RESOURCE_EXHAUSTED: the peer's answers waiting to leave (sent, not yet read) and request messages still arriving held more bytes than --max-buffered-bytes-per-identity (32 MiB per address without a certificate)",
             self.answers_refused.clone(),
         );
         registry.register(

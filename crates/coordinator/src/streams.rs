@@ -15,7 +15,7 @@
 //! under these limits; this bounds what the quotas do not see.
 //!
 //! What a request's answer holds is bounded too. Each chunk of response data is taken from its
-//! asker's budget of answer bytes (`--max-answer-bytes-per-identity`) when the handler gives it,
+//! asker's budget of answer bytes (`--max-buffered-bytes-per-identity`) when the handler gives it,
 //! and given back only once it has left: hyper queues a chunk whole in HTTP/2's send buffer when
 //! the stream has a byte of window, and asks for the next at once, so a peer that opens its
 //! window one byte at a time (or not at all) and reads nothing would pin every answer there
@@ -24,6 +24,11 @@
 //! once the rest of the chunk has left, and asks for what follows only then. So a request keeps
 //! its place and its bytes until its answer has left, not merely until it was queued. A chunk
 //! past the budget is dropped, and the answer ends with `RESOURCE_EXHAUSTED` in its trailers.
+//!
+//! The same budget holds the messages of requests still arriving: the server decodes a message
+//! only once it has all of it, so each message's bytes are taken from the budget as they come
+//! and given back once it is whole; a request whose message would pass the budget ends with
+//! `RESOURCE_EXHAUSTED`.
 
 use std::net::IpAddr;
 use std::pin::Pin;
@@ -46,16 +51,16 @@ pub const DEFAULT_MAX_PER_IDENTITY: usize = 1024;
 pub const MAX_ANONYMOUS_PER_ADDRESS: usize = 64;
 
 /// Bytes of answers one certificate identity may have waiting to leave at once by default.
-pub const DEFAULT_MAX_ANSWER_BYTES_PER_IDENTITY: usize = 256 << 20;
+pub const DEFAULT_MAX_BUFFERED_BYTES_PER_IDENTITY: usize = 256 << 20;
 
-/// The least `--max-answer-bytes-per-identity` may be (0 aside): a chunk of response data holds
+/// The least `--max-buffered-bytes-per-identity` may be (0 aside): a chunk of response data holds
 /// one message of up to the message size limit (16 MiB) and what came before it in the encoder's
 /// buffer, and a chunk above the whole budget could never be sent.
-pub const MIN_ANSWER_BYTES: usize = 32 << 20;
+pub const MIN_BUFFERED_BYTES: usize = 32 << 20;
 
 /// Bytes of answers waiting to leave at once for one address without a certificate: their
 /// answers are a CA bundle and a certificate.
-pub const MAX_ANONYMOUS_ANSWER_BYTES: usize = MIN_ANSWER_BYTES;
+pub const MAX_ANONYMOUS_BUFFERED_BYTES: usize = MIN_BUFFERED_BYTES;
 
 /// Who a request is counted for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -98,11 +103,11 @@ type Charge = Slot<Asker>;
 pub struct StreamLimits {
     per_identity: usize,
     anonymous_per_address: usize,
-    answer_bytes_per_identity: usize,
+    buffered_bytes_per_identity: usize,
     /// Requests open per asker, shared by every connection.
     open: OpenCounts<Asker>,
-    /// Bytes of answers waiting to leave per asker.
-    answers: OpenCounts<Asker>,
+    /// Bytes of answers waiting to leave and of request messages arriving, per asker.
+    held: OpenCounts<Asker>,
     refused: Counter,
     answers_refused: Counter,
     /// The audit record of a run's first refusal.
@@ -114,19 +119,22 @@ impl std::fmt::Debug for StreamLimits {
         f.debug_struct("StreamLimits")
             .field("per_identity", &self.per_identity)
             .field("anonymous_per_address", &self.anonymous_per_address)
-            .field("answer_bytes_per_identity", &self.answer_bytes_per_identity)
+            .field(
+                "buffered_bytes_per_identity",
+                &self.buffered_bytes_per_identity,
+            )
             .finish_non_exhaustive()
     }
 }
 
 impl StreamLimits {
-    /// `per_identity` requests and `answer_bytes_per_identity` bytes of answers (0: no limit)
+    /// `per_identity` requests and `buffered_bytes_per_identity` bytes of answers (0: no limit)
     /// for peers with a certificate. `refused` counts refused requests, `answers_refused`
     /// answers cut short; `on_run` is called with the first refusal of each run (until the peer
     /// has none open, or no answer bytes waiting).
     pub fn new(
         per_identity: usize,
-        answer_bytes_per_identity: usize,
+        buffered_bytes_per_identity: usize,
         refused: Counter,
         answers_refused: Counter,
         on_run: OnRun,
@@ -134,9 +142,9 @@ impl StreamLimits {
         Self {
             per_identity,
             anonymous_per_address: MAX_ANONYMOUS_PER_ADDRESS,
-            answer_bytes_per_identity,
+            buffered_bytes_per_identity,
             open: OpenCounts::default(),
-            answers: OpenCounts::default(),
+            held: OpenCounts::default(),
             refused,
             answers_refused,
             on_run,
@@ -180,36 +188,47 @@ impl StreamLimits {
         Err(status)
     }
 
-    /// The budget of answer bytes `place`'s asker has, 0 for none.
-    fn answer_budget(&self, place: &Place) -> usize {
-        match place.key() {
-            Asker::Identity(_) => self.answer_bytes_per_identity,
-            Asker::Address(_) => MAX_ANONYMOUS_ANSWER_BYTES,
+    /// The budget of buffered bytes `asker` has, 0 for none.
+    fn budget(&self, asker: &Asker) -> usize {
+        match asker {
+            Asker::Identity(_) => self.buffered_bytes_per_identity,
+            Asker::Address(_) => MAX_ANONYMOUS_BUFFERED_BYTES,
         }
     }
 
-    /// Takes `bytes` of an answer to `rpc` from `place`'s asker's budget, or says why not.
-    fn charge(&self, place: &Place, rpc: &str, bytes: usize) -> Result<Option<Charge>, Status> {
-        let limit = self.answer_budget(place);
+    /// Takes `bytes` of what `asker`'s request to `rpc` holds (part of its answer, or of a
+    /// message of its request still arriving: `arriving`) from its budget, or says why not.
+    fn charge(
+        &self,
+        asker: &Asker,
+        rpc: &str,
+        bytes: usize,
+        arriving: bool,
+    ) -> Result<Option<Charge>, Status> {
+        let limit = self.budget(asker);
         if limit == 0 {
             return Ok(None);
         }
-        let asker = place.key();
-        let full = match self.answers.admit_weighing(asker.clone(), bytes, limit) {
+        let full = match self.held.admit_weighing(asker.clone(), bytes, limit) {
             Ok(charge) => return Ok(Some(charge)),
             Err(full) => full,
         };
         self.answers_refused.inc();
+        let this = if arriving {
+            "this request's message, still arriving,"
+        } else {
+            "this answer's"
+        };
         let status = Status::resource_exhausted(format!(
-            "{asker} has {} of answers this coordinator cannot send until it reads them, and this \
-             one's {} would pass the most it may hold ({}): read the answers of its other \
-             requests, or make fewer at once",
+            "{asker} has {} of answers this coordinator cannot send until it reads them and of \
+             requests still arriving, and {this} {} would pass the most it may hold ({}): read \
+             the answers of its other requests, finish sending them, or make fewer at once",
             mib(full.held),
             mib(bytes),
             mib(limit)
         ));
         if full.first {
-            tracing::warn!(asker = %asker, held = full.held, bytes, limit, rpc, "answers waiting to be read hold too many bytes: new ones are cut short until some leave (--max-answer-bytes-per-identity)");
+            tracing::warn!(asker = %asker, held = full.held, bytes, limit, rpc, arriving, "answers waiting to be read and requests still arriving hold too many bytes: new ones are cut short until some leave (--max-buffered-bytes-per-identity)");
             (self.on_run)(
                 &asker.audited(),
                 rpc,
@@ -254,8 +273,10 @@ pub struct StreamLimited<S> {
 
 impl<S, B> Service<http::Request<B>> for StreamLimited<S>
 where
-    S: Service<http::Request<B>, Response = http::Response<Body>>,
+    S: Service<http::Request<Body>, Response = http::Response<Body>>,
     S::Future: Send + 'static,
+    B: HttpBody<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<tonic::codegen::StdError>,
 {
     type Response = http::Response<Body>;
     type Error = S::Error;
@@ -270,10 +291,24 @@ where
             req.extensions().get::<toolsrv_tls::ConnInfo>(),
             req.uri().path(),
         ) {
-            Ok(None) => Box::pin(self.inner.call(req)),
+            Ok(None) => Box::pin(self.inner.call(req.map(Body::new))),
             Ok(Some(place)) => {
                 let rpc = req.uri().path().to_string();
-                let fut = self.inner.call(req);
+                let limits = self.limits.clone();
+                let asker = place.key().clone();
+                let fut = self.inner.call(req.map(|body| {
+                    Body::new(Arriving {
+                        body: Box::pin(body),
+                        limits,
+                        asker,
+                        rpc: rpc.clone(),
+                        prefix: 0,
+                        length: [0; 4],
+                        rest: 0,
+                        current: 0,
+                        charges: Vec::new(),
+                    })
+                }));
                 let limits = self.limits.clone();
                 // Held by the future until the response comes, then by its body until it ends.
                 Box::pin(async move {
@@ -293,6 +328,111 @@ where
             }
             Err(status) => Box::pin(async move { Ok(status.into_http()) }),
         }
+    }
+}
+
+/// A request body that holds the bytes of the message arriving (from its gRPC prefix to its
+/// last byte) in its asker's budget until the message is whole: the server decodes a message
+/// only once it has all of it, and a peer that announces messages of 16 MiB and never sends
+/// their last byte would otherwise hold 16 MiB a request (1,024 requests: 16 GiB).
+struct Arriving<B> {
+    body: Pin<Box<B>>,
+    limits: StreamLimits,
+    asker: Asker,
+    rpc: String,
+    /// Bytes of the arriving message's 5-byte prefix read so far, and its length bytes.
+    prefix: usize,
+    length: [u8; 4],
+    /// Bytes of the message's payload still to come, once its prefix is read.
+    rest: u64,
+    /// Bytes of the arriving message read so far, its prefix included.
+    current: usize,
+    /// What those bytes took from the budget.
+    charges: Vec<Charge>,
+}
+
+/// The length a gRPC message prefix (a flag byte, then the length in 4 bytes) announces, read
+/// a byte at a time.
+const PREFIX_BYTES: usize = 5;
+
+impl<B> Arriving<B> {
+    /// Follows the messages through `data`: the bytes of a message that is not whole at its end
+    /// are charged, and a message made whole gives its charges back.
+    fn follow(&mut self, data: &[u8]) -> Result<(), Status> {
+        let mut at = 0;
+        while at < data.len() {
+            if self.prefix < PREFIX_BYTES {
+                if self.prefix >= 1 {
+                    self.length[self.prefix - 1] = data[at];
+                }
+                self.prefix += 1;
+                self.current += 1;
+                at += 1;
+                if self.prefix == PREFIX_BYTES {
+                    self.rest = u64::from(u32::from_be_bytes(self.length));
+                }
+            } else {
+                let take = usize::try_from(self.rest)
+                    .unwrap_or(usize::MAX)
+                    .min(data.len() - at);
+                self.rest -= take as u64;
+                self.current += take;
+                at += take;
+            }
+            if self.prefix == PREFIX_BYTES && self.rest == 0 {
+                // Whole: the decoder takes it from here.
+                self.prefix = 0;
+                self.current = 0;
+                self.charges.clear();
+            }
+        }
+        let charged: usize = self.charges.iter().map(|c| c.weight()).sum();
+        if self.current > charged {
+            let charge =
+                self.limits
+                    .charge(&self.asker, &self.rpc, self.current - charged, true)?;
+            self.charges.extend(charge);
+        }
+        Ok(())
+    }
+}
+
+impl<B> HttpBody for Arriving<B>
+where
+    B: HttpBody<Data = bytes::Bytes>,
+    B::Error: Into<tonic::codegen::StdError>,
+{
+    type Data = bytes::Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        let frame = match ready!(this.body.as_mut().poll_frame(cx)) {
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) => return Poll::Ready(Some(Err(Status::from_error(e.into())))),
+            None => {
+                this.charges.clear();
+                return Poll::Ready(None);
+            }
+        };
+        if let Some(data) = frame.data_ref()
+            && let Err(status) = this.follow(data)
+        {
+            this.charges.clear();
+            return Poll::Ready(Some(Err(status)));
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -339,7 +479,10 @@ impl HttpBody for Counted {
             Ok(data) => return Poll::Ready(Some(Ok(Frame::data(data)))),
             Err(frame) => return Poll::Ready(Some(Ok(frame))),
         };
-        match this.limits.charge(&this.place, &this.rpc, data.len()) {
+        match this
+            .limits
+            .charge(this.place.key(), &this.rpc, data.len(), false)
+        {
             Ok(charge) => this.charge = charge,
             Err(status) => {
                 // What the handler had ready goes now, not when the peer reads.
@@ -522,7 +665,7 @@ mod tests {
         assert_eq!(held(&limits, &alice), 0);
         assert!(next(&mut body).is_none());
         drop(body);
-        assert!(limits.open.is_empty() && limits.answers.is_empty());
+        assert!(limits.open.is_empty() && limits.held.is_empty());
     }
 
     /// A chunk past the asker's budget is dropped and its answer ends with RESOURCE_EXHAUSTED
@@ -573,7 +716,7 @@ mod tests {
         assert_eq!(data_len(next(&mut fourth)), 29);
         // A body dropped before its chunk left gives its bytes back.
         drop((first, second, third, fourth, bob));
-        assert!(limits.answers.is_empty() && limits.open.is_empty());
+        assert!(limits.held.is_empty() && limits.open.is_empty());
     }
 
     /// A peer without a certificate has a budget of its own per address, whatever the flag.
@@ -585,7 +728,7 @@ mod tests {
             .unwrap()
             .unwrap();
         let mut body = Counted {
-            body: answer(&[MAX_ANONYMOUS_ANSWER_BYTES + 1]),
+            body: answer(&[MAX_ANONYMOUS_BUFFERED_BYTES + 1]),
             place,
             limits: limits.clone(),
             rpc: "/t/M".into(),
@@ -596,8 +739,92 @@ mod tests {
         let trailers = next(&mut body).unwrap().into_trailers().unwrap();
         assert_eq!(trailers["grpc-status"], "8", "{trailers:?}");
         // Alice, with no limit, is not held to it.
-        let mut alice = counted(&limits, "alice", answer(&[MAX_ANONYMOUS_ANSWER_BYTES + 1]));
-        assert_eq!(data_len(next(&mut alice)), MAX_ANONYMOUS_ANSWER_BYTES);
+        let mut alice = counted(
+            &limits,
+            "alice",
+            answer(&[MAX_ANONYMOUS_BUFFERED_BYTES + 1]),
+        );
+        assert_eq!(data_len(next(&mut alice)), MAX_ANONYMOUS_BUFFERED_BYTES);
+    }
+
+    /// A request body of `chunks`, as the server reads it.
+    fn arriving(limits: &StreamLimits, chunks: Vec<Vec<u8>>) -> Arriving<Body> {
+        let frames: Vec<Result<Frame<bytes::Bytes>, Status>> = chunks
+            .into_iter()
+            .map(|c| Ok(Frame::data(bytes::Bytes::from(c))))
+            .collect();
+        Arriving {
+            body: Box::pin(Body::new(http_body_util::StreamBody::new(
+                tokio_stream::iter(frames),
+            ))),
+            limits: limits.clone(),
+            asker: Asker::Identity(Identity::Client("alice".into())),
+            rpc: "/t/M".into(),
+            prefix: 0,
+            length: [0; 4],
+            rest: 0,
+            current: 0,
+            charges: Vec::new(),
+        }
+    }
+
+    fn read(body: &mut Arriving<Body>) -> Option<Result<usize, Status>> {
+        let waker = std::task::Waker::noop();
+        match Pin::new(body).poll_frame(&mut Context::from_waker(waker)) {
+            Poll::Ready(frame) => frame.map(|f| f.map(|f| f.into_data().map_or(0, |d| d.len()))),
+            Poll::Pending => panic!("the test body is always ready"),
+        }
+    }
+
+    fn prefix(len: u32) -> Vec<u8> {
+        let mut p = vec![0u8];
+        p.extend_from_slice(&len.to_be_bytes());
+        p
+    }
+
+    /// The bytes of a message still arriving are held in the asker's budget until it is whole,
+    /// its prefix split over chunks included; one that would pass the budget ends the request.
+    #[test]
+    fn a_request_s_message_is_held_until_it_is_whole() {
+        let limits = StreamLimits::new(0, 100, Counter::default(), Counter::default(), no_run());
+        let alice = Asker::Identity(Identity::Client("alice".into()));
+        let mut first = prefix(50);
+        first.extend([1; 20]);
+        let mut third = vec![2; 20];
+        // The next message's prefix, split.
+        third.extend(&prefix(200)[..3]);
+        let mut fourth = prefix(200)[3..].to_vec();
+        fourth.extend([3; 88]);
+        let mut body = arriving(
+            &limits,
+            vec![first, vec![1; 10], third, fourth, vec![3; 10]],
+        );
+        assert_eq!(read(&mut body).unwrap().unwrap(), 25);
+        assert_eq!(held(&limits, &alice), 25);
+        assert_eq!(read(&mut body).unwrap().unwrap(), 10);
+        assert_eq!(held(&limits, &alice), 35);
+        // The first message is whole; 3 bytes of the next's prefix are held.
+        assert_eq!(read(&mut body).unwrap().unwrap(), 23);
+        assert_eq!(held(&limits, &alice), 3);
+        assert_eq!(read(&mut body).unwrap().unwrap(), 90);
+        assert_eq!(held(&limits, &alice), 93);
+        // 103 bytes of a message of 205 would pass 100.
+        let refused = read(&mut body).unwrap().unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            refused
+                .message()
+                .contains("this request's message, still arriving, 10 bytes would pass"),
+            "{refused:?}"
+        );
+        assert!(limits.held.is_empty(), "given back with the refusal");
+        drop(body);
+        // A request whose body ends gives back what its last message held.
+        let mut body = arriving(&limits, vec![prefix(40)]);
+        assert_eq!(read(&mut body).unwrap().unwrap(), 5);
+        assert_eq!(held(&limits, &alice), 5);
+        assert!(read(&mut body).is_none());
+        assert!(limits.held.is_empty());
     }
 
     fn no_run() -> OnRun {
@@ -606,7 +833,7 @@ mod tests {
 
     fn held(limits: &StreamLimits, asker: &Asker) -> usize {
         // Nothing held: anything admits the whole budget.
-        match limits.answers.admit_weighing(asker.clone(), usize::MAX, 1) {
+        match limits.held.admit_weighing(asker.clone(), usize::MAX, 1) {
             Err(full) => full.held,
             Ok(_) => unreachable!("a weight above the limit is refused"),
         }

@@ -232,17 +232,17 @@ pub struct CoordinatorArgs {
         default_value_t = toolsrv_coordinator::DEFAULT_MAX_REQUESTS_PER_IDENTITY
     )]
     pub max_requests_per_identity: usize,
-    /// Bytes of answers one certificate identity may have waiting to leave at once (sent, not
-    /// yet read: `256M`, `1G`); an answer past it is cut short with RESOURCE_EXHAUSTED. 0: no
-    /// limit
+    /// Bytes one certificate identity may have held at once: answers waiting to leave (sent,
+    /// not yet read) and request messages still arriving (`256M`, `1G`); the answer or request
+    /// past it is cut short with RESOURCE_EXHAUSTED. 0: no limit
     #[arg(
         long,
-        env = "TOOLSRV_MAX_ANSWER_BYTES_PER_IDENTITY",
+        env = "TOOLSRV_MAX_BUFFERED_BYTES_PER_IDENTITY",
         value_name = "SIZE",
         default_value = "256M",
-        value_parser = answer_bytes_arg
+        value_parser = buffered_bytes_arg
     )]
-    pub max_answer_bytes_per_identity: usize,
+    pub max_buffered_bytes_per_identity: usize,
     /// Rescan the tools path this often (seconds) even without file events
     #[arg(long, env = "TOOLSRV_RESCAN_SECS", default_value_t = 30)]
     pub rescan_secs: u64,
@@ -566,7 +566,7 @@ impl CoordinatorArgs {
         config.max_connecting_per_address = self.max_connecting_per_address;
         config.max_connections_per_identity = self.max_connections_per_identity;
         config.max_requests_per_identity = self.max_requests_per_identity;
-        config.max_answer_bytes_per_identity = self.max_answer_bytes_per_identity;
+        config.max_buffered_bytes_per_identity = self.max_buffered_bytes_per_identity;
         config.policy = self.policy.clone();
         config.audit_log = self.audit_log.clone();
         config.watch.rescan_every = Duration::from_secs(self.rescan_secs.max(1));
@@ -966,13 +966,13 @@ fn memory_arg(text: &str) -> Result<String, String> {
     Ok(text.to_string())
 }
 
-/// `--max-answer-bytes-per-identity`: 0, or a size of at least the largest chunk of an answer.
-fn answer_bytes_arg(text: &str) -> Result<usize, String> {
+/// `--max-buffered-bytes-per-identity`: 0, or a size of at least the largest message and then some.
+fn buffered_bytes_arg(text: &str) -> Result<usize, String> {
     if text.trim() == "0" {
         return Ok(0);
     }
     let bytes = toolsrv_confine::parse_size(text)?;
-    let least = toolsrv_coordinator::MIN_ANSWER_BYTES;
+    let least = toolsrv_coordinator::MIN_BUFFERED_BYTES;
     match usize::try_from(bytes) {
         Ok(bytes) if bytes >= least => Ok(bytes),
         _ => Err(format!(

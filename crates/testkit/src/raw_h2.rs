@@ -26,24 +26,43 @@ impl std::fmt::Debug for Streams {
 /// Opens `n` gRPC requests to `path` on one HTTP/2 connection to the coordinator on 127.0.0.1:`port` made
 /// with `tls`: headers only, never a body, as a peer that means to hold streams would. Each is
 /// given 3 s to be answered.
-#[allow(clippy::expect_used)] // A test fixture: fails loudly.
 pub async fn open_bodiless_streams(
     port: u16,
     tls: std::sync::Arc<tokio_rustls::rustls::ClientConfig>,
     path: &str,
     n: usize,
 ) -> Streams {
+    let wait = std::time::Duration::from_secs(3);
+    open_unfinished_streams(port, tls, path, bytes::Bytes::new(), n, wait).await
+}
+
+/// Opens `n` gRPC requests to `path` as [`open_bodiless_streams`] does, each sending `sent` (the
+/// start of a body) and never the rest, as a peer that announces large messages and never
+/// finishes them would. Each is given `wait` to be answered.
+#[allow(clippy::expect_used)] // A test fixture: fails loudly.
+pub async fn open_unfinished_streams(
+    port: u16,
+    tls: std::sync::Arc<tokio_rustls::rustls::ClientConfig>,
+    path: &str,
+    sent: bytes::Bytes,
+    n: usize,
+    wait: std::time::Duration,
+) -> Streams {
     let mut send = h2_connection(port, tls, h2::client::Builder::new()).await;
     let mut answers = tokio::task::JoinSet::new();
     for _ in 0..n {
         send = send.ready().await.expect("room for a stream");
-        let (mut response, body) = send
+        let (mut response, mut body) = send
             .send_request(grpc_request(port, path), false)
             .expect("a stream");
+        if !sent.is_empty() {
+            // Buffered by the client, and sent as the server's window allows.
+            body.send_data(sent.clone(), false)
+                .expect("the start of a body");
+        }
         answers.spawn(async move {
             // Unanswered, the stream is handed back whole: dropping it would cancel it.
-            let answered =
-                tokio::time::timeout(std::time::Duration::from_secs(3), &mut response).await;
+            let answered = tokio::time::timeout(wait, &mut response).await;
             let Ok(answered) = answered else {
                 return Err((body, response));
             };

@@ -91,6 +91,11 @@ impl<K: Eq + Hash + Clone> Slot<K> {
     pub fn key(&self) -> &K {
         &self.key
     }
+
+    /// What the slot holds: 1 for a place, or its weight.
+    pub fn weight(&self) -> usize {
+        self.weight
+    }
 }
 
 impl<K: Eq + Hash + Clone> Drop for Slot<K> {

@@ -1,7 +1,7 @@
 //! Section `unread`: what answers nobody reads hold in a coordinator. One client makes 1,000
 //! `ListTools` requests of about 1 MiB each (a host of 20 tools with long prompts) on one HTTP/2
 //! connection whose streams give the coordinator a window of 0 bytes (or 1) and read nothing,
-//! once with no budget of answer bytes (`--max-answer-bytes-per-identity=0`) and once with the
+//! once with no budget of answer bytes (`--max-buffered-bytes-per-identity=0`) and once with the
 //! default (256 MiB). It reports how many answers wait and how many were cut short, and the
 //! coordinator's resident memory before, at its peak, while the answers are held, and after the
 //! connection is gone.
@@ -43,7 +43,7 @@ pub(crate) async fn unread(paths: &Paths, _sizes: Sizes) -> Result<(), BenchErro
     );
     let mut table = Table::new([
         "window",
-        "--max-answer-bytes-per-identity",
+        "--max-buffered-bytes-per-identity",
         "answers waiting",
         "cut short",
         "other ends",
@@ -59,7 +59,7 @@ pub(crate) async fn unread(paths: &Paths, _sizes: Sizes) -> Result<(), BenchErro
             &format!("coordinator-unread-{window}-{budget}"),
             &tools,
             (port, "warn"),
-            &[format!("--max-answer-bytes-per-identity={budget}")],
+            &[format!("--max-buffered-bytes-per-identity={budget}")],
         )?;
         let agent = start_agent(paths, &coordinator.url, CALL_AGENT, &[])?;
         let client = connect(paths, &coordinator.url).await?;
