@@ -116,5 +116,67 @@ pub(crate) async fn unread(paths: &Paths, _sizes: Sizes) -> Result<(), BenchErro
         drop((client, agent, coordinator));
     }
     println!("{}", table.render());
+    unfinished(paths, &tools, tls).await
+}
+
+/// Requests whose message never ends: 64 `ListHosts` requests, each announcing a message of 16
+/// MiB and sending all of it but its last byte, with no budget and with the default.
+async fn unfinished(
+    paths: &Paths,
+    tools: &std::path::Path,
+    tls: std::sync::Arc<tokio_rustls::rustls::ClientConfig>,
+) -> Result<(), BenchError> {
+    const STREAMS: usize = 64;
+    const ANNOUNCED: u32 = 16 << 20;
+    let mut sent = vec![0u8];
+    sent.extend_from_slice(&ANNOUNCED.to_be_bytes());
+    sent.resize(5 + ANNOUNCED as usize - 1, b'x');
+    let sent = bytes::Bytes::from(sent);
+    println!(
+        "\nunread: {STREAMS} ListHosts requests announcing a message of 16 MiB, all of it sent \
+         but its last byte"
+    );
+    let mut table = Table::new([
+        "--max-buffered-bytes-per-identity",
+        "requests waiting",
+        "ended",
+        "RSS before",
+        "peak",
+    ]);
+    for budget in ["0", "256M"] {
+        let port = try_free_port()?;
+        let coordinator = start_coordinator_on(
+            paths,
+            &format!("coordinator-unfinished-{budget}"),
+            tools,
+            (port, "warn"),
+            &[format!("--max-buffered-bytes-per-identity={budget}")],
+        )?;
+        let pid = coordinator.proc.pid().to_string();
+        let before = mem_of(&pid)?;
+        let streams = toolsrv_testkit::open_unfinished_streams(
+            port,
+            tls.clone(),
+            "/toolsrv.v1.Tools/ListHosts",
+            sent.clone(),
+            STREAMS,
+            Duration::from_secs(30),
+        )
+        .await;
+        let peak = mem_of(&pid)?;
+        let mib = |kib: u64| format!("{} MiB", kib / 1024);
+        table.row([
+            budget.to_string(),
+            streams.taken.to_string(),
+            streams.refused.to_string(),
+            mib(before.rss_kib),
+            mib(peak.hwm_kib),
+        ]);
+        for (status, message) in &streams.answers {
+            println!("({budget}: ended with grpc-status {status}: {message:.160})");
+        }
+        drop((streams, coordinator));
+    }
+    println!("{}", table.render());
     Ok(())
 }
