@@ -1054,8 +1054,7 @@ fn messages_that_never_end_are_held_to_the_budget() {
     fleet.start_coordinator(&["--max-buffered-bytes-per-identity=32M"]);
     fleet.start_agent("a", &AgentSpec::default());
     fleet.wait_online(&["a"], "echo");
-    let mut sent = vec![0u8];
-    sent.extend_from_slice(&(12u32 << 20).to_be_bytes());
+    let mut sent = toolsrv_tests::grpc_prefix(12 << 20).to_vec();
     sent.resize(5 + (10 << 20), b'x');
     let rt = toolsrv_tests::runtime();
     let streams = rt.block_on(toolsrv_tests::open_unfinished_streams(

@@ -196,23 +196,29 @@ impl StreamLimits {
         }
     }
 
-    /// Takes `bytes` of what `asker`'s request to `rpc` holds (part of its answer, or of a
-    /// message of its request still arriving: `arriving`) from its budget, or says why not.
+    /// Takes `bytes` more of what `asker`'s request to `rpc` holds (part of its answer, or of
+    /// a message of its request still arriving: `arriving`) from its budget into `charge`, or
+    /// says why not.
     fn charge(
         &self,
         asker: &Asker,
         rpc: &str,
         bytes: usize,
         arriving: bool,
-    ) -> Result<Option<Charge>, Status> {
+        charge: &mut Option<Charge>,
+    ) -> Result<(), Status> {
         let limit = self.budget(asker);
         if limit == 0 {
-            return Ok(None);
+            return Ok(());
         }
-        let full = match self.held.admit_weighing(asker.clone(), bytes, limit) {
-            Ok(charge) => return Ok(Some(charge)),
-            Err(full) => full,
+        let taken = match charge {
+            Some(charge) => charge.grow(bytes, limit),
+            None => self
+                .held
+                .admit_weighing(asker.clone(), bytes, limit)
+                .map(|taken| *charge = Some(taken)),
         };
+        let Err(full) = taken else { return Ok(()) };
         self.answers_refused.inc();
         let this = if arriving {
             "this request's message, still arriving,"
@@ -233,8 +239,8 @@ impl StreamLimits {
                 &asker.audited(),
                 rpc,
                 &status,
-                "until its waiting answers are read, its answers past the budget are cut short \
-                 without a record each",
+                "until its waiting answers are read and its requests sent, what passes the budget \
+                 is cut short without a record each",
             );
         }
         Err(status)
@@ -293,9 +299,8 @@ where
         ) {
             Ok(None) => Box::pin(self.inner.call(req.map(Body::new))),
             Ok(Some(place)) => {
-                let rpc = req.uri().path().to_string();
-                let limits = self.limits.clone();
-                let asker = place.key().clone();
+                let rpc: Arc<str> = Arc::from(req.uri().path());
+                let (limits, asker) = (self.limits.clone(), place.key().clone());
                 let fut = self.inner.call(req.map(|body| {
                     Body::new(Arriving {
                         body: Box::pin(body),
@@ -306,7 +311,7 @@ where
                         length: [0; 4],
                         rest: 0,
                         current: 0,
-                        charges: Vec::new(),
+                        charge: None,
                     })
                 }));
                 let limits = self.limits.clone();
@@ -339,7 +344,7 @@ struct Arriving<B> {
     body: Pin<Box<B>>,
     limits: StreamLimits,
     asker: Asker,
-    rpc: String,
+    rpc: Arc<str>,
     /// Bytes of the arriving message's 5-byte prefix read so far, and its length bytes.
     prefix: usize,
     length: [u8; 4],
@@ -348,7 +353,7 @@ struct Arriving<B> {
     /// Bytes of the arriving message read so far, its prefix included.
     current: usize,
     /// What those bytes took from the budget.
-    charges: Vec<Charge>,
+    charge: Option<Charge>,
 }
 
 /// The length a gRPC message prefix (a flag byte, then the length in 4 bytes) announces, read
@@ -383,15 +388,14 @@ impl<B> Arriving<B> {
                 // Whole: the decoder takes it from here.
                 self.prefix = 0;
                 self.current = 0;
-                self.charges.clear();
+                self.charge = None;
             }
         }
-        let charged: usize = self.charges.iter().map(|c| c.weight()).sum();
+        let charged = self.charge.as_ref().map_or(0, Charge::weight);
         if self.current > charged {
-            let charge =
-                self.limits
-                    .charge(&self.asker, &self.rpc, self.current - charged, true)?;
-            self.charges.extend(charge);
+            let more = self.current - charged;
+            self.limits
+                .charge(&self.asker, &self.rpc, more, true, &mut self.charge)?;
         }
         Ok(())
     }
@@ -414,14 +418,14 @@ where
             Some(Ok(frame)) => frame,
             Some(Err(e)) => return Poll::Ready(Some(Err(Status::from_error(e.into())))),
             None => {
-                this.charges.clear();
+                this.charge = None;
                 return Poll::Ready(None);
             }
         };
         if let Some(data) = frame.data_ref()
             && let Err(status) = this.follow(data)
         {
-            this.charges.clear();
+            this.charge = None;
             return Poll::Ready(Some(Err(status)));
         }
         Poll::Ready(Some(Ok(frame)))
@@ -444,7 +448,7 @@ struct Counted {
     place: Place,
     limits: StreamLimits,
     /// The method, for the record of a refusal.
-    rpc: String,
+    rpc: Arc<str>,
     /// The last byte of the chunk being handed out, kept back until hyper asks again.
     last: Option<bytes::Bytes>,
     /// The bytes of the chunk being handed out, taken from the budget.
@@ -479,21 +483,21 @@ impl HttpBody for Counted {
             Ok(data) => return Poll::Ready(Some(Ok(Frame::data(data)))),
             Err(frame) => return Poll::Ready(Some(Ok(frame))),
         };
-        match this
-            .limits
-            .charge(this.place.key(), &this.rpc, data.len(), false)
-        {
-            Ok(charge) => this.charge = charge,
-            Err(status) => {
-                // What the handler had ready goes now, not when the peer reads.
-                this.body = Body::empty();
-                this.ended = true;
-                let mut trailers = http::HeaderMap::new();
-                return Poll::Ready(Some(match status.add_header(&mut trailers) {
-                    Ok(()) => Ok(Frame::trailers(trailers)),
-                    Err(status) => Err(status),
-                }));
-            }
+        if let Err(status) = this.limits.charge(
+            this.place.key(),
+            &this.rpc,
+            data.len(),
+            false,
+            &mut this.charge,
+        ) {
+            // What the handler had ready goes now, not when the peer reads.
+            this.body = Body::empty();
+            this.ended = true;
+            let mut trailers = http::HeaderMap::new();
+            return Poll::Ready(Some(match status.add_header(&mut trailers) {
+                Ok(()) => Ok(Frame::trailers(trailers)),
+                Err(status) => Err(status),
+            }));
         }
         this.last = Some(data.split_off(data.len() - 1));
         Poll::Ready(Some(Ok(Frame::data(data))))
@@ -764,7 +768,7 @@ mod tests {
             length: [0; 4],
             rest: 0,
             current: 0,
-            charges: Vec::new(),
+            charge: None,
         }
     }
 
@@ -777,9 +781,7 @@ mod tests {
     }
 
     fn prefix(len: u32) -> Vec<u8> {
-        let mut p = vec![0u8];
-        p.extend_from_slice(&len.to_be_bytes());
-        p
+        toolsrv_testkit::grpc_prefix(len).to_vec()
     }
 
     /// The bytes of a message still arriving are held in the asker's budget until it is whole,

@@ -66,19 +66,10 @@ pub async fn open_unfinished_streams(
             let Ok(answered) = answered else {
                 return Err((body, response));
             };
-            let header = |h: &str| {
-                answered
-                    .as_ref()
-                    .ok()
-                    .and_then(|r| r.headers().get(h))
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default()
-                    .to_string()
-            };
             match &answered {
                 // Named, so that a test that did not expect one says what it was.
                 Err(e) => Ok(("HTTP/2 error".to_string(), e.to_string())),
-                Ok(_) => Ok((header("grpc-status"), header("grpc-message"))),
+                Ok(r) => Ok(grpc_status(r.headers()).unwrap_or_default()),
             }
         });
     }
@@ -102,6 +93,23 @@ pub async fn open_unfinished_streams(
         }
     }
     streams
+}
+
+/// The 5-byte prefix of a gRPC message of `len` bytes (not compressed).
+pub fn grpc_prefix(len: u32) -> [u8; 5] {
+    let [a, b, c, d] = len.to_be_bytes();
+    [0, a, b, c, d]
+}
+
+/// The gRPC status and message `headers` (or trailers) carry, if they carry a status.
+fn grpc_status(headers: &http::HeaderMap) -> Option<(String, String)> {
+    let header = |h: &str| {
+        headers
+            .get(h)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    header("grpc-status").map(|s| (s, header("grpc-message").unwrap_or_default()))
 }
 
 /// An HTTP/2 connection to the coordinator on 127.0.0.1:`port` made with `tls` and `builder`.
@@ -165,8 +173,8 @@ impl std::fmt::Debug for Unread {
 /// connection to the coordinator on 127.0.0.1:`port` made with `tls`, whose streams give the
 /// coordinator a window of `window` bytes and read nothing, as a peer that means to pin answers
 /// in the coordinator's send buffers would (with a window of 1, the client's HTTP/2 library
-/// ends the connection after some hundred one-byte DATA frames). Each answer is given `answer_within` to start, then 3 s to
-/// end.
+/// ends the connection after some hundred one-byte DATA frames). Each answer is given
+/// `answer_within` to start, then 3 s to end.
 #[allow(clippy::expect_used)] // A test fixture: fails loudly.
 pub async fn open_unread_answers(
     port: u16,
@@ -180,12 +188,7 @@ pub async fn open_unread_answers(
     let mut builder = h2::client::Builder::new();
     builder.initial_window_size(window);
     let mut send = h2_connection(port, tls, builder).await;
-    let mut framed = vec![0u8];
-    framed.extend_from_slice(
-        &u32::try_from(message.len())
-            .expect("a small message")
-            .to_be_bytes(),
-    );
+    let mut framed = grpc_prefix(u32::try_from(message.len()).expect("a small message")).to_vec();
     framed.extend_from_slice(message);
     let framed = bytes::Bytes::from(framed);
     let mut answers = tokio::task::JoinSet::new();
@@ -197,21 +200,12 @@ pub async fn open_unread_answers(
         body.send_data(framed.clone(), true).expect("the request");
         answers.spawn(async move {
             let limit = std::time::Duration::from_secs(3);
-            let status = |headers: &http::HeaderMap| {
-                let header = |h: &str| {
-                    headers
-                        .get(h)
-                        .and_then(|v| v.to_str().ok())
-                        .map(str::to_string)
-                };
-                header("grpc-status").map(|s| (s, header("grpc-message").unwrap_or_default()))
-            };
             let response = match tokio::time::timeout(answer_within, response).await {
                 Ok(Ok(response)) => response,
                 Ok(Err(e)) => return Ok(("HTTP/2 error".to_string(), e.to_string())),
                 Err(_) => return Ok(("no answer".to_string(), String::new())),
             };
-            if let Some(refused) = status(response.headers()) {
+            if let Some(refused) = grpc_status(response.headers()) {
                 return Ok(refused);
             }
             let mut answer = response.into_body();
@@ -219,7 +213,7 @@ pub async fn open_unread_answers(
             match tokio::time::timeout(limit, answer.trailers()).await {
                 Err(_) => Err(answer),
                 Ok(Ok(Some(trailers))) => {
-                    Ok(status(&trailers).unwrap_or(("no status".to_string(), String::new())))
+                    Ok(grpc_status(&trailers).unwrap_or(("no status".to_string(), String::new())))
                 }
                 Ok(Ok(None)) => Ok(("no trailers".to_string(), String::new())),
                 Ok(Err(e)) => Ok(("HTTP/2 error".to_string(), e.to_string())),

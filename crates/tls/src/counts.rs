@@ -54,6 +54,16 @@ impl<K: Eq + Hash + Clone> OpenCounts<K> {
     /// A slot of `weight` under `key` if what the key holds stays within `limit` with it (0: no
     /// limit). A weight above the limit is always refused.
     pub fn admit_weighing(&self, key: K, weight: usize, limit: usize) -> Result<Slot<K>, Full> {
+        self.take(&key, weight, limit)?;
+        Ok(Slot {
+            counts: self.clone(),
+            key,
+            weight,
+        })
+    }
+
+    /// Adds `weight` to what `key` holds if it stays within `limit` (0: no limit).
+    fn take(&self, key: &K, weight: usize, limit: usize) -> Result<(), Full> {
         let mut keys = self.lock();
         let (open, told) = keys.entry(key.clone()).or_insert((0, false));
         if limit != 0 && open.saturating_add(weight) > limit {
@@ -61,16 +71,12 @@ impl<K: Eq + Hash + Clone> OpenCounts<K> {
             let first = !std::mem::replace(told, true);
             if held == 0 {
                 // Nothing held: the key is not kept for a refusal alone.
-                keys.remove(&key);
+                keys.remove(key);
             }
             return Err(Full { first, held });
         }
         *open += weight;
-        Ok(Slot {
-            counts: self.clone(),
-            key,
-            weight,
-        })
+        Ok(())
     }
 
     /// Whether nothing is open (keys are forgotten at zero).
@@ -95,6 +101,14 @@ impl<K: Eq + Hash + Clone> Slot<K> {
     /// What the slot holds: 1 for a place, or its weight.
     pub fn weight(&self) -> usize {
         self.weight
+    }
+
+    /// Adds `weight` to the slot if what its key holds stays within `limit` with it (0: no
+    /// limit); refused as [`OpenCounts::admit_weighing`] would, the slot unchanged.
+    pub fn grow(&mut self, weight: usize, limit: usize) -> Result<(), Full> {
+        self.counts.take(&self.key, weight, limit)?;
+        self.weight += weight;
+        Ok(())
     }
 }
 
@@ -155,7 +169,16 @@ mod tests {
                 held: 60
             }
         );
-        let b = counts.admit_weighing("a", 40, 100).unwrap();
+        let mut b = counts.admit_weighing("a", 30, 100).unwrap();
+        assert_eq!(
+            b.grow(11, 100).unwrap_err(),
+            Full {
+                first: false,
+                held: 90
+            }
+        );
+        b.grow(10, 100).unwrap();
+        assert_eq!(b.weight(), 40);
         drop(a);
         let c = counts.admit_weighing("a", 60, 100).unwrap();
         drop((b, c));

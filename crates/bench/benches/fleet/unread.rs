@@ -15,7 +15,7 @@ use toolsrv_bench::procs::{
 use toolsrv_bench::stats::Table;
 use toolsrv_testkit::try_free_port;
 
-use super::{CALL_AGENT, Sizes};
+use super::{CALL_AGENT, Sizes, mib};
 
 /// Requests made, under the default `--max-requests-per-identity` (1,024).
 const REQUESTS: usize = 1000;
@@ -98,7 +98,6 @@ pub(crate) async fn unread(paths: &Paths, _sizes: Sizes) -> Result<(), BenchErro
         drop(unread);
         tokio::time::sleep(Duration::from_secs(3)).await;
         let after = mem_of(&pid)?;
-        let mib = |kib: u64| format!("{} MiB", kib / 1024);
         table.row([
             window.to_string(),
             budget.to_string(),
@@ -128,8 +127,7 @@ async fn unfinished(
 ) -> Result<(), BenchError> {
     const STREAMS: usize = 64;
     const ANNOUNCED: u32 = 16 << 20;
-    let mut sent = vec![0u8];
-    sent.extend_from_slice(&ANNOUNCED.to_be_bytes());
+    let mut sent = toolsrv_testkit::grpc_prefix(ANNOUNCED).to_vec();
     sent.resize(5 + ANNOUNCED as usize - 1, b'x');
     let sent = bytes::Bytes::from(sent);
     println!(
@@ -164,7 +162,6 @@ async fn unfinished(
         )
         .await;
         let peak = mem_of(&pid)?;
-        let mib = |kib: u64| format!("{} MiB", kib / 1024);
         table.row([
             budget.to_string(),
             streams.taken.to_string(),
