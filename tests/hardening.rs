@@ -1037,6 +1037,110 @@ fn answers_nobody_reads_are_held_to_the_limits() {
     );
 }
 
+/// Answers HTTP/2 has taken to send, that wait in its buffers because the peer opened the
+/// largest windows and then stopped reading its socket, stay in the asker's budget
+/// (`--max-buffered-bytes-per-identity`) until the connection has written them: 300 answers of
+/// about 300 KB hold at most the budget, and the rest are cut short. Before, an answer under
+/// HTTP/2's send buffer of 400 KiB left the budget as soon as it was queued, and one connection
+/// pinned about 410 MB. A peer that then cancels the answers queued for it (their data is
+/// dropped, never written) is not held back afterwards on that connection.
+#[test]
+fn answers_queued_for_a_peer_that_stops_reading_its_socket_are_held_to_the_budget() {
+    let mut fleet = Fleet::new(&["a"]);
+    // One page of ListTools holds about 300 KB of these.
+    let prompt = "the answer of this tool is long. ".repeat(1_800);
+    for i in 0..5 {
+        fleet.tool(
+            &format!("long{i}.meta"),
+            &serde_json::json!({"description": "a tool with a long prompt", "prompt": prompt, "cmd": "true"})
+                .to_string(),
+            false,
+        );
+    }
+    let audit = fleet.audit_arg();
+    fleet.start_coordinator(&["--max-buffered-bytes-per-identity=32M", &audit]);
+    fleet.start_agent("a", &AgentSpec::default());
+    fleet.wait_online(&["a"], "long4");
+    let alice = client_tls(&fleet, "alice");
+    let rt = toolsrv_tests::runtime();
+    let host_a = [0x0a, 0x01, b'a'];
+    let list_tools = "/toolsrv.v1.Tools/ListTools";
+    let cuts = |fleet: &Fleet| {
+        fleet
+            .audit_records()
+            .iter()
+            .filter(|r| {
+                r["event"] == "refusal" && r["message"].as_str().unwrap_or("").contains("cut short")
+            })
+            .count()
+    };
+
+    let mut peer = rt.block_on(toolsrv_tests::StalledPeer::connect(
+        fleet.port,
+        alice.clone(),
+    ));
+    peer.stop_reading();
+    rt.block_on(peer.request(list_tools, &host_a, 300));
+    wait_for(
+        "the budget to cut answers short",
+        Duration::from_secs(30),
+        || (cuts(&fleet) == 1).then_some(()),
+    );
+    // Bob is served meanwhile.
+    let out = fleet.toolctl_as("client-bob", &["tools", "a"], None);
+    assert_exit(&out, 0, &[]);
+    peer.read_again();
+    let outcomes = rt.block_on(peer.outcomes(Duration::from_secs(60)));
+    assert_eq!(outcomes.whole + outcomes.ended.len(), 300, "{outcomes:?}");
+    eprintln!("{} of 300 answers read whole", outcomes.whole);
+    // 32 MiB of answers of 300 KB, and what the sockets' buffers took.
+    assert!(
+        (60..=200).contains(&outcomes.whole),
+        "{} read whole: {outcomes:?}",
+        outcomes.whole
+    );
+    for (status, message) in &outcomes.ended {
+        assert_eq!(status, "8", "RESOURCE_EXHAUSTED: {outcomes:?}");
+        assert!(
+            message.contains("would%20pass%20the%20most%20it%20may%20hold%20(32.0%20MiB)"),
+            "{message}"
+        );
+    }
+    // Written, they are given back.
+    wait_for("alice to be served again", Duration::from_secs(10), || {
+        fleet
+            .toolctl(&["tools", "a"])
+            .status
+            .success()
+            .then_some(())
+    });
+
+    // The same again, then the peer cancels them all: their queued data is dropped. What they
+    // held goes once the connection has written all it could for a while.
+    peer.stop_reading();
+    rt.block_on(peer.request(list_tools, &host_a, 300));
+    wait_for(
+        "the budget to cut answers short again",
+        Duration::from_secs(30),
+        || (cuts(&fleet) == 2).then_some(()),
+    );
+    // Every request answered (HTTP/2 ends a connection whose peer resets many streams the server
+    // has not taken yet), then all cancelled.
+    std::thread::sleep(Duration::from_secs(1));
+    peer.reset_all();
+    // The resets reach the coordinator while its writes still wait.
+    std::thread::sleep(Duration::from_millis(500));
+    peer.read_again();
+    std::thread::sleep(toolsrv_tls::IDLE_RELEASE + Duration::from_secs(3));
+    // 60 more, one at a time (18 MB): each is written, and gives back what it held.
+    for i in 0..60 {
+        rt.block_on(peer.request(list_tools, &host_a, 1));
+        let outcomes = rt.block_on(peer.outcomes(Duration::from_secs(10)));
+        assert_eq!(outcomes.whole, 1, "answer {i}: {outcomes:?}");
+    }
+    drop(peer);
+}
+
 /// A message that is still arriving holds its bytes in the client's budget
 /// (`--max-buffered-bytes-per-identity`) until it is whole: requests that announce messages of
 /// 12 MiB, send 10 MiB of each and never the rest hold at most the budget, the one that would

@@ -6,12 +6,12 @@
 //! is bounded.
 
 pub use toolsrv_testkit::{
-    AgentSpec, LineWatch, Pki, Proc, Prometheus, Streams, TcpLink, TestFleet, TestkitError, Unread,
-    Venv, assert_exit, bin, ca_pin_in, decisions, ensure_program, fake_version_manager,
-    find_model_dir, finish_child, free_port, grpc_prefix, http_get, json_lines, line_starting,
-    mpnet_model_dir, must, open_bodiless_streams, open_unfinished_streams, open_unread_answers,
-    run_bounded, text, try_bin, try_run_bounded, try_wait_for, wait_for, wait_until, write,
-    write_executable, write_file,
+    AgentSpec, LineWatch, Outcomes, Pki, Proc, Prometheus, StalledPeer, Streams, TcpLink,
+    TestFleet, TestkitError, Unread, Venv, assert_exit, bin, ca_pin_in, decisions, ensure_program,
+    fake_version_manager, find_model_dir, finish_child, free_port, grpc_prefix, http_get,
+    json_lines, line_starting, mpnet_model_dir, must, open_bodiless_streams,
+    open_unfinished_streams, open_unread_answers, run_bounded, text, try_bin, try_run_bounded,
+    try_wait_for, wait_for, wait_until, write, write_executable, write_file,
 };
 
 /// A fleet under test: one PKI, one coordinator, any number of agents (the name these tests

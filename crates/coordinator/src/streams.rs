@@ -293,10 +293,9 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        match self.limits.admit(
-            req.extensions().get::<toolsrv_tls::ConnInfo>(),
-            req.uri().path(),
-        ) {
+        let info = req.extensions().get::<toolsrv_tls::ConnInfo>();
+        let unsent = info.map(|info| info.unsent.clone());
+        match self.limits.admit(info, req.uri().path()) {
             Ok(None) => Box::pin(self.inner.call(req.map(Body::new))),
             Ok(Some(place)) => {
                 let rpc: Arc<str> = Arc::from(req.uri().path());
@@ -321,7 +320,8 @@ where
                     Ok(response.map(|body| {
                         Body::new(Counted {
                             body,
-                            place,
+                            place: Some(place),
+                            unsent,
                             limits,
                             rpc,
                             last: None,
@@ -445,7 +445,11 @@ where
 /// module's documentation).
 struct Counted {
     body: Body,
-    place: Place,
+    /// Taken when dropped, to wait in `unsent` with the last chunk's charge.
+    place: Option<Place>,
+    /// The connection's data not yet written: what this body holds for data it handed waits
+    /// there until that data has left.
+    unsent: Option<toolsrv_tls::Unsent>,
     limits: StreamLimits,
     /// The method, for the record of a refusal.
     rpc: Arc<str>,
@@ -455,6 +459,35 @@ struct Counted {
     charge: Option<Charge>,
     /// The answer was cut short: nothing follows.
     ended: bool,
+}
+
+impl Counted {
+    /// `data` goes to hyper: its bytes are counted among the connection's data not yet written.
+    fn hand(&self, data: &bytes::Bytes) {
+        if let Some(unsent) = &self.unsent {
+            unsent.handed(data.len());
+        }
+    }
+
+    /// Keeps `held` until the data handed so far has been written (or at once without a
+    /// connection to wait on).
+    fn keep(&self, held: Slot<Asker>) {
+        if let Some(unsent) = &self.unsent {
+            unsent.hold(held);
+        }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        // The answer's last bytes, and its request's place, wait until they have left.
+        if let Some(charge) = self.charge.take() {
+            self.keep(charge);
+        }
+        if let Some(place) = self.place.take() {
+            self.keep(place);
+        }
+    }
 }
 
 impl HttpBody for Counted {
@@ -467,10 +500,14 @@ impl HttpBody for Counted {
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = &mut *self;
         if let Some(last) = this.last.take() {
+            this.hand(&last);
             return Poll::Ready(Some(Ok(Frame::data(last))));
         }
-        // Asked again after a chunk's last byte: hyper sent that byte, so the chunk has left.
-        this.charge = None;
+        // Asked again after a chunk's last byte: hyper took that byte, so the chunk is in
+        // HTTP/2's hands, free to be sent; its bytes stay charged until they are written.
+        if let Some(charge) = this.charge.take() {
+            this.keep(charge);
+        }
         if this.ended {
             return Poll::Ready(None);
         }
@@ -480,16 +517,19 @@ impl HttpBody for Counted {
         };
         let mut data = match frame.into_data() {
             Ok(data) if data.len() > 1 => data,
-            Ok(data) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+            Ok(data) => {
+                this.hand(&data);
+                return Poll::Ready(Some(Ok(Frame::data(data))));
+            }
             Err(frame) => return Poll::Ready(Some(Ok(frame))),
         };
-        if let Err(status) = this.limits.charge(
-            this.place.key(),
-            &this.rpc,
-            data.len(),
-            false,
-            &mut this.charge,
-        ) {
+        let Some(place) = &this.place else {
+            return Poll::Ready(None);
+        };
+        if let Err(status) =
+            this.limits
+                .charge(place.key(), &this.rpc, data.len(), false, &mut this.charge)
+        {
             // What the handler had ready goes now, not when the peer reads.
             this.body = Body::empty();
             this.ended = true;
@@ -500,6 +540,7 @@ impl HttpBody for Counted {
             }));
         }
         this.last = Some(data.split_off(data.len() - 1));
+        this.hand(&data);
         Poll::Ready(Some(Ok(Frame::data(data))))
     }
 
@@ -534,6 +575,7 @@ mod tests {
                 not_after: None,
             }),
             remote,
+            unsent: toolsrv_tls::Unsent::default(),
         }
     }
 
@@ -626,7 +668,8 @@ mod tests {
             .unwrap();
         Counted {
             body,
-            place,
+            place: Some(place),
+            unsent: None,
             limits: limits.clone(),
             rpc: "/t/M".into(),
             last: None,
@@ -669,6 +712,44 @@ mod tests {
         assert_eq!(held(&limits, &alice), 0);
         assert!(next(&mut body).is_none());
         drop(body);
+        assert!(limits.open.is_empty() && limits.held.is_empty());
+    }
+
+    /// On a connection, a chunk's bytes and its request's place stay held after hyper took
+    /// them, until the connection has written the data handed by then: a peer that opens large
+    /// windows and stops reading its socket leaves answers queued in HTTP/2's buffers, which the
+    /// budget and the request limit still see.
+    #[test]
+    fn what_an_answer_holds_waits_until_the_connection_has_written_it() {
+        let limits = StreamLimits::new(5, 100, Counter::default(), Counter::default(), no_run());
+        let alice = Asker::Identity(Identity::Client("alice".into()));
+        let unsent = toolsrv_tls::Unsent::default();
+        let mut body = counted(&limits, "alice", answer(&[60, 30]));
+        body.unsent = Some(unsent.clone());
+        assert_eq!(data_len(next(&mut body)), 59);
+        assert_eq!(data_len(next(&mut body)), 1);
+        assert_eq!(data_len(next(&mut body)), 29);
+        assert_eq!(
+            held(&limits, &alice),
+            90,
+            "the first chunk is taken, not written"
+        );
+        unsent.written(59);
+        assert_eq!(
+            held(&limits, &alice),
+            90,
+            "one byte of it is not written yet"
+        );
+        unsent.written(1);
+        assert_eq!(held(&limits, &alice), 30);
+        assert_eq!(data_len(next(&mut body)), 1);
+        assert!(next(&mut body).unwrap().is_trailers());
+        drop(body);
+        // The answer ended: its last chunk and its place wait for its last 30 bytes.
+        assert_eq!(held(&limits, &alice), 30);
+        assert_eq!(unsent.held(), 2);
+        assert!(!limits.open.is_empty(), "its place is still taken");
+        unsent.written(30);
         assert!(limits.open.is_empty() && limits.held.is_empty());
     }
 
@@ -733,7 +814,8 @@ mod tests {
             .unwrap();
         let mut body = Counted {
             body: answer(&[MAX_ANONYMOUS_BUFFERED_BYTES + 1]),
-            place,
+            place: Some(place),
+            unsent: None,
             limits: limits.clone(),
             rpc: "/t/M".into(),
             last: None,

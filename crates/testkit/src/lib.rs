@@ -49,8 +49,8 @@ pub use pki::{
 pub use proc::{Proc, free_port, try_free_port};
 pub use python::Venv;
 pub use raw_h2::{
-    Streams, Unread, grpc_prefix, open_bodiless_streams, open_unfinished_streams,
-    open_unread_answers,
+    Outcomes, StalledPeer, Streams, Unread, grpc_prefix, open_bodiless_streams,
+    open_unfinished_streams, open_unread_answers,
 };
 pub use wait::{
     finish_child, run_bounded, try_finish_child, try_run_bounded, try_wait_for, wait_for,

@@ -237,3 +237,233 @@ pub async fn open_unread_answers(
     }
     unread
 }
+
+/// A peer that opens the largest windows HTTP/2 allows and then stops reading its socket,
+/// leaving the coordinator's answers queued in its HTTP/2 send buffers ([`StalledPeer::connect`]).
+pub struct StalledPeer {
+    port: u16,
+    send: h2::client::SendRequest<bytes::Bytes>,
+    gate: std::sync::Arc<Gate>,
+    answers: tokio::task::JoinSet<(String, String)>,
+}
+
+impl std::fmt::Debug for StalledPeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StalledPeer")
+            .field("port", &self.port)
+            .field("answers", &self.answers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What became of the answers of a [`StalledPeer`] once it read again.
+#[derive(Debug, Default)]
+pub struct Outcomes {
+    /// Read whole, with a gRPC status of 0.
+    pub whole: usize,
+    /// The gRPC status and message of each answer that ended otherwise.
+    pub ended: Vec<(String, String)>,
+}
+
+/// Whether a [`Gated`] socket may be read, and who waits to read it.
+#[derive(Default)]
+struct Gate {
+    closed: std::sync::atomic::AtomicBool,
+    waiting: std::sync::Mutex<Option<std::task::Waker>>,
+}
+
+/// A socket whose reads wait while its [`Gate`] is closed; its writes go on.
+struct Gated<S> {
+    io: S,
+    gate: std::sync::Arc<Gate>,
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Gated<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::sync::atomic::Ordering;
+        if self.gate.closed.load(Ordering::SeqCst) {
+            *self.gate.waiting.lock().unwrap_or_else(|p| p.into_inner()) = Some(cx.waker().clone());
+            // Opened meanwhile: its waker may have been taken before this one was left.
+            if self.gate.closed.load(Ordering::SeqCst) {
+                return std::task::Poll::Pending;
+            }
+        }
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Gated<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// The largest window HTTP/2 allows (RFC 9113 §6.9.1).
+const MAX_WINDOW: u32 = (1 << 31) - 1;
+
+impl StalledPeer {
+    /// An HTTP/2 connection to the coordinator on 127.0.0.1:`port` made with `tls`, whose streams
+    /// and connection give the coordinator the largest window, with a receive buffer of 64 KiB
+    /// in its socket so that little of what the coordinator sends waits in the kernel. It reads
+    /// until [`StalledPeer::stop_reading`].
+    #[allow(clippy::expect_used)] // A test fixture: fails loudly.
+    pub async fn connect(
+        port: u16,
+        tls: std::sync::Arc<tokio_rustls::rustls::ClientConfig>,
+    ) -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket
+            .set_recv_buffer_size(64 << 10)
+            .expect("a socket's receive buffer");
+        let tcp = socket
+            .connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+            .await
+            .expect("a TCP connection to the coordinator");
+        let name = tokio_rustls::rustls::pki_types::ServerName::try_from("localhost")
+            .expect("a server name");
+        let stream = tokio_rustls::TlsConnector::from(tls)
+            .connect(name, tcp)
+            .await
+            .expect("a TLS connection to the coordinator");
+        let gate = std::sync::Arc::new(Gate::default());
+        let io = Gated {
+            io: stream,
+            gate: gate.clone(),
+        };
+        let (send, conn) = h2::client::Builder::new()
+            .initial_max_send_streams(toolsrv_tls::STREAMS_PER_CONNECTION as usize)
+            .initial_window_size(MAX_WINDOW)
+            .initial_connection_window_size(MAX_WINDOW)
+            .handshake(io)
+            .await
+            .expect("HTTP/2");
+        tokio::spawn(conn);
+        let send = send.ready().await.expect("the coordinator's settings");
+        Self {
+            port,
+            send,
+            gate,
+            answers: tokio::task::JoinSet::new(),
+        }
+    }
+
+    /// Reads nothing more from the socket until [`StalledPeer::read_again`].
+    pub fn stop_reading(&self) {
+        self.gate
+            .closed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Reads the socket again.
+    pub fn read_again(&self) {
+        self.gate
+            .closed
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        let waiting = self
+            .gate
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(waker) = waiting {
+            waker.wake();
+        }
+    }
+
+    /// Makes `n` gRPC requests to `path`, each with `message` (an encoded request); their
+    /// answers are read whole when the socket is read ([`StalledPeer::outcomes`]).
+    #[allow(clippy::expect_used)] // A test fixture: fails loudly.
+    pub async fn request(&mut self, path: &str, message: &[u8], n: usize) {
+        let mut framed =
+            grpc_prefix(u32::try_from(message.len()).expect("a small message")).to_vec();
+        framed.extend_from_slice(message);
+        let framed = bytes::Bytes::from(framed);
+        for _ in 0..n {
+            self.send = self.send.clone().ready().await.expect("room for a stream");
+            let (response, mut body) = self
+                .send
+                .send_request(grpc_request(self.port, path), false)
+                .expect("a stream");
+            body.send_data(framed.clone(), true).expect("the request");
+            self.answers.spawn(read_whole(response));
+        }
+    }
+
+    /// Cancels every request whose answer has not been read (HTTP/2 resets their streams).
+    pub fn reset_all(&mut self) {
+        // Dropped, the set aborts its tasks, which drop their streams.
+        self.answers = tokio::task::JoinSet::new();
+    }
+
+    /// Waits up to `within` for the answers of the requests made, read whole or ended.
+    pub async fn outcomes(&mut self, within: std::time::Duration) -> Outcomes {
+        let mut outcomes = Outcomes::default();
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match tokio::time::timeout_at(deadline, self.answers.join_next()).await {
+                Ok(Some(Ok((status, _)))) if status == "0" => outcomes.whole += 1,
+                Ok(Some(Ok(ended))) => outcomes.ended.push(ended),
+                Ok(Some(Err(e))) => outcomes.ended.push(("task".to_string(), e.to_string())),
+                Ok(None) => return outcomes,
+                Err(_) => {
+                    let left = self.answers.len();
+                    outcomes
+                        .ended
+                        .extend((0..left).map(|_| ("no answer".to_string(), String::new())));
+                    self.answers.abort_all();
+                    return outcomes;
+                }
+            }
+        }
+    }
+}
+
+/// Reads an answer whole: its gRPC status and message.
+async fn read_whole(response: h2::client::ResponseFuture) -> (String, String) {
+    let failed = |e: h2::Error| ("HTTP/2 error".to_string(), e.to_string());
+    let response = match response.await {
+        Ok(response) => response,
+        Err(e) => return failed(e),
+    };
+    if let Some(refused) = grpc_status(response.headers()) {
+        return refused;
+    }
+    let mut body = response.into_body();
+    while let Some(data) = body.data().await {
+        match data {
+            Ok(data) => {
+                let _ = body.flow_control().release_capacity(data.len());
+            }
+            Err(e) => return failed(e),
+        }
+    }
+    match body.trailers().await {
+        Ok(Some(trailers)) => {
+            grpc_status(&trailers).unwrap_or(("no status".to_string(), String::new()))
+        }
+        Ok(None) => ("no trailers".to_string(), String::new()),
+        Err(e) => failed(e),
+    }
+}

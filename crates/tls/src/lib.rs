@@ -21,6 +21,7 @@ mod pki;
 mod plain;
 mod server;
 mod throttle;
+mod unsent;
 mod usage;
 
 pub use cert_info::{CertInfo, certificates_in, check_dates, since_epoch, unix_now, until_unix};
@@ -47,6 +48,7 @@ pub use plain::{PlainConn, PlainLimits, PlainListener};
 pub use server::{
     ANONYMOUS_LIFETIME, AcceptOptions, ConnInfo, HANDSHAKE_TIMEOUT, LOCAL_ERROR_RESETS,
     MAX_OPEN_PER_IDENTITY, MAX_SETTING_UP_PER_ADDRESS, PREFACE_TIMEOUT, PeerInfo,
-    STREAMS_PER_CONNECTION, TlsConn, TlsIncoming, address_key, bounded_server, incoming,
-    incoming_with, peer, peer_of,
+    STREAMS_PER_CONNECTION, TlsConn, TlsIncoming, WRITE_STALL, address_key, bounded_server,
+    incoming, incoming_with, peer, peer_of,
 };
+pub use unsent::{IDLE_RELEASE, Unsent};

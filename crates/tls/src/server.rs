@@ -13,7 +13,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustls::ServerConfig;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
@@ -28,6 +28,7 @@ use tonic::transport::server::Connected;
 
 use crate::conns::{Connections, Registration};
 use crate::throttle::LogThrottle;
+use crate::unsent::{Frames, Unsent};
 
 /// Failed handshakes are logged once a second at most: anyone who reaches the port can fail
 /// one at will (about a thousand a second from one script, 170 KB of log a second), and the
@@ -101,17 +102,21 @@ pub struct AcceptOptions {
     /// Connections open at once with one certificate identity; more are closed after their
     /// handshake. 0: no limit.
     pub max_open_per_identity: usize,
+    /// How long a connection's writes may wait on a peer that reads nothing before it is closed
+    /// ([`WRITE_STALL`]).
+    pub write_stall: Duration,
 }
 
 impl AcceptOptions {
     /// The defaults: [`HANDSHAKE_TIMEOUT`], [`PREFACE_TIMEOUT`], [`MAX_SETTING_UP_PER_ADDRESS`],
-    /// [`ANONYMOUS_LIFETIME`], [`MAX_OPEN_PER_IDENTITY`].
+    /// [`ANONYMOUS_LIFETIME`], [`MAX_OPEN_PER_IDENTITY`], [`WRITE_STALL`].
     pub const DEFAULT: Self = Self {
         handshake: HANDSHAKE_TIMEOUT,
         preface: PREFACE_TIMEOUT,
         max_setting_up_per_address: MAX_SETTING_UP_PER_ADDRESS,
         anonymous_lifetime: ANONYMOUS_LIFETIME,
         max_open_per_identity: MAX_OPEN_PER_IDENTITY,
+        write_stall: WRITE_STALL,
     };
 }
 
@@ -148,6 +153,9 @@ pub struct ConnInfo {
     pub peer: Option<PeerInfo>,
     /// The peer's address.
     pub remote: SocketAddr,
+    /// The connection's data bytes handed to HTTP/2 and not yet written, and what waits on
+    /// them: a response body keeps what it holds for its answer here until the answer has left.
+    pub unsent: Unsent,
 }
 
 /// An accepted, handshaken mTLS connection whose peer has an identity and has sent the HTTP/2
@@ -172,7 +180,29 @@ pub struct TlsConn {
     /// up, kept until it closes, and the end of its lifetime
     /// ([`AcceptOptions::anonymous_lifetime`], in seconds for the message).
     anonymous: Option<(Slot<IpAddr>, Pin<Box<tokio::time::Sleep>>, u64)>,
+    /// The data bytes of the frames written, counted into `info.unsent`.
+    sent: Frames,
+    /// What the peer sends, followed for a lowered stream window.
+    received: Frames,
+    /// Since when writes have waited on the peer, and the deadline of `write_stall`.
+    blocked: Option<(Instant, Pin<Box<tokio::time::Sleep>>)>,
+    /// [`AcceptOptions::write_stall`].
+    write_stall: Duration,
+    /// When writes last stopped waiting on the peer (or the connection was handed over).
+    unblocked: Instant,
+    /// When to look again at what waits in `info.unsent` ([`Unsent`]'s idle release).
+    idle: Option<Pin<Box<tokio::time::Sleep>>>,
 }
+
+/// How long a connection's writes may wait on a peer that reads nothing before the connection
+/// is closed, by default. HTTP/2 keepalive ends such a connection first (its pings go unanswered), but ending
+/// it means sending a GOAWAY that waits behind everything else: without this, its descriptor,
+/// its place among its identity's connections and everything queued for it stayed for as long as
+/// the peer kept its socket open.
+pub const WRITE_STALL: Duration = Duration::from_secs(30);
+
+/// Connections closed for [`WRITE_STALL`] are logged once a second at most.
+static STALLED: LogThrottle = LogThrottle::new(Duration::from_secs(1));
 
 /// How long a client's connection outlives its certificate: time for the statuses that end its
 /// streams at the expiry to reach it.
@@ -214,6 +244,98 @@ impl TlsConn {
             return Some(anonymous_lifetime_over(*secs));
         }
         None
+    }
+
+    /// After a write or flush: counts the data bytes of `written` (the first `n` bytes of those
+    /// slices) on `Ready`, or notes that writes wait on the peer on `Pending`, and closes the
+    /// connection once they have waited `write_stall`.
+    fn after_write<'s, T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+        written: impl FnOnce(&T) -> (&'s [io::IoSlice<'s>], usize),
+    ) -> Poll<io::Result<T>> {
+        match &polled {
+            Poll::Ready(Ok(value)) => {
+                let (slices, n) = written(value);
+                let mut left = n;
+                let mut data = 0;
+                for slice in slices {
+                    if left == 0 {
+                        break;
+                    }
+                    let take = slice.len().min(left);
+                    data += self.sent.data_bytes(&slice[..take]);
+                    left -= take;
+                }
+                self.info.unsent.written(data);
+                if self.blocked.take().is_some() {
+                    self.unblocked = Instant::now();
+                }
+                polled
+            }
+            Poll::Ready(Err(_)) => polled,
+            Poll::Pending => {
+                let stall = self.write_stall;
+                let (since, deadline) = self.blocked.get_or_insert_with(|| {
+                    let now = Instant::now();
+                    (
+                        now,
+                        Box::pin(tokio::time::sleep_until((now + stall).into())),
+                    )
+                });
+                if deadline.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                let waited = since.elapsed();
+                if let Some(unlogged) = STALLED.pass() {
+                    let identity = self.info.peer.as_ref().map(|p| p.identity.to_string());
+                    tracing::info!(remote = %self.info.remote, identity, ?waited, unlogged, "connection closed: the peer read nothing of what was sent to it for too long");
+                }
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "the server closed this connection: the peer read nothing of what was \
+                         sent to it for {:?}",
+                        self.write_stall
+                    ),
+                )))
+            }
+        }
+    }
+
+    /// Lets go of what waits in `info.unsent` on data h2 dropped (see [`Unsent`]), unless writes
+    /// wait on the peer or the peer lowered its window; arms `idle` to look again.
+    fn release_idle(&mut self, cx: &mut Context<'_>) {
+        if self.blocked.is_some() || self.received.lowered() {
+            self.idle = None;
+            return;
+        }
+        let Some(next) = self
+            .info
+            .unsent
+            .release_idle(Instant::now(), self.unblocked)
+        else {
+            self.idle = None;
+            return;
+        };
+        let next = tokio::time::Instant::from_std(next);
+        let idle = self
+            .idle
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(next)));
+        if idle.deadline() != next {
+            idle.as_mut().reset(next);
+        }
+        if idle.as_mut().poll(cx).is_ready() {
+            // Due already: read again, and look again then.
+            cx.waker().wake_by_ref();
+        }
+    }
+}
+
+impl Drop for TlsConn {
+    fn drop(&mut self) {
+        self.info.unsent.close();
     }
 }
 
@@ -279,7 +401,13 @@ impl AsyncRead for TlsConn {
             self.replayed += n;
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        self.release_idle(cx);
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = polled {
+            self.received.read(&buf.filled()[before..]);
+        }
+        polled
     }
 }
 
@@ -292,11 +420,14 @@ impl AsyncWrite for TlsConn {
         if let Some(e) = self.ended(cx) {
             return Poll::Ready(Err(e));
         }
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let polled = Pin::new(&mut self.stream).poll_write(cx, buf);
+        let slices = [io::IoSlice::new(buf)];
+        self.after_write(cx, polled, |n| (&slices, *n))
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
+        let polled = Pin::new(&mut self.stream).poll_flush(cx);
+        self.after_write(cx, polled, |()| (&[], 0))
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -311,7 +442,8 @@ impl AsyncWrite for TlsConn {
         if let Some(e) = self.ended(cx) {
             return Poll::Ready(Err(e));
         }
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let polled = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.after_write(cx, polled, |n| (bufs, *n))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -553,12 +685,22 @@ async fn handshake(
     };
     let conn = TlsConn {
         stream,
-        info: ConnInfo { peer, remote },
+        info: ConnInfo {
+            peer,
+            remote,
+            unsent: Unsent::default(),
+        },
         replayed: 0,
         registration,
         closing,
         expires,
         anonymous,
+        sent: Frames::new(),
+        received: Frames::new(),
+        blocked: None,
+        write_stall: options.write_stall,
+        unblocked: Instant::now(),
+        idle: None,
     };
     // An error means the server is gone; the connection just closes.
     let _ = tx.send(conn).await;

@@ -295,3 +295,79 @@ async fn one_identity_holds_only_so_many_connections() {
     drop(held);
     server.stop().await;
 }
+
+/// A peer that reads nothing while the server writes to it is closed once the writes have waited
+/// `write_stall` on it; one that reads, however slowly, is not. Before, HTTP/2 keepalive ended
+/// such a connection only by sending a GOAWAY that waited behind everything queued for it, and
+/// its descriptor, its place among its identity's connections and all that was queued stayed for
+/// as long as the peer kept its socket open.
+#[tokio::test]
+async fn a_peer_that_reads_nothing_is_closed_once_writes_have_waited_on_it_too_long() {
+    use tokio_stream::StreamExt;
+
+    let tmp = tempfile::tempdir().unwrap();
+    common::pki(tmp.path());
+    let creds = ServerCreds::new(files(tmp.path(), &Identity::Coordinator)).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let options = AcceptOptions {
+        write_stall: Duration::from_secs(2),
+        ..AcceptOptions::DEFAULT
+    };
+    let mut incoming = toolsrv_tls::incoming_with(listener, creds.subscribe(), options);
+    let chunk = vec![0u8; 256 << 10];
+
+    // Reads nothing.
+    let silent = idle_h2("127.0.0.1", addr, client_cfg(tmp.path(), &alice()))
+        .await
+        .unwrap();
+    let mut conn = incoming.next().await.unwrap().unwrap();
+    let start = Instant::now();
+    let written = async {
+        loop {
+            if let Err(e) = conn.write_all(&chunk).await {
+                return e;
+            }
+        }
+    };
+    let err: std::io::Error = tokio::time::timeout(BOUND, written)
+        .await
+        .expect("writes to a peer that reads nothing went on waiting");
+    let took = start.elapsed();
+    assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+    assert!(err.to_string().contains("read nothing"), "{err}");
+    assert!(took >= options.write_stall, "closed after {took:?}");
+    drop((conn, silent));
+
+    // Reads 8 MiB with a pause of 50 ms after each 256 KiB (5 MB/s: writes wait for the socket's
+    // buffers to drain by a third, a few hundred milliseconds at a time).
+    let mut slow = idle_h2("127.0.0.1", addr, client_cfg(tmp.path(), &alice()))
+        .await
+        .unwrap();
+    let mut conn = incoming.next().await.unwrap().unwrap();
+    let total = 8 << 20;
+    let reader = tokio::spawn(async move {
+        let mut buf = vec![0u8; 256 << 10];
+        let mut read = 0;
+        while read < total {
+            match slow.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => read += n,
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        read
+    });
+    for _ in 0..total / chunk.len() {
+        tokio::time::timeout(BOUND, conn.write_all(&chunk))
+            .await
+            .expect("a peer that reads was not written to")
+            .expect("a peer that reads was closed");
+    }
+    conn.flush().await.unwrap();
+    let read = tokio::time::timeout(BOUND * 4, reader)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(read >= total, "read {read} of {total}");
+}
