@@ -21,9 +21,16 @@
 //! window one byte at a time (or not at all) and reads nothing would pin every answer there
 //! (1,000 `GetSession`s of a 1.25 MB session held 1.3 GB). The last byte of each chunk is
 //! handed to hyper on its own: hyper sends it only once the stream has window again, which is
-//! once the rest of the chunk has left, and asks for what follows only then. So a request keeps
-//! its place and its bytes until its answer has left, not merely until it was queued. A chunk
-//! past the budget is dropped, and the answer ends with `RESOURCE_EXHAUSTED` in its trailers.
+//! once the rest of the chunk has left the stream's queue, and asks for what follows only then.
+//! Left the stream's queue is not yet written: HTTP/2 keeps up to 400 KiB a stream for a peer
+//! whose socket takes nothing (a peer that opens the largest windows and stops reading; 1,024
+//! answers of 400 KB held 410 MB on one connection). So the chunk's charge, and at the answer's
+//! end its request's place, then wait in the connection's [`toolsrv_tls::Unsent`] until the
+//! connection has written the data handed by then. A request keeps its place and its bytes until
+//! its answer has left, not merely until it was queued. Each chunk is charged
+//! [`CHUNK_OVERHEAD`] bytes besides its data, what HTTP/2 and this layer keep for it, so that an
+//! answer of many small messages is held to the budget as well. A chunk past the budget is
+//! dropped, and the answer ends with `RESOURCE_EXHAUSTED` in its trailers.
 //!
 //! The same budget holds the messages of requests still arriving: the server decodes a message
 //! only once it has all of it, so each message's bytes are taken from the budget as they come
@@ -57,6 +64,11 @@ pub const DEFAULT_MAX_BUFFERED_BYTES_PER_IDENTITY: usize = 256 << 20;
 /// one message of up to the message size limit (16 MiB) and what came before it in the encoder's
 /// buffer, and a chunk above the whole budget could never be sent.
 pub const MIN_BUFFERED_BYTES: usize = 32 << 20;
+
+/// Bytes each chunk of an answer is charged besides its data while it waits to leave: about what
+/// HTTP/2 keeps for a queued frame and this layer for its charge. Without it, an answer of tiny
+/// messages unread would hold many times its budget in bookkeeping.
+pub const CHUNK_OVERHEAD: usize = 512;
 
 /// Bytes of answers waiting to leave at once for one address without a certificate: their
 /// answers are a CA bundle and a certificate.
@@ -211,11 +223,16 @@ impl StreamLimits {
         if limit == 0 {
             return Ok(());
         }
+        let weight = if arriving {
+            bytes
+        } else {
+            bytes + CHUNK_OVERHEAD
+        };
         let taken = match charge {
-            Some(charge) => charge.grow(bytes, limit),
+            Some(charge) => charge.grow(weight, limit),
             None => self
                 .held
-                .admit_weighing(asker.clone(), bytes, limit)
+                .admit_weighing(asker.clone(), weight, limit)
                 .map(|taken| *charge = Some(taken)),
         };
         let Err(full) = taken else { return Ok(()) };
@@ -694,19 +711,30 @@ mod tests {
     /// budget until hyper asks for what follows that byte (by then the chunk has left).
     #[test]
     fn a_chunk_s_bytes_are_held_until_its_last_byte_is_taken() {
-        let limits = StreamLimits::new(0, 100, Counter::default(), Counter::default(), no_run());
+        const O: usize = CHUNK_OVERHEAD;
+        let limits = StreamLimits::new(
+            0,
+            2 * O + 100,
+            Counter::default(),
+            Counter::default(),
+            no_run(),
+        );
         let alice = Asker::Identity(Identity::Client("alice".into()));
         let mut body = counted(&limits, "alice", answer(&[60, 1, 30]));
         assert_eq!(data_len(next(&mut body)), 59);
         assert!(!body.is_end_stream());
-        assert_eq!(held(&limits, &alice), 60, "taken when the chunk came");
+        assert_eq!(held(&limits, &alice), 60 + O, "taken when the chunk came");
         assert_eq!(data_len(next(&mut body)), 1);
-        assert_eq!(held(&limits, &alice), 60, "its last byte has not left yet");
+        assert_eq!(
+            held(&limits, &alice),
+            60 + O,
+            "its last byte has not left yet"
+        );
         // A chunk of one byte goes as it is, with nothing taken.
         assert_eq!(data_len(next(&mut body)), 1);
         assert_eq!(held(&limits, &alice), 0, "the first chunk has left");
         assert_eq!(data_len(next(&mut body)), 29);
-        assert_eq!(held(&limits, &alice), 30);
+        assert_eq!(held(&limits, &alice), 30 + O);
         assert_eq!(data_len(next(&mut body)), 1);
         assert!(next(&mut body).unwrap().is_trailers());
         assert_eq!(held(&limits, &alice), 0);
@@ -721,7 +749,14 @@ mod tests {
     /// budget and the request limit still see.
     #[test]
     fn what_an_answer_holds_waits_until_the_connection_has_written_it() {
-        let limits = StreamLimits::new(5, 100, Counter::default(), Counter::default(), no_run());
+        const O: usize = CHUNK_OVERHEAD;
+        let limits = StreamLimits::new(
+            5,
+            2 * O + 100,
+            Counter::default(),
+            Counter::default(),
+            no_run(),
+        );
         let alice = Asker::Identity(Identity::Client("alice".into()));
         let unsent = toolsrv_tls::Unsent::default();
         let mut body = counted(&limits, "alice", answer(&[60, 30]));
@@ -731,26 +766,51 @@ mod tests {
         assert_eq!(data_len(next(&mut body)), 29);
         assert_eq!(
             held(&limits, &alice),
-            90,
+            90 + 2 * O,
             "the first chunk is taken, not written"
         );
         unsent.written(59);
         assert_eq!(
             held(&limits, &alice),
-            90,
+            90 + 2 * O,
             "one byte of it is not written yet"
         );
         unsent.written(1);
-        assert_eq!(held(&limits, &alice), 30);
+        assert_eq!(held(&limits, &alice), 30 + O);
         assert_eq!(data_len(next(&mut body)), 1);
         assert!(next(&mut body).unwrap().is_trailers());
         drop(body);
         // The answer ended: its last chunk and its place wait for its last 30 bytes.
-        assert_eq!(held(&limits, &alice), 30);
+        assert_eq!(held(&limits, &alice), 30 + O);
         assert_eq!(unsent.held(), 2);
         assert!(!limits.open.is_empty(), "its place is still taken");
         unsent.written(30);
         assert!(limits.open.is_empty() && limits.held.is_empty());
+    }
+
+    /// An answer of many small chunks unread is held to the budget by what keeping each chunk
+    /// costs, not by its data alone: 20 chunks of 10 bytes against a budget of ten chunks.
+    #[test]
+    fn small_chunks_are_charged_what_keeping_them_costs() {
+        // Ten chunks of 10 bytes, at 512 bytes each of keeping (CHUNK_OVERHEAD).
+        let budget = 10 * (512 + 10);
+        let limits = StreamLimits::new(0, budget, Counter::default(), Counter::default(), no_run());
+        let unsent = toolsrv_tls::Unsent::default();
+        let mut body = counted(&limits, "alice", answer(&[10; 20]));
+        body.unsent = Some(unsent.clone());
+        let mut data = 0;
+        let trailers = loop {
+            let frame = next(&mut body).unwrap();
+            match frame.into_data() {
+                Ok(_) => data += 1,
+                Err(frame) => break frame.into_trailers().unwrap(),
+            }
+        };
+        assert_eq!(data, 20, "ten chunks, each in two");
+        assert_eq!(trailers["grpc-status"], "8", "{trailers:?}");
+        drop(body);
+        unsent.written(100);
+        assert!(limits.held.is_empty());
     }
 
     /// A chunk past the asker's budget is dropped and its answer ends with RESOURCE_EXHAUSTED
@@ -761,9 +821,10 @@ mod tests {
         let cut = Counter::default();
         let runs: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
         let seen = runs.clone();
+        const O: usize = CHUNK_OVERHEAD;
         let limits = StreamLimits::new(
             0,
-            100,
+            100 + O,
             Counter::default(),
             cut.clone(),
             Arc::new(move |peer: &str, _: &str, why: &Status, until: &str| {
@@ -780,7 +841,10 @@ mod tests {
         let message = trailers["grpc-message"].to_str().unwrap();
         // Percent-encoded, as gRPC carries it.
         assert!(
-            message.starts_with("client/alice%20has%2080%20bytes%20of%20answers"),
+            message.starts_with(&format!(
+                "client/alice%20has%20{}%20bytes%20of%20answers",
+                80 + O
+            )),
             "{message}"
         );
         assert!(second.is_end_stream());

@@ -4,7 +4,8 @@
 //! once with no budget of answer bytes (`--max-buffered-bytes-per-identity=0`) and once with the
 //! default (256 MiB). It reports how many answers wait and how many were cut short, and the
 //! coordinator's resident memory before, at its peak, while the answers are held, and after the
-//! connection is gone.
+//! connection is gone. Then requests whose message never ends, and answers queued for peers that
+//! open the largest windows and stop reading their sockets.
 
 use std::time::Duration;
 
@@ -115,7 +116,118 @@ pub(crate) async fn unread(paths: &Paths, _sizes: Sizes) -> Result<(), BenchErro
         drop((client, agent, coordinator));
     }
     println!("{}", table.render());
-    unfinished(paths, &tools, tls).await
+    unfinished(paths, &tools, tls.clone()).await?;
+    stalled(paths, tls).await
+}
+
+/// Answers queued for peers that open the largest windows and then stop reading their sockets:
+/// 8 connections of one client, each making 1,000 `ListTools` requests of a page of about 300 KB
+/// (under HTTP/2's send buffer of 400 KiB a stream, which hyper takes whole at once), with no
+/// limits (`--max-requests-per-identity=0 --max-buffered-bytes-per-identity=0`) and with the
+/// defaults (1,024 requests, 256 MiB).
+async fn stalled(
+    paths: &Paths,
+    tls: std::sync::Arc<tokio_rustls::rustls::ClientConfig>,
+) -> Result<(), BenchError> {
+    const CONNECTIONS: usize = 8;
+    const PER_CONNECTION: usize = 1000;
+    let tools = paths.work.join("tools-stalled");
+    std::fs::create_dir_all(&tools)?;
+    let prompt = "the answer of this tool is long. ".repeat(PROMPT_BYTES / 32);
+    for i in 0..6 {
+        let meta = serde_json::json!({
+            "description": "a tool with a long prompt",
+            "prompt": prompt,
+            "cmd": "true",
+        });
+        std::fs::write(tools.join(format!("long{i}.meta")), meta.to_string())?;
+    }
+    println!(
+        "\nunread: {CONNECTIONS} connections of one client, {PER_CONNECTION} ListTools requests \
+         each of a page of about 300 KB, the largest windows opened and the socket not read"
+    );
+    let mut table = Table::new([
+        "limits",
+        "read whole",
+        "cut short",
+        "other ends",
+        "RSS before",
+        "RSS after 5 s",
+        "peak",
+    ]);
+    let limits = [
+        (
+            "none",
+            vec![
+                "--max-requests-per-identity=0".to_string(),
+                "--max-buffered-bytes-per-identity=0".to_string(),
+            ],
+        ),
+        ("defaults", Vec::new()),
+    ];
+    for (name, flags) in limits {
+        let port = try_free_port()?;
+        let coordinator = start_coordinator_on(
+            paths,
+            &format!("coordinator-stalled-{name}"),
+            &tools,
+            (port, "warn"),
+            &flags,
+        )?;
+        let agent = start_agent(paths, &coordinator.url, CALL_AGENT, &[])?;
+        let client = connect(paths, &coordinator.url).await?;
+        wait_for_tool(&client, CALL_AGENT, "long5", Duration::from_secs(30)).await?;
+        let pid = coordinator.proc.pid().to_string();
+        let before = mem_of(&pid)?;
+        let mut host = vec![0x0a, u8::try_from(CALL_AGENT.len())?];
+        host.extend_from_slice(CALL_AGENT.as_bytes());
+        let mut peers = Vec::new();
+        for _ in 0..CONNECTIONS {
+            let mut peer = toolsrv_testkit::StalledPeer::connect(port, tls.clone()).await;
+            peer.stop_reading();
+            peer.request("/toolsrv.v1.Tools/ListTools", &host, PER_CONNECTION)
+                .await;
+            peers.push(peer);
+        }
+        // Within HTTP/2 keepalive (a ping every 10 s, answered within 5 s), which would end the
+        // connections.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let held = mem_of(&pid)?;
+        let (mut whole, mut cut, mut others) = (0, 0, Vec::new());
+        for peer in &mut peers {
+            peer.read_again();
+        }
+        for peer in &mut peers {
+            let outcomes = peer.outcomes(Duration::from_secs(120)).await;
+            whole += outcomes.whole;
+            for (status, message) in outcomes.ended {
+                if status == "8" {
+                    cut += 1;
+                } else {
+                    others.push((status, message));
+                }
+            }
+        }
+        let after = mem_of(&pid)?;
+        let other_ends = others.len();
+        others.sort();
+        others.dedup();
+        for (status, message) in &others {
+            println!("({name}: also ended with {status}: {message:.160})");
+        }
+        table.row([
+            name.to_string(),
+            whole.to_string(),
+            cut.to_string(),
+            other_ends.to_string(),
+            mib(before.rss_kib),
+            mib(held.rss_kib),
+            mib(after.hwm_kib),
+        ]);
+        drop((peers, client, agent, coordinator));
+    }
+    println!("{}", table.render());
+    Ok(())
 }
 
 /// Requests whose message never ends: 64 `ListHosts` requests, each announcing a message of 16
