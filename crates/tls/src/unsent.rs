@@ -15,8 +15,13 @@
 //! handed count of a connection whose peer resets streams with data queued runs ahead of what it
 //! writes, and what is held would wait for bytes that never come. So what has been held for
 //! [`IDLE_RELEASE`] is let go once the connection's writes have not waited on the peer for as
-//! long: h2 writes what it may send as fast as the socket takes it, so data still unwritten then
-//! was dropped. A peer that lowers its streams' window (SETTINGS_INITIAL_WINDOW_SIZE) makes data
+//! long: what is held waits on data that could be sent when it was put here (a chunk's charge
+//! comes here once hyper found window for it, a request's place once its answer ended), and h2
+//! writes what it may send as fast as the socket takes it, so such data still unwritten then was
+//! dropped. The count of bytes written is never moved forward: the handed count also holds data
+//! waiting for its stream's window, which is written later, so the written count never passes
+//! the handed one, and what is held after a drop waits on the dropped bytes too, until they are
+//! made up by later writes or it is let go in its turn. A peer that lowers its streams' window (SETTINGS_INITIAL_WINDOW_SIZE) makes data
 //! h2 may send wait again without its writes waiting: such a connection keeps what it holds
 //! until the bytes are written or it closes.
 
@@ -129,11 +134,11 @@ impl Unsent {
         if now < unblocked + IDLE_RELEASE || now < oldest + IDLE_RELEASE {
             return Some(oldest.max(unblocked) + IDLE_RELEASE);
         }
+        // The count of bytes written is left as it is: what was handed and is not written yet may
+        // be data waiting for its stream's window (hyper hands a chunk over before the window
+        // allows it), which will be written and counted then. Taking it as written now would
+        // count it twice, and let what is held later go before its own data is written.
         let released = take_while(&mut ledger.held, |h| h.since + IDLE_RELEASE <= now);
-        if let Some(last) = released.last() {
-            // The bytes it waited on were dropped: later holders do not wait on them.
-            ledger.written = ledger.written.max(last.at);
-        }
         let next = ledger.held.front().map(|h| h.since + IDLE_RELEASE);
         drop(ledger);
         drop(released);
@@ -339,13 +344,42 @@ mod tests {
             unsent.release_idle(since + IDLE_RELEASE / 2, start),
             Some(since + IDLE_RELEASE)
         );
-        // Long enough, with writes free all along: it goes, and the bytes it waited on are
-        // taken as dropped, so what is handed next waits only on its own.
+        // Long enough, with writes free all along: it goes.
         assert_eq!(unsent.release_idle(since + IDLE_RELEASE, start), None);
         assert_eq!(dropped.load(Ordering::SeqCst), 1);
+        // What is handed next also waits on the 100 bytes never written, until writes make them
+        // up or it is let go in its turn.
         unsent.handed(10);
         unsent.hold(Token(dropped.clone()));
         unsent.written(10);
+        assert_eq!(dropped.load(Ordering::SeqCst), 1);
+        unsent.written(100);
+        assert_eq!(dropped.load(Ordering::SeqCst), 2);
+    }
+
+    /// Bytes handed that wait for their stream's window are written after what was held has
+    /// been let go: they must not count as written twice. (A peer that kept streams' windows
+    /// short, had what was held let go, then opened the windows, had the count of written bytes
+    /// run 47 MB ahead, and every answer after went unheld: eight connections took the
+    /// coordinator 380 MB past a budget of 64 MB, and past the request limit.)
+    #[test]
+    fn bytes_waiting_for_a_window_are_not_counted_twice() {
+        let unsent = Unsent::default();
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let start = Instant::now();
+        // 1,000 bytes handed wait for their windows; a place is held behind them.
+        unsent.handed(1_000);
+        unsent.hold(Token(dropped.clone()));
+        let since = unsent.lock().held[0].since;
+        assert_eq!(unsent.release_idle(since + IDLE_RELEASE, start), None);
+        assert_eq!(dropped.load(Ordering::SeqCst), 1);
+        // The windows open: the 1,000 bytes are written.
+        unsent.written(1_000);
+        // An answer handed now is held until its own bytes are written.
+        unsent.handed(500);
+        unsent.hold(Token(dropped.clone()));
+        assert_eq!(unsent.held(), 1, "let go before its bytes were written");
+        unsent.written(500);
         assert_eq!(dropped.load(Ordering::SeqCst), 2);
     }
 
