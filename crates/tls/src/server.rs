@@ -195,10 +195,10 @@ pub struct TlsConn {
 }
 
 /// How long a connection's writes may wait on a peer that reads nothing before the connection
-/// is closed, by default. HTTP/2 keepalive ends such a connection first (its pings go unanswered), but ending
-/// it means sending a GOAWAY that waits behind everything else: without this, its descriptor,
-/// its place among its identity's connections and everything queued for it stayed for as long as
-/// the peer kept its socket open.
+/// is closed, by default. HTTP/2 keepalive ends such a connection first (its pings go
+/// unanswered), but ending it means sending a GOAWAY that waits behind everything else: without
+/// this, its descriptor, its place among its identity's connections and everything queued for it
+/// stayed for as long as the peer kept its socket open.
 pub const WRITE_STALL: Duration = Duration::from_secs(30);
 
 /// Connections closed for [`WRITE_STALL`] are logged once a second at most.
@@ -289,8 +289,11 @@ impl TlsConn {
                 }
                 let waited = since.elapsed();
                 if let Some(unlogged) = STALLED.pass() {
-                    let identity = self.info.peer.as_ref().map(|p| p.identity.to_string());
-                    tracing::info!(remote = %self.info.remote, identity, ?waited, unlogged, "connection closed: the peer read nothing of what was sent to it for too long");
+                    let identity = self.info.peer.as_ref().map_or_else(
+                        || "(without a certificate)".to_string(),
+                        |p| p.identity.to_string(),
+                    );
+                    tracing::info!(remote = %self.info.remote, %identity, ?waited, unlogged, "connection closed: the peer read nothing of what was sent to it for too long");
                 }
                 Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::TimedOut,
