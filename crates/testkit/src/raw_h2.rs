@@ -122,12 +122,7 @@ async fn h2_connection(
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .expect("a TCP connection to the coordinator");
-    let name =
-        tokio_rustls::rustls::pki_types::ServerName::try_from("localhost").expect("a server name");
-    let stream = tokio_rustls::TlsConnector::from(tls)
-        .connect(name, tcp)
-        .await
-        .expect("a TLS connection to the coordinator");
+    let stream = tls_over(tcp, tls).await;
     // Never more streams at once than the server takes, even before its settings say so: a
     // loaded machine's late settings had the server refuse a stream over its limit (an HTTP/2
     // refusal, not the answer the test looks for).
@@ -138,6 +133,20 @@ async fn h2_connection(
         .expect("HTTP/2");
     tokio::spawn(conn);
     send
+}
+
+/// `tcp` with TLS made with `tls`, to the coordinator's name in the test PKI.
+#[allow(clippy::expect_used)] // A test fixture: fails loudly.
+async fn tls_over(
+    tcp: tokio::net::TcpStream,
+    tls: std::sync::Arc<tokio_rustls::rustls::ClientConfig>,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let name =
+        tokio_rustls::rustls::pki_types::ServerName::try_from("localhost").expect("a server name");
+    tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .expect("a TLS connection to the coordinator")
 }
 
 #[allow(clippy::expect_used)] // A test fixture: fails loudly.
@@ -341,12 +350,7 @@ impl StalledPeer {
             .connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
             .await
             .expect("a TCP connection to the coordinator");
-        let name = tokio_rustls::rustls::pki_types::ServerName::try_from("localhost")
-            .expect("a server name");
-        let stream = tokio_rustls::TlsConnector::from(tls)
-            .connect(name, tcp)
-            .await
-            .expect("a TLS connection to the coordinator");
+        let stream = tls_over(tcp, tls).await;
         let gate = std::sync::Arc::new(Gate::default());
         let io = Gated {
             io: stream,
