@@ -21,9 +21,9 @@
 //! dropped. The count of bytes written is never moved forward: the handed count also holds data
 //! waiting for its stream's window, which is written later, so the written count never passes
 //! the handed one, and what is held after a drop waits on the dropped bytes too, until they are
-//! made up by later writes or it is let go in its turn. A peer that lowers its streams' window (SETTINGS_INITIAL_WINDOW_SIZE) makes data
-//! h2 may send wait again without its writes waiting: such a connection keeps what it holds
-//! until the bytes are written or it closes.
+//! made up by later writes or it is let go in its turn. A peer that lowers its streams' window
+//! (SETTINGS_INITIAL_WINDOW_SIZE) makes data h2 may send wait again without its writes waiting:
+//! such a connection keeps what it holds until the bytes are written or it closes.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
