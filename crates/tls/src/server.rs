@@ -28,7 +28,7 @@ use tonic::transport::server::Connected;
 
 use crate::conns::{Connections, Registration};
 use crate::throttle::LogThrottle;
-use crate::unsent::{Frames, Unsent};
+use crate::unsent::{Cursor, Received, Unsent};
 
 /// Failed handshakes are logged once a second at most: anyone who reaches the port can fail
 /// one at will (about a thousand a second from one script, 170 KB of log a second), and the
@@ -181,9 +181,9 @@ pub struct TlsConn {
     /// ([`AcceptOptions::anonymous_lifetime`], in seconds for the message).
     anonymous: Option<(Slot<IpAddr>, Pin<Box<tokio::time::Sleep>>, u64)>,
     /// The data bytes of the frames written, counted into `info.unsent`.
-    sent: Frames,
+    sent: Cursor,
     /// What the peer sends, followed for a lowered stream window.
-    received: Frames,
+    received: Received,
     /// Since when writes have waited on the peer, and the deadline of `write_stall`.
     blocked: Option<(Instant, Pin<Box<tokio::time::Sleep>>)>,
     /// [`AcceptOptions::write_stall`].
@@ -698,8 +698,8 @@ async fn handshake(
         closing,
         expires,
         anonymous,
-        sent: Frames::new(),
-        received: Frames::new(),
+        sent: Cursor::default(),
+        received: Received::default(),
         blocked: None,
         write_stall: options.write_stall,
         unblocked: Instant::now(),

@@ -163,9 +163,21 @@ fn take_while(held: &mut VecDeque<Held>, done: impl Fn(&Held) -> bool) -> Vec<He
     held.drain(..n).collect()
 }
 
-/// Follows a stream of HTTP/2 frames (RFC 9113 §4.1) a piece at a time, as it is written or read.
+/// Where the next byte of a stream of HTTP/2 frames (RFC 9113 §4.1) falls, followed a piece at a
+/// time as it is written or read.
+#[derive(Debug, Default)]
+pub(crate) struct Cursor {
+    header: [u8; 9],
+    /// Bytes of the current frame's header seen.
+    have: usize,
+    /// Bytes of the current frame's payload seen, and its length.
+    seen: u32,
+    len: u32,
+}
+
+/// What a peer sends, followed for the SETTINGS that lower its streams' window.
 #[derive(Debug)]
-pub(crate) struct Frames {
+pub(crate) struct Received {
     cursor: Cursor,
     /// The current SETTINGS entry (6 bytes each).
     entry: [u8; 6],
@@ -175,24 +187,13 @@ pub(crate) struct Frames {
     lowered: bool,
 }
 
-/// Where in the stream of frames the next byte falls.
-#[derive(Debug, Default)]
-struct Cursor {
-    header: [u8; 9],
-    /// Bytes of the current frame's header seen.
-    have: usize,
-    /// Bytes of the current frame's payload seen, and its length.
-    seen: u32,
-    len: u32,
-}
-
 const DATA: u8 = 0x0;
 const SETTINGS: u8 = 0x4;
 const ACK: u8 = 0x1;
 const INITIAL_WINDOW_SIZE: u16 = 0x4;
 
-impl Frames {
-    pub(crate) fn new() -> Self {
+impl Default for Received {
+    fn default() -> Self {
         Self {
             cursor: Cursor::default(),
             entry: [0; 6],
@@ -200,20 +201,10 @@ impl Frames {
             lowered: false,
         }
     }
+}
 
-    /// The bytes of DATA frames' payloads in `bytes`, the next piece of the stream.
-    pub(crate) fn data_bytes(&mut self, bytes: &[u8]) -> u64 {
-        let mut data = 0;
-        self.cursor.follow(bytes, |kind, _, _, piece| {
-            if kind == DATA {
-                data += piece.len() as u64;
-            }
-        });
-        data
-    }
-
-    /// Follows `bytes`, the next piece of what the peer sent, for the SETTINGS that lower its
-    /// streams' window ([`Frames::lowered`]).
+impl Received {
+    /// Follows `bytes`, the next piece of what the peer sent.
     pub(crate) fn read(&mut self, bytes: &[u8]) {
         let (entry, window, lowered) = (&mut self.entry, &mut self.window, &mut self.lowered);
         self.cursor.follow(bytes, |kind, flags, offset, piece| {
@@ -242,6 +233,17 @@ impl Frames {
 }
 
 impl Cursor {
+    /// The bytes of DATA frames' payloads in `bytes`, the next piece of the stream.
+    pub(crate) fn data_bytes(&mut self, bytes: &[u8]) -> u64 {
+        let mut data = 0;
+        self.follow(bytes, |kind, _, _, piece| {
+            if kind == DATA {
+                data += piece.len() as u64;
+            }
+        });
+        data
+    }
+
     /// Calls `payload(kind, flags, offset, piece)` with each piece of a frame's payload in
     /// `bytes`, `offset` bytes into the payload.
     fn follow(&mut self, mut bytes: &[u8], mut payload: impl FnMut(u8, u8, u32, &[u8])) {
@@ -391,8 +393,8 @@ mod tests {
         stream.extend(frame(DATA, 0x1, &[])); // end of stream
         stream.extend(frame(DATA, 0, &[7; 5]));
         for piece in [1, 2, 7, 9, 10, 64, stream.len()] {
-            let mut frames = Frames::new();
-            let counted: u64 = stream.chunks(piece).map(|c| frames.data_bytes(c)).sum();
+            let mut cursor = Cursor::default();
+            let counted: u64 = stream.chunks(piece).map(|c| cursor.data_bytes(c)).sum();
             assert_eq!(counted, 305, "pieces of {piece}");
         }
     }
@@ -414,9 +416,13 @@ mod tests {
                 stream.extend(frame(SETTINGS, 0, &payload));
             }
             for piece in [1, 5, 13, stream.len()] {
-                let mut frames = Frames::new();
-                stream.chunks(piece).for_each(|c| frames.read(c));
-                assert_eq!(frames.lowered(), lowered, "{stream:?} in pieces of {piece}");
+                let mut received = Received::default();
+                stream.chunks(piece).for_each(|c| received.read(c));
+                assert_eq!(
+                    received.lowered(),
+                    lowered,
+                    "{stream:?} in pieces of {piece}"
+                );
             }
         }
     }
