@@ -113,8 +113,8 @@ pub struct CoordinatorConfig {
     /// Requests (HTTP/2 streams) open at once with one certificate identity; more are refused
     /// with RESOURCE_EXHAUSTED. 0: no limit.
     pub max_requests_per_identity: usize,
-    /// Bytes one certificate identity may have held at once: answers waiting to leave (sent by a
-    /// handler, not yet taken by the peer's HTTP/2 window) and request messages still arriving;
+    /// Bytes one certificate identity may have held at once: answers waiting to leave (given by a
+    /// handler, not yet written to the connection) and request messages still arriving;
     /// the answer or request past it is cut short with RESOURCE_EXHAUSTED. 0: no limit;
     /// otherwise at least [`MIN_BUFFERED_BYTES`].
     pub max_buffered_bytes_per_identity: usize,

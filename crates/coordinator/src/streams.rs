@@ -373,8 +373,7 @@ struct Arriving<B> {
     charge: Option<Charge>,
 }
 
-/// The length a gRPC message prefix (a flag byte, then the length in 4 bytes) announces, read
-/// a byte at a time.
+/// The bytes of a gRPC message prefix: a flag byte, then the message's length in 4 bytes.
 const PREFIX_BYTES: usize = 5;
 
 impl<B> Arriving<B> {
@@ -675,14 +674,15 @@ mod tests {
         Body::new(http_body_util::StreamBody::new(tokio_stream::iter(frames)))
     }
 
+    /// `body` as the answer of client `who`'s request.
     fn counted(limits: &StreamLimits, who: &str, body: Body) -> Counted {
-        let place = limits
-            .admit(
-                Some(&info(Some(Identity::Client(who.into())), "192.0.2.1:1")),
-                "/t/M",
-            )
-            .unwrap()
-            .unwrap();
+        let who = info(Some(Identity::Client(who.into())), "192.0.2.1:1");
+        counted_from(limits, &who, body)
+    }
+
+    /// `body` as the answer of a request on a connection of `peer`'s.
+    fn counted_from(limits: &StreamLimits, peer: &toolsrv_tls::ConnInfo, body: Body) -> Counted {
+        let place = limits.admit(Some(peer), "/t/M").unwrap().unwrap();
         Counted {
             body,
             place: Some(place),
@@ -872,20 +872,11 @@ mod tests {
     #[test]
     fn an_address_without_a_certificate_has_its_own_budget() {
         let limits = StreamLimits::new(0, 0, Counter::default(), Counter::default(), no_run());
-        let place = limits
-            .admit(Some(&info(None, "192.0.2.7:1")), "/t/M")
-            .unwrap()
-            .unwrap();
-        let mut body = Counted {
-            body: answer(&[MAX_ANONYMOUS_BUFFERED_BYTES + 1]),
-            place: Some(place),
-            unsent: None,
-            limits: limits.clone(),
-            rpc: "/t/M".into(),
-            last: None,
-            charge: None,
-            ended: false,
-        };
+        let mut body = counted_from(
+            &limits,
+            &info(None, "192.0.2.7:1"),
+            answer(&[MAX_ANONYMOUS_BUFFERED_BYTES + 1]),
+        );
         let trailers = next(&mut body).unwrap().into_trailers().unwrap();
         assert_eq!(trailers["grpc-status"], "8", "{trailers:?}");
         // Alice, with no limit, is not held to it.

@@ -966,7 +966,8 @@ fn memory_arg(text: &str) -> Result<String, String> {
     Ok(text.to_string())
 }
 
-/// `--max-buffered-bytes-per-identity`: 0, or a size of at least the largest message and then some.
+/// `--max-buffered-bytes-per-identity`: 0, or a size of at least the largest message and then
+/// some.
 fn buffered_bytes_arg(text: &str) -> Result<usize, String> {
     if text.trim() == "0" {
         return Ok(0);
