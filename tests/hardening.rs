@@ -934,15 +934,7 @@ fn answers_nobody_reads_are_held_to_the_limits() {
         false,
     );
     // One page of ListTools holds about 1 MiB of these.
-    let prompt = "the answer of this tool is long. ".repeat(2_000);
-    for i in 0..20 {
-        fleet.tool(
-            &format!("long{i:02}.meta"),
-            &serde_json::json!({"description": "a tool with a long prompt", "prompt": prompt, "cmd": "true"})
-                .to_string(),
-            false,
-        );
-    }
+    long_tools(&mut fleet, 20, 2_000);
     let audit = fleet.audit_arg();
     fleet.start_coordinator(&[
         "--max-requests-per-identity=50",
@@ -1011,14 +1003,8 @@ fn answers_nobody_reads_are_held_to_the_limits() {
     assert_exit(&out, 0, &[]);
     assert!(text(&out.stdout).contains("long19"), "{out:?}");
     // The run's first cut is recorded, once.
-    let records = fleet.audit_records();
-    let cut: Vec<&Value> = records
-        .iter()
-        .filter(|r| {
-            r["event"] == "refusal" && r["message"].as_str().unwrap_or("").contains("cut short")
-        })
-        .collect();
-    assert_eq!(cut.len(), 1, "{records:?}");
+    let cut = cut_short_records(&fleet);
+    assert_eq!(cut.len(), 1, "{cut:?}");
     assert_eq!(cut[0]["client"], "alice");
     assert_eq!(cut[0]["rpc"], "/toolsrv.v1.Tools/ListTools");
 
@@ -1048,32 +1034,16 @@ fn answers_nobody_reads_are_held_to_the_limits() {
 fn answers_queued_for_a_peer_that_stops_reading_its_socket_are_held_to_the_budget() {
     let mut fleet = Fleet::new(&["a"]);
     // One page of ListTools holds about 300 KB of these.
-    let prompt = "the answer of this tool is long. ".repeat(1_800);
-    for i in 0..5 {
-        fleet.tool(
-            &format!("long{i}.meta"),
-            &serde_json::json!({"description": "a tool with a long prompt", "prompt": prompt, "cmd": "true"})
-                .to_string(),
-            false,
-        );
-    }
+    long_tools(&mut fleet, 5, 1_800);
     let audit = fleet.audit_arg();
     fleet.start_coordinator(&["--max-buffered-bytes-per-identity=32M", &audit]);
     fleet.start_agent("a", &AgentSpec::default());
-    fleet.wait_online(&["a"], "long4");
+    fleet.wait_online(&["a"], "long04");
     let alice = client_tls(&fleet, "alice");
     let rt = toolsrv_tests::runtime();
     let host_a = [0x0a, 0x01, b'a'];
     let list_tools = "/toolsrv.v1.Tools/ListTools";
-    let cuts = |fleet: &Fleet| {
-        fleet
-            .audit_records()
-            .iter()
-            .filter(|r| {
-                r["event"] == "refusal" && r["message"].as_str().unwrap_or("").contains("cut short")
-            })
-            .count()
-    };
+    let cuts = |fleet: &Fleet| cut_short_records(fleet).len();
 
     let mut peer = rt.block_on(toolsrv_tests::StalledPeer::connect(
         fleet.port,
@@ -1183,6 +1153,31 @@ fn messages_that_never_end_are_held_to_the_budget() {
 }
 
 /// The TLS settings of client `name`'s certificate, for a raw HTTP/2 client.
+/// `count` tools `long00`, `long01`, ... whose prompts are a sentence `repeat` times (33 bytes
+/// each): the pages of `ListTools` that answers nobody reads are made of.
+fn long_tools(fleet: &mut Fleet, count: usize, repeat: usize) {
+    let prompt = "the answer of this tool is long. ".repeat(repeat);
+    for i in 0..count {
+        fleet.tool(
+            &format!("long{i:02}.meta"),
+            &serde_json::json!({"description": "a tool with a long prompt", "prompt": prompt, "cmd": "true"})
+                .to_string(),
+            false,
+        );
+    }
+}
+
+/// The audit records of refusals that say answers past the budget are cut short.
+fn cut_short_records(fleet: &Fleet) -> Vec<Value> {
+    fleet
+        .audit_records()
+        .into_iter()
+        .filter(|r| {
+            r["event"] == "refusal" && r["message"].as_str().unwrap_or("").contains("cut short")
+        })
+        .collect()
+}
+
 fn client_tls(fleet: &Fleet, name: &str) -> std::sync::Arc<tokio_rustls::rustls::ClientConfig> {
     toolsrv_tls::client_config(
         &fleet.pki.files(&toolsrv_tls::Identity::Client(name.into())),

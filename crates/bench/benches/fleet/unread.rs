@@ -26,17 +26,7 @@ const PROMPT_BYTES: usize = 48_000;
 
 pub(crate) async fn unread(paths: &Paths, _sizes: Sizes) -> Result<(), BenchError> {
     let tools = paths.work.join("tools-unread");
-    std::fs::create_dir_all(&tools)?;
-    let prompt = "the answer of this tool is long. ".repeat(PROMPT_BYTES / 32);
-    for i in 0..TOOLS {
-        let meta = serde_json::json!({
-            "description": "a tool with a long prompt",
-            "prompt": prompt,
-            "cmd": "true",
-        });
-        std::fs::write(tools.join(format!("long{i:02}.meta")), meta.to_string())?;
-    }
-    let last = format!("long{:02}", TOOLS - 1);
+    let last = long_tools(&tools, TOOLS)?;
     let tls = toolsrv_tls::client_config(&paths.client_tls(), toolsrv_tls::Role::Coordinator)?;
     println!(
         "\nunread: {REQUESTS} ListTools requests of one page each, on one connection whose \
@@ -132,16 +122,7 @@ async fn stalled(
     const CONNECTIONS: usize = 8;
     const PER_CONNECTION: usize = 1000;
     let tools = paths.work.join("tools-stalled");
-    std::fs::create_dir_all(&tools)?;
-    let prompt = "the answer of this tool is long. ".repeat(PROMPT_BYTES / 32);
-    for i in 0..6 {
-        let meta = serde_json::json!({
-            "description": "a tool with a long prompt",
-            "prompt": prompt,
-            "cmd": "true",
-        });
-        std::fs::write(tools.join(format!("long{i}.meta")), meta.to_string())?;
-    }
+    let last = long_tools(&tools, 6)?;
     println!(
         "\nunread: {CONNECTIONS} connections of one client, {PER_CONNECTION} ListTools requests \
          each of a page of about 300 KB, the largest windows opened and the socket not read"
@@ -176,7 +157,7 @@ async fn stalled(
         )?;
         let agent = start_agent(paths, &coordinator.url, CALL_AGENT, &[])?;
         let client = connect(paths, &coordinator.url).await?;
-        wait_for_tool(&client, CALL_AGENT, "long5", Duration::from_secs(30)).await?;
+        wait_for_tool(&client, CALL_AGENT, &last, Duration::from_secs(30)).await?;
         let pid = coordinator.proc.pid().to_string();
         let before = mem_of(&pid)?;
         let mut host = vec![0x0a, u8::try_from(CALL_AGENT.len())?];
@@ -228,6 +209,22 @@ async fn stalled(
     }
     println!("{}", table.render());
     Ok(())
+}
+
+/// `count` tools `long00`, `long01`, ... in `dir`, each with a prompt of about [`PROMPT_BYTES`];
+/// the name of the last.
+fn long_tools(dir: &std::path::Path, count: usize) -> Result<String, BenchError> {
+    std::fs::create_dir_all(dir)?;
+    let prompt = "the answer of this tool is long. ".repeat(PROMPT_BYTES / 32);
+    for i in 0..count {
+        let meta = serde_json::json!({
+            "description": "a tool with a long prompt",
+            "prompt": prompt,
+            "cmd": "true",
+        });
+        std::fs::write(dir.join(format!("long{i:02}.meta")), meta.to_string())?;
+    }
+    Ok(format!("long{:02}", count - 1))
 }
 
 /// Requests whose message never ends: 64 `ListHosts` requests, each announcing a message of 16
