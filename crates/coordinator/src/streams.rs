@@ -712,13 +712,7 @@ mod tests {
     #[test]
     fn a_chunk_s_bytes_are_held_until_its_last_byte_is_taken() {
         const O: usize = CHUNK_OVERHEAD;
-        let limits = StreamLimits::new(
-            0,
-            2 * O + 100,
-            Counter::default(),
-            Counter::default(),
-            no_run(),
-        );
+        let limits = quiet_limits(0, 2 * O + 100);
         let alice = Asker::Identity(Identity::Client("alice".into()));
         let mut body = counted(&limits, "alice", answer(&[60, 1, 30]));
         assert_eq!(data_len(next(&mut body)), 59);
@@ -750,13 +744,7 @@ mod tests {
     #[test]
     fn what_an_answer_holds_waits_until_the_connection_has_written_it() {
         const O: usize = CHUNK_OVERHEAD;
-        let limits = StreamLimits::new(
-            5,
-            2 * O + 100,
-            Counter::default(),
-            Counter::default(),
-            no_run(),
-        );
+        let limits = quiet_limits(5, 2 * O + 100);
         let alice = Asker::Identity(Identity::Client("alice".into()));
         let unsent = toolsrv_tls::Unsent::default();
         let mut body = counted(&limits, "alice", answer(&[60, 30]));
@@ -794,7 +782,7 @@ mod tests {
     fn small_chunks_are_charged_what_keeping_them_costs() {
         // Ten chunks of 10 bytes, at 512 bytes each of keeping (CHUNK_OVERHEAD).
         let budget = 10 * (512 + 10);
-        let limits = StreamLimits::new(0, budget, Counter::default(), Counter::default(), no_run());
+        let limits = quiet_limits(0, budget);
         let unsent = toolsrv_tls::Unsent::default();
         let mut body = counted(&limits, "alice", answer(&[10; 20]));
         body.unsent = Some(unsent.clone());
@@ -871,7 +859,7 @@ mod tests {
     /// A peer without a certificate has a budget of its own per address, whatever the flag.
     #[test]
     fn an_address_without_a_certificate_has_its_own_budget() {
-        let limits = StreamLimits::new(0, 0, Counter::default(), Counter::default(), no_run());
+        let limits = quiet_limits(0, 0);
         let mut body = counted_from(
             &limits,
             &info(None, "192.0.2.7:1"),
@@ -925,7 +913,7 @@ mod tests {
     /// its prefix split over chunks included; one that would pass the budget ends the request.
     #[test]
     fn a_request_s_message_is_held_until_it_is_whole() {
-        let limits = StreamLimits::new(0, 100, Counter::default(), Counter::default(), no_run());
+        let limits = quiet_limits(0, 100);
         let alice = Asker::Identity(Identity::Client("alice".into()));
         let mut first = prefix(50);
         first.extend([1; 20]);
@@ -966,8 +954,16 @@ mod tests {
         assert!(limits.held.is_empty());
     }
 
-    fn no_run() -> OnRun {
-        Arc::new(|_: &str, _: &str, _: &Status, _: &str| {})
+    /// `requests` and `bytes` as the limits, with nothing counting or recording refusals.
+    fn quiet_limits(requests: usize, bytes: usize) -> StreamLimits {
+        let no_run: OnRun = Arc::new(|_: &str, _: &str, _: &Status, _: &str| {});
+        StreamLimits::new(
+            requests,
+            bytes,
+            Counter::default(),
+            Counter::default(),
+            no_run,
+        )
     }
 
     fn held(limits: &StreamLimits, asker: &Asker) -> usize {
