@@ -101,6 +101,14 @@ pub fn grpc_prefix(len: u32) -> [u8; 5] {
     [0, a, b, c, d]
 }
 
+/// `message` (an encoded request) as a gRPC message: its prefix, then it.
+#[allow(clippy::expect_used)] // A test fixture: fails loudly.
+fn grpc_message(message: &[u8]) -> bytes::Bytes {
+    let mut framed = grpc_prefix(u32::try_from(message.len()).expect("a small message")).to_vec();
+    framed.extend_from_slice(message);
+    bytes::Bytes::from(framed)
+}
+
 /// The gRPC status and message `headers` (or trailers) carry, if they carry a status.
 fn grpc_status(headers: &http::HeaderMap) -> Option<(String, String)> {
     let header = |h: &str| {
@@ -197,9 +205,7 @@ pub async fn open_unread_answers(
     let mut builder = h2::client::Builder::new();
     builder.initial_window_size(window);
     let mut send = h2_connection(port, tls, builder).await;
-    let mut framed = grpc_prefix(u32::try_from(message.len()).expect("a small message")).to_vec();
-    framed.extend_from_slice(message);
-    let framed = bytes::Bytes::from(framed);
+    let framed = grpc_message(message);
     let mut answers = tokio::task::JoinSet::new();
     for _ in 0..n {
         send = send.ready().await.expect("room for a stream");
@@ -400,10 +406,7 @@ impl StalledPeer {
     /// answers are read whole when the socket is read ([`StalledPeer::outcomes`]).
     #[allow(clippy::expect_used)] // A test fixture: fails loudly.
     pub async fn request(&mut self, path: &str, message: &[u8], n: usize) {
-        let mut framed =
-            grpc_prefix(u32::try_from(message.len()).expect("a small message")).to_vec();
-        framed.extend_from_slice(message);
-        let framed = bytes::Bytes::from(framed);
+        let framed = grpc_message(message);
         for _ in 0..n {
             self.send = self.send.clone().ready().await.expect("room for a stream");
             let (response, mut body) = self
