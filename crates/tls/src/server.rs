@@ -271,6 +271,9 @@ impl TlsConn {
                 self.info.unsent.written(data);
                 if self.blocked.take().is_some() {
                     self.unblocked = Instant::now();
+                    // Reads armed no idle release while writes waited, and a quiet peer may
+                    // send nothing that would have them look again.
+                    self.release_idle(cx);
                 }
                 polled
             }
